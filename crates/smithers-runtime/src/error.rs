@@ -1,0 +1,120 @@
+//! Errors a runtime verb may return. A command that exits non-zero, is killed by a limit or
+//! times out is an [`crate::ExecOutcome`], not an error: an error means the runtime itself failed.
+
+use serde_json::{json, Value};
+use smithers_errors::{CodedError, ErrorCode, ErrorReport};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A control or config field breaks a rule (spec section 4).
+    #[error("invalid {control}: {reason}")]
+    InvalidControl {
+        control: &'static str,
+        reason: String,
+    },
+
+    /// The runtime cannot enforce a requested control on this host. Never silently ignored.
+    #[error("the {runtime} runtime cannot enforce {control}: {reason}")]
+    ControlUnsupported {
+        runtime: &'static str,
+        control: &'static str,
+        reason: String,
+    },
+
+    /// The runtime is not usable here (missing kernel feature, daemon down, API unreachable).
+    /// `fix` tells the user what to do about it.
+    #[error("the {runtime} runtime is unavailable: {reason}")]
+    Unavailable {
+        runtime: &'static str,
+        reason: String,
+        fix: Option<String>,
+    },
+
+    /// Setting up or starting the sandbox failed.
+    #[error("failed to {operation}: {reason}")]
+    Spawn { operation: String, reason: String },
+
+    /// An I/O failure on the runtime's own state on the host.
+    #[error("{operation} {path}: {source}")]
+    Io {
+        operation: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A verb was called on a handle in the wrong state (execute before ship, ...).
+    #[error("{verb} called out of order: {reason}")]
+    OutOfOrder { verb: &'static str, reason: String },
+
+    /// A coded error from a lower layer (bundle writing, patch generation), code kept.
+    #[error("{context}: {inner}")]
+    Inner { context: String, inner: ErrorReport },
+}
+
+impl RuntimeError {
+    pub fn io(
+        operation: &'static str,
+        path: impl AsRef<std::path::Path>,
+        source: std::io::Error,
+    ) -> Self {
+        RuntimeError::Io {
+            operation,
+            path: path.as_ref().display().to_string(),
+            source,
+        }
+    }
+
+    pub fn spawn(operation: impl Into<String>, reason: impl ToString) -> Self {
+        RuntimeError::Spawn {
+            operation: operation.into(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Wraps a coded error from another crate, keeping its code.
+    pub fn inner(context: impl Into<String>, err: &dyn CodedError) -> Self {
+        RuntimeError::Inner {
+            context: context.into(),
+            inner: err.report(),
+        }
+    }
+}
+
+impl CodedError for RuntimeError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            RuntimeError::InvalidControl { .. } => ErrorCode::InvalidInput,
+            RuntimeError::ControlUnsupported { .. } => ErrorCode::TaskRuntimeUnavailable,
+            RuntimeError::Unavailable { .. } => ErrorCode::TaskRuntimeUnavailable,
+            RuntimeError::Spawn { .. } => ErrorCode::ProcessSpawnFailed,
+            RuntimeError::Io { .. } => ErrorCode::SandboxExecutionFailed,
+            RuntimeError::OutOfOrder { .. } => ErrorCode::SandboxExecutionFailed,
+            RuntimeError::Inner { inner, .. } => inner.code,
+        }
+    }
+
+    fn details(&self) -> Value {
+        match self {
+            RuntimeError::InvalidControl { control, .. } => json!({ "control": control }),
+            RuntimeError::ControlUnsupported {
+                runtime, control, ..
+            } => {
+                json!({ "runtime": runtime, "control": control })
+            }
+            RuntimeError::Unavailable { runtime, fix, .. } => {
+                json!({ "runtime": runtime, "fix": fix })
+            }
+            RuntimeError::Spawn { operation, .. } => json!({ "operation": operation }),
+            RuntimeError::Io {
+                operation,
+                path,
+                source,
+            } => {
+                json!({ "operation": operation, "path": path, "os_error": source.raw_os_error() })
+            }
+            RuntimeError::OutOfOrder { verb, .. } => json!({ "verb": verb }),
+            RuntimeError::Inner { inner, .. } => json!({ "cause": inner.to_json() }),
+        }
+    }
+}

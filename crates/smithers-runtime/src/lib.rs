@@ -1,0 +1,80 @@
+//! The runtime contract: five verbs plus a capability probe, one object-safe async trait that
+//! every backend (local namespaces, Docker, remote) implements, and that the orchestrator is the
+//! only user of.
+//!
+//! # Semantics every backend guarantees
+//!
+//! * **create** validates the config ([`SandboxConfig::validate`]), checks the runtime is really
+//!   usable (kernel features, daemon, API) and refuses any control it cannot enforce
+//!   ([`RuntimeError::ControlUnsupported`]). It never falls back to another runtime. It prepares
+//!   host state under the handle's `sandbox_root` and returns a handle that is plain data.
+//!   Calling it twice for the same entity id is an error, not a reuse.
+//! * **ship** makes the request JSON and the workspace available inside. The workspace is
+//!   `rootDir` as a copy-on-write view; the host tree is never written by the sandbox.
+//! * **execute** runs the command for real. The backend owns the timeout
+//!   (`controls.timeout_ms`) and the cancellation token: on either, *every* process of the
+//!   sandbox is dead when `execute` returns. Non-zero exits, signals, limits, timeouts and
+//!   cancellation are [`ExecOutcome`]s, not errors. Output is capped at
+//!   `controls.max_output_bytes` per stream, truncation recorded.
+//! * **collect** writes a valid result bundle on the host (README.md last) for every outcome,
+//!   including failed and cancelled runs, with patches describing the workspace changes.
+//! * **cleanup** is idempotent, may be called in any state (also after a failed create, and
+//!   from another process with a handle read from the database), and removes every host
+//!   resource of the sandbox except the collected bundle. Its failure is reported to the
+//!   caller, who logs it without masking the primary error.
+//! * **probe** reports which protections this host can enforce for this runtime, with fixes.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod error;
+pub mod types;
+
+use async_trait::async_trait;
+pub use tokio_util::sync::CancellationToken;
+
+pub use config::{
+    parse_cpu_limit, parse_memory_limit, Controls, EgressConfig, PortMapping, RuntimeKind,
+    SandboxConfig, VolumeMount, WorkspacePersistence, WorkspaceSpec,
+};
+pub use error::RuntimeError;
+pub use types::{
+    CollectReport, EnforcementReport, ExecOutcome, NullSink, OutputEvent, OutputSink, Protection,
+    ProtectionStatus, RequestBundle, ResourceUsage, SandboxHandle, ShipReport, StepCommand,
+    Termination,
+};
+
+/// A sandbox backend. Object safe: the orchestrator holds `Arc<dyn Runtime>`.
+#[async_trait]
+pub trait Runtime: Send + Sync + std::fmt::Debug {
+    /// Which runtime this is.
+    fn kind(&self) -> RuntimeKind;
+
+    /// What this host can enforce for this runtime (no sandbox is left behind).
+    async fn probe(&self) -> EnforcementReport;
+
+    /// Checks usability, validates and refuses unsupported controls, prepares the sandbox.
+    async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError>;
+
+    /// Makes the request (and the workspace view) available inside the sandbox.
+    async fn ship(
+        &self,
+        handle: &SandboxHandle,
+        request: &RequestBundle,
+    ) -> Result<ShipReport, RuntimeError>;
+
+    /// Runs `command` inside; returns when every process of the sandbox is gone.
+    async fn execute(
+        &self,
+        handle: &SandboxHandle,
+        command: &StepCommand,
+        cancel: CancellationToken,
+        output: &dyn OutputSink,
+    ) -> Result<ExecOutcome, RuntimeError>;
+
+    /// Writes the result bundle on the host and returns where.
+    async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError>;
+
+    /// Removes everything the sandbox holds on the host but the bundle. Idempotent.
+    async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError>;
+}

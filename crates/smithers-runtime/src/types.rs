@@ -1,0 +1,242 @@
+//! The data that flows through the five verbs. All plain, serialisable data: a handle is
+//! stored in the database so a new process can find and clean up what a dead one left.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::config::RuntimeKind;
+
+/// What `create` returns and every later verb takes. Local layout:
+/// `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/{request,result}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxHandle {
+    pub runtime: RuntimeKind,
+    pub run_id: String,
+    pub sandbox_id: String,
+    /// Host directory owned by this sandbox (state, request, result).
+    pub sandbox_root: PathBuf,
+    /// Host path of the request directory (holds the request JSON).
+    pub request_path: PathBuf,
+    /// Host path where `collect` writes the result bundle.
+    pub result_path: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
+    /// Backend-specific state needed to clean up from another process (cgroup paths, upper
+    /// layer location, remote ids). Opaque to everyone but the backend.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub backend: Value,
+}
+
+/// What `ship` makes available inside the sandbox: the request JSON at
+/// `$SMITHERS_SANDBOX_REQUEST_PATH` (and the workspace, which the backend maps from `rootDir`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestBundle {
+    /// The request document: `{status:"pending", sandboxId, runtime, input}`.
+    pub request: Value,
+}
+
+/// What `ship` reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShipReport {
+    /// Bytes actually transferred or written for the request (not the size of the project when
+    /// the workspace is a copy-on-write view).
+    pub bundle_size_bytes: u64,
+}
+
+/// The command `execute` runs inside the sandbox, with `/workspace` as its working directory
+/// unless `cwd` says otherwise (a path inside the sandbox).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepCommand {
+    pub argv: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+}
+
+/// Why a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Termination {
+    /// Exited on its own (any exit code).
+    Exited,
+    /// Killed by a signal it did not get from us.
+    Signaled,
+    /// Wall-clock timeout: every process of the sandbox was killed.
+    Timeout,
+    /// Cancelled by the caller: every process of the sandbox was killed.
+    Cancelled,
+    /// Killed by the memory limit (OOM in its cgroup).
+    Memory,
+    /// The pids limit was hit (forks failed); the command may still have exited.
+    Pids,
+    /// The output cap was hit (output truncated, command killed when configured to).
+    Output,
+    /// The disk limit of the writable layer was hit.
+    Disk,
+}
+
+impl Termination {
+    /// The `reason` string recorded for a limit hit (`timeout`, `memory`, `pids`, `output`, `disk`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Termination::Exited => "exited",
+            Termination::Signaled => "signaled",
+            Termination::Timeout => "timeout",
+            Termination::Cancelled => "cancelled",
+            Termination::Memory => "memory",
+            Termination::Pids => "pids",
+            Termination::Output => "output",
+            Termination::Disk => "disk",
+        }
+    }
+}
+
+/// Resources the sandbox used, as measured by the backend (cgroup counters where available).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceUsage {
+    pub cpu_time_ms: Option<u64>,
+    pub peak_memory_bytes: Option<u64>,
+    pub max_pids: Option<u64>,
+    pub disk_bytes: Option<u64>,
+}
+
+/// How a protection stands on this sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProtectionStatus {
+    /// In force.
+    Enforced,
+    /// Partly in force, or replaced by a weaker mechanism; `detail` says how.
+    Degraded,
+    /// Not in force on this host; `fix` says what would enable it.
+    Unavailable,
+    /// Deliberately off because the caller asked (e.g. network with allowNetwork).
+    Disabled,
+}
+
+/// One row of the enforcement report (`network`, `seccomp`, `landlock`, `memory`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Protection {
+    pub name: String,
+    pub status: ProtectionStatus,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+/// Which protections were (or can be) in force. Returned by `probe` for the host, and in every
+/// [`ExecOutcome`] for the sandbox that actually ran.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnforcementReport {
+    pub runtime: Option<RuntimeKind>,
+    pub protections: Vec<Protection>,
+}
+
+impl EnforcementReport {
+    pub fn get(&self, name: &str) -> Option<&Protection> {
+        self.protections.iter().find(|p| p.name == name)
+    }
+
+    pub fn is_enforced(&self, name: &str) -> bool {
+        self.get(name)
+            .is_some_and(|p| p.status == ProtectionStatus::Enforced)
+    }
+}
+
+/// What `execute` returns when the runtime worked, whatever the command did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecOutcome {
+    pub termination: Termination,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    #[serde(with = "duration_ms")]
+    pub duration: Duration,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub usage: ResourceUsage,
+    pub enforcement: EnforcementReport,
+    /// The result JSON the step wrote at `$SMITHERS_SANDBOX_RESULT_PATH`, or printed as its
+    /// stdout, when it was valid JSON (`{status?, outputs?}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+impl ExecOutcome {
+    /// True when the command ran to completion and exited 0.
+    pub fn succeeded(&self) -> bool {
+        self.termination == Termination::Exited && self.exit_code == Some(0)
+    }
+}
+
+/// What `collect` reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CollectReport {
+    /// Host directory of the result bundle (README.md written last).
+    pub bundle_path: PathBuf,
+    pub patch_count: usize,
+    /// Changed paths left out of the patches because the project's .gitignore ignores them.
+    #[serde(default)]
+    pub ignored_paths: Vec<String>,
+}
+
+/// A line of output or a progress note from inside the sandbox, streamed while it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum OutputEvent {
+    Stdout {
+        line: String,
+        timestamp_ms: u64,
+    },
+    Stderr {
+        line: String,
+        timestamp_ms: u64,
+    },
+    /// The step reported progress (heartbeat).
+    Heartbeat {
+        progress: Option<f64>,
+        timestamp_ms: u64,
+    },
+}
+
+/// Receives live output. Must not block for long: it is called from the output pump.
+pub trait OutputSink: Send + Sync {
+    fn event(&self, event: OutputEvent);
+}
+
+/// A sink that drops everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NullSink;
+
+impl OutputSink for NullSink {
+    fn event(&self, _event: OutputEvent) {}
+}
+
+mod duration_ms {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}

@@ -1,0 +1,144 @@
+//! Embedded, versioned migrations.
+//!
+//! The version applied so far lives in `PRAGMA user_version` (the JavaScript package does not
+//! use it; it keeps its own migration table). All pending migrations run in ONE `BEGIN
+//! IMMEDIATE` transaction together with the version bump, so two processes opening a fresh
+//! file at once cannot both migrate, and a failed migration leaves the file as it was.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::StoreError;
+
+type Migration = fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>;
+
+/// The migrations, in order; migration `i` brings the schema to version `i + 1`.
+/// Never edit a released entry: append a new one.
+const MIGRATIONS: &[Migration] = &[v1_tables];
+
+/// The schema version this build creates and understands.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// The two Smithers-compatible tables, column for column as the JavaScript package creates
+/// them (`CREATE TABLE IF NOT EXISTS`: a database the JavaScript package made is adopted as
+/// it is), plus the tables of our own.
+fn v1_tables(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS _smithers_sandboxes (
+            run_id TEXT NOT NULL,
+            sandbox_id TEXT NOT NULL,
+            runtime TEXT NOT NULL DEFAULT 'bubblewrap',
+            remote_run_id TEXT,
+            workspace_id TEXT,
+            container_id TEXT,
+            config_json TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending',
+            heartbeat_at_ms INTEGER,
+            shipped_at_ms INTEGER,
+            completed_at_ms INTEGER,
+            bundle_path TEXT,
+            PRIMARY KEY (run_id, sandbox_id)
+        );
+        CREATE TABLE IF NOT EXISTS _smithers_events (
+            run_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            timestamp_ms INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            payload_json TEXT NOT NULL,
+            PRIMARY KEY (run_id, seq)
+        );",
+    )?;
+    // Databases made by JavaScript releases before heartbeats lack this column (the JavaScript
+    // migration adds it the same way).
+    let has_heartbeat: bool = tx.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('_smithers_sandboxes') WHERE name = 'heartbeat_at_ms'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_heartbeat {
+        tx.execute_batch("ALTER TABLE _smithers_sandboxes ADD COLUMN heartbeat_at_ms INTEGER")?;
+    }
+    tx.execute_batch(
+        "CREATE INDEX IF NOT EXISTS _smithers_events_dedupe_idx
+            ON _smithers_events (run_id, timestamp_ms, type);
+        CREATE INDEX IF NOT EXISTS _smithers_sandboxes_status_idx
+            ON _smithers_sandboxes (status);
+
+        CREATE TABLE IF NOT EXISTS _smithers_sandbox_leases (
+            run_id TEXT NOT NULL,
+            sandbox_id TEXT NOT NULL,
+            owner_host TEXT NOT NULL,
+            owner_boot_id TEXT NOT NULL,
+            owner_pid INTEGER NOT NULL,
+            owner_start_time INTEGER NOT NULL,
+            handle_json TEXT,
+            acquired_at_ms INTEGER NOT NULL,
+            released_at_ms INTEGER,
+            release_reason TEXT,
+            PRIMARY KEY (run_id, sandbox_id),
+            FOREIGN KEY (run_id, sandbox_id)
+                REFERENCES _smithers_sandboxes (run_id, sandbox_id) ON DELETE CASCADE
+        );
+        CREATE TABLE IF NOT EXISTS _smithers_sandbox_reviews (
+            run_id TEXT NOT NULL,
+            sandbox_id TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'accepted', 'rejected', 'applied')),
+            reason TEXT,
+            root_dir TEXT NOT NULL,
+            bundle_path TEXT NOT NULL,
+            bundle_status TEXT NOT NULL,
+            remote_run_id TEXT,
+            patch_count INTEGER NOT NULL,
+            total_diff_lines INTEGER NOT NULL,
+            duration_ms REAL NOT NULL,
+            requested_at_ms INTEGER NOT NULL,
+            decided_at_ms INTEGER,
+            applied_at_ms INTEGER,
+            apply_error TEXT,
+            PRIMARY KEY (run_id, sandbox_id),
+            FOREIGN KEY (run_id, sandbox_id)
+                REFERENCES _smithers_sandboxes (run_id, sandbox_id) ON DELETE CASCADE
+        );
+        CREATE INDEX IF NOT EXISTS _smithers_sandbox_reviews_state_idx
+            ON _smithers_sandbox_reviews (state);
+        CREATE TABLE IF NOT EXISTS _smithers_sandbox_patches (
+            run_id TEXT NOT NULL,
+            sandbox_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            path TEXT NOT NULL,
+            operation TEXT NOT NULL CHECK (operation IN ('add', 'modify', 'delete')),
+            base_hash TEXT,
+            new_hash TEXT,
+            patch_path TEXT NOT NULL,
+            PRIMARY KEY (run_id, sandbox_id, idx),
+            FOREIGN KEY (run_id, sandbox_id)
+                REFERENCES _smithers_sandboxes (run_id, sandbox_id) ON DELETE CASCADE
+        );",
+    )
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`]; a no-op when it is there already.
+pub(crate) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|source| StoreError::Migrate { version: 0, source })?;
+    let current: u32 = tx
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|source| StoreError::Migrate { version: 0, source })?;
+    if current > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found: current,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (index, migration) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let version = index as u32 + 1;
+        migration(&tx).map_err(|source| StoreError::Migrate { version, source })?;
+        // PRAGMA takes no bound parameters; `version` is our own integer.
+        tx.execute_batch(&format!("PRAGMA user_version = {version}"))
+            .map_err(|source| StoreError::Migrate { version, source })?;
+    }
+    tx.commit().map_err(|source| StoreError::Migrate {
+        version: SCHEMA_VERSION,
+        source,
+    })
+}

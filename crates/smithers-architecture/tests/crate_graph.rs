@@ -1,0 +1,171 @@
+//! The crate graph of ARCHITECTURE.md, enforced. Each rule names a crate and the workspace
+//! crates it must never depend on (directly, in any dependency table but dev-dependencies,
+//! which tests may use freely).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// (crate, forbidden dependencies, why)
+const RULES: &[(&str, &[&str], &str)] = &[
+    (
+        "smithers-errors",
+        &["*"],
+        "the vocabulary everyone shares depends on no one",
+    ),
+    (
+        "smithers-paths",
+        &["*-except:smithers-errors"],
+        "path safety is a leaf",
+    ),
+    (
+        "smithers-bundle",
+        &[
+            "smithers-runtime",
+            "smithers-runtime-*",
+            "smithers-store",
+            "smithers-orchestrator",
+            "smithers-server",
+        ],
+        "the bundle format knows no runtime and no store",
+    ),
+    (
+        "smithers-patch",
+        &[
+            "smithers-runtime",
+            "smithers-runtime-*",
+            "smithers-store",
+            "smithers-orchestrator",
+            "smithers-server",
+        ],
+        "patches are computed from directories, whatever produced them",
+    ),
+    (
+        "smithers-runtime",
+        &[
+            "smithers-runtime-*",
+            "smithers-store",
+            "smithers-orchestrator",
+            "smithers-server",
+            "smithers-cli",
+        ],
+        "the contract depends on no backend",
+    ),
+    (
+        "smithers-runtime-*",
+        &[
+            "smithers-store",
+            "smithers-orchestrator",
+            "smithers-server",
+            "smithers-cli",
+            "smithers-runtime-*",
+        ],
+        "a backend knows nothing of the lifecycle, the store or other backends",
+    ),
+    (
+        "smithers-store",
+        &[
+            "smithers-runtime-*",
+            "smithers-orchestrator",
+            "smithers-server",
+            "smithers-cli",
+        ],
+        "the store knows no runtime",
+    ),
+    (
+        "smithers-orchestrator",
+        &["smithers-runtime-*", "smithers-server", "smithers-cli"],
+        "the lifecycle sees runtimes only through the trait",
+    ),
+];
+
+fn matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
+fn workspace_crates() -> BTreeMap<String, BTreeSet<String>> {
+    let crates_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut graph = BTreeMap::new();
+    for entry in std::fs::read_dir(&crates_dir).unwrap() {
+        let manifest = entry.unwrap().path().join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        let doc: toml::Table =
+            toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+        let name = doc["package"]["name"].as_str().unwrap().to_string();
+        let mut deps = BTreeSet::new();
+        // Normal and build dependencies, including target-specific ones; not dev-dependencies.
+        let mut tables: Vec<&toml::Table> = Vec::new();
+        for key in ["dependencies", "build-dependencies"] {
+            if let Some(t) = doc.get(key).and_then(|v| v.as_table()) {
+                tables.push(t);
+            }
+        }
+        if let Some(targets) = doc.get("target").and_then(|v| v.as_table()) {
+            for target in targets.values() {
+                for key in ["dependencies", "build-dependencies"] {
+                    if let Some(t) = target.get(key).and_then(|v| v.as_table()) {
+                        tables.push(t);
+                    }
+                }
+            }
+        }
+        for table in tables {
+            for (dep, spec) in table {
+                let real = spec.get("package").and_then(|p| p.as_str()).unwrap_or(dep);
+                if real.starts_with("smithers-") {
+                    deps.insert(real.to_string());
+                }
+            }
+        }
+        graph.insert(name, deps);
+    }
+    graph
+}
+
+#[test]
+fn no_forbidden_edges() {
+    let graph = workspace_crates();
+    assert!(
+        graph.contains_key("smithers-errors"),
+        "workspace not found: {graph:?}"
+    );
+    let mut violations = Vec::new();
+    for (krate, deps) in &graph {
+        for (pattern, forbidden, why) in RULES {
+            if !matches(pattern, krate) {
+                continue;
+            }
+            for dep in deps {
+                let bad = forbidden.iter().any(|f| {
+                    if let Some(allowed) = f.strip_prefix("*-except:") {
+                        dep != allowed
+                    } else if *f == "*" {
+                        true
+                    } else {
+                        matches(f, dep) && dep != krate
+                    }
+                });
+                if bad {
+                    violations.push(format!("{krate} -> {dep}: forbidden ({why})"));
+                }
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "forbidden dependency edges:\n{}",
+        violations.join("\n")
+    );
+}
+
+#[test]
+fn the_rules_do_bite() {
+    // A rule that matches nothing would make the check above hollow.
+    assert!(matches("smithers-runtime-*", "smithers-runtime-native"));
+    assert!(!matches("smithers-runtime-*", "smithers-runtime"));
+    assert!(matches("smithers-store", "smithers-store"));
+}

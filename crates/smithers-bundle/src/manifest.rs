@@ -1,0 +1,168 @@
+//! The manifest (README.md) and validation result types, with the JavaScript field names.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+/// The step's own verdict, `status` in the manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BundleStatus {
+    /// The step ran to completion.
+    Finished,
+    /// The step reported failure (its outputs are still returned).
+    Failed,
+    /// The step was cancelled.
+    Cancelled,
+}
+
+impl BundleStatus {
+    /// The manifest string.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BundleStatus::Finished => "finished",
+            BundleStatus::Failed => "failed",
+            BundleStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses a manifest string (exact, case-sensitive, as in JS).
+    pub fn parse(s: &str) -> Option<BundleStatus> {
+        match s {
+            "finished" => Some(BundleStatus::Finished),
+            "failed" => Some(BundleStatus::Failed),
+            "cancelled" => Some(BundleStatus::Cancelled),
+            _ => None,
+        }
+    }
+}
+
+/// Deserialises a key that is present (even as `null`) to `Some`, so that an absent key
+/// (`None`, via `default`) and `null` (`Some(Value::Null)`) stay distinct, as in JS.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+/// The normalised manifest of a validated bundle (`SandboxBundleManifest`).
+///
+/// Absent keys are omitted when serialised, never `null`: `outputs` is `None` when the README
+/// has no `outputs` key and `Some(Value::Null)` when it says `null`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The step's outputs, any JSON.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub outputs: Option<Value>,
+    /// The step's status.
+    pub status: BundleStatus,
+    /// The run id, kept only when the README has a string there.
+    #[serde(rename = "runId", default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// Bundle-relative patch paths, kept only when the README has an array (non-strings dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patches: Option<Vec<String>>,
+    /// The diff bundle as found (any object or array, as in JS); see [`Manifest::diff_bundle`].
+    #[serde(
+        rename = "diffBundle",
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub diff_bundle: Option<Value>,
+}
+
+impl Manifest {
+    /// The diff bundle parsed into its typed form; `None` when absent, `Some(Err)` when it
+    /// does not have the documented shape.
+    pub fn diff_bundle(&self) -> Option<Result<DiffBundle, serde_json::Error>> {
+        self.diff_bundle
+            .as_ref()
+            .map(|v| DiffBundle::deserialize(v.clone()))
+    }
+}
+
+/// What a diff-bundle entry does to its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiffOperation {
+    /// A new file.
+    Add,
+    /// A changed file.
+    Modify,
+    /// A removed file.
+    Delete,
+}
+
+/// One file of a [`DiffBundle`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffPatch {
+    /// Workspace-relative path of the file.
+    pub path: String,
+    /// What happens to it.
+    pub operation: DiffOperation,
+    /// The unified diff text.
+    pub diff: String,
+    /// Base64 content for binary files.
+    #[serde(
+        rename = "binaryContent",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub binary_content: Option<String>,
+}
+
+/// The 0.32 `diffBundle` (`SandboxDiffBundleLike`): for Smithers callers that apply one.
+/// The patch files remain the source of truth.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffBundle {
+    /// Sequence number of the diff.
+    pub seq: u64,
+    /// The revision the diffs apply to.
+    #[serde(rename = "baseRef")]
+    pub base_ref: String,
+    /// The file diffs.
+    pub patches: Vec<DiffPatch>,
+}
+
+fn lossy_path<S: Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&p.to_string_lossy())
+}
+
+fn lossy_opt_path<S: Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+    match p {
+        Some(p) => s.serialize_str(&p.to_string_lossy()),
+        None => s.serialize_none(),
+    }
+}
+
+/// A bundle that passed validation (`ValidatedSandboxBundle`). Serialises with the JS field
+/// names: `{manifest, bundleSizeBytes, patchFiles, logsPath, bundlePath}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ValidatedBundle {
+    /// The normalised manifest.
+    pub manifest: Manifest,
+    /// Total size of the bundle's regular files, README.md included.
+    #[serde(rename = "bundleSizeBytes")]
+    pub bundle_size_bytes: u64,
+    /// Bundle-relative POSIX paths of the files under `patches/` ending in `.patch`, sorted
+    /// (byte order). The JavaScript package returns them in directory-walk order.
+    #[serde(rename = "patchFiles")]
+    pub patch_files: Vec<String>,
+    /// Absolute path of `logs/stream.ndjson` when it is a regular file, else `null`.
+    #[serde(rename = "logsPath", serialize_with = "lossy_opt_path")]
+    pub logs_path: Option<PathBuf>,
+    /// The bundle directory as given.
+    #[serde(rename = "bundlePath", serialize_with = "lossy_path")]
+    pub bundle_path: PathBuf,
+}
+
+impl ValidatedBundle {
+    /// The JSON value, with JS field names.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}

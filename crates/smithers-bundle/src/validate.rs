@@ -1,0 +1,354 @@
+//! Validating a bundle directory (spec §2, "Validating"), in the JavaScript package's order.
+
+use std::ffi::OsStr;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::error::BundleError;
+use crate::js_json::js_trim;
+use crate::limits::{SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES, SANDBOX_MAX_README_BYTES};
+use crate::manifest::{BundleStatus, Manifest, ValidatedBundle};
+use crate::paths::{is_within, resolve};
+
+/// Validates the bundle at `bundle_path` (spec §2): README.md, manifest, symlinks, sizes,
+/// patch files, patch paths, log file — the first failure in that order is returned.
+///
+/// Only metadata is read for files other than README.md, so validating is cheap whatever
+/// the artifacts weigh. Nothing is followed: README.md and the log are checked with lstat,
+/// README.md is opened with `O_NOFOLLOW`, and any symlink in the tree is an error.
+pub fn validate_bundle(bundle_path: impl AsRef<Path>) -> Result<ValidatedBundle, BundleError> {
+    let bundle_path = bundle_path.as_ref();
+    let readme_path = resolve_in(bundle_path, "README.md")?;
+    let raw = read_readme(bundle_path, &readme_path)?;
+    let manifest = parse_manifest(&raw)?;
+
+    let walked = walk(bundle_path)?;
+    if walked.total_bytes > SANDBOX_MAX_BUNDLE_BYTES {
+        return Err(BundleError::BundleTooLarge {
+            actual: walked.total_bytes,
+            estimated: false,
+            largest: Vec::new(),
+        });
+    }
+    let mut patch_files = walked.patch_files;
+    if patch_files.len() > SANDBOX_MAX_PATCH_FILES {
+        return Err(BundleError::TooManyPatchFiles {
+            actual: patch_files.len(),
+        });
+    }
+    patch_files.sort_unstable();
+    for p in &patch_files {
+        assert_patch_path_safe(bundle_path, p)?;
+    }
+    for p in manifest.patches.iter().flatten() {
+        assert_patch_path_safe(bundle_path, p)?;
+    }
+
+    let logs_path = resolve_in(bundle_path, "logs/stream.ndjson")?;
+    let logs = match fs::symlink_metadata(&logs_path) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            return Err(BundleError::LogsSymlink {
+                bundle_path: bundle_path.to_path_buf(),
+            })
+        }
+        Ok(meta) if meta.file_type().is_file() => Some(logs_path),
+        _ => None,
+    };
+
+    Ok(ValidatedBundle {
+        manifest,
+        bundle_size_bytes: walked.total_bytes,
+        patch_files,
+        logs_path: logs,
+        bundle_path: bundle_path.to_path_buf(),
+    })
+}
+
+fn resolve_in(bundle_path: &Path, rel: &str) -> Result<PathBuf, BundleError> {
+    resolve(bundle_path, rel).map_err(|source| BundleError::Path {
+        path: rel.to_string(),
+        source,
+    })
+}
+
+/// Step 1: README.md exists, is a regular file (not a symlink), and fits the limit. Returns
+/// its bytes. lstat first, for the JS messages; then an `O_NOFOLLOW | O_NONBLOCK` open and a
+/// bounded read, so a file swapped for a symlink, a FIFO or a bigger file in between is
+/// caught instead of followed, blocked on or read whole.
+fn read_readme(bundle_path: &Path, readme: &Path) -> Result<Vec<u8>, BundleError> {
+    let missing = || BundleError::ReadmeMissing {
+        bundle_path: bundle_path.to_path_buf(),
+    };
+    let symlink = || BundleError::ReadmeSymlink {
+        bundle_path: bundle_path.to_path_buf(),
+    };
+    let too_large = |actual: u64| BundleError::ReadmeTooLarge {
+        bundle_path: bundle_path.to_path_buf(),
+        actual,
+    };
+    let meta = fs::symlink_metadata(readme).map_err(|_| missing())?;
+    if meta.file_type().is_symlink() {
+        return Err(symlink());
+    }
+    if !meta.file_type().is_file() {
+        return Err(missing());
+    }
+    if meta.len() > SANDBOX_MAX_README_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    let file: File = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(readme)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => symlink(),
+            Some(libc::ENOENT) => missing(),
+            _ => BundleError::ReadBundle {
+                path: readme.to_path_buf(),
+                source: e,
+            },
+        })?;
+    let read_err = |e: io::Error| BundleError::ReadBundle {
+        path: readme.to_path_buf(),
+        source: e,
+    };
+    let meta = file.metadata().map_err(read_err)?;
+    if !meta.file_type().is_file() {
+        return Err(missing());
+    }
+    let mut raw = Vec::with_capacity(meta.len() as usize);
+    file.take(SANDBOX_MAX_README_BYTES + 1)
+        .read_to_end(&mut raw)
+        .map_err(read_err)?;
+    if raw.len() as u64 > SANDBOX_MAX_README_BYTES {
+        return Err(too_large(raw.len() as u64));
+    }
+    Ok(raw)
+}
+
+/// Step 2: README bytes → normalised manifest, exactly as JS `parseReadmeJson` after
+/// `readFile(..., "utf8")` (invalid UTF-8 becomes U+FFFD, then `trim()`, then `JSON.parse`).
+///
+/// Never panics on any input (property-tested).
+pub fn parse_manifest(raw: &[u8]) -> Result<Manifest, BundleError> {
+    let text = String::from_utf8_lossy(raw);
+    let trimmed = js_trim(&text);
+    if trimmed.is_empty() {
+        return Err(BundleError::ReadmeEmpty);
+    }
+    let parsed: Value =
+        serde_json::from_str(trimmed).map_err(|e| BundleError::ReadmeInvalidJson {
+            reason: e.to_string(),
+        })?;
+    // In JS an array passes `typeof parsed === "object"` and then has no `status`.
+    let map = match parsed {
+        Value::Object(map) => map,
+        Value::Array(_) => return Err(BundleError::ReadmeStatus),
+        _ => return Err(BundleError::ReadmeNotObject),
+    };
+    let mut map = map;
+    let status = match map.get("status") {
+        Some(Value::String(s)) => BundleStatus::parse(s).ok_or(BundleError::ReadmeStatus)?,
+        _ => return Err(BundleError::ReadmeStatus),
+    };
+    let outputs = map.shift_remove("outputs");
+    let run_id = match map.shift_remove("runId") {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    };
+    let patches = match map.shift_remove("patches") {
+        Some(Value::Array(items)) => Some(
+            items
+                .into_iter()
+                .filter_map(|v| match v {
+                    Value::String(s) => Some(s),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        _ => None,
+    };
+    // JS keeps `diffBundle` when it is truthy and `typeof === "object"`: objects and arrays.
+    let diff_bundle = match map.shift_remove("diffBundle") {
+        Some(v @ (Value::Object(_) | Value::Array(_))) => Some(v),
+        _ => None,
+    };
+    Ok(Manifest {
+        outputs,
+        status,
+        run_id,
+        patches,
+        diff_bundle,
+    })
+}
+
+/// Step 5: `patch_path` must resolve strictly inside `<bundle>/patches`, compared by path
+/// components. (JS compares the `path.relative` string with `startsWith("..")`, which also
+/// rejects legal names such as `patches/..x.patch`; we do not copy that.) A path that leaves
+/// the bundle altogether, or is empty, fails with the path-resolution error, as in JS.
+pub fn assert_patch_path_safe(bundle_path: &Path, patch_path: &str) -> Result<(), BundleError> {
+    let base = resolve_in(bundle_path, "patches")?;
+    let resolved = resolve(bundle_path, patch_path).map_err(|source| BundleError::Path {
+        path: patch_path.to_string(),
+        source,
+    })?;
+    if resolved == base || !is_within(&base, &resolved) {
+        return Err(BundleError::PatchPathEscape {
+            patch_path: patch_path.to_string(),
+        });
+    }
+    Ok(())
+}
+
+struct Walked {
+    total_bytes: u64,
+    patch_files: Vec<String>,
+}
+
+/// Step 3 and the collection for step 4: a depth-first walk that never follows a link
+/// (`DirEntry::file_type` is the d_type or an lstat), summing the sizes of regular files and
+/// collecting `patches/**.patch` as POSIX relative paths. Sockets, FIFOs and devices are
+/// neither counted nor followed, as in JS.
+fn walk(bundle_path: &Path) -> Result<Walked, BundleError> {
+    let read_err = |path: &Path, source: io::Error| BundleError::ReadBundle {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut total_bytes: u64 = 0;
+    let mut patch_files = Vec::new();
+    // (directory, its bundle-relative POSIX path, whether it is inside top-level `patches/`)
+    let mut pending: Vec<(PathBuf, String, bool)> =
+        vec![(bundle_path.to_path_buf(), String::new(), false)];
+    while let Some((dir, rel_dir, in_patches)) = pending.pop() {
+        let entries = fs::read_dir(&dir).map_err(|e| read_err(&dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| read_err(&dir, e))?;
+            let name = entry.file_name();
+            let rel = if rel_dir.is_empty() {
+                name.to_string_lossy().into_owned()
+            } else {
+                format!("{rel_dir}/{}", name.to_string_lossy())
+            };
+            let file_type = entry.file_type().map_err(|e| read_err(&entry.path(), e))?;
+            if file_type.is_symlink() {
+                return Err(BundleError::ContainsSymlink { path: rel });
+            }
+            if file_type.is_dir() {
+                let child_in_patches =
+                    in_patches || (rel_dir.is_empty() && name == OsStr::new("patches"));
+                pending.push((entry.path(), rel, child_in_patches));
+            } else if file_type.is_file() {
+                let meta = entry.metadata().map_err(|e| read_err(&entry.path(), e))?;
+                total_bytes = total_bytes.saturating_add(meta.len());
+                if in_patches && rel.ends_with(".patch") {
+                    patch_files.push(rel);
+                }
+            }
+        }
+    }
+    Ok(Walked {
+        total_bytes,
+        patch_files,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn manifest_normalisation_follows_js() {
+        let m = parse_manifest(
+            br#"  {"status":"failed","runId":5,"patches":["patches/a.patch",1,null],"diffBundle":"x","extra":1}  "#,
+        )
+        .unwrap();
+        assert_eq!(m.status, BundleStatus::Failed);
+        assert_eq!(m.outputs, None);
+        assert_eq!(m.run_id, None);
+        assert_eq!(m.patches, Some(vec!["patches/a.patch".to_string()]));
+        assert_eq!(m.diff_bundle, None);
+        assert_eq!(
+            serde_json::to_value(&m).unwrap(),
+            json!({"status": "failed", "patches": ["patches/a.patch"]})
+        );
+        let m = parse_manifest(br#"{"outputs":null,"status":"finished","diffBundle":[]}"#).unwrap();
+        assert_eq!(m.outputs, Some(Value::Null));
+        assert_eq!(
+            serde_json::to_value(&m).unwrap(),
+            json!({"outputs": null, "status": "finished", "diffBundle": []})
+        );
+    }
+
+    #[test]
+    fn readme_rejections_in_js_order() {
+        let code = |raw: &[u8]| parse_manifest(raw).unwrap_err().to_string();
+        assert_eq!(
+            code(b" \n\t\xef\xbb\xbf"),
+            "Sandbox bundle README.md is empty."
+        );
+        assert_eq!(
+            code(b"{"),
+            "Sandbox bundle README.md must contain valid JSON."
+        );
+        assert_eq!(
+            code(b"null"),
+            "Sandbox bundle README.md JSON must be an object."
+        );
+        assert_eq!(
+            code(b"0"),
+            "Sandbox bundle README.md JSON must be an object."
+        );
+        assert_eq!(
+            code(b"true"),
+            "Sandbox bundle README.md JSON must be an object."
+        );
+        assert_eq!(
+            code(b"\"s\""),
+            "Sandbox bundle README.md JSON must be an object."
+        );
+        assert_eq!(
+            code(b"[]"),
+            "Sandbox bundle README.md must include status: finished | failed | cancelled."
+        );
+        assert_eq!(
+            code(br#"{"status":"Finished"}"#),
+            "Sandbox bundle README.md must include status: finished | failed | cancelled."
+        );
+        // A BOM is whitespace to JS trim().
+        assert!(parse_manifest(b"\xef\xbb\xbf{\"status\":\"cancelled\"}").is_ok());
+    }
+
+    #[test]
+    fn patch_paths_compare_components() {
+        let root = Path::new("/b");
+        assert!(assert_patch_path_safe(root, "patches/..x.patch").is_ok());
+        assert!(assert_patch_path_safe(root, "patches/a/../b.patch").is_ok());
+        assert!(assert_patch_path_safe(root, "/b/patches/x.patch").is_ok());
+        for bad in [
+            "patches",
+            "patches/.",
+            "README.md",
+            "patchesx/a.patch",
+            "patches/../a.patch",
+        ] {
+            assert!(
+                matches!(
+                    assert_patch_path_safe(root, bad),
+                    Err(BundleError::PatchPathEscape { .. })
+                ),
+                "{bad}"
+            );
+        }
+        let err = assert_patch_path_safe(root, "../x.patch").unwrap_err();
+        assert_eq!(err.to_string(), "Path escapes sandbox root");
+        let err = assert_patch_path_safe(root, "").unwrap_err();
+        assert_eq!(err.to_string(), "Path must be a string");
+        // Root `/` works (JS's string prefix `"//"` rejects everything there).
+        assert!(assert_patch_path_safe(Path::new("/"), "patches/a.patch").is_ok());
+    }
+}

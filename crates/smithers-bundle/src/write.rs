@@ -1,0 +1,550 @@
+//! Writing a bundle (spec §2, "Writing"): validate everything, then write the files, the
+//! log, and README.md last, atomically.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::bounds::check_output_bounds;
+use crate::error::BundleError;
+use crate::js_json::{to_string_pretty, utf16_len, utf16_len_exceeds};
+use crate::limits::{
+    Limit, SANDBOX_BUNDLE_PATH_MAX_LENGTH, SANDBOX_BUNDLE_RUN_ID_MAX_LENGTH,
+    SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES, SANDBOX_MAX_README_BYTES,
+};
+use crate::manifest::{BundleStatus, DiffBundle};
+use crate::paths::{assert_within_root, resolve};
+use crate::validate::assert_patch_path_safe;
+
+/// A file to put in the bundle: a bundle-relative (or absolute, inside the bundle) path and
+/// its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BundleFile {
+    /// Where, e.g. `patches/0001.patch` or `artifacts/report.txt`.
+    pub path: String,
+    /// What.
+    pub content: Vec<u8>,
+}
+
+impl BundleFile {
+    /// A file from a path and text or bytes.
+    pub fn new(path: impl Into<String>, content: impl Into<Vec<u8>>) -> Self {
+        BundleFile {
+            path: path.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// The parameters of [`write_bundle`], mirroring JS `writeSandboxBundle`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriteParams {
+    /// The bundle directory (created if absent).
+    pub bundle_path: PathBuf,
+    /// The outputs; `None` omits the `outputs` key, `Some(Value::Null)` writes `null`.
+    pub output: Option<Value>,
+    /// The step's status.
+    pub status: BundleStatus,
+    /// The run id; `None` omits the key.
+    pub run_id: Option<String>,
+    /// Patch files; each must resolve strictly inside `patches/`.
+    pub patches: Vec<BundleFile>,
+    /// Artifact files; each must resolve inside the bundle.
+    pub artifacts: Vec<BundleFile>,
+    /// A host file copied to `logs/stream.ndjson`; a missing file gives an empty log (as JS).
+    pub stream_log_path: Option<PathBuf>,
+    /// Kept in the manifest only if README.md then fits [`SANDBOX_MAX_README_BYTES`].
+    pub diff_bundle: Option<DiffBundle>,
+}
+
+impl WriteParams {
+    /// Minimal parameters: a directory and a status, nothing else.
+    pub fn new(bundle_path: impl Into<PathBuf>, status: BundleStatus) -> Self {
+        WriteParams {
+            bundle_path: bundle_path.into(),
+            output: None,
+            status,
+            run_id: None,
+            patches: Vec::new(),
+            artifacts: Vec::new(),
+            stream_log_path: None,
+            diff_bundle: None,
+        }
+    }
+
+    /// Parses the JSON form the JavaScript `writeSandboxBundle` takes (minus `bundlePath`):
+    /// `{output?, status, runId?, patches?: [{path, content}], artifacts?: [...],
+    /// streamLogPath?, diffBundle?}`. `content` is a UTF-8 string. Type errors use the JS
+    /// messages (`runId must be a string.`) and the JS order of checks; unknown keys are
+    /// ignored, as in JS. Unlike JS, `status` is checked here, `runId: null` is treated as
+    /// absent, and a malformed `diffBundle` is rejected.
+    pub fn from_js_spec(
+        bundle_path: impl Into<PathBuf>,
+        spec: &Value,
+    ) -> Result<Self, BundleError> {
+        let bundle_path = bundle_path.into();
+        let spec_err = |field: &str, message: String| BundleError::SpecInvalid {
+            field: field.to_string(),
+            message,
+        };
+        let Value::Object(spec) = spec else {
+            return Err(spec_err("spec", "spec must be a JSON object.".into()));
+        };
+        check_len(
+            "bundlePath",
+            &bundle_path.to_string_lossy(),
+            SANDBOX_BUNDLE_PATH_MAX_LENGTH,
+            Limit::PathMaxLength,
+        )?;
+        let run_id = match spec.get("runId") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(spec_err("runId", "runId must be a string.".into())),
+        };
+        if let Some(r) = &run_id {
+            check_len(
+                "runId",
+                r,
+                SANDBOX_BUNDLE_RUN_ID_MAX_LENGTH,
+                Limit::RunIdMaxLength,
+            )?;
+        }
+        let patches = spec_array(spec, "patches")?;
+        let artifacts = spec_array(spec, "artifacts")?;
+        let output = spec.get("output").cloned();
+        if let Some(o) = &output {
+            check_output_bounds("output", o)?;
+        }
+        let patches = spec_files(patches, "patch")?;
+        let artifacts = spec_files(artifacts, "artifact")?;
+        let status = match spec.get("status") {
+            Some(Value::String(s)) => BundleStatus::parse(s),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            spec_err(
+                "status",
+                "status must be one of: finished | failed | cancelled.".into(),
+            )
+        })?;
+        let stream_log_path = match spec.get("streamLogPath") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(PathBuf::from(s)),
+            Some(_) => {
+                return Err(spec_err(
+                    "streamLogPath",
+                    "streamLogPath must be a string.".into(),
+                ))
+            }
+        };
+        let diff_bundle = match spec.get("diffBundle") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(DiffBundle::deserialize(v).map_err(|e| {
+                spec_err(
+                    "diffBundle",
+                    format!("diffBundle must be {{seq, baseRef, patches: [{{path, operation, diff, binaryContent?}}]}}: {e}"),
+                )
+            })?),
+        };
+        Ok(WriteParams {
+            bundle_path,
+            output,
+            status,
+            run_id,
+            patches,
+            artifacts,
+            stream_log_path,
+            diff_bundle,
+        })
+    }
+}
+
+fn spec_array<'a>(
+    spec: &'a Map<String, Value>,
+    field: &'static str,
+) -> Result<&'a [Value], BundleError> {
+    match spec.get(field) {
+        None | Some(Value::Null) => Ok(&[]),
+        Some(Value::Array(items)) => {
+            check_count(field, items.len())?;
+            Ok(items)
+        }
+        Some(_) => Err(BundleError::SpecInvalid {
+            field: field.to_string(),
+            message: format!("{field} must be an array."),
+        }),
+    }
+}
+
+fn spec_files(items: &[Value], what: &'static str) -> Result<Vec<BundleFile>, BundleError> {
+    let err = |field: String, message: String| BundleError::SpecInvalid { field, message };
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Object(obj) = item else {
+            return Err(err(
+                what.into(),
+                format!("{what} must be an object with path and content."),
+            ));
+        };
+        // A missing path becomes "" and fails later with TOOL_PATH_INVALID, as in JS.
+        let path = match obj.get("path") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => {
+                return Err(err(
+                    format!("{what}.path"),
+                    format!("{what}.path must be a string."),
+                ))
+            }
+        };
+        let content = match obj.get("content") {
+            Some(Value::String(s)) => s.clone().into_bytes(),
+            _ => {
+                return Err(err(
+                    format!("{what}.content"),
+                    format!("{what}.content must be a string."),
+                ))
+            }
+        };
+        out.push(BundleFile { path, content });
+    }
+    Ok(out)
+}
+
+fn check_len(field: &'static str, s: &str, max: usize, limit: Limit) -> Result<(), BundleError> {
+    if utf16_len_exceeds(s, max) {
+        return Err(BundleError::FieldTooLong {
+            field,
+            limit,
+            max,
+            actual: utf16_len(s),
+        });
+    }
+    Ok(())
+}
+
+fn check_count(field: &'static str, n: usize) -> Result<(), BundleError> {
+    if n > SANDBOX_MAX_PATCH_FILES {
+        return Err(BundleError::TooManyEntries {
+            field,
+            max: SANDBOX_MAX_PATCH_FILES,
+            actual: n,
+        });
+    }
+    Ok(())
+}
+
+/// What [`write_bundle`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenBundle {
+    /// The bundle directory.
+    pub bundle_path: PathBuf,
+    /// Size of README.md.
+    pub readme_bytes: u64,
+    /// Total bytes written (README, patches, artifacts, log).
+    pub total_bytes: u64,
+    /// Whether the diff bundle made it into the manifest (false when absent or too big).
+    pub diff_bundle_included: bool,
+}
+
+/// The manifest JSON value, keys in the JS order `outputs, status, runId, patches,
+/// diffBundle`, absent ones omitted.
+fn manifest_value(params: &WriteParams, with_diff: bool) -> Value {
+    let mut m = Map::new();
+    if let Some(o) = &params.output {
+        m.insert("outputs".into(), o.clone());
+    }
+    m.insert("status".into(), params.status.as_str().into());
+    if let Some(r) = &params.run_id {
+        m.insert("runId".into(), r.clone().into());
+    }
+    m.insert(
+        "patches".into(),
+        params
+            .patches
+            .iter()
+            .map(|p| Value::from(p.path.clone()))
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    if with_diff {
+        if let Some(d) = &params.diff_bundle {
+            m.insert(
+                "diffBundle".into(),
+                serde_json::to_value(d).unwrap_or(Value::Null),
+            );
+        }
+    }
+    Value::Object(m)
+}
+
+/// Writes a bundle. Every rule is checked before the first byte is written (JS order for the
+/// checks JS has: bundlePath, runId, counts, output bounds, path lengths, estimated size; then
+/// ours: README size, path confinement, conflicting targets); on failure nothing is written.
+///
+/// Then: directories `patches/`, `artifacts/`, `logs/`; patches; artifacts; the log; and
+/// README.md last, via a temporary file, `syncfs` and a rename, so a README.md on disk always
+/// means a complete, durable bundle. Files are created with `O_NOFOLLOW` after a symlink-aware
+/// confinement check, so a reused directory with planted links cannot redirect a write. If an
+/// I/O error happens during the write phase, a directory we created is removed again.
+pub fn write_bundle(params: &WriteParams) -> Result<WrittenBundle, BundleError> {
+    let root = &params.bundle_path;
+    check_len(
+        "bundlePath",
+        &root.to_string_lossy(),
+        SANDBOX_BUNDLE_PATH_MAX_LENGTH,
+        Limit::PathMaxLength,
+    )?;
+    if let Some(r) = &params.run_id {
+        check_len(
+            "runId",
+            r,
+            SANDBOX_BUNDLE_RUN_ID_MAX_LENGTH,
+            Limit::RunIdMaxLength,
+        )?;
+    }
+    check_count("patches", params.patches.len())?;
+    check_count("artifacts", params.artifacts.len())?;
+    if let Some(o) = &params.output {
+        check_output_bounds("output", o)?;
+    }
+    for p in &params.patches {
+        check_len(
+            "patch.path",
+            &p.path,
+            SANDBOX_BUNDLE_PATH_MAX_LENGTH,
+            Limit::PathMaxLength,
+        )?;
+    }
+    for a in &params.artifacts {
+        check_len(
+            "artifact.path",
+            &a.path,
+            SANDBOX_BUNDLE_PATH_MAX_LENGTH,
+            Limit::PathMaxLength,
+        )?;
+    }
+
+    let mut diff_included = params.diff_bundle.is_some();
+    let mut readme = to_string_pretty(&manifest_value(params, diff_included));
+    if diff_included && readme.len() as u64 > SANDBOX_MAX_README_BYTES {
+        // The patch files are the source of truth; the diff bundle is a convenience that
+        // must not make the bundle invalid.
+        diff_included = false;
+        readme = to_string_pretty(&manifest_value(params, false));
+    }
+
+    let log_len = match &params.stream_log_path {
+        None => None,
+        Some(p) => match fs::metadata(p) {
+            Ok(m) if m.is_file() => Some(m.len()),
+            Ok(_) => return Err(BundleError::StreamLogNotFile { path: p.clone() }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(0),
+            Err(e) => {
+                return Err(BundleError::ReadBundle {
+                    path: p.clone(),
+                    source: e,
+                })
+            }
+        },
+    };
+
+    let mut contributors: Vec<(String, u64)> = Vec::new();
+    contributors.push(("README.md".into(), readme.len() as u64));
+    for f in params.patches.iter().chain(&params.artifacts) {
+        contributors.push((f.path.clone(), f.content.len() as u64));
+    }
+    if let Some(n) = log_len {
+        contributors.push(("logs/stream.ndjson".into(), n));
+    }
+    let total: u64 = contributors.iter().map(|(_, n)| *n).sum();
+    if total > SANDBOX_MAX_BUNDLE_BYTES {
+        contributors.sort_by_key(|c| std::cmp::Reverse(c.1));
+        contributors.truncate(5);
+        return Err(BundleError::BundleTooLarge {
+            actual: total,
+            estimated: true,
+            largest: contributors,
+        });
+    }
+    if readme.len() as u64 > SANDBOX_MAX_README_BYTES {
+        return Err(BundleError::ReadmeTooLarge {
+            bundle_path: root.clone(),
+            actual: readme.len() as u64,
+        });
+    }
+
+    let targets = plan_targets(params)?;
+
+    let existed = fs::symlink_metadata(root).is_ok();
+    let result = write_files(params, &targets, &readme, log_len);
+    if result.is_err() && !existed {
+        let _ = fs::remove_dir_all(root);
+    }
+    result?;
+    Ok(WrittenBundle {
+        bundle_path: root.clone(),
+        readme_bytes: readme.len() as u64,
+        total_bytes: total,
+        diff_bundle_included: diff_included,
+    })
+}
+
+/// Resolves every patch and artifact path, and refuses targets that would collide: the same
+/// file twice, one entry inside another's path, the bundle itself, README.md, the layout
+/// directories, or the log file when a log is copied.
+fn plan_targets(params: &WriteParams) -> Result<Vec<PathBuf>, BundleError> {
+    let root = &params.bundle_path;
+    let path_err = |path: &str, source| BundleError::Path {
+        path: path.to_string(),
+        source,
+    };
+    let abs_root = resolve(root, ".").map_err(|e| path_err(".", e))?;
+    let mut reserved: Vec<(PathBuf, &'static str)> = vec![
+        (abs_root.clone(), "names the bundle directory"),
+        (abs_root.join("README.md"), "README.md is the manifest"),
+        (abs_root.join("patches"), "names a bundle layout directory"),
+        (
+            abs_root.join("artifacts"),
+            "names a bundle layout directory",
+        ),
+        (abs_root.join("logs"), "names a bundle layout directory"),
+    ];
+    if params.stream_log_path.is_some() {
+        reserved.push((abs_root.join("logs/stream.ndjson"), "is the stream log"));
+    }
+    let mut targets = Vec::with_capacity(params.patches.len() + params.artifacts.len());
+    let mut by_target: Vec<(PathBuf, &str)> = Vec::with_capacity(targets.capacity());
+    for p in &params.patches {
+        let t = resolve(root, &p.path).map_err(|e| path_err(&p.path, e))?;
+        assert_patch_path_safe(root, &p.path)?;
+        by_target.push((t.clone(), &p.path));
+        targets.push(t);
+    }
+    for a in &params.artifacts {
+        let t = resolve(root, &a.path).map_err(|e| path_err(&a.path, e))?;
+        by_target.push((t.clone(), &a.path));
+        targets.push(t);
+    }
+    for (t, given) in &by_target {
+        if let Some((_, reason)) = reserved.iter().find(|(r, _)| r == t) {
+            return Err(BundleError::WriteTargetConflict {
+                path: given.to_string(),
+                reason,
+            });
+        }
+    }
+    let mut seen = HashSet::with_capacity(by_target.len());
+    for (t, given) in &by_target {
+        if !seen.insert(t) {
+            return Err(BundleError::WriteTargetConflict {
+                path: given.to_string(),
+                reason: "is written twice",
+            });
+        }
+    }
+    // Path's Ord is component-wise, so every path below X sorts right after X.
+    by_target.sort_by(|a, b| a.0.cmp(&b.0));
+    for pair in by_target.windows(2) {
+        if pair[1].0.starts_with(&pair[0].0) {
+            return Err(BundleError::WriteTargetConflict {
+                path: pair[0].1.to_string(),
+                reason: "is a directory of another entry",
+            });
+        }
+    }
+    Ok(targets)
+}
+
+fn write_files(
+    params: &WriteParams,
+    targets: &[PathBuf],
+    readme: &str,
+    log_len: Option<u64>,
+) -> Result<(), BundleError> {
+    let root = &params.bundle_path;
+    let werr = |path: &Path, source: io::Error| BundleError::WriteBundle {
+        path: path.to_path_buf(),
+        source,
+    };
+    fs::create_dir_all(root).map_err(|e| werr(root, e))?;
+    let readme_path = root.join("README.md");
+    // An old README.md would mark a half-rewritten directory as complete.
+    match fs::remove_file(&readme_path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(werr(&readme_path, e)),
+    }
+    for dir in ["patches", "artifacts", "logs"] {
+        let d = root.join(dir);
+        fs::create_dir_all(&d).map_err(|e| werr(&d, e))?;
+    }
+    let files = params.patches.iter().chain(&params.artifacts);
+    for (file, target) in files.zip(targets) {
+        let mut out = create_confined(root, target)?;
+        out.write_all(&file.content).map_err(|e| werr(target, e))?;
+    }
+    if let (Some(src), Some(len)) = (&params.stream_log_path, log_len) {
+        let dest = root.join("logs/stream.ndjson");
+        let mut out = create_confined(root, &dest)?;
+        match File::open(src) {
+            // Copy at most what was estimated: a log still growing cannot push the bundle
+            // past the limit checked above.
+            Ok(f) => {
+                io::copy(&mut f.take(len), &mut out).map_err(|e| werr(src, e))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(werr(src, e)),
+        }
+    }
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".README.md.")
+        .tempfile_in(root)
+        .map_err(|e| werr(root, e))?;
+    tmp.write_all(readme.as_bytes())
+        .map_err(|e| werr(tmp.path(), e))?;
+    let dir = File::open(root).map_err(|e| werr(root, e))?;
+    // One syncfs makes every file written above durable before the rename publishes the
+    // bundle; cheaper than an fsync per file for a 1000-patch bundle.
+    rustix::fs::syncfs(&dir).map_err(|e| werr(root, e.into()))?;
+    tmp.persist(&readme_path)
+        .map_err(|e| werr(&readme_path, e.error))?;
+    dir.sync_all().map_err(|e| werr(root, e))?;
+    Ok(())
+}
+
+/// Creates (or truncates) `target` after checking, through symlinks, that it stays inside
+/// `root`; the final component is opened with `O_NOFOLLOW`.
+fn create_confined(root: &Path, target: &Path) -> Result<File, BundleError> {
+    let werr = |source: io::Error| BundleError::WriteBundle {
+        path: target.to_path_buf(),
+        source,
+    };
+    // Checked before creating the parents, so a planted link cannot get directories created
+    // outside the bundle either.
+    if !assert_within_root(root, target).map_err(werr)? {
+        return Err(BundleError::Path {
+            path: target.to_string_lossy().into_owned(),
+            source: crate::paths::PathError::EscapeViaSymlink {
+                path: target.to_path_buf(),
+            },
+        });
+    }
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent).map_err(werr)?;
+    }
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(target)
+        .map_err(werr)
+}

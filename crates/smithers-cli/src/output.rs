@@ -1,0 +1,87 @@
+//! Rendering results and errors, shared by every command group.
+//!
+//! Commands return `anyhow::Result`; a failure that has a stable code travels as an
+//! [`ErrorReport`] inside the `anyhow::Error` (see [`Coded::coded`]), anything else is reported
+//! as `INTERNAL` with its cause chain as the message.
+
+use std::process::ExitCode;
+
+use serde_json::Value;
+use smithers_errors::{CodedError, ErrorCode, ErrorReport};
+
+/// Exit status for rejected input or a failed operation (usage errors exit 2, from clap).
+pub const EXIT_REJECTED: u8 = 1;
+
+/// Converts a library error into an `anyhow::Error` that keeps its code and details.
+pub trait Coded<T> {
+    /// `result.coded()?` in a command.
+    fn coded(self) -> anyhow::Result<T>;
+}
+
+impl<T, E: CodedError> Coded<T> for Result<T, E> {
+    fn coded(self) -> anyhow::Result<T> {
+        self.map_err(|e| anyhow::Error::new(e.report()))
+    }
+}
+
+/// A coded error made on the spot (a CLI-level rule, such as an unreadable spec file).
+pub fn coded_error(code: ErrorCode, message: impl Into<String>, details: Value) -> anyhow::Error {
+    anyhow::Error::new(ErrorReport::new(code, message).with_details(details))
+}
+
+/// The report for any error: its own when it carries one, else `INTERNAL` with the chain.
+pub fn to_report(err: &anyhow::Error) -> ErrorReport {
+    if let Some(report) = err.downcast_ref::<ErrorReport>() {
+        return report.clone();
+    }
+    ErrorReport::new(ErrorCode::Internal, format!("{err:#}"))
+}
+
+/// Prints `err` (JSON on stdout with `json`, text on stderr otherwise) and returns exit 1.
+pub fn report_error(err: &anyhow::Error, json: bool) -> ExitCode {
+    let report = to_report(err);
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        eprintln!("{}", render_text(&report));
+    }
+    ExitCode::from(EXIT_REJECTED)
+}
+
+/// `error [CODE]: message`, then one indented `key: value` line per detail.
+pub fn render_text(report: &ErrorReport) -> String {
+    let mut s = format!("error [{}]: {}", report.code, report.message);
+    if let Value::Object(details) = &report.details {
+        for (k, v) in details {
+            let v = match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            s.push_str(&format!("\n  {k}: {v}"));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coded_errors_keep_code_and_details() {
+        let err = coded_error(
+            ErrorCode::ToolPathEscape,
+            "Path escapes sandbox root",
+            serde_json::json!({"path": "../x"}),
+        );
+        let r = to_report(&err);
+        assert_eq!(r.code, ErrorCode::ToolPathEscape);
+        assert_eq!(
+            render_text(&r),
+            "error [TOOL_PATH_ESCAPE]: Path escapes sandbox root\n  path: ../x"
+        );
+        let other = anyhow::anyhow!("boom").context("while testing");
+        assert_eq!(to_report(&other).code, ErrorCode::Internal);
+        assert_eq!(to_report(&other).message, "while testing: boom");
+    }
+}

@@ -1,0 +1,550 @@
+//! Change detection: an overlayfs (lower, upper) pair → the list of file changes, walking only
+//! the upper layer (plus the lower subtrees that the upper layer deletes or hides).
+//!
+//! What cannot be represented in a git patch is reported, never dropped silently:
+//! empty directories (git tracks files only) and special files (fifos, sockets, devices)
+//! are listed in [`ChangeSet::skipped`]; ignored and excluded paths in [`ChangeSet::ignored`].
+
+use std::collections::BTreeMap;
+use std::fs::Metadata;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PatchError;
+use crate::gitignore::IgnoreRules;
+use crate::model::{git_blob_oid, is_binary_content, GitMode};
+use crate::overlay::{check_upper_entry, is_whiteout, lstat};
+
+/// Options of [`detect_changes`].
+#[derive(Debug, Clone)]
+pub struct DetectOptions {
+    /// Honour `.gitignore` files (default true).
+    pub respect_gitignore: bool,
+    /// Top-level names never turned into patches (default `.git`, `.smithers`).
+    pub excluded_top_level: Vec<String>,
+    /// Bound on the changed content held in memory (old + new bytes of every change).
+    /// Default 1 GiB; exceeding it fails with the largest contributors named.
+    pub max_content_bytes: u64,
+}
+
+impl Default for DetectOptions {
+    fn default() -> Self {
+        DetectOptions {
+            respect_gitignore: true,
+            excluded_top_level: vec![".git".to_string(), ".smithers".to_string()],
+            max_content_bytes: 1 << 30,
+        }
+    }
+}
+
+/// What happened to one path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ChangeKind {
+    /// New path.
+    Added,
+    /// Content changed (the mode may have changed too: see `old_mode`/`new_mode`).
+    Modified,
+    /// Path removed.
+    Deleted,
+    /// Only the executable bit changed.
+    ModeChanged,
+    /// Regular file ↔ symlink; rendered as a deletion plus an addition, like git.
+    TypeChanged,
+}
+
+/// One side (before or after) of a change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileVersion {
+    /// Git mode.
+    pub mode: GitMode,
+    /// Git blob id of the content (for a symlink: of its target).
+    pub oid: String,
+    /// Size in bytes of the content.
+    pub size: u64,
+    /// Symlink target (read with readlink, never followed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+    /// Whether this side's content is binary (see [`is_binary_content`]).
+    pub is_binary: bool,
+    /// The content itself (for a symlink: the target's bytes). Kept for rendering so that the
+    /// patch always matches the hashes above even if the live lower tree changes later.
+    #[serde(skip)]
+    pub content: Vec<u8>,
+}
+
+/// One changed path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileChange {
+    /// POSIX path relative to the project root.
+    pub path: String,
+    pub kind: ChangeKind,
+    /// Before (absent for `Added`).
+    pub old: Option<FileVersion>,
+    /// After (absent for `Deleted`).
+    pub new: Option<FileVersion>,
+}
+
+impl FileChange {
+    /// Mode before.
+    pub fn old_mode(&self) -> Option<GitMode> {
+        self.old.as_ref().map(|v| v.mode)
+    }
+    /// Mode after.
+    pub fn new_mode(&self) -> Option<GitMode> {
+        self.new.as_ref().map(|v| v.mode)
+    }
+    /// Git blob id before (the content the change was made against).
+    pub fn old_oid(&self) -> Option<&str> {
+        self.old.as_ref().map(|v| v.oid.as_str())
+    }
+    /// Git blob id after.
+    pub fn new_oid(&self) -> Option<&str> {
+        self.new.as_ref().map(|v| v.oid.as_str())
+    }
+    /// Either side is binary.
+    pub fn is_binary(&self) -> bool {
+        self.old.as_ref().is_some_and(|v| v.is_binary)
+            || self.new.as_ref().is_some_and(|v| v.is_binary)
+    }
+    /// Bytes of content held for this change.
+    pub fn content_bytes(&self) -> u64 {
+        self.old.as_ref().map_or(0, |v| v.content.len() as u64)
+            + self.new.as_ref().map_or(0, |v| v.content.len() as u64)
+    }
+}
+
+/// Why a path is not in the patches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum IgnoreReason {
+    /// Matched by a `.gitignore` (or `.git/info/exclude`).
+    Gitignore,
+    /// Always excluded (`.git/`, `.smithers/`).
+    Excluded,
+}
+
+/// A changed path (a directory ends with `/`) left out of the patches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IgnoredPath {
+    pub path: String,
+    pub reason: IgnoreReason,
+}
+
+/// An upper-layer entry that git patches cannot represent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedEntry {
+    pub path: String,
+    pub reason: String,
+}
+
+/// The result of [`detect_changes`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangeSet {
+    /// Changes, sorted by path (byte order).
+    pub changes: Vec<FileChange>,
+    /// Changed paths left out because ignored or excluded.
+    pub ignored: Vec<IgnoredPath>,
+    /// Entries that cannot be represented in a patch (empty directories, special files,
+    /// non-UTF-8 names or symlink targets).
+    pub skipped: Vec<SkippedEntry>,
+}
+
+impl ChangeSet {
+    /// Total bytes of content held by the changes.
+    pub fn content_bytes(&self) -> u64 {
+        self.changes.iter().map(FileChange::content_bytes).sum()
+    }
+}
+
+/// Where one side of a candidate lives on disk.
+#[derive(Debug, Clone)]
+enum Node {
+    File { path: PathBuf, mode: GitMode },
+    Symlink { path: PathBuf },
+}
+
+#[derive(Debug, Default)]
+struct Candidate {
+    old: Option<Node>,
+    new: Option<Node>,
+}
+
+struct Walker<'a> {
+    upper_root: &'a Path,
+    opts: &'a DetectOptions,
+    rules: IgnoreRules<'a>,
+    cands: BTreeMap<String, Candidate>,
+    out: ChangeSet,
+}
+
+fn join_rel(rel: &str, name: &str) -> String {
+    if rel.is_empty() {
+        name.to_string()
+    } else {
+        format!("{rel}/{name}")
+    }
+}
+
+fn read_dir_sorted(dir: &Path) -> Result<Vec<(std::ffi::OsString, PathBuf)>, PatchError> {
+    let rd = std::fs::read_dir(dir).map_err(|source| PatchError::ReadLayer {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut v = Vec::new();
+    for e in rd {
+        let e = e.map_err(|source| PatchError::ReadLayer {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        v.push((e.file_name(), e.path()));
+    }
+    v.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    Ok(v)
+}
+
+fn node_of(path: PathBuf, md: &Metadata) -> Option<Node> {
+    if md.file_type().is_symlink() {
+        Some(Node::Symlink { path })
+    } else if md.is_file() {
+        Some(Node::File {
+            path,
+            mode: GitMode::from_regular_permissions(md.mode()),
+        })
+    } else {
+        None
+    }
+}
+
+impl<'a> Walker<'a> {
+    fn skip(&mut self, path: String, reason: &str) {
+        self.out.skipped.push(SkippedEntry {
+            path,
+            reason: reason.to_string(),
+        });
+    }
+
+    fn ignore(&mut self, path: String, reason: IgnoreReason) {
+        self.out.ignored.push(IgnoredPath { path, reason });
+    }
+
+    /// Walks upper directory `rel`. `lower_dir` is the lower directory visible beneath it
+    /// (`None` when the upper directory is opaque or new).
+    fn walk_upper(&mut self, rel: &str, lower_dir: Option<PathBuf>) -> Result<(), PatchError> {
+        let upper_dir = if rel.is_empty() {
+            self.upper_root.to_path_buf()
+        } else {
+            self.upper_root.join(rel)
+        };
+        let entries = read_dir_sorted(&upper_dir)?;
+        if entries.is_empty() && lower_dir.is_none() && !rel.is_empty() {
+            self.skip(
+                format!("{rel}/"),
+                "empty directory (git patches cannot represent directories)",
+            );
+        }
+        for (name, upath) in entries {
+            let Some(name) = name.to_str().map(str::to_string) else {
+                self.skip(
+                    format!("{}", upath.display()),
+                    "non-UTF-8 file name (not representable as a POSIX path string)",
+                );
+                continue;
+            };
+            let child = join_rel(rel, &name);
+            if rel.is_empty() && self.opts.excluded_top_level.contains(&name) {
+                self.ignore(format!("{child}/"), IgnoreReason::Excluded);
+                continue;
+            }
+            let Some(umd) = lstat(&upath)? else { continue };
+            let lower_child = match &lower_dir {
+                Some(l) => {
+                    let p = l.join(&name);
+                    lstat(&p)?.map(|md| (p, md))
+                }
+                None => None,
+            };
+            if is_whiteout(&umd) {
+                if let Some((lp, lmd)) = lower_child {
+                    self.delete_lower(&child, lp, &lmd)?;
+                }
+                continue;
+            }
+            if umd.is_dir() {
+                let opaque = check_upper_entry(&upath)?;
+                if self.rules.is_dir_ignored(&child)? {
+                    self.ignore(format!("{child}/"), IgnoreReason::Gitignore);
+                    continue;
+                }
+                match lower_child {
+                    Some((lp, lmd)) if lmd.is_dir() && !opaque => {
+                        self.walk_upper(&child, Some(lp))?;
+                    }
+                    Some((lp, lmd)) => {
+                        // Opaque directory, or a directory replacing a lower non-directory:
+                        // everything below in lower is gone, upper holds the whole new tree.
+                        self.delete_lower(&child, lp, &lmd)?;
+                        self.walk_upper(&child, None)?;
+                    }
+                    None => self.walk_upper(&child, None)?,
+                }
+                continue;
+            }
+            let Some(new) = node_of(upath.clone(), &umd) else {
+                self.skip(
+                    child,
+                    "special file (fifo, socket or device) is not representable in a git patch",
+                );
+                continue;
+            };
+            // Metacopy/redirect markers live on files too.
+            check_upper_entry(&upath)?;
+            if let Some((lp, lmd)) = &lower_child {
+                if lmd.is_dir() {
+                    // A file replacing a lower directory: the directory's files are deleted.
+                    self.delete_lower(&child, lp.clone(), lmd)?;
+                }
+            }
+            if self.rules.is_file_ignored(&child)? {
+                self.ignore(child, IgnoreReason::Gitignore);
+                continue;
+            }
+            let old = lower_child.and_then(|(lp, lmd)| node_of(lp, &lmd));
+            let c = self.cands.entry(child).or_default();
+            c.new = Some(new);
+            if old.is_some() {
+                c.old = old;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the deletion of lower entry `rel` (recursively for a directory).
+    fn delete_lower(&mut self, rel: &str, path: PathBuf, md: &Metadata) -> Result<(), PatchError> {
+        if md.is_dir() {
+            if self.rules.is_dir_ignored(rel)? {
+                self.ignore(format!("{rel}/"), IgnoreReason::Gitignore);
+                return Ok(());
+            }
+            for (name, p) in read_dir_sorted(&path)? {
+                let Some(name) = name.to_str() else {
+                    self.skip(
+                        format!("{}", p.display()),
+                        "non-UTF-8 file name (not representable as a POSIX path string)",
+                    );
+                    continue;
+                };
+                let child = join_rel(rel, name);
+                if let Some(cmd) = lstat(&p)? {
+                    self.delete_lower(&child, p, &cmd)?;
+                }
+            }
+            return Ok(());
+        }
+        let Some(old) = node_of(path, md) else {
+            self.skip(
+                rel.to_string(),
+                "special file (fifo, socket or device) deleted; not representable in a git patch",
+            );
+            return Ok(());
+        };
+        if self.rules.is_file_ignored(rel)? {
+            self.ignore(rel.to_string(), IgnoreReason::Gitignore);
+            return Ok(());
+        }
+        self.cands.entry(rel.to_string()).or_default().old = Some(old);
+        Ok(())
+    }
+}
+
+/// Reads a regular file without following a symlink swapped in at the last component.
+fn read_regular(path: &Path) -> Result<Vec<u8>, PatchError> {
+    let err = |source| PatchError::ReadLayer {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(err)?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).map_err(err)?;
+    Ok(buf)
+}
+
+enum Loaded {
+    Version(FileVersion),
+    /// Not representable; the reason.
+    Skip(&'static str),
+}
+
+fn load(node: &Node) -> Result<Loaded, PatchError> {
+    match node {
+        Node::File { path, mode } => {
+            let content = read_regular(path)?;
+            Ok(Loaded::Version(FileVersion {
+                mode: *mode,
+                oid: git_blob_oid(&content),
+                size: content.len() as u64,
+                symlink_target: None,
+                is_binary: is_binary_content(&content),
+                content,
+            }))
+        }
+        Node::Symlink { path } => {
+            let target = std::fs::read_link(path).map_err(|source| PatchError::ReadLayer {
+                path: path.clone(),
+                source,
+            })?;
+            let Some(t) = target.to_str() else {
+                return Ok(Loaded::Skip(
+                    "symlink target is not UTF-8 (not representable in a text patch)",
+                ));
+            };
+            let content = t.as_bytes().to_vec();
+            Ok(Loaded::Version(FileVersion {
+                mode: GitMode::Symlink,
+                oid: git_blob_oid(&content),
+                size: content.len() as u64,
+                symlink_target: Some(t.to_string()),
+                is_binary: false,
+                content,
+            }))
+        }
+    }
+}
+
+/// Turns an overlayfs (lower, upper) pair into the list of changes the step made.
+///
+/// Only `upper` is walked; `lower` is looked up path by path, and walked only below
+/// directories the upper layer deletes or makes opaque (their files become deletions).
+/// A copied-up file whose content and executable bit equal the lower file is not a change.
+/// Symlinks are read with readlink and never followed. Both xattr flavours (`trusted.overlay.*`
+/// as root, `user.overlay.*` with `-o userxattr`) are understood; redirect/metacopy layers are
+/// refused with [`PatchError::UnsupportedOverlayFeature`].
+pub fn detect_changes(
+    lower: &Path,
+    upper: &Path,
+    opts: &DetectOptions,
+) -> Result<ChangeSet, PatchError> {
+    for root in [lower, upper] {
+        match lstat(root)? {
+            Some(md) if md.is_dir() => {}
+            _ => {
+                return Err(PatchError::ReadLayer {
+                    path: root.to_path_buf(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "layer root is not a directory",
+                    ),
+                })
+            }
+        }
+    }
+    let mut w = Walker {
+        upper_root: upper,
+        opts,
+        rules: IgnoreRules::new(lower, upper, opts.respect_gitignore),
+        cands: BTreeMap::new(),
+        out: ChangeSet::default(),
+    };
+    // The upper root itself may be opaque only in exotic setups; honour it anyway.
+    let root_opaque = check_upper_entry(upper)?;
+    if root_opaque {
+        for (name, p) in read_dir_sorted(lower)? {
+            let Some(name) = name.to_str() else { continue };
+            if opts.excluded_top_level.iter().any(|e| e == name) {
+                continue;
+            }
+            if let Some(md) = lstat(&p)? {
+                w.delete_lower(name, p, &md)?;
+            }
+        }
+        w.walk_upper("", None)?;
+    } else {
+        w.walk_upper("", Some(lower.to_path_buf()))?;
+    }
+
+    let cands = std::mem::take(&mut w.cands);
+    let mut out = w.out;
+    let mut total: u64 = 0;
+    for (path, c) in cands {
+        let old = match &c.old {
+            Some(n) => match load(n)? {
+                Loaded::Version(v) => Some(v),
+                Loaded::Skip(r) => {
+                    out.skipped.push(SkippedEntry {
+                        path: path.clone(),
+                        reason: r.to_string(),
+                    });
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let new = match &c.new {
+            Some(n) => match load(n)? {
+                Loaded::Version(v) => Some(v),
+                Loaded::Skip(r) => {
+                    out.skipped.push(SkippedEntry {
+                        path: path.clone(),
+                        reason: r.to_string(),
+                    });
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let kind = match (&old, &new) {
+            (None, None) => continue,
+            (None, Some(_)) => ChangeKind::Added,
+            (Some(_), None) => ChangeKind::Deleted,
+            (Some(o), Some(n)) => {
+                if o.mode.is_symlink() != n.mode.is_symlink() {
+                    ChangeKind::TypeChanged
+                } else if o.oid != n.oid {
+                    ChangeKind::Modified
+                } else if o.mode != n.mode {
+                    ChangeKind::ModeChanged
+                } else {
+                    continue;
+                }
+            }
+        };
+        let change = FileChange {
+            path,
+            kind,
+            old,
+            new,
+        };
+        total += change.content_bytes();
+        out.changes.push(change);
+        if total > opts.max_content_bytes {
+            let mut largest: Vec<(String, u64)> = out
+                .changes
+                .iter()
+                .map(|c| (c.path.clone(), c.content_bytes()))
+                .collect();
+            largest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            largest.truncate(10);
+            return Err(PatchError::ChangeSetTooLarge {
+                total_bytes: total,
+                limit_bytes: opts.max_content_bytes,
+                largest,
+            });
+        }
+    }
+    out.ignored.sort_by(|a, b| a.path.cmp(&b.path));
+    out.skipped.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}

@@ -1,0 +1,189 @@
+//! `.gitignore` evaluation over the merged (post-step) view, git's precedence rules.
+//!
+//! Decision: rules are read from the **merged view** (upper if the step wrote the file, else
+//! lower), i.e. the `.gitignore` files of the tree the patches produce, exactly what
+//! `git status` would use after applying them. A step that edits a `.gitignore` therefore
+//! changes what is reported; the `.gitignore` edit itself is a reviewed change. Root-level
+//! `.git/info/exclude` of the lower tree is honoured with lower precedence than the root
+//! `.gitignore`. Global excludes (`core.excludesFile`) are host-user configuration and are
+//! not read. Rules apply whether or not a path is tracked (the git index is not read).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use ignore::Match;
+
+use crate::error::PatchError;
+use crate::overlay::merged_regular_file;
+
+pub(crate) struct IgnoreRules<'a> {
+    lower: &'a Path,
+    upper: &'a Path,
+    enabled: bool,
+    /// Matcher of each directory's `.gitignore` ("" = root), `None` when it has none.
+    matchers: HashMap<String, Option<Gitignore>>,
+    /// Memoised "is this directory ignored (itself or through an ancestor)".
+    dir_ignored: HashMap<String, bool>,
+}
+
+fn virtual_root(dir: &str) -> PathBuf {
+    // Matchers are rooted at a fake absolute path so that `ignore` strips the prefix the same
+    // way for the root and for nested directories.
+    let mut p = PathBuf::from("/");
+    if !dir.is_empty() {
+        p.push(dir);
+    }
+    p
+}
+
+impl<'a> IgnoreRules<'a> {
+    pub(crate) fn new(lower: &'a Path, upper: &'a Path, enabled: bool) -> Self {
+        IgnoreRules {
+            lower,
+            upper,
+            enabled,
+            matchers: HashMap::new(),
+            dir_ignored: HashMap::new(),
+        }
+    }
+
+    fn matcher(&mut self, dir: &str) -> Result<Option<&Gitignore>, PatchError> {
+        if !self.matchers.contains_key(dir) {
+            let built = self.build(dir)?;
+            self.matchers.insert(dir.to_string(), built);
+        }
+        Ok(self.matchers.get(dir).and_then(|m| m.as_ref()))
+    }
+
+    fn build(&self, dir: &str) -> Result<Option<Gitignore>, PatchError> {
+        let mut sources: Vec<(PathBuf, String)> = Vec::new();
+        if dir.is_empty() {
+            let exclude = self.lower.join(".git/info/exclude");
+            if let Some(md) = crate::overlay::lstat(&exclude)? {
+                if md.is_file() {
+                    sources.push((exclude.clone(), read_text(&exclude)?));
+                }
+            }
+        }
+        let rel = if dir.is_empty() {
+            ".gitignore".to_string()
+        } else {
+            format!("{dir}/.gitignore")
+        };
+        if let Some(p) = merged_regular_file(self.lower, self.upper, &rel)? {
+            sources.push((p.clone(), read_text(&p)?));
+        }
+        if sources.is_empty() {
+            return Ok(None);
+        }
+        let mut b = GitignoreBuilder::new(virtual_root(dir));
+        for (from, text) in &sources {
+            for line in text.lines() {
+                // A malformed glob is ignored line by line, like git does.
+                let _ = b.add_line(Some(from.clone()), line);
+            }
+        }
+        Ok(b.build().ok())
+    }
+
+    /// The decision of the nearest `.gitignore` (deepest first) for `rel` alone, ignoring
+    /// whether an ancestor directory is excluded.
+    fn own_decision(&mut self, rel: &str, is_dir: bool) -> Result<bool, PatchError> {
+        let abs = virtual_root(rel);
+        let mut dir = parent(rel);
+        loop {
+            if let Some(m) = self.matcher(dir)? {
+                match m.matched(&abs, is_dir) {
+                    Match::Ignore(_) => return Ok(true),
+                    Match::Whitelist(_) => return Ok(false),
+                    Match::None => {}
+                }
+            }
+            if dir.is_empty() {
+                return Ok(false);
+            }
+            dir = parent(dir);
+        }
+    }
+
+    /// Whether directory `rel` is ignored, itself or because an ancestor is (git never looks
+    /// inside an excluded directory, so nothing below it can be re-included).
+    pub(crate) fn is_dir_ignored(&mut self, rel: &str) -> Result<bool, PatchError> {
+        if !self.enabled || rel.is_empty() {
+            return Ok(false);
+        }
+        if let Some(v) = self.dir_ignored.get(rel) {
+            return Ok(*v);
+        }
+        let p = parent(rel);
+        let v = (!p.is_empty() && self.is_dir_ignored(p)?) || self.own_decision(rel, true)?;
+        self.dir_ignored.insert(rel.to_string(), v);
+        Ok(v)
+    }
+
+    /// Whether the non-directory `rel` is ignored.
+    pub(crate) fn is_file_ignored(&mut self, rel: &str) -> Result<bool, PatchError> {
+        if !self.enabled {
+            return Ok(false);
+        }
+        let p = parent(rel);
+        Ok((!p.is_empty() && self.is_dir_ignored(p)?) || self.own_decision(rel, false)?)
+    }
+}
+
+fn parent(rel: &str) -> &str {
+    rel.rfind('/').map_or("", |i| &rel[..i])
+}
+
+fn read_text(p: &Path) -> Result<String, PatchError> {
+    std::fs::read(p)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .map_err(|source| PatchError::ReadLayer {
+            path: p.to_path_buf(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_rules_and_negation() {
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        std::fs::write(
+            lower.path().join(".gitignore"),
+            "*.log\nbuild/\n!keep.log\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(lower.path().join("sub")).unwrap();
+        std::fs::write(
+            lower.path().join("sub/.gitignore"),
+            "!important.log\nsecret\n",
+        )
+        .unwrap();
+        // The step rewrote the nested file in upper: upper wins.
+        std::fs::create_dir_all(upper.path().join("sub")).unwrap();
+        std::fs::write(
+            upper.path().join("sub/.gitignore"),
+            "!important.log\nsecret2\n",
+        )
+        .unwrap();
+        let mut r = IgnoreRules::new(lower.path(), upper.path(), true);
+        assert!(r.is_file_ignored("a.log").unwrap());
+        assert!(!r.is_file_ignored("keep.log").unwrap());
+        assert!(r.is_file_ignored("sub/x.log").unwrap());
+        assert!(!r.is_file_ignored("sub/important.log").unwrap());
+        assert!(r.is_file_ignored("sub/secret2").unwrap());
+        assert!(!r.is_file_ignored("sub/secret").unwrap());
+        assert!(r.is_dir_ignored("build").unwrap());
+        assert!(r.is_file_ignored("build/keep.log").unwrap());
+        assert!(r.is_file_ignored("x/build/y.rs").unwrap());
+        assert!(!r.is_file_ignored("build.rs").unwrap());
+        assert!(!r.is_file_ignored("src/main.rs").unwrap());
+        let mut off = IgnoreRules::new(lower.path(), upper.path(), false);
+        assert!(!off.is_file_ignored("a.log").unwrap());
+    }
+}

@@ -1,0 +1,232 @@
+//! Small shared pieces: git file modes, git blob hashes, binary detection, git's path quoting.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use sha1::{Digest, Sha1};
+
+/// The all-zero object id git writes for "no file".
+pub const ZERO_OID: &str = "0000000000000000000000000000000000000000";
+
+/// How many leading bytes git inspects for a NUL to decide a file is binary.
+const BINARY_SNIFF_LEN: usize = 8000;
+
+/// The three file modes a git tree can record for a non-directory entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GitMode {
+    /// `100644`
+    #[serde(rename = "100644")]
+    File,
+    /// `100755`
+    #[serde(rename = "100755")]
+    Executable,
+    /// `120000`
+    #[serde(rename = "120000")]
+    Symlink,
+}
+
+impl GitMode {
+    /// The octal string git prints, e.g. `"100644"`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            GitMode::File => "100644",
+            GitMode::Executable => "100755",
+            GitMode::Symlink => "120000",
+        }
+    }
+
+    /// Parses git's octal form. `100664` (old git) is accepted as `100644`, as git does.
+    pub fn parse(s: &str) -> Option<GitMode> {
+        match s {
+            "100644" | "100664" => Some(GitMode::File),
+            "100755" => Some(GitMode::Executable),
+            "120000" => Some(GitMode::Symlink),
+            _ => None,
+        }
+    }
+
+    /// The mode git records for a regular file with these permission bits: git only keeps the
+    /// owner's execute bit.
+    pub const fn from_regular_permissions(st_mode: u32) -> GitMode {
+        if st_mode & 0o100 != 0 {
+            GitMode::Executable
+        } else {
+            GitMode::File
+        }
+    }
+
+    /// True for `120000`.
+    pub const fn is_symlink(self) -> bool {
+        matches!(self, GitMode::Symlink)
+    }
+}
+
+impl fmt::Display for GitMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The git blob object id (sha1 of `"blob <len>\0" + content`), 40 lowercase hex digits.
+pub fn git_blob_oid(content: &[u8]) -> String {
+    let mut h = Sha1::new();
+    h.update(format!("blob {}\0", content.len()).as_bytes());
+    h.update(content);
+    let digest = h.finalize();
+    let mut out = String::with_capacity(40);
+    for b in digest.iter() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Whether content is rendered as a binary patch.
+///
+/// Git's rule is "a NUL in the first 8000 bytes". We additionally treat content that is not
+/// valid UTF-8 as binary: patch files and the manifest's `diff` strings are JSON/UTF-8 text,
+/// and a binary literal carries such files byte-exactly where a lossy text diff would not.
+pub fn is_binary_content(content: &[u8]) -> bool {
+    let sniff = &content[..content.len().min(BINARY_SNIFF_LEN)];
+    sniff.contains(&0) || std::str::from_utf8(content).is_err()
+}
+
+/// Whether git would C-quote this path (core.quotePath=true, the default): control
+/// characters, `"`, `\` and every byte >= 0x80.
+fn needs_quoting(s: &str) -> bool {
+    s.bytes()
+        .any(|b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f || b >= 0x80)
+}
+
+/// `prefix + path` the way git prints it in `diff --git`, `---` and `+++` lines: as-is, or
+/// C-quoted (`"a/t\303\251st"`) when it holds special bytes.
+pub fn quote_git_path(prefix: &str, path: &str) -> String {
+    let full = format!("{prefix}{path}");
+    if !needs_quoting(&full) {
+        return full;
+    }
+    let mut out = String::with_capacity(full.len() + 8);
+    out.push('"');
+    for b in full.bytes() {
+        match b {
+            0x07 => out.push_str("\\a"),
+            0x08 => out.push_str("\\b"),
+            b'\t' => out.push_str("\\t"),
+            b'\n' => out.push_str("\\n"),
+            0x0b => out.push_str("\\v"),
+            0x0c => out.push_str("\\f"),
+            b'\r' => out.push_str("\\r"),
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            b if !(0x20..0x7f).contains(&b) => out.push_str(&format!("\\{b:03o}")),
+            b => out.push(b as char),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Reverses [`quote_git_path`] for a quoted token (with its surrounding quotes). Returns the
+/// unquoted string and the number of bytes of `s` consumed, or `None` when malformed.
+pub fn unquote_git_path(s: &str) -> Option<(String, usize)> {
+    let bytes = s.as_bytes();
+    if bytes.first() != Some(&b'"') {
+        return None;
+    }
+    let mut out: Vec<u8> = Vec::new();
+    let mut i = 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => return String::from_utf8(out).ok().map(|o| (o, i + 1)),
+            b'\\' => {
+                let c = *bytes.get(i + 1)?;
+                i += 2;
+                match c {
+                    b'a' => out.push(0x07),
+                    b'b' => out.push(0x08),
+                    b't' => out.push(b'\t'),
+                    b'n' => out.push(b'\n'),
+                    b'v' => out.push(0x0b),
+                    b'f' => out.push(0x0c),
+                    b'r' => out.push(b'\r'),
+                    b'"' => out.push(b'"'),
+                    b'\\' => out.push(b'\\'),
+                    b'0'..=b'3' => {
+                        let d2 = *bytes.get(i)?;
+                        let d3 = *bytes.get(i + 1)?;
+                        if !(b'0'..=b'7').contains(&d2) || !(b'0'..=b'7').contains(&d3) {
+                            return None;
+                        }
+                        out.push((c - b'0') * 64 + (d2 - b'0') * 8 + (d3 - b'0'));
+                        i += 2;
+                    }
+                    _ => return None,
+                }
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_oid_matches_git() {
+        // `git hash-object /dev/null` and `printf 'hello\n' | git hash-object --stdin`.
+        assert_eq!(
+            git_blob_oid(b""),
+            "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+        );
+        assert_eq!(
+            git_blob_oid(b"hello\n"),
+            "ce013625030ba8dba906f756967f9e9ca394464a"
+        );
+    }
+
+    #[test]
+    fn quoting_round_trips() {
+        for p in [
+            "plain/x.rs",
+            "with space",
+            "tést",
+            "tab\there",
+            "q\"uote",
+            "back\\slash",
+        ] {
+            let q = quote_git_path("a/", p);
+            if q.starts_with('"') {
+                let (u, used) = unquote_git_path(&q).unwrap();
+                assert_eq!(u, format!("a/{p}"));
+                assert_eq!(used, q.len());
+            } else {
+                assert_eq!(q, format!("a/{p}"));
+            }
+        }
+        assert_eq!(quote_git_path("a/", "tést"), "\"a/t\\303\\251st\"");
+    }
+
+    #[test]
+    fn binary_detection() {
+        assert!(!is_binary_content(b"text\n"));
+        assert!(is_binary_content(b"a\0b"));
+        assert!(is_binary_content(&[0xff, 0xfe, b'a']));
+        assert!(!is_binary_content("héllo".as_bytes()));
+    }
+
+    #[test]
+    fn modes() {
+        assert_eq!(
+            GitMode::from_regular_permissions(0o100755),
+            GitMode::Executable
+        );
+        assert_eq!(GitMode::from_regular_permissions(0o100644), GitMode::File);
+        assert_eq!(GitMode::from_regular_permissions(0o100654), GitMode::File);
+        assert_eq!(GitMode::parse("120000"), Some(GitMode::Symlink));
+        assert_eq!(GitMode::parse("040000"), None);
+    }
+}

@@ -1,0 +1,354 @@
+//! Parsing git-format patch text back into [`FilePatch`]es, so that an apply can run from the
+//! bundle's patch files (the source of truth).
+//!
+//! Accepted: what `git diff --binary --full-index` writes for additions, deletions,
+//! modifications and mode changes (text hunks, `literal` binary hunks, C-quoted names).
+//! Refused with a clear error: renames/copies, abbreviated object ids, `delta` binary hunks,
+//! "Binary files differ" without data, and anything malformed.
+
+use crate::binary::decode_literal;
+use crate::error::PatchError;
+use crate::model::{git_blob_oid, unquote_git_path, GitMode, ZERO_OID};
+use crate::patch::{FilePatch, Hunk, HunkLine, LineKind, PatchBody};
+
+fn err(line: usize, reason: impl Into<String>) -> PatchError {
+    PatchError::ParsePatch {
+        line: line + 1,
+        reason: reason.into(),
+    }
+}
+
+fn strip_nl(l: &str) -> &str {
+    l.strip_suffix('\n').unwrap_or(l)
+}
+
+/// Parses one name token (quoted or not) of a `diff --git` line; returns (name, rest).
+fn take_token(s: &str) -> Option<(String, &str)> {
+    if s.starts_with('"') {
+        let (name, used) = unquote_git_path(s)?;
+        Some((name, &s[used..]))
+    } else {
+        let end = s.find(' ').unwrap_or(s.len());
+        Some((s[..end].to_string(), &s[end..]))
+    }
+}
+
+/// The path named by `diff --git a/X b/X` (both names must be equal: no renames).
+fn parse_git_header(rest: &str) -> Option<String> {
+    if rest.starts_with('"') {
+        let (a, r) = take_token(rest)?;
+        let r = r.strip_prefix(' ')?;
+        let (b, r) = take_token(r)?;
+        if !r.is_empty() {
+            return None;
+        }
+        let a = a.strip_prefix("a/")?;
+        let b = b.strip_prefix("b/")?;
+        return (a == b).then(|| a.to_string());
+    }
+    // Unquoted names may contain spaces: with equal names the line is "a/X b/X".
+    if rest.len() < 5 || (rest.len() - 5) % 2 != 0 {
+        return None;
+    }
+    let k = (rest.len() - 5) / 2;
+    let (a, b) = (rest.get(..2 + k)?, rest.get(2 + k..)?);
+    let a = a.strip_prefix("a/")?;
+    let b = b.strip_prefix(" b/")?;
+    (a == b && !a.is_empty()).then(|| a.to_string())
+}
+
+/// A `---`/`+++` label: `None` for /dev/null, else the name without its `a/`/`b/` prefix.
+fn parse_label(s: &str, prefix: &str) -> Option<Option<String>> {
+    let name = if s.starts_with('"') {
+        unquote_git_path(s)?.0
+    } else {
+        // Anything after a tab (git's tab after names with spaces, or a timestamp) is not
+        // part of the name.
+        s.split('\t').next()?.to_string()
+    };
+    if name == "/dev/null" {
+        return Some(None);
+    }
+    Some(Some(name.strip_prefix(prefix)?.to_string()))
+}
+
+fn parse_mode(s: &str, line: usize) -> Result<GitMode, PatchError> {
+    GitMode::parse(s.trim()).ok_or_else(|| err(line, format!("unsupported file mode {s:?}")))
+}
+
+fn parse_oid(s: &str, line: usize) -> Result<Option<String>, PatchError> {
+    if s.len() != 40 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(err(
+            line,
+            format!(
+                "object id {s:?} is not a full 40-hex id (patches must be made with --full-index)"
+            ),
+        ));
+    }
+    let s = s.to_ascii_lowercase();
+    Ok(if s == ZERO_OID { None } else { Some(s) })
+}
+
+fn parse_range(s: &str) -> Option<(usize, usize)> {
+    match s.split_once(',') {
+        Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+        None => Some((s.parse().ok()?, 1)),
+    }
+}
+
+type HunkHeader = (usize, usize, usize, usize, String);
+
+fn parse_hunk_header(l: &str) -> Option<HunkHeader> {
+    let rest = l.strip_prefix("@@ -")?;
+    let (old, rest) = rest.split_once(" +")?;
+    let (new, heading) = rest.split_once(" @@")?;
+    let (a, b) = parse_range(old)?;
+    let (c, d) = parse_range(new)?;
+    let heading = heading.strip_prefix(' ').unwrap_or(heading).to_string();
+    Some((a, b, c, d, heading))
+}
+
+/// Parses a patch text (one or more `diff --git` sections).
+pub fn parse_patch(text: &str) -> Result<Vec<FilePatch>, PatchError> {
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let n = lines.len();
+    let mut i = 0;
+    let mut out = Vec::new();
+    while i < n {
+        let line = strip_nl(lines[i]);
+        if line.trim().is_empty() {
+            i += 1;
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("diff --git ") else {
+            return Err(err(i, format!("expected 'diff --git', found {line:?}")));
+        };
+        let header_line = i;
+        let header_path = parse_git_header(rest);
+        i += 1;
+        let mut old_mode = None;
+        let mut new_mode = None;
+        let mut is_new = false;
+        let mut is_deleted = false;
+        let mut index_mode = None;
+        let mut oids: Option<(Option<String>, Option<String>)> = None;
+        while i < n {
+            let l = strip_nl(lines[i]);
+            if l.starts_with("diff --git ")
+                || l.starts_with("--- ")
+                || l.starts_with("@@ ")
+                || l == "GIT binary patch"
+            {
+                break;
+            }
+            if let Some(m) = l.strip_prefix("old mode ") {
+                old_mode = Some(parse_mode(m, i)?);
+            } else if let Some(m) = l.strip_prefix("new mode ") {
+                new_mode = Some(parse_mode(m, i)?);
+            } else if let Some(m) = l.strip_prefix("new file mode ") {
+                new_mode = Some(parse_mode(m, i)?);
+                is_new = true;
+            } else if let Some(m) = l.strip_prefix("deleted file mode ") {
+                old_mode = Some(parse_mode(m, i)?);
+                is_deleted = true;
+            } else if let Some(r) = l.strip_prefix("index ") {
+                let (ids, mode) = match r.split_once(' ') {
+                    Some((ids, m)) => (ids, Some(parse_mode(m, i)?)),
+                    None => (r, None),
+                };
+                let (o, nn) = ids
+                    .split_once("..")
+                    .ok_or_else(|| err(i, "malformed index line"))?;
+                oids = Some((parse_oid(o, i)?, parse_oid(nn, i)?));
+                index_mode = mode;
+            } else if l.starts_with("similarity index")
+                || l.starts_with("dissimilarity index")
+                || l.starts_with("rename ")
+                || l.starts_with("copy ")
+            {
+                return Err(err(i, "renames and copies are not supported"));
+            } else if l.starts_with("Binary files ") {
+                return Err(err(
+                    i,
+                    "binary change without data (patches must be made with --binary)",
+                ));
+            } else {
+                return Err(err(i, format!("unexpected header line {l:?}")));
+            }
+            i += 1;
+        }
+        if is_new && is_deleted {
+            return Err(err(header_line, "file is both new and deleted"));
+        }
+        if !is_new && !is_deleted && old_mode.is_none() && new_mode.is_none() {
+            old_mode = index_mode;
+            new_mode = index_mode;
+        }
+        if !is_new && old_mode.is_none() || !is_deleted && new_mode.is_none() {
+            return Err(err(
+                header_line,
+                "cannot determine the file mode (no mode header and no mode on the index line)",
+            ));
+        }
+        let mut path = header_path;
+        let mut body = PatchBody::Empty;
+        if i < n && strip_nl(lines[i]).starts_with("--- ") {
+            let minus = parse_label(&strip_nl(lines[i])[4..], "a/")
+                .ok_or_else(|| err(i, "malformed '---' line"))?;
+            i += 1;
+            let plus_line = lines.get(i).map(|l| strip_nl(l)).unwrap_or("");
+            let plus = plus_line
+                .strip_prefix("+++ ")
+                .and_then(|s| parse_label(s, "b/"))
+                .ok_or_else(|| err(i, "expected '+++' line"))?;
+            i += 1;
+            if minus.is_none() != is_new || plus.is_none() != is_deleted {
+                return Err(err(
+                    i - 2,
+                    "'---'/'+++' lines disagree with the mode headers",
+                ));
+            }
+            let named = plus
+                .or(minus)
+                .ok_or_else(|| err(i - 2, "both sides are /dev/null"))?;
+            if path.as_ref().is_some_and(|p| *p != named) {
+                return Err(err(i - 2, "renames are not supported (names differ)"));
+            }
+            path = Some(named);
+            let mut hunks = Vec::new();
+            while i < n && strip_nl(lines[i]).starts_with("@@ ") {
+                let hl = i;
+                let (a, b, c, d, heading) = parse_hunk_header(strip_nl(lines[i]))
+                    .ok_or_else(|| err(i, "malformed hunk header"))?;
+                i += 1;
+                let (mut old_left, mut new_left) = (b, d);
+                let mut hlines: Vec<HunkLine> = Vec::new();
+                while old_left > 0 || new_left > 0 || (i < n && lines[i].starts_with('\\')) {
+                    let Some(raw) = lines.get(i) else {
+                        return Err(err(hl, "hunk is truncated"));
+                    };
+                    let (kind, text) = match raw.as_bytes().first() {
+                        Some(b' ') => (LineKind::Context, &raw[1..]),
+                        Some(b'-') => (LineKind::Remove, &raw[1..]),
+                        Some(b'+') => (LineKind::Add, &raw[1..]),
+                        // Some editors strip the single space of an empty context line.
+                        Some(b'\n') => (LineKind::Context, &raw[..]),
+                        Some(b'\\') => {
+                            let last = hlines
+                                .last_mut()
+                                .ok_or_else(|| err(i, "'\\ No newline' before any line"))?;
+                            if last.text.ends_with('\n') {
+                                last.text.pop();
+                            }
+                            i += 1;
+                            continue;
+                        }
+                        _ => return Err(err(i, "unexpected line inside hunk")),
+                    };
+                    if !text.ends_with('\n') {
+                        return Err(err(i, "patch ends inside a hunk line (missing newline)"));
+                    }
+                    match kind {
+                        LineKind::Context if old_left > 0 && new_left > 0 => {
+                            old_left -= 1;
+                            new_left -= 1;
+                        }
+                        LineKind::Remove if old_left > 0 => old_left -= 1,
+                        LineKind::Add if new_left > 0 => new_left -= 1,
+                        _ => return Err(err(i, "hunk has more lines than its header says")),
+                    }
+                    hlines.push(HunkLine {
+                        kind,
+                        text: text.to_string(),
+                    });
+                    i += 1;
+                }
+                hunks.push(Hunk {
+                    old_start: a,
+                    old_len: b,
+                    new_start: c,
+                    new_len: d,
+                    heading,
+                    lines: hlines,
+                });
+            }
+            if hunks.is_empty() {
+                return Err(err(i, "'---'/'+++' lines without hunks"));
+            }
+            body = PatchBody::Text(hunks);
+        } else if i < n && strip_nl(lines[i]) == "GIT binary patch" {
+            i += 1;
+            let mut datas: Vec<Vec<u8>> = Vec::new();
+            while datas.len() < 2 && i < n {
+                let l = strip_nl(lines[i]);
+                let size = if let Some(s) = l.strip_prefix("literal ") {
+                    s.parse::<usize>()
+                        .map_err(|_| err(i, "malformed 'literal' size"))?
+                } else if l.starts_with("delta ") {
+                    return Err(err(
+                        i,
+                        "delta binary hunks are not supported (only literal)",
+                    ));
+                } else {
+                    break;
+                };
+                let start = i + 1;
+                let mut end = start;
+                while end < n && !strip_nl(lines[end]).is_empty() {
+                    end += 1;
+                }
+                let data_lines: Vec<&str> = lines[start..end].iter().map(|l| strip_nl(l)).collect();
+                let data = decode_literal(&data_lines, size).map_err(|r| err(start, r))?;
+                datas.push(data);
+                i = (end + 1).min(n);
+            }
+            let mut it = datas.into_iter();
+            let new = it
+                .next()
+                .ok_or_else(|| err(i, "'GIT binary patch' without a literal hunk"))?;
+            body = PatchBody::Binary {
+                new,
+                old: it.next(),
+            };
+        }
+        let path = path.ok_or_else(|| err(header_line, "cannot determine the file name"))?;
+        if path.is_empty() {
+            return Err(err(header_line, "empty file name"));
+        }
+        let had_index = oids.is_some();
+        let (old_oid, new_oid) = oids.unwrap_or((None, None));
+        if let PatchBody::Binary { new, old } = &body {
+            if !had_index {
+                return Err(err(header_line, "binary patch without an index line"));
+            }
+            // A missing side (deletion's new, creation's old) is the empty blob.
+            let empty = git_blob_oid(b"");
+            if git_blob_oid(new) != *new_oid.as_ref().unwrap_or(&empty) {
+                return Err(err(
+                    header_line,
+                    "binary content does not match the index line's new id",
+                ));
+            }
+            if let Some(old) = old {
+                if git_blob_oid(old) != *old_oid.as_ref().unwrap_or(&empty) {
+                    return Err(err(
+                        header_line,
+                        "binary content does not match the index line's old id",
+                    ));
+                }
+            }
+        }
+        out.push(FilePatch {
+            path,
+            old_mode: if is_new { None } else { old_mode },
+            new_mode: if is_deleted { None } else { new_mode },
+            old_oid,
+            new_oid,
+            body,
+        });
+    }
+    if out.is_empty() {
+        return Err(err(0, "no 'diff --git' section found"));
+    }
+    Ok(out)
+}

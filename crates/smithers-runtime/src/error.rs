@@ -49,7 +49,11 @@ pub enum RuntimeError {
 
     /// A coded error from a lower layer (bundle writing, patch generation), code kept.
     #[error("{context}: {inner}")]
-    Inner { context: String, inner: ErrorReport },
+    Inner {
+        context: String,
+        /// Boxed: a report carries a JSON value, and errors travel in every `Result`.
+        inner: Box<ErrorReport>,
+    },
 }
 
 impl RuntimeError {
@@ -76,7 +80,7 @@ impl RuntimeError {
     pub fn inner(context: impl Into<String>, err: &dyn CodedError) -> Self {
         RuntimeError::Inner {
             context: context.into(),
-            inner: err.report(),
+            inner: Box::new(err.report()),
         }
     }
 }

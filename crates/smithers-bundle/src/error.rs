@@ -15,7 +15,7 @@ use crate::limits::{
     SANDBOX_BUNDLE_OUTPUT_MAX_STRING_LENGTH, SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES,
     SANDBOX_MAX_README_BYTES,
 };
-use crate::paths::PathError;
+use smithers_paths::PathError;
 
 /// The error of this crate. One variant per failed check or operation.
 #[derive(Debug, thiserror::Error)]

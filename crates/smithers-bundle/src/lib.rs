@@ -40,7 +40,6 @@ mod error;
 pub mod js_json;
 mod limits;
 mod manifest;
-mod paths;
 mod validate;
 mod write;
 
@@ -48,6 +47,6 @@ pub use bounds::check_output_bounds;
 pub use error::BundleError;
 pub use limits::*;
 pub use manifest::{BundleStatus, DiffBundle, DiffOperation, DiffPatch, Manifest, ValidatedBundle};
-pub use paths::PathError;
+pub use smithers_paths::PathError;
 pub use validate::{assert_patch_path_safe, parse_manifest, validate_bundle};
 pub use write::{write_bundle, BundleFile, WriteParams, WrittenBundle};

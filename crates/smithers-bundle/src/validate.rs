@@ -12,7 +12,7 @@ use crate::error::BundleError;
 use crate::js_json::js_trim;
 use crate::limits::{SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES, SANDBOX_MAX_README_BYTES};
 use crate::manifest::{BundleStatus, Manifest, ValidatedBundle};
-use crate::paths::{is_within, resolve};
+use smithers_paths::{is_within, resolve};
 
 /// Validates the bundle at `bundle_path` (spec §2): README.md, manifest, symlinks, sizes,
 /// patch files, patch paths, log file — the first failure in that order is returned.

@@ -2,9 +2,8 @@
 //! log, and README.md last, atomically.
 
 use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -18,8 +17,8 @@ use crate::limits::{
     SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES, SANDBOX_MAX_README_BYTES,
 };
 use crate::manifest::{BundleStatus, DiffBundle};
-use crate::paths::{assert_within_root, resolve};
 use crate::validate::assert_patch_path_safe;
+use smithers_paths::{resolve, Beneath, PathError};
 
 /// A file to put in the bundle: a bundle-relative (or absolute, inside the bundle) path and
 /// its bytes.
@@ -473,26 +472,26 @@ fn write_files(
         path: path.to_path_buf(),
         source,
     };
+    // The bundle directory itself is the caller's (trusted); everything below it is created
+    // through `Beneath`, so a link planted in a reused directory cannot redirect a write.
     fs::create_dir_all(root).map_err(|e| werr(root, e))?;
-    let readme_path = root.join("README.md");
+    let abs_root = resolve(root, ".").map_err(|e| confined_err(".", e))?;
+    let beneath = Beneath::open(root).map_err(|e| confined_err(".", e))?;
     // An old README.md would mark a half-rewritten directory as complete.
-    match fs::remove_file(&readme_path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(werr(&readme_path, e)),
-    }
+    remove_if_present(&beneath, Path::new("README.md"))?;
     for dir in ["patches", "artifacts", "logs"] {
-        let d = root.join(dir);
-        fs::create_dir_all(&d).map_err(|e| werr(&d, e))?;
+        beneath
+            .create_dir_all(Path::new(dir), 0o755)
+            .map_err(|e| confined_err(dir, e))?;
     }
     let files = params.patches.iter().chain(&params.artifacts);
     for (file, target) in files.zip(targets) {
-        let mut out = create_confined(root, target)?;
+        let rel = target.strip_prefix(&abs_root).unwrap_or(target);
+        let mut out = create_beneath(&beneath, rel)?;
         out.write_all(&file.content).map_err(|e| werr(target, e))?;
     }
     if let (Some(src), Some(len)) = (&params.stream_log_path, log_len) {
-        let dest = root.join("logs/stream.ndjson");
-        let mut out = create_confined(root, &dest)?;
+        let mut out = create_beneath(&beneath, Path::new("logs/stream.ndjson"))?;
         match File::open(src) {
             // Copy at most what was estimated: a log still growing cannot push the bundle
             // past the limit checked above.
@@ -503,48 +502,59 @@ fn write_files(
             Err(e) => return Err(werr(src, e)),
         }
     }
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".README.md.")
-        .tempfile_in(root)
-        .map_err(|e| werr(root, e))?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let tmp_name = PathBuf::from(format!(".README.md.{}.{nanos}.tmp", std::process::id()));
+    let mut tmp = create_beneath(&beneath, &tmp_name)?;
     tmp.write_all(readme.as_bytes())
-        .map_err(|e| werr(tmp.path(), e))?;
+        .map_err(|e| werr(&root.join(&tmp_name), e))?;
+    drop(tmp);
     let dir = File::open(root).map_err(|e| werr(root, e))?;
     // One syncfs makes every file written above durable before the rename publishes the
     // bundle; cheaper than an fsync per file for a 1000-patch bundle.
     rustix::fs::syncfs(&dir).map_err(|e| werr(root, e.into()))?;
-    tmp.persist(&readme_path)
-        .map_err(|e| werr(&readme_path, e.error))?;
-    dir.sync_all().map_err(|e| werr(root, e))?;
+    beneath
+        .rename(&tmp_name, Path::new("README.md"))
+        .map_err(|e| confined_err("README.md", e))?;
+    beneath
+        .sync_parent(Path::new("README.md"))
+        .map_err(|e| confined_err("README.md", e))?;
     Ok(())
 }
 
-/// Creates (or truncates) `target` after checking, through symlinks, that it stays inside
-/// `root`; the final component is opened with `O_NOFOLLOW`.
-fn create_confined(root: &Path, target: &Path) -> Result<File, BundleError> {
-    let werr = |source: io::Error| BundleError::WriteBundle {
-        path: target.to_path_buf(),
-        source,
+/// A `Beneath` failure: a symlink in the way (ELOOP, or EXDEV from RESOLVE_BENEATH) is the
+/// escape it is (TOOL_PATH_ESCAPE); anything else keeps the path crate's code.
+fn confined_err(path: impl AsRef<Path>, e: PathError) -> BundleError {
+    let path = path.as_ref().to_string_lossy().into_owned();
+    let source = match e.raw_os_error() {
+        Some(libc::ELOOP) | Some(libc::EXDEV) => PathError::EscapeViaSymlink {
+            path: path.clone(),
+            root: String::new(),
+        },
+        _ => e,
     };
-    // Checked before creating the parents, so a planted link cannot get directories created
-    // outside the bundle either.
-    if !assert_within_root(root, target).map_err(werr)? {
-        return Err(BundleError::Path {
-            path: target.to_string_lossy().into_owned(),
-            source: crate::paths::PathError::EscapeViaSymlink {
-                path: target.to_path_buf(),
-            },
-        });
+    BundleError::Path { path, source }
+}
+
+fn remove_if_present(beneath: &Beneath, rel: &Path) -> Result<(), BundleError> {
+    match beneath.remove_file(rel) {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(confined_err(rel, e)),
     }
-    if let Some(parent) = target.parent() {
-        fs::create_dir_all(parent).map_err(werr)?;
+}
+
+/// Creates `rel` (replacing a file already there) and its parents, beneath the root.
+fn create_beneath(beneath: &Beneath, rel: &Path) -> Result<File, BundleError> {
+    if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+        beneath
+            .create_dir_all(parent, 0o755)
+            .map_err(|e| confined_err(rel, e))?;
     }
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(target)
-        .map_err(werr)
+    remove_if_present(beneath, rel)?;
+    beneath
+        .create_new(rel, 0o644)
+        .map_err(|e| confined_err(rel, e))
 }

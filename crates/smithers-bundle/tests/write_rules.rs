@@ -1,0 +1,217 @@
+//! Our own write/validate rules beyond the JavaScript package: nothing written on failure,
+//! planted symlinks, colliding targets, the diffBundle fallback, limit names in details.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+
+use serde_json::json;
+use smithers_bundle::{
+    validate_bundle, write_bundle, BundleError, BundleFile, BundleStatus, DiffBundle,
+    DiffOperation, DiffPatch, WriteParams, SANDBOX_MAX_BUNDLE_BYTES,
+};
+use smithers_errors::{CodedError, ErrorCode};
+
+fn params(dir: &std::path::Path) -> WriteParams {
+    let mut p = WriteParams::new(dir, BundleStatus::Finished);
+    p.output = Some(json!({"ok": true}));
+    p.patches = vec![BundleFile::new("patches/0001.patch", "+a\n")];
+    p.artifacts = vec![BundleFile::new("artifacts/out/report.txt", "r")];
+    p
+}
+
+#[test]
+fn a_planted_symlink_in_a_reused_directory_cannot_redirect_a_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    let dir = tmp.path().join("b");
+    fs::create_dir(&dir).unwrap();
+    symlink(&outside, dir.join("patches")).unwrap();
+    let err = write_bundle(&params(&dir)).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ToolPathEscape, "{err}");
+    assert_eq!(
+        fs::read_dir(&outside).unwrap().count(),
+        0,
+        "nothing written through the link"
+    );
+    assert!(!dir.join("README.md").exists());
+
+    // A symlink at the file itself is replaced, not followed.
+    let dir2 = tmp.path().join("b2");
+    fs::create_dir_all(dir2.join("artifacts/out")).unwrap();
+    let victim = outside.join("victim");
+    fs::write(&victim, "keep").unwrap();
+    symlink(&victim, dir2.join("artifacts/out/report.txt")).unwrap();
+    write_bundle(&params(&dir2)).unwrap();
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "keep");
+    assert_eq!(
+        fs::read_to_string(dir2.join("artifacts/out/report.txt")).unwrap(),
+        "r"
+    );
+    assert!(validate_bundle(&dir2).is_ok());
+}
+
+#[test]
+fn rewriting_a_bundle_replaces_it_and_leaves_no_temporary_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("b");
+    write_bundle(&params(&dir)).unwrap();
+    let mut p = params(&dir);
+    p.status = BundleStatus::Failed;
+    write_bundle(&p).unwrap();
+    let v = validate_bundle(&dir).unwrap();
+    assert_eq!(v.manifest.status, BundleStatus::Failed);
+    let names: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.starts_with(".README")), "{names:?}");
+    let readme = fs::read_to_string(dir.join("README.md")).unwrap();
+    assert!(
+        readme.ends_with('}'),
+        "no trailing newline, as JSON.stringify"
+    );
+}
+
+#[test]
+fn colliding_targets_are_refused_before_writing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: Vec<(Vec<BundleFile>, &str)> = vec![
+        (
+            vec![
+                BundleFile::new("artifacts/a", ""),
+                BundleFile::new("artifacts/./a", ""),
+            ],
+            "is written twice",
+        ),
+        (
+            vec![
+                BundleFile::new("artifacts/a", ""),
+                BundleFile::new("artifacts/a/b", ""),
+            ],
+            "is a directory of another entry",
+        ),
+        (
+            vec![BundleFile::new("README.md", "")],
+            "README.md is the manifest",
+        ),
+        (vec![BundleFile::new(".", "")], "names the bundle directory"),
+        (
+            vec![BundleFile::new("patches", "")],
+            "names a bundle layout directory",
+        ),
+    ];
+    for (i, (artifacts, reason)) in cases.into_iter().enumerate() {
+        let dir = tmp.path().join(format!("c{i}"));
+        let mut p = params(&dir);
+        p.artifacts = artifacts;
+        let err = write_bundle(&p).unwrap_err();
+        assert!(
+            matches!(&err, BundleError::WriteTargetConflict { reason: r, .. } if *r == reason),
+            "{err}"
+        );
+        assert_eq!(err.code(), ErrorCode::InvalidInput);
+        assert!(!dir.exists());
+    }
+}
+
+#[test]
+fn a_diff_bundle_is_kept_when_it_fits_and_dropped_when_it_does_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let diff = |n: usize| DiffBundle {
+        seq: 7,
+        base_ref: "abc".into(),
+        patches: vec![DiffPatch {
+            path: "a".into(),
+            operation: DiffOperation::Add,
+            diff: "+".repeat(n),
+            binary_content: None,
+        }],
+    };
+    let small = tmp.path().join("small");
+    let mut p = params(&small);
+    p.diff_bundle = Some(diff(10));
+    assert!(write_bundle(&p).unwrap().diff_bundle_included);
+    let v = validate_bundle(&small).unwrap();
+    assert_eq!(v.manifest.diff_bundle().unwrap().unwrap(), diff(10));
+
+    let big = tmp.path().join("big");
+    let mut p = params(&big);
+    p.diff_bundle = Some(diff(6 * 1024 * 1024));
+    assert!(!write_bundle(&p).unwrap().diff_bundle_included);
+    assert!(validate_bundle(&big)
+        .unwrap()
+        .manifest
+        .diff_bundle
+        .is_none());
+}
+
+#[test]
+fn errors_name_the_limit_and_the_largest_contributors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("b");
+    let mut p = params(&dir);
+    p.artifacts = vec![
+        BundleFile::new(
+            "artifacts/big",
+            vec![0u8; (SANDBOX_MAX_BUNDLE_BYTES / 2) as usize],
+        ),
+        BundleFile::new(
+            "artifacts/big2",
+            vec![0u8; (SANDBOX_MAX_BUNDLE_BYTES / 2) as usize],
+        ),
+    ];
+    let err = write_bundle(&p).unwrap_err();
+    assert_eq!(err.to_string(), "Sandbox bundle exceeds 104857600 bytes");
+    let d = err.details();
+    assert_eq!(d["limit"], json!("SANDBOX_MAX_BUNDLE_BYTES"));
+    assert_eq!(d["max"], json!(104857600));
+    assert_eq!(
+        d["largest"][0]["bytes"],
+        json!(SANDBOX_MAX_BUNDLE_BYTES / 2)
+    );
+    assert!(!dir.exists());
+
+    let mut p = params(&dir);
+    p.patches = (0..1001)
+        .map(|i| BundleFile::new(format!("patches/{i}.patch"), ""))
+        .collect();
+    let err = write_bundle(&p).unwrap_err();
+    assert_eq!(
+        err.report().to_json()["details"],
+        json!({"limit": "SANDBOX_MAX_PATCH_FILES", "max": 1000, "actual": 1001, "field": "patches", "maxLength": 1000, "actualLength": 1001})
+    );
+
+    // Validation: too many patch files found on disk.
+    let dir = tmp.path().join("many");
+    write_bundle(&params(&dir)).unwrap();
+    for i in 0..1000 {
+        fs::write(dir.join(format!("patches/x{i}.patch")), "").unwrap();
+    }
+    let err = validate_bundle(&dir).unwrap_err();
+    assert_eq!(
+        err.report().to_json(),
+        json!({
+            "code": "INVALID_INPUT",
+            "message": "Sandbox bundle has too many patch files (max 1000).",
+            "details": {"limit": "SANDBOX_MAX_PATCH_FILES", "max": 1000, "actual": 1001, "patchCount": 1001, "maxPatches": 1000},
+        })
+    );
+}
+
+#[test]
+fn a_bundle_at_the_filesystem_root_resolves_by_components() {
+    // Root `/`: JS's string-prefix check ("//") rejects every path there; ours confines by
+    // components. (Lexical only: nothing is written at /.)
+    assert!(
+        smithers_bundle::assert_patch_path_safe(std::path::Path::new("/"), "patches/a.patch")
+            .is_ok()
+    );
+    assert!(
+        smithers_bundle::assert_patch_path_safe(std::path::Path::new("/"), "/patches/a.patch")
+            .is_ok()
+    );
+    assert!(
+        smithers_bundle::assert_patch_path_safe(std::path::Path::new("/"), "/etc/passwd").is_err()
+    );
+}

@@ -50,12 +50,18 @@ pub const DEFAULT_MAX_CONCURRENT_SANDBOXES: u32 = 10;
 /// non-numeric, `0`, negative or infinite → 10; `2.9` → 2; `0x10` → 16; ` 5 ` → 5;
 /// `0.5` → 0 (JavaScript floors after the `<= 0` check, so a fraction below 1 admits nothing).
 pub fn parse_max_concurrent(raw: Option<&str>) -> u32 {
+    parse_limit(raw, DEFAULT_MAX_CONCURRENT_SANDBOXES)
+}
+
+/// [`parse_max_concurrent`]'s rules with another default (for other limits read from the
+/// environment, such as the host-wide one).
+pub fn parse_limit(raw: Option<&str>, default: u32) -> u32 {
     let Some(raw) = raw else {
-        return DEFAULT_MAX_CONCURRENT_SANDBOXES;
+        return default;
     };
     let parsed = js_number(raw);
     if !parsed.is_finite() || parsed <= 0.0 {
-        return DEFAULT_MAX_CONCURRENT_SANDBOXES;
+        return default;
     }
     // `as` saturates at u32::MAX for huge values, which is what "no practical limit" means.
     parsed.floor() as u32

@@ -10,13 +10,16 @@ use serde_json::{Map, Value};
 pub const REDACTED: &str = "[redacted]";
 
 /// Egress string settings that may embed credentials (proxy URLs with user:password,
-/// certificate material or paths). Redacted like the JavaScript `redactSandboxEgressConfig`.
-const EGRESS_STRING_KEYS: [&str; 5] = [
+/// certificate material or paths). Redacted like the JavaScript `redactSandboxEgressConfig`;
+/// `proxyUrl` and `caCertificate` are the names used by the Rust runtime's `EgressConfig`.
+const EGRESS_STRING_KEYS: [&str; 7] = [
     "httpProxy",
     "httpsProxy",
     "noProxy",
     "caCertPem",
     "caCertPath",
+    "proxyUrl",
+    "caCertificate",
 ];
 
 /// A sandbox config whose secrets have been removed; the only form the store accepts.
@@ -157,6 +160,7 @@ mod tests {
             "httpProxy": "http://user:pw@proxy:8080",
             "noProxy": ["a", "b"],
             "caCertPem": "-----BEGIN CERTIFICATE-----",
+            "proxyUrl": "http://u2:pw2@p",
             "secretBindings": {"GITHUB_TOKEN": "vault://gh", "NPM": "vault://npm"},
             "unknown": "secret-too"
         }});
@@ -168,6 +172,7 @@ mod tests {
                 "httpProxy": "[redacted]",
                 "noProxy": "[redacted]",
                 "caCertPem": "[redacted]",
+                "proxyUrl": "[redacted]",
                 "secretBindings": {"binding_1": "[redacted]", "binding_2": "[redacted]"}
             }})
         );

@@ -1,0 +1,244 @@
+//! What the orchestrator needs from a collected bundle and from the patch applier.
+//!
+//! Both sit behind small traits because the crates that implement them for real
+//! (`smithers-bundle` for validation, `smithers-patch` for conflict-checked atomic apply) are
+//! written in parallel; the binary wires the real implementations in. The parts that are pure
+//! bookkeeping (counting diff lines, describing patch files per file) live here.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use smithers_errors::{ErrorCode, ErrorReport};
+use smithers_store::{PatchOperation, PatchRecord};
+
+/// A result bundle that passed validation (spec section 2, "Validating").
+#[derive(Debug, Clone, PartialEq)]
+pub struct InspectedBundle {
+    pub bundle_path: PathBuf,
+    /// `finished`, `failed` or `cancelled` from the manifest.
+    pub status: String,
+    /// The manifest's `outputs`; `None` when the key is absent.
+    pub outputs: Option<Value>,
+    /// The manifest's `runId` (the remote run id).
+    pub run_id: Option<String>,
+    pub bundle_size_bytes: u64,
+    /// Bundle-relative patch files (`patches/...patch`), sorted, confined to the bundle.
+    pub patch_files: Vec<String>,
+    /// The manifest's `diffBundle`, when present.
+    pub diff_bundle: Option<Value>,
+}
+
+impl InspectedBundle {
+    /// Patches in this bundle: the patch files (the source of truth). Only when there are
+    /// none, the entries of a `diffBundle`. (0.32 added both together, counting every change
+    /// twice when a bundle carried both.)
+    pub fn patch_count(&self) -> u64 {
+        if !self.patch_files.is_empty() {
+            return self.patch_files.len() as u64;
+        }
+        self.diff_bundle
+            .as_ref()
+            .and_then(|d| d.get("patches"))
+            .and_then(Value::as_array)
+            .map_or(0, |a| a.len() as u64)
+    }
+
+    /// Real `totalDiffLines`: lines starting with `+`/`-` but not `+++`/`---`, over the same
+    /// patches [`InspectedBundle::patch_count`] counts.
+    pub fn total_diff_lines(&self) -> Result<u64, ErrorReport> {
+        if !self.patch_files.is_empty() {
+            let mut total = 0;
+            for rel in &self.patch_files {
+                let text = read_patch(&self.bundle_path, rel)?;
+                total += diff_line_count(&text);
+            }
+            return Ok(total);
+        }
+        Ok(self
+            .diff_bundle
+            .as_ref()
+            .and_then(|d| d.get("patches"))
+            .and_then(Value::as_array)
+            .map_or(0, |a| {
+                a.iter()
+                    .filter_map(|p| p.get("diff").and_then(Value::as_str))
+                    .map(diff_line_count)
+                    .sum()
+            }))
+    }
+}
+
+/// Reads a bundle-relative patch file. The validator has already confined the path to
+/// `patches/` and rejected symlinks; reading is lossy so a binary patch cannot fail counting.
+fn read_patch(bundle: &Path, rel: &str) -> Result<String, ErrorReport> {
+    let path = bundle.join(rel);
+    std::fs::read(&path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .map_err(|e| {
+            ErrorReport::new(
+                ErrorCode::SandboxExecutionFailed,
+                format!("cannot read patch file {}: {e}", path.display()),
+            )
+            .with_details(serde_json::json!({ "path": rel }))
+        })
+}
+
+/// Counts changed lines of a unified diff the way the JavaScript `unifiedDiffLineCount` does.
+pub fn diff_line_count(diff: &str) -> u64 {
+    diff.split('\n')
+        .filter(|l| !l.starts_with("+++") && !l.starts_with("---"))
+        .filter(|l| l.starts_with('+') || l.starts_with('-'))
+        .count() as u64
+}
+
+/// Validates a collected bundle (implemented for real by `smithers-bundle`'s `validate_bundle`).
+pub trait BundleInspector: Send + Sync + std::fmt::Debug {
+    /// Validates the bundle at `bundle_path` and returns what it holds.
+    fn inspect(&self, bundle_path: &Path) -> Result<InspectedBundle, ErrorReport>;
+}
+
+/// Applies accepted patches to the root directory (implemented for real by `smithers-patch`:
+/// all-or-nothing, conflict-checked against the recorded base hashes).
+pub trait PatchApplier: Send + Sync + std::fmt::Debug {
+    /// Applies every patch of `bundle` to `root_dir`, or nothing.
+    fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport>;
+
+    /// Describes each file a bundle's patches touch, for the review record. The default reads
+    /// the git headers of the patch files (`diff --git`, `new file mode`, `deleted file
+    /// mode`, `index <base>..<new>`).
+    fn describe(&self, bundle: &InspectedBundle) -> Result<Vec<PatchRecord>, ErrorReport> {
+        let mut out = Vec::new();
+        for rel in &bundle.patch_files {
+            let text = read_patch(&bundle.bundle_path, rel)?;
+            out.extend(describe_patch_text(&text, rel));
+        }
+        Ok(out)
+    }
+}
+
+/// Per-file records from one git-format (or plain unified) patch file.
+pub fn describe_patch_text(text: &str, patch_path: &str) -> Vec<PatchRecord> {
+    let mut out: Vec<PatchRecord> = Vec::new();
+    let mut current: Option<PatchRecord> = None;
+    let mut in_hunk = false;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("diff --git ") {
+            out.extend(current.take());
+            in_hunk = false;
+            current = Some(PatchRecord {
+                path: git_header_path(rest),
+                operation: PatchOperation::Modify,
+                base_hash: None,
+                new_hash: None,
+                patch_path: patch_path.to_string(),
+            });
+            continue;
+        }
+        if line.starts_with("@@") {
+            in_hunk = true;
+            continue;
+        }
+        if in_hunk {
+            continue;
+        }
+        if line.starts_with("--- ") && current.is_none() {
+            // A plain unified diff without a git header.
+            current = Some(PatchRecord {
+                path: String::new(),
+                operation: PatchOperation::Modify,
+                base_hash: None,
+                new_hash: None,
+                patch_path: patch_path.to_string(),
+            });
+        }
+        let Some(rec) = current.as_mut() else {
+            continue;
+        };
+        if line.starts_with("new file mode") {
+            rec.operation = PatchOperation::Add;
+        } else if line.starts_with("deleted file mode") {
+            rec.operation = PatchOperation::Delete;
+        } else if let Some(rest) = line.strip_prefix("index ") {
+            let range = rest.split_whitespace().next().unwrap_or("");
+            if let Some((base, new)) = range.split_once("..") {
+                // An all-zero object id means "no such file" (add: no base, delete: no new).
+                rec.base_hash = (!base.chars().all(|c| c == '0')).then(|| base.to_string());
+                rec.new_hash = (!new.chars().all(|c| c == '0')).then(|| new.to_string());
+            }
+        } else if let Some(p) = line.strip_prefix("+++ ") {
+            if p.trim() == "/dev/null" {
+                rec.operation = PatchOperation::Delete;
+            } else if rec.path.is_empty() {
+                rec.path = strip_prefix_dir(unquote(p.trim()));
+            }
+        } else if let Some(p) = line.strip_prefix("--- ") {
+            if p.trim() == "/dev/null" {
+                rec.operation = PatchOperation::Add;
+            } else if rec.path.is_empty() {
+                rec.path = strip_prefix_dir(unquote(p.trim()));
+            }
+        }
+    }
+    out.extend(current);
+    out
+}
+
+/// The `b/` path of `diff --git a/x b/x` (quoted forms unquoted).
+fn git_header_path(rest: &str) -> String {
+    let rest = rest.trim();
+    if let Some(idx) = rest.rfind(" b/").or_else(|| rest.rfind(" \"b/")) {
+        return strip_prefix_dir(unquote(rest[idx + 1..].trim()));
+    }
+    String::new()
+}
+
+fn unquote(s: &str) -> &str {
+    s.strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .unwrap_or(s)
+}
+
+fn strip_prefix_dir(p: &str) -> String {
+    p.strip_prefix("a/")
+        .or_else(|| p.strip_prefix("b/"))
+        .unwrap_or(p)
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_like_javascript() {
+        let diff = "--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n-old\n+new\n context\n+added\n";
+        assert_eq!(diff_line_count(diff), 3);
+        assert_eq!(diff_line_count(""), 0);
+    }
+
+    #[test]
+    fn describes_git_patches_per_file() {
+        let text = "diff --git a/src/a.rs b/src/a.rs\nindex 1111111..2222222 100644\n--- a/src/a.rs\n+++ b/src/a.rs\n@@ -1 +1 @@\n-a\n+b\n\
+diff --git a/new.txt b/new.txt\nnew file mode 100644\nindex 0000000..3333333\n--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+hi\n\
+diff --git a/gone.txt b/gone.txt\ndeleted file mode 100644\nindex 4444444..0000000\n--- a/gone.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-bye\n";
+        let recs = describe_patch_text(text, "patches/0001.patch");
+        assert_eq!(recs.len(), 3);
+        assert_eq!(recs[0].path, "src/a.rs");
+        assert_eq!(recs[0].operation, PatchOperation::Modify);
+        assert_eq!(recs[0].base_hash.as_deref(), Some("1111111"));
+        assert_eq!(recs[0].new_hash.as_deref(), Some("2222222"));
+        assert_eq!(recs[1].path, "new.txt");
+        assert_eq!(recs[1].operation, PatchOperation::Add);
+        assert_eq!(recs[1].base_hash, None);
+        assert_eq!(recs[2].operation, PatchOperation::Delete);
+        assert_eq!(recs[2].new_hash, None);
+        assert_eq!(recs[2].base_hash.as_deref(), Some("4444444"));
+    }
+
+    #[test]
+    fn describes_plain_unified_diffs() {
+        let recs = describe_patch_text("--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-a\n+b\n", "p");
+        assert_eq!(recs.len(), 1);
+        assert_eq!(recs[0].path, "x.txt");
+    }
+}

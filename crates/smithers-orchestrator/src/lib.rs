@@ -1,0 +1,1369 @@
+//! The lifecycle of one sandboxed step: the Rust counterpart of the JavaScript
+//! `executeSandbox` (spec section 5), plus what the original lacked: an atomic concurrency
+//! gate, durable reviews, cancellation, crash recovery and metrics that do not leak.
+//!
+//! The orchestrator sees runtimes only through [`smithers_runtime::Runtime`]; it writes rows
+//! and events through [`smithers_store::Store`]. Store calls are synchronous SQLite calls of
+//! a few milliseconds; they run on the calling task (a multi-threaded tokio runtime is
+//! assumed, as for any short blocking call).
+//!
+//! # Events of one sandbox, in order
+//!
+//! - finished / failed step: Created, Shipped, Heartbeat, BundleReceived, Completed
+//! - with patches and auto-accept: … BundleReceived, DiffReviewRequested, DiffAccepted, Completed
+//! - durable review: … BundleReceived, DiffReviewRequested; later [`Orchestrator::accept`]:
+//!   DiffAccepted, Completed, or [`Orchestrator::reject`]: DiffRejected, Failed
+//! - fail-closed review (0.16): … DiffReviewRequested, DiffRejected, Failed
+//! - runtime error after admission: Created, …, Failed
+//! - concurrency limit: Failed (the refused sandbox's row is written as `failed`, as in 0.16)
+//! - cancelled: Created, Shipped, [Heartbeat, BundleReceived], Completed{status: cancelled}
+#![forbid(unsafe_code)]
+
+mod bundle;
+mod error;
+mod metrics;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Map, Value};
+use smithers_errors::CodedError;
+use smithers_runtime::{
+    CancellationToken, Controls, ExecOutcome, OutputEvent, OutputSink, RequestBundle, Runtime,
+    RuntimeKind, SandboxConfig, SandboxHandle, StepCommand, Termination,
+};
+use smithers_store::{
+    parse_limit, parse_max_concurrent, AdmitRequest, Field, NewEvent, NewReview, OwnerIdentity,
+    PatchRecord, RedactedConfig, ReviewState, SandboxStatus, SandboxUpsert, Store, StoreError,
+};
+use tracing::warn;
+
+pub use bundle::{
+    describe_patch_text, diff_line_count, BundleInspector, InspectedBundle, PatchApplier,
+};
+pub use error::{error_to_json, OrchestratorError};
+pub use metrics::{HistogramSnapshot, Metrics};
+
+/// What a shipped step runs when no command is given (the JavaScript default).
+pub const DEFAULT_SANDBOX_COMMAND: &str = "smithers up bundle.tsx";
+
+/// Default limit over every run sharing one database, when `SMITHERS_MAX_HOST_SANDBOXES` is
+/// unset or invalid (parsed like `SMITHERS_MAX_CONCURRENT_SANDBOXES`).
+pub const DEFAULT_MAX_HOST_SANDBOXES: u32 = 64;
+
+/// The reason recorded by the fail-closed review mode (the JavaScript text).
+pub const FAIL_CLOSED_REJECT_REASON: &str =
+    "Diff review approval is required before applying sandbox patches.";
+
+/// What happens to patches that need review and are not auto-accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReviewMode {
+    /// The sandbox waits in a durable review (row `review`); [`Orchestrator::accept`] or
+    /// [`Orchestrator::reject`] decide later, from any process.
+    Durable,
+    /// 0.16: SandboxDiffRejected, then INVALID_INPUT "Sandbox produced patches that require
+    /// review approval.".
+    FailClosed,
+}
+
+/// Process-wide settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Active sandboxes per run (`SMITHERS_MAX_CONCURRENT_SANDBOXES`).
+    pub per_run_max: u32,
+    /// Active sandboxes over every run in the database (`SMITHERS_MAX_HOST_SANDBOXES`).
+    pub host_max: u32,
+    pub review_mode: ReviewMode,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            per_run_max: parse_max_concurrent(None),
+            host_max: DEFAULT_MAX_HOST_SANDBOXES,
+            review_mode: ReviewMode::Durable,
+        }
+    }
+}
+
+impl Settings {
+    /// Reads the limits from the environment, parsed like the JavaScript package.
+    pub fn from_env() -> Self {
+        let per_run = std::env::var("SMITHERS_MAX_CONCURRENT_SANDBOXES").ok();
+        let host = std::env::var("SMITHERS_MAX_HOST_SANDBOXES").ok();
+        Settings {
+            per_run_max: parse_max_concurrent(per_run.as_deref()),
+            host_max: parse_limit(host.as_deref(), DEFAULT_MAX_HOST_SANDBOXES),
+            review_mode: ReviewMode::Durable,
+        }
+    }
+}
+
+/// One sandboxed step to run.
+#[derive(Debug, Clone)]
+pub struct SandboxRequest {
+    pub run_id: String,
+    pub sandbox_id: String,
+    /// The requested runtime; `None` means bubblewrap (recorded as requested in config_json).
+    pub runtime: Option<RuntimeKind>,
+    /// The project; becomes `/workspace` inside, and where accepted patches are applied.
+    pub root_dir: PathBuf,
+    /// `None`: [`DEFAULT_SANDBOX_COMMAND`].
+    pub command: Option<StepCommand>,
+    /// The step's input (`{}` by default), shipped in the request document.
+    pub input: Value,
+    pub image: Option<String>,
+    pub controls: Controls,
+    /// Default true.
+    pub review_diffs: bool,
+    /// Default false.
+    pub auto_accept_diffs: bool,
+    /// The step's config as written (for `config_json`; redacted before it is stored). When
+    /// null, the controls are recorded instead.
+    pub config: Value,
+}
+
+impl SandboxRequest {
+    /// A request with the documented defaults.
+    pub fn new(
+        run_id: impl Into<String>,
+        sandbox_id: impl Into<String>,
+        root_dir: impl Into<PathBuf>,
+    ) -> Self {
+        SandboxRequest {
+            run_id: run_id.into(),
+            sandbox_id: sandbox_id.into(),
+            runtime: None,
+            root_dir: root_dir.into(),
+            command: None,
+            input: json!({}),
+            image: None,
+            controls: Controls::default(),
+            review_diffs: true,
+            auto_accept_diffs: false,
+            config: Value::Null,
+        }
+    }
+
+    fn selected_runtime(&self) -> RuntimeKind {
+        self.runtime.unwrap_or(RuntimeKind::Bubblewrap)
+    }
+
+    fn step_command(&self) -> StepCommand {
+        self.command.clone().unwrap_or_else(|| StepCommand {
+            argv: DEFAULT_SANDBOX_COMMAND
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+            cwd: None,
+        })
+    }
+
+    /// The JavaScript `configJson` shape (before redaction): the execution options, then the
+    /// step's own config spread over them.
+    fn config_value(&self) -> Value {
+        let selected = self.selected_runtime();
+        let mut m = Map::new();
+        m.insert(
+            "runtime".into(),
+            json!(self.runtime.unwrap_or(selected).as_str()),
+        );
+        m.insert("selectedRuntime".into(), json!(selected.as_str()));
+        m.insert("allowNetwork".into(), json!(self.controls.allow_network));
+        m.insert(
+            "maxOutputBytes".into(),
+            json!(self.controls.max_output_bytes),
+        );
+        if let Some(t) = self.controls.timeout_ms {
+            m.insert("toolTimeoutMs".into(), json!(t));
+        }
+        m.insert("reviewDiffs".into(), json!(self.review_diffs));
+        m.insert("autoAcceptDiffs".into(), json!(self.auto_accept_diffs));
+        let own = match &self.config {
+            Value::Null => serde_json::to_value(&self.controls).unwrap_or(Value::Null),
+            other => other.clone(),
+        };
+        if let Value::Object(own) = own {
+            m.extend(own);
+        }
+        Value::Object(m)
+    }
+}
+
+/// A progress report (`runtime.heartbeat` in the JavaScript package).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Heartbeat {
+    pub sandbox_id: String,
+    /// initializing, created, shipped, executing, child-finished, bundle-collected, review,
+    /// completed, cancelled, failed.
+    pub stage: &'static str,
+    /// 0..=100.
+    pub progress: u8,
+    /// Extra fields (status, patchCount, error, ...).
+    pub data: Map<String, Value>,
+}
+
+/// Receives heartbeats. Called inline: keep it quick (send to a channel).
+pub type HeartbeatFn = Arc<dyn Fn(&Heartbeat) + Send + Sync>;
+
+/// What the surrounding run provides: heartbeats, cancellation and live output.
+#[derive(Clone, Default)]
+pub struct StepContext {
+    pub heartbeat: Option<HeartbeatFn>,
+    /// Cancelling kills every process of the sandbox; the sandbox ends as `cancelled`.
+    pub cancel: CancellationToken,
+    pub output: Option<Arc<dyn OutputSink>>,
+}
+
+impl std::fmt::Debug for StepContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepContext")
+            .field("heartbeat", &self.heartbeat.is_some())
+            .field("cancel", &self.cancel)
+            .field("output", &self.output.is_some())
+            .finish()
+    }
+}
+
+/// A sandbox that reached a final status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletedSandbox {
+    /// finished, failed or cancelled (the step's own status; a failed step is not an error).
+    pub status: String,
+    pub outputs: Option<Value>,
+    pub bundle_path: PathBuf,
+    /// Patches applied to the root directory.
+    pub applied_patches: u64,
+}
+
+/// A sandbox whose patches wait for a decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingReview {
+    pub status: String,
+    pub outputs: Option<Value>,
+    pub bundle_path: PathBuf,
+    pub patch_count: u64,
+    pub total_diff_lines: u64,
+    pub patches: Vec<PatchRecord>,
+}
+
+/// How [`Orchestrator::execute`] ended when it did not fail.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SandboxOutcome {
+    Completed(CompletedSandbox),
+    AwaitingReview(PendingReview),
+    /// Cancelled through the [`StepContext::cancel`] token; the bundle, when one could still be
+    /// collected, is kept for inspection and nothing was applied.
+    Cancelled {
+        bundle_path: Option<PathBuf>,
+    },
+}
+
+/// One sandbox recovered at start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecoveredSandbox {
+    pub run_id: String,
+    pub sandbox_id: String,
+    pub runtime: String,
+    /// Whether `runtime.cleanup` ran on the stored handle and succeeded.
+    pub cleaned_up: bool,
+    /// Why cleanup did not happen or failed (leftovers may remain).
+    pub cleanup_error: Option<String>,
+}
+
+/// The sandbox lifecycle engine. Cheap to share (`Arc`).
+#[derive(Debug)]
+pub struct Orchestrator {
+    store: Arc<Store>,
+    runtimes: HashMap<RuntimeKind, Arc<dyn Runtime>>,
+    inspector: Arc<dyn BundleInspector>,
+    applier: Arc<dyn PatchApplier>,
+    metrics: Arc<Metrics>,
+    settings: Settings,
+    owner: OwnerIdentity,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn elapsed_ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
+}
+
+/// Decrements the active gauge when dropped: whatever path ends a sandbox (success, error,
+/// review, cancellation, even a dropped future), the gauge goes down exactly once.
+struct ActiveGuard {
+    metrics: Arc<Metrics>,
+    runtime: &'static str,
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.metrics.active_add(self.runtime, -1);
+    }
+}
+
+/// How the inner lifecycle stopped when it did not return an outcome.
+enum Stop {
+    Failed(OrchestratorError),
+    Cancelled,
+}
+
+impl From<OrchestratorError> for Stop {
+    fn from(e: OrchestratorError) -> Self {
+        Stop::Failed(e)
+    }
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        Stop::Failed(e.into())
+    }
+}
+
+/// Mutable state of one execution, read by the failure/cancel bookkeeping.
+struct Progress {
+    shipped_at_ms: Option<i64>,
+    handle: Option<SandboxHandle>,
+    bundle_path: Option<PathBuf>,
+    child_started: Option<Instant>,
+}
+
+/// Forwards live output to the caller and step heartbeats to a channel (a sink must not block).
+struct Forward {
+    output: Option<Arc<dyn OutputSink>>,
+    heartbeats: tokio::sync::mpsc::UnboundedSender<Option<f64>>,
+}
+
+impl OutputSink for Forward {
+    fn event(&self, event: OutputEvent) {
+        if let OutputEvent::Heartbeat { progress, .. } = &event {
+            let _ = self.heartbeats.send(*progress);
+        }
+        if let Some(out) = &self.output {
+            out.event(event);
+        }
+    }
+}
+
+impl Orchestrator {
+    /// An orchestrator with no runtime registered yet.
+    pub fn new(
+        store: Arc<Store>,
+        inspector: Arc<dyn BundleInspector>,
+        applier: Arc<dyn PatchApplier>,
+        settings: Settings,
+    ) -> Result<Self, OrchestratorError> {
+        let owner = OwnerIdentity::current().ok_or_else(|| OrchestratorError::Io {
+            operation: "read process identity from",
+            path: "/proc/self/stat".into(),
+            source: std::io::Error::other("process identity unavailable"),
+        })?;
+        Ok(Orchestrator {
+            store,
+            runtimes: HashMap::new(),
+            inspector,
+            applier,
+            metrics: Arc::new(Metrics::new()),
+            settings,
+            owner,
+        })
+    }
+
+    /// Registers a backend under its [`Runtime::kind`].
+    pub fn with_runtime(mut self, runtime: Arc<dyn Runtime>) -> Self {
+        self.runtimes.insert(runtime.kind(), runtime);
+        self
+    }
+
+    /// The metrics of this process.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    fn emit(
+        &self,
+        event_type: &str,
+        run_id: &str,
+        sandbox_id: &str,
+        extra: Vec<(&str, Value)>,
+        timestamp_ms: i64,
+    ) -> Result<i64, StoreError> {
+        let mut m = Map::new();
+        m.insert("type".into(), json!(event_type));
+        m.insert("runId".into(), json!(run_id));
+        m.insert("sandboxId".into(), json!(sandbox_id));
+        for (k, v) in extra {
+            // `undefined` fields are dropped by JSON.stringify; `None` plays that role here.
+            if !v.is_null() {
+                m.insert(k.to_string(), v);
+            }
+        }
+        m.insert("timestampMs".into(), json!(timestamp_ms));
+        let payload = Value::Object(m).to_string();
+        self.store.insert_event(&NewEvent {
+            run_id,
+            timestamp_ms,
+            event_type,
+            payload_json: &payload,
+        })
+    }
+
+    fn heartbeat(
+        ctx: &StepContext,
+        sandbox_id: &str,
+        stage: &'static str,
+        progress: u8,
+        data: Vec<(&str, Value)>,
+    ) {
+        if let Some(hb) = &ctx.heartbeat {
+            hb(&Heartbeat {
+                sandbox_id: sandbox_id.to_string(),
+                stage,
+                progress,
+                data: data.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            });
+        }
+    }
+
+    async fn timed<T>(&self, fut: impl std::future::Future<Output = T>) -> T {
+        let started = Instant::now();
+        let out = fut.await;
+        self.metrics.observe_transport_ms(elapsed_ms(started));
+        out
+    }
+
+    /// Runs one sandboxed step (spec section 5, steps 1–10). Returns the step's outcome — a
+    /// step whose own status is `failed` is `Ok` — or the error that stopped the lifecycle,
+    /// after recording it (row `failed`, SandboxFailed, heartbeat `failed`). Cleanup always
+    /// runs; its failure is logged and never replaces the result.
+    pub async fn execute(
+        &self,
+        req: &SandboxRequest,
+        ctx: &StepContext,
+    ) -> Result<SandboxOutcome, OrchestratorError> {
+        let sid = req.sandbox_id.as_str();
+        Self::heartbeat(ctx, sid, "initializing", 0, vec![]);
+        let kind = req.selected_runtime();
+        let runtime_name = kind.as_str();
+        let Some(runtime) = self.runtimes.get(&kind).cloned() else {
+            let err = OrchestratorError::RuntimeNotRegistered {
+                runtime: runtime_name.to_string(),
+            };
+            Self::heartbeat(
+                ctx,
+                sid,
+                "failed",
+                100,
+                vec![("error", json!(err.to_string()))],
+            );
+            return Err(err);
+        };
+        let config = RedactedConfig::new(&req.config_value());
+        let created_at_ms = now_ms();
+
+        // Step 2: the atomic gate, which also writes the `pending` row and our lease.
+        let admitted = self.store.try_admit(&AdmitRequest {
+            run_id: req.run_id.clone(),
+            sandbox_id: req.sandbox_id.clone(),
+            runtime: runtime_name.to_string(),
+            config: config.clone(),
+            per_run_max: self.settings.per_run_max,
+            host_max: self.settings.host_max,
+            owner: self.owner.clone(),
+            now_ms: created_at_ms,
+        });
+        if let Err(e) = admitted {
+            return Err(self.refused(req, ctx, runtime_name, &config, e));
+        }
+        self.metrics.sandbox_created(runtime_name);
+        self.metrics.active_add(runtime_name, 1);
+        let active = ActiveGuard {
+            metrics: self.metrics.clone(),
+            runtime: runtime_name,
+        };
+
+        let mut progress = Progress {
+            shipped_at_ms: None,
+            handle: None,
+            bundle_path: None,
+            child_started: None,
+        };
+        let result = self
+            .lifecycle(
+                req,
+                ctx,
+                runtime.as_ref(),
+                &config,
+                created_at_ms,
+                &mut progress,
+            )
+            .await;
+        let result = match result {
+            Ok(outcome) => Ok(outcome),
+            Err(Stop::Cancelled) => Ok(self.record_cancelled(req, ctx, runtime_name, &progress)),
+            Err(Stop::Failed(err)) => {
+                self.record_failure(req, ctx, runtime_name, &progress, &err);
+                Err(err)
+            }
+        };
+        drop(active);
+
+        // Step 10: always clean up.
+        if let Some(handle) = &progress.handle {
+            if let Err(e) = self.timed(runtime.cleanup(handle)).await {
+                self.cleanup_failed(req, runtime_name, &e);
+            }
+        }
+        let reason = match &result {
+            Ok(SandboxOutcome::Completed(c)) => c.status.clone(),
+            Ok(SandboxOutcome::AwaitingReview(_)) => "review".into(),
+            Ok(SandboxOutcome::Cancelled { .. }) => "cancelled".into(),
+            Err(_) => "failed".into(),
+        };
+        if let Err(e) = self
+            .store
+            .release_lease(&req.run_id, sid, now_ms(), &reason)
+        {
+            warn!(run_id = %req.run_id, sandbox_id = sid, error = %e, "sandbox lease release failed");
+        }
+        result
+    }
+
+    /// The gate refused: record it like 0.16 (row `failed` when the id is not in use,
+    /// SandboxFailed, heartbeat `failed`) without touching another execution's row.
+    fn refused(
+        &self,
+        req: &SandboxRequest,
+        ctx: &StepContext,
+        runtime_name: &str,
+        config: &RedactedConfig,
+        e: StoreError,
+    ) -> OrchestratorError {
+        let sid = req.sandbox_id.as_str();
+        let err = OrchestratorError::from(e);
+        let ours_to_record = !matches!(
+            err,
+            OrchestratorError::Store {
+                source: StoreError::SandboxAlreadyActive { .. }
+            }
+        );
+        if ours_to_record {
+            let now = now_ms();
+            let free = match self.store.get_sandbox(&req.run_id, sid) {
+                Ok(row) => row.is_none_or(|r| r.status.is_terminal()),
+                Err(_) => false,
+            };
+            if free {
+                if let Err(be) = self.store.upsert_sandbox(&SandboxUpsert {
+                    runtime: Some(runtime_name.to_string()),
+                    remote_run_id: Field::Null,
+                    workspace_id: Field::Null,
+                    container_id: Field::Null,
+                    config: Some(config.clone()),
+                    status: Some(SandboxStatus::Failed),
+                    heartbeat_at_ms: Field::Value(now),
+                    shipped_at_ms: Field::Null,
+                    completed_at_ms: Field::Value(now),
+                    bundle_path: Field::Null,
+                    ..SandboxUpsert::key(&req.run_id, sid)
+                }) {
+                    warn!(run_id = %req.run_id, sandbox_id = sid, error = %be, "sandbox failure upsert failed");
+                }
+            }
+            if let Err(be) = self.emit(
+                "SandboxFailed",
+                &req.run_id,
+                sid,
+                vec![
+                    ("runtime", json!(runtime_name)),
+                    ("error", error_to_json(&err)),
+                ],
+                now,
+            ) {
+                warn!(run_id = %req.run_id, sandbox_id = sid, error = %be, "sandbox failure event emit failed");
+            }
+            self.metrics.sandbox_completed(runtime_name, "failed");
+        }
+        Self::heartbeat(
+            ctx,
+            sid,
+            "failed",
+            100,
+            vec![("error", json!(err.to_string()))],
+        );
+        err
+    }
+
+    async fn lifecycle(
+        &self,
+        req: &SandboxRequest,
+        ctx: &StepContext,
+        runtime: &dyn Runtime,
+        config: &RedactedConfig,
+        created_at_ms: i64,
+        progress: &mut Progress,
+    ) -> Result<SandboxOutcome, Stop> {
+        let run_id = req.run_id.as_str();
+        let sid = req.sandbox_id.as_str();
+        let runtime_name = req.selected_runtime().as_str();
+
+        // Step 3.
+        self.emit(
+            "SandboxCreated",
+            run_id,
+            sid,
+            vec![
+                ("runtime", json!(runtime_name)),
+                ("configJson", json!(config.as_json())),
+            ],
+            created_at_ms,
+        )?;
+        Self::heartbeat(ctx, sid, "created", 10, vec![]);
+
+        // Step 4: create, ship.
+        if ctx.cancel.is_cancelled() {
+            return Err(Stop::Cancelled);
+        }
+        let sandbox_config = SandboxConfig {
+            run_id: run_id.to_string(),
+            sandbox_id: sid.to_string(),
+            runtime: req.selected_runtime(),
+            root_dir: req.root_dir.clone(),
+            image: req.image.clone(),
+            controls: req.controls.clone(),
+        };
+        let handle = self
+            .timed(runtime.create(&sandbox_config))
+            .await
+            .map_err(|source| OrchestratorError::Runtime {
+                verb: "create",
+                source,
+            })?;
+        progress.handle = Some(handle.clone());
+        // Stored at once, so a process that finds us dead can clean up what we created.
+        let handle_json =
+            serde_json::to_string(&handle).map_err(|source| OrchestratorError::Handle {
+                sandbox_id: sid.to_string(),
+                source,
+            })?;
+        self.store.set_handle(run_id, sid, &handle_json)?;
+        if ctx.cancel.is_cancelled() {
+            return Err(Stop::Cancelled);
+        }
+        let request = RequestBundle {
+            request: json!({
+                "status": "pending",
+                "sandboxId": sid,
+                "runtime": req.runtime.unwrap_or(req.selected_runtime()).as_str(),
+                "input": req.input,
+            }),
+        };
+        let shipped = self
+            .timed(runtime.ship(&handle, &request))
+            .await
+            .map_err(|source| OrchestratorError::Runtime {
+                verb: "ship",
+                source,
+            })?;
+        self.emit(
+            "SandboxShipped",
+            run_id,
+            sid,
+            vec![
+                ("runtime", json!(runtime_name)),
+                ("bundleSizeBytes", json!(shipped.bundle_size_bytes)),
+            ],
+            now_ms(),
+        )?;
+        Self::heartbeat(ctx, sid, "shipped", 25, vec![]);
+        let shipped_at = now_ms();
+        progress.shipped_at_ms = Some(shipped_at);
+        self.store.upsert_sandbox(&SandboxUpsert {
+            runtime: Some(runtime_name.to_string()),
+            remote_run_id: Field::Null,
+            workspace_id: Field::from_option(handle.workspace_id.clone()),
+            container_id: Field::from_option(handle.container_id.clone()),
+            status: Some(SandboxStatus::Shipped),
+            shipped_at_ms: Field::Value(shipped_at),
+            heartbeat_at_ms: Field::Value(shipped_at),
+            completed_at_ms: Field::Null,
+            bundle_path: Field::Null,
+            ..SandboxUpsert::key(run_id, sid)
+        })?;
+
+        // Step 5: execute.
+        if ctx.cancel.is_cancelled() {
+            return Err(Stop::Cancelled);
+        }
+        Self::heartbeat(ctx, sid, "executing", 40, vec![]);
+        let outcome = self.run_step(req, ctx, runtime, &handle, progress).await?;
+        Self::heartbeat(
+            ctx,
+            sid,
+            "child-finished",
+            70,
+            vec![
+                ("termination", json!(outcome.termination.as_str())),
+                ("exitCode", json!(outcome.exit_code)),
+            ],
+        );
+        let hb_at = now_ms();
+        self.store.heartbeat_sandbox(run_id, sid, hb_at)?;
+        self.emit(
+            "SandboxHeartbeat",
+            run_id,
+            sid,
+            vec![("progress", json!(1))],
+            hb_at,
+        )?;
+        let cancelled = outcome.termination == Termination::Cancelled || ctx.cancel.is_cancelled();
+
+        // Step 6: collect + validate.
+        let collected = self.timed(runtime.collect(&handle)).await;
+        let collected = match collected {
+            Ok(c) => c,
+            // A cancelled sandbox that cannot even produce a bundle still ends as cancelled.
+            Err(e) if cancelled => {
+                warn!(run_id, sandbox_id = sid, error = %e, "collect after cancellation failed");
+                return Err(Stop::Cancelled);
+            }
+            Err(source) => {
+                return Err(OrchestratorError::Runtime {
+                    verb: "collect",
+                    source,
+                }
+                .into())
+            }
+        };
+        progress.bundle_path = Some(collected.bundle_path.clone());
+        let bundle = self
+            .inspector
+            .inspect(&collected.bundle_path)
+            .map_err(|report| OrchestratorError::Bundle {
+                report: Box::new(report),
+            })?;
+        let patch_count = bundle.patch_count();
+        Self::heartbeat(
+            ctx,
+            sid,
+            "bundle-collected",
+            85,
+            vec![
+                ("bundlePath", json!(bundle.bundle_path.to_string_lossy())),
+                ("patchCount", json!(patch_count)),
+            ],
+        );
+        self.emit(
+            "SandboxBundleReceived",
+            run_id,
+            sid,
+            vec![
+                ("bundleSizeBytes", json!(bundle.bundle_size_bytes)),
+                ("patchCount", json!(patch_count)),
+                ("hasOutputs", json!(bundle.outputs.is_some())),
+            ],
+            now_ms(),
+        )?;
+        self.metrics.observe_bundle_size(bundle.bundle_size_bytes);
+        self.metrics.observe_patch_count(patch_count);
+        if cancelled {
+            return Err(Stop::Cancelled);
+        }
+        // A step that did not exit 0 never counts as finished, whatever its bundle says
+        // (0.16 ignored the exit code).
+        let status = if bundle.status == "finished" && !outcome.succeeded() {
+            "failed".to_string()
+        } else {
+            bundle.status.clone()
+        };
+        let duration_ms = progress.child_started.map_or(0.0, elapsed_ms);
+
+        // Step 7: the review gate.
+        let mut applied = 0;
+        if req.review_diffs && patch_count > 0 {
+            let total_diff_lines =
+                bundle
+                    .total_diff_lines()
+                    .map_err(|report| OrchestratorError::Bundle {
+                        report: Box::new(report),
+                    })?;
+            self.emit(
+                "SandboxDiffReviewRequested",
+                run_id,
+                sid,
+                vec![
+                    ("patchCount", json!(patch_count)),
+                    ("totalDiffLines", json!(total_diff_lines)),
+                ],
+                now_ms(),
+            )?;
+            if req.auto_accept_diffs {
+                self.emit(
+                    "SandboxDiffAccepted",
+                    run_id,
+                    sid,
+                    vec![("patchCount", json!(patch_count))],
+                    now_ms(),
+                )?;
+                self.apply(req, &bundle)?;
+                applied = patch_count;
+            } else if self.settings.review_mode == ReviewMode::FailClosed {
+                self.emit(
+                    "SandboxDiffRejected",
+                    run_id,
+                    sid,
+                    vec![("reason", json!(FAIL_CLOSED_REJECT_REASON))],
+                    now_ms(),
+                )?;
+                return Err(OrchestratorError::ReviewRequired {
+                    sandbox_id: sid.to_string(),
+                    patch_count,
+                }
+                .into());
+            } else {
+                let patches =
+                    self.applier
+                        .describe(&bundle)
+                        .map_err(|report| OrchestratorError::Bundle {
+                            report: Box::new(report),
+                        })?;
+                self.store.open_review(
+                    &NewReview {
+                        run_id: run_id.to_string(),
+                        sandbox_id: sid.to_string(),
+                        root_dir: req.root_dir.to_string_lossy().into_owned(),
+                        bundle_path: bundle.bundle_path.to_string_lossy().into_owned(),
+                        bundle_status: status.clone(),
+                        remote_run_id: bundle.run_id.clone(),
+                        patch_count,
+                        total_diff_lines,
+                        duration_ms,
+                        requested_at_ms: now_ms(),
+                    },
+                    &patches,
+                )?;
+                Self::heartbeat(
+                    ctx,
+                    sid,
+                    "review",
+                    90,
+                    vec![
+                        ("patchCount", json!(patch_count)),
+                        ("totalDiffLines", json!(total_diff_lines)),
+                    ],
+                );
+                return Ok(SandboxOutcome::AwaitingReview(PendingReview {
+                    status,
+                    outputs: bundle.outputs,
+                    bundle_path: bundle.bundle_path,
+                    patch_count,
+                    total_diff_lines,
+                    patches,
+                }));
+            }
+        } else if patch_count > 0 {
+            // reviewDiffs: false applies without asking, as 0.32 does.
+            self.apply(req, &bundle)?;
+            applied = patch_count;
+        }
+
+        // Step 8.
+        let completed_at = now_ms();
+        self.store.upsert_sandbox(&SandboxUpsert {
+            runtime: Some(runtime_name.to_string()),
+            remote_run_id: Field::from_option(bundle.run_id.clone()),
+            workspace_id: Field::from_option(handle.workspace_id.clone()),
+            container_id: Field::from_option(handle.container_id.clone()),
+            status: Some(SandboxStatus::parse(&status)),
+            heartbeat_at_ms: Field::Value(completed_at),
+            shipped_at_ms: Field::from_option(progress.shipped_at_ms),
+            completed_at_ms: Field::Value(completed_at),
+            bundle_path: Field::Value(bundle.bundle_path.to_string_lossy().into_owned()),
+            ..SandboxUpsert::key(run_id, sid)
+        })?;
+        self.emit(
+            "SandboxCompleted",
+            run_id,
+            sid,
+            vec![
+                ("remoteRunId", json!(bundle.run_id)),
+                ("runtime", json!(runtime_name)),
+                ("status", json!(status)),
+                ("durationMs", json!(duration_ms)),
+            ],
+            completed_at,
+        )?;
+        Self::heartbeat(ctx, sid, "completed", 100, vec![("status", json!(status))]);
+        self.metrics.sandbox_completed(runtime_name, &status);
+        self.metrics.observe_duration_ms(duration_ms);
+        Ok(SandboxOutcome::Completed(CompletedSandbox {
+            status,
+            outputs: bundle.outputs,
+            bundle_path: bundle.bundle_path,
+            applied_patches: applied,
+        }))
+    }
+
+    /// Runs `execute` with live output and step heartbeats (which move the row's
+    /// `heartbeat_at_ms`, as the JavaScript provider heartbeat does).
+    async fn run_step(
+        &self,
+        req: &SandboxRequest,
+        ctx: &StepContext,
+        runtime: &dyn Runtime,
+        handle: &SandboxHandle,
+        progress: &mut Progress,
+    ) -> Result<ExecOutcome, Stop> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<f64>>();
+        let forward = Forward {
+            output: ctx.output.clone(),
+            heartbeats: tx,
+        };
+        let store = self.store.clone();
+        let run_id = req.run_id.clone();
+        let sid = req.sandbox_id.clone();
+        let hb_ctx = ctx.clone();
+        let pump = tokio::spawn(async move {
+            while let Some(step_progress) = rx.recv().await {
+                if let Err(e) = store.heartbeat_sandbox(&run_id, &sid, now_ms()) {
+                    warn!(run_id = %run_id, sandbox_id = %sid, error = %e, "sandbox heartbeat persistence failed");
+                }
+                Orchestrator::heartbeat(
+                    &hb_ctx,
+                    &sid,
+                    "executing",
+                    40,
+                    vec![("stepProgress", json!(step_progress))],
+                );
+            }
+        });
+        progress.child_started = Some(Instant::now());
+        let command = req.step_command();
+        let result = self
+            .timed(runtime.execute(handle, &command, ctx.cancel.clone(), &forward))
+            .await;
+        drop(forward);
+        // The pump ends once the sink (its only sender) is gone; wait so every step heartbeat
+        // is persisted before the lifecycle moves on.
+        let _ = pump.await;
+        result.map_err(|source| {
+            Stop::Failed(OrchestratorError::Runtime {
+                verb: "execute",
+                source,
+            })
+        })
+    }
+
+    fn apply(
+        &self,
+        req: &SandboxRequest,
+        bundle: &InspectedBundle,
+    ) -> Result<(), OrchestratorError> {
+        self.applier
+            .apply(&req.root_dir, bundle)
+            .map_err(|report| OrchestratorError::Apply {
+                sandbox_id: req.sandbox_id.clone(),
+                report: Box::new(report),
+            })
+    }
+
+    /// Step 9: best-effort failure bookkeeping; every secondary failure is logged, the
+    /// original error is what the caller gets.
+    fn record_failure(
+        &self,
+        req: &SandboxRequest,
+        ctx: &StepContext,
+        runtime_name: &str,
+        progress: &Progress,
+        err: &OrchestratorError,
+    ) {
+        let sid = req.sandbox_id.as_str();
+        let now = now_ms();
+        let handle = progress.handle.as_ref();
+        if let Err(e) = self.store.upsert_sandbox(&SandboxUpsert {
+            runtime: Some(runtime_name.to_string()),
+            workspace_id: Field::from_option(handle.and_then(|h| h.workspace_id.clone())),
+            container_id: Field::from_option(handle.and_then(|h| h.container_id.clone())),
+            status: Some(SandboxStatus::Failed),
+            heartbeat_at_ms: Field::Value(now),
+            // The real ship time, or none (0.16 wrote the creation time here).
+            shipped_at_ms: Field::from_option(progress.shipped_at_ms),
+            completed_at_ms: Field::Value(now),
+            bundle_path: Field::from_option(
+                progress
+                    .bundle_path
+                    .as_ref()
+                    .map(|p| p.to_string_lossy().into_owned()),
+            ),
+            ..SandboxUpsert::key(&req.run_id, sid)
+        }) {
+            warn!(run_id = %req.run_id, sandbox_id = sid, error = %e, "sandbox failure upsert failed");
+        }
+        if let Err(e) = self.emit(
+            "SandboxFailed",
+            &req.run_id,
+            sid,
+            vec![
+                ("runtime", json!(runtime_name)),
+                ("error", error_to_json(err)),
+            ],
+            now,
+        ) {
+            warn!(run_id = %req.run_id, sandbox_id = sid, error = %e, "sandbox failure event emit failed");
+        }
+        Self::heartbeat(
+            ctx,
+            sid,
+            "failed",
+            100,
+            vec![("error", json!(err.to_string()))],
+        );
+        self.metrics.sandbox_completed(runtime_name, "failed");
+    }
+
+    fn record_cancelled(
+        &self,
+        req: &SandboxRequest,
+        ctx: &StepContext,
+        runtime_name: &str,
+        progress: &Progress,
+    ) -> SandboxOutcome {
+        let sid = req.sandbox_id.as_str();
+        let now = now_ms();
+        let bundle_path = progress.bundle_path.clone();
+        if let Err(e) = self.store.upsert_sandbox(&SandboxUpsert {
+            status: Some(SandboxStatus::Cancelled),
+            heartbeat_at_ms: Field::Value(now),
+            shipped_at_ms: Field::from_option(progress.shipped_at_ms),
+            completed_at_ms: Field::Value(now),
+            bundle_path: Field::from_option(
+                bundle_path
+                    .as_ref()
+                    .map(|p| p.to_string_lossy().into_owned()),
+            ),
+            ..SandboxUpsert::key(&req.run_id, sid)
+        }) {
+            warn!(run_id = %req.run_id, sandbox_id = sid, error = %e, "sandbox cancel upsert failed");
+        }
+        let duration_ms = progress.child_started.map_or(0.0, elapsed_ms);
+        if let Err(e) = self.emit(
+            "SandboxCompleted",
+            &req.run_id,
+            sid,
+            vec![
+                ("runtime", json!(runtime_name)),
+                ("status", json!("cancelled")),
+                ("durationMs", json!(duration_ms)),
+            ],
+            now,
+        ) {
+            warn!(run_id = %req.run_id, sandbox_id = sid, error = %e, "sandbox cancel event emit failed");
+        }
+        Self::heartbeat(
+            ctx,
+            sid,
+            "cancelled",
+            100,
+            vec![("status", json!("cancelled"))],
+        );
+        self.metrics.sandbox_completed(runtime_name, "cancelled");
+        self.metrics.observe_duration_ms(duration_ms);
+        SandboxOutcome::Cancelled { bundle_path }
+    }
+
+    fn cleanup_failed(&self, req: &SandboxRequest, runtime_name: &str, e: &dyn CodedError) {
+        warn!(run_id = %req.run_id, sandbox_id = %req.sandbox_id, runtime = runtime_name, error = %e, "sandbox transport cleanup failed");
+        // An event of our own, so leaked resources are visible in the run's history too.
+        if let Err(be) = self.emit(
+            "SandboxCleanupFailed",
+            &req.run_id,
+            &req.sandbox_id,
+            vec![
+                ("runtime", json!(runtime_name)),
+                ("error", error_to_json(e)),
+            ],
+            now_ms(),
+        ) {
+            warn!(run_id = %req.run_id, sandbox_id = %req.sandbox_id, error = %be, "sandbox cleanup event emit failed");
+        }
+    }
+
+    fn pending_review(
+        &self,
+        run_id: &str,
+        sandbox_id: &str,
+    ) -> Result<smithers_store::ReviewRow, OrchestratorError> {
+        match self.store.get_review(run_id, sandbox_id)? {
+            Some(r) if r.state == ReviewState::Pending => Ok(r),
+            _ => Err(OrchestratorError::NoPendingReview {
+                run_id: run_id.to_string(),
+                sandbox_id: sandbox_id.to_string(),
+            }),
+        }
+    }
+
+    fn claim_review(
+        &self,
+        run_id: &str,
+        sandbox_id: &str,
+        to: ReviewState,
+        reason: Option<&str>,
+    ) -> Result<smithers_store::ReviewRow, OrchestratorError> {
+        self.store
+            .transition_review(
+                run_id,
+                sandbox_id,
+                ReviewState::Pending,
+                to,
+                reason,
+                now_ms(),
+            )
+            .map_err(|e| match e {
+                StoreError::ReviewTransition { .. } | StoreError::SandboxNotFound { .. } => {
+                    OrchestratorError::NoPendingReview {
+                        run_id: run_id.to_string(),
+                        sandbox_id: sandbox_id.to_string(),
+                    }
+                }
+                other => other.into(),
+            })
+    }
+
+    /// Accepts a pending review: the bundle is validated again (it waited on disk), its
+    /// patches are applied to the recorded root directory (all or nothing), then
+    /// SandboxDiffAccepted and SandboxCompleted. If applying fails, the sandbox fails
+    /// (SandboxFailed) and the review stays `accepted` with the error recorded.
+    pub async fn accept(
+        &self,
+        run_id: &str,
+        sandbox_id: &str,
+    ) -> Result<CompletedSandbox, OrchestratorError> {
+        self.pending_review(run_id, sandbox_id)?;
+        // Compare-and-set: of two people accepting at once, one proceeds.
+        let review = self.claim_review(run_id, sandbox_id, ReviewState::Accepted, None)?;
+        let runtime_name = self
+            .store
+            .get_sandbox(run_id, sandbox_id)?
+            .map(|r| r.runtime)
+            .unwrap_or_default();
+        let applied = self
+            .inspector
+            .inspect(std::path::Path::new(&review.bundle_path))
+            .map_err(|report| OrchestratorError::Bundle {
+                report: Box::new(report),
+            })
+            .and_then(|bundle| {
+                self.applier
+                    .apply(std::path::Path::new(&review.root_dir), &bundle)
+                    .map_err(|report| OrchestratorError::Apply {
+                        sandbox_id: sandbox_id.to_string(),
+                        report: Box::new(report),
+                    })
+                    .map(|()| bundle)
+            });
+        let bundle = match applied {
+            Ok(b) => b,
+            Err(err) => {
+                if let Err(e) = self
+                    .store
+                    .record_apply_error(run_id, sandbox_id, &err.to_string())
+                {
+                    warn!(run_id, sandbox_id, error = %e, "recording the apply error failed");
+                }
+                self.fail_reviewed(run_id, sandbox_id, &runtime_name, &err);
+                return Err(err);
+            }
+        };
+        self.store.transition_review(
+            run_id,
+            sandbox_id,
+            ReviewState::Accepted,
+            ReviewState::Applied,
+            None,
+            now_ms(),
+        )?;
+        self.emit(
+            "SandboxDiffAccepted",
+            run_id,
+            sandbox_id,
+            vec![("patchCount", json!(review.patch_count))],
+            now_ms(),
+        )?;
+        let completed_at = now_ms();
+        self.store.upsert_sandbox(&SandboxUpsert {
+            status: Some(SandboxStatus::parse(&review.bundle_status)),
+            heartbeat_at_ms: Field::Value(completed_at),
+            completed_at_ms: Field::Value(completed_at),
+            ..SandboxUpsert::key(run_id, sandbox_id)
+        })?;
+        self.emit(
+            "SandboxCompleted",
+            run_id,
+            sandbox_id,
+            vec![
+                ("remoteRunId", json!(review.remote_run_id)),
+                ("runtime", json!(runtime_name)),
+                ("status", json!(review.bundle_status)),
+                ("durationMs", json!(review.duration_ms)),
+            ],
+            completed_at,
+        )?;
+        self.metrics
+            .sandbox_completed(&runtime_name, &review.bundle_status);
+        self.metrics.observe_duration_ms(review.duration_ms);
+        Ok(CompletedSandbox {
+            status: review.bundle_status,
+            outputs: bundle.outputs,
+            bundle_path: bundle.bundle_path,
+            applied_patches: review.patch_count,
+        })
+    }
+
+    /// Rejects a pending review: nothing is applied; SandboxDiffRejected {reason}, then the
+    /// sandbox fails (row `failed`, SandboxFailed with INVALID_INPUT) since its changes were
+    /// refused. The bundle stays on disk.
+    pub async fn reject(
+        &self,
+        run_id: &str,
+        sandbox_id: &str,
+        reason: &str,
+    ) -> Result<(), OrchestratorError> {
+        self.pending_review(run_id, sandbox_id)?;
+        let review = self.claim_review(run_id, sandbox_id, ReviewState::Rejected, Some(reason))?;
+        let runtime_name = self
+            .store
+            .get_sandbox(run_id, sandbox_id)?
+            .map(|r| r.runtime)
+            .unwrap_or_default();
+        self.emit(
+            "SandboxDiffRejected",
+            run_id,
+            sandbox_id,
+            vec![("reason", json!(reason))],
+            now_ms(),
+        )?;
+        let err = OrchestratorError::ReviewRejected {
+            sandbox_id: sandbox_id.to_string(),
+            patch_count: review.patch_count,
+            reason: reason.to_string(),
+        };
+        self.fail_reviewed(run_id, sandbox_id, &runtime_name, &err);
+        Ok(())
+    }
+
+    fn fail_reviewed(
+        &self,
+        run_id: &str,
+        sandbox_id: &str,
+        runtime_name: &str,
+        err: &OrchestratorError,
+    ) {
+        let now = now_ms();
+        if let Err(e) = self.store.upsert_sandbox(&SandboxUpsert {
+            status: Some(SandboxStatus::Failed),
+            heartbeat_at_ms: Field::Value(now),
+            completed_at_ms: Field::Value(now),
+            ..SandboxUpsert::key(run_id, sandbox_id)
+        }) {
+            warn!(run_id, sandbox_id, error = %e, "sandbox failure upsert failed");
+        }
+        if let Err(e) = self.emit(
+            "SandboxFailed",
+            run_id,
+            sandbox_id,
+            vec![
+                ("runtime", json!(runtime_name)),
+                ("error", error_to_json(err)),
+            ],
+            now,
+        ) {
+            warn!(run_id, sandbox_id, error = %e, "sandbox failure event emit failed");
+        }
+        self.metrics.sandbox_completed(runtime_name, "failed");
+    }
+
+    /// Crash recovery, to run at start: every sandbox still active whose owner process is
+    /// dead (gone, pid reused, host rebooted) has what is left of it cleaned up through its
+    /// stored handle, is marked `failed` with reason `orphaned` (SandboxFailed), and so frees
+    /// its gate slot. Reviews are never touched. Safe to run from several processes at once:
+    /// one of them wins each sandbox.
+    pub async fn recover(&self) -> Result<Vec<RecoveredSandbox>, OrchestratorError> {
+        let mut out = Vec::new();
+        for orphan in self.store.orphaned_sandboxes()? {
+            let run_id = orphan.sandbox.run_id.clone();
+            let sandbox_id = orphan.sandbox.sandbox_id.clone();
+            let runtime_name = orphan.sandbox.runtime.clone();
+            // Kill what is left first (cleanup is idempotent), then free the slot.
+            let (cleaned_up, cleanup_error) = match &orphan.lease.handle_json {
+                None => (
+                    false,
+                    Some("no handle was stored (died before create)".to_string()),
+                ),
+                Some(json_text) => match serde_json::from_str::<SandboxHandle>(json_text) {
+                    Err(e) => (false, Some(format!("stored handle unreadable: {e}"))),
+                    Ok(handle) => match self.runtimes.get(&handle.runtime) {
+                        None => (
+                            false,
+                            Some(format!("the {} runtime is not registered", handle.runtime)),
+                        ),
+                        Some(rt) => match self.timed(rt.cleanup(&handle)).await {
+                            Ok(()) => (true, None),
+                            Err(e) => (false, Some(e.to_string())),
+                        },
+                    },
+                },
+            };
+            if let Some(reason) = &cleanup_error {
+                warn!(run_id = %run_id, sandbox_id = %sandbox_id, reason = %reason, "orphaned sandbox not cleaned up");
+            }
+            let now = now_ms();
+            if !self.store.mark_orphan_failed(&orphan, now)? {
+                continue;
+            }
+            let report = smithers_errors::ErrorReport::new(
+                smithers_errors::ErrorCode::SandboxExecutionFailed,
+                "Sandbox owner process exited before the sandbox finished (orphaned).",
+            )
+            .with_details(json!({
+                "reason": "orphaned",
+                "ownerPid": orphan.lease.owner.pid,
+                "ownerHost": orphan.lease.owner.host,
+                "cleanedUp": cleaned_up,
+                "cleanupError": cleanup_error,
+            }));
+            if let Err(e) = self.emit(
+                "SandboxFailed",
+                &run_id,
+                &sandbox_id,
+                vec![
+                    ("runtime", json!(runtime_name)),
+                    ("error", error_to_json(&report)),
+                ],
+                now,
+            ) {
+                warn!(run_id = %run_id, sandbox_id = %sandbox_id, error = %e, "orphan failure event emit failed");
+            }
+            self.metrics.sandbox_completed(&runtime_name, "failed");
+            out.push(RecoveredSandbox {
+                run_id,
+                sandbox_id,
+                runtime: runtime_name,
+                cleaned_up,
+                cleanup_error,
+            });
+        }
+        Ok(out)
+    }
+}

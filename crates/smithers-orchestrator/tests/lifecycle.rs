@@ -1,0 +1,814 @@
+//! Event order and payloads of every lifecycle path, against a real SQLite file and a real
+//! child process (through the host-process TEST DOUBLE runtime in `support`).
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use smithers_errors::{CodedError, ErrorCode};
+use smithers_orchestrator::*;
+use smithers_runtime::{CancellationToken, StepCommand};
+use smithers_store::{
+    AdmitRequest, OwnerIdentity, PatchOperation, RedactedConfig, ReviewState, SandboxStatus, Store,
+};
+use support::*;
+
+const RUN: &str = "run-1";
+
+/// (sandbox id, stage, progress) of every heartbeat received.
+type Beats = Arc<Mutex<Vec<(String, &'static str, u8)>>>;
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    db: PathBuf,
+    store: Arc<Store>,
+    runtime: Arc<HostProcessTestRuntime>,
+    applier: Arc<GitApplyTestApplier>,
+    orch: Orchestrator,
+    beats: Beats,
+}
+
+fn harness_with(settings: Settings) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("project");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("hello.txt"), "hello\n").unwrap();
+    let db = dir.path().join("smithers.db");
+    let store = Arc::new(Store::open(&db).unwrap());
+    let runtime = Arc::new(HostProcessTestRuntime::default());
+    let applier = Arc::new(GitApplyTestApplier::default());
+    let orch = Orchestrator::new(
+        store.clone(),
+        Arc::new(ReadmeTestInspector),
+        applier.clone(),
+        settings,
+    )
+    .unwrap()
+    .with_runtime(runtime.clone());
+    Harness {
+        _dir: dir,
+        root,
+        db,
+        store,
+        runtime,
+        applier,
+        orch,
+        beats: Arc::new(Mutex::new(Vec::new())),
+    }
+}
+
+fn harness() -> Harness {
+    harness_with(Settings::default())
+}
+
+impl Harness {
+    fn ctx(&self) -> StepContext {
+        let beats = self.beats.clone();
+        StepContext {
+            heartbeat: Some(Arc::new(move |hb: &Heartbeat| {
+                beats
+                    .lock()
+                    .unwrap()
+                    .push((hb.sandbox_id.clone(), hb.stage, hb.progress));
+            })),
+            ..Default::default()
+        }
+    }
+
+    fn request(&self, sandbox: &str, script: &str) -> SandboxRequest {
+        let mut r = SandboxRequest::new(RUN, sandbox, &self.root);
+        r.command = Some(StepCommand {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            cwd: None,
+        });
+        r.input = json!({"question": "six times seven"});
+        r.config = json!({"env": {"API_TOKEN": "s3cret-value"}, "memoryLimit": "512m"});
+        r
+    }
+
+    /// Events of one sandbox: (type, payload).
+    fn events(&self, sandbox: &str) -> Vec<(String, Value)> {
+        self.store
+            .events_since(RUN, 0)
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                let p: Value = serde_json::from_str(&e.payload_json).unwrap();
+                assert_eq!(p["type"], e.event_type.as_str());
+                assert_eq!(p["runId"], RUN);
+                assert!(p["timestampMs"].as_i64().unwrap() > 0);
+                assert_eq!(p["timestampMs"].as_i64().unwrap(), e.timestamp_ms);
+                (e.event_type, p)
+            })
+            .filter(|(_, p)| p["sandboxId"] == sandbox)
+            .collect()
+    }
+
+    fn types(&self, sandbox: &str) -> Vec<String> {
+        self.events(sandbox).into_iter().map(|(t, _)| t).collect()
+    }
+
+    fn stages(&self, sandbox: &str) -> Vec<&'static str> {
+        self.beats
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(s, _, _)| s == sandbox)
+            .map(|(_, st, _)| *st)
+            .collect()
+    }
+}
+
+fn payload<'a>(events: &'a [(String, Value)], ty: &str) -> &'a Value {
+    &events
+        .iter()
+        .find(|(t, _)| t == ty)
+        .unwrap_or_else(|| panic!("no {ty}"))
+        .1
+}
+
+const ADD_WORLD_PATCH: &str = r#"mkdir -p "$OUT/patches" && cat > "$OUT/patches/0001-hello.patch" <<'P'
+diff --git a/hello.txt b/hello.txt
+index ce01362..94954ab 100644
+--- a/hello.txt
++++ b/hello.txt
+@@ -1 +1,3 @@
+ hello
++world
++again
+P
+"#;
+
+fn write_result(status: &str) -> String {
+    format!(
+        r#"echo '{{"status":"{status}","outputs":{{"answer":42}}}}' > "$SMITHERS_SANDBOX_RESULT_PATH""#
+    )
+}
+
+fn assert_standard_payloads(events: &[(String, Value)]) {
+    let created = payload(events, "SandboxCreated");
+    assert_eq!(created["runtime"], "bubblewrap");
+    let config: Value = serde_json::from_str(created["configJson"].as_str().unwrap()).unwrap();
+    assert_eq!(config["env"]["API_TOKEN"], "[redacted]");
+    assert_eq!(config["selectedRuntime"], "bubblewrap");
+    assert_eq!(config["reviewDiffs"], true);
+    assert!(!created.to_string().contains("s3cret-value"));
+    let shipped = payload(events, "SandboxShipped");
+    assert_eq!(shipped["runtime"], "bubblewrap");
+    assert!(shipped["bundleSizeBytes"].as_u64().unwrap() > 0);
+    let hb = payload(events, "SandboxHeartbeat");
+    assert_eq!(hb["progress"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_step_events_rows_heartbeats_and_metrics() {
+    let h = harness();
+    let req = h.request("sb", &write_result("finished"));
+    let out = h.orch.execute(&req, &h.ctx()).await.unwrap();
+    let SandboxOutcome::Completed(done) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(done.status, "finished");
+    assert_eq!(done.outputs, Some(json!({"answer": 42})));
+    assert_eq!(
+        h.types("sb"),
+        [
+            "SandboxCreated",
+            "SandboxShipped",
+            "SandboxHeartbeat",
+            "SandboxBundleReceived",
+            "SandboxCompleted"
+        ]
+    );
+    let events = h.events("sb");
+    assert_standard_payloads(&events);
+    // The request document really shipped: its size is what the event says.
+    let request_doc = h
+        .root
+        .join(".smithers/sandboxes/run-1/sb/request/request.json");
+    let shipped = payload(&events, "SandboxShipped");
+    assert_eq!(
+        shipped["bundleSizeBytes"].as_u64().unwrap(),
+        std::fs::metadata(&request_doc).unwrap().len()
+    );
+    let doc: Value = serde_json::from_slice(&std::fs::read(&request_doc).unwrap()).unwrap();
+    assert_eq!(
+        doc,
+        json!({"status": "pending", "sandboxId": "sb", "runtime": "bubblewrap", "input": {"question": "six times seven"}})
+    );
+    let received = payload(&events, "SandboxBundleReceived");
+    assert_eq!(received["patchCount"], 0);
+    assert_eq!(received["hasOutputs"], true);
+    assert!(received["bundleSizeBytes"].as_u64().unwrap() > 0);
+    let completed = payload(&events, "SandboxCompleted");
+    assert_eq!(completed["status"], "finished");
+    assert_eq!(completed["runtime"], "bubblewrap");
+    assert!(completed["durationMs"].as_f64().unwrap() >= 0.0);
+    assert!(completed.get("remoteRunId").is_none(), "absent, not null");
+
+    assert_eq!(
+        h.stages("sb"),
+        [
+            "initializing",
+            "created",
+            "shipped",
+            "executing",
+            "child-finished",
+            "bundle-collected",
+            "completed"
+        ]
+    );
+    let row = h.store.get_sandbox(RUN, "sb").unwrap().unwrap();
+    assert_eq!(row.status, SandboxStatus::Finished);
+    let shipped_at = row.shipped_at_ms.unwrap();
+    assert!(shipped_at <= row.completed_at_ms.unwrap());
+    assert!(!row.config_json.contains("s3cret-value"));
+    assert_eq!(
+        row.bundle_path.as_deref(),
+        Some(done.bundle_path.to_str().unwrap())
+    );
+    assert_eq!(h.runtime.cleanup_count(), 1, "cleanup always runs");
+    let lease = h.store.lease(RUN, "sb").unwrap().unwrap();
+    assert_eq!(lease.release_reason.as_deref(), Some("finished"));
+    assert!(lease.handle_json.unwrap().contains("sandboxRoot"));
+
+    let m = h.orch.metrics();
+    assert_eq!(m.created("bubblewrap"), 1);
+    assert_eq!(m.active("bubblewrap"), 0);
+    assert_eq!(m.completed("bubblewrap", "finished"), 1);
+    assert_eq!(
+        m.patch_count_snapshot().count,
+        1,
+        "observed once per sandbox"
+    );
+    assert_eq!(m.duration_snapshot().count, 1);
+    // create, ship, execute, collect, cleanup.
+    assert_eq!(m.transport_snapshot().count, 5);
+    let text = m.render_prometheus();
+    assert!(text.contains("smithers_sandbox_active{runtime=\"bubblewrap\"} 0\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_step_returns_outputs_without_throwing() {
+    let h = harness();
+    let req = h.request("sb", &format!("{}; exit 3", write_result("failed")));
+    let out = h.orch.execute(&req, &h.ctx()).await.unwrap();
+    let SandboxOutcome::Completed(done) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(done.status, "failed");
+    assert_eq!(done.outputs, Some(json!({"answer": 42})));
+    assert_eq!(
+        h.types("sb"),
+        [
+            "SandboxCreated",
+            "SandboxShipped",
+            "SandboxHeartbeat",
+            "SandboxBundleReceived",
+            "SandboxCompleted"
+        ]
+    );
+    assert_eq!(
+        payload(&h.events("sb"), "SandboxCompleted")["status"],
+        "failed"
+    );
+    assert_eq!(
+        h.store.get_sandbox(RUN, "sb").unwrap().unwrap().status,
+        SandboxStatus::Failed
+    );
+
+    // A step that exits non-zero but claims "finished" is recorded as failed.
+    let liar = h.request("liar", &format!("{}; exit 1", write_result("finished")));
+    let SandboxOutcome::Completed(done) = h.orch.execute(&liar, &h.ctx()).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(done.status, "failed");
+    assert_eq!(h.orch.metrics().completed("bubblewrap", "failed"), 2);
+    assert_eq!(h.orch.metrics().active("bubblewrap"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_error_is_recorded_and_rethrown_with_its_code() {
+    let h = harness();
+    *h.runtime.fail_on.lock().unwrap() = Some("ship");
+    let req = h.request("sb", "true");
+    let err = h.orch.execute(&req, &h.ctx()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ProcessSpawnFailed, "inner code kept");
+    assert_eq!(h.types("sb"), ["SandboxCreated", "SandboxFailed"]);
+    let failed = payload(&h.events("sb"), "SandboxFailed").clone();
+    assert_eq!(failed["runtime"], "bubblewrap");
+    let e = &failed["error"];
+    assert_eq!(e["name"], "SmithersError");
+    assert_eq!(e["code"], "PROCESS_SPAWN_FAILED");
+    assert_eq!(e["message"], err.to_string());
+    assert_eq!(e["summary"], err.to_string());
+    assert_eq!(e["details"]["verb"], "ship");
+    let row = h.store.get_sandbox(RUN, "sb").unwrap().unwrap();
+    assert_eq!(row.status, SandboxStatus::Failed);
+    assert_eq!(
+        row.shipped_at_ms, None,
+        "never shipped: no invented ship time"
+    );
+    assert!(row.completed_at_ms.is_some());
+    assert_eq!(h.stages("sb").last(), Some(&"failed"));
+    assert_eq!(h.runtime.cleanup_count(), 1, "cleanup after a failure too");
+    assert_eq!(
+        h.orch.metrics().active("bubblewrap"),
+        0,
+        "gauge goes down on failure"
+    );
+    assert_eq!(h.orch.metrics().completed("bubblewrap", "failed"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn original_error_wins_when_recording_the_failure_fails() {
+    let h = harness();
+    *h.runtime.fail_on.lock().unwrap() = Some("execute");
+    *h.runtime.break_db_on_fail.lock().unwrap() = Some(h.db.clone());
+    let req = h.request("sb", "true");
+    let err = h.orch.execute(&req, &h.ctx()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OrchestratorError::Runtime {
+                verb: "execute",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), ErrorCode::ProcessSpawnFailed);
+    assert_eq!(h.runtime.cleanup_count(), 1);
+    assert_eq!(h.orch.metrics().active("bubblewrap"), 0);
+    assert!(
+        h.store.events_since(RUN, 0).is_err(),
+        "the events table is really gone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_limit_hit_fails_with_the_javascript_error() {
+    let h = harness_with(Settings {
+        per_run_max: 1,
+        ..Settings::default()
+    });
+    // Another sandbox of the run holds the only slot.
+    h.store
+        .try_admit(&AdmitRequest {
+            run_id: RUN.into(),
+            sandbox_id: "holder".into(),
+            runtime: "bubblewrap".into(),
+            config: RedactedConfig::new(&json!({})),
+            per_run_max: 1,
+            host_max: 10,
+            owner: OwnerIdentity::current().unwrap(),
+            now_ms: 1,
+        })
+        .unwrap();
+    let req = h.request("sb", "true");
+    let err = h.orch.execute(&req, &h.ctx()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::SandboxExecutionFailed);
+    assert_eq!(
+        err.to_string(),
+        "Sandbox concurrency limit reached for run run-1 (1)."
+    );
+    assert_eq!(
+        err.details(),
+        json!({"runId": "run-1", "maxConcurrent": 1, "activeSandboxCount": 1})
+    );
+    assert_eq!(h.types("sb"), ["SandboxFailed"]);
+    let events = h.events("sb");
+    let e = &payload(&events, "SandboxFailed")["error"];
+    assert_eq!(e["details"]["activeSandboxCount"], 1);
+    assert_eq!(
+        h.store.get_sandbox(RUN, "sb").unwrap().unwrap().status,
+        SandboxStatus::Failed
+    );
+    assert_eq!(h.stages("sb"), ["initializing", "failed"]);
+    assert_eq!(h.runtime.cleanup_count(), 0, "nothing was created");
+    assert_eq!(h.orch.metrics().active("bubblewrap"), 0);
+    assert_eq!(h.orch.metrics().created("bubblewrap"), 0);
+    // The holder is untouched.
+    assert_eq!(
+        h.store.get_sandbox(RUN, "holder").unwrap().unwrap().status,
+        SandboxStatus::Pending
+    );
+}
+
+fn assert_review_requested_prefix(h: &Harness, sandbox: &str) {
+    let types = h.types(sandbox);
+    assert_eq!(
+        types[..5],
+        [
+            "SandboxCreated",
+            "SandboxShipped",
+            "SandboxHeartbeat",
+            "SandboxBundleReceived",
+            "SandboxDiffReviewRequested"
+        ]
+    );
+    let events = h.events(sandbox);
+    assert_standard_payloads(&events);
+    assert_eq!(payload(&events, "SandboxBundleReceived")["patchCount"], 1);
+    let rr = payload(&events, "SandboxDiffReviewRequested");
+    assert_eq!(rr["patchCount"], 1);
+    assert_eq!(rr["totalDiffLines"], 2, "real count: two added lines");
+}
+
+fn hello(h: &Harness) -> String {
+    std::fs::read_to_string(h.root.join("hello.txt")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_review_accepted_applies_then_completes() {
+    let h = harness();
+    let req = h.request(
+        "sb",
+        &format!("{ADD_WORLD_PATCH}\n{}", write_result("finished")),
+    );
+    let out = h.orch.execute(&req, &h.ctx()).await.unwrap();
+    let SandboxOutcome::AwaitingReview(pending) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(pending.patch_count, 1);
+    assert_eq!(pending.total_diff_lines, 2);
+    assert_eq!(pending.patches.len(), 1);
+    assert_eq!(pending.patches[0].path, "hello.txt");
+    assert_eq!(pending.patches[0].operation, PatchOperation::Modify);
+    assert_eq!(pending.patches[0].base_hash.as_deref(), Some("ce01362"));
+    assert_review_requested_prefix(&h, "sb");
+    assert_eq!(h.types("sb").len(), 5, "waiting: no decision event yet");
+    assert_eq!(hello(&h), "hello\n", "nothing applied before the decision");
+    assert_eq!(
+        h.store.get_sandbox(RUN, "sb").unwrap().unwrap().status,
+        SandboxStatus::Review
+    );
+    assert_eq!(h.stages("sb").last(), Some(&"review"));
+    assert_eq!(
+        h.runtime.cleanup_count(),
+        1,
+        "runtime released while waiting"
+    );
+    assert_eq!(h.orch.metrics().active("bubblewrap"), 0);
+    assert_eq!(h.store.patches(RUN, "sb").unwrap(), pending.patches);
+
+    // The decision may come from another process: a fresh orchestrator on the same file.
+    let other = Orchestrator::new(
+        Arc::new(Store::open(&h.db).unwrap()),
+        Arc::new(ReadmeTestInspector),
+        h.applier.clone(),
+        Settings::default(),
+    )
+    .unwrap();
+    let done = other.accept(RUN, "sb").await.unwrap();
+    assert_eq!(done.status, "finished");
+    assert_eq!(done.applied_patches, 1);
+    assert_eq!(hello(&h), "hello\nworld\nagain\n");
+    let types = h.types("sb");
+    assert_eq!(types[5..], ["SandboxDiffAccepted", "SandboxCompleted"]);
+    let events = h.events("sb");
+    assert_eq!(payload(&events, "SandboxDiffAccepted")["patchCount"], 1);
+    assert_eq!(payload(&events, "SandboxCompleted")["status"], "finished");
+    assert_eq!(
+        h.store.get_sandbox(RUN, "sb").unwrap().unwrap().status,
+        SandboxStatus::Finished
+    );
+    assert_eq!(
+        h.store.get_review(RUN, "sb").unwrap().unwrap().state,
+        ReviewState::Applied
+    );
+    // A second decision is refused.
+    let again = other.accept(RUN, "sb").await.unwrap_err();
+    assert_eq!(again.code(), ErrorCode::InvalidInput);
+    assert!(other.reject(RUN, "sb", "late").await.is_err());
+    assert_eq!(h.orch.metrics().patch_count_snapshot().count, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_review_rejected_applies_nothing_and_fails() {
+    let h = harness();
+    let req = h.request(
+        "sb",
+        &format!("{ADD_WORLD_PATCH}\n{}", write_result("finished")),
+    );
+    let out = h.orch.execute(&req, &h.ctx()).await.unwrap();
+    assert!(matches!(out, SandboxOutcome::AwaitingReview(_)));
+    h.orch.reject(RUN, "sb", "too risky").await.unwrap();
+    assert_review_requested_prefix(&h, "sb");
+    let types = h.types("sb");
+    assert_eq!(types[5..], ["SandboxDiffRejected", "SandboxFailed"]);
+    let events = h.events("sb");
+    assert_eq!(
+        payload(&events, "SandboxDiffRejected")["reason"],
+        "too risky"
+    );
+    let e = &payload(&events, "SandboxFailed")["error"];
+    assert_eq!(e["code"], "INVALID_INPUT");
+    assert_eq!(e["details"]["reason"], "too risky");
+    assert_eq!(hello(&h), "hello\n");
+    let review = h.store.get_review(RUN, "sb").unwrap().unwrap();
+    assert_eq!(review.state, ReviewState::Rejected);
+    assert_eq!(review.reason.as_deref(), Some("too risky"));
+    assert_eq!(
+        h.store.get_sandbox(RUN, "sb").unwrap().unwrap().status,
+        SandboxStatus::Failed
+    );
+    assert!(h.orch.accept(RUN, "sb").await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_accept_applies_and_completes() {
+    let h = harness();
+    let mut req = h.request(
+        "sb",
+        &format!("{ADD_WORLD_PATCH}\n{}", write_result("finished")),
+    );
+    req.auto_accept_diffs = true;
+    let SandboxOutcome::Completed(done) = h.orch.execute(&req, &h.ctx()).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(done.applied_patches, 1);
+    assert_review_requested_prefix(&h, "sb");
+    assert_eq!(
+        h.types("sb")[5..],
+        ["SandboxDiffAccepted", "SandboxCompleted"]
+    );
+    assert_eq!(hello(&h), "hello\nworld\nagain\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_review_reproduces_0_16() {
+    let h = harness_with(Settings {
+        review_mode: ReviewMode::FailClosed,
+        ..Settings::default()
+    });
+    let req = h.request(
+        "sb",
+        &format!("{ADD_WORLD_PATCH}\n{}", write_result("finished")),
+    );
+    let err = h.orch.execute(&req, &h.ctx()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidInput);
+    assert_eq!(
+        err.to_string(),
+        "Sandbox produced patches that require review approval."
+    );
+    assert_eq!(err.details(), json!({"sandboxId": "sb", "patchCount": 1}));
+    assert_review_requested_prefix(&h, "sb");
+    assert_eq!(h.types("sb")[5..], ["SandboxDiffRejected", "SandboxFailed"]);
+    assert_eq!(
+        payload(&h.events("sb"), "SandboxDiffRejected")["reason"],
+        FAIL_CLOSED_REJECT_REASON
+    );
+    assert_eq!(hello(&h), "hello\n");
+    assert_eq!(h.orch.metrics().active("bubblewrap"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_kills_the_process_tree_and_ends_cancelled() {
+    let h = harness();
+    let token = CancellationToken::new();
+    let sink = Arc::new(CancelOnLine {
+        trigger: "started",
+        token: token.clone(),
+        lines: Mutex::new(Vec::new()),
+    });
+    let mut ctx = h.ctx();
+    ctx.cancel = token;
+    ctx.output = Some(sink.clone());
+    // A grandchild that would outlive a naive kill of the direct child.
+    let pid_file = h.root.join("grandchild.pid");
+    let script = format!(
+        r#"sleep 300 & echo $! > '{}'; echo started; wait"#,
+        pid_file.display()
+    );
+    let req = h.request("sb", &script);
+    let out = h.orch.execute(&req, &ctx).await.unwrap();
+    let SandboxOutcome::Cancelled { bundle_path } = out else {
+        panic!("{out:?}")
+    };
+    assert!(
+        bundle_path.is_some(),
+        "a bundle is produced for cancelled runs too"
+    );
+    assert_eq!(
+        h.types("sb"),
+        [
+            "SandboxCreated",
+            "SandboxShipped",
+            "SandboxHeartbeat",
+            "SandboxBundleReceived",
+            "SandboxCompleted"
+        ]
+    );
+    let completed = payload(&h.events("sb"), "SandboxCompleted").clone();
+    assert_eq!(completed["status"], "cancelled");
+    assert_eq!(
+        h.store.get_sandbox(RUN, "sb").unwrap().unwrap().status,
+        SandboxStatus::Cancelled
+    );
+    assert_eq!(h.stages("sb").last(), Some(&"cancelled"));
+    assert_eq!(h.orch.metrics().completed("bubblewrap", "cancelled"), 1);
+    assert_eq!(h.orch.metrics().active("bubblewrap"), 0);
+    assert_eq!(h.runtime.cleanup_count(), 1);
+    assert_eq!(sink.lines.lock().unwrap().as_slice(), ["started"]);
+    // The grandchild died with the group. SIGKILL delivery is asynchronous, so wait (bounded)
+    // for the kernel to finish it; this asserts death, not speed.
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let stat = format!("/proc/{pid}/stat");
+    let gone = || match std::fs::read_to_string(&stat) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !gone() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(gone(), "grandchild {pid} survived cancellation");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_before_start_never_executes() {
+    let h = harness();
+    let ctx = h.ctx();
+    ctx.cancel.cancel();
+    let marker = h.root.join("ran");
+    let req = h.request("sb", &format!("touch {}", marker.display()));
+    let out = h.orch.execute(&req, &ctx).await.unwrap();
+    assert_eq!(out, SandboxOutcome::Cancelled { bundle_path: None });
+    assert_eq!(h.types("sb"), ["SandboxCreated", "SandboxCompleted"]);
+    assert!(!marker.exists());
+    assert_eq!(h.orch.metrics().active("bubblewrap"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_heartbeats_move_the_row_heartbeat() {
+    let h = harness();
+    let req = h.request(
+        "sb",
+        &format!("echo 'HEARTBEAT 0.5'\n{}", write_result("finished")),
+    );
+    h.orch.execute(&req, &h.ctx()).await.unwrap();
+    let stages = h.stages("sb");
+    // initializing, created, shipped, executing, then the step's own heartbeat.
+    assert_eq!(
+        stages[..5],
+        [
+            "initializing",
+            "created",
+            "shipped",
+            "executing",
+            "executing"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_failure_is_logged_and_never_masks_the_result() {
+    let h = harness();
+    h.runtime.cleanup_fails.store(true, Ordering::SeqCst);
+    let req = h.request("sb", &write_result("finished"));
+    let out = h.orch.execute(&req, &h.ctx()).await.unwrap();
+    assert!(matches!(out, SandboxOutcome::Completed(ref c) if c.status == "finished"));
+    let types = h.types("sb");
+    assert_eq!(types[4..], ["SandboxCompleted", "SandboxCleanupFailed"]);
+
+    // And never masks an error either.
+    *h.runtime.fail_on.lock().unwrap() = Some("collect");
+    let err = h
+        .orch
+        .execute(&h.request("sb2", "true"), &h.ctx())
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        OrchestratorError::Runtime {
+            verb: "collect",
+            ..
+        }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unregistered_runtime_fails_closed_without_falling_back() {
+    let h = harness();
+    let mut req = h.request("sb", "true");
+    req.runtime = Some(smithers_runtime::RuntimeKind::Docker);
+    let err = h.orch.execute(&req, &h.ctx()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::TaskRuntimeUnavailable);
+    assert!(h.store.get_sandbox(RUN, "sb").unwrap().is_none());
+    assert_eq!(h.runtime.cleanup_count(), 0);
+}
+
+fn dead_owner() -> OwnerIdentity {
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let owner = OwnerIdentity::of_pid(child.id()).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    owner
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_cleans_up_orphans_and_frees_their_slots() {
+    let h = harness_with(Settings {
+        per_run_max: 1,
+        ..Settings::default()
+    });
+    // A sandbox left behind by a process that died mid-run, with its stored handle.
+    h.store
+        .try_admit(&AdmitRequest {
+            run_id: RUN.into(),
+            sandbox_id: "orphan".into(),
+            runtime: "bubblewrap".into(),
+            config: RedactedConfig::new(&json!({})),
+            per_run_max: 1,
+            host_max: 10,
+            owner: dead_owner(),
+            now_ms: 1,
+        })
+        .unwrap();
+    let sandbox_root: PathBuf = h.root.join(".smithers/sandboxes/run-1/orphan");
+    std::fs::create_dir_all(sandbox_root.join("out")).unwrap();
+    let handle = json!({
+        "runtime": "bubblewrap", "runId": RUN, "sandboxId": "orphan",
+        "sandboxRoot": sandbox_root, "requestPath": sandbox_root.join("request"),
+        "resultPath": sandbox_root.join("bundle")
+    });
+    h.store
+        .set_handle(RUN, "orphan", &handle.to_string())
+        .unwrap();
+    // The slot is taken: a new sandbox is refused until recovery.
+    assert!(h
+        .orch
+        .execute(&h.request("before", "true"), &h.ctx())
+        .await
+        .is_err());
+
+    let recovered = h.orch.recover().await.unwrap();
+    assert_eq!(recovered.len(), 1);
+    assert_eq!(recovered[0].sandbox_id, "orphan");
+    assert!(recovered[0].cleaned_up, "{:?}", recovered[0].cleanup_error);
+    let cleaned = h.runtime.cleanups.lock().unwrap().clone();
+    assert_eq!(cleaned.len(), 1);
+    assert_eq!(cleaned[0].sandbox_root, sandbox_root);
+    assert!(!sandbox_root.join("out").exists(), "leftovers removed");
+    assert_eq!(
+        h.store.get_sandbox(RUN, "orphan").unwrap().unwrap().status,
+        SandboxStatus::Failed
+    );
+    assert_eq!(h.types("orphan"), ["SandboxFailed"]);
+    let events = h.events("orphan");
+    let e = &payload(&events, "SandboxFailed")["error"];
+    assert_eq!(e["code"], "SANDBOX_EXECUTION_FAILED");
+    assert_eq!(e["details"]["reason"], "orphaned");
+    // Running again finds nothing; the slot is free.
+    assert!(h.orch.recover().await.unwrap().is_empty());
+    let out = h
+        .orch
+        .execute(&h.request("after", &write_result("finished")), &h.ctx())
+        .await
+        .unwrap();
+    assert!(matches!(out, SandboxOutcome::Completed(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_leaves_live_owners_and_reviews_alone() {
+    let h = harness();
+    let req = h.request(
+        "sb",
+        &format!("{ADD_WORLD_PATCH}\n{}", write_result("finished")),
+    );
+    assert!(matches!(
+        h.orch.execute(&req, &h.ctx()).await.unwrap(),
+        SandboxOutcome::AwaitingReview(_)
+    ));
+    h.store
+        .try_admit(&AdmitRequest {
+            run_id: RUN.into(),
+            sandbox_id: "live".into(),
+            runtime: "bubblewrap".into(),
+            config: RedactedConfig::new(&json!({})),
+            per_run_max: 10,
+            host_max: 10,
+            owner: OwnerIdentity::current().unwrap(),
+            now_ms: 1,
+        })
+        .unwrap();
+    assert!(h.orch.recover().await.unwrap().is_empty());
+    assert_eq!(
+        h.store.get_sandbox(RUN, "sb").unwrap().unwrap().status,
+        SandboxStatus::Review
+    );
+}

@@ -1,0 +1,384 @@
+//! TEST DOUBLES ONLY. Nothing here is production code: the real sandbox runtime, bundle
+//! validator and patch applier live in their own crates and are wired in by the binary.
+//!
+//! - [`HostProcessTestRuntime`] runs the step as a REAL child process on the host (no
+//!   isolation at all), in its own process group so cancellation really kills the tree.
+//! - [`ReadmeTestInspector`] reads a bundle's README.md and patches/ the way the validator does.
+//! - [`GitApplyTestApplier`] applies patches for real with `git apply` (atomic per call).
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use smithers_errors::{ErrorCode, ErrorReport};
+use smithers_orchestrator::{BundleInspector, InspectedBundle, PatchApplier};
+use smithers_runtime::{
+    CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputEvent, OutputSink,
+    RequestBundle, ResourceUsage, Runtime, RuntimeError, RuntimeKind, SandboxConfig, SandboxHandle,
+    ShipReport, StepCommand, Termination,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Runs the step on the host as a child process. A test double: it isolates nothing.
+#[derive(Debug, Default)]
+pub struct HostProcessTestRuntime {
+    /// Verb that returns a runtime error instead of working.
+    pub fail_on: Mutex<Option<&'static str>>,
+    /// When set, the database at this path loses its events table right before the failing
+    /// verb returns, so that recording the failure itself fails.
+    pub break_db_on_fail: Mutex<Option<PathBuf>>,
+    pub cleanup_fails: AtomicBool,
+    pub cleanups: Mutex<Vec<SandboxHandle>>,
+    outcomes: Mutex<HashMap<String, ExecOutcome>>,
+}
+
+impl HostProcessTestRuntime {
+    fn injected(&self, verb: &'static str) -> Result<(), RuntimeError> {
+        if *self.fail_on.lock().unwrap() == Some(verb) {
+            if let Some(db) = self.break_db_on_fail.lock().unwrap().as_ref() {
+                break_events_table(db);
+            }
+            return Err(RuntimeError::spawn(verb, "injected test failure"));
+        }
+        Ok(())
+    }
+
+    pub fn cleanup_count(&self) -> usize {
+        self.cleanups.lock().unwrap().len()
+    }
+}
+
+/// Drops the events table through a separate connection (a broken database).
+fn break_events_table(db: &Path) {
+    let conn = rusqlite::Connection::open(db).expect("open test database");
+    conn.busy_timeout(std::time::Duration::from_secs(30))
+        .unwrap();
+    conn.execute_batch("DROP TABLE _smithers_events;")
+        .expect("drop the events table");
+}
+
+fn out_dir(handle: &SandboxHandle) -> PathBuf {
+    handle.sandbox_root.join("out")
+}
+
+fn io<'a>(op: &'static str, p: &'a Path) -> impl FnOnce(std::io::Error) -> RuntimeError + 'a {
+    move |e| RuntimeError::io(op, p, e)
+}
+
+#[async_trait]
+impl Runtime for HostProcessTestRuntime {
+    fn kind(&self) -> RuntimeKind {
+        RuntimeKind::Bubblewrap
+    }
+
+    async fn probe(&self) -> EnforcementReport {
+        EnforcementReport::default()
+    }
+
+    async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
+        config.validate()?;
+        let root = config
+            .root_dir
+            .join(".smithers/sandboxes")
+            .join(&config.run_id)
+            .join(&config.sandbox_id);
+        for d in ["request", "out/patches"] {
+            std::fs::create_dir_all(root.join(d)).map_err(io("create", &root))?;
+        }
+        self.injected("create")?;
+        Ok(SandboxHandle {
+            runtime: RuntimeKind::Bubblewrap,
+            run_id: config.run_id.clone(),
+            sandbox_id: config.sandbox_id.clone(),
+            request_path: root.join("request"),
+            result_path: root.join("bundle"),
+            sandbox_root: root,
+            container_id: None,
+            workspace_id: None,
+            backend: json!({"testDouble": true}),
+        })
+    }
+
+    async fn ship(
+        &self,
+        handle: &SandboxHandle,
+        request: &RequestBundle,
+    ) -> Result<ShipReport, RuntimeError> {
+        self.injected("ship")?;
+        let text = serde_json::to_string_pretty(&request.request).unwrap();
+        let path = handle.request_path.join("request.json");
+        std::fs::write(&path, &text).map_err(io("write", &path))?;
+        Ok(ShipReport {
+            bundle_size_bytes: text.len() as u64,
+        })
+    }
+
+    async fn execute(
+        &self,
+        handle: &SandboxHandle,
+        command: &StepCommand,
+        cancel: CancellationToken,
+        output: &dyn OutputSink,
+    ) -> Result<ExecOutcome, RuntimeError> {
+        self.injected("execute")?;
+        let out = out_dir(handle);
+        let started = Instant::now();
+        let mut child = tokio::process::Command::new(&command.argv[0])
+            .args(&command.argv[1..])
+            .current_dir(&out)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env(
+                "SMITHERS_SANDBOX_REQUEST_PATH",
+                handle.request_path.join("request.json"),
+            )
+            .env("SMITHERS_SANDBOX_RESULT_PATH", out.join("result.json"))
+            .env("OUT", &out)
+            .process_group(0)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| RuntimeError::spawn("spawn step", e))?;
+        let pgid = child.id().expect("running child has a pid");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut cancelled = false;
+        let mut stdout_bytes = 0u64;
+        let status = loop {
+            tokio::select! {
+                line = lines.next_line() => match line {
+                    Ok(Some(line)) => {
+                        stdout_bytes += line.len() as u64 + 1;
+                        if let Some(p) = line.strip_prefix("HEARTBEAT ") {
+                            output.event(OutputEvent::Heartbeat { progress: p.trim().parse().ok(), timestamp_ms: 0 });
+                        } else {
+                            output.event(OutputEvent::Stdout { line, timestamp_ms: 0 });
+                        }
+                    }
+                    // stdout closed: wait for the exit (still cancellable).
+                    _ => tokio::select! {
+                        s = child.wait() => break s.map_err(|e| RuntimeError::spawn("wait step", e))?,
+                        _ = cancel.cancelled(), if !cancelled => {
+                            cancelled = true;
+                            kill_group(pgid);
+                            break child.wait().await.map_err(|e| RuntimeError::spawn("wait step", e))?;
+                        }
+                    },
+                },
+                _ = cancel.cancelled(), if !cancelled => {
+                    cancelled = true;
+                    // The whole process group: the step and everything it started.
+                    kill_group(pgid);
+                }
+            }
+        };
+        use std::os::unix::process::ExitStatusExt;
+        let outcome = ExecOutcome {
+            termination: if cancelled {
+                Termination::Cancelled
+            } else if status.signal().is_some() {
+                Termination::Signaled
+            } else {
+                Termination::Exited
+            },
+            exit_code: status.code(),
+            signal: status.signal(),
+            duration: started.elapsed(),
+            stdout_bytes,
+            stderr_bytes: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            usage: ResourceUsage::default(),
+            enforcement: EnforcementReport::default(),
+            result: None,
+        };
+        self.outcomes
+            .lock()
+            .unwrap()
+            .insert(handle.sandbox_id.clone(), outcome.clone());
+        Ok(outcome)
+    }
+
+    async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
+        self.injected("collect")?;
+        let out = out_dir(handle);
+        let bundle = handle.result_path.clone();
+        let _ = std::fs::remove_dir_all(&bundle);
+        std::fs::create_dir_all(bundle.join("patches")).map_err(io("create", &bundle))?;
+        let mut patches = Vec::new();
+        let mut names: Vec<_> = std::fs::read_dir(out.join("patches"))
+            .map_err(io("read", &out))?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".patch"))
+            .collect();
+        names.sort();
+        for n in names {
+            std::fs::copy(
+                out.join("patches").join(&n),
+                bundle.join("patches").join(&n),
+            )
+            .map_err(io("copy", &bundle))?;
+            patches.push(format!("patches/{n}"));
+        }
+        let outcome = self
+            .outcomes
+            .lock()
+            .unwrap()
+            .get(&handle.sandbox_id)
+            .cloned();
+        let exit_ok = outcome.as_ref().is_some_and(|o| o.succeeded());
+        let result: Value = std::fs::read(out.join("result.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(json!({}));
+        let status = match outcome.as_ref().map(|o| o.termination) {
+            Some(Termination::Cancelled) => "cancelled".to_string(),
+            _ => result
+                .get("status")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| if exit_ok { "finished" } else { "failed" }.to_string()),
+        };
+        let mut manifest = serde_json::Map::new();
+        if let Some(o) = result.get("outputs") {
+            manifest.insert("outputs".into(), o.clone());
+        }
+        manifest.insert("status".into(), json!(status));
+        manifest.insert("patches".into(), json!(patches));
+        // README.md last: its presence marks a complete bundle.
+        std::fs::write(
+            bundle.join("README.md"),
+            serde_json::to_string_pretty(&Value::Object(manifest)).unwrap(),
+        )
+        .map_err(io("write", &bundle))?;
+        Ok(CollectReport {
+            bundle_path: bundle,
+            patch_count: patches.len(),
+            ignored_paths: vec![],
+        })
+    }
+
+    async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        self.cleanups.lock().unwrap().push(handle.clone());
+        if self.cleanup_fails.load(Ordering::SeqCst) {
+            return Err(RuntimeError::spawn("cleanup", "injected cleanup failure"));
+        }
+        let _ = std::fs::remove_dir_all(out_dir(handle));
+        Ok(())
+    }
+}
+
+fn kill_group(pgid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .status();
+}
+
+/// Reads README.md and patches/ like the bundle validator (test double).
+#[derive(Debug, Default)]
+pub struct ReadmeTestInspector;
+
+impl BundleInspector for ReadmeTestInspector {
+    fn inspect(&self, bundle_path: &Path) -> Result<InspectedBundle, ErrorReport> {
+        let bad = |m: String| ErrorReport::new(ErrorCode::InvalidInput, m);
+        let readme = bundle_path.join("README.md");
+        let meta =
+            std::fs::symlink_metadata(&readme).map_err(|_| bad("missing README.md".into()))?;
+        if !meta.is_file() {
+            return Err(bad("README.md is not a regular file".into()));
+        }
+        let manifest: Value = serde_json::from_slice(&std::fs::read(&readme).unwrap())
+            .map_err(|_| bad("README.md must contain valid JSON".into()))?;
+        let status = manifest
+            .get("status")
+            .and_then(Value::as_str)
+            .filter(|s| ["finished", "failed", "cancelled"].contains(s))
+            .ok_or_else(|| bad("must include status".into()))?
+            .to_string();
+        let mut size = meta.len();
+        let mut patch_files = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(bundle_path.join("patches")) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                size += e.metadata().map(|m| m.len()).unwrap_or(0);
+                if name.ends_with(".patch") {
+                    patch_files.push(format!("patches/{name}"));
+                }
+            }
+        }
+        patch_files.sort();
+        Ok(InspectedBundle {
+            bundle_path: bundle_path.to_path_buf(),
+            status,
+            outputs: manifest.get("outputs").cloned(),
+            run_id: manifest
+                .get("runId")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            bundle_size_bytes: size,
+            patch_files,
+            diff_bundle: manifest.get("diffBundle").cloned(),
+        })
+    }
+}
+
+/// Applies patches with `git apply` (all or nothing per call). Test double.
+#[derive(Debug, Default)]
+pub struct GitApplyTestApplier {
+    pub applied: Mutex<usize>,
+}
+
+impl PatchApplier for GitApplyTestApplier {
+    fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport> {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(root_dir)
+            .arg("apply")
+            .args(
+                bundle
+                    .patch_files
+                    .iter()
+                    .map(|p| bundle.bundle_path.join(p)),
+            )
+            .output()
+            .map_err(|e| ErrorReport::new(ErrorCode::ToolPatchFailed, e.to_string()))?;
+        if !out.status.success() {
+            return Err(ErrorReport::new(
+                ErrorCode::ToolPatchFailed,
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
+        }
+        *self.applied.lock().unwrap() += bundle.patch_files.len();
+        Ok(())
+    }
+}
+
+/// Collects output lines; cancels `cancel_on` when a line equals `trigger`.
+pub struct CancelOnLine {
+    pub trigger: &'static str,
+    pub token: CancellationToken,
+    pub lines: Mutex<Vec<String>>,
+}
+
+impl OutputSink for CancelOnLine {
+    fn event(&self, event: OutputEvent) {
+        if let OutputEvent::Stdout { line, .. } = event {
+            if line == self.trigger {
+                self.token.cancel();
+            }
+            self.lines.lock().unwrap().push(line);
+        }
+    }
+}
+
+/// Shared flag helper.
+pub fn flag() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}

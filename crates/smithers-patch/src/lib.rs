@@ -8,17 +8,23 @@
 //! This crate depends on no runtime: it sees two directories and a root.
 #![forbid(unsafe_code)]
 
+mod apply;
 mod binary;
 mod bundle;
 mod detect;
 mod error;
 mod gitignore;
+mod merge;
 mod model;
 mod overlay;
 mod parse;
 mod patch;
 mod review;
 
+pub use apply::{
+    apply_patch_texts, apply_patches, recover_apply, AppliedAction, AppliedFile, ApplyOptions,
+    ApplyReport, RecoveryReport,
+};
 pub use bundle::{build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_PATCH_FILES};
 pub use detect::{
     detect_changes, ChangeKind, ChangeSet, DetectOptions, FileChange, FileVersion, IgnoreReason,

@@ -214,6 +214,18 @@ fn check_round_trip(l: &Layers) {
     let actual = snapshot(&copy, &|r| r == ".git" || r.starts_with(".git/"));
     assert_same_tree(&expected, &actual);
 
+    // Our own apply (from the patch texts, as from a stored bundle) gives the same tree.
+    let ours = tmp.path().join("ours");
+    sh(
+        tmp.path(),
+        &format!("cp -a {} {}", l.lower.display(), ours.display()),
+    );
+    let texts: Vec<&str> = files.files.iter().map(|f| f.content.as_str()).collect();
+    let report = apply_patch_texts(&ours, &texts, &ApplyOptions::default()).expect("apply");
+    assert_eq!(report.applied.len(), set.changes.len());
+    let ours_tree = snapshot(&ours, &|r| r == ".smithers" || r.starts_with(".smithers/"));
+    assert_same_tree(&expected, &ours_tree);
+
     // Our hashes are git's.
     for c in set
         .changes

@@ -1,0 +1,1223 @@
+//! Atomic, conflict-checked apply of file patches to a host tree, with a crash-safe journal.
+//!
+//! 1. **Check, write nothing.** Every path is validated (plain downward path, nothing in
+//!    `.git/` or `.smithers/`), every host file is read through [`smithers_paths::Beneath`]
+//!    (openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`, or an `O_NOFOLLOW` walk: a symlinked
+//!    parent is never traversed) and compared with the blob id the change was made against.
+//!    A text file the host changed meanwhile is merged (hunks relocated, see `merge.rs`);
+//!    anything that cannot be merged is a conflict. Any conflict: nothing is written and
+//!    every conflicting file is reported.
+//! 2. **Stage.** A journal `<root>/.smithers/apply/<id>/journal.json` lists every operation;
+//!    new contents and backups of replaced/deleted files are written and fsynced next to it.
+//! 3. **Commit.** Deletions, then renames of staged files into place (atomic replacement), then
+//!    directory fsyncs, then the journal is marked committed.
+//! 4. **Recover.** [`recover_apply`] rolls an uncommitted journal back (restoring backups,
+//!    removing what was added) and finishes a committed one. [`apply_patches`] runs it first.
+//!
+//! Staged files live under `<root>/.smithers/`, so they are renamed into place within one
+//! filesystem; a project subdirectory that is a separate mount fails at commit (EXDEV) and
+//! the whole apply is rolled back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use smithers_paths::{Beneath, EntryKind, PathError};
+
+use crate::error::{Conflict, PatchError};
+use crate::merge::apply_hunks;
+use crate::model::{git_blob_oid, GitMode};
+use crate::parse::parse_patch;
+use crate::patch::{FilePatch, PatchBody};
+
+const SMITHERS_DIR: &str = ".smithers";
+const APPLY_DIR: &str = ".smithers/apply";
+const LOCK_FILE: &str = ".smithers/apply.lock";
+const JOURNAL: &str = "journal.json";
+const JOURNAL_VERSION: u32 = 1;
+
+const ENOTDIR: i32 = 20;
+const EEXIST: i32 = 17;
+
+/// Options of [`apply_patches`].
+#[derive(Debug, Clone, Default)]
+pub struct ApplyOptions {
+    /// Test hook: stop (as a crash would: no rollback, journal left behind) after this many
+    /// commit steps (deletions, directory removals/creations, renames).
+    #[doc(hidden)]
+    pub crash_after_steps: Option<usize>,
+    /// Test hook: stop after the journal is marked committed, before cleaning up.
+    #[doc(hidden)]
+    pub crash_before_cleanup: bool,
+}
+
+/// What happened to one path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum AppliedAction {
+    Created,
+    Modified,
+    Deleted,
+    ModeChanged,
+    TypeChanged,
+}
+
+/// One path written by an apply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedFile {
+    pub path: String,
+    pub action: AppliedAction,
+    /// The host had changed the file; the sandbox's hunks were merged onto the host version.
+    pub merged: bool,
+}
+
+/// The result of a successful [`apply_patches`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplyReport {
+    pub applied: Vec<AppliedFile>,
+    /// Paths already in the patched state on the host (nothing to do).
+    pub already_applied: Vec<String>,
+    /// Interrupted applies found and recovered before this one (journal ids).
+    pub recovered: Vec<String>,
+}
+
+/// The result of [`recover_apply`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoveryReport {
+    /// Journals that had not committed: their changes were undone.
+    pub rolled_back: Vec<String>,
+    /// Journals that had committed: their leftovers were cleaned up.
+    pub rolled_forward: Vec<String>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Journal
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum JournalState {
+    /// Staging files are being written; the host tree is untouched.
+    Staging,
+    /// Everything is staged; commit steps may have run.
+    Prepared,
+    /// Every commit step ran and was synced.
+    Committed,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum OpKind {
+    Write,
+    Symlink,
+    Delete,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum Backup {
+    File {
+        /// Name of the backup file in the journal directory.
+        file: String,
+        perms: u32,
+        uid: u32,
+        gid: u32,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DirRecord {
+    path: String,
+    perms: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Op {
+    path: String,
+    kind: OpKind,
+    /// Staged new entry (in the journal directory) for Write/Symlink.
+    staged: Option<String>,
+    /// The host entry replaced or deleted (None: there was none, or it was a directory).
+    backup: Option<Backup>,
+    /// Host directories (bottom-up) removed because a file replaces them.
+    removed_dirs: Vec<DirRecord>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Journal {
+    version: u32,
+    id: String,
+    state: JournalState,
+    ops: Vec<Op>,
+    /// Directories created at commit (top-down), removed again on rollback when empty.
+    created_dirs: Vec<String>,
+}
+
+fn journal_dir(id: &str) -> String {
+    format!("{APPLY_DIR}/{id}")
+}
+
+fn p(s: &str) -> &Path {
+    Path::new(s)
+}
+
+fn path_error(path: &str, operation: &'static str, e: PathError) -> PatchError {
+    match e {
+        PathError::Io { source, .. } => PatchError::ApplyIo {
+            path: path.to_string(),
+            operation,
+            source,
+        },
+        other => PatchError::PathEscape {
+            path: path.to_string(),
+            reason: other.to_string(),
+        },
+    }
+}
+
+fn io_error(path: &str, operation: &'static str, source: std::io::Error) -> PatchError {
+    PatchError::ApplyIo {
+        path: path.to_string(),
+        operation,
+        source,
+    }
+}
+
+fn write_file_beneath(
+    b: &Beneath,
+    rel: &str,
+    content: &[u8],
+    perms: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), PatchError> {
+    match b.remove_file(p(rel)) {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(path_error(rel, "remove stale staging file", e)),
+    }
+    let mut f = b
+        .create_new(p(rel), 0o600)
+        .map_err(|e| path_error(rel, "create", e))?;
+    f.write_all(content)
+        .map_err(|e| io_error(rel, "write", e))?;
+    if let Some((uid, gid)) = owner {
+        if rustix::process::geteuid().is_root() {
+            // Best effort: keep the file's owner when root applies into a user's tree.
+            let _ = rustix::fs::fchown(
+                &f,
+                Some(rustix::process::Uid::from_raw(uid)),
+                Some(rustix::process::Gid::from_raw(gid)),
+            );
+        }
+    }
+    // Explicit chmod after creation: the create mode is filtered by the umask.
+    f.set_permissions(std::fs::Permissions::from_mode(perms))
+        .map_err(|e| io_error(rel, "chmod", e))?;
+    f.sync_all().map_err(|e| io_error(rel, "fsync", e))?;
+    Ok(())
+}
+
+fn read_file_beneath(b: &Beneath, rel: &str) -> Result<(Vec<u8>, File), PatchError> {
+    let mut f = b
+        .open_read(p(rel))
+        .map_err(|e| path_error(rel, "open", e))?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)
+        .map_err(|e| io_error(rel, "read", e))?;
+    Ok((buf, f))
+}
+
+fn write_journal(b: &Beneath, j: &Journal) -> Result<(), PatchError> {
+    let dir = journal_dir(&j.id);
+    let tmp = format!("{dir}/{JOURNAL}.tmp");
+    let fin = format!("{dir}/{JOURNAL}");
+    let text = serde_json::to_vec_pretty(j).expect("journal serialises");
+    write_file_beneath(b, &tmp, &text, 0o600, None)?;
+    b.rename(p(&tmp), p(&fin))
+        .map_err(|e| path_error(&fin, "rename journal", e))?;
+    b.sync_parent(p(&fin))
+        .map_err(|e| path_error(&fin, "fsync journal directory", e))
+}
+
+/// Lists a directory beneath the root (names only, without `.`/`..`).
+fn list_dir(b: &Beneath, rel: &str) -> Result<Vec<(String, rustix::fs::FileType)>, PatchError> {
+    let f = b
+        .open_read(p(rel))
+        .map_err(|e| path_error(rel, "open directory", e))?;
+    let dir =
+        rustix::fs::Dir::read_from(&f).map_err(|e| io_error(rel, "read directory", e.into()))?;
+    let mut out = Vec::new();
+    for entry in dir {
+        let entry = entry.map_err(|e| io_error(rel, "read directory", e.into()))?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let Ok(name) = std::str::from_utf8(name) else {
+            return Err(PatchError::PathEscape {
+                path: rel.to_string(),
+                reason: "directory holds a non-UTF-8 name".into(),
+            });
+        };
+        out.push((name.to_string(), entry.file_type()));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// Host state and planning
+
+#[derive(Debug, Clone)]
+enum Host {
+    Absent,
+    File {
+        content: Vec<u8>,
+        perms: u32,
+        uid: u32,
+        gid: u32,
+    },
+    Symlink(Vec<u8>),
+    Dir,
+    Other,
+    /// A parent component is a non-directory (`symlink`: a symlink) on the host.
+    Blocked {
+        symlink: bool,
+    },
+}
+
+fn read_host(b: &Beneath, rel: &str) -> Result<Host, PatchError> {
+    match b.metadata(p(rel)) {
+        Ok(None) => Ok(Host::Absent),
+        Ok(Some(m)) => match m.kind {
+            EntryKind::File => {
+                let (content, f) = read_file_beneath(b, rel)?;
+                let md = f.metadata().map_err(|e| io_error(rel, "stat", e))?;
+                Ok(Host::File {
+                    content,
+                    perms: m.mode & 0o7777,
+                    uid: md.uid(),
+                    gid: md.gid(),
+                })
+            }
+            EntryKind::Symlink => {
+                let t = b
+                    .read_link(p(rel))
+                    .map_err(|e| path_error(rel, "readlink", e))?;
+                Ok(Host::Symlink(t.as_os_str().as_bytes().to_vec()))
+            }
+            EntryKind::Dir => Ok(Host::Dir),
+            EntryKind::Other => Ok(Host::Other),
+        },
+        Err(PathError::EscapeViaSymlink { .. }) => Ok(Host::Blocked { symlink: true }),
+        Err(e) if e.raw_os_error() == Some(ENOTDIR) => Ok(Host::Blocked { symlink: false }),
+        Err(e) => Err(path_error(rel, "stat", e)),
+    }
+}
+
+/// The state of a path in memory while patches are applied to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Absent,
+    File { content: Vec<u8>, mode: GitMode },
+    Symlink(Vec<u8>),
+}
+
+impl State {
+    fn oid(&self) -> Option<String> {
+        match self {
+            State::Absent => None,
+            State::File { content, .. } | State::Symlink(content) => Some(git_blob_oid(content)),
+        }
+    }
+    fn content(&self) -> &[u8] {
+        match self {
+            State::Absent => &[],
+            State::File { content, .. } | State::Symlink(content) => content,
+        }
+    }
+}
+
+enum StepError {
+    /// The state does not match the patch's base: a conflict unless it can be merged.
+    Mismatch(String),
+    /// The patch contradicts itself (base matched, hunks or result hash did not).
+    Inconsistent(String),
+}
+
+/// Applies one patch to a state. `exact`: the base must match the recorded blob id.
+fn step(state: &State, fp: &FilePatch, exact: bool) -> Result<State, StepError> {
+    match (fp.old_mode, state) {
+        (None, State::Absent) => {}
+        (None, _) => return Err(StepError::Mismatch("already exists on the host".into())),
+        (Some(_), State::Absent) => {
+            return Err(StepError::Mismatch("was deleted on the host".into()))
+        }
+        (Some(GitMode::Symlink), State::File { .. }) => {
+            return Err(StepError::Mismatch(
+                "is a regular file on the host, the patch expects a symlink".into(),
+            ))
+        }
+        (Some(GitMode::File | GitMode::Executable), State::Symlink(_)) => {
+            return Err(StepError::Mismatch(
+                "is a symlink on the host, the patch expects a regular file".into(),
+            ))
+        }
+        (Some(_), _) => {
+            if let Some(o) = &fp.old_oid {
+                let found = state.oid().unwrap_or_default();
+                if exact && *o != found {
+                    return Err(StepError::Mismatch(format!(
+                        "changed on the host (patch made against {o}, host has {found})"
+                    )));
+                }
+            }
+        }
+    }
+    let Some(new_mode) = fp.new_mode else {
+        return Ok(State::Absent);
+    };
+    let content = match &fp.body {
+        PatchBody::Empty => state.content().to_vec(),
+        PatchBody::Binary { new, .. } => {
+            if !exact && fp.old_mode.is_some() {
+                return Err(StepError::Mismatch(
+                    "binary file changed on the host".into(),
+                ));
+            }
+            new.clone()
+        }
+        PatchBody::Text(hunks) => {
+            let Ok(text) = std::str::from_utf8(state.content()) else {
+                return Err(StepError::Mismatch(
+                    "host file is not UTF-8 text; cannot merge".into(),
+                ));
+            };
+            match apply_hunks(text, hunks, exact) {
+                Ok(t) => t.into_bytes(),
+                Err(f) if exact => {
+                    return Err(StepError::Inconsistent(format!(
+                        "hunk {} does not match the base the patch names",
+                        f.hunk
+                    )))
+                }
+                Err(f) => {
+                    return Err(StepError::Mismatch(format!(
+                        "changed on the host and hunk {} does not apply to the host version",
+                        f.hunk
+                    )))
+                }
+            }
+        }
+    };
+    if exact {
+        if let Some(n) = &fp.new_oid {
+            let got = git_blob_oid(&content);
+            if *n != got {
+                return Err(StepError::Inconsistent(format!(
+                    "result has blob id {got}, the patch says {n}"
+                )));
+            }
+        }
+    }
+    Ok(match new_mode {
+        GitMode::Symlink => State::Symlink(content),
+        m => {
+            // Three-way on the mode too: keep a host chmod unless the sandbox changed the mode.
+            let mode = match (fp.old_mode, state) {
+                (Some(om), State::File { mode: hm, .. }) if om == m => *hm,
+                _ => m,
+            };
+            State::File { content, mode }
+        }
+    })
+}
+
+/// Refuses anything that is not a plain downward POSIX path, and the protected directories.
+fn validate_path(path: &str) -> Result<(), PatchError> {
+    let bad = |reason: &str| {
+        Err(PatchError::PathEscape {
+            path: path.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    if path.is_empty() {
+        return bad("empty path");
+    }
+    if path.contains('\0') {
+        return bad("path contains a NUL byte");
+    }
+    if path.starts_with('/') {
+        return bad("absolute path");
+    }
+    for (i, c) in path.split('/').enumerate() {
+        match c {
+            "" => return bad("empty path component"),
+            "." | ".." => return bad("'.' or '..' component"),
+            // Case-insensitive like git's verify_path: `.GIT` is `.git` on some filesystems.
+            c if c.eq_ignore_ascii_case(".git") => return bad("path inside a .git directory"),
+            c if i == 0 && c.eq_ignore_ascii_case(SMITHERS_DIR) => {
+                return bad("path inside the project's .smithers directory")
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+struct Planned {
+    host: Host,
+    want: State,
+    merged: bool,
+    action: AppliedAction,
+}
+
+fn host_state(h: &Host) -> State {
+    match h {
+        Host::File { content, perms, .. } => State::File {
+            content: content.clone(),
+            mode: GitMode::from_regular_permissions(*perms),
+        },
+        Host::Symlink(t) => State::Symlink(t.clone()),
+        // Directories and blocked paths count as "absent" here; whether they can really be
+        // made room for is checked against the whole plan afterwards.
+        Host::Absent | Host::Dir | Host::Blocked { .. } | Host::Other => State::Absent,
+    }
+}
+
+fn plan_path(
+    path: &str,
+    host: Host,
+    patches: &[&FilePatch],
+) -> Result<Result<Planned, String>, PatchError> {
+    if matches!(host, Host::Other) {
+        return Ok(Err(
+            "is a special file (fifo, socket, device) on the host".into()
+        ));
+    }
+    let start = host_state(&host);
+    if let (Host::Dir, Some(first)) = (&host, patches.first()) {
+        if first.old_mode.is_some() {
+            return Ok(Err("is a directory on the host".into()));
+        }
+    }
+    let mut merged = false;
+    let mut state = start.clone();
+    for (i, fp) in patches.iter().enumerate() {
+        state = match step(&state, fp, true) {
+            Ok(s) => s,
+            Err(StepError::Inconsistent(r)) => {
+                return Err(PatchError::InconsistentPatch {
+                    path: path.to_string(),
+                    reason: r,
+                })
+            }
+            Err(StepError::Mismatch(reason)) => {
+                // Already in the patched state on the host (the same change made twice)?
+                let last = patches.last().unwrap_or(fp);
+                if i == 0 && already_applied(&start, last) {
+                    return Ok(Ok(Planned {
+                        want: start.clone(),
+                        host,
+                        merged: false,
+                        action: AppliedAction::Modified,
+                    }));
+                }
+                if i != 0 {
+                    return Ok(Err(reason));
+                }
+                match step(&state, fp, false) {
+                    Ok(s) => {
+                        merged = true;
+                        s
+                    }
+                    Err(StepError::Mismatch(_)) | Err(StepError::Inconsistent(_)) => {
+                        return Ok(Err(reason))
+                    }
+                }
+            }
+        };
+    }
+    let action = match (&start, &state) {
+        (State::Absent, _) => AppliedAction::Created,
+        (_, State::Absent) => AppliedAction::Deleted,
+        (State::File { .. }, State::Symlink(_)) | (State::Symlink(_), State::File { .. }) => {
+            AppliedAction::TypeChanged
+        }
+        (State::File { content: a, .. }, State::File { content: b, .. }) if a == b => {
+            AppliedAction::ModeChanged
+        }
+        _ => AppliedAction::Modified,
+    };
+    Ok(Ok(Planned {
+        host,
+        want: state,
+        merged,
+        action,
+    }))
+}
+
+/// Whether the host already holds what the patch produces.
+fn already_applied(host: &State, fp: &FilePatch) -> bool {
+    match (fp.new_mode, host) {
+        (None, State::Absent) => true,
+        (Some(GitMode::Symlink), State::Symlink(t)) => {
+            fp.new_oid.as_deref() == Some(git_blob_oid(t).as_str())
+        }
+        (Some(m), State::File { content, mode }) if !m.is_symlink() => {
+            *mode == m
+                && match &fp.new_oid {
+                    Some(n) => *n == git_blob_oid(content),
+                    // Mode-only patch: the mode is what matters.
+                    None => matches!(fp.body, PatchBody::Empty),
+                }
+        }
+        _ => false,
+    }
+}
+
+fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    path.match_indices('/').map(move |(i, _)| &path[..i])
+}
+
+/// Collects a host directory's subtree: (non-directories, directories bottom-up).
+fn host_subtree(
+    b: &Beneath,
+    dir: &str,
+    files: &mut Vec<String>,
+    dirs: &mut Vec<DirRecord>,
+) -> Result<(), PatchError> {
+    for (name, ft) in list_dir(b, dir)? {
+        let child = format!("{dir}/{name}");
+        if ft == rustix::fs::FileType::Directory {
+            host_subtree(b, &child, files, dirs)?;
+        } else {
+            files.push(child);
+        }
+    }
+    let perms = b
+        .metadata(p(dir))
+        .map_err(|e| path_error(dir, "stat", e))?
+        .map_or(0o755, |m| m.mode);
+    dirs.push(DirRecord {
+        path: dir.to_string(),
+        perms,
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Lock
+
+struct LockGuard {
+    _file: File,
+}
+
+fn lock(b: &Beneath, root: &Path) -> Result<LockGuard, PatchError> {
+    b.create_dir_all(p(SMITHERS_DIR), 0o755)
+        .map_err(|e| path_error(SMITHERS_DIR, "create directory", e))?;
+    let file = match b.create_new(p(LOCK_FILE), 0o644) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(EEXIST) => b
+            .open_read(p(LOCK_FILE))
+            .map_err(|e| path_error(LOCK_FILE, "open lock", e))?,
+        Err(e) => return Err(path_error(LOCK_FILE, "create lock", e)),
+    };
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(LockGuard { _file: file }),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(PatchError::Locked {
+            root: root.to_path_buf(),
+        }),
+        Err(e) => Err(io_error(LOCK_FILE, "lock", e.into())),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Apply
+
+/// New content to stage: bytes (or symlink target), permission bits, owner (uid, gid).
+type StagedContent = (Vec<u8>, u32, Option<(u32, u32)>);
+
+fn new_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{nanos:x}-{}", std::process::id())
+}
+
+fn perms_for(want_mode: GitMode, host: &Host) -> u32 {
+    match host {
+        Host::File { perms, .. } => {
+            let base = perms & 0o7777;
+            match want_mode {
+                // Executable where readable, like `chmod +x` under a 022 umask.
+                GitMode::Executable => base | ((base & 0o444) >> 2),
+                _ => base & !0o111,
+            }
+        }
+        _ => match want_mode {
+            GitMode::Executable => 0o755,
+            _ => 0o644,
+        },
+    }
+}
+
+/// Parses every patch text and applies them all as one atomic change.
+pub fn apply_patch_texts(
+    root: &Path,
+    texts: &[&str],
+    opts: &ApplyOptions,
+) -> Result<ApplyReport, PatchError> {
+    let mut all = Vec::new();
+    for t in texts {
+        all.extend(parse_patch(t)?);
+    }
+    apply_patches(root, &all, opts)
+}
+
+/// Applies `patches` to the tree at `root`, all or nothing (see the module docs).
+///
+/// Conflicts fail with [`PatchError::Conflicts`] listing every conflicting file, before
+/// anything is written. Paths outside the root, through symlinks, or into `.git/` or
+/// `.smithers/` fail with [`PatchError::PathEscape`].
+pub fn apply_patches(
+    root: &Path,
+    patches: &[FilePatch],
+    opts: &ApplyOptions,
+) -> Result<ApplyReport, PatchError> {
+    for fp in patches {
+        validate_path(&fp.path)?;
+    }
+    let b = Beneath::open(root).map_err(|e| path_error(".", "open root", e))?;
+    let _lock = lock(&b, root)?;
+    let recovered = recover_locked(&b)?;
+
+    let mut by_path: BTreeMap<&str, Vec<&FilePatch>> = BTreeMap::new();
+    for fp in patches {
+        by_path.entry(fp.path.as_str()).or_default().push(fp);
+    }
+
+    // 1. Check everything; collect every conflict.
+    let mut conflicts = Vec::new();
+    let mut plans: BTreeMap<String, Planned> = BTreeMap::new();
+    for (path, list) in &by_path {
+        let host = read_host(&b, path)?;
+        match plan_path(path, host, list)? {
+            Ok(pl) => {
+                plans.insert(path.to_string(), pl);
+            }
+            Err(reason) => conflicts.push(Conflict {
+                path: path.to_string(),
+                reason,
+            }),
+        }
+    }
+    let deleted: BTreeSet<&str> = plans
+        .iter()
+        .filter(|(_, pl)| {
+            pl.want == State::Absent && matches!(pl.host, Host::File { .. } | Host::Symlink(_))
+        })
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let mut removed_dirs: BTreeMap<String, Vec<DirRecord>> = BTreeMap::new();
+    for (path, pl) in &plans {
+        match (&pl.host, &pl.want) {
+            // A parent is a file or symlink on the host: fine only if this apply deletes it.
+            (Host::Blocked { symlink }, want)
+                if *want != State::Absent && !ancestors(path).any(|a| deleted.contains(a)) =>
+            {
+                if *symlink {
+                    return Err(PatchError::PathEscape {
+                        path: path.clone(),
+                        reason: "a parent directory is a symlink on the host".into(),
+                    });
+                }
+                conflicts.push(Conflict {
+                    path: path.clone(),
+                    reason: "a parent directory is a file on the host".into(),
+                });
+            }
+            (Host::Dir, want) if *want != State::Absent => {
+                let (mut files, mut dirs) = (Vec::new(), Vec::new());
+                host_subtree(&b, path, &mut files, &mut dirs)?;
+                let kept: Vec<&String> = files
+                    .iter()
+                    .filter(|f| !deleted.contains(f.as_str()))
+                    .collect();
+                if kept.is_empty() {
+                    removed_dirs.insert(path.clone(), dirs);
+                } else {
+                    conflicts.push(Conflict {
+                        path: path.clone(),
+                        reason: format!(
+                            "is a directory on the host holding files the patch does not delete: {}",
+                            kept.iter().take(5).map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                        ),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    if !conflicts.is_empty() {
+        conflicts.sort_by(|a, b| a.path.cmp(&b.path));
+        return Err(PatchError::Conflicts { conflicts });
+    }
+
+    // 2. Build the journal.
+    let id = new_id();
+    let jdir = journal_dir(&id);
+    let mut report = ApplyReport {
+        recovered,
+        ..Default::default()
+    };
+    let mut ops = Vec::new();
+    let mut created: BTreeSet<String> = BTreeSet::new();
+    let mut contents: Vec<Option<StagedContent>> = Vec::new();
+    let mut backups: Vec<Option<Vec<u8>>> = Vec::new();
+    let root_owner = std::fs::metadata(root).ok().map(|m| (m.uid(), m.gid()));
+    for (n, (path, pl)) in plans.iter().enumerate() {
+        if host_state(&pl.host) == pl.want && !matches!(pl.host, Host::Dir) {
+            report.already_applied.push(path.clone());
+            continue;
+        }
+        report.applied.push(AppliedFile {
+            path: path.clone(),
+            action: pl.action,
+            merged: pl.merged,
+        });
+        let (backup, backup_bytes) = match &pl.host {
+            Host::File {
+                content,
+                perms,
+                uid,
+                gid,
+            } => (
+                Some(Backup::File {
+                    file: format!("b{n}"),
+                    perms: *perms,
+                    uid: *uid,
+                    gid: *gid,
+                }),
+                Some(content.clone()),
+            ),
+            Host::Symlink(t) => (Some(Backup::Symlink { target: t.clone() }), None),
+            _ => (None, None),
+        };
+        let (kind, staged, content) = match &pl.want {
+            State::Absent => (OpKind::Delete, None, None),
+            State::File { content, mode } => {
+                let owner = match &pl.host {
+                    Host::File { uid, gid, .. } => Some((*uid, *gid)),
+                    _ => root_owner,
+                };
+                (
+                    OpKind::Write,
+                    Some(format!("s{n}")),
+                    Some((content.clone(), perms_for(*mode, &pl.host), owner)),
+                )
+            }
+            State::Symlink(t) => (
+                OpKind::Symlink,
+                Some(format!("s{n}")),
+                Some((t.clone(), 0, None)),
+            ),
+        };
+        if !matches!(kind, OpKind::Delete) {
+            for a in ancestors(path) {
+                let is_dir = matches!(
+                    b.metadata(p(a)),
+                    Ok(Some(m)) if m.kind == EntryKind::Dir
+                );
+                if !is_dir {
+                    created.insert(a.to_string());
+                }
+            }
+        }
+        ops.push(Op {
+            path: path.clone(),
+            kind,
+            staged,
+            backup,
+            removed_dirs: removed_dirs.remove(path).unwrap_or_default(),
+        });
+        contents.push(content);
+        backups.push(backup_bytes);
+    }
+    if ops.is_empty() {
+        return Ok(report);
+    }
+    // Top-down: BTreeSet order puts "a" before "a/b".
+    let mut journal = Journal {
+        version: JOURNAL_VERSION,
+        id: id.clone(),
+        state: JournalState::Staging,
+        ops,
+        created_dirs: created.into_iter().collect(),
+    };
+
+    // 3. Stage.
+    b.create_dir_all(p(&jdir), 0o700)
+        .map_err(|e| path_error(&jdir, "create journal directory", e))?;
+    let staged = (|| {
+        write_journal(&b, &journal)?;
+        for ((op, content), backup) in journal.ops.iter().zip(&contents).zip(&backups) {
+            if let (Some(Backup::File { file, perms, .. }), Some(bytes)) = (&op.backup, backup) {
+                write_file_beneath(&b, &format!("{jdir}/{file}"), bytes, *perms & 0o777, None)?;
+            }
+            if let (Some(name), Some((bytes, perms, owner))) = (&op.staged, content) {
+                let rel = format!("{jdir}/{name}");
+                match op.kind {
+                    OpKind::Symlink => {
+                        let target = std::ffi::OsStr::from_bytes(bytes);
+                        b.symlink(Path::new(target), p(&rel))
+                            .map_err(|e| path_error(&rel, "create symlink", e))?;
+                    }
+                    _ => write_file_beneath(&b, &rel, bytes, *perms, *owner)?,
+                }
+            }
+        }
+        b.sync_parent(p(&format!("{jdir}/{JOURNAL}")))
+            .map_err(|e| path_error(&jdir, "fsync staging directory", e))?;
+        journal.state = JournalState::Prepared;
+        write_journal(&b, &journal)
+    })();
+    if let Err(e) = staged {
+        return Err(rollback_after(&b, &journal, e));
+    }
+
+    // 4. Commit.
+    let mut steps = 0usize;
+    let committed = (|| {
+        let mut tick = || -> Result<(), PatchError> {
+            steps += 1;
+            match opts.crash_after_steps {
+                Some(n) if steps > n => Err(PatchError::SimulatedCrash { renames: n }),
+                _ => Ok(()),
+            }
+        };
+        for op in journal
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, OpKind::Delete))
+        {
+            tick()?;
+            b.remove_file(p(&op.path))
+                .map_err(|e| path_error(&op.path, "delete", e))?;
+        }
+        // Directories emptied by the deletions above that a file now replaces.
+        for op in &journal.ops {
+            for d in &op.removed_dirs {
+                tick()?;
+                b.remove_dir(p(&d.path))
+                    .map_err(|e| path_error(&d.path, "remove directory", e))?;
+            }
+        }
+        for d in &journal.created_dirs {
+            tick()?;
+            b.create_dir_all(p(d), 0o755)
+                .map_err(|e| path_error(d, "create directory", e))?;
+        }
+        for op in &journal.ops {
+            if let Some(name) = &op.staged {
+                tick()?;
+                b.rename(p(&format!("{jdir}/{name}")), p(&op.path))
+                    .map_err(|e| path_error(&op.path, "rename into place", e))?;
+            }
+        }
+        // Flush every directory whose entries changed and that still exists.
+        let mut dirs: BTreeSet<&str> = BTreeSet::new();
+        for op in &journal.ops {
+            dirs.insert(parent(&op.path));
+            for d in &op.removed_dirs {
+                dirs.insert(parent(&d.path));
+            }
+        }
+        for d in &journal.created_dirs {
+            dirs.insert(parent(d));
+        }
+        for d in dirs {
+            let probe = if d.is_empty() {
+                "x".to_string()
+            } else {
+                format!("{d}/x")
+            };
+            if d.is_empty() || matches!(b.metadata(p(d)), Ok(Some(m)) if m.kind == EntryKind::Dir) {
+                // `sync_parent` only opens the parent of its argument: the name need not exist.
+                b.sync_parent(p(&probe))
+                    .map_err(|e| path_error(d, "fsync directory", e))?;
+            }
+        }
+        Ok(())
+    })();
+    match committed {
+        Ok(()) => {}
+        Err(e @ PatchError::SimulatedCrash { .. }) => return Err(e),
+        Err(e) => return Err(rollback_after(&b, &journal, e)),
+    }
+    journal.state = JournalState::Committed;
+    write_journal(&b, &journal)?;
+    if opts.crash_before_cleanup {
+        return Err(PatchError::SimulatedCrash { renames: steps });
+    }
+
+    // 5. Clean up: like git, remove directories left empty by deletions; drop the journal.
+    remove_emptied_dirs(&b, &journal);
+    remove_journal_dir(&b, &id)?;
+    Ok(report)
+}
+
+/// Removes directories that deletions left empty, deepest first, like `git apply` does.
+/// Best effort: a directory that is not empty (or already gone) simply stays.
+fn remove_emptied_dirs(b: &Beneath, journal: &Journal) {
+    for op in journal
+        .ops
+        .iter()
+        .filter(|o| matches!(o.kind, OpKind::Delete))
+    {
+        let mut parents: Vec<&str> = ancestors(&op.path).collect();
+        parents.reverse();
+        for d in parents {
+            if b.remove_dir(p(d)).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+fn parent(x: &str) -> &str {
+    x.rfind('/').map_or("", |i| &x[..i])
+}
+
+/// Rolls back after a failure during staging or commit; the original error wins unless the
+/// rollback itself fails.
+fn rollback_after(b: &Beneath, journal: &Journal, primary: PatchError) -> PatchError {
+    match rollback(b, journal) {
+        Ok(()) => primary,
+        Err(e) => {
+            let (path, source) = match e {
+                PatchError::ApplyIo { path, source, .. } => (path, source),
+                other => (journal.id.clone(), std::io::Error::other(other.to_string())),
+            };
+            PatchError::RollbackFailed {
+                primary: primary.to_string(),
+                path,
+                source,
+            }
+        }
+    }
+}
+
+fn exists(b: &Beneath, rel: &str) -> bool {
+    matches!(b.metadata(p(rel)), Ok(Some(_)))
+}
+
+fn remove_if_exists(b: &Beneath, rel: &str) -> Result<(), PatchError> {
+    match b.metadata(p(rel)) {
+        Ok(Some(m)) if m.kind == EntryKind::Dir => Ok(()),
+        Ok(Some(_)) => b
+            .remove_file(p(rel))
+            .map_err(|e| path_error(rel, "remove", e)),
+        Ok(None) => Ok(()),
+        Err(e) => Err(path_error(rel, "stat", e)),
+    }
+}
+
+fn restore_backup(b: &Beneath, journal: &Journal, op: &Op, n: usize) -> Result<(), PatchError> {
+    let jdir = journal_dir(&journal.id);
+    if let Some(parent) = op.path.rfind('/').map(|i| &op.path[..i]) {
+        b.create_dir_all(p(parent), 0o755)
+            .map_err(|e| path_error(parent, "create directory", e))?;
+    }
+    let tmp = format!("{jdir}/r{n}");
+    match &op.backup {
+        Some(Backup::File {
+            file,
+            perms,
+            uid,
+            gid,
+        }) => {
+            let (bytes, _) = read_file_beneath(b, &format!("{jdir}/{file}"))?;
+            write_file_beneath(b, &tmp, &bytes, *perms, Some((*uid, *gid)))?;
+        }
+        Some(Backup::Symlink { target }) => {
+            remove_if_exists(b, &tmp)?;
+            b.symlink(Path::new(std::ffi::OsStr::from_bytes(target)), p(&tmp))
+                .map_err(|e| path_error(&tmp, "create symlink", e))?;
+        }
+        None => return Ok(()),
+    }
+    b.rename(p(&tmp), p(&op.path))
+        .map_err(|e| path_error(&op.path, "restore", e))
+}
+
+/// Undoes a journal that did not commit. Idempotent: safe to run again after a crash in it.
+fn rollback(b: &Beneath, journal: &Journal) -> Result<(), PatchError> {
+    let jdir = journal_dir(&journal.id);
+    let prepared = journal.state == JournalState::Prepared;
+    // A. Entries renamed into place: restore the backup, or remove what was added. (A staged
+    //    file still in the journal directory was never renamed.)
+    for (n, op) in journal.ops.iter().enumerate() {
+        let Some(name) = &op.staged else { continue };
+        if exists(b, &format!("{jdir}/{name}")) || !prepared {
+            continue;
+        }
+        match &op.backup {
+            Some(_) => restore_backup(b, journal, op, n)?,
+            None => remove_if_exists(b, &op.path)?,
+        }
+    }
+    if prepared {
+        // B. Directories removed to make room for a file (top-down).
+        for op in &journal.ops {
+            for d in op.removed_dirs.iter().rev() {
+                if !exists(b, &d.path) {
+                    b.create_dir_all(p(&d.path), 0o755)
+                        .map_err(|e| path_error(&d.path, "recreate directory", e))?;
+                    b.set_mode(p(&d.path), d.perms)
+                        .map_err(|e| path_error(&d.path, "chmod", e))?;
+                }
+            }
+        }
+        // C. Deleted entries.
+        for (n, op) in journal.ops.iter().enumerate() {
+            if matches!(op.kind, OpKind::Delete) && !exists(b, &op.path) {
+                restore_backup(b, journal, op, n)?;
+            }
+        }
+    }
+    // D. Directories the commit created, deepest first, when empty.
+    for d in journal.created_dirs.iter().rev() {
+        // Not empty (the host put something there) or already gone: leave it.
+        let _ = b.remove_dir(p(d));
+    }
+    remove_journal_dir(b, &journal.id)
+}
+
+fn remove_journal_dir(b: &Beneath, id: &str) -> Result<(), PatchError> {
+    let jdir = journal_dir(id);
+    if !exists(b, &jdir) {
+        return Ok(());
+    }
+    // The journal itself goes last: until then a crash leaves a recoverable state.
+    for (name, _) in list_dir(b, &jdir)? {
+        if name != JOURNAL {
+            remove_if_exists(b, &format!("{jdir}/{name}"))?;
+        }
+    }
+    remove_if_exists(b, &format!("{jdir}/{JOURNAL}"))?;
+    b.remove_dir(p(&jdir))
+        .map_err(|e| path_error(&jdir, "remove journal directory", e))
+}
+
+fn recover_locked(b: &Beneath) -> Result<Vec<String>, PatchError> {
+    let r = recover_inner(b)?;
+    Ok(r.rolled_back.into_iter().chain(r.rolled_forward).collect())
+}
+
+fn recover_inner(b: &Beneath) -> Result<RecoveryReport, PatchError> {
+    let mut report = RecoveryReport::default();
+    if !exists(b, APPLY_DIR) {
+        return Ok(report);
+    }
+    for (id, ft) in list_dir(b, APPLY_DIR)? {
+        if ft != rustix::fs::FileType::Directory {
+            continue;
+        }
+        let jpath = format!("{APPLY_DIR}/{id}/{JOURNAL}");
+        if !exists(b, &jpath) {
+            // Crashed before the first journal write: only staging leftovers, no host change.
+            remove_journal_dir(b, &id)?;
+            report.rolled_back.push(id);
+            continue;
+        }
+        let (bytes, _) = read_file_beneath(b, &jpath)?;
+        let journal: Journal = serde_json::from_slice(&bytes).map_err(|e| PatchError::Journal {
+            path: PathBuf::from(&jpath),
+            reason: e.to_string(),
+        })?;
+        if journal.version != JOURNAL_VERSION || journal.id != id {
+            return Err(PatchError::Journal {
+                path: PathBuf::from(&jpath),
+                reason: format!("unknown journal version {} or id mismatch", journal.version),
+            });
+        }
+        for op in &journal.ops {
+            validate_path(&op.path)?;
+        }
+        if journal.state == JournalState::Committed {
+            remove_emptied_dirs(b, &journal);
+            remove_journal_dir(b, &id)?;
+            report.rolled_forward.push(id);
+        } else {
+            rollback(b, &journal)?;
+            report.rolled_back.push(id);
+        }
+    }
+    Ok(report)
+}
+
+/// Finishes or undoes applies interrupted by a crash under `root`: an apply whose journal is
+/// committed is cleaned up (its changes stay); any other is rolled back completely.
+pub fn recover_apply(root: &Path) -> Result<RecoveryReport, PatchError> {
+    let b = Beneath::open(root).map_err(|e| path_error(".", "open root", e))?;
+    let _lock = lock(&b, root)?;
+    recover_inner(&b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_validation() {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "./a",
+            ".git/config",
+            "sub/.GIT/hooks/x",
+            ".smithers/db",
+            "a\0b",
+        ] {
+            assert!(validate_path(bad).is_err(), "{bad:?} must be refused");
+        }
+        for ok in [
+            "a",
+            "a/b.rs",
+            "x/.smithers/ok",
+            ".gitignore",
+            "..x",
+            "a b/ü",
+        ] {
+            validate_path(ok).unwrap();
+        }
+    }
+
+    #[test]
+    fn exec_bits() {
+        let host = Host::File {
+            content: vec![],
+            perms: 0o640,
+            uid: 0,
+            gid: 0,
+        };
+        assert_eq!(perms_for(GitMode::Executable, &host), 0o750);
+        assert_eq!(perms_for(GitMode::File, &Host::Absent), 0o644);
+    }
+}

@@ -1,0 +1,152 @@
+//! Applying text hunks: exactly (the base matches the recorded hash) or relocated onto a host
+//! file that changed elsewhere (a three-way merge whose base is what the hunks carry).
+//!
+//! The relocated form is what `git apply --3way` falls back to without the base blob, and what
+//! `patch` does without fuzz: each hunk's preimage (context + removed lines) must be found
+//! verbatim in the host file, nearest to where it is expected and after the previous hunk.
+//! Context is never reduced, so host edits within 3 lines of a sandbox edit are a conflict,
+//! exactly where diff3 would report one too.
+
+use crate::patch::{Hunk, LineKind, CONTEXT_LINES};
+
+/// Why hunks do not apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HunkFailure {
+    /// 1-based hunk number.
+    pub hunk: usize,
+}
+
+fn preimage(h: &Hunk) -> Vec<&str> {
+    h.lines
+        .iter()
+        .filter(|l| l.kind != LineKind::Add)
+        .map(|l| l.text.as_str())
+        .collect()
+}
+
+fn postimage(h: &Hunk) -> impl Iterator<Item = &str> {
+    h.lines
+        .iter()
+        .filter(|l| l.kind != LineKind::Remove)
+        .map(|l| l.text.as_str())
+}
+
+/// Applies `hunks` to `text`. `exact`: every hunk must sit where its header says (used when
+/// the base hash matched). Otherwise each hunk may move (nearest match wins).
+pub(crate) fn apply_hunks(text: &str, hunks: &[Hunk], exact: bool) -> Result<String, HunkFailure> {
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut out: Vec<&str> = Vec::with_capacity(lines.len() + 16);
+    let mut cursor = 0usize; // next unconsumed host line
+    let mut offset: isize = 0; // where hunks landed relative to their headers so far
+    for (i, h) in hunks.iter().enumerate() {
+        let fail = HunkFailure { hunk: i + 1 };
+        let pre = preimage(h);
+        if pre.len() != h.old_len {
+            return Err(fail);
+        }
+        let nominal = if h.old_len == 0 {
+            h.old_start
+        } else {
+            h.old_start.saturating_sub(1)
+        };
+        let leading = h
+            .lines
+            .iter()
+            .take_while(|l| l.kind == LineKind::Context)
+            .count();
+        let trailing = h
+            .lines
+            .iter()
+            .rev()
+            .take_while(|l| l.kind == LineKind::Context)
+            .count();
+        // git apply's anchoring rules: a hunk at the start of the file must match there, a
+        // hunk without trailing context must match at the end.
+        // (With full context the file edge is incidental, so only a hunk whose context was cut
+        // short by the edge is anchored to it.)
+        let match_beginning = h.old_start <= 1 && leading < CONTEXT_LINES;
+        let match_end = trailing == 0;
+        let fits = |pos: usize| {
+            pos >= cursor
+                && pos + pre.len() <= lines.len()
+                && lines[pos..pos + pre.len()] == pre[..]
+                && (!match_beginning || pos == 0)
+                && (!match_end || pos + pre.len() == lines.len())
+        };
+        let expected = (nominal as isize + offset).max(0) as usize;
+        let found = if exact {
+            (nominal == expected && fits(nominal)).then_some(nominal)
+        } else if pre.is_empty() && !lines.is_empty() && !match_end && leading == 0 {
+            // Nothing to anchor a pure insertion on in a file that changed: conflict.
+            None
+        } else {
+            // Nearest position to the expected one, looking both ways.
+            let max = lines.len().saturating_sub(pre.len());
+            (0..=max.max(expected))
+                .flat_map(|d| [expected.checked_sub(d), (d > 0).then_some(expected + d)])
+                .flatten()
+                .find(|&p| p <= max && fits(p))
+        };
+        let Some(pos) = found else {
+            return Err(fail);
+        };
+        out.extend_from_slice(&lines[cursor..pos]);
+        out.extend(postimage(h));
+        cursor = pos + pre.len();
+        offset = pos as isize - nominal as isize;
+    }
+    out.extend_from_slice(&lines[cursor..]);
+    Ok(out.concat())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::patch::text_hunks;
+
+    fn numbered(n: usize) -> String {
+        (1..=n).map(|i| format!("line {i}\n")).collect()
+    }
+
+    #[test]
+    fn exact_application_reproduces_new() {
+        let old = numbered(40);
+        let new = old.replace("line 5\n", "FIVE\n").replace("line 30\n", "");
+        let h = text_hunks(&old, &new);
+        assert_eq!(apply_hunks(&old, &h, true).unwrap(), new);
+    }
+
+    #[test]
+    fn relocates_when_host_inserted_lines_elsewhere() {
+        let old = numbered(40);
+        let new = old.replace("line 30\n", "THIRTY\n");
+        let h = text_hunks(&old, &new);
+        let host = format!("header\nheader2\n{old}");
+        assert!(apply_hunks(&host, &h, true).is_err());
+        let merged = apply_hunks(&host, &h, false).unwrap();
+        assert_eq!(merged, format!("header\nheader2\n{new}"));
+    }
+
+    #[test]
+    fn conflicting_host_edit_fails() {
+        let old = numbered(40);
+        let new = old.replace("line 30\n", "THIRTY\n");
+        let h = text_hunks(&old, &new);
+        let host = old.replace("line 29\n", "host edit\n");
+        assert_eq!(apply_hunks(&host, &h, false), Err(HunkFailure { hunk: 1 }));
+    }
+
+    #[test]
+    fn start_and_end_anchoring() {
+        let old = "a\nb\nc\n";
+        let new = "a\nb\nc\nd\n";
+        let h = text_hunks(old, new);
+        // Appending at the end must still append at the end of a host file that grew at the
+        // front, and must not apply in the middle of one that grew at the end.
+        assert_eq!(
+            apply_hunks("z\na\nb\nc\n", &h, false).unwrap(),
+            "z\na\nb\nc\nd\n"
+        );
+        assert!(apply_hunks("a\nb\nc\nx\n", &h, false).is_err());
+    }
+}

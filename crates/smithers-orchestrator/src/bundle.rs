@@ -91,10 +91,33 @@ pub fn diff_line_count(diff: &str) -> u64 {
         .count() as u64
 }
 
-/// Validates a collected bundle (implemented for real by `smithers-bundle`'s `validate_bundle`).
+/// Validates a collected bundle. [`BundleValidator`] is the real one; the trait exists so a
+/// caller can add checks of its own around it.
 pub trait BundleInspector: Send + Sync + std::fmt::Debug {
     /// Validates the bundle at `bundle_path` and returns what it holds.
     fn inspect(&self, bundle_path: &Path) -> Result<InspectedBundle, ErrorReport>;
+}
+
+/// The spec's bundle validation (`smithers_bundle::validate_bundle`: README.md not a symlink
+/// and within 5 MiB, valid manifest, no symlink anywhere, size and patch-count limits, every
+/// patch path confined to `patches/` by components).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BundleValidator;
+
+impl BundleInspector for BundleValidator {
+    fn inspect(&self, bundle_path: &Path) -> Result<InspectedBundle, ErrorReport> {
+        use smithers_errors::CodedError;
+        let v = smithers_bundle::validate_bundle(bundle_path).map_err(|e| e.report())?;
+        Ok(InspectedBundle {
+            bundle_path: v.bundle_path,
+            status: v.manifest.status.as_str().to_string(),
+            outputs: v.manifest.outputs,
+            run_id: v.manifest.run_id,
+            bundle_size_bytes: v.bundle_size_bytes,
+            patch_files: v.patch_files,
+            diff_bundle: v.manifest.diff_bundle,
+        })
+    }
 }
 
 /// Applies accepted patches to the root directory (implemented for real by `smithers-patch`:

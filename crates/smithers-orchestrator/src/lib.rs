@@ -41,7 +41,8 @@ use smithers_store::{
 use tracing::warn;
 
 pub use bundle::{
-    describe_patch_text, diff_line_count, BundleInspector, InspectedBundle, PatchApplier,
+    describe_patch_text, diff_line_count, BundleInspector, BundleValidator, InspectedBundle,
+    PatchApplier,
 };
 pub use error::{error_to_json, OrchestratorError};
 pub use metrics::{HistogramSnapshot, Metrics};
@@ -353,8 +354,18 @@ impl OutputSink for Forward {
 }
 
 impl Orchestrator {
-    /// An orchestrator with no runtime registered yet.
+    /// An orchestrator with no runtime registered yet, validating bundles with
+    /// [`BundleValidator`] and applying accepted patches with `applier`.
     pub fn new(
+        store: Arc<Store>,
+        applier: Arc<dyn PatchApplier>,
+        settings: Settings,
+    ) -> Result<Self, OrchestratorError> {
+        Self::with_inspector(store, Arc::new(BundleValidator), applier, settings)
+    }
+
+    /// Like [`Orchestrator::new`] with another bundle inspector (one that adds checks).
+    pub fn with_inspector(
         store: Arc<Store>,
         inspector: Arc<dyn BundleInspector>,
         applier: Arc<dyn PatchApplier>,

@@ -41,14 +41,9 @@ fn harness_with(settings: Settings) -> Harness {
     let store = Arc::new(Store::open(&db).unwrap());
     let runtime = Arc::new(HostProcessTestRuntime::default());
     let applier = Arc::new(GitApplyTestApplier::default());
-    let orch = Orchestrator::new(
-        store.clone(),
-        Arc::new(ReadmeTestInspector),
-        applier.clone(),
-        settings,
-    )
-    .unwrap()
-    .with_runtime(runtime.clone());
+    let orch = Orchestrator::new(store.clone(), applier.clone(), settings)
+        .unwrap()
+        .with_runtime(runtime.clone());
     Harness {
         _dir: dir,
         root,
@@ -459,7 +454,6 @@ async fn durable_review_accepted_applies_then_completes() {
     // The decision may come from another process: a fresh orchestrator on the same file.
     let other = Orchestrator::new(
         Arc::new(Store::open(&h.db).unwrap()),
-        Arc::new(ReadmeTestInspector),
         h.applier.clone(),
         Settings::default(),
     )
@@ -811,4 +805,35 @@ async fn recovery_leaves_live_owners_and_reviews_alone() {
         h.store.get_sandbox(RUN, "sb").unwrap().unwrap().status,
         SandboxStatus::Review
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_bundle_fails_with_the_validator_code() {
+    let h = harness();
+    h.runtime.bundle_symlink.store(true, Ordering::SeqCst);
+    let req = h.request("sb", &write_result("finished"));
+    let err = h.orch.execute(&req, &h.ctx()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ToolPathEscape, "{err}");
+    assert_eq!(
+        h.types("sb"),
+        [
+            "SandboxCreated",
+            "SandboxShipped",
+            "SandboxHeartbeat",
+            "SandboxFailed"
+        ]
+    );
+    let events = h.events("sb");
+    assert_eq!(
+        payload(&events, "SandboxFailed")["error"]["code"],
+        "TOOL_PATH_ESCAPE"
+    );
+    let row = h.store.get_sandbox(RUN, "sb").unwrap().unwrap();
+    assert_eq!(row.status, SandboxStatus::Failed);
+    assert!(row.shipped_at_ms.is_some(), "the real ship time is kept");
+    assert!(
+        row.bundle_path.is_some(),
+        "the rejected bundle is kept for inspection"
+    );
+    assert_eq!(h.orch.metrics().patch_count_snapshot().count, 0);
 }

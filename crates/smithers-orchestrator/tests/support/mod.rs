@@ -3,7 +3,6 @@
 //!
 //! - [`HostProcessTestRuntime`] runs the step as a REAL child process on the host (no
 //!   isolation at all), in its own process group so cancellation really kills the tree.
-//! - [`ReadmeTestInspector`] reads a bundle's README.md and patches/ the way the validator does.
 //! - [`GitApplyTestApplier`] applies patches for real with `git apply` (atomic per call).
 #![allow(dead_code)]
 
@@ -17,7 +16,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use smithers_errors::{ErrorCode, ErrorReport};
-use smithers_orchestrator::{BundleInspector, InspectedBundle, PatchApplier};
+use smithers_orchestrator::{InspectedBundle, PatchApplier};
 use smithers_runtime::{
     CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputEvent, OutputSink,
     RequestBundle, ResourceUsage, Runtime, RuntimeError, RuntimeKind, SandboxConfig, SandboxHandle,
@@ -34,6 +33,8 @@ pub struct HostProcessTestRuntime {
     /// verb returns, so that recording the failure itself fails.
     pub break_db_on_fail: Mutex<Option<PathBuf>>,
     pub cleanup_fails: AtomicBool,
+    /// Collect plants a symlink in the bundle (a hostile step's bundle).
+    pub bundle_symlink: AtomicBool,
     pub cleanups: Mutex<Vec<SandboxHandle>>,
     outcomes: Mutex<HashMap<String, ExecOutcome>>,
 }
@@ -252,6 +253,11 @@ impl Runtime for HostProcessTestRuntime {
         }
         manifest.insert("status".into(), json!(status));
         manifest.insert("patches".into(), json!(patches));
+        if self.bundle_symlink.load(Ordering::SeqCst) {
+            std::fs::create_dir_all(bundle.join("artifacts")).map_err(io("create", &bundle))?;
+            std::os::unix::fs::symlink("/etc/passwd", bundle.join("artifacts/passwd"))
+                .map_err(io("symlink", &bundle))?;
+        }
         // README.md last: its presence marks a complete bundle.
         std::fs::write(
             bundle.join("README.md"),
@@ -279,54 +285,6 @@ fn kill_group(pgid: u32) {
     let _ = std::process::Command::new("kill")
         .args(["-KILL", "--", &format!("-{pgid}")])
         .status();
-}
-
-/// Reads README.md and patches/ like the bundle validator (test double).
-#[derive(Debug, Default)]
-pub struct ReadmeTestInspector;
-
-impl BundleInspector for ReadmeTestInspector {
-    fn inspect(&self, bundle_path: &Path) -> Result<InspectedBundle, ErrorReport> {
-        let bad = |m: String| ErrorReport::new(ErrorCode::InvalidInput, m);
-        let readme = bundle_path.join("README.md");
-        let meta =
-            std::fs::symlink_metadata(&readme).map_err(|_| bad("missing README.md".into()))?;
-        if !meta.is_file() {
-            return Err(bad("README.md is not a regular file".into()));
-        }
-        let manifest: Value = serde_json::from_slice(&std::fs::read(&readme).unwrap())
-            .map_err(|_| bad("README.md must contain valid JSON".into()))?;
-        let status = manifest
-            .get("status")
-            .and_then(Value::as_str)
-            .filter(|s| ["finished", "failed", "cancelled"].contains(s))
-            .ok_or_else(|| bad("must include status".into()))?
-            .to_string();
-        let mut size = meta.len();
-        let mut patch_files = Vec::new();
-        if let Ok(rd) = std::fs::read_dir(bundle_path.join("patches")) {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                size += e.metadata().map(|m| m.len()).unwrap_or(0);
-                if name.ends_with(".patch") {
-                    patch_files.push(format!("patches/{name}"));
-                }
-            }
-        }
-        patch_files.sort();
-        Ok(InspectedBundle {
-            bundle_path: bundle_path.to_path_buf(),
-            status,
-            outputs: manifest.get("outputs").cloned(),
-            run_id: manifest
-                .get("runId")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            bundle_size_bytes: size,
-            patch_files,
-            diff_bundle: manifest.get("diffBundle").cloned(),
-        })
-    }
 }
 
 /// Applies patches with `git apply` (all or nothing per call). Test double.

@@ -27,6 +27,10 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+#[cfg(feature = "suites")]
+pub mod conformance;
+#[cfg(feature = "suites")]
+pub mod containment;
 pub mod error;
 pub mod types;
 

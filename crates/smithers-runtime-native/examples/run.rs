@@ -1,0 +1,58 @@
+//! Runs one command in a native sandbox over the current directory and prints the outcome:
+//! `cargo run -p smithers-runtime-native --example run -- sh -c 'id; ls /'`.
+
+use smithers_runtime::{
+    CancellationToken, Controls, OutputEvent, OutputSink, RequestBundle, Runtime, RuntimeKind,
+    SandboxConfig, StepCommand,
+};
+use smithers_runtime_native::NativeRuntime;
+
+struct Print;
+
+impl OutputSink for Print {
+    fn event(&self, event: OutputEvent) {
+        match event {
+            OutputEvent::Stdout { line, .. } => println!("{line}"),
+            OutputEvent::Stderr { line, .. } => eprintln!("{line}"),
+            OutputEvent::Heartbeat { .. } => {}
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let rt = NativeRuntime::default();
+    let config = SandboxConfig {
+        run_id: format!("example-{}", std::process::id()),
+        sandbox_id: "sb".into(),
+        runtime: RuntimeKind::Bubblewrap,
+        root_dir: std::env::current_dir().expect("cwd"),
+        image: None,
+        controls: Controls::default(),
+    };
+    let handle = rt.create(&config).await.expect("create");
+    rt.ship(
+        &handle,
+        &RequestBundle {
+            request: serde_json::json!({"status": "pending"}),
+        },
+    )
+    .await
+    .expect("ship");
+    let outcome = rt
+        .execute(
+            &handle,
+            &StepCommand { argv, cwd: None },
+            CancellationToken::new(),
+            &Print,
+        )
+        .await;
+    let collected = rt.collect(&handle).await;
+    rt.cleanup(&handle).await.expect("cleanup");
+    eprintln!(
+        "{}",
+        serde_json::to_string_pretty(&outcome.expect("execute")).unwrap()
+    );
+    eprintln!("{collected:?}");
+}

@@ -1,0 +1,553 @@
+//! cgroups v1 and v2 behind one interface: limits (memory, pids, cpu), accounting (cpu time,
+//! peak memory, peak pids, OOM kills, pids-limit hits), killing a whole tree and removal.
+//!
+//! Sandbox cgroups are created **under the process's own cgroup** (from `/proc/self/cgroup`),
+//! never at a hierarchy's root: the runtime may itself be confined (a systemd scope, a
+//! container, a CI job) and may only have delegation below its own node.
+//!
+//! Hybrid hosts (v1 controllers plus a v2 tree with only core files, like this project's
+//! machines) use the v1 controllers for limits and the v2 tree for `cgroup.kill` and
+//! `cgroup.events`. Pure v2 hosts use one directory for everything.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The limits a sandbox asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CgroupLimits {
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u32>,
+    /// Cores (0.5 = half of one core).
+    pub cpus: Option<f64>,
+}
+
+/// The cgroup layout of this host as seen from this process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupHost {
+    /// v1 controller → this process's cgroup directory in that hierarchy.
+    pub v1: BTreeMap<String, PathBuf>,
+    /// This process's directory in the v2 hierarchy, if one is mounted.
+    pub v2: Option<PathBuf>,
+    /// Controllers available in the v2 tree at our node (from `cgroup.controllers`).
+    pub v2_controllers: BTreeSet<String>,
+}
+
+/// Which mechanism provides a controller on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControllerSource {
+    V1(PathBuf),
+    V2(PathBuf),
+}
+
+/// One directory of a sandbox's cgroups, with the controllers it serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CgroupDir {
+    pub path: PathBuf,
+    pub v2: bool,
+    /// `memory`, `pids`, `cpu`, `cpuacct` for v1; for v2 also `core` (kill/events).
+    pub controllers: Vec<String>,
+}
+
+/// The cgroups of one sandbox. Plain data: stored in the handle for cleanup from elsewhere.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxCgroups {
+    pub dirs: Vec<CgroupDir>,
+}
+
+/// Counters read after a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CgroupStats {
+    pub cpu_time_ns: Option<u64>,
+    pub peak_memory_bytes: Option<u64>,
+    pub peak_pids: Option<u64>,
+    pub oom_kills: u64,
+    pub pids_limit_hits: u64,
+}
+
+/// A cgroup operation that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation} {path}: {source}")]
+pub struct CgroupError {
+    pub operation: &'static str,
+    pub path: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn cg_err(operation: &'static str, path: &Path, source: std::io::Error) -> CgroupError {
+    CgroupError {
+        operation,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Controllers we may use for limits and accounting.
+pub const CONTROLLERS: &[&str] = &["memory", "pids", "cpu", "cpuacct"];
+
+impl CgroupHost {
+    /// Reads `/proc/self/mountinfo` and `/proc/self/cgroup`.
+    pub fn detect() -> CgroupHost {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mut host = CgroupHost::parse(&mountinfo, &own);
+        if let Some(v2) = &host.v2 {
+            if let Ok(text) = std::fs::read_to_string(v2.join("cgroup.controllers")) {
+                host.v2_controllers = text.split_whitespace().map(str::to_string).collect();
+            }
+        }
+        host
+    }
+
+    /// Pure part of [`CgroupHost::detect`].
+    pub fn parse(mountinfo: &str, own_cgroup: &str) -> CgroupHost {
+        // hierarchy key ("memory" / "cpu,cpuacct" / "" for v2) → own path
+        let mut own: BTreeMap<String, String> = BTreeMap::new();
+        for line in own_cgroup.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            own.insert(ctrls.to_string(), path.to_string());
+        }
+        let mut host = CgroupHost::default();
+        for line in mountinfo.lines() {
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
+            let left: Vec<&str> = left.split(' ').collect();
+            let right: Vec<&str> = right.split(' ').collect();
+            if left.len() < 5 || right.len() < 3 {
+                continue;
+            }
+            let (mount_root, mount_point) = (left[3], unescape(left[4]));
+            let (fstype, super_opts) = (right[0], right[2]);
+            let rel = |own_path: &str| -> Option<PathBuf> {
+                // Our cgroup must be visible through this mount (below its root).
+                let rest = Path::new(own_path).strip_prefix(mount_root).ok()?;
+                Some(Path::new(&mount_point).join(rest))
+            };
+            if fstype == "cgroup2" {
+                if host.v2.is_none() {
+                    if let Some(path) = own.get("").and_then(|p| rel(p)) {
+                        host.v2 = Some(path);
+                    }
+                }
+            } else if fstype == "cgroup" {
+                let ctrls: Vec<&str> = super_opts
+                    .split(',')
+                    .filter(|o| CONTROLLERS.contains(o))
+                    .collect();
+                if ctrls.is_empty() {
+                    continue;
+                }
+                // /proc/self/cgroup names the hierarchy by its controller list in any order.
+                let key = own.keys().find(|k| {
+                    let mut a: Vec<&str> =
+                        k.split(',').filter(|c| CONTROLLERS.contains(c)).collect();
+                    let mut b = ctrls.clone();
+                    a.sort_unstable();
+                    b.sort_unstable();
+                    a == b && !a.is_empty()
+                });
+                if let Some(path) = key.and_then(|k| own.get(k)).and_then(|p| rel(p)) {
+                    for c in ctrls {
+                        host.v1.entry(c.to_string()).or_insert_with(|| path.clone());
+                    }
+                }
+            }
+        }
+        host
+    }
+
+    /// Where a controller comes from, or None when this host has it nowhere.
+    pub fn source(&self, controller: &str) -> Option<ControllerSource> {
+        if let Some(path) = self.v1.get(controller) {
+            return Some(ControllerSource::V1(path.clone()));
+        }
+        // v2's cpu controller also provides accounting (cpu.stat); cpu.stat exists without it.
+        let v2_name = if controller == "cpuacct" {
+            "cpu"
+        } else {
+            controller
+        };
+        match &self.v2 {
+            Some(v2) if self.v2_controllers.contains(v2_name) => {
+                Some(ControllerSource::V2(v2.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Creates the sandbox's cgroups, applies the limits, returns the directories (the init
+    /// joins them through their `cgroup.procs`). On failure nothing is left behind.
+    pub fn create(&self, name: &str, limits: &CgroupLimits) -> Result<SandboxCgroups, CgroupError> {
+        let mut wanted: Vec<&str> = vec!["memory", "pids", "cpuacct"];
+        if limits.cpus.is_some() {
+            wanted.push("cpu");
+        }
+        let mut dirs: BTreeMap<PathBuf, CgroupDir> = BTreeMap::new();
+        for ctrl in wanted {
+            match self.source(ctrl) {
+                Some(ControllerSource::V1(parent)) => {
+                    let path = parent.join(name);
+                    dirs.entry(path.clone())
+                        .or_insert_with(|| CgroupDir {
+                            path,
+                            v2: false,
+                            controllers: vec![],
+                        })
+                        .controllers
+                        .push(ctrl.to_string());
+                }
+                Some(ControllerSource::V2(parent)) => {
+                    let path = parent.join(name);
+                    dirs.entry(path.clone())
+                        .or_insert_with(|| CgroupDir {
+                            path,
+                            v2: true,
+                            controllers: vec!["core".to_string()],
+                        })
+                        .controllers
+                        .push(ctrl.to_string());
+                }
+                None => {}
+            }
+        }
+        if let Some(v2) = &self.v2 {
+            let path = v2.join(name);
+            dirs.entry(path.clone()).or_insert_with(|| CgroupDir {
+                path,
+                v2: true,
+                controllers: vec!["core".to_string()],
+            });
+        }
+        let cgroups = SandboxCgroups {
+            dirs: dirs.into_values().collect(),
+        };
+        if let Err(e) = self.create_dirs(&cgroups, limits) {
+            cgroups.remove(Duration::from_millis(200));
+            return Err(e);
+        }
+        Ok(cgroups)
+    }
+
+    fn create_dirs(
+        &self,
+        cgroups: &SandboxCgroups,
+        limits: &CgroupLimits,
+    ) -> Result<(), CgroupError> {
+        for dir in &cgroups.dirs {
+            if dir.v2 && dir.controllers.iter().any(|c| c != "core") {
+                // Controllers must be enabled in the parent's subtree_control for the child
+                // to get their files. Enabling is idempotent.
+                if let Some(parent) = dir.path.parent() {
+                    let enable: Vec<String> = dir
+                        .controllers
+                        .iter()
+                        .filter(|c| *c != "core" && *c != "cpuacct")
+                        .map(|c| format!("+{c}"))
+                        .collect();
+                    let file = parent.join("cgroup.subtree_control");
+                    std::fs::write(&file, enable.join(" "))
+                        .map_err(|e| cg_err("enable controllers in", &file, e))?;
+                }
+            }
+            std::fs::create_dir(&dir.path).map_err(|e| cg_err("create cgroup", &dir.path, e))?;
+            let has = |c: &str| dir.controllers.iter().any(|x| x == c);
+            let write = |file: &str, value: String| -> Result<(), CgroupError> {
+                let path = dir.path.join(file);
+                std::fs::write(&path, value).map_err(|e| cg_err("write", &path, e))
+            };
+            if let Some(mem) = limits.memory_bytes.filter(|_| has("memory")) {
+                if dir.v2 {
+                    write("memory.max", mem.to_string())?;
+                    if dir.path.join("memory.swap.max").exists() {
+                        write("memory.swap.max", "0".to_string())?;
+                    }
+                } else {
+                    write("memory.limit_in_bytes", mem.to_string())?;
+                    // With swap accounting, memory+swap gets the same cap so the hog cannot
+                    // escape into swap.
+                    if dir.path.join("memory.memsw.limit_in_bytes").exists() {
+                        write("memory.memsw.limit_in_bytes", mem.to_string())?;
+                    }
+                }
+            }
+            if let Some(pids) = limits.pids.filter(|_| has("pids")) {
+                write("pids.max", pids.to_string())?;
+            }
+            if let Some(cpus) = limits.cpus.filter(|_| has("cpu")) {
+                let period: u64 = 100_000;
+                let quota = ((cpus * period as f64).round() as u64).max(1000);
+                if dir.v2 {
+                    write("cpu.max", format!("{quota} {period}"))?;
+                } else {
+                    write("cpu.cfs_period_us", period.to_string())?;
+                    write("cpu.cfs_quota_us", quota.to_string())?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn unescape(s: &str) -> String {
+    // mountinfo escapes space, tab, newline and backslash as \ooo.
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && b.len() - i > 3 {
+            let oct = &b[i + 1..i + 4];
+            if oct.iter().all(|d| (b'0'..=b'7').contains(d)) {
+                out.push((oct[0] - b'0') * 64 + (oct[1] - b'0') * 8 + (oct[2] - b'0'));
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn read_key(path: &Path, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+impl SandboxCgroups {
+    /// The `cgroup.procs` files the init writes itself into.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs
+            .iter()
+            .map(|d| d.path.join("cgroup.procs"))
+            .collect()
+    }
+
+    fn dir_for(&self, controller: &str) -> Option<&CgroupDir> {
+        self.dirs
+            .iter()
+            .find(|d| d.controllers.iter().any(|c| c == controller))
+    }
+
+    /// True when the controller is in force for this sandbox.
+    pub fn has(&self, controller: &str) -> bool {
+        self.dir_for(controller).is_some()
+    }
+
+    /// Reads the counters (missing files give None / 0).
+    pub fn stats(&self) -> CgroupStats {
+        let mut s = CgroupStats::default();
+        if let Some(d) = self.dir_for("memory") {
+            if d.v2 {
+                s.peak_memory_bytes = read_u64(&d.path.join("memory.peak"));
+                s.oom_kills = read_key(&d.path.join("memory.events"), "oom_kill").unwrap_or(0);
+            } else {
+                s.peak_memory_bytes = read_u64(&d.path.join("memory.max_usage_in_bytes"));
+                s.oom_kills = read_key(&d.path.join("memory.oom_control"), "oom_kill").unwrap_or(0);
+            }
+        }
+        if let Some(d) = self.dir_for("pids") {
+            s.peak_pids = read_u64(&d.path.join("pids.peak"));
+            s.pids_limit_hits = read_key(&d.path.join("pids.events"), "max").unwrap_or(0);
+        }
+        if let Some(d) = self.dir_for("cpuacct") {
+            s.cpu_time_ns = if d.v2 {
+                read_key(&d.path.join("cpu.stat"), "usage_usec").map(|us| us * 1000)
+            } else {
+                read_u64(&d.path.join("cpuacct.usage"))
+            };
+        } else if let Some(d) = self.dirs.iter().find(|d| d.v2) {
+            // cpu.stat's usage is a core file of every v2 cgroup.
+            s.cpu_time_ns = read_key(&d.path.join("cpu.stat"), "usage_usec").map(|us| us * 1000);
+        }
+        s
+    }
+
+    /// True while any process is in the sandbox's cgroups.
+    pub fn populated(&self) -> bool {
+        self.dirs.iter().any(|d| {
+            if d.v2 {
+                read_key(&d.path.join("cgroup.events"), "populated").is_some_and(|v| v != 0)
+            } else {
+                std::fs::read_to_string(d.path.join("cgroup.procs"))
+                    .is_ok_and(|t| !t.trim().is_empty())
+            }
+        })
+    }
+
+    /// Kills every process in the sandbox's cgroups: `cgroup.kill` where the kernel has it,
+    /// else SIGKILL to each listed pid until the lists are empty.
+    pub fn kill_all(&self) {
+        for d in &self.dirs {
+            let kill_file = d.path.join("cgroup.kill");
+            if d.v2 && std::fs::write(&kill_file, "1").is_ok() {
+                continue;
+            }
+            if let Ok(text) = std::fs::read_to_string(d.path.join("cgroup.procs")) {
+                for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    let _ = crate::sys::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+
+    /// Waits (bounded) until no process is left; kills again while waiting.
+    pub fn kill_and_wait(&self, budget: Duration) -> bool {
+        let deadline = std::time::Instant::now() + budget;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            if !self.populated() {
+                return true;
+            }
+            self.kill_all();
+            if std::time::Instant::now() >= deadline {
+                return !self.populated();
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Removes the directories, retrying EBUSY (a cgroup may stay busy briefly after its last
+    /// process exited). Missing directories count as removed. Returns the ones left.
+    pub fn remove(&self, budget: Duration) -> Vec<PathBuf> {
+        let deadline = std::time::Instant::now() + budget;
+        let mut left = Vec::new();
+        for d in &self.dirs {
+            let mut pause = Duration::from_millis(1);
+            loop {
+                match std::fs::remove_dir(&d.path) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EBUSY)
+                            && std::time::Instant::now() < deadline =>
+                    {
+                        self.kill_all();
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(Duration::from_millis(50));
+                    }
+                    Err(_) => {
+                        left.push(d.path.clone());
+                        break;
+                    }
+                }
+            }
+        }
+        left
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID_MOUNTINFO: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+    const HYBRID_OWN: &str = "\
+9:name=systemd:/
+8:pids:/
+4:memory:/process_api/abc
+2:cpuacct:/
+1:cpu:/
+0::/
+";
+
+    #[test]
+    fn hybrid_host_uses_v1_controllers_under_own_cgroup() {
+        let host = CgroupHost::parse(HYBRID_MOUNTINFO, HYBRID_OWN);
+        assert_eq!(
+            host.v1.get("memory"),
+            Some(&PathBuf::from("/sys/fs/cgroup/memory/process_api/abc"))
+        );
+        assert_eq!(
+            host.v1.get("pids"),
+            Some(&PathBuf::from("/sys/fs/cgroup/pids/"))
+        );
+        assert_eq!(host.v2, Some(PathBuf::from("/sys/fs/cgroup/unified/")));
+        assert!(matches!(host.source("cpu"), Some(ControllerSource::V1(_))));
+    }
+
+    #[test]
+    fn comounted_cpu_cpuacct() {
+        let mi = "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n";
+        let own = "3:cpuacct,cpu:/user.slice\n";
+        let host = CgroupHost::parse(mi, own);
+        assert_eq!(
+            host.v1.get("cpu"),
+            Some(&PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/user.slice"))
+        );
+        assert_eq!(host.v1.get("cpu"), host.v1.get("cpuacct"));
+    }
+
+    #[test]
+    fn pure_v2_host() {
+        let mi = "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        let own = "0::/user.slice/user-1000.slice/session-2.scope\n";
+        let mut host = CgroupHost::parse(mi, own);
+        assert!(host.v1.is_empty());
+        assert_eq!(
+            host.v2,
+            Some(PathBuf::from(
+                "/sys/fs/cgroup/user.slice/user-1000.slice/session-2.scope"
+            ))
+        );
+        assert_eq!(host.source("memory"), None);
+        host.v2_controllers = ["memory", "pids", "cpu"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert!(matches!(
+            host.source("memory"),
+            Some(ControllerSource::V2(_))
+        ));
+        assert!(matches!(
+            host.source("cpuacct"),
+            Some(ControllerSource::V2(_))
+        ));
+    }
+
+    #[test]
+    fn cgroup_namespace_root_hides_own_path() {
+        // Inside a container the mount root is our own cgroup.
+        let mi = "30 23 0:26 /docker/abc /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+        let own = "4:memory:/docker/abc/sub\n";
+        let host = CgroupHost::parse(mi, own);
+        assert_eq!(
+            host.v1.get("memory"),
+            Some(&PathBuf::from("/sys/fs/cgroup/memory/sub"))
+        );
+    }
+
+    #[test]
+    fn key_value_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("memory.oom_control");
+        std::fs::write(&f, "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n").unwrap();
+        assert_eq!(read_key(&f, "oom_kill"), Some(2));
+        assert_eq!(read_key(&f, "missing"), None);
+    }
+}

@@ -1,0 +1,428 @@
+//! `execute`: compile the plan, start the init, pump output, enforce the timeout, cancellation
+//! and the output cap, and turn what happened into an [`ExecOutcome`].
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use smithers_runtime::{
+    CancellationToken, ExecOutcome, OutputEvent, OutputSink, ResourceUsage, RuntimeError,
+    SandboxHandle, StepCommand, Termination,
+};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::Notify;
+
+use crate::plan::{self, HostLayout, PlanInput, WorkspaceFacts};
+use crate::{Backend, HostCaps, StoredConfig};
+
+/// Largest result JSON file read back (the README limit of the bundle).
+const MAX_RESULT_BYTES: u64 = 5 << 20;
+
+/// How long a kill may take before we stop trusting the init and kill it ourselves.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Default)]
+struct Captured {
+    total: u64,
+    truncated: bool,
+    /// Kept stdout bytes (for a result printed as stdout).
+    kept: Vec<u8>,
+}
+
+struct Pump<'a> {
+    sink: &'a dyn OutputSink,
+    log: &'a Mutex<Vec<String>>,
+    over: &'a Notify,
+    max: u64,
+}
+
+impl Pump<'_> {
+    fn emit(&self, stream: Stream, line: &[u8]) {
+        let ts = now_ms();
+        let line = String::from_utf8_lossy(line).into_owned();
+        let kind = match stream {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        };
+        let record = json!({"type": kind, "timestampMs": ts, "line": line}).to_string();
+        if let Ok(mut log) = self.log.lock() {
+            log.push(record);
+        }
+        self.sink.event(match stream {
+            Stream::Stdout => OutputEvent::Stdout {
+                line,
+                timestamp_ms: ts,
+            },
+            Stream::Stderr => OutputEvent::Stderr {
+                line,
+                timestamp_ms: ts,
+            },
+        });
+    }
+
+    async fn run<R: AsyncRead + Unpin>(&self, mut reader: R, stream: Stream) -> Captured {
+        let mut cap = Captured::default();
+        let mut kept: u64 = 0;
+        let mut pending: Vec<u8> = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            cap.total += n as u64;
+            let room = self.max.saturating_sub(kept);
+            let take = (n as u64).min(room) as usize;
+            if take < n && !cap.truncated {
+                cap.truncated = true;
+                self.over.notify_one();
+            }
+            // Past the cap we keep reading (so the writer never blocks on a full pipe) but
+            // drop the bytes: host memory stays bounded by the cap.
+            let chunk = &buf[..take];
+            kept += take as u64;
+            if stream == Stream::Stdout {
+                cap.kept.extend_from_slice(chunk);
+            }
+            pending.extend_from_slice(chunk);
+            let mut start = 0;
+            while let Some(pos) = pending[start..].iter().position(|b| *b == b'\n') {
+                self.emit(stream, &pending[start..start + pos]);
+                start += pos + 1;
+            }
+            pending.drain(..start);
+        }
+        if !pending.is_empty() {
+            self.emit(stream, &pending);
+        }
+        cap
+    }
+}
+
+/// Reads a host file the sandbox wrote, without following a symlink it may have planted.
+fn read_untrusted(path: &Path, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > max {
+        return None;
+    }
+    let mut out = Vec::new();
+    file.take(max).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
+fn result_json(bytes: &[u8]) -> Option<Value> {
+    let text = std::str::from_utf8(bytes).ok()?.trim();
+    if text.is_empty() {
+        return None;
+    }
+    match serde_json::from_str::<Value>(text).ok()? {
+        v @ Value::Object(_) => Some(v),
+        _ => None,
+    }
+}
+
+fn spawn_err(reason: impl ToString) -> RuntimeError {
+    RuntimeError::spawn("start the sandbox init", reason)
+}
+
+pub(crate) async fn execute(
+    caps: &HostCaps,
+    backend: &Backend,
+    handle: &SandboxHandle,
+    command: &StepCommand,
+    cancel: CancellationToken,
+    sink: &dyn OutputSink,
+) -> Result<ExecOutcome, RuntimeError> {
+    let config_bytes =
+        std::fs::read(backend.config_file()).map_err(|e| RuntimeError::OutOfOrder {
+            verb: "execute",
+            reason: format!("the sandbox has no state (not created, or cleaned up): {e}"),
+        })?;
+    let stored: StoredConfig = serde_json::from_slice(&config_bytes)
+        .map_err(|e| RuntimeError::spawn("read the sandbox config", e))?;
+    let controls = &stored.config.controls;
+    let request_file = handle.request_path.join(plan::REQUEST_FILE_NAME);
+    if !request_file.is_file() {
+        return Err(RuntimeError::OutOfOrder {
+            verb: "execute",
+            reason: "nothing was shipped: call ship before execute".into(),
+        });
+    }
+    if command.argv.is_empty() || command.argv[0].is_empty() {
+        return Err(RuntimeError::InvalidControl {
+            control: "command",
+            reason: "the command is empty".into(),
+        });
+    }
+    if let Some(cwd) = &command.cwd {
+        if !cwd.starts_with('/') {
+            return Err(RuntimeError::InvalidControl {
+                control: "cwd",
+                reason: format!("must be an absolute path inside the sandbox, got {cwd:?}"),
+            });
+        }
+    }
+    let init = caps.init.as_ref().map_err(spawn_err)?;
+    let seccomp = caps.seccomp.as_ref().map_err(spawn_err)?;
+
+    // A result from a previous execute must not be mistaken for this one's.
+    let result_file = backend.out().join(plan::RESULT_FILE_NAME);
+    let _ = std::fs::remove_file(&result_file);
+
+    let layout = HostLayout {
+        root_dir: backend.root_dir.clone(),
+        upper: backend.upper(),
+        work: backend.work(),
+        new_root: backend.new_root(),
+        artifacts: backend.artifacts(),
+        out: backend.out(),
+        request: handle.request_path.clone(),
+    };
+    let workspace = WorkspaceFacts {
+        has_smithers_dir: backend.root_dir.join(".smithers").is_dir(),
+        has_git_dir: backend.root_dir.join(".git").is_dir(),
+    };
+    let tmp_bytes = controls.disk_limit_bytes.unwrap_or(plan::DEFAULT_TMP_BYTES);
+    let plan = plan::compile(&PlanInput {
+        layout: &layout,
+        workspace,
+        host: &caps.facts,
+        allow_network: controls.allow_network,
+        tmp_bytes,
+        volumes: &controls.volumes,
+        argv: &command.argv,
+        cwd: command.cwd.as_deref(),
+        step_env: &controls.env,
+        host_env: &caps.host_env,
+        host_uid: caps.uid,
+        host_gid: caps.gid,
+        cgroup_procs: backend.cgroups.procs_files(),
+        seccomp: seccomp.clone(),
+    });
+    let mut plan_line = serde_json::to_vec(&plan).map_err(spawn_err)?;
+    plan_line.push(b'\n');
+
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
+    let started = Instant::now();
+    let mut cmd = tokio::process::Command::new(&init.program);
+    cmd.args(&init.args)
+        .env_clear()
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| spawn_err(format!("{}: {e}", init.program.display())))?;
+    // The Command still owns the init's end of the socket: drop it so EOF means "init gone".
+    drop(cmd);
+    let init_pid = child.id().map(|p| p as i32);
+    ours.set_nonblocking(true).map_err(spawn_err)?;
+    let ours = tokio::net::UnixStream::from_std(ours).map_err(spawn_err)?;
+    let (status_rd, mut control_wr) = ours.into_split();
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| spawn_err("no stdout pipe"))?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| spawn_err("no stderr pipe"))?;
+    control_wr
+        .write_all(&plan_line)
+        .await
+        .map_err(|e| spawn_err(format!("sending the plan: {e}")))?;
+
+    let log = Mutex::new(Vec::new());
+    let over = Notify::new();
+    let finished = Notify::new();
+    let pump = Pump {
+        sink,
+        log: &log,
+        over: &over,
+        max: controls.max_output_bytes,
+    };
+    let status_fut = async {
+        let mut events = Vec::new();
+        let mut lines = BufReader::new(status_rd).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                events.push(v);
+            }
+        }
+        finished.notify_one();
+        events
+    };
+    let deadline = controls.timeout().map(|t| tokio::time::Instant::now() + t);
+    let cgroups = &backend.cgroups;
+    let control_fut = async {
+        let reason = tokio::select! {
+            _ = finished.notified() => None,
+            _ = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => Some(Termination::Timeout),
+            _ = cancel.cancelled() => Some(Termination::Cancelled),
+            _ = over.notified() => Some(Termination::Output),
+        };
+        if reason.is_some() {
+            // P0 SIGKILLs pid 1 of the sandbox; the pid namespace dies with it.
+            let _ = control_wr.write_all(b"k\n").await;
+            if tokio::time::timeout(KILL_GRACE, finished.notified())
+                .await
+                .is_err()
+            {
+                // The init did not finish the kill: take the whole tree down ourselves.
+                if let Some(pid) = init_pid {
+                    let _ = crate::sys::kill(pid, libc::SIGKILL);
+                }
+                cgroups.kill_all();
+            }
+        }
+        drop(control_wr);
+        reason
+    };
+    let (out, err, events, reason) = tokio::join!(
+        pump.run(stdout, Stream::Stdout),
+        pump.run(stderr, Stream::Stderr),
+        status_fut,
+        control_fut
+    );
+    let _ = child.wait().await;
+    let duration = started.elapsed();
+
+    // Belt and braces: the pid namespace is gone, so the cgroups should be empty. If anything
+    // escaped into them (it cannot leave a pid namespace, but be sure), kill it now.
+    if cgroups.populated() {
+        cgroups.kill_and_wait(KILL_GRACE);
+    }
+    let stats = cgroups.stats();
+
+    let ready = events.iter().find(|e| e["event"] == "ready");
+    let exit = events.iter().find(|e| e["event"] == "exit");
+    if reason.is_none() {
+        if let Some(error) = events.iter().find(|e| e["event"] == "error") {
+            return Err(RuntimeError::Spawn {
+                operation: format!(
+                    "set up the sandbox ({})",
+                    error["stage"].as_str().unwrap_or("init")
+                ),
+                reason: error["message"].as_str().unwrap_or("unknown").to_string(),
+            });
+        }
+    }
+    let exit_code = exit.and_then(|e| e["code"].as_i64()).map(|c| c as i32);
+    let signal = exit.and_then(|e| e["signal"].as_i64()).map(|s| s as i32);
+
+    let disk_full = backend.layer_tmpfs
+        && crate::sys::statvfs(&backend.layer())
+            .map(|st| st.f_bavail == 0)
+            .unwrap_or(false);
+    let failed = exit_code != Some(0);
+    let termination = match reason {
+        Some(Termination::Cancelled) => Termination::Cancelled,
+        Some(Termination::Timeout) => Termination::Timeout,
+        _ if stats.oom_kills > 0 => Termination::Memory,
+        Some(Termination::Output) => Termination::Output,
+        _ if disk_full && failed => Termination::Disk,
+        _ if stats.pids_limit_hits > 0 => Termination::Pids,
+        _ if signal.is_some() => Termination::Signaled,
+        _ if exit_code.is_some() => Termination::Exited,
+        _ => {
+            return Err(RuntimeError::spawn(
+                "run the command",
+                "the sandbox init ended without reporting the command's exit status",
+            ))
+        }
+    };
+
+    let result = read_untrusted(&result_file, MAX_RESULT_BYTES)
+        .and_then(|b| result_json(&b))
+        .or_else(|| {
+            if out.truncated {
+                None
+            } else {
+                result_json(&out.kept)
+            }
+        });
+    let usage = ResourceUsage {
+        cpu_time_ms: stats.cpu_time_ns.map(|ns| ns / 1_000_000),
+        peak_memory_bytes: stats.peak_memory_bytes,
+        max_pids: stats.peak_pids,
+        disk_bytes: if backend.layer_tmpfs {
+            crate::sys::statvfs(&backend.layer())
+                .ok()
+                .map(|st| (st.f_blocks - st.f_bfree) * st.f_frsize)
+        } else {
+            None
+        },
+    };
+    let enforcement = crate::report::enforcement(caps, &stored, &plan, cgroups, ready);
+    let outcome = ExecOutcome {
+        termination,
+        exit_code,
+        signal,
+        duration,
+        stdout_bytes: out.total,
+        stderr_bytes: err.total,
+        stdout_truncated: out.truncated,
+        stderr_truncated: err.truncated,
+        usage,
+        enforcement,
+        result,
+    };
+    persist(backend, &outcome, log.into_inner().unwrap_or_default())?;
+    Ok(outcome)
+}
+
+/// Writes the NDJSON log (lines, then the exit record) and the outcome for `collect`.
+fn persist(
+    backend: &Backend,
+    outcome: &ExecOutcome,
+    mut lines: Vec<String>,
+) -> Result<(), RuntimeError> {
+    let exit = json!({
+        "type": "exit",
+        "timestampMs": now_ms(),
+        "termination": outcome.termination.as_str(),
+        "exitCode": outcome.exit_code,
+        "signal": outcome.signal,
+        "durationMs": outcome.duration.as_millis() as u64,
+        "stdoutBytes": outcome.stdout_bytes,
+        "stderrBytes": outcome.stderr_bytes,
+        "stdoutTruncated": outcome.stdout_truncated,
+        "stderrTruncated": outcome.stderr_truncated,
+        "usage": outcome.usage,
+    });
+    lines.push(exit.to_string());
+    let mut text = lines.join("\n");
+    text.push('\n');
+    crate::write_private(&backend.log_file(), text.as_bytes())?;
+    let outcome_bytes = serde_json::to_vec(outcome).unwrap_or_default();
+    crate::write_private(&backend.outcome_file(), &outcome_bytes)
+}

@@ -1,0 +1,1098 @@
+//! The in-sandbox init: a small, single-threaded program (no tokio, no threads) that executes an
+//! [`InitPlan`]. It runs as a separate process so that nothing is forked from the runtime's
+//! multithreaded process.
+//!
+//! Process tree and protocol:
+//!
+//! ```text
+//! runtime ──socket (fd 0)──► P0  init, host pid ns: joins cgroups, unshares user (+maps) and
+//!                            │   the other namespaces, forks, then only waits: a "k" byte or
+//!                            │   EOF on fd 0 (the runtime died) → SIGKILL P1.
+//!                            └► P1  pid 1 of the new pid ns: builds the root, pivot_root,
+//!                               │   drops privileges (caps, no_new_privs, Landlock, seccomp
+//!                               │   last), reports `ready`, forks the command, reaps zombies,
+//!                               │   reports `exit`, then exits, which kills whatever is left.
+//!                               └► P2  the command (stdin /dev/null, stdout/stderr = runtime's pipes)
+//! ```
+//!
+//! Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
+//! `{"event":"exit","code":N}` / `{"event":"exit","signal":N}`, `{"event":"error",...}`.
+//! Because P1 is the pid namespace's init, its death kills every process of the sandbox
+//! (double-forked, setsid'd, SIGTERM-ignoring ones too), and P0's `waitpid` on it returns
+//! only once all of them are gone.
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::plan::{InitPlan, LandlockPlan, MountAttrs, MountOp, TargetKind, PLAN_VERSION};
+use crate::sys::{self, cpath, cstring, SysError, SysResult};
+
+/// The control/status socket the runtime passes as stdin.
+const CONTROL_FD: libc::c_int = 0;
+
+/// Entry point of the `smithers-sandbox-init` binary (and of `smithers-sandbox __sandbox-init`).
+pub fn main() -> ! {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    std::process::exit(run(&args))
+}
+
+/// Runs the init with its arguments (without the program name); returns the exit code.
+pub fn run(args: &[String]) -> i32 {
+    match args.first().map(String::as_str) {
+        None => run_sandbox(),
+        Some("--probe") => match args.get(1) {
+            Some(scratch) => run_probe(Path::new(scratch)),
+            None => {
+                eprintln!("smithers-sandbox-init: --probe needs a scratch directory");
+                2
+            }
+        },
+        Some(other) => {
+            eprintln!("smithers-sandbox-init: unexpected argument {other:?} (this program is started by the smithers runtime)");
+            2
+        }
+    }
+}
+
+fn report(value: Value) {
+    let mut line = value.to_string();
+    line.push('\n');
+    // Nothing useful can be done if the runtime is gone; P0 notices EOF separately.
+    let _ = sys::write_all_fd(CONTROL_FD, line.as_bytes());
+}
+
+fn report_error(stage: &str, err: &SysError) {
+    report(json!({
+        "event": "error",
+        "stage": stage,
+        "errno": err.errno,
+        "message": err.to_string(),
+    }));
+}
+
+/// Reads the plan line from fd 0; returns it and any bytes that followed it (control bytes).
+fn read_plan() -> Result<(InitPlan, Vec<u8>), String> {
+    let mut buf = Vec::with_capacity(16 * 1024);
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        // SAFETY: `chunk` is a valid writable buffer of the given length.
+        let n = unsafe { libc::read(CONTROL_FD, chunk.as_mut_ptr().cast(), chunk.len()) };
+        if n < 0 {
+            if sys::errno() == libc::EINTR {
+                continue;
+            }
+            return Err(format!(
+                "reading the plan: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        if n == 0 {
+            return Err("the runtime closed the control socket before sending a plan".into());
+        }
+        buf.extend_from_slice(&chunk[..n as usize]);
+        if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let rest = buf.split_off(pos + 1);
+            let plan: InitPlan = serde_json::from_slice(&buf[..pos])
+                .map_err(|e| format!("the plan is not valid: {e}"))?;
+            if plan.version != PLAN_VERSION {
+                return Err(format!(
+                    "plan version {} but this init speaks {PLAN_VERSION}",
+                    plan.version
+                ));
+            }
+            return Ok((plan, rest));
+        }
+        if buf.len() > 64 << 20 {
+            return Err("the plan exceeds 64 MiB".into());
+        }
+    }
+}
+
+fn run_sandbox() -> i32 {
+    let (plan, pending) = match read_plan() {
+        Ok(p) => p,
+        Err(message) => {
+            report(json!({"event": "error", "stage": "plan", "errno": 0, "message": message}));
+            return 1;
+        }
+    };
+    match start(&plan) {
+        Ok(child) => supervise(child, &pending),
+        Err((stage, err)) => {
+            report_error(stage, &err);
+            1
+        }
+    }
+}
+
+type StageResult<T> = Result<T, (&'static str, SysError)>;
+
+fn stage<T>(name: &'static str, r: SysResult<T>) -> StageResult<T> {
+    r.map_err(|e| (name, e))
+}
+
+/// P0: cgroups, namespaces, fork of P1. Returns P1's pid.
+fn start(plan: &InitPlan) -> StageResult<libc::pid_t> {
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    // Own session: a Ctrl-C aimed at the runtime's terminal is the runtime's to handle (it
+    // cancels), it must not hit the init directly.
+    // SAFETY: setsid has no memory-safety preconditions; failure (already a leader) is harmless.
+    unsafe { libc::setsid() };
+    stage(
+        "pdeathsig",
+        sys::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            "PR_SET_PDEATHSIG",
+        ),
+    )?;
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } != parent {
+        // The runtime died between spawning us and the prctl: nothing to run for.
+        return Err((
+            "pdeathsig",
+            SysError {
+                op: "the runtime exited before the sandbox started".into(),
+                errno: libc::ESRCH,
+            },
+        ));
+    }
+    for procs in &plan.cgroup_procs {
+        stage("cgroup", sys::write_file(procs, b"0"))?;
+    }
+    stage(
+        "userns",
+        sys::unshare(libc::CLONE_NEWUSER, "user namespace"),
+    )?;
+    stage(
+        "userns",
+        sys::write_file(Path::new("/proc/self/setgroups"), b"deny"),
+    )?;
+    stage(
+        "userns",
+        sys::write_file(
+            Path::new("/proc/self/uid_map"),
+            format!("{} {} 1\n", plan.sandbox_uid, plan.host_uid).as_bytes(),
+        ),
+    )?;
+    stage(
+        "userns",
+        sys::write_file(
+            Path::new("/proc/self/gid_map"),
+            format!("{} {} 1\n", plan.sandbox_gid, plan.host_gid).as_bytes(),
+        ),
+    )?;
+    let mut flags = libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWCGROUP;
+    if plan.unshare_net {
+        flags |= libc::CLONE_NEWNET;
+    }
+    stage("namespaces", sys::unshare(flags, "namespaces"))?;
+    // SAFETY: the init is single-threaded, so the child may keep running arbitrary Rust code.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return stage("fork", sys::fail("fork"));
+    }
+    if pid == 0 {
+        let code = pid1(plan);
+        // SAFETY: _exit is always safe; we must not run P0's atexit state in the child.
+        unsafe { libc::_exit(code) };
+    }
+    Ok(pid)
+}
+
+/// P0 after the fork: wait for P1, kill it on request or when the runtime goes away.
+fn supervise(child: libc::pid_t, pending: &[u8]) -> i32 {
+    if pending.contains(&b'k') {
+        let _ = sys::kill(child, libc::SIGKILL);
+    }
+    // SAFETY: pidfd_open takes a pid and flags.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, child, 0) } as libc::c_int;
+    let mut control_open = true;
+    if pidfd >= 0 {
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: if control_open { CONTROL_FD } else { -1 },
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: pidfd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is a valid array of two pollfd structs.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if n < 0 {
+                if sys::errno() == libc::EINTR {
+                    continue;
+                }
+                break;
+            }
+            if fds[1].revents != 0 {
+                break;
+            }
+            if fds[0].revents != 0 {
+                let mut buf = [0u8; 64];
+                // SAFETY: `buf` is a valid writable buffer.
+                let r = unsafe { libc::read(CONTROL_FD, buf.as_mut_ptr().cast(), buf.len()) };
+                if r <= 0 {
+                    if r < 0 && sys::errno() == libc::EINTR {
+                        continue;
+                    }
+                    // The runtime is gone (or closed its end): the sandbox must not outlive it.
+                    control_open = false;
+                    let _ = sys::kill(child, libc::SIGKILL);
+                } else if buf[..r as usize].contains(&b'k') {
+                    let _ = sys::kill(child, libc::SIGKILL);
+                }
+            }
+        }
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is a valid out-pointer; `child` is our child.
+        let r = unsafe { libc::waitpid(child, &mut status, libc::__WALL) };
+        if r >= 0 || sys::errno() != libc::EINTR {
+            break;
+        }
+    }
+    if libc::WIFSIGNALED(status) {
+        report(json!({"event": "initExit", "signal": libc::WTERMSIG(status)}));
+    }
+    0
+}
+
+/// P1, pid 1 of the sandbox. Returns the exit code of P1 itself.
+fn pid1(plan: &InitPlan) -> i32 {
+    if let Err(e) = sys::prctl(
+        libc::PR_SET_PDEATHSIG,
+        libc::SIGKILL as libc::c_ulong,
+        "PR_SET_PDEATHSIG",
+    ) {
+        report_error("pdeathsig", &e);
+        return 1;
+    }
+    let ready = match setup(plan) {
+        Ok(r) => r,
+        Err((stage, err)) => {
+            report_error(stage, &err);
+            return 1;
+        }
+    };
+    report(ready);
+    let exec = PreparedExec::new(plan);
+    // SAFETY: P1 is single-threaded (a child of the single-threaded P0).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        report_error(
+            "fork",
+            &SysError {
+                op: "fork command".into(),
+                errno: sys::errno(),
+            },
+        );
+        return 1;
+    }
+    if pid == 0 {
+        exec.exec();
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+        if r == pid {
+            break;
+        }
+        if r < 0 && sys::errno() != libc::EINTR {
+            report_error(
+                "wait",
+                &SysError {
+                    op: "wait command".into(),
+                    errno: sys::errno(),
+                },
+            );
+            return 1;
+        }
+        // Another pid: an orphan reparented to us and now reaped. Keep waiting.
+    }
+    if libc::WIFEXITED(status) {
+        report(json!({"event": "exit", "code": libc::WEXITSTATUS(status)}));
+    } else if libc::WIFSIGNALED(status) {
+        report(json!({"event": "exit", "signal": libc::WTERMSIG(status)}));
+    }
+    // Returning ends pid 1, which makes the kernel kill every remaining process of the sandbox.
+    0
+}
+
+fn join(root: &Path, inner: &Path) -> PathBuf {
+    root.join(inner.strip_prefix("/").unwrap_or(inner))
+}
+
+fn mkdir_p(path: &Path, mode: u32) -> SysResult<()> {
+    if path.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = path.parent() {
+        mkdir_p(parent, 0o755)?;
+    }
+    let c = cpath(path);
+    // SAFETY: `c` is a valid C string.
+    let ret = unsafe { libc::mkdir(c.as_ptr(), mode) };
+    if ret < 0 && sys::errno() != libc::EEXIST {
+        return sys::fail(format!("mkdir {}", path.display()));
+    }
+    Ok(())
+}
+
+fn touch(path: &Path) -> SysResult<()> {
+    if let Some(parent) = path.parent() {
+        mkdir_p(parent, 0o755)?;
+    }
+    let c = cpath(path);
+    // SAFETY: `c` is a valid C string; the fd is closed right away.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            0o644,
+        )
+    };
+    sys::check(fd, || format!("create {}", path.display()))?;
+    // SAFETY: fd was just opened and is owned here.
+    unsafe { libc::close(fd) };
+    Ok(())
+}
+
+fn attr_bits(a: MountAttrs) -> u64 {
+    let mut bits = 0;
+    if a.readonly {
+        bits |= sys::MOUNT_ATTR_RDONLY;
+    }
+    if a.nosuid {
+        bits |= sys::MOUNT_ATTR_NOSUID;
+    }
+    if a.nodev {
+        bits |= sys::MOUNT_ATTR_NODEV;
+    }
+    if a.noexec {
+        bits |= sys::MOUNT_ATTR_NOEXEC;
+    }
+    bits
+}
+
+fn mount_flags(a: MountAttrs) -> libc::c_ulong {
+    let mut f = 0;
+    if a.readonly {
+        f |= libc::MS_RDONLY;
+    }
+    if a.nosuid {
+        f |= libc::MS_NOSUID;
+    }
+    if a.nodev {
+        f |= libc::MS_NODEV;
+    }
+    if a.noexec {
+        f |= libc::MS_NOEXEC;
+    }
+    f
+}
+
+/// Applies attributes to a mount. mount_setattr only adds flags, so flags the kernel locked
+/// on a mount inherited from the host are kept; the remount fallback has to repeat them.
+fn set_attrs(path: &Path, attrs: MountAttrs, recursive: bool) -> SysResult<()> {
+    let bits = attr_bits(attrs);
+    if bits == 0 {
+        return Ok(());
+    }
+    match sys::mount_setattr(path, bits, recursive) {
+        Err(e) if e.errno == libc::ENOSYS => {
+            let st = sys::statvfs(path)?;
+            let mut locked: libc::c_ulong = 0;
+            for (st_flag, ms_flag) in [
+                (libc::ST_NOSUID, libc::MS_NOSUID),
+                (libc::ST_NODEV, libc::MS_NODEV),
+                (libc::ST_NOEXEC, libc::MS_NOEXEC),
+                (libc::ST_NOATIME, libc::MS_NOATIME),
+                (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+                (libc::ST_RELATIME, libc::MS_RELATIME),
+            ] {
+                if st.f_flag & st_flag != 0 {
+                    locked |= ms_flag;
+                }
+            }
+            sys::mount(
+                None,
+                path,
+                None,
+                libc::MS_REMOUNT | libc::MS_BIND | mount_flags(attrs) | locked,
+                None,
+            )
+        }
+        other => other,
+    }
+}
+
+/// Escapes a path for overlayfs' option parser (`,` separates options, `:` lower layers).
+fn overlay_escape(path: &Path) -> String {
+    let s = path.to_string_lossy();
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '\\' | ',' | ':') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn apply(op: &MountOp, root: &Path) -> SysResult<()> {
+    match op {
+        MountOp::Dir { path, mode } => mkdir_p(&join(root, path), *mode),
+        MountOp::Symlink { path, target } => {
+            let at = join(root, path);
+            if let Some(parent) = at.parent() {
+                mkdir_p(parent, 0o755)?;
+            }
+            std::os::unix::fs::symlink(target, &at).map_err(|e| SysError {
+                op: format!("symlink {}", at.display()),
+                errno: e.raw_os_error().unwrap_or(0),
+            })
+        }
+        MountOp::Tmpfs {
+            path,
+            size_bytes,
+            mode,
+            attrs,
+        } => {
+            let at = join(root, path);
+            mkdir_p(&at, 0o755)?;
+            let data = cstring(&format!("mode={mode:o},size={size_bytes}"));
+            sys::mount(
+                Some(c"tmpfs"),
+                &at,
+                Some(c"tmpfs"),
+                mount_flags(*attrs),
+                Some(&data),
+            )
+        }
+        MountOp::Bind {
+            source,
+            path,
+            kind,
+            attrs,
+            optional,
+        } => {
+            if *optional && std::fs::symlink_metadata(source).is_err() {
+                return Ok(());
+            }
+            let at = join(root, path);
+            match kind {
+                TargetKind::Dir => mkdir_p(&at, 0o755)?,
+                TargetKind::File => touch(&at)?,
+            }
+            let src = cpath(source);
+            sys::mount(Some(&src), &at, None, libc::MS_BIND | libc::MS_REC, None)?;
+            set_attrs(&at, *attrs, true)
+        }
+        MountOp::Rebind {
+            path,
+            attrs,
+            optional,
+        } => {
+            let at = join(root, path);
+            if *optional && std::fs::symlink_metadata(&at).is_err() {
+                return Ok(());
+            }
+            let src = cpath(&at);
+            sys::mount(Some(&src), &at, None, libc::MS_BIND | libc::MS_REC, None)?;
+            set_attrs(&at, *attrs, true)
+        }
+        MountOp::Overlay {
+            lower,
+            upper,
+            work,
+            path,
+            attrs,
+        } => {
+            let at = join(root, path);
+            mkdir_p(&at, 0o755)?;
+            let data = cstring(&format!(
+                "lowerdir={},upperdir={},workdir={},userxattr",
+                overlay_escape(lower),
+                overlay_escape(upper),
+                overlay_escape(work)
+            ));
+            sys::mount(
+                Some(c"overlay"),
+                &at,
+                Some(c"overlay"),
+                mount_flags(*attrs),
+                Some(&data),
+            )?;
+            // A workdir the kernel cannot use makes overlayfs fall back to read-only silently.
+            let st = sys::statvfs(&at)?;
+            if !attrs.readonly && st.f_flag & libc::ST_RDONLY != 0 {
+                return Err(SysError {
+                    op: format!(
+                        "overlay at {} was mounted read-only (workdir {} unusable)",
+                        path.display(),
+                        work.display()
+                    ),
+                    errno: libc::EROFS,
+                });
+            }
+            Ok(())
+        }
+        MountOp::MaskDir { path } => {
+            let at = join(root, path);
+            if !at.is_dir() {
+                return Ok(());
+            }
+            sys::mount(
+                Some(c"tmpfs"),
+                &at,
+                Some(c"tmpfs"),
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                Some(c"size=4k,mode=0555"),
+            )
+        }
+        MountOp::Proc { path } => {
+            let at = join(root, path);
+            mkdir_p(&at, 0o555)?;
+            sys::mount(
+                Some(c"proc"),
+                &at,
+                Some(c"proc"),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                None,
+            )
+        }
+        MountOp::Devpts { path } => {
+            let at = join(root, path);
+            mkdir_p(&at, 0o755)?;
+            sys::mount(
+                Some(c"devpts"),
+                &at,
+                Some(c"devpts"),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                Some(c"newinstance,ptmxmode=0666,mode=0620"),
+            )
+        }
+        MountOp::Setattr { path, attrs } => set_attrs(&join(root, path), *attrs, false),
+    }
+}
+
+fn lo_up() -> SysResult<()> {
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    sys::check(fd, || "socket for lo".to_string())?;
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `ifr` is a valid ifreq for SIOCGIFFLAGS/SIOCSIFFLAGS on our own socket.
+    let result = unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) < 0 {
+            sys::fail("SIOCGIFFLAGS lo")
+        } else {
+            ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            if libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr) < 0 {
+                sys::fail("SIOCSIFFLAGS lo")
+            } else {
+                Ok(())
+            }
+        }
+    };
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+    result
+}
+
+fn read_cap_last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(63)
+}
+
+/// P1: build the root, pivot, drop privileges. Returns the `ready` report.
+fn setup(plan: &InitPlan) -> StageResult<Value> {
+    let last_cap = read_cap_last_cap();
+    // Nothing we mount may propagate back to the host.
+    stage(
+        "mount",
+        sys::mount(
+            None,
+            Path::new("/"),
+            None,
+            libc::MS_REC | libc::MS_PRIVATE,
+            None,
+        ),
+    )?;
+    let root = &plan.new_root;
+    let data = cstring(&format!("mode=0755,size={}", crate::plan::ROOT_TMPFS_BYTES));
+    stage(
+        "mount",
+        sys::mount(
+            Some(c"tmpfs"),
+            root,
+            Some(c"tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(&data),
+        ),
+    )?;
+    for op in &plan.mounts {
+        stage("mount", apply(op, root))?;
+    }
+    let hostname = cstring(&plan.hostname);
+    // SAFETY: `hostname` is valid for the given length.
+    let ret = unsafe { libc::sethostname(hostname.as_ptr(), plan.hostname.len()) };
+    stage("hostname", sys::check(ret, || "sethostname".to_string()))?;
+    if plan.unshare_net {
+        stage("network", lo_up())?;
+    }
+    stage("pivot_root", pivot(root))?;
+    restrict(plan, last_cap)
+}
+
+fn pivot(root: &Path) -> SysResult<()> {
+    let c = cpath(root);
+    // SAFETY: valid C string.
+    sys::check(unsafe { libc::chdir(c.as_ptr()) }, || {
+        format!("chdir {}", root.display())
+    })?;
+    // SAFETY: pivot_root(".", ".") stacks the old root on the new one; both are valid strings.
+    let ret = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
+    sys::check_long(ret, || "pivot_root".to_string())?;
+    sys::umount2(Path::new("."), libc::MNT_DETACH)?;
+    // SAFETY: valid C string.
+    sys::check(unsafe { libc::chdir(c"/".as_ptr()) }, || {
+        "chdir /".to_string()
+    })?;
+    Ok(())
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+// securebits: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS (off) and NO_CAP_AMBIENT_RAISE, all locked.
+// (bits 0-7 set except KEEP_CAPS, bit 4).
+const SECUREBITS: libc::c_ulong = 0xef;
+
+fn drop_capabilities(last_cap: u32) -> SysResult<()> {
+    sys::prctl(libc::PR_SET_SECUREBITS, SECUREBITS, "PR_SET_SECUREBITS")?;
+    for cap in 0..=last_cap {
+        match sys::prctl(
+            libc::PR_CAPBSET_DROP,
+            cap as libc::c_ulong,
+            "PR_CAPBSET_DROP",
+        ) {
+            Err(e) if e.errno == libc::EINVAL => {}
+            other => {
+                other?;
+            }
+        }
+    }
+    // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes no pointers.
+    let ret = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    sys::check(ret, || "clear ambient capabilities".to_string())?;
+    Ok(())
+}
+
+fn capset_zero() -> SysResult<()> {
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData::default(); 2];
+    // SAFETY: header and a two-element data array, as capset(2) version 3 requires.
+    let ret =
+        unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) };
+    sys::check_long(ret, || "capset".to_string()).map(|_| ())
+}
+
+fn apply_landlock(plan: &LandlockPlan) -> Result<&'static str, String> {
+    use landlock::{
+        Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    };
+    let abi = ABI::V6;
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(|e| err(&e))?;
+    if plan.deny_tcp {
+        ruleset = ruleset
+            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+            .map_err(|e| err(&e))?;
+    }
+    if plan.scope {
+        ruleset = ruleset
+            .scope(Scope::AbstractUnixSocket | Scope::Signal)
+            .map_err(|e| err(&e))?;
+    }
+    let mut created = ruleset.create().map_err(|e| err(&e))?;
+    let rules = plan
+        .read_dirs
+        .iter()
+        .map(|p| (p, AccessFs::from_read(abi)))
+        .chain(plan.write_dirs.iter().map(|p| (p, AccessFs::from_all(abi))))
+        .chain(
+            plan.write_files
+                .iter()
+                .map(|p| (p, AccessFs::from_file(abi))),
+        );
+    for (path, access) in rules {
+        // A rule for a path that does not exist in this sandbox (an optional device) is
+        // simply not needed.
+        let Ok(fd) = PathFd::new(path) else { continue };
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| err(&e))?;
+    }
+    let status = created.restrict_self().map_err(|e| err(&e))?;
+    Ok(match status.ruleset {
+        RulesetStatus::FullyEnforced => "enforced",
+        RulesetStatus::PartiallyEnforced => "degraded",
+        RulesetStatus::NotEnforced => "unavailable",
+    })
+}
+
+fn install_seccomp(programs: &[Vec<crate::plan::BpfInstruction>]) -> SysResult<()> {
+    for program in programs {
+        let filter: Vec<libc::sock_filter> = program
+            .iter()
+            .map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k })
+            .collect();
+        let fprog = libc::sock_fprog {
+            len: filter.len() as libc::c_ushort,
+            filter: filter.as_ptr() as *mut libc::sock_filter,
+        };
+        // SAFETY: `fprog` points at `filter`, which outlives the call; the kernel copies it.
+        let ret = unsafe {
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER as libc::c_ulong,
+                &fprog as *const libc::sock_fprog,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        sys::check(ret, || "install seccomp filter".to_string())?;
+    }
+    Ok(())
+}
+
+/// Privileges go in this order: capabilities (while we still may change securebits), then
+/// no_new_privs, Landlock (needs no_new_privs), the remaining capability sets, and seccomp last
+/// so that nothing above is blocked by it.
+fn restrict(plan: &InitPlan, last_cap: u32) -> StageResult<Value> {
+    stage("capabilities", drop_capabilities(last_cap))?;
+    stage(
+        "no_new_privs",
+        sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS"),
+    )?;
+    let (landlock, landlock_detail) = match apply_landlock(&plan.landlock) {
+        Ok(status) => (status, String::new()),
+        Err(e) => ("unavailable", e),
+    };
+    stage("capabilities", capset_zero())?;
+    // No process of the sandbox may ptrace or read the memory of pid 1.
+    stage(
+        "dumpable",
+        sys::prctl(libc::PR_SET_DUMPABLE, 0, "PR_SET_DUMPABLE"),
+    )?;
+    stage("seccomp", install_seccomp(&plan.seccomp))?;
+    Ok(json!({
+        "event": "ready",
+        "landlock": landlock,
+        "landlockDetail": landlock_detail,
+        "seccomp": !plan.seccomp.is_empty(),
+    }))
+}
+
+/// The command, prepared before the fork.
+struct PreparedExec {
+    candidates: Vec<CString>,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    cwd: CString,
+    argv0: String,
+}
+
+impl PreparedExec {
+    fn new(plan: &InitPlan) -> PreparedExec {
+        let argv0 = plan.exec.argv.first().cloned().unwrap_or_default();
+        let candidates = if argv0.contains('/') {
+            vec![cstring(&argv0)]
+        } else {
+            plan.exec
+                .search_path
+                .split(':')
+                .filter(|d| !d.is_empty())
+                .map(|d| cstring(&format!("{}/{argv0}", d.trim_end_matches('/'))))
+                .collect()
+        };
+        PreparedExec {
+            candidates,
+            argv: plan.exec.argv.iter().map(|a| cstring(a)).collect(),
+            env: plan.exec.env.iter().map(|e| cstring(e)).collect(),
+            cwd: cpath(&plan.exec.cwd),
+            argv0,
+        }
+    }
+
+    fn die(&self, code: i32, what: &str, errno: i32) -> ! {
+        let msg = format!(
+            "smithers-sandbox: {what} {}: {}\n",
+            self.argv0,
+            std::io::Error::from_raw_os_error(errno)
+        );
+        let _ = sys::write_all_fd(2, msg.as_bytes());
+        // SAFETY: _exit is always safe.
+        unsafe { libc::_exit(code) }
+    }
+
+    /// In P2: stdin from /dev/null, no inherited fds but 0-2, cwd, exec.
+    fn exec(&self) -> ! {
+        let _ = sys::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            "pdeathsig",
+        );
+        // SAFETY: plain syscalls on constant arguments / valid C strings.
+        unsafe {
+            libc::setsid();
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            if null >= 0 {
+                libc::dup2(null, 0);
+                if null > 2 {
+                    libc::close(null);
+                }
+            } else {
+                libc::close(0);
+            }
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+        }
+        // SAFETY: valid C string.
+        if unsafe { libc::chdir(self.cwd.as_ptr()) } < 0 {
+            self.die(126, "cannot enter the working directory for", sys::errno());
+        }
+        if self.argv.is_empty() {
+            self.die(127, "empty command", libc::ENOENT);
+        }
+        let mut argv: Vec<*const libc::c_char> = self.argv.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<*const libc::c_char> = self.env.iter().map(|e| e.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        let mut last = libc::ENOENT;
+        for candidate in &self.candidates {
+            // SAFETY: argv and envp are NULL-terminated arrays of valid C strings that live
+            // until execve either replaces the process or returns.
+            unsafe { libc::execve(candidate.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+            let e = sys::errno();
+            if e != libc::ENOENT && e != libc::ENOTDIR {
+                last = e;
+            }
+        }
+        let code = if last == libc::ENOENT { 127 } else { 126 };
+        self.die(code, "cannot execute", last)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Probe mode
+
+fn outcome(r: SysResult<()>) -> Value {
+    match r {
+        Ok(()) => json!({"ok": true}),
+        Err(e) => json!({"ok": false, "detail": e.to_string(), "errno": e.errno}),
+    }
+}
+
+/// Tries every mechanism once in throwaway namespaces and prints the findings as JSON on stdout.
+/// Everything it mounts lives in its own mount namespace and vanishes with it; the scratch
+/// directory is the caller's to remove.
+fn run_probe(scratch: &Path) -> i32 {
+    let mut out = serde_json::Map::new();
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let user = sys::unshare(libc::CLONE_NEWUSER, "user namespace").and_then(|()| {
+        sys::write_file(Path::new("/proc/self/setgroups"), b"deny")?;
+        sys::write_file(
+            Path::new("/proc/self/uid_map"),
+            format!("0 {uid} 1\n").as_bytes(),
+        )?;
+        sys::write_file(
+            Path::new("/proc/self/gid_map"),
+            format!("0 {gid} 1\n").as_bytes(),
+        )
+    });
+    let user_ok = user.is_ok();
+    out.insert("user".into(), outcome(user));
+    if user_ok {
+        for (name, flag) in [
+            ("mount", libc::CLONE_NEWNS),
+            ("ipc", libc::CLONE_NEWIPC),
+            ("uts", libc::CLONE_NEWUTS),
+            ("net", libc::CLONE_NEWNET),
+            ("cgroup", libc::CLONE_NEWCGROUP),
+            ("pid", libc::CLONE_NEWPID),
+        ] {
+            out.insert(name.into(), outcome(sys::unshare(flag, name)));
+        }
+        let mount_ok = out["mount"]["ok"] == json!(true);
+        if mount_ok {
+            out.insert("overlay".into(), outcome(probe_overlay(scratch)));
+        }
+        if out["pid"]["ok"] == json!(true) && mount_ok {
+            out.insert("proc".into(), outcome(probe_proc(scratch)));
+        }
+        if out["net"]["ok"] == json!(true) {
+            out.insert("loopback".into(), outcome(lo_up()));
+        }
+    }
+    // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) only queries.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    out.insert(
+        "landlockAbi".into(),
+        if abi > 0 {
+            json!(abi)
+        } else {
+            json!({"ok": false, "errno": sys::errno()})
+        },
+    );
+    let nnp = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS").map(|_| ());
+    out.insert("noNewPrivs".into(), outcome(nnp));
+    let landlock = apply_landlock(&LandlockPlan {
+        read_dirs: vec![PathBuf::from("/")],
+        write_dirs: vec![PathBuf::from("/tmp")],
+        write_files: vec![],
+        deny_tcp: true,
+        scope: true,
+    });
+    out.insert(
+        "landlock".into(),
+        match landlock {
+            Ok(status) => json!({"ok": status == "enforced", "status": status}),
+            Err(e) => json!({"ok": false, "detail": e}),
+        },
+    );
+    let seccomp = match crate::seccomp::compile() {
+        Ok(programs) => outcome(install_seccomp(&programs)),
+        Err(e) => json!({"ok": false, "detail": e.to_string()}),
+    };
+    out.insert("seccomp".into(), seccomp);
+    println!("{}", Value::Object(out));
+    0
+}
+
+fn probe_overlay(scratch: &Path) -> SysResult<()> {
+    sys::mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+    let dirs = ["lower", "upper", "work", "merged"].map(|d| scratch.join(d));
+    for d in &dirs {
+        mkdir_p(d, 0o755)?;
+    }
+    mkdir_p(&dirs[0].join("sub"), 0o755)?;
+    apply(
+        &MountOp::Overlay {
+            lower: dirs[0].clone(),
+            upper: dirs[1].clone(),
+            work: dirs[2].clone(),
+            path: PathBuf::from("/"),
+            attrs: MountAttrs::RW,
+        },
+        &dirs[3],
+    )?;
+    // Deleting a lower directory is what fails (EIO) without userxattr.
+    let sub = cpath(&dirs[3].join("sub"));
+    // SAFETY: valid C string.
+    sys::check(unsafe { libc::rmdir(sub.as_ptr()) }, || {
+        "rmdir through overlay".to_string()
+    })?;
+    touch(&dirs[3].join("written"))?;
+    if !dirs[1].join("written").exists() {
+        return Err(SysError {
+            op: "overlay write did not reach the upper layer".into(),
+            errno: libc::EIO,
+        });
+    }
+    Ok(())
+}
+
+fn probe_proc(scratch: &Path) -> SysResult<()> {
+    let target = scratch.join("proc");
+    mkdir_p(&target, 0o755)?;
+    // SAFETY: the probe is single-threaded.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return sys::fail("fork");
+    }
+    if pid == 0 {
+        let ok = sys::mount(
+            Some(c"proc"),
+            &target,
+            Some(c"proc"),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        )
+        .is_ok();
+        // SAFETY: _exit is always safe.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: valid out-pointer, our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else {
+        Err(SysError {
+            op: "mount proc in a new pid namespace".into(),
+            errno: libc::EPERM,
+        })
+    }
+}

@@ -1,0 +1,696 @@
+//! The `bubblewrap` runtime without bubblewrap: a step runs in Linux namespaces on this host,
+//! built and supervised by our own small init (no external binary).
+//!
+//! * [`plan`] compiles the policy purely (mount list, environment, Landlock rules); [`seccomp`]
+//!   compiles the syscall filter. Both are unit-tested without root.
+//! * [`init`] is the in-sandbox init (a separate, single-threaded executable:
+//!   `smithers-sandbox-init`, or `smithers-sandbox __sandbox-init`), which executes the plan.
+//! * [`cgroup`] is cgroups v1 and v2 behind one interface.
+//! * [`NativeRuntime`] implements [`smithers_runtime::Runtime`].
+//!
+//! # Identity inside
+//!
+//! The sandbox's root (uid 0 inside) maps to the **runtime's own uid** on the host, one id
+//! only. This is deliberate: the step must be able to modify the project through the overlay,
+//! and the project is owned by the user running the runtime; mapping to any other host uid
+//! would make the project read-only inside (unmapped owner). The consequence, when the runtime
+//! runs as host root, is that DAC checks on bound host files use host root's identity. What
+//! keeps that safe: nothing writable is bound but the workspace overlay, `/result`, the out
+//! directory and `/tmp`; every other mount is read-only (mount flags, locked by dropping all
+//! capabilities, and `mount`/`mount_setattr` are denied by seccomp); Landlock denies writes
+//! outside the writable mounts again; `/etc` is filtered, no home directory, no `/sys`; all
+//! capabilities are dropped from every set with no_new_privs. Running the runtime as an
+//! unprivileged user makes the sandbox that user's, with nothing of root.
+//!
+//! # Host state of a sandbox
+//!
+//! `<state_root>/<runId>/<sandboxId>/` (outside the project) holds the overlay's `upper/` and
+//! `work/` (on a size-capped tmpfs when a disk limit is set), the new root's mount point,
+//! `/result`'s artifacts, the step's result file, the output log and the outcome. The handle's
+//! `sandbox_root` is the spec's `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/` with
+//! `request/` and the bundle in `result/`.
+
+pub mod cgroup;
+mod collect;
+mod exec;
+pub mod init;
+pub mod plan;
+mod report;
+pub mod seccomp;
+mod sys;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use smithers_runtime::{
+    CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputSink, RequestBundle,
+    Runtime, RuntimeError, RuntimeKind, SandboxConfig, SandboxHandle, ShipReport, StepCommand,
+};
+
+use crate::cgroup::{CgroupHost, CgroupLimits, SandboxCgroups};
+use crate::plan::{BpfInstruction, HostFacts};
+
+pub use report::protection_names;
+
+const RUNTIME: &str = "bubblewrap";
+
+/// Environment variable naming the init executable.
+pub const INIT_ENV: &str = "SMITHERS_SANDBOX_INIT";
+/// File name of the init executable looked up next to the current executable.
+pub const INIT_BIN: &str = "smithers-sandbox-init";
+/// Hidden first argument with which `smithers-sandbox` runs as the init.
+pub const INIT_SUBCOMMAND: &str = "__sandbox-init";
+
+/// How to start the init: a program and the arguments before the init's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
+impl InitCommand {
+    /// A dedicated `smithers-sandbox-init` binary.
+    pub fn binary(program: impl Into<PathBuf>) -> InitCommand {
+        InitCommand {
+            program: program.into(),
+            args: vec![],
+        }
+    }
+
+    /// The current executable run with [`INIT_SUBCOMMAND`] (for a CLI that dispatches to
+    /// [`init::run`]).
+    pub fn current_exe_subcommand() -> std::io::Result<InitCommand> {
+        Ok(InitCommand {
+            program: std::env::current_exe()?,
+            args: vec![INIT_SUBCOMMAND.to_string()],
+        })
+    }
+
+    /// Finds the init: `$SMITHERS_SANDBOX_INIT`, then `smithers-sandbox-init` next to the
+    /// current executable or in its parent directory (test binaries live in `target/*/deps`).
+    pub fn locate() -> Result<InitCommand, String> {
+        if let Some(path) = std::env::var_os(INIT_ENV) {
+            let path = PathBuf::from(path);
+            return if path.is_file() {
+                Ok(InitCommand::binary(path))
+            } else {
+                Err(format!(
+                    "${INIT_ENV} names {} which is not a file",
+                    path.display()
+                ))
+            };
+        }
+        let exe = std::env::current_exe().map_err(|e| format!("current executable: {e}"))?;
+        let mut tried = Vec::new();
+        for dir in exe
+            .parent()
+            .into_iter()
+            .chain(exe.parent().and_then(Path::parent))
+        {
+            let candidate = dir.join(INIT_BIN);
+            if candidate.is_file() {
+                return Ok(InitCommand::binary(candidate));
+            }
+            tried.push(candidate.display().to_string());
+        }
+        Err(format!(
+            "no {INIT_BIN} found (tried {}); set ${INIT_ENV}",
+            tried.join(", ")
+        ))
+    }
+}
+
+/// Options of [`NativeRuntime`].
+#[derive(Debug, Clone)]
+pub struct NativeOptions {
+    /// The init to run; `None` = [`InitCommand::locate`].
+    pub init: Option<InitCommand>,
+    /// Where per-sandbox host state lives; `None` = `$TMPDIR/smithers-sandbox-<uid>`.
+    pub state_root: Option<PathBuf>,
+    /// The pids limit applied when the config sets none (fork bombs are contained by
+    /// default). Applied only where the pids controller exists; reported either way.
+    pub default_pids_limit: Option<u32>,
+}
+
+impl Default for NativeOptions {
+    fn default() -> Self {
+        NativeOptions {
+            init: None,
+            state_root: None,
+            default_pids_limit: Some(4096),
+        }
+    }
+}
+
+/// What this host offers, computed once per runtime (cheap file reads, no process).
+#[derive(Debug)]
+struct HostCaps {
+    init: Result<InitCommand, String>,
+    facts: HostFacts,
+    cgroups: CgroupHost,
+    seccomp: Result<Vec<Vec<BpfInstruction>>, String>,
+    userns: Result<(), String>,
+    uid: u32,
+    gid: u32,
+    /// Whether we may mount a size-capped tmpfs on the host for the upper layer.
+    host_mounts: bool,
+    state_root: PathBuf,
+    host_env: BTreeMap<String, String>,
+}
+
+/// The native runtime. Cheap to clone through `Arc`; host facts are cached inside.
+#[derive(Debug)]
+pub struct NativeRuntime {
+    options: NativeOptions,
+    caps: OnceLock<Arc<HostCaps>>,
+    probe: tokio::sync::OnceCell<EnforcementReport>,
+}
+
+/// Backend state stored in the handle (plain data, for cleanup from another process).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Backend {
+    state_dir: PathBuf,
+    root_dir: PathBuf,
+    /// A tmpfs is mounted on `state_dir/layer` (disk limit).
+    layer_tmpfs: bool,
+    cgroups: SandboxCgroups,
+}
+
+impl Backend {
+    fn from_handle(handle: &SandboxHandle, verb: &'static str) -> Result<Backend, RuntimeError> {
+        serde_json::from_value(handle.backend.clone()).map_err(|e| RuntimeError::OutOfOrder {
+            verb,
+            reason: format!("the handle carries no native runtime state: {e}"),
+        })
+    }
+    fn layer(&self) -> PathBuf {
+        self.state_dir.join("layer")
+    }
+    fn upper(&self) -> PathBuf {
+        self.layer().join("upper")
+    }
+    fn work(&self) -> PathBuf {
+        self.layer().join("work")
+    }
+    fn new_root(&self) -> PathBuf {
+        self.state_dir.join("root")
+    }
+    fn artifacts(&self) -> PathBuf {
+        self.state_dir.join("artifacts")
+    }
+    fn out(&self) -> PathBuf {
+        self.state_dir.join("out")
+    }
+    fn config_file(&self) -> PathBuf {
+        self.state_dir.join("config.json")
+    }
+    fn outcome_file(&self) -> PathBuf {
+        self.state_dir.join("outcome.json")
+    }
+    fn log_file(&self) -> PathBuf {
+        self.state_dir.join("stream.ndjson")
+    }
+}
+
+fn io_err<'a>(
+    operation: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> RuntimeError + 'a {
+    move |e| RuntimeError::io(operation, path, e)
+}
+
+impl Default for NativeRuntime {
+    fn default() -> Self {
+        NativeRuntime::new(NativeOptions::default())
+    }
+}
+
+impl NativeRuntime {
+    pub fn new(options: NativeOptions) -> NativeRuntime {
+        NativeRuntime {
+            options,
+            caps: OnceLock::new(),
+            probe: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    fn caps(&self) -> Arc<HostCaps> {
+        self.caps.get_or_init(|| Arc::new(self.detect())).clone()
+    }
+
+    fn detect(&self) -> HostCaps {
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let init = match &self.options.init {
+            Some(i) => Ok(i.clone()),
+            None => InitCommand::locate(),
+        };
+        let state_root = self
+            .options
+            .state_root
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("smithers-sandbox-{uid}")));
+        HostCaps {
+            init,
+            facts: HostFacts::gather(),
+            cgroups: CgroupHost::detect(),
+            seccomp: seccomp::compile().map_err(|e| e.to_string()),
+            userns: report::userns_available(uid),
+            uid,
+            gid,
+            host_mounts: uid == 0,
+            state_root,
+            host_env: std::env::vars().collect(),
+        }
+    }
+
+    fn refuse(control: &'static str, reason: impl Into<String>) -> RuntimeError {
+        RuntimeError::ControlUnsupported {
+            runtime: RUNTIME,
+            control,
+            reason: reason.into(),
+        }
+    }
+
+    /// Refuses what this runtime cannot enforce here (strict: never silently dropped).
+    fn check_controls(&self, config: &SandboxConfig, caps: &HostCaps) -> Result<(), RuntimeError> {
+        let c = &config.controls;
+        if config.image.is_some() {
+            return Err(Self::refuse(
+                "image",
+                "the native runtime runs on the host's own system directories; images need the docker runtime",
+            ));
+        }
+        if let Some(port) = c.ports.iter().find(|p| p.host != p.container) {
+            return Err(Self::refuse(
+                "ports",
+                format!(
+                    "with allowNetwork the sandbox shares the host network, so a port cannot be remapped ({} -> {})",
+                    port.host, port.container
+                ),
+            ));
+        }
+        if c.workspace.is_some() {
+            return Err(Self::refuse(
+                "workspace",
+                "persistent workspaces are a feature of remote runtimes",
+            ));
+        }
+        if c.egress.is_some() {
+            return Err(Self::refuse(
+                "egress",
+                "egress proxying and secret bindings are not implemented by the native runtime",
+            ));
+        }
+        for (control, ctrl, wanted) in [
+            ("memoryLimit", "memory", c.memory_limit_bytes.is_some()),
+            ("pidsLimit", "pids", c.pids_limit.is_some()),
+            ("cpuLimit", "cpu", c.cpu_limit.is_some()),
+        ] {
+            if wanted && caps.cgroups.source(ctrl).is_none() {
+                return Err(Self::refuse(
+                    control,
+                    format!(
+                        "no {ctrl} cgroup controller is available to this process (v1 hierarchy or delegated v2 controller); run under a cgroup with {ctrl} delegated, e.g. systemd-run --user -p Delegate=yes --scope"
+                    ),
+                ));
+            }
+        }
+        if c.disk_limit_bytes.is_some() && !caps.host_mounts {
+            return Err(Self::refuse(
+                "diskLimit",
+                "capping the copy-on-write layer needs a size-limited tmpfs mounted on the host, which needs root",
+            ));
+        }
+        Ok(())
+    }
+
+    fn cgroup_name(config: &SandboxConfig) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        config.entity_id().hash(&mut h);
+        std::process::id().hash(&mut h);
+        std::time::SystemTime::now().hash(&mut h);
+        format!("smithers-{:016x}", h.finish())
+    }
+
+    async fn create_inner(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
+        config.validate()?;
+        if config.runtime != RuntimeKind::Bubblewrap {
+            return Err(RuntimeError::InvalidControl {
+                control: "runtime",
+                reason: format!(
+                    "the native runtime serves \"bubblewrap\", not {:?}",
+                    config.runtime.as_str()
+                ),
+            });
+        }
+        let caps = self.caps();
+        if let Err(reason) = &caps.init {
+            return Err(RuntimeError::Unavailable {
+                runtime: RUNTIME,
+                reason: reason.clone(),
+                fix: Some(format!(
+                    "build the {INIT_BIN} binary (cargo build -p smithers-runtime-native) or set ${INIT_ENV}"
+                )),
+            });
+        }
+        if let Err(reason) = &caps.userns {
+            return Err(RuntimeError::Unavailable {
+                runtime: RUNTIME,
+                reason: reason.clone(),
+                fix: Some(
+                    "enable user namespaces: sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 where it exists)".into(),
+                ),
+            });
+        }
+        if let Err(reason) = &caps.seccomp {
+            return Err(RuntimeError::Unavailable {
+                runtime: RUNTIME,
+                reason: reason.clone(),
+                fix: None,
+            });
+        }
+        self.check_controls(config, &caps)?;
+        let root_dir = &config.root_dir;
+        match std::fs::metadata(root_dir) {
+            Ok(m) if m.is_dir() => {}
+            _ => {
+                return Err(RuntimeError::InvalidControl {
+                    control: "rootDir",
+                    reason: format!("{} is not a directory", root_dir.display()),
+                })
+            }
+        }
+        let sandbox_root = root_dir
+            .join(".smithers")
+            .join("sandboxes")
+            .join(&config.run_id)
+            .join(&config.sandbox_id);
+        let request_path = sandbox_root.join("request");
+        let result_path = sandbox_root.join("result");
+
+        let run_dir = caps.state_root.join(&config.run_id);
+        std::fs::create_dir_all(&run_dir).map_err(io_err("create state directory", &run_dir))?;
+        restrict_mode(&caps.state_root)?;
+        let state_dir = run_dir.join(&config.sandbox_id);
+        match std::fs::create_dir(&state_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(RuntimeError::OutOfOrder {
+                    verb: "create",
+                    reason: format!(
+                        "sandbox {} already exists (state at {}); clean it up first",
+                        config.entity_id(),
+                        state_dir.display()
+                    ),
+                })
+            }
+            Err(e) => return Err(RuntimeError::io("create state directory", &state_dir, e)),
+        }
+        let mut backend = Backend {
+            state_dir,
+            root_dir: root_dir.clone(),
+            layer_tmpfs: false,
+            cgroups: SandboxCgroups::default(),
+        };
+        let result = self
+            .prepare(config, &caps, &mut backend, &request_path)
+            .await;
+        if let Err(e) = result {
+            let _ = cleanup_backend(&backend, None);
+            return Err(e);
+        }
+        Ok(SandboxHandle {
+            runtime: RuntimeKind::Bubblewrap,
+            run_id: config.run_id.clone(),
+            sandbox_id: config.sandbox_id.clone(),
+            sandbox_root,
+            request_path,
+            result_path,
+            container_id: None,
+            workspace_id: None,
+            backend: serde_json::to_value(&backend).unwrap_or_default(),
+        })
+    }
+
+    async fn prepare(
+        &self,
+        config: &SandboxConfig,
+        caps: &HostCaps,
+        backend: &mut Backend,
+        request_path: &Path,
+    ) -> Result<(), RuntimeError> {
+        let c = &config.controls;
+        let layer = backend.layer();
+        std::fs::create_dir(&layer).map_err(io_err("create", &layer))?;
+        if let Some(bytes) = c.disk_limit_bytes {
+            let data = sys::cstring(&format!("size={bytes},mode=0700"));
+            sys::mount(
+                Some(c"tmpfs"),
+                &layer,
+                Some(c"tmpfs"),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                Some(&data),
+            )
+            .map_err(|e| RuntimeError::spawn("mount the size-capped upper layer", e))?;
+            backend.layer_tmpfs = true;
+        }
+        for dir in [
+            backend.upper(),
+            backend.work(),
+            backend.new_root(),
+            backend.artifacts(),
+            backend.out(),
+        ] {
+            std::fs::create_dir(&dir).map_err(io_err("create", &dir))?;
+        }
+        std::fs::create_dir_all(request_path).map_err(io_err("create", request_path))?;
+        let mut pids = c.pids_limit;
+        if pids.is_none() && caps.cgroups.source("pids").is_some() {
+            pids = self.options.default_pids_limit;
+        }
+        let limits = CgroupLimits {
+            memory_bytes: c.memory_limit_bytes,
+            pids,
+            cpus: c.cpu_limit,
+        };
+        backend.cgroups = caps
+            .cgroups
+            .create(&Self::cgroup_name(config), &limits)
+            .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
+        let stored = StoredConfig {
+            config: config.clone(),
+            effective_pids_limit: pids,
+        };
+        let path = backend.config_file();
+        write_private(&path, &serde_json::to_vec(&stored).unwrap_or_default())?;
+        Ok(())
+    }
+}
+
+/// The config as `create` accepted it, kept in the state dir (it may hold env secrets, so it
+/// is not put in the handle, which goes to the database).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredConfig {
+    config: SandboxConfig,
+    effective_pids_limit: Option<u32>,
+}
+
+fn write_private(path: &Path, data: &[u8]) -> Result<(), RuntimeError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io_err("write", path))?;
+    f.write_all(data).map_err(io_err("write", path))
+}
+
+fn restrict_mode(dir: &Path) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::symlink_metadata(dir).map_err(io_err("inspect state root", dir))?;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if !meta.is_dir() || meta.uid() != euid {
+        return Err(RuntimeError::spawn(
+            "use the state root",
+            format!(
+                "{} is not a directory owned by uid {euid} (refusing a planted path)",
+                dir.display()
+            ),
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_err("restrict state root", dir))?;
+    }
+    Ok(())
+}
+
+/// Removes a tree we own, making directories writable where the overlay's work dir left
+/// them mode 000.
+fn remove_tree(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            use std::os::unix::fs::PermissionsExt;
+            fn open_up(p: &Path) {
+                if let Ok(meta) = std::fs::symlink_metadata(p) {
+                    if meta.is_dir() {
+                        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700));
+                        if let Ok(rd) = std::fs::read_dir(p) {
+                            for entry in rd.flatten() {
+                                open_up(&entry.path());
+                            }
+                        }
+                    }
+                }
+            }
+            open_up(path);
+            std::fs::remove_dir_all(path)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Everything `cleanup` does, also used to roll back a failed `create`.
+fn cleanup_backend(backend: &Backend, request_path: Option<&Path>) -> Result<(), RuntimeError> {
+    let mut problems = Vec::new();
+    if backend.cgroups.populated() {
+        backend
+            .cgroups
+            .kill_and_wait(std::time::Duration::from_secs(5));
+    }
+    let left = backend.cgroups.remove(std::time::Duration::from_secs(5));
+    if !left.is_empty() {
+        problems.push(format!(
+            "cgroups still busy: {}",
+            left.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    // Only our own sandbox's mounts: the layer tmpfs (and, defensively, a root left mounted by
+    // a crashed init would be in its own mount namespace, gone with it).
+    if backend.layer_tmpfs {
+        let layer = backend.layer();
+        if is_mount_point(&layer) {
+            if let Err(e) = sys::umount2(&layer, libc::MNT_DETACH) {
+                problems.push(e.to_string());
+            }
+        }
+    }
+    if let Err(e) = remove_tree(&backend.state_dir) {
+        problems.push(format!("remove {}: {e}", backend.state_dir.display()));
+    }
+    if let Some(request) = request_path {
+        if let Err(e) = remove_tree(request) {
+            problems.push(format!("remove {}: {e}", request.display()));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(RuntimeError::spawn(
+            "clean up the sandbox",
+            problems.join("; "),
+        ))
+    }
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (
+        std::fs::metadata(path),
+        path.parent().map(std::fs::metadata),
+    ) {
+        (Ok(a), Some(Ok(b))) => a.dev() != b.dev(),
+        _ => false,
+    }
+}
+
+#[async_trait]
+impl Runtime for NativeRuntime {
+    fn kind(&self) -> RuntimeKind {
+        RuntimeKind::Bubblewrap
+    }
+
+    async fn probe(&self) -> EnforcementReport {
+        let caps = self.caps();
+        self.probe
+            .get_or_init(|| async move { report::probe(&caps).await })
+            .await
+            .clone()
+    }
+
+    async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
+        self.create_inner(config).await
+    }
+
+    async fn ship(
+        &self,
+        handle: &SandboxHandle,
+        request: &RequestBundle,
+    ) -> Result<ShipReport, RuntimeError> {
+        let backend = Backend::from_handle(handle, "ship")?;
+        if !backend.state_dir.is_dir() {
+            return Err(RuntimeError::OutOfOrder {
+                verb: "ship",
+                reason: "the sandbox does not exist (cleaned up?)".into(),
+            });
+        }
+        let bytes = serde_json::to_vec_pretty(&request.request).map_err(|e| {
+            RuntimeError::InvalidControl {
+                control: "request",
+                reason: e.to_string(),
+            }
+        })?;
+        std::fs::create_dir_all(&handle.request_path)
+            .map_err(io_err("create", &handle.request_path))?;
+        let path = handle.request_path.join(plan::REQUEST_FILE_NAME);
+        write_private(&path, &bytes)?;
+        // The workspace needs no shipping: the overlay's lower layer is the project itself.
+        Ok(ShipReport {
+            bundle_size_bytes: bytes.len() as u64,
+        })
+    }
+
+    async fn execute(
+        &self,
+        handle: &SandboxHandle,
+        command: &StepCommand,
+        cancel: CancellationToken,
+        output: &dyn OutputSink,
+    ) -> Result<ExecOutcome, RuntimeError> {
+        let backend = Backend::from_handle(handle, "execute")?;
+        let caps = self.caps();
+        exec::execute(&caps, &backend, handle, command, cancel, output).await
+    }
+
+    async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
+        let backend = Backend::from_handle(handle, "collect")?;
+        collect::collect(&backend, handle)
+    }
+
+    async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        let backend = match Backend::from_handle(handle, "cleanup") {
+            Ok(b) => b,
+            // A handle without state (create failed before producing one) holds nothing.
+            Err(_) if handle.backend.is_null() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        cleanup_backend(&backend, Some(&handle.request_path))
+    }
+}

@@ -1,0 +1,890 @@
+//! The sandbox policy compiled **purely** into a plan: the mount list, the environment, the
+//! Landlock rules and the seccomp program. Nothing here touches the system, so every rule is
+//! unit-tested without root; the in-sandbox init ([`crate::init`]) only executes the plan.
+//!
+//! The plan travels to the init as one line of JSON over its stdin socket.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Bumped when the init and the runtime would disagree on the plan's meaning.
+pub const PLAN_VERSION: u32 = 1;
+
+/// Where the sandbox sees things. Part of the contract with steps.
+pub mod paths {
+    /// The copy-on-write view of the project (and the command's default cwd).
+    pub const WORKSPACE: &str = "/workspace";
+    /// Writable artifacts directory, collected into the bundle's `artifacts/`.
+    pub const RESULT: &str = "/result";
+    /// Read-only directory holding `request.json`.
+    pub const REQUEST_DIR: &str = "/run/smithers/request";
+    /// `$SMITHERS_SANDBOX_REQUEST_PATH`.
+    pub const REQUEST_FILE: &str = "/run/smithers/request/request.json";
+    /// Writable directory holding the step's `result.json`.
+    pub const OUT_DIR: &str = "/run/smithers/out";
+    /// `$SMITHERS_SANDBOX_RESULT_PATH`.
+    pub const RESULT_FILE: &str = "/run/smithers/out/result.json";
+}
+
+/// File name of the request JSON inside the handle's `request_path`.
+pub const REQUEST_FILE_NAME: &str = "request.json";
+/// File name of the result JSON inside the host out directory.
+pub const RESULT_FILE_NAME: &str = "result.json";
+
+/// System directories bound read-only into the new root when they exist on the host.
+pub const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32",
+];
+
+/// The `/etc` entries a step may need (users, name resolution, dynamic linker, TLS roots,
+/// alternatives, time zone). Everything else in `/etc` (shadow, sudoers, ssh keys, machine
+/// credentials) stays invisible.
+pub const ETC_ALLOWLIST: &[&str] = &[
+    "passwd",
+    "group",
+    "hosts",
+    "host.conf",
+    "resolv.conf",
+    "nsswitch.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "crypto-policies",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "os-release",
+    "debian_version",
+    "lsb-release",
+    "mime.types",
+    "inputrc",
+    "bash.bashrc",
+    "profile",
+    "environment",
+    "gitconfig",
+    "magic",
+    "mke2fs.conf",
+    "subuid",
+    "subgid",
+];
+
+/// Host device nodes bound into the sandbox's `/dev`. No disks, no `/dev/mem`, no `kmsg`.
+pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Host environment variables that may pass into the sandbox (values copied when set).
+pub const ENV_PASSTHROUGH: &[&str] = &["LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ"];
+
+/// `PATH` when the step does not set one.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Size of the tmpfs the new root is built on: it only holds directories, mount points and
+/// symlinks, and is remounted read-only before the command starts.
+pub const ROOT_TMPFS_BYTES: u64 = 1 << 20;
+
+/// Default size cap of the sandbox's `/tmp` (and `/dev/shm`) when no disk limit is given.
+pub const DEFAULT_TMP_BYTES: u64 = 512 << 20;
+
+/// Mount attributes applied with `mount_setattr` (or a remount where that is missing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MountAttrs {
+    pub readonly: bool,
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+}
+
+impl MountAttrs {
+    /// Read-only, no setuid, no devices: the system directories.
+    pub const RO: MountAttrs = MountAttrs {
+        readonly: true,
+        nosuid: true,
+        nodev: true,
+        noexec: false,
+    };
+    /// Writable, no setuid, no devices: workspace, /tmp, /result.
+    pub const RW: MountAttrs = MountAttrs {
+        readonly: false,
+        nosuid: true,
+        nodev: true,
+        noexec: false,
+    };
+    /// A device node: devices allowed, nothing else.
+    pub const DEVICE: MountAttrs = MountAttrs {
+        readonly: false,
+        nosuid: true,
+        nodev: false,
+        noexec: true,
+    };
+}
+
+/// What to create at a bind target before binding onto it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum TargetKind {
+    Dir,
+    File,
+}
+
+/// One step of building the sandbox's root. Every `path` is a path **inside** the sandbox
+/// (absolute); the init prefixes it with the new root's host path before `pivot_root`.
+/// `source`, `lower`, `upper` and `work` are host paths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "op")]
+pub enum MountOp {
+    Dir {
+        path: PathBuf,
+        mode: u32,
+    },
+    Symlink {
+        path: PathBuf,
+        target: PathBuf,
+    },
+    Tmpfs {
+        path: PathBuf,
+        size_bytes: u64,
+        mode: u32,
+        attrs: MountAttrs,
+    },
+    Bind {
+        source: PathBuf,
+        path: PathBuf,
+        kind: TargetKind,
+        attrs: MountAttrs,
+        /// Skip silently when the source vanished since the host was inspected.
+        optional: bool,
+    },
+    /// Binds a path of the new root onto itself to change its attributes (`.git`, `/proc/sys`).
+    Rebind {
+        path: PathBuf,
+        attrs: MountAttrs,
+        optional: bool,
+    },
+    Overlay {
+        lower: PathBuf,
+        upper: PathBuf,
+        work: PathBuf,
+        path: PathBuf,
+        attrs: MountAttrs,
+    },
+    /// Hides a host path below a read-only empty tmpfs (the project's `.smithers/`).
+    MaskDir {
+        path: PathBuf,
+    },
+    Proc {
+        path: PathBuf,
+    },
+    Devpts {
+        path: PathBuf,
+    },
+    /// Applies attributes to an existing mount without recursion (the root tmpfs, `/dev`).
+    Setattr {
+        path: PathBuf,
+        attrs: MountAttrs,
+    },
+}
+
+/// The Landlock ruleset: read everywhere visible, write only below `write_dirs` and to
+/// `write_files`; TCP bind/connect denied when the network is off.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LandlockPlan {
+    pub read_dirs: Vec<PathBuf>,
+    pub write_dirs: Vec<PathBuf>,
+    pub write_files: Vec<PathBuf>,
+    pub deny_tcp: bool,
+    /// Scope signals and abstract unix sockets to the sandbox (Landlock ABI 6).
+    pub scope: bool,
+}
+
+/// One BPF instruction, as the kernel's `struct sock_filter`.
+pub type BpfInstruction = (u16, u8, u8, u32);
+
+/// What the command is and how it starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecSpec {
+    pub argv: Vec<String>,
+    /// `KEY=VALUE` strings, already filtered.
+    pub env: Vec<String>,
+    pub cwd: PathBuf,
+    /// The `PATH` used to find `argv[0]` (the init does the search itself, because
+    /// `execvpe` would search the init's own environment).
+    pub search_path: String,
+}
+
+/// Everything the init needs, as one serialisable value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitPlan {
+    pub version: u32,
+    /// Host ids the sandbox's user and group map to (one-line maps).
+    pub host_uid: u32,
+    pub host_gid: u32,
+    /// The ids the step sees.
+    pub sandbox_uid: u32,
+    pub sandbox_gid: u32,
+    /// `cgroup.procs` files the init moves itself into before creating namespaces.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// A new network namespace (only `lo`); false shares the host's network.
+    pub unshare_net: bool,
+    pub hostname: String,
+    /// Empty host directory the new root's tmpfs is mounted on.
+    pub new_root: PathBuf,
+    pub mounts: Vec<MountOp>,
+    pub landlock: LandlockPlan,
+    /// Seccomp programs, installed in order after everything else.
+    pub seccomp: Vec<Vec<BpfInstruction>>,
+    pub exec: ExecSpec,
+}
+
+/// What the host looks like at a path, as far as the plan cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostEntry {
+    Dir,
+    File,
+    Symlink(PathBuf),
+}
+
+/// The host facts the plan depends on, gathered once per runtime (see [`HostFacts::gather`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostFacts {
+    /// System directories and `/etc` entries that exist, by absolute host path.
+    pub entries: BTreeMap<PathBuf, HostEntry>,
+}
+
+impl HostFacts {
+    /// lstat()s the system directories, the `/etc` allowlist and the device nodes.
+    pub fn gather() -> HostFacts {
+        let mut entries = BTreeMap::new();
+        let candidates = SYSTEM_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .chain(ETC_ALLOWLIST.iter().map(|e| Path::new("/etc").join(e)))
+            .chain(DEV_NODES.iter().map(|d| Path::new("/dev").join(d)));
+        for path in candidates {
+            if let Some(entry) = host_entry(&path) {
+                entries.insert(path, entry);
+            }
+        }
+        HostFacts { entries }
+    }
+}
+
+/// lstat() one path into a [`HostEntry`] (None when missing or of another kind).
+pub fn host_entry(path: &Path) -> Option<HostEntry> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        std::fs::read_link(path).ok().map(HostEntry::Symlink)
+    } else if ft.is_dir() {
+        Some(HostEntry::Dir)
+    } else {
+        // Regular files and device nodes are both bound onto an empty file.
+        Some(HostEntry::File)
+    }
+}
+
+/// Host directories of one sandbox (all outside the project tree).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLayout {
+    /// The project: the overlay's lower layer.
+    pub root_dir: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    /// Mount point of the new root's tmpfs.
+    pub new_root: PathBuf,
+    /// Bound writable at `/result`.
+    pub artifacts: PathBuf,
+    /// Bound writable at `/run/smithers/out`.
+    pub out: PathBuf,
+    /// Bound read-only at `/run/smithers/request`.
+    pub request: PathBuf,
+}
+
+/// What the project looks like at its top (lstat of two names, decided at execute time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkspaceFacts {
+    pub has_smithers_dir: bool,
+    pub has_git_dir: bool,
+}
+
+/// The policy inputs of one execution.
+#[derive(Debug, Clone)]
+pub struct PlanInput<'a> {
+    pub layout: &'a HostLayout,
+    pub workspace: WorkspaceFacts,
+    pub host: &'a HostFacts,
+    pub allow_network: bool,
+    /// Size cap of `/tmp` and `/dev/shm`.
+    pub tmp_bytes: u64,
+    /// Extra binds from the config (already validated: never over /workspace or /result).
+    pub volumes: &'a [smithers_runtime::VolumeMount],
+    pub argv: &'a [String],
+    pub cwd: Option<&'a str>,
+    /// The step's validated environment.
+    pub step_env: &'a BTreeMap<String, String>,
+    /// The host's environment, from which only [`ENV_PASSTHROUGH`] is taken.
+    pub host_env: &'a BTreeMap<String, String>,
+    pub host_uid: u32,
+    pub host_gid: u32,
+    pub cgroup_procs: Vec<PathBuf>,
+    pub seccomp: Vec<Vec<BpfInstruction>>,
+}
+
+fn p(s: &str) -> PathBuf {
+    PathBuf::from(s)
+}
+
+/// Compiles the mount list (order matters: parents before children, binds before the
+/// read-only remount of their parent).
+pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
+    let mut ops = Vec::new();
+    let host = input.host;
+
+    // System directories: merged-/usr hosts have /bin -> usr/bin; a symlink is recreated,
+    // never bound, so the link resolves inside the sandbox.
+    for dir in SYSTEM_DIRS {
+        match host.entries.get(Path::new(dir)) {
+            Some(HostEntry::Dir) => ops.push(MountOp::Bind {
+                source: p(dir),
+                path: p(dir),
+                kind: TargetKind::Dir,
+                attrs: MountAttrs::RO,
+                optional: true,
+            }),
+            Some(HostEntry::Symlink(target)) => ops.push(MountOp::Symlink {
+                path: p(dir),
+                target: target.clone(),
+            }),
+            _ => {}
+        }
+    }
+
+    // A filtered /etc: a directory on the (later read-only) root tmpfs with selected binds.
+    ops.push(MountOp::Dir {
+        path: p("/etc"),
+        mode: 0o755,
+    });
+    for name in ETC_ALLOWLIST {
+        let host_path = Path::new("/etc").join(name);
+        match host.entries.get(&host_path) {
+            Some(HostEntry::Dir) => ops.push(MountOp::Bind {
+                source: host_path.clone(),
+                path: host_path,
+                kind: TargetKind::Dir,
+                attrs: MountAttrs::RO,
+                optional: true,
+            }),
+            Some(HostEntry::File) => ops.push(MountOp::Bind {
+                source: host_path.clone(),
+                path: host_path,
+                kind: TargetKind::File,
+                attrs: MountAttrs::RO,
+                optional: true,
+            }),
+            Some(HostEntry::Symlink(target)) => ops.push(MountOp::Symlink {
+                path: host_path,
+                target: target.clone(),
+            }),
+            None => {}
+        }
+    }
+
+    // /proc of the new pid namespace, with the kernel-tunable parts read-only.
+    ops.push(MountOp::Proc { path: p("/proc") });
+    ops.push(MountOp::Rebind {
+        path: p("/proc/sys"),
+        attrs: MountAttrs::RO,
+        optional: true,
+    });
+    ops.push(MountOp::Rebind {
+        path: p("/proc/sysrq-trigger"),
+        attrs: MountAttrs::RO,
+        optional: true,
+    });
+
+    // A minimal /dev.
+    ops.push(MountOp::Tmpfs {
+        path: p("/dev"),
+        size_bytes: 64 << 10,
+        mode: 0o755,
+        attrs: MountAttrs {
+            readonly: false,
+            nosuid: true,
+            nodev: false,
+            noexec: true,
+        },
+    });
+    for node in DEV_NODES {
+        let host_path = Path::new("/dev").join(node);
+        if host.entries.contains_key(&host_path) {
+            ops.push(MountOp::Bind {
+                source: host_path.clone(),
+                path: host_path,
+                kind: TargetKind::File,
+                attrs: MountAttrs::DEVICE,
+                optional: true,
+            });
+        }
+    }
+    ops.push(MountOp::Devpts {
+        path: p("/dev/pts"),
+    });
+    ops.push(MountOp::Symlink {
+        path: p("/dev/ptmx"),
+        target: p("pts/ptmx"),
+    });
+    ops.push(MountOp::Tmpfs {
+        path: p("/dev/shm"),
+        size_bytes: input.tmp_bytes,
+        mode: 0o1777,
+        attrs: MountAttrs::RW,
+    });
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        ops.push(MountOp::Symlink {
+            path: Path::new("/dev").join(name),
+            target: p(target),
+        });
+    }
+    ops.push(MountOp::Setattr {
+        path: p("/dev"),
+        attrs: MountAttrs {
+            readonly: true,
+            nosuid: true,
+            nodev: false,
+            noexec: true,
+        },
+    });
+
+    // Private /tmp.
+    ops.push(MountOp::Tmpfs {
+        path: p("/tmp"),
+        size_bytes: input.tmp_bytes,
+        mode: 0o1777,
+        attrs: MountAttrs::RW,
+    });
+
+    // The copy-on-write workspace, with the project's own state hidden and .git read-only
+    // (a hook or config written there would run on the host once the patch is applied).
+    let layout = input.layout;
+    ops.push(MountOp::Overlay {
+        lower: layout.root_dir.clone(),
+        upper: layout.upper.clone(),
+        work: layout.work.clone(),
+        path: p(paths::WORKSPACE),
+        attrs: MountAttrs::RW,
+    });
+    if input.workspace.has_smithers_dir {
+        ops.push(MountOp::MaskDir {
+            path: Path::new(paths::WORKSPACE).join(".smithers"),
+        });
+    }
+    if input.workspace.has_git_dir {
+        ops.push(MountOp::Rebind {
+            path: Path::new(paths::WORKSPACE).join(".git"),
+            attrs: MountAttrs::RO,
+            optional: true,
+        });
+    }
+
+    ops.push(MountOp::Bind {
+        source: layout.artifacts.clone(),
+        path: p(paths::RESULT),
+        kind: TargetKind::Dir,
+        attrs: MountAttrs::RW,
+        optional: false,
+    });
+    ops.push(MountOp::Bind {
+        source: layout.request.clone(),
+        path: p(paths::REQUEST_DIR),
+        kind: TargetKind::Dir,
+        attrs: MountAttrs::RO,
+        optional: false,
+    });
+    ops.push(MountOp::Bind {
+        source: layout.out.clone(),
+        path: p(paths::OUT_DIR),
+        kind: TargetKind::Dir,
+        attrs: MountAttrs::RW,
+        optional: false,
+    });
+
+    for volume in input.volumes {
+        ops.push(MountOp::Bind {
+            source: volume.host.clone(),
+            path: volume.container.clone(),
+            kind: if volume.host.is_dir() {
+                TargetKind::Dir
+            } else {
+                TargetKind::File
+            },
+            attrs: if volume.readonly {
+                MountAttrs::RO
+            } else {
+                MountAttrs::RW
+            },
+            optional: false,
+        });
+    }
+
+    // Last: the root itself read-only, so nothing outside the writable mounts can be created.
+    ops.push(MountOp::Setattr {
+        path: p("/"),
+        attrs: MountAttrs::RO,
+    });
+    ops
+}
+
+/// The environment: cleared, then the allowlist, then the step's env, then ours (which wins).
+pub fn environment(
+    step_env: &BTreeMap<String, String>,
+    host_env: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+    env.insert("HOME".to_string(), "/tmp".to_string());
+    env.insert("TMPDIR".to_string(), "/tmp".to_string());
+    env.insert("LANG".to_string(), "C.UTF-8".to_string());
+    env.insert("USER".to_string(), "root".to_string());
+    for key in ENV_PASSTHROUGH {
+        if let Some(value) = host_env.get(*key) {
+            env.insert((*key).to_string(), value.clone());
+        }
+    }
+    for (key, value) in step_env {
+        env.insert(key.clone(), value.clone());
+    }
+    env.insert("SMITHERS_SANDBOX".to_string(), "1".to_string());
+    env.insert(
+        "SMITHERS_SANDBOX_REQUEST_PATH".to_string(),
+        paths::REQUEST_FILE.to_string(),
+    );
+    env.insert(
+        "SMITHERS_SANDBOX_RESULT_PATH".to_string(),
+        paths::RESULT_FILE.to_string(),
+    );
+    env
+}
+
+/// Landlock: everything visible is readable; writes only where the step is meant to write.
+pub fn landlock_plan(
+    allow_network: bool,
+    volumes: &[smithers_runtime::VolumeMount],
+) -> LandlockPlan {
+    let mut write_dirs = vec![
+        p(paths::WORKSPACE),
+        p(paths::RESULT),
+        p(paths::OUT_DIR),
+        p("/tmp"),
+        p("/dev/shm"),
+        p("/dev/pts"),
+    ];
+    write_dirs.extend(
+        volumes
+            .iter()
+            .filter(|v| !v.readonly)
+            .map(|v| v.container.clone()),
+    );
+    LandlockPlan {
+        read_dirs: vec![p("/")],
+        write_dirs,
+        write_files: DEV_NODES
+            .iter()
+            .map(|d| Path::new("/dev").join(d))
+            .collect(),
+        deny_tcp: !allow_network,
+        scope: true,
+    }
+}
+
+/// The whole plan for one execution.
+pub fn compile(input: &PlanInput<'_>) -> InitPlan {
+    let env = environment(input.step_env, input.host_env);
+    let search_path = env
+        .get("PATH")
+        .cloned()
+        .unwrap_or_else(|| DEFAULT_PATH.to_string());
+    InitPlan {
+        version: PLAN_VERSION,
+        host_uid: input.host_uid,
+        host_gid: input.host_gid,
+        // The host uid appears as root inside: the step owns what the host user owns (the
+        // project), and nothing more, because caps are dropped and the view is read-only
+        // outside the writable mounts. See the crate docs for the reasoning.
+        sandbox_uid: 0,
+        sandbox_gid: 0,
+        cgroup_procs: input.cgroup_procs.clone(),
+        unshare_net: !input.allow_network,
+        hostname: "smithers-sandbox".to_string(),
+        new_root: input.layout.new_root.clone(),
+        mounts: mount_plan(input),
+        landlock: landlock_plan(input.allow_network, input.volumes),
+        seccomp: input.seccomp.clone(),
+        exec: ExecSpec {
+            argv: input.argv.to_vec(),
+            env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            cwd: input
+                .cwd
+                .map(PathBuf::from)
+                .unwrap_or_else(|| p(paths::WORKSPACE)),
+            search_path,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> HostFacts {
+        let mut entries = BTreeMap::new();
+        entries.insert(p("/usr"), HostEntry::Dir);
+        entries.insert(p("/bin"), HostEntry::Symlink(p("usr/bin")));
+        entries.insert(p("/lib64"), HostEntry::Dir);
+        entries.insert(p("/etc/passwd"), HostEntry::File);
+        entries.insert(p("/etc/ssl"), HostEntry::Dir);
+        entries.insert(
+            p("/etc/localtime"),
+            HostEntry::Symlink(p("/usr/share/zoneinfo/UTC")),
+        );
+        entries.insert(p("/dev/null"), HostEntry::File);
+        entries.insert(p("/dev/urandom"), HostEntry::File);
+        HostFacts { entries }
+    }
+
+    fn layout() -> HostLayout {
+        HostLayout {
+            root_dir: p("/home/u/project"),
+            upper: p("/state/s1/layer/upper"),
+            work: p("/state/s1/layer/work"),
+            new_root: p("/state/s1/root"),
+            artifacts: p("/state/s1/artifacts"),
+            out: p("/state/s1/out"),
+            request: p("/home/u/project/.smithers/sandboxes/r/s/request"),
+        }
+    }
+
+    fn plan_with(workspace: WorkspaceFacts, allow_network: bool) -> InitPlan {
+        let host = facts();
+        let layout = layout();
+        let step_env: BTreeMap<String, String> = [
+            ("FOO".to_string(), "bar".to_string()),
+            ("PATH".to_string(), "/x".to_string()),
+        ]
+        .into();
+        let host_env: BTreeMap<String, String> = [
+            ("TERM".to_string(), "xterm".to_string()),
+            ("AWS_SECRET_ACCESS_KEY".to_string(), "s3cr3t".to_string()),
+            ("HOME".to_string(), "/root".to_string()),
+        ]
+        .into();
+        let argv = vec!["echo".to_string(), "hi".to_string()];
+        compile(&PlanInput {
+            layout: &layout,
+            workspace,
+            host: &host,
+            allow_network,
+            tmp_bytes: 1 << 20,
+            volumes: &[],
+            argv: &argv,
+            cwd: None,
+            step_env: &step_env,
+            host_env: &host_env,
+            host_uid: 1000,
+            host_gid: 1000,
+            cgroup_procs: vec![],
+            seccomp: vec![],
+        })
+    }
+
+    fn binds(plan: &InitPlan) -> Vec<(&Path, &Path, MountAttrs)> {
+        plan.mounts
+            .iter()
+            .filter_map(|m| match m {
+                MountOp::Bind {
+                    source,
+                    path,
+                    attrs,
+                    ..
+                } => Some((source.as_path(), path.as_path(), *attrs)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn system_dirs_are_read_only_and_symlinks_recreated() {
+        let plan = plan_with(WorkspaceFacts::default(), false);
+        let b = binds(&plan);
+        assert!(b.contains(&(Path::new("/usr"), Path::new("/usr"), MountAttrs::RO)));
+        assert!(b.contains(&(Path::new("/lib64"), Path::new("/lib64"), MountAttrs::RO)));
+        assert!(!b.iter().any(|(s, _, _)| *s == Path::new("/bin")));
+        assert!(plan.mounts.contains(&MountOp::Symlink {
+            path: p("/bin"),
+            target: p("usr/bin")
+        }));
+    }
+
+    #[test]
+    fn etc_is_filtered_and_secrets_never_bound() {
+        let plan = plan_with(WorkspaceFacts::default(), false);
+        let sources: Vec<&Path> = binds(&plan).iter().map(|(s, _, _)| *s).collect();
+        assert!(sources.contains(&Path::new("/etc/passwd")));
+        assert!(sources.contains(&Path::new("/etc/ssl")));
+        for secret in [
+            "/etc/shadow",
+            "/etc",
+            "/root",
+            "/home",
+            "/home/u",
+            "/",
+            "/etc/sudoers",
+        ] {
+            assert!(!sources.contains(&Path::new(secret)), "{secret} bound");
+        }
+        assert!(!ETC_ALLOWLIST.contains(&"shadow"));
+        assert!(!ETC_ALLOWLIST.contains(&"gshadow"));
+        // Only the project (as overlay lower layer), the request dir and our state are
+        // visible from the project's tree.
+        assert!(!sources.iter().any(|s| s.starts_with("/home/u/project")
+            && !s.starts_with("/home/u/project/.smithers/sandboxes/r/s/request")));
+    }
+
+    #[test]
+    fn dev_is_minimal() {
+        let plan = plan_with(WorkspaceFacts::default(), false);
+        let dev: Vec<&Path> = binds(&plan)
+            .iter()
+            .filter(|(_, t, _)| t.starts_with("/dev"))
+            .map(|(_, t, _)| *t)
+            .collect();
+        assert_eq!(dev, vec![Path::new("/dev/null"), Path::new("/dev/urandom")]);
+        for (_, t, attrs) in binds(&plan) {
+            if t.starts_with("/dev") {
+                assert!(attrs.nosuid && attrs.noexec && !attrs.nodev);
+            } else {
+                assert!(attrs.nodev, "{} allows devices", t.display());
+            }
+        }
+    }
+
+    #[test]
+    fn workspace_is_an_overlay_with_state_masked_and_git_read_only() {
+        let plan = plan_with(
+            WorkspaceFacts {
+                has_smithers_dir: true,
+                has_git_dir: true,
+            },
+            false,
+        );
+        let overlay = plan
+            .mounts
+            .iter()
+            .position(
+                |m| matches!(m, MountOp::Overlay { path, .. } if path == Path::new("/workspace")),
+            )
+            .expect("overlay");
+        let mask = plan
+            .mounts
+            .iter()
+            .position(|m| matches!(m, MountOp::MaskDir { path } if path == Path::new("/workspace/.smithers")))
+            .expect("mask");
+        let git = plan
+            .mounts
+            .iter()
+            .position(|m| matches!(m, MountOp::Rebind { path, attrs, .. } if path == Path::new("/workspace/.git") && attrs.readonly))
+            .expect("git");
+        assert!(overlay < mask && overlay < git);
+        // upper/work are not inside the project.
+        if let MountOp::Overlay {
+            lower, upper, work, ..
+        } = &plan.mounts[overlay]
+        {
+            assert!(!upper.starts_with(lower) && !work.starts_with(lower));
+        }
+        let plain = plan_with(WorkspaceFacts::default(), false);
+        assert!(!plain
+            .mounts
+            .iter()
+            .any(|m| matches!(m, MountOp::MaskDir { .. })));
+    }
+
+    #[test]
+    fn root_is_made_read_only_last() {
+        let plan = plan_with(WorkspaceFacts::default(), false);
+        assert_eq!(
+            plan.mounts.last(),
+            Some(&MountOp::Setattr {
+                path: p("/"),
+                attrs: MountAttrs::RO
+            })
+        );
+    }
+
+    #[test]
+    fn environment_is_an_allowlist() {
+        let plan = plan_with(WorkspaceFacts::default(), false);
+        let env = &plan.exec.env;
+        assert!(env.contains(&"FOO=bar".to_string()));
+        assert!(env.contains(&"TERM=xterm".to_string()));
+        assert!(env.contains(&"HOME=/tmp".to_string()));
+        assert!(env.contains(&"PATH=/x".to_string()));
+        assert_eq!(plan.exec.search_path, "/x");
+        assert!(env.contains(&format!(
+            "SMITHERS_SANDBOX_REQUEST_PATH={}",
+            paths::REQUEST_FILE
+        )));
+        assert!(!env
+            .iter()
+            .any(|e| e.contains("s3cr3t") || e == "HOME=/root"));
+        assert_eq!(plan.exec.cwd, p("/workspace"));
+    }
+
+    #[test]
+    fn step_env_cannot_override_sandbox_paths() {
+        let mut step_env = BTreeMap::new();
+        step_env.insert(
+            "SMITHERS_SANDBOX_RESULT_PATH".to_string(),
+            "/etc/passwd".to_string(),
+        );
+        let env = environment(&step_env, &BTreeMap::new());
+        assert_eq!(env["SMITHERS_SANDBOX_RESULT_PATH"], paths::RESULT_FILE);
+    }
+
+    #[test]
+    fn network_and_landlock_follow_allow_network() {
+        let closed = plan_with(WorkspaceFacts::default(), false);
+        assert!(closed.unshare_net && closed.landlock.deny_tcp);
+        let open = plan_with(WorkspaceFacts::default(), true);
+        assert!(!open.unshare_net && !open.landlock.deny_tcp);
+        for dir in ["/workspace", "/result", "/tmp"] {
+            assert!(closed.landlock.write_dirs.contains(&p(dir)));
+        }
+        assert!(!closed.landlock.write_dirs.contains(&p("/etc")));
+        assert!(!closed.landlock.write_dirs.contains(&p("/")));
+    }
+
+    #[test]
+    fn plan_round_trips_as_json() {
+        let plan = plan_with(WorkspaceFacts::default(), false);
+        let text = serde_json::to_string(&plan).unwrap();
+        assert!(!text.contains('\n'), "the plan travels as one line");
+        let back: InitPlan = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, plan);
+    }
+}

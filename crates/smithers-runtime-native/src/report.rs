@@ -1,0 +1,454 @@
+//! The enforcement report of a sandbox that ran, and the host probe (`doctor`).
+
+use serde_json::Value;
+use smithers_runtime::{EnforcementReport, Protection, ProtectionStatus, RuntimeKind};
+
+use crate::cgroup::SandboxCgroups;
+use crate::plan::InitPlan;
+use crate::{HostCaps, StoredConfig};
+
+/// The names of the protections in every report of this runtime.
+pub mod protection_names {
+    pub const USER_NAMESPACE: &str = "user-namespace";
+    pub const MOUNT_NAMESPACE: &str = "mount-namespace";
+    pub const PID_NAMESPACE: &str = "pid-namespace";
+    pub const IPC_NAMESPACE: &str = "ipc-namespace";
+    pub const UTS_NAMESPACE: &str = "uts-namespace";
+    pub const CGROUP_NAMESPACE: &str = "cgroup-namespace";
+    /// The network namespace (only loopback) or, with allowNetwork, disabled.
+    pub const NETWORK: &str = "network";
+    /// Read-only minimal root, filtered /etc, no home or /sys.
+    pub const FILESYSTEM: &str = "filesystem";
+    /// Minimal /dev.
+    pub const DEVICES: &str = "devices";
+    pub const SECCOMP: &str = "seccomp";
+    pub const LANDLOCK: &str = "landlock";
+    pub const NO_NEW_PRIVS: &str = "no-new-privs";
+    pub const CAPABILITIES: &str = "capabilities";
+    pub const MEMORY: &str = "memory";
+    pub const PIDS: &str = "pids";
+    pub const CPU: &str = "cpu";
+    pub const DISK: &str = "disk";
+    pub const TIMEOUT: &str = "timeout";
+    pub const OUTPUT: &str = "output";
+    pub const WORKSPACE_COW: &str = "workspace-cow";
+}
+
+use protection_names as n;
+
+fn row(
+    name: &str,
+    status: ProtectionStatus,
+    detail: impl Into<String>,
+    fix: Option<&str>,
+) -> Protection {
+    Protection {
+        name: name.to_string(),
+        status,
+        detail: detail.into(),
+        fix: fix.map(str::to_string),
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    if b >= 1 << 30 && b % (1 << 30) == 0 {
+        format!("{} GiB", b >> 30)
+    } else if b >= 1 << 20 {
+        format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{b} bytes")
+    }
+}
+
+/// Cheap check that user namespaces are allowed (sysctls only; the probe really tries).
+pub(crate) fn userns_available(uid: u32) -> Result<(), String> {
+    let read = |p: &str| -> Option<i64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+    if read("/proc/sys/user/max_user_namespaces") == Some(0) {
+        return Err("user namespaces are disabled (user.max_user_namespaces = 0)".into());
+    }
+    if uid != 0 {
+        if read("/proc/sys/kernel/unprivileged_userns_clone") == Some(0) {
+            return Err(
+                "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)"
+                    .into(),
+            );
+        }
+        if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1) {
+            return Err("AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1)".into());
+        }
+    }
+    if !std::path::Path::new("/proc/self/ns/user").exists() {
+        return Err("the kernel has no user namespaces".into());
+    }
+    Ok(())
+}
+
+fn limit_row(
+    name: &str,
+    requested: Option<String>,
+    in_force: bool,
+    unlimited_detail: &str,
+) -> Protection {
+    match (requested, in_force) {
+        (Some(detail), true) => row(name, ProtectionStatus::Enforced, detail, None),
+        (Some(detail), false) => row(
+            name,
+            ProtectionStatus::Unavailable,
+            format!("{detail} requested but no controller"),
+            Some("run under a cgroup with the controller delegated"),
+        ),
+        (None, _) => row(name, ProtectionStatus::Disabled, unlimited_detail, None),
+    }
+}
+
+/// The report of one execution: what the plan put in force and what the init confirmed.
+pub(crate) fn enforcement(
+    caps: &HostCaps,
+    stored: &StoredConfig,
+    plan: &InitPlan,
+    cgroups: &SandboxCgroups,
+    ready: Option<&Value>,
+) -> EnforcementReport {
+    use ProtectionStatus::*;
+    let c = &stored.config.controls;
+    let mut p = vec![
+        row(
+            n::USER_NAMESPACE,
+            Enforced,
+            format!(
+                "sandbox root = host uid {} only; setgroups denied",
+                caps.uid
+            ),
+            None,
+        ),
+        row(
+            n::MOUNT_NAMESPACE,
+            Enforced,
+            "private mount namespace, pivot_root into a fresh tmpfs root",
+            None,
+        ),
+        row(
+            n::PID_NAMESPACE,
+            Enforced,
+            "own pid namespace; its init's death kills every sandbox process",
+            None,
+        ),
+        row(n::IPC_NAMESPACE, Enforced, "", None),
+        row(
+            n::UTS_NAMESPACE,
+            Enforced,
+            format!("hostname {}", plan.hostname),
+            None,
+        ),
+        row(n::CGROUP_NAMESPACE, Enforced, "", None),
+    ];
+    p.push(if plan.unshare_net {
+        row(
+            n::NETWORK,
+            Enforced,
+            "new network namespace with only loopback; Landlock also denies TCP bind/connect",
+            None,
+        )
+    } else {
+        row(
+            n::NETWORK,
+            Disabled,
+            "allowNetwork: the sandbox shares the host network",
+            None,
+        )
+    });
+    p.push(row(
+        n::FILESYSTEM,
+        Enforced,
+        "read-only root of /usr, /bin, /lib*, /sbin and a filtered /etc; writable: /workspace (copy-on-write), /result, /tmp",
+        None,
+    ));
+    p.push(row(
+        n::DEVICES,
+        Enforced,
+        "/dev holds null, zero, full, random, urandom, tty, pts, shm only",
+        None,
+    ));
+    let confirmed = |key: &str| ready.map(|r| r[key].clone());
+    p.push(match confirmed("seccomp") {
+        Some(Value::Bool(true)) => row(
+            n::SECCOMP,
+            Enforced,
+            format!(
+                "{} syscalls denied (EPERM), clone with namespace flags denied, clone3 -> ENOSYS, TIOCSTI denied",
+                crate::seccomp::denied_syscalls().len()
+            ),
+            None,
+        ),
+        Some(_) => row(n::SECCOMP, Unavailable, "no filter was installed", None),
+        None => row(n::SECCOMP, Enforced, "installed before the command starts (the run ended before the init confirmed)", None),
+    });
+    let landlock = ready
+        .and_then(|r| r["landlock"].as_str())
+        .map(str::to_string);
+    let landlock_detail = ready
+        .and_then(|r| r["landlockDetail"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    p.push(match landlock.as_deref() {
+        Some("enforced") => row(n::LANDLOCK, Enforced, "writes only below /workspace, /result, /tmp and the out dir; signals and abstract sockets scoped", None),
+        Some("degraded") => row(n::LANDLOCK, Degraded, "the kernel enforces only part of the ruleset (older Landlock ABI)", Some("use a kernel with Landlock ABI 6 or newer")),
+        Some(_) => row(n::LANDLOCK, Unavailable, format!("not enforced by this kernel {landlock_detail}").trim().to_string(), Some("boot with lsm=...,landlock")),
+        None => row(n::LANDLOCK, Degraded, "the run ended before the init confirmed Landlock", None),
+    });
+    p.push(row(n::NO_NEW_PRIVS, Enforced, "", None));
+    p.push(row(
+        n::CAPABILITIES,
+        Enforced,
+        "bounding, ambient, effective, permitted and inheritable sets empty; securebits locked",
+        None,
+    ));
+    p.push(limit_row(
+        n::MEMORY,
+        c.memory_limit_bytes.map(human_bytes),
+        cgroups.has("memory"),
+        "no memory limit set",
+    ));
+    p.push(match (stored.effective_pids_limit, cgroups.has("pids")) {
+        (Some(max), true) if c.pids_limit.is_none() => {
+            row(n::PIDS, Enforced, format!("{max} (runtime default)"), None)
+        }
+        (Some(max), true) => row(n::PIDS, Enforced, max.to_string(), None),
+        (_, false) => row(
+            n::PIDS,
+            Unavailable,
+            "no pids controller: fork bombs are not capped",
+            Some("run under a cgroup with the pids controller"),
+        ),
+        (None, true) => row(n::PIDS, Disabled, "no pids limit set", None),
+    });
+    p.push(limit_row(
+        n::CPU,
+        c.cpu_limit.map(|cpus| format!("{cpus} cores")),
+        cgroups.has("cpu"),
+        "no CPU limit set",
+    ));
+    let tmp = c.disk_limit_bytes.unwrap_or(crate::plan::DEFAULT_TMP_BYTES);
+    p.push(match c.disk_limit_bytes {
+        Some(b) => row(
+            n::DISK,
+            Enforced,
+            format!(
+                "upper layer on a {} tmpfs; /tmp and /dev/shm capped at {}",
+                human_bytes(b),
+                human_bytes(tmp)
+            ),
+            None,
+        ),
+        None => row(
+            n::DISK,
+            Disabled,
+            format!(
+                "no disk limit set: the upper layer is on host disk; /tmp capped at {}",
+                human_bytes(tmp)
+            ),
+            None,
+        ),
+    });
+    p.push(match c.timeout_ms {
+        Some(ms) => row(n::TIMEOUT, Enforced, format!("{ms} ms wall clock"), None),
+        None => row(n::TIMEOUT, Disabled, "no timeout set", None),
+    });
+    p.push(row(
+        n::OUTPUT,
+        Enforced,
+        format!("{} per stream", human_bytes(c.max_output_bytes)),
+        None,
+    ));
+    p.push(row(
+        n::WORKSPACE_COW,
+        Enforced,
+        "overlayfs (userxattr): the project is the lower layer, never written; upper layer outside the project; .smithers hidden, .git read-only",
+        None,
+    ));
+    EnforcementReport {
+        runtime: Some(RuntimeKind::Bubblewrap),
+        protections: p,
+    }
+}
+
+/// Runs the init in probe mode (once per runtime; the caller caches) and reports what this
+/// host can enforce. Leaves nothing behind: the probe's mounts die with its namespaces and its
+/// scratch directory is removed.
+pub(crate) async fn probe(caps: &HostCaps) -> EnforcementReport {
+    use ProtectionStatus::*;
+    let mut p = Vec::new();
+    let findings: Result<Value, String> = match &caps.init {
+        Err(e) => Err(e.clone()),
+        Ok(init) => run_probe(caps, init).await,
+    };
+    let ok = |key: &str| -> Result<(), String> {
+        match &findings {
+            Err(e) => Err(e.clone()),
+            Ok(v) if v[key]["ok"] == Value::Bool(true) => Ok(()),
+            Ok(v) if v[key].is_null() => Err("not tried (an earlier step failed)".into()),
+            Ok(v) => Err(v[key]["detail"].as_str().unwrap_or("failed").to_string()),
+        }
+    };
+    let userns_fix = "enable user namespaces: sysctl -w user.max_user_namespaces=15000 (kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0 where they exist)";
+    let ns_row = |name: &str, key: &str, detail: &str| match ok(key) {
+        Ok(()) => row(name, Enforced, detail, None),
+        Err(e) => row(name, Unavailable, e, Some(userns_fix)),
+    };
+    p.push(ns_row(
+        n::USER_NAMESPACE,
+        "user",
+        &format!("sandbox root maps to host uid {}", caps.uid),
+    ));
+    p.push(ns_row(
+        n::MOUNT_NAMESPACE,
+        "mount",
+        "private mounts, pivot_root",
+    ));
+    p.push(ns_row(n::PID_NAMESPACE, "pid", "own pid namespace"));
+    p.push(ns_row(n::IPC_NAMESPACE, "ipc", ""));
+    p.push(ns_row(n::UTS_NAMESPACE, "uts", ""));
+    p.push(ns_row(n::CGROUP_NAMESPACE, "cgroup", ""));
+    p.push(match (ok("net"), ok("loopback")) {
+        (Ok(()), Ok(())) => row(
+            n::NETWORK,
+            Enforced,
+            "no network by default (own namespace, loopback only)",
+            None,
+        ),
+        (Ok(()), Err(e)) => row(
+            n::NETWORK,
+            Degraded,
+            format!("own namespace, loopback could not be brought up: {e}"),
+            None,
+        ),
+        (Err(e), _) => row(n::NETWORK, Unavailable, e, Some(userns_fix)),
+    });
+    p.push(match ok("proc") {
+        Ok(()) => row(
+            n::FILESYSTEM,
+            Enforced,
+            "read-only minimal root; fresh /proc of the sandbox",
+            None,
+        ),
+        Err(e) => row(
+            n::FILESYSTEM,
+            Unavailable,
+            format!("cannot mount /proc in a new pid namespace: {e}"),
+            Some("make sure /proc is not partly over-mounted (e.g. by a container engine)"),
+        ),
+    });
+    p.push(match ok("mount") {
+        Ok(()) => row(n::DEVICES, Enforced, "minimal /dev", None),
+        Err(e) => row(n::DEVICES, Unavailable, e, None),
+    });
+    p.push(match (&caps.seccomp, ok("seccomp")) {
+        (Ok(_), Ok(())) => row(
+            n::SECCOMP,
+            Enforced,
+            format!(
+                "{} syscalls denied, namespace clones denied",
+                crate::seccomp::denied_syscalls().len()
+            ),
+            None,
+        ),
+        (Err(e), _) => row(n::SECCOMP, Unavailable, e.clone(), None),
+        (_, Err(e)) => row(
+            n::SECCOMP,
+            Unavailable,
+            e,
+            Some("use a kernel built with CONFIG_SECCOMP_FILTER"),
+        ),
+    });
+    let abi = findings
+        .as_ref()
+        .ok()
+        .and_then(|v| v["landlockAbi"].as_i64());
+    p.push(match (ok("landlock"), abi) {
+        (Ok(()), Some(abi)) => row(n::LANDLOCK, Enforced, format!("ABI {abi}"), None),
+        (Err(_), Some(abi)) => row(
+            n::LANDLOCK,
+            Degraded,
+            format!("ABI {abi}: only part of the ruleset is enforced"),
+            Some("use a kernel with Landlock ABI 6 or newer"),
+        ),
+        (_, None) => row(
+            n::LANDLOCK,
+            Unavailable,
+            "Landlock is not enabled in this kernel",
+            Some("boot with lsm=...,landlock (CONFIG_SECURITY_LANDLOCK=y)"),
+        ),
+    });
+    p.push(match ok("noNewPrivs") {
+        Ok(()) => row(n::NO_NEW_PRIVS, Enforced, "", None),
+        Err(e) => row(n::NO_NEW_PRIVS, Unavailable, e, None),
+    });
+    p.push(match ok("user") {
+        Ok(()) => row(
+            n::CAPABILITIES,
+            Enforced,
+            "all capability sets dropped in the sandbox",
+            None,
+        ),
+        Err(e) => row(n::CAPABILITIES, Unavailable, e, Some(userns_fix)),
+    });
+    for (name, ctrl) in [(n::MEMORY, "memory"), (n::PIDS, "pids"), (n::CPU, "cpu")] {
+        p.push(match caps.cgroups.source(ctrl) {
+            Some(crate::cgroup::ControllerSource::V1(path)) => row(name, Enforced, format!("cgroup v1 at {}", path.display()), None),
+            Some(crate::cgroup::ControllerSource::V2(path)) => row(name, Enforced, format!("cgroup v2 at {}", path.display()), None),
+            None => row(name, Unavailable, format!("no {ctrl} controller available to this process"), Some("run under a cgroup with the controller delegated (systemd-run --user -p Delegate=yes --scope ...)")),
+        });
+    }
+    p.push(if caps.host_mounts {
+        row(n::DISK, Enforced, "size-capped tmpfs for the copy-on-write layer; /tmp capped", None)
+    } else {
+        row(n::DISK, Unavailable, "the copy-on-write layer cannot be size-capped without root (a disk limit is refused); /tmp is capped", Some("run the runtime as root to allow disk limits"))
+    });
+    p.push(row(
+        n::TIMEOUT,
+        Enforced,
+        "the pid namespace's init is killed, taking every process with it",
+        None,
+    ));
+    p.push(row(
+        n::OUTPUT,
+        Enforced,
+        "per-stream cap, truncation recorded",
+        None,
+    ));
+    p.push(match ok("overlay") {
+        Ok(()) => row(n::WORKSPACE_COW, Enforced, format!("overlayfs with userxattr, upper layer under {}", caps.state_root.display()), None),
+        Err(e) => row(n::WORKSPACE_COW, Unavailable, format!("overlayfs in a user namespace failed: {e}"), Some("use a kernel >= 5.11 with overlayfs; keep the state root on a filesystem overlayfs accepts as upper layer (ext4, xfs, tmpfs)")),
+    });
+    EnforcementReport {
+        runtime: Some(RuntimeKind::Bubblewrap),
+        protections: p,
+    }
+}
+
+async fn run_probe(caps: &HostCaps, init: &crate::InitCommand) -> Result<Value, String> {
+    std::fs::create_dir_all(&caps.state_root).map_err(|e| format!("state root: {e}"))?;
+    let scratch = caps.state_root.join(format!(
+        "probe-{}-{}",
+        std::process::id(),
+        crate::exec::now_ms()
+    ));
+    std::fs::create_dir(&scratch).map_err(|e| format!("probe scratch: {e}"))?;
+    let result = tokio::process::Command::new(&init.program)
+        .args(&init.args)
+        .arg("--probe")
+        .arg(&scratch)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await;
+    let _ = crate::remove_tree(&scratch);
+    let output = result.map_err(|e| format!("running {}: {e}", init.program.display()))?;
+    serde_json::from_slice(&output.stdout).map_err(|e| {
+        format!(
+            "the probe printed no report ({e}); stderr: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+    })
+}

@@ -1,0 +1,197 @@
+//! Thin, checked wrappers over the raw syscalls the init and the runtime need. Each returns the
+//! errno on failure so callers can name the failed operation.
+
+use std::ffi::{CStr, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// A failed syscall: which operation, on what, and errno.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SysError {
+    pub op: String,
+    pub errno: i32,
+}
+
+impl std::fmt::Display for SysError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {}",
+            self.op,
+            std::io::Error::from_raw_os_error(self.errno)
+        )
+    }
+}
+
+pub type SysResult<T> = Result<T, SysError>;
+
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+pub fn fail<T>(op: impl Into<String>) -> SysResult<T> {
+    Err(SysError {
+        op: op.into(),
+        errno: errno(),
+    })
+}
+
+pub fn check(ret: libc::c_int, op: impl FnOnce() -> String) -> SysResult<libc::c_int> {
+    if ret < 0 {
+        fail(op())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub fn check_long(ret: libc::c_long, op: impl FnOnce() -> String) -> SysResult<libc::c_long> {
+    if ret < 0 {
+        fail(op())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub fn cpath(path: &Path) -> CString {
+    // Paths from the plan never contain NUL (they come from OsStr / validated JSON); a NUL
+    // would be a bug, and truncating at it is the safe reading.
+    let bytes = path.as_os_str().as_bytes();
+    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    CString::new(&bytes[..end]).unwrap_or_default()
+}
+
+pub fn cstring(s: &str) -> CString {
+    let end = s.bytes().position(|b| b == 0).unwrap_or(s.len());
+    CString::new(&s.as_bytes()[..end]).unwrap_or_default()
+}
+
+/// `mount(2)`.
+pub fn mount(
+    source: Option<&CStr>,
+    target: &Path,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> SysResult<()> {
+    let target_c = cpath(target);
+    // SAFETY: every pointer is either null or a valid NUL-terminated string that outlives the
+    // call; mount(2) does not retain them.
+    let ret = unsafe {
+        libc::mount(
+            source.map_or(std::ptr::null(), CStr::as_ptr),
+            target_c.as_ptr(),
+            fstype.map_or(std::ptr::null(), CStr::as_ptr),
+            flags,
+            data.map_or(std::ptr::null(), |d| d.as_ptr().cast()),
+        )
+    };
+    check(ret, || format!("mount {}", target.display())).map(|_| ())
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+/// `mount_setattr(2)`: sets attributes on a mount (and its submounts when `recursive`).
+/// Returns ENOSYS on kernels older than 5.12.
+pub fn mount_setattr(path: &Path, attr_set: u64, recursive: bool) -> SysResult<()> {
+    let c = cpath(path);
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = if recursive { libc::AT_RECURSIVE } else { 0 };
+    // SAFETY: `c` is a valid C string and `attr` a properly laid out struct mount_attr whose
+    // size we pass; the kernel only reads them during the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            flags as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    check_long(ret, || format!("mount_setattr {}", path.display())).map(|_| ())
+}
+
+/// `statvfs(3)` flags of the filesystem/mount at `path`.
+pub fn statvfs(path: &Path) -> SysResult<libc::statvfs> {
+    let c = cpath(path);
+    // SAFETY: statvfs is plain old data; an all-zero value is valid and the kernel fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` a valid, writable statvfs.
+    let ret = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    check(ret, || format!("statvfs {}", path.display()))?;
+    Ok(st)
+}
+
+pub fn umount2(path: &Path, flags: libc::c_int) -> SysResult<()> {
+    let c = cpath(path);
+    // SAFETY: `c` is a valid C string for the duration of the call.
+    let ret = unsafe { libc::umount2(c.as_ptr(), flags) };
+    check(ret, || format!("umount {}", path.display())).map(|_| ())
+}
+
+pub fn unshare(flags: libc::c_int, what: &str) -> SysResult<()> {
+    // SAFETY: unshare(2) takes only flags; the process is single-threaded when this is called
+    // for the user namespace (the init), as the kernel requires.
+    let ret = unsafe { libc::unshare(flags) };
+    check(ret, || format!("unshare {what}")).map(|_| ())
+}
+
+pub fn prctl(option: libc::c_int, arg2: libc::c_ulong, what: &str) -> SysResult<libc::c_int> {
+    // SAFETY: the prctl options used here take integer arguments only (no pointers).
+    let ret = unsafe { libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0) };
+    check(ret, || format!("prctl {what}"))
+}
+
+/// Writes `data` to `fd` completely (retrying on EINTR and short writes).
+pub fn write_all_fd(fd: libc::c_int, mut data: &[u8]) -> SysResult<()> {
+    while !data.is_empty() {
+        // SAFETY: `data` is a valid readable buffer of the given length.
+        let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+        if n < 0 {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            return fail("write");
+        }
+        data = &data[n as usize..];
+    }
+    Ok(())
+}
+
+/// Writes a whole file (no O_CREAT: used for /proc and cgroup control files).
+pub fn write_file(path: &Path, data: &[u8]) -> SysResult<()> {
+    let c = cpath(path);
+    // SAFETY: `c` is a valid C string; the returned fd is closed below.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    check(fd, || format!("open {}", path.display()))?;
+    let result = write_all_fd(fd, data).map_err(|e| SysError {
+        op: format!("write {}", path.display()),
+        errno: e.errno,
+    });
+    // SAFETY: `fd` was opened above and is owned here.
+    unsafe { libc::close(fd) };
+    result
+}
+
+pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> SysResult<()> {
+    // SAFETY: kill(2) takes plain integers.
+    let ret = unsafe { libc::kill(pid, sig) };
+    check(ret, || format!("kill {pid}")).map(|_| ())
+}

@@ -1,0 +1,571 @@
+//! Real sandboxes on this host: namespaces, overlay, seccomp, Landlock, cgroups.
+//!
+//! A test needing a kernel feature the host lacks prints `SKIP <reason>`; with `CI=true` the
+//! missing feature fails the test instead.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use smithers_runtime::{
+    CancellationToken, Controls, ExecOutcome, OutputEvent, OutputSink, ProtectionStatus,
+    RequestBundle, Runtime, RuntimeKind, SandboxConfig, SandboxHandle, StepCommand, Termination,
+};
+use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+
+fn runtime() -> NativeRuntime {
+    NativeRuntime::new(NativeOptions {
+        init: Some(InitCommand::binary(env!(
+            "CARGO_BIN_EXE_smithers-sandbox-init"
+        ))),
+        ..NativeOptions::default()
+    })
+}
+
+/// Checks the host can run sandboxes at all (user namespaces + overlay); SKIP otherwise.
+async fn usable(rt: &NativeRuntime) -> bool {
+    let report = rt.probe().await;
+    let missing: Vec<String> = [
+        "user-namespace",
+        "mount-namespace",
+        "pid-namespace",
+        "workspace-cow",
+    ]
+    .iter()
+    .filter(|n| !report.is_enforced(n))
+    .map(|n| {
+        format!(
+            "{n}: {}",
+            report.get(n).map(|p| p.detail.as_str()).unwrap_or("?")
+        )
+    })
+    .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("the host cannot run native sandboxes: {missing:?}");
+    }
+    println!("SKIP native sandboxes unavailable: {missing:?}");
+    false
+}
+
+fn requires(report_ok: bool, what: &str) -> bool {
+    if report_ok {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("missing host capability: {what}");
+    }
+    println!("SKIP {what}");
+    false
+}
+
+#[derive(Default)]
+struct Lines(Mutex<Vec<OutputEvent>>);
+
+impl OutputSink for Lines {
+    fn event(&self, event: OutputEvent) {
+        self.0.lock().unwrap().push(event);
+    }
+}
+
+impl Lines {
+    fn stdout(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                OutputEvent::Stdout { line, .. } => Some(line.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+struct Sandbox {
+    rt: Arc<NativeRuntime>,
+    handle: SandboxHandle,
+    project: tempfile::TempDir,
+}
+
+static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+impl Sandbox {
+    async fn new(rt: Arc<NativeRuntime>, controls: Controls) -> Sandbox {
+        let project = tempfile::tempdir().unwrap();
+        std::fs::write(project.path().join("hello.txt"), "hello from the host\n").unwrap();
+        std::fs::create_dir(project.path().join("src")).unwrap();
+        std::fs::write(project.path().join("src/lib.rs"), "fn main() {}\n").unwrap();
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let config = SandboxConfig {
+            run_id: format!("run-{}-{n}", std::process::id()),
+            sandbox_id: "sb".into(),
+            runtime: RuntimeKind::Bubblewrap,
+            root_dir: project.path().to_path_buf(),
+            image: None,
+            controls,
+        };
+        let handle = rt.create(&config).await.expect("create");
+        rt.ship(
+            &handle,
+            &RequestBundle {
+                request: json!({"status": "pending", "sandboxId": "sb", "runtime": "bubblewrap", "input": {"n": 1}}),
+            },
+        )
+        .await
+        .expect("ship");
+        Sandbox {
+            rt,
+            handle,
+            project,
+        }
+    }
+
+    async fn run(&self, script: &str) -> (ExecOutcome, Lines) {
+        let lines = Lines::default();
+        let outcome = self
+            .rt
+            .execute(
+                &self.handle,
+                &StepCommand {
+                    argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+                    cwd: None,
+                },
+                CancellationToken::new(),
+                &lines,
+            )
+            .await
+            .expect("execute");
+        (outcome, lines)
+    }
+
+    fn upper(&self) -> PathBuf {
+        PathBuf::from(self.handle.backend["stateDir"].as_str().unwrap())
+            .join("layer")
+            .join("upper")
+    }
+
+    /// Cleans up (twice: idempotent) and hands back the project directory.
+    async fn done(self) -> tempfile::TempDir {
+        self.rt.cleanup(&self.handle).await.expect("cleanup");
+        self.rt
+            .cleanup(&self.handle)
+            .await
+            .expect("cleanup is idempotent");
+        self.project
+    }
+}
+
+fn shared() -> Arc<NativeRuntime> {
+    Arc::new(runtime())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn echo_and_exit_codes() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let (outcome, lines) = sb.run("echo hello; echo oops >&2").await;
+    assert_eq!(lines.stdout(), vec!["hello".to_string()]);
+    assert_eq!(outcome.termination, Termination::Exited);
+    assert_eq!(outcome.exit_code, Some(0));
+    assert!(outcome.enforcement.is_enforced("network"));
+    assert!(outcome.enforcement.is_enforced("seccomp"));
+
+    let (outcome, _) = sb.run("exit 3").await;
+    assert_eq!(outcome.termination, Termination::Exited);
+    assert_eq!(outcome.exit_code, Some(3));
+
+    let (outcome, _) = sb
+        .run("pwd; id -u; hostname; cat \"$SMITHERS_SANDBOX_REQUEST_PATH\"")
+        .await;
+    assert_eq!(outcome.exit_code, Some(0));
+    sb.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn environment_cwd_request_and_result() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let mut controls = Controls::default();
+    controls.env.insert("STEP_VAR".into(), "step value".into());
+    let sb = Sandbox::new(rt.clone(), controls).await;
+    let (outcome, lines) = sb
+        .run(
+            "pwd; echo \"$STEP_VAR\"; env | sort | cut -d= -f1 | tr '\\n' ' '; echo; \
+             cat \"$SMITHERS_SANDBOX_REQUEST_PATH\" | tr -d ' \\n'; echo; \
+             echo '{\"status\":\"finished\",\"outputs\":{\"answer\":42}}' > \"$SMITHERS_SANDBOX_RESULT_PATH\"",
+        )
+        .await;
+    let out = lines.stdout();
+    assert_eq!(out[0], "/workspace");
+    assert_eq!(out[1], "step value");
+    let keys: Vec<&str> = out[2].split_whitespace().collect();
+    for key in keys.iter() {
+        assert!(
+            [
+                "HOME",
+                "LANG",
+                "PATH",
+                "PWD",
+                "SHLVL",
+                "SMITHERS_SANDBOX",
+                "SMITHERS_SANDBOX_REQUEST_PATH",
+                "SMITHERS_SANDBOX_RESULT_PATH",
+                "STEP_VAR",
+                "TMPDIR",
+                "USER",
+                "TERM",
+                "TZ",
+                "LC_ALL",
+                "LC_CTYPE",
+                "_",
+                "OLDPWD"
+            ]
+            .contains(key),
+            "unexpected variable {key} leaked into the sandbox"
+        );
+    }
+    assert!(out[3].contains("\"input\":{\"n\":1}"), "{}", out[3]);
+    assert_eq!(
+        outcome.result,
+        Some(json!({"status": "finished", "outputs": {"answer": 42}}))
+    );
+    let report = sb.rt.collect(&sb.handle).await.expect("collect");
+    let readme: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(report.bundle_path.join("README.md")).unwrap())
+            .unwrap();
+    assert_eq!(readme["status"], "finished");
+    assert_eq!(readme["outputs"], json!({"answer": 42}));
+    sb.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workspace_is_copy_on_write_and_collected_as_patches() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    std::fs::create_dir_all(sb.project.path().join(".smithers/secret")).unwrap();
+    std::fs::write(sb.project.path().join(".smithers/secret/db"), "state").unwrap();
+    let (outcome, lines) = sb
+        .run(
+            "echo changed > hello.txt && echo new > added.txt && rm src/lib.rs && \
+             mkdir -p /result/sub && echo art > /result/sub/a.txt && \
+             ls -A /workspace/.smithers | wc -l",
+        )
+        .await;
+    assert_eq!(outcome.exit_code, Some(0), "{:?}", lines.0.lock().unwrap());
+    assert_eq!(
+        lines.stdout(),
+        vec!["0".to_string()],
+        ".smithers must be hidden"
+    );
+    // The host tree is untouched; the change is in the upper layer.
+    assert_eq!(
+        std::fs::read_to_string(sb.project.path().join("hello.txt")).unwrap(),
+        "hello from the host\n"
+    );
+    assert!(sb.project.path().join("src/lib.rs").exists());
+    assert!(!sb.project.path().join("added.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(sb.upper().join("hello.txt")).unwrap(),
+        "changed\n"
+    );
+
+    let report = sb.rt.collect(&sb.handle).await.expect("collect");
+    assert_eq!(report.patch_count, 3);
+    let bundle = &report.bundle_path;
+    let readme: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("README.md")).unwrap()).unwrap();
+    assert_eq!(readme["status"], "finished");
+    assert_eq!(readme["patches"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        std::fs::read_to_string(bundle.join("artifacts/sub/a.txt")).unwrap(),
+        "art\n"
+    );
+    let log = std::fs::read_to_string(bundle.join("logs/stream.ndjson")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "exit");
+    assert_eq!(last["exitCode"], 0);
+    let all_patches: String = std::fs::read_dir(bundle.join("patches"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert!(all_patches.contains("+changed"));
+    assert!(all_patches.contains("deleted file mode"));
+    smithers_bundle::validate_bundle(bundle).expect("the bundle validates");
+    let state_dir = PathBuf::from(sb.handle.backend["stateDir"].as_str().unwrap());
+    let bundle = bundle.clone();
+    let _project = sb.done().await;
+    assert!(!state_dir.exists(), "cleanup removes the state");
+    assert!(
+        bundle.join("README.md").exists(),
+        "cleanup keeps the bundle"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn system_is_read_only_and_secrets_invisible() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    for (script, what) in [
+        ("echo x > /etc/passwd", "write /etc/passwd"),
+        ("touch /etc/new", "create in /etc"),
+        ("touch /usr/bin/evil", "write /usr"),
+        ("touch /evil", "write /"),
+        ("test -e /etc/shadow", "see /etc/shadow"),
+        ("test -e /root/.bashrc || test -d /root", "see /root"),
+        ("test -e /home", "see /home"),
+        (
+            "test -e /dev/sda || test -e /dev/vda || test -e /dev/mem || test -e /dev/kmsg",
+            "see disks",
+        ),
+        ("test -e /sys/kernel", "see /sys"),
+        ("echo 1 > /proc/sys/kernel/panic", "write /proc/sys"),
+        ("mount -t tmpfs none /tmp", "mount"),
+        ("unshare -U true", "unshare"),
+        (
+            &format!("kill -0 {}", std::process::id()),
+            "signal a host pid",
+        ),
+    ] {
+        let (outcome, _) = sb.run(script).await;
+        assert_ne!(outcome.exit_code, Some(0), "the sandbox could {what}");
+    }
+    let (outcome, _) = sb
+        .run("echo ok > /tmp/x && cat /tmp/x && echo ok > /workspace/y")
+        .await;
+    assert_eq!(outcome.exit_code, Some(0));
+    sb.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn network_is_off_by_default() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    // bash's /dev/tcp needs no network tool in the image.
+    let script = format!(
+        "if command -v bash >/dev/null; then bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'; else exit 1; fi"
+    );
+    let (outcome, _) = sb.run(&script).await;
+    assert_ne!(outcome.exit_code, Some(0));
+    assert!(
+        listener.accept().is_err(),
+        "a connection reached the host listener"
+    );
+    sb.done().await;
+}
+
+fn pids_of_marker(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            if String::from_utf8_lossy(&cmdline).contains(marker) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeout_kills_daemonised_children_that_ignore_term() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let controls = Controls {
+        timeout_ms: Some(1500),
+        ..Controls::default()
+    };
+    let sb = Sandbox::new(rt.clone(), controls).await;
+    let marker = format!("smithers-marker-{}", std::process::id());
+    // A double-forked, setsid'd child ignoring TERM, plus a foreground sleep.
+    let script = format!(
+        "trap '' TERM; (setsid sh -c 'trap \"\" TERM; exec -a {marker} sleep 1000' &) ; \
+         exec -a {marker}-fg sleep 1000"
+    );
+    let (outcome, _) = sb.run(&format!("exec bash -c \"{script}\"")).await;
+    assert_eq!(outcome.termination, Termination::Timeout);
+    assert!(
+        pids_of_marker(&marker).is_empty(),
+        "sandbox processes survived the timeout"
+    );
+    sb.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancellation_kills_everything() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        c2.cancel();
+    });
+    let marker = format!("smithers-cancel-{}", std::process::id());
+    let outcome = rt
+        .execute(
+            &sb.handle,
+            &StepCommand {
+                argv: vec![
+                    "bash".into(),
+                    "-c".into(),
+                    format!("(sleep 1000 &) ; exec -a {marker} sleep 1000"),
+                ],
+                cwd: None,
+            },
+            cancel,
+            &Lines::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.termination, Termination::Cancelled);
+    assert!(pids_of_marker(&marker).is_empty());
+    let report = rt.collect(&sb.handle).await.unwrap();
+    let readme: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(report.bundle_path.join("README.md")).unwrap())
+            .unwrap();
+    assert_eq!(readme["status"], "cancelled");
+    sb.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_hog_is_killed_by_the_memory_limit() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    if !requires(
+        rt.probe().await.is_enforced("memory"),
+        "no memory cgroup controller",
+    ) {
+        return;
+    }
+    let controls = Controls {
+        memory_limit_bytes: Some(64 << 20),
+        ..Controls::default()
+    };
+    let sb = Sandbox::new(rt.clone(), controls).await;
+    // /dev/shm counts against the memory cgroup; tail buffers an endless line in memory.
+    let (outcome, _) = sb
+        .run("head -c 1000000000 /dev/zero | tail -c 500000000 > /dev/null")
+        .await;
+    assert_eq!(outcome.termination, Termination::Memory, "{outcome:?}");
+    assert!(outcome.usage.peak_memory_bytes.unwrap_or(0) > 32 << 20);
+    sb.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fork_bomb_is_capped_by_the_pids_limit() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    if !requires(
+        rt.probe().await.is_enforced("pids"),
+        "no pids cgroup controller",
+    ) {
+        return;
+    }
+    let controls = Controls {
+        pids_limit: Some(32),
+        timeout_ms: Some(20_000),
+        ..Controls::default()
+    };
+    let sb = Sandbox::new(rt.clone(), controls).await;
+    let (outcome, _) = sb
+        .run("for i in $(seq 1 200); do sleep 5 & done 2>/dev/null; wait; true")
+        .await;
+    assert_eq!(outcome.termination, Termination::Pids, "{outcome:?}");
+    assert_eq!(
+        outcome.enforcement.get("pids").unwrap().status,
+        ProtectionStatus::Enforced
+    );
+    sb.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn output_flood_is_truncated() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let controls = Controls {
+        max_output_bytes: 64 * 1024,
+        timeout_ms: Some(30_000),
+        ..Controls::default()
+    };
+    let sb = Sandbox::new(rt.clone(), controls).await;
+    let (outcome, lines) = sb.run("yes flood").await;
+    assert_eq!(outcome.termination, Termination::Output);
+    assert!(outcome.stdout_truncated);
+    let kept: usize = lines.stdout().iter().map(|l| l.len() + 1).sum();
+    // +1: the last, cut-off line has no newline.
+    assert!(kept <= 64 * 1024 + 1, "kept {kept} bytes");
+    sb.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disk_limit_caps_the_upper_layer() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    if !requires(
+        rt.probe().await.is_enforced("disk"),
+        "disk limits need root",
+    ) {
+        return;
+    }
+    let controls = Controls {
+        disk_limit_bytes: Some(8 << 20),
+        ..Controls::default()
+    };
+    let sb = Sandbox::new(rt.clone(), controls).await;
+    let (outcome, _) = sb.run("head -c 20000000 /dev/zero > /workspace/big").await;
+    assert_eq!(outcome.termination, Termination::Disk, "{outcome:?}");
+    sb.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unsupported_controls_are_refused() {
+    let rt = shared();
+    let project = tempfile::tempdir().unwrap();
+    let config = SandboxConfig {
+        run_id: "refuse".into(),
+        sandbox_id: "sb".into(),
+        runtime: RuntimeKind::Bubblewrap,
+        root_dir: project.path().to_path_buf(),
+        image: Some("alpine".into()),
+        controls: Controls::default(),
+    };
+    let err = rt.create(&config).await.unwrap_err();
+    assert!(err.to_string().contains("image"), "{err}");
+    assert!(!Path::new(&project.path().join(".smithers")).exists());
+}

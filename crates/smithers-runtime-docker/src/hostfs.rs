@@ -1,0 +1,249 @@
+//! Host-side file work: the sandbox's state directories, the optional size-capped tmpfs for
+//! the writable layer, and reading what the (untrusted) step left in `/result` without ever
+//! following a link it planted.
+
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
+use smithers_runtime::RuntimeError;
+
+use crate::engine::RUNTIME;
+
+/// Owner `uid:gid` of the project root: the identity the step runs as, so that files it
+/// creates belong to the project's owner and it can write what the owner can write (with no
+/// capabilities, uid 0 included).
+pub(crate) fn owner_of(root: &Path) -> Result<(u32, u32), RuntimeError> {
+    let md = std::fs::metadata(root).map_err(|e| RuntimeError::io("stat project root", root, e))?;
+    if !md.is_dir() {
+        return Err(RuntimeError::InvalidControl {
+            control: "rootDir",
+            reason: format!("{} is not a directory", root.display()),
+        });
+    }
+    Ok((md.uid(), md.gid()))
+}
+
+/// This process's pid and start time, for the owner labels.
+pub(crate) fn self_identity() -> (u32, u64) {
+    let pid = std::process::id();
+    (pid, process_start(pid).unwrap_or(0))
+}
+
+/// Start time of a process in clock ticks since boot (`/proc/<pid>/stat` field 22), or None
+/// when it does not exist.
+pub(crate) fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Creates a directory and its parents with the given mode on the leaf.
+pub(crate) fn mkdir(path: &Path, mode: u32) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(|e| RuntimeError::io("create directory", path, e))
+}
+
+/// Mounts a tmpfs of `size` bytes at `dir`: the only way to cap the overlay's upper layer
+/// without engine support for quotas. Needs CAP_SYS_ADMIN on the host.
+pub(crate) fn mount_layer_tmpfs(dir: &Path, size: u64) -> Result<(), RuntimeError> {
+    let data = std::ffi::CString::new(format!("size={size},mode=0755"))
+        .map_err(|e| RuntimeError::spawn("encode tmpfs options", e))?;
+    rustix::mount::mount(
+        "smithers-layer",
+        dir,
+        "tmpfs",
+        rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+        Some(data.as_c_str()),
+    )
+    .map_err(|e| RuntimeError::ControlUnsupported {
+        runtime: RUNTIME,
+        control: "diskLimit",
+        reason: format!(
+            "capping the workspace's writable layer needs a size-limited tmpfs at {} and \
+             mounting it failed ({e}); run the orchestrator with CAP_SYS_ADMIN (as root) or \
+             drop diskLimit",
+            dir.display()
+        ),
+    })
+}
+
+/// Lazily unmounts `dir` if something is mounted there. Not mounted / missing is success.
+pub(crate) fn unmount(dir: &Path) -> Result<(), RuntimeError> {
+    match rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::INVAL || e == rustix::io::Errno::NOENT => Ok(()),
+        Err(e) => Err(RuntimeError::io(
+            "unmount writable layer",
+            dir,
+            std::io::Error::from(e),
+        )),
+    }
+}
+
+/// Removes a directory tree; a missing tree is success (idempotent cleanup).
+pub(crate) fn remove_tree(path: &Path) -> Result<(), RuntimeError> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(RuntimeError::io("remove", path, e)),
+    }
+}
+
+/// Reads `dir/name` if it is a regular file of at most `max` bytes, never following a
+/// symlink (neither `name` nor anything above it inside `dir`). Ok(None) when absent, a
+/// symlink, not a regular file, or too large: the step's result is then simply not there.
+pub(crate) fn read_untrusted_file(dir: &Path, name: &str, max: u64) -> Option<Vec<u8>> {
+    let dirfd = rustix::fs::open(
+        dir,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+        Mode::empty(),
+    )
+    .ok()?;
+    read_at(&dirfd, Path::new(name), max)
+}
+
+fn read_at(dirfd: &rustix::fd::OwnedFd, rel: &Path, max: u64) -> Option<Vec<u8>> {
+    // NONBLOCK: a fifo planted by the step must not hang the host.
+    let fd = rustix::fs::openat(
+        dirfd,
+        rel,
+        OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
+        || st.st_size as u64 > max
+    {
+        return None;
+    }
+    let mut file = std::fs::File::from(fd);
+    let mut buf = Vec::with_capacity(st.st_size as usize);
+    file.by_ref().take(max + 1).read_to_end(&mut buf).ok()?;
+    (buf.len() as u64 <= max).then_some(buf)
+}
+
+/// One file found under `/result/artifacts`.
+#[derive(Debug)]
+pub(crate) struct Artifact {
+    /// Path relative to the artifacts directory, POSIX.
+    pub rel: String,
+    pub content: Vec<u8>,
+}
+
+/// Walks `<out>/artifacts` without following links. Symlinks and special files are not
+/// artifacts: they are reported in `skipped` (the caller logs them) rather than followed.
+/// Bounded by `max_files` and `max_bytes`; past them the walk stops and says so in `skipped`.
+pub(crate) fn collect_artifacts(
+    out_dir: &Path,
+    max_files: usize,
+    max_bytes: u64,
+) -> (Vec<Artifact>, Vec<String>) {
+    let mut found = Vec::new();
+    let mut skipped = Vec::new();
+    let root = out_dir.join(crate::plan::ARTIFACTS_DIR);
+    match std::fs::symlink_metadata(&root) {
+        Ok(md) if md.file_type().is_dir() => {}
+        Ok(_) => {
+            skipped.push(format!(
+                "{}: not a directory (symlinks are never followed)",
+                crate::plan::ARTIFACTS_DIR
+            ));
+            return (found, skipped);
+        }
+        Err(_) => return (found, skipped),
+    }
+    let mut total = 0u64;
+    let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
+    while let Some(rel_dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(root.join(&rel_dir)) else {
+            continue;
+        };
+        let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let rel = rel_dir.join(entry.file_name());
+            let rel_text = rel.to_string_lossy().into_owned();
+            let Ok(ft) = entry.file_type() else { continue };
+            if ft.is_dir() {
+                stack.push(rel);
+            } else if ft.is_file() {
+                if found.len() >= max_files {
+                    skipped.push(format!("{rel_text}: more than {max_files} artifacts"));
+                    continue;
+                }
+                let Ok(dirfd) = rustix::fs::open(
+                    &root,
+                    OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+                    Mode::empty(),
+                ) else {
+                    continue;
+                };
+                match read_at(&dirfd, &rel, max_bytes.saturating_sub(total)) {
+                    Some(content) => {
+                        total += content.len() as u64;
+                        found.push(Artifact {
+                            rel: rel_text,
+                            content,
+                        });
+                    }
+                    None => skipped.push(format!(
+                        "{rel_text}: unreadable, replaced during the walk, or over the bundle size limit"
+                    )),
+                }
+            } else {
+                skipped.push(format!(
+                    "{rel_text}: not a regular file (symlinks and special files are not artifacts)"
+                ));
+            }
+        }
+    }
+    found.sort_by(|a, b| a.rel.cmp(&b.rel));
+    (found, skipped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn untrusted_reads_never_follow_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, b"host secret").unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::os::unix::fs::symlink(&secret, out.join("result.json")).unwrap();
+        assert_eq!(read_untrusted_file(&out, "result.json", 1 << 20), None);
+        std::fs::remove_file(out.join("result.json")).unwrap();
+        std::fs::write(out.join("result.json"), b"{}").unwrap();
+        assert_eq!(
+            read_untrusted_file(&out, "result.json", 1 << 20).as_deref(),
+            Some(&b"{}"[..])
+        );
+        assert_eq!(read_untrusted_file(&out, "result.json", 1), None);
+
+        std::fs::create_dir_all(out.join("artifacts/sub")).unwrap();
+        std::fs::write(out.join("artifacts/sub/a.txt"), b"a").unwrap();
+        std::os::unix::fs::symlink(&secret, out.join("artifacts/leak")).unwrap();
+        let (found, skipped) = collect_artifacts(&out, 10, 1 << 20);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].rel, "sub/a.txt");
+        assert!(skipped.iter().any(|s| s.starts_with("leak")));
+    }
+
+    #[test]
+    fn start_time_of_self_is_known() {
+        let (pid, start) = self_identity();
+        assert_eq!(pid, std::process::id());
+        assert!(start > 0);
+        assert_eq!(process_start(pid), Some(start));
+    }
+}

@@ -1,0 +1,284 @@
+//! The output pump: reads the container's multiplexed stdout/stderr from the attach stream,
+//! keeps at most `max_output_bytes` of each (truncation recorded, the rest drained and
+//! counted so the container never blocks on a full pipe), writes the NDJSON log and feeds
+//! the live sink line by line.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use futures_util::{Stream, StreamExt};
+use serde_json::json;
+use smithers_runtime::{OutputEvent, OutputSink, RuntimeError, Termination};
+use tokio_util::sync::CancellationToken;
+
+use crate::now_ms;
+
+/// A line longer than this is emitted in pieces, so one endless line cannot grow a buffer.
+const MAX_LINE_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Default)]
+struct StreamState {
+    total: u64,
+    kept: u64,
+    truncated: bool,
+    partial: Vec<u8>,
+}
+
+/// What the pump saw.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Pumped {
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// The kept stdout (at most the cap), for a result JSON printed on stdout.
+    pub stdout: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Pump {
+    cap: u64,
+    log: BufWriter<File>,
+    log_path: std::path::PathBuf,
+    out: StreamState,
+    err: StreamState,
+    stdout: Vec<u8>,
+}
+
+#[derive(Clone, Copy)]
+enum Which {
+    Out,
+    Err,
+}
+
+impl Pump {
+    pub fn new(log_path: &Path, cap: u64) -> Result<Pump, RuntimeError> {
+        let file =
+            File::create(log_path).map_err(|e| RuntimeError::io("create log", log_path, e))?;
+        Ok(Pump {
+            cap,
+            log: BufWriter::new(file),
+            log_path: log_path.to_path_buf(),
+            out: StreamState::default(),
+            err: StreamState::default(),
+            stdout: Vec::new(),
+        })
+    }
+
+    fn io(&self, e: std::io::Error) -> RuntimeError {
+        RuntimeError::io("write log", &self.log_path, e)
+    }
+
+    fn emit(
+        &mut self,
+        which: Which,
+        line: &[u8],
+        sink: &dyn OutputSink,
+    ) -> Result<(), RuntimeError> {
+        let line = String::from_utf8_lossy(line).into_owned();
+        let ts = now_ms();
+        let event = match which {
+            Which::Out => OutputEvent::Stdout {
+                line,
+                timestamp_ms: ts,
+            },
+            Which::Err => OutputEvent::Stderr {
+                line,
+                timestamp_ms: ts,
+            },
+        };
+        serde_json::to_writer(&mut self.log, &event).map_err(|e| self.io(e.into()))?;
+        self.log.write_all(b"\n").map_err(|e| self.io(e))?;
+        sink.event(event);
+        Ok(())
+    }
+
+    fn feed(
+        &mut self,
+        which: Which,
+        bytes: &[u8],
+        sink: &dyn OutputSink,
+    ) -> Result<(), RuntimeError> {
+        let cap = self.cap;
+        let st = match which {
+            Which::Out => &mut self.out,
+            Which::Err => &mut self.err,
+        };
+        st.total += bytes.len() as u64;
+        let room = cap.saturating_sub(st.kept) as usize;
+        let keep = &bytes[..bytes.len().min(room)];
+        if keep.len() < bytes.len() {
+            st.truncated = true;
+        }
+        st.kept += keep.len() as u64;
+        if matches!(which, Which::Out) {
+            self.stdout.extend_from_slice(keep);
+        }
+        let st = match which {
+            Which::Out => &mut self.out,
+            Which::Err => &mut self.err,
+        };
+        st.partial.extend_from_slice(keep);
+        let mut lines: Vec<Vec<u8>> = Vec::new();
+        while let Some(pos) = st.partial.iter().position(|b| *b == b'\n') {
+            let rest = st.partial.split_off(pos + 1);
+            let mut line = std::mem::replace(&mut st.partial, rest);
+            line.pop();
+            lines.push(line);
+        }
+        while st.partial.len() >= MAX_LINE_BYTES {
+            let rest = st.partial.split_off(MAX_LINE_BYTES);
+            lines.push(std::mem::replace(&mut st.partial, rest));
+        }
+        for line in lines {
+            self.emit(which, &line, sink)?;
+        }
+        Ok(())
+    }
+
+    /// Adds a runtime note to stderr (e.g. the engine's reason a command could not start).
+    pub fn note_stderr(&mut self, sink: &dyn OutputSink, text: &str) {
+        let mut bytes = text.as_bytes().to_vec();
+        bytes.push(b'\n');
+        let _ = self.feed(Which::Err, &bytes, sink);
+    }
+
+    /// Reads until the stream ends or `stop` fires, then flushes partial lines.
+    pub async fn run(
+        &mut self,
+        mut stream: Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>,
+        sink: &dyn OutputSink,
+        stop: CancellationToken,
+    ) -> Result<Pumped, RuntimeError> {
+        loop {
+            let item = tokio::select! {
+                item = stream.next() => item,
+                _ = stop.cancelled() => break,
+            };
+            match item {
+                None => break,
+                Some(Ok(LogOutput::StdOut { message }))
+                | Some(Ok(LogOutput::Console { message })) => {
+                    self.feed(Which::Out, &message, sink)?
+                }
+                Some(Ok(LogOutput::StdErr { message })) => self.feed(Which::Err, &message, sink)?,
+                Some(Ok(LogOutput::StdIn { .. })) => {}
+                // A broken attach stream loses output but not the run: the outcome still comes
+                // from the engine. Say so in the log.
+                Some(Err(e)) => {
+                    self.note_stderr(sink, &format!("[smithers] output stream error: {e}"));
+                    break;
+                }
+            }
+        }
+        // Give a last chunk that raced the stop a moment (non-blocking otherwise).
+        if let Ok(Some(Ok(item))) =
+            tokio::time::timeout(Duration::from_millis(1), stream.next()).await
+        {
+            match item {
+                LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                    self.feed(Which::Out, &message, sink)?
+                }
+                LogOutput::StdErr { message } => self.feed(Which::Err, &message, sink)?,
+                LogOutput::StdIn { .. } => {}
+            }
+        }
+        self.finish(sink)
+    }
+
+    /// Flushes partial lines and the log file; returns the counts.
+    pub fn finish(&mut self, sink: &dyn OutputSink) -> Result<Pumped, RuntimeError> {
+        for which in [Which::Out, Which::Err] {
+            let st = match which {
+                Which::Out => &mut self.out,
+                Which::Err => &mut self.err,
+            };
+            if !st.partial.is_empty() {
+                let line = std::mem::take(&mut st.partial);
+                self.emit(which, &line, sink)?;
+            }
+        }
+        self.log.flush().map_err(|e| self.io(e))?;
+        Ok(Pumped {
+            stdout_bytes: self.out.total,
+            stderr_bytes: self.err.total,
+            stdout_truncated: self.out.truncated,
+            stderr_truncated: self.err.truncated,
+            stdout: std::mem::take(&mut self.stdout),
+        })
+    }
+
+    /// The last log record: how the command ended.
+    pub fn write_exit(
+        &mut self,
+        termination: Termination,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        duration: Duration,
+    ) -> Result<(), RuntimeError> {
+        let rec = json!({
+            "kind": "exit",
+            "termination": termination.as_str(),
+            "exitCode": exit_code,
+            "signal": signal,
+            "durationMs": duration.as_millis() as u64,
+            "stdoutTruncated": self.out.truncated,
+            "stderrTruncated": self.err.truncated,
+            "timestampMs": now_ms(),
+        });
+        serde_json::to_writer(&mut self.log, &rec).map_err(|e| self.io(e.into()))?;
+        self.log.write_all(b"\n").map_err(|e| self.io(e))?;
+        self.log.flush().map_err(|e| self.io(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<OutputEvent>>);
+    impl OutputSink for Collect {
+        fn event(&self, e: OutputEvent) {
+            self.0.lock().unwrap().push(e);
+        }
+    }
+
+    #[test]
+    fn caps_and_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log.ndjson");
+        let sink = Collect::default();
+        let mut p = Pump::new(&log, 10).unwrap();
+        p.feed(Which::Out, b"abc\nde", &sink).unwrap();
+        p.feed(Which::Out, b"f\n0123456789", &sink).unwrap();
+        p.feed(Which::Err, b"err\n", &sink).unwrap();
+        let r = p.finish(&sink).unwrap();
+        assert_eq!(r.stdout_bytes, 18);
+        assert!(r.stdout_truncated);
+        assert!(!r.stderr_truncated);
+        assert_eq!(r.stdout, b"abc\ndef\n01");
+        let lines: Vec<String> = sink
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| match e {
+                OutputEvent::Stdout { line, .. } => format!("o:{line}"),
+                OutputEvent::Stderr { line, .. } => format!("e:{line}"),
+                _ => String::new(),
+            })
+            .collect();
+        assert_eq!(lines, vec!["o:abc", "o:def", "e:err", "o:01"]);
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(text.lines().count(), 4);
+        for l in text.lines() {
+            serde_json::from_str::<serde_json::Value>(l).unwrap();
+        }
+    }
+}

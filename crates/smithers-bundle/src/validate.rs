@@ -41,11 +41,11 @@ pub fn validate_bundle(bundle_path: impl AsRef<Path>) -> Result<ValidatedBundle,
         });
     }
     patch_files.sort_unstable();
-    for p in &patch_files {
-        assert_patch_path_safe(bundle_path, p)?;
-    }
-    for p in manifest.patches.iter().flatten() {
-        assert_patch_path_safe(bundle_path, p)?;
+    // Resolved once: with an absolute root, resolving 2000 patch paths needs no getcwd.
+    let root_abs = resolve_in(bundle_path, ".")?;
+    let base = resolve_in(&root_abs, "patches")?;
+    for p in patch_files.iter().chain(manifest.patches.iter().flatten()) {
+        check_patch_path(&root_abs, &base, p)?;
     }
 
     let logs_path = resolve_in(bundle_path, "logs/stream.ndjson")?;
@@ -191,12 +191,18 @@ pub fn parse_manifest(raw: &[u8]) -> Result<Manifest, BundleError> {
 /// rejects legal names such as `patches/..x.patch`; we do not copy that.) A path that leaves
 /// the bundle altogether, or is empty, fails with the path-resolution error, as in JS.
 pub fn assert_patch_path_safe(bundle_path: &Path, patch_path: &str) -> Result<(), BundleError> {
-    let base = resolve_in(bundle_path, "patches")?;
-    let resolved = resolve(bundle_path, patch_path).map_err(|source| BundleError::Path {
+    let root_abs = resolve_in(bundle_path, ".")?;
+    let base = resolve_in(&root_abs, "patches")?;
+    check_patch_path(&root_abs, &base, patch_path)
+}
+
+/// [`assert_patch_path_safe`] with the absolute bundle root and its `patches` dir resolved.
+fn check_patch_path(root_abs: &Path, base: &Path, patch_path: &str) -> Result<(), BundleError> {
+    let resolved = resolve(root_abs, patch_path).map_err(|source| BundleError::Path {
         path: patch_path.to_string(),
         source,
     })?;
-    if resolved == base || !is_within(&base, &resolved) {
+    if resolved == base || !is_within(base, &resolved) {
         return Err(BundleError::PatchPathEscape {
             patch_path: patch_path.to_string(),
         });

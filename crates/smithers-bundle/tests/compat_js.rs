@@ -705,6 +705,15 @@ fn deliberate_differences() {
         r#"{"status": "finished", "patches": [{"path": "patches/a.patch", "content": 5}]}"#,
     );
 
+    // 4. A NUL byte in a manifest patch entry: lexically fine for JS, refused by
+    //    smithers-paths (the kernel would cut the name short).
+    let nul = t.join("nul");
+    put(
+        &nul,
+        "README.md",
+        br#"{"status": "finished", "patches": ["patches/a\u0000.patch"]}"#,
+    );
+
     let jsw = |n: &str| t.join("js").join(n);
     let rsw = |n: &str| t.join("rs").join(n);
     let ops = vec![
@@ -724,6 +733,7 @@ fn deliberate_differences() {
         Op::Write(jsw("null-run-id"), null_run_id.clone()),
         Op::Validate(jsw("null-run-id")),
         Op::Write(jsw("content-not-string"), content_not_string.clone()),
+        Op::Validate(nul.clone()),
     ];
     let r = run_batch(js, &ops);
 
@@ -834,6 +844,16 @@ fn deliberate_differences() {
 
     // Non-string content: a Node TypeError (not a Smithers code) in JS, INVALID_INPUT here.
     assert_eq!(r[15]["error"]["code"], json!("ERR_INVALID_ARG_TYPE"));
+    assert!(
+        r[16]["ok"].is_object(),
+        "JS accepts a NUL in a patch entry: {}",
+        r[16]
+    );
+    assert_eq!(
+        ours_validate(&nul)["error"]["code"],
+        json!("TOOL_PATH_INVALID")
+    );
+
     let ours = ours_write(&rsw("content-not-string"), &content_not_string);
     assert_eq!(
         ours["error"],

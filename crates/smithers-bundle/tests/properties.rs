@@ -12,13 +12,15 @@ use smithers_bundle::{
 /// that look like array indexes too.
 fn arb_json() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(Value::from),
-        any::<u64>().prop_map(Value::from),
-        any::<f64>().prop_filter_map("finite", |f| Number::from_f64(f).map(Value::Number)),
-        ".{0,20}".prop_map(Value::String),
-        prop_oneof![Just(0usize), Just(65_536), Just(65_537)]
+        8 => Just(Value::Null),
+        8 => any::<bool>().prop_map(Value::Bool),
+        8 => any::<i64>().prop_map(Value::from),
+        8 => any::<u64>().prop_map(Value::from),
+        8 => any::<f64>().prop_filter_map("finite", |f| Number::from_f64(f).map(Value::Number)),
+        8 => ".{0,20}".prop_map(Value::String),
+        // Strings at and one past the UTF-16 limit (astral characters count 2), rarely:
+        // they are 128 KiB each.
+        1 => prop_oneof![Just(65_536usize), Just(65_537)]
             .prop_map(|n| Value::String("😀".repeat(n / 2) + &"a".repeat(n % 2))),
     ];
     leaf.prop_recursive(20, 256, 8, |inner| {
@@ -31,7 +33,7 @@ fn arb_json() -> impl Strategy<Value = Value> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn parse_manifest_never_panics_on_bytes(raw in prop::collection::vec(any::<u8>(), 0..512)) {

@@ -24,7 +24,8 @@ use crate::overlay::{check_upper_entry, is_whiteout, lstat};
 pub struct DetectOptions {
     /// Honour `.gitignore` files (default true).
     pub respect_gitignore: bool,
-    /// Top-level names never turned into patches (default `.git`, `.smithers`).
+    /// Top-level names never turned into patches (default `.git`, `.smithers`). A `.git`
+    /// entry at any depth is always excluded too.
     pub excluded_top_level: Vec<String>,
     /// Bound on the changed content held in memory (old + new bytes of every change).
     /// Default 1 GiB; exceeding it fails with the largest contributors named.
@@ -261,7 +262,9 @@ impl<'a> Walker<'a> {
                 continue;
             };
             let child = join_rel(rel, &name);
-            if rel.is_empty() && self.opts.excluded_top_level.contains(&name) {
+            // `.git` anywhere (a nested repository, `cargo new`'s fresh repo, a submodule's
+            // gitfile) is git's own state, never content: excluded like the top-level one.
+            if (rel.is_empty() && self.opts.excluded_top_level.contains(&name)) || name == ".git" {
                 self.ignore(format!("{child}/"), IgnoreReason::Excluded);
                 continue;
             }
@@ -344,6 +347,10 @@ impl<'a> Walker<'a> {
                     continue;
                 };
                 let child = join_rel(rel, name);
+                if name == ".git" {
+                    self.ignore(format!("{child}/"), IgnoreReason::Excluded);
+                    continue;
+                }
                 if let Some(cmd) = lstat(&p)? {
                     self.delete_lower(&child, p, &cmd)?;
                 }

@@ -150,3 +150,63 @@ mod tests {
         assert!(apply_hunks("a\nb\nc\nx\n", &h, false).is_err());
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use crate::model::GitMode;
+    use crate::parse::parse_patch;
+    use crate::patch::{text_hunks, FilePatch, PatchBody};
+    use proptest::prelude::*;
+
+    /// Files made of few distinct lines (so diffs have real matches), maybe without a final
+    /// newline.
+    fn text() -> impl Strategy<Value = String> {
+        (
+            proptest::collection::vec(
+                proptest::sample::select(vec!["a", "b", "c", "fn x() {", "}", "", " ", "é"]),
+                0..40,
+            ),
+            any::<bool>(),
+        )
+            .prop_map(|(lines, final_nl)| {
+                let mut s = lines.join("\n");
+                if final_nl && !s.is_empty() {
+                    s.push('\n');
+                }
+                s
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn hunks_rebuild_new_and_round_trip_through_text(old in text(), new in text()) {
+            let hunks = text_hunks(&old, &new);
+            prop_assert_eq!(apply_hunks(&old, &hunks, true).unwrap(), new.clone());
+            // Relocating mode must agree when nothing moved.
+            prop_assert_eq!(apply_hunks(&old, &hunks, false).unwrap(), new.clone());
+            if old == new {
+                return Ok(());
+            }
+            let fp = FilePatch {
+                path: "dir/f i.txt".into(),
+                old_mode: Some(GitMode::File),
+                new_mode: Some(GitMode::Executable),
+                old_oid: Some(crate::model::git_blob_oid(old.as_bytes())),
+                new_oid: Some(crate::model::git_blob_oid(new.as_bytes())),
+                body: PatchBody::Text(hunks),
+            };
+            let text = fp.render();
+            let parsed = parse_patch(&text).unwrap();
+            prop_assert_eq!(parsed.len(), 1);
+            prop_assert_eq!(&parsed[0], &fp);
+        }
+
+        #[test]
+        fn parser_never_panics(s in "(diff --git a/x b/x\n|index |@@ -1,2 \\+1 @@\n|[-+ ]x\n|GIT binary patch\n|literal 3\n|\\\\ No newline at end of file\n|--- a/x\n|\\+\\+\\+ b/x\n|new file mode 100644\n|.{0,10}\n){0,12}") {
+            let _ = parse_patch(&s);
+        }
+    }
+}

@@ -237,13 +237,17 @@ pub fn text_hunks(old: &str, new: &str) -> Vec<Hunk> {
     let old_lines: Vec<&str> = old.split_inclusive('\n').collect();
     let mut hunks = Vec::new();
     for group in diff.grouped_ops(CONTEXT_LINES) {
-        let (Some(first), Some(last)) = (group.first(), group.last()) else {
+        if group.is_empty() {
             continue;
-        };
-        let old_begin = first.old_range().start;
-        let old_len = last.old_range().end - old_begin;
-        let new_begin = first.new_range().start;
-        let new_len = last.new_range().end - new_begin;
+        }
+        // Ranges from the min/max over all ops: similar may give a leading Delete a
+        // `new_index` past the following Equal's, so the first op's start is not reliable.
+        let old_begin = group.iter().map(|o| o.old_range().start).min().unwrap_or(0);
+        let old_end = group.iter().map(|o| o.old_range().end).max().unwrap_or(0);
+        let new_begin = group.iter().map(|o| o.new_range().start).min().unwrap_or(0);
+        let new_end = group.iter().map(|o| o.new_range().end).max().unwrap_or(0);
+        let old_len = old_end - old_begin;
+        let new_len = new_end - new_begin;
         let mut lines = Vec::new();
         for op in &group {
             for ch in diff.iter_changes(op) {

@@ -70,6 +70,7 @@ printf 'scratch\n' > sub/x.tmp
 printf 'new in existing dir\n' > sub/new.txt
 mkdir -p .smithers && echo x > .smithers/state
 mkdir -p .git && echo x > .git/config
+mkdir -p nested/.git && echo x > nested/.git/HEAD && echo 'nested\n' > nested/file.txt
 : > empty_new
 rm empty_old
 sed -i 's/^line 50$/LINE 50/; s/^line 150$/LINE 150/' big.txt
@@ -92,6 +93,7 @@ fn not_transported(rel: &str) -> bool {
         || rel.starts_with("target/")
         || rel == "sub/x.tmp"
         || rel == "fifo1"
+        || rel.starts_with("nested/.git")
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {
@@ -157,7 +159,15 @@ fn check_round_trip(l: &Layers) {
     assert_eq!(kind("d2"), Some(ChangeKind::Added));
     assert_eq!(kind("d2/f1"), Some(ChangeKind::Deleted));
     assert_eq!(kind("kept.log"), None);
-    for p in ["debug.log", "target/", "sub/x.tmp", ".git/", ".smithers/"] {
+    assert_eq!(kind("nested/file.txt"), Some(ChangeKind::Added));
+    for p in [
+        "debug.log",
+        "target/",
+        "sub/x.tmp",
+        ".git/",
+        ".smithers/",
+        "nested/.git/",
+    ] {
         assert!(
             set.ignored.iter().any(|i| i.path == p),
             "{p} should be reported as ignored: {:?}",

@@ -1,9 +1,8 @@
 //! What the orchestrator needs from a collected bundle and from the patch applier.
 //!
-//! Both sit behind small traits because the crates that implement them for real
-//! (`smithers-bundle` for validation, `smithers-patch` for conflict-checked atomic apply) are
-//! written in parallel; the binary wires the real implementations in. The parts that are pure
-//! bookkeeping (counting diff lines, describing patch files per file) live here.
+//! Both sit behind small traits whose real implementations are [`BundleValidator`]
+//! (`smithers-bundle`) and [`AtomicPatchApplier`] (`smithers-patch`); the traits let a caller
+//! add checks around them. Counting diff lines is pure bookkeeping and lives here.
 
 use std::path::{Path, PathBuf};
 
@@ -134,6 +133,100 @@ pub trait PatchApplier: Send + Sync + std::fmt::Debug {
         for rel in &bundle.patch_files {
             let text = read_patch(&bundle.bundle_path, rel)?;
             out.extend(describe_patch_text(&text, rel));
+        }
+        Ok(out)
+    }
+}
+
+/// The real applier: `smithers_patch::apply_patch_texts`, all or nothing, confined to the
+/// root (no `..`, no symlinks, never into `.git/` or `.smithers/`), conflict-checked against
+/// the base blob ids the patches carry, journaled so a crash mid-apply is rolled back or
+/// forward by the next apply.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AtomicPatchApplier;
+
+impl AtomicPatchApplier {
+    /// The patch texts of a bundle: its patch files, or (only when it has none) the `diff`
+    /// texts of its `diffBundle`.
+    fn texts(bundle: &InspectedBundle) -> Result<Vec<String>, ErrorReport> {
+        if !bundle.patch_files.is_empty() {
+            return bundle
+                .patch_files
+                .iter()
+                .map(|rel| {
+                    let path = bundle.bundle_path.join(rel);
+                    let bytes = std::fs::read(&path).map_err(|e| {
+                        ErrorReport::new(
+                            ErrorCode::ToolPatchFailed,
+                            format!("cannot read patch file {}: {e}", path.display()),
+                        )
+                    })?;
+                    // Never apply a lossily decoded patch: it would write altered bytes.
+                    String::from_utf8(bytes).map_err(|_| {
+                        ErrorReport::new(
+                            ErrorCode::ToolPatchFailed,
+                            format!("patch file {rel} is not valid UTF-8"),
+                        )
+                        .with_details(serde_json::json!({ "path": rel }))
+                    })
+                })
+                .collect();
+        }
+        let entries = bundle
+            .diff_bundle
+            .as_ref()
+            .and_then(|d| d.get("patches"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        entries
+            .iter()
+            .map(|p| {
+                if p.get("binaryContent").is_some() {
+                    return Err(ErrorReport::new(
+                        ErrorCode::ToolPatchFailed,
+                        "diffBundle entries with binaryContent cannot be applied; ship patch files",
+                    ));
+                }
+                p.get("diff")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .ok_or_else(|| {
+                        ErrorReport::new(ErrorCode::InvalidInput, "diffBundle entry without diff")
+                    })
+            })
+            .collect()
+    }
+}
+
+impl PatchApplier for AtomicPatchApplier {
+    fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport> {
+        use smithers_errors::CodedError;
+        let texts = Self::texts(bundle)?;
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        smithers_patch::apply_patch_texts(root_dir, &refs, &smithers_patch::ApplyOptions::default())
+            .map(|_| ())
+            .map_err(|e| e.report())
+    }
+
+    fn describe(&self, bundle: &InspectedBundle) -> Result<Vec<PatchRecord>, ErrorReport> {
+        use smithers_errors::CodedError;
+        let mut out = Vec::new();
+        for rel in &bundle.patch_files {
+            let text = read_patch(&bundle.bundle_path, rel)?;
+            for fp in smithers_patch::parse_patch(&text).map_err(|e| e.report())? {
+                out.push(PatchRecord {
+                    operation: match fp.operation() {
+                        smithers_patch::Operation::Add => PatchOperation::Add,
+                        smithers_patch::Operation::Modify => PatchOperation::Modify,
+                        smithers_patch::Operation::Delete => PatchOperation::Delete,
+                    },
+                    path: fp.path,
+                    base_hash: fp.old_oid,
+                    new_hash: fp.new_oid,
+                    patch_path: rel.clone(),
+                });
+            }
         }
         Ok(out)
     }

@@ -41,8 +41,8 @@ use smithers_store::{
 use tracing::warn;
 
 pub use bundle::{
-    describe_patch_text, diff_line_count, BundleInspector, BundleValidator, InspectedBundle,
-    PatchApplier,
+    describe_patch_text, diff_line_count, AtomicPatchApplier, BundleInspector, BundleValidator,
+    InspectedBundle, PatchApplier,
 };
 pub use error::{error_to_json, OrchestratorError};
 pub use metrics::{HistogramSnapshot, Metrics};

@@ -27,7 +27,6 @@ struct Harness {
     db: PathBuf,
     store: Arc<Store>,
     runtime: Arc<HostProcessTestRuntime>,
-    applier: Arc<GitApplyTestApplier>,
     orch: Orchestrator,
     beats: Beats,
 }
@@ -40,8 +39,7 @@ fn harness_with(settings: Settings) -> Harness {
     let db = dir.path().join("smithers.db");
     let store = Arc::new(Store::open(&db).unwrap());
     let runtime = Arc::new(HostProcessTestRuntime::default());
-    let applier = Arc::new(GitApplyTestApplier::default());
-    let orch = Orchestrator::new(store.clone(), applier.clone(), settings)
+    let orch = Orchestrator::new(store.clone(), Arc::new(AtomicPatchApplier), settings)
         .unwrap()
         .with_runtime(runtime.clone());
     Harness {
@@ -50,7 +48,6 @@ fn harness_with(settings: Settings) -> Harness {
         db,
         store,
         runtime,
-        applier,
         orch,
         beats: Arc::new(Mutex::new(Vec::new())),
     }
@@ -128,7 +125,7 @@ fn payload<'a>(events: &'a [(String, Value)], ty: &str) -> &'a Value {
 
 const ADD_WORLD_PATCH: &str = r#"mkdir -p "$OUT/patches" && cat > "$OUT/patches/0001-hello.patch" <<'P'
 diff --git a/hello.txt b/hello.txt
-index ce01362..94954ab 100644
+index ce013625030ba8dba906f756967f9e9ca394464a..0056b4ab5bae17e5bd426bcdd9f73103d9109e80 100644
 --- a/hello.txt
 +++ b/hello.txt
 @@ -1 +1,3 @@
@@ -434,7 +431,14 @@ async fn durable_review_accepted_applies_then_completes() {
     assert_eq!(pending.patches.len(), 1);
     assert_eq!(pending.patches[0].path, "hello.txt");
     assert_eq!(pending.patches[0].operation, PatchOperation::Modify);
-    assert_eq!(pending.patches[0].base_hash.as_deref(), Some("ce01362"));
+    assert_eq!(
+        pending.patches[0].base_hash.as_deref(),
+        Some("ce013625030ba8dba906f756967f9e9ca394464a")
+    );
+    assert_eq!(
+        pending.patches[0].new_hash.as_deref(),
+        Some("0056b4ab5bae17e5bd426bcdd9f73103d9109e80")
+    );
     assert_review_requested_prefix(&h, "sb");
     assert_eq!(h.types("sb").len(), 5, "waiting: no decision event yet");
     assert_eq!(hello(&h), "hello\n", "nothing applied before the decision");
@@ -454,7 +458,7 @@ async fn durable_review_accepted_applies_then_completes() {
     // The decision may come from another process: a fresh orchestrator on the same file.
     let other = Orchestrator::new(
         Arc::new(Store::open(&h.db).unwrap()),
-        h.applier.clone(),
+        Arc::new(AtomicPatchApplier),
         Settings::default(),
     )
     .unwrap();
@@ -836,4 +840,55 @@ async fn invalid_bundle_fails_with_the_validator_code() {
         "the rejected bundle is kept for inspection"
     );
     assert_eq!(h.orch.metrics().patch_count_snapshot().count, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepting_a_conflicting_review_applies_nothing_and_fails() {
+    let h = harness();
+    let req = h.request(
+        "sb",
+        &format!("{ADD_WORLD_PATCH}\n{}", write_result("finished")),
+    );
+    assert!(matches!(
+        h.orch.execute(&req, &h.ctx()).await.unwrap(),
+        SandboxOutcome::AwaitingReview(_)
+    ));
+    // Someone edits the host file while the review waits.
+    std::fs::write(h.root.join("hello.txt"), "bonjour\n").unwrap();
+    let err = h.orch.accept(RUN, "sb").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ToolPatchFailed, "{err}");
+    assert_eq!(hello(&h), "bonjour\n", "nothing applied");
+    assert_eq!(h.types("sb")[5..], ["SandboxFailed"]);
+    let review = h.store.get_review(RUN, "sb").unwrap().unwrap();
+    assert_eq!(review.state, ReviewState::Accepted);
+    assert!(review.apply_error.is_some());
+    assert_eq!(
+        h.store.get_sandbox(RUN, "sb").unwrap().unwrap().status,
+        SandboxStatus::Failed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_diffs_off_applies_directly() {
+    let h = harness();
+    let mut req = h.request(
+        "sb",
+        &format!("{ADD_WORLD_PATCH}\n{}", write_result("finished")),
+    );
+    req.review_diffs = false;
+    let SandboxOutcome::Completed(done) = h.orch.execute(&req, &h.ctx()).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(done.applied_patches, 1);
+    assert_eq!(hello(&h), "hello\nworld\nagain\n");
+    assert_eq!(
+        h.types("sb"),
+        [
+            "SandboxCreated",
+            "SandboxShipped",
+            "SandboxHeartbeat",
+            "SandboxBundleReceived",
+            "SandboxCompleted"
+        ]
+    );
 }

@@ -3,7 +3,6 @@
 //!
 //! - [`HostProcessTestRuntime`] runs the step as a REAL child process on the host (no
 //!   isolation at all), in its own process group so cancellation really kills the tree.
-//! - [`GitApplyTestApplier`] applies patches for real with `git apply` (atomic per call).
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -15,8 +14,6 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use smithers_errors::{ErrorCode, ErrorReport};
-use smithers_orchestrator::{InspectedBundle, PatchApplier};
 use smithers_runtime::{
     CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputEvent, OutputSink,
     RequestBundle, ResourceUsage, Runtime, RuntimeError, RuntimeKind, SandboxConfig, SandboxHandle,
@@ -285,37 +282,6 @@ fn kill_group(pgid: u32) {
     let _ = std::process::Command::new("kill")
         .args(["-KILL", "--", &format!("-{pgid}")])
         .status();
-}
-
-/// Applies patches with `git apply` (all or nothing per call). Test double.
-#[derive(Debug, Default)]
-pub struct GitApplyTestApplier {
-    pub applied: Mutex<usize>,
-}
-
-impl PatchApplier for GitApplyTestApplier {
-    fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport> {
-        let out = std::process::Command::new("git")
-            .arg("-C")
-            .arg(root_dir)
-            .arg("apply")
-            .args(
-                bundle
-                    .patch_files
-                    .iter()
-                    .map(|p| bundle.bundle_path.join(p)),
-            )
-            .output()
-            .map_err(|e| ErrorReport::new(ErrorCode::ToolPatchFailed, e.to_string()))?;
-        if !out.status.success() {
-            return Err(ErrorReport::new(
-                ErrorCode::ToolPatchFailed,
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            ));
-        }
-        *self.applied.lock().unwrap() += bundle.patch_files.len();
-        Ok(())
-    }
 }
 
 /// Collects output lines; cancels `cancel_on` when a line equals `trigger`.

@@ -141,7 +141,7 @@ fn lossy_opt_path<S: Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::
 
 /// A bundle that passed validation (`ValidatedSandboxBundle`). Serialises with the JS field
 /// names: `{manifest, bundleSizeBytes, patchFiles, logsPath, bundlePath}`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ValidatedBundle {
     /// The normalised manifest.
     pub manifest: Manifest,

@@ -1,11 +1,11 @@
 //! Validating a bundle directory (spec §2, "Validating"), in the JavaScript package's order.
 
-use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{openat, statat, AtFlags, Dir, FileType, Mode, OFlags, CWD};
 use serde_json::Value;
 
 use crate::error::BundleError;
@@ -215,45 +215,99 @@ struct Walked {
     patch_files: Vec<String>,
 }
 
-/// Step 3 and the collection for step 4: a depth-first walk that never follows a link
-/// (`DirEntry::file_type` is the d_type or an lstat), summing the sizes of regular files and
-/// collecting `patches/**.patch` as POSIX relative paths. Sockets, FIFOs and devices are
-/// neither counted nor followed, as in JS.
+/// One directory being listed during [`walk`].
+struct Level {
+    dir: Dir,
+    /// Bundle-relative POSIX path of the directory ("" for the root).
+    rel: String,
+    /// Whether the directory is the top-level `patches/` or beneath it.
+    in_patches: bool,
+}
+
+/// Step 3 and the collection for step 4: a depth-first walk that never follows a link,
+/// summing the sizes of regular files and collecting `patches/**.patch` as POSIX relative
+/// paths. Sockets, FIFOs and devices are neither counted nor followed, as in JS.
+///
+/// Each directory is opened relative to its parent's descriptor with `O_NOFOLLOW`, and each
+/// entry is typed by `d_type` or `fstatat(AT_SYMLINK_NOFOLLOW)` on that descriptor: a
+/// directory swapped for a symlink during the walk fails the open (ELOOP/ENOTDIR) instead of
+/// being followed out of the bundle. The stack of open directories is explicit (one descriptor
+/// per level), so a pathologically deep tree ends in an error, never in a stack overflow.
 fn walk(bundle_path: &Path) -> Result<Walked, BundleError> {
-    let read_err = |path: &Path, source: io::Error| BundleError::ReadBundle {
-        path: path.to_path_buf(),
-        source,
+    let read_err = |rel: &str, e: rustix::io::Errno| BundleError::ReadBundle {
+        path: bundle_path.join(rel),
+        source: e.into(),
     };
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    // The bundle directory itself is named by the caller and trusted (it may be a link).
+    let root_fd =
+        openat(CWD, bundle_path, dir_flags, Mode::empty()).map_err(|e| read_err("", e))?;
+    let root_dir = Dir::read_from(&root_fd).map_err(|e| read_err("", e))?;
+    drop(root_fd);
     let mut total_bytes: u64 = 0;
     let mut patch_files = Vec::new();
-    // (directory, its bundle-relative POSIX path, whether it is inside top-level `patches/`)
-    let mut pending: Vec<(PathBuf, String, bool)> =
-        vec![(bundle_path.to_path_buf(), String::new(), false)];
-    while let Some((dir, rel_dir, in_patches)) = pending.pop() {
-        let entries = fs::read_dir(&dir).map_err(|e| read_err(&dir, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| read_err(&dir, e))?;
-            let name = entry.file_name();
-            let rel = if rel_dir.is_empty() {
-                name.to_string_lossy().into_owned()
-            } else {
-                format!("{rel_dir}/{}", name.to_string_lossy())
-            };
-            let file_type = entry.file_type().map_err(|e| read_err(&entry.path(), e))?;
-            if file_type.is_symlink() {
-                return Err(BundleError::ContainsSymlink { path: rel });
+    let mut stack = vec![Level {
+        dir: root_dir,
+        rel: String::new(),
+        in_patches: false,
+    }];
+    while let Some(level) = stack.last_mut() {
+        let entry = match level.dir.next() {
+            None => {
+                stack.pop();
+                continue;
             }
-            if file_type.is_dir() {
-                let child_in_patches =
-                    in_patches || (rel_dir.is_empty() && name == OsStr::new("patches"));
-                pending.push((entry.path(), rel, child_in_patches));
-            } else if file_type.is_file() {
-                let meta = entry.metadata().map_err(|e| read_err(&entry.path(), e))?;
-                total_bytes = total_bytes.saturating_add(meta.len());
-                if in_patches && rel.ends_with(".patch") {
+            Some(entry) => entry.map_err(|e| read_err(&level.rel, e))?,
+        };
+        let name = entry.file_name();
+        let name_bytes = name.to_bytes();
+        if name_bytes == b"." || name_bytes == b".." {
+            continue;
+        }
+        let name_str = String::from_utf8_lossy(name_bytes);
+        let rel = if level.rel.is_empty() {
+            name_str.into_owned()
+        } else {
+            format!("{}/{name_str}", level.rel)
+        };
+        let dir_fd = level.dir.fd().map_err(|e| read_err(&level.rel, e))?;
+        let mut file_type = entry.file_type();
+        let mut size = 0;
+        if matches!(file_type, FileType::Unknown | FileType::RegularFile) {
+            let st =
+                statat(dir_fd, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| read_err(&rel, e))?;
+            file_type = FileType::from_raw_mode(st.st_mode);
+            size = u64::try_from(st.st_size).unwrap_or(0);
+        }
+        match file_type {
+            FileType::Symlink => return Err(BundleError::ContainsSymlink { path: rel }),
+            FileType::Directory => {
+                let fd = openat(dir_fd, name, dir_flags | OFlags::NOFOLLOW, Mode::empty())
+                    .map_err(|e| {
+                        match e {
+                            // Swapped for a symlink since it was listed.
+                            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
+                                BundleError::ContainsSymlink { path: rel.clone() }
+                            }
+                            e => read_err(&rel, e),
+                        }
+                    })?;
+                let dir = Dir::read_from(&fd).map_err(|e| read_err(&rel, e))?;
+                let in_patches =
+                    level.in_patches || (level.rel.is_empty() && name_bytes == b"patches");
+                stack.push(Level {
+                    dir,
+                    rel,
+                    in_patches,
+                });
+            }
+            FileType::RegularFile => {
+                total_bytes = total_bytes.saturating_add(size);
+                if level.in_patches && rel.ends_with(".patch") {
                     patch_files.push(rel);
                 }
             }
+            _ => {}
         }
     }
     Ok(Walked {

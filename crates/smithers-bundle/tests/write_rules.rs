@@ -215,3 +215,30 @@ fn a_bundle_at_the_filesystem_root_resolves_by_components() {
         smithers_bundle::assert_patch_path_safe(std::path::Path::new("/"), "/etc/passwd").is_err()
     );
 }
+
+#[test]
+fn deep_and_wide_trees_are_walked_without_recursion() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("b");
+    write_bundle(&params(&dir)).unwrap();
+    let mut deep = dir.join("artifacts");
+    for _ in 0..400 {
+        deep.push("d");
+    }
+    fs::create_dir_all(&deep).unwrap();
+    fs::write(deep.join("leaf.txt"), "12345").unwrap();
+    let mut deep_patch = dir.join("patches");
+    for _ in 0..100 {
+        deep_patch.push("p");
+    }
+    fs::create_dir_all(&deep_patch).unwrap();
+    fs::write(deep_patch.join("z.patch"), "+\n").unwrap();
+    let before = validate_bundle(tmp.path().join("b")).unwrap();
+    assert_eq!(before.patch_files.len(), 2);
+    assert!(before
+        .patch_files
+        .contains(&format!("patches/{}z.patch", "p/".repeat(100))));
+    // The result round-trips through its JSON form (other crates receive it as JSON).
+    let back: smithers_bundle::ValidatedBundle = serde_json::from_value(before.to_json()).unwrap();
+    assert_eq!(back, before);
+}

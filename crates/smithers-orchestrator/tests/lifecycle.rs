@@ -892,3 +892,122 @@ async fn review_diffs_off_applies_directly() {
         ]
     );
 }
+
+const CRASH_DB: &str = "SMITHERS_TEST_CRASH_DB";
+const CRASH_ROOT: &str = "SMITHERS_TEST_CRASH_ROOT";
+
+/// Not a test on its own: the process that `crash_mid_run_is_recovered_by_the_next_process`
+/// starts and then kills with SIGKILL in the middle of a sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "helper process of crash_mid_run_is_recovered_by_the_next_process"]
+async fn crash_helper_process() {
+    let db = std::env::var(CRASH_DB).expect("run by the crash test only");
+    let root = std::env::var(CRASH_ROOT).expect("run by the crash test only");
+    let store = Arc::new(Store::open(&db).unwrap());
+    let orch = Orchestrator::new(store, Arc::new(AtomicPatchApplier), Settings::default())
+        .unwrap()
+        .with_runtime(Arc::new(HostProcessTestRuntime::default()));
+    let mut req = SandboxRequest::new(RUN, "crashy", root);
+    req.command = Some(StepCommand {
+        argv: vec!["sh".into(), "-c".into(), "sleep 300".into()],
+        cwd: None,
+    });
+    let out = orch.execute(&req, &StepContext::default()).await;
+    panic!("the helper should have been killed, but execute returned {out:?}");
+}
+
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Bounded wait for a condition driven by another process (asserts the outcome, not speed).
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_mid_run_is_recovered_by_the_next_process() {
+    let h = harness_with(Settings {
+        per_run_max: 1,
+        ..Settings::default()
+    });
+    let mut helper = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "crash_helper_process",
+            "--nocapture",
+        ])
+        .env(CRASH_DB, &h.db)
+        .env(CRASH_ROOT, &h.root)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pgid_file = h
+        .root
+        .join(".smithers/sandboxes/run-1/crashy/out/step.pgid");
+    eventually("the helper's step to run", || pgid_file.exists()).await;
+    eventually("the shipped row", || {
+        h.store
+            .get_sandbox(RUN, "crashy")
+            .unwrap()
+            .is_some_and(|r| r.status == SandboxStatus::Shipped)
+    })
+    .await;
+    // SIGKILL: no destructor, no bookkeeping, exactly like a crash.
+    helper.kill().unwrap();
+    helper.wait().unwrap();
+    let step: u32 = std::fs::read_to_string(&pgid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !process_gone(step),
+        "the step outlived its owner, as after a real crash"
+    );
+    assert!(h
+        .store
+        .lease(RUN, "crashy")
+        .unwrap()
+        .unwrap()
+        .handle_json
+        .is_some());
+
+    // The next process starts: recovery kills the leftovers and frees the slot.
+    let recovered = h.orch.recover().await.unwrap();
+    assert_eq!(recovered.len(), 1);
+    assert_eq!(recovered[0].sandbox_id, "crashy");
+    assert!(recovered[0].cleaned_up, "{:?}", recovered[0].cleanup_error);
+    eventually("the orphaned step to die", || process_gone(step)).await;
+    let row = h.store.get_sandbox(RUN, "crashy").unwrap().unwrap();
+    assert_eq!(row.status, SandboxStatus::Failed);
+    assert_eq!(
+        h.types("crashy"),
+        ["SandboxCreated", "SandboxShipped", "SandboxFailed"]
+    );
+    let events = h.events("crashy");
+    assert_eq!(
+        payload(&events, "SandboxFailed")["error"]["details"]["reason"],
+        "orphaned"
+    );
+    let out = h
+        .orch
+        .execute(&h.request("next", &write_result("finished")), &h.ctx())
+        .await
+        .unwrap();
+    assert!(matches!(out, SandboxOutcome::Completed(_)), "slot freed");
+}

@@ -145,6 +145,9 @@ impl Runtime for HostProcessTestRuntime {
             .spawn()
             .map_err(|e| RuntimeError::spawn("spawn step", e))?;
         let pgid = child.id().expect("running child has a pid");
+        // Where a later process finds the step group if we die before it ends (crash tests).
+        let pgid_file = out.join("step.pgid");
+        std::fs::write(&pgid_file, pgid.to_string()).map_err(io("write", &pgid_file))?;
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut cancelled = false;
         let mut stdout_bytes = 0u64;
@@ -176,6 +179,8 @@ impl Runtime for HostProcessTestRuntime {
                 }
             }
         };
+        // The group is gone: forget it, so cleanup never signals a reused process group id.
+        let _ = std::fs::remove_file(&pgid_file);
         use std::os::unix::process::ExitStatusExt;
         let outcome = ExecOutcome {
             termination: if cancelled {
@@ -272,6 +277,13 @@ impl Runtime for HostProcessTestRuntime {
         self.cleanups.lock().unwrap().push(handle.clone());
         if self.cleanup_fails.load(Ordering::SeqCst) {
             return Err(RuntimeError::spawn("cleanup", "injected cleanup failure"));
+        }
+        // A step left running by a dead owner: kill its whole group (what a real runtime does
+        // through its cgroup).
+        if let Ok(pgid) = std::fs::read_to_string(out_dir(handle).join("step.pgid")) {
+            if let Ok(pgid) = pgid.trim().parse::<u32>() {
+                kill_group(pgid);
+            }
         }
         let _ = std::fs::remove_dir_all(out_dir(handle));
         Ok(())

@@ -1651,8 +1651,9 @@ pub async fn cancellation_kills_everything(env: &SuiteEnv) -> CaseResult {
     Ok(())
 }
 
-/// Absolute paths in the handle's backend state that belong to this sandbox (they contain its
-/// id): everything a backend created on the host for it.
+/// Absolute paths in the handle's backend state that belong to this sandbox: those containing
+/// its id, and cgroup directories (other than this process's own): what a backend created on
+/// the host for it.
 fn backend_paths(handle: &SandboxHandle) -> Vec<PathBuf> {
     fn walk(v: &Value, out: &mut Vec<String>) {
         match v {
@@ -1664,9 +1665,23 @@ fn backend_paths(handle: &SandboxHandle) -> Vec<PathBuf> {
     }
     let mut strings = Vec::new();
     walk(&handle.backend, &mut strings);
+    // Our own cgroups (a backend may record the parent it created its groups under).
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let own_cgroup = |s: &str| {
+        Path::new(s)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| own.contains(&format!("/{n}")))
+    };
     strings
         .into_iter()
-        .filter(|s| s.starts_with('/') && (s.contains(&handle.sandbox_id)))
+        .filter(|s| s.starts_with('/'))
+        .filter(|s| {
+            s.contains(&handle.sandbox_id)
+                || (s.starts_with("/sys/fs/cgroup/")
+                    && s.len() > "/sys/fs/cgroup/".len()
+                    && !own_cgroup(s))
+        })
         .map(PathBuf::from)
         .collect()
 }
@@ -1731,6 +1746,13 @@ pub async fn cleanup_idempotent_and_complete(env: &SuiteEnv) -> CaseResult {
         .await
         .unwrap_or_else(|e| panic!("collect failed: {}", e.report()));
     let paths = backend_paths(&sandbox.handle);
+    if std::env::var_os(VERBOSE_ENV).is_some() {
+        println!(
+            "[{}] sandbox root {} and backend paths checked after cleanup: {paths:?}",
+            env.test_name,
+            sandbox.handle.sandbox_root.display()
+        );
+    }
     let json = serde_json::to_string(&sandbox.handle).expect("handle serialises");
     sandbox.cleanup().await;
     sandbox.cleanup().await;

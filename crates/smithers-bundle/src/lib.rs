@@ -49,4 +49,6 @@ pub use limits::*;
 pub use manifest::{BundleStatus, DiffBundle, DiffOperation, DiffPatch, Manifest, ValidatedBundle};
 pub use smithers_paths::PathError;
 pub use validate::{assert_patch_path_safe, parse_manifest, validate_bundle};
-pub use write::{write_bundle, BundleFile, WriteParams, WrittenBundle};
+pub use write::{
+    write_bundle, write_bundle_with, BundleFile, WriteOptions, WriteParams, WrittenBundle,
+};

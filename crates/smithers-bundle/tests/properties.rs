@@ -4,8 +4,8 @@
 use proptest::prelude::*;
 use serde_json::{Map, Number, Value};
 use smithers_bundle::{
-    check_output_bounds, js_json, parse_manifest, validate_bundle, write_bundle, BundleStatus,
-    WriteParams,
+    check_output_bounds, js_json, parse_manifest, validate_bundle, write_bundle_with, BundleStatus,
+    WriteOptions, WriteParams,
 };
 
 /// Arbitrary JSON values, nested up to ~20 levels (past the depth limit of 16), with keys
@@ -78,7 +78,7 @@ proptest! {
         let dir = tmp.path().join("b");
         let mut params = WriteParams::new(&dir, BundleStatus::Finished);
         params.output = Some(v.clone());
-        let written = write_bundle(&params);
+        let written = write_bundle_with(&params, &WriteOptions { durable: false });
         match written {
             Ok(_) => {
                 let b = validate_bundle(&dir).unwrap();

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use serde_json::{json, Value};
-use smithers_bundle::{js_json, validate_bundle, write_bundle, WriteParams};
+use smithers_bundle::{js_json, validate_bundle, write_bundle_with, WriteOptions, WriteParams};
 use smithers_errors::CodedError;
 
 /// Where the JavaScript side lives.
@@ -141,7 +141,10 @@ pub fn ours_write(dir: &Path, spec_file: &Path) -> Value {
             return json!({"error": {"code": "INVALID_INPUT", "message": format!("spec must be valid JSON: {e}")}})
         }
     };
-    let r = WriteParams::from_js_spec(dir, &spec).and_then(|p| write_bundle(&p));
+    // Not durable: the JS side does not fsync either, and syncfs on a busy shared host is slow.
+    // (Durable writes are covered by write_rules.rs.)
+    let r = WriteParams::from_js_spec(dir, &spec)
+        .and_then(|p| write_bundle_with(&p, &WriteOptions { durable: false }));
     match r {
         Ok(_) => json!({ "ok": true }),
         Err(e) => json!({"error": {"code": e.code().as_str(), "message": e.to_string()}}),

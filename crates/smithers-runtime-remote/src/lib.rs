@@ -1,0 +1,43 @@
+//! The `codeplane` runtime: steps run on a remote smithers sandbox host (the
+//! `smithers-server` HTTP API, `openapi/smithers-sandbox.yaml`) and behave as they would here.
+//!
+//! * [`RemoteRuntime`] implements [`smithers_runtime::Runtime`] over that API (feature
+//!   `client`, on by default). Base URL from `CODEPLANE_API_URL`, bearer token from
+//!   `CODEPLANE_API_KEY` (as in the original), or explicit [`RemoteOptions`].
+//! * [`wire`] holds the JSON documents both ends exchange.
+//! * [`archive`] packs a tree as a streamed tar and unpacks one, confined with
+//!   [`smithers_paths::Beneath`]; the server uses it for workspaces, the client for bundles.
+//!
+//! # What travels
+//!
+//! `ship` uploads `rootDir` as a zstd-compressed tar, streamed from disk (never held in
+//! memory). `.smithers/` (the project's own state: database, other sandboxes' bundles) is left
+//! out, as the spec requires; `.git/` is **included** by default because steps need it (diffs
+//! against a base ref, `git status`, build scripts reading the revision) — set
+//! [`RemoteOptions::include_git`] to false for a lighter upload. Symlinks travel as links
+//! (never followed); sockets, fifos and devices are not data and are left out.
+//!
+//! # Retries
+//!
+//! A request that never reached the host (connect error) is always retried. Beyond that only
+//! requests that are safe to repeat are: `GET`, `DELETE`, the workspace `PUT` (same content,
+//! replaced atomically on the host), the request `PUT`, and `execute` **with its idempotency
+//! key** — the host starts a step at most once per sandbox and answers a retried key with the
+//! run already started, so a retry can never run the step twice. `create` is not retried once
+//! sent; its failure is reported with the cause.
+#![forbid(unsafe_code)]
+
+pub mod archive;
+#[cfg(feature = "client")]
+mod client;
+mod sse;
+pub mod wire;
+
+#[cfg(feature = "client")]
+pub use client::{RemoteOptions, RemoteRuntime, RetryPolicy};
+pub use sse::{SseFrame, SseParser};
+
+/// Environment variable holding the host's base URL (`http://127.0.0.1:7420`).
+pub const ENV_API_URL: &str = "CODEPLANE_API_URL";
+/// Environment variable holding the bearer token the host expects.
+pub const ENV_API_KEY: &str = "CODEPLANE_API_KEY";

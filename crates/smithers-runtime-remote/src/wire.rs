@@ -1,0 +1,222 @@
+//! The JSON documents of the sandbox host API (`openapi/smithers-sandbox.yaml`), shared by the
+//! server and the client so the two cannot drift apart.
+
+use serde::{Deserialize, Serialize};
+use smithers_errors::ErrorReport;
+use smithers_runtime::{Controls, ExecOutcome, RuntimeKind};
+
+/// Header carrying the idempotency key of `POST /v1/sandboxes/{id}/execute`.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// Maximum length of an idempotency key.
+pub const IDEMPOTENCY_KEY_MAX_LENGTH: usize = 128;
+
+/// `POST /v1/sandboxes`: a [`smithers_runtime::SandboxConfig`] without `rootDir` and `runtime`,
+/// which the host chooses (the workspace lives where the host decides; the runtime is the one
+/// the host runs). Unknown fields are refused so a client sending `rootDir` learns it is not
+/// honoured instead of having it silently dropped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateSandbox {
+    pub run_id: String,
+    pub sandbox_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub controls: Controls,
+}
+
+/// Where a hosted sandbox stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Created; the workspace may be uploaded.
+    Created,
+    /// The request was shipped; ready to execute. The workspace can no longer change.
+    Shipped,
+    /// The step is running.
+    Running,
+    /// The step ended (any exit code, timeout, limit or cancellation while running) and the
+    /// result bundle was collected.
+    Completed,
+    /// The runtime itself failed (an error, not an outcome).
+    Failed,
+    /// Cancelled before it ran: there is no bundle.
+    Cancelled,
+}
+
+impl SandboxState {
+    /// True when nothing more will happen to the sandbox but cleanup.
+    pub const fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            SandboxState::Completed | SandboxState::Failed | SandboxState::Cancelled
+        )
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Created => "created",
+            SandboxState::Shipped => "shipped",
+            SandboxState::Running => "running",
+            SandboxState::Completed => "completed",
+            SandboxState::Failed => "failed",
+            SandboxState::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What `collect` found, once the step completed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResultInfo {
+    pub patch_count: usize,
+    #[serde(default)]
+    pub ignored_paths: Vec<String>,
+    /// Total bytes of regular files in the bundle.
+    pub bundle_size_bytes: u64,
+}
+
+/// A hosted sandbox as the API shows it (`GET /v1/sandboxes/{id}`, list items, create reply).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxInfo {
+    /// The host's handle id, used in every URL.
+    pub id: String,
+    pub run_id: String,
+    pub sandbox_id: String,
+    /// The runtime the host runs the step in.
+    pub runtime: RuntimeKind,
+    pub state: SandboxState,
+    pub created_at_ms: u64,
+    /// Seq of the last event so far (`null` before the first).
+    #[serde(default)]
+    pub last_seq: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ResultInfo>,
+}
+
+/// Reply of `POST /v1/sandboxes/{id}/execute`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecuteAccepted {
+    pub id: String,
+    pub state: SandboxState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// True when this request started the step; false when it was a retry of the one that did.
+    pub started: bool,
+}
+
+/// Reply of `PUT /v1/sandboxes/{id}/workspace`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceUploaded {
+    pub entries: u64,
+    /// Uncompressed bytes of regular files written.
+    pub bytes: u64,
+    /// Bytes received on the wire (compressed).
+    pub received_bytes: u64,
+}
+
+/// Reply of `PUT /v1/sandboxes/{id}/request`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Shipped {
+    pub bundle_size_bytes: u64,
+}
+
+/// One event of a hosted sandbox, as sent on `GET /v1/sandboxes/{id}/events` (SSE `data:`;
+/// the SSE `event:` is the `type`, the SSE `id:` is the seq).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub enum WireEvent {
+    /// The sandbox changed state.
+    State { state: SandboxState },
+    Stdout {
+        line: String,
+        #[serde(rename = "timestampMs")]
+        timestamp_ms: u64,
+    },
+    Stderr {
+        line: String,
+        #[serde(rename = "timestampMs")]
+        timestamp_ms: u64,
+    },
+    Heartbeat {
+        progress: Option<f64>,
+        #[serde(rename = "timestampMs")]
+        timestamp_ms: u64,
+    },
+    /// Terminal: the step ended and its bundle is ready for download.
+    Completed {
+        outcome: Box<ExecOutcome>,
+        result: ResultInfo,
+    },
+    /// Terminal: the runtime failed.
+    Failed { error: ErrorReport },
+    /// Terminal: cancelled before it ran.
+    Cancelled,
+}
+
+impl WireEvent {
+    /// The SSE `event:` name.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            WireEvent::State { .. } => "state",
+            WireEvent::Stdout { .. } => "stdout",
+            WireEvent::Stderr { .. } => "stderr",
+            WireEvent::Heartbeat { .. } => "heartbeat",
+            WireEvent::Completed { .. } => "completed",
+            WireEvent::Failed { .. } => "failed",
+            WireEvent::Cancelled => "cancelled",
+        }
+    }
+
+    /// The stream ends after a terminal event.
+    pub const fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            WireEvent::Completed { .. } | WireEvent::Failed { .. } | WireEvent::Cancelled
+        )
+    }
+}
+
+/// An event with its sequence number (0, 1, 2, ... per sandbox, no gaps).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SeqEvent {
+    pub seq: u64,
+    pub event: WireEvent,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_refuses_root_dir() {
+        let err = serde_json::from_str::<CreateSandbox>(
+            r#"{"runId":"r","sandboxId":"s","rootDir":"/etc"}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("rootDir"), "{err}");
+        let ok: CreateSandbox = serde_json::from_str(r#"{"runId":"r","sandboxId":"s"}"#).unwrap();
+        assert_eq!(ok.run_id, "r");
+    }
+
+    #[test]
+    fn event_tags() {
+        let e = WireEvent::Stdout {
+            line: "hi".into(),
+            timestamp_ms: 5,
+        };
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"type":"stdout","line":"hi","timestampMs":5})
+        );
+        assert_eq!(e.name(), "stdout");
+        let back: WireEvent = serde_json::from_value(json).unwrap();
+        assert_eq!(back, e);
+    }
+}

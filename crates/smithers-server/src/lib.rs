@@ -1,0 +1,278 @@
+//! The sandbox host: an HTTP service that runs workflow steps sent from other machines in a
+//! runtime of this host (the CLI injects the native namespace runtime), so that a step behaves
+//! the same whether it runs here or across the network. The client is the `codeplane` runtime
+//! of `smithers-runtime-remote`; the API is `openapi/smithers-sandbox.yaml`, served at
+//! `GET /v1/openapi.yaml`.
+//!
+//! # Lifecycle of a hosted sandbox
+//!
+//! `POST /v1/sandboxes` (create; the host chooses where the workspace lives) →
+//! `PUT …/workspace` (streamed compressed tar, unpacked confined into a staging directory and
+//! swapped in whole; repeatable until shipped) → `PUT …/request` (ship) →
+//! `POST …/execute` (once; `Idempotency-Key` makes a retried request report the run it already
+//! started instead of starting another) → `GET …/events` (SSE, resumable, gap-free) →
+//! `GET …/bundle` (tar of the collected bundle) → `DELETE …` (idempotent cleanup).
+//!
+//! # Safety and robustness
+//!
+//! * Bearer token (`SMITHERS_SANDBOX_TOKEN`) on `/v1/*` but the OpenAPI document, compared in
+//!   constant time; without a token the server refuses to listen anywhere but loopback.
+//! * Body limits (JSON, upload on the wire, unpacked bytes, entries, path length), a deadline
+//!   per request, archive rules of [`smithers_runtime_remote::archive`]; every refusal is a
+//!   documented status with a `{code, message, details}` body.
+//! * Graceful shutdown: stop accepting, let running steps finish for a grace period, then
+//!   cancel them (the runtime kills every process) and let their bundles be collected.
+//! * State is in memory: a restarted host forgets its sandboxes (their directories stay under
+//!   the data directory until removed).
+#![forbid(unsafe_code)]
+
+mod error;
+mod metrics;
+mod routes;
+mod state;
+#[cfg(feature = "test-runtime")]
+pub mod testing;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::routing::{get, post, put};
+use axum::Router;
+use sha2::{Digest, Sha256};
+use smithers_runtime::{CancellationToken, Runtime};
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+pub use error::{ApiError, ServerError};
+pub use metrics::Metrics;
+
+/// The OpenAPI 3 document of this API, as checked in at `openapi/smithers-sandbox.yaml`.
+pub const OPENAPI_YAML: &str = include_str!("../../../openapi/smithers-sandbox.yaml");
+
+/// Environment variable holding the bearer token clients must present.
+pub const ENV_TOKEN: &str = "SMITHERS_SANDBOX_TOKEN";
+
+/// Minimum token length: a short token is guessable over the network.
+pub const MIN_TOKEN_LENGTH: usize = 16;
+
+/// Size and time bounds of the API.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest JSON body (create, request, execute).
+    pub max_json_bytes: usize,
+    /// Largest workspace upload as received (compressed).
+    pub max_upload_bytes: u64,
+    /// Largest unpacked workspace (bytes of regular files).
+    pub max_workspace_bytes: u64,
+    /// Most entries in a workspace archive.
+    pub max_workspace_entries: u64,
+    /// Longest entry path in a workspace archive, in bytes.
+    pub max_path_bytes: usize,
+    /// Deadline to produce a response (not to stream it).
+    pub request_timeout: Duration,
+    /// Deadline of a workspace upload, body included.
+    pub upload_timeout: Duration,
+    /// Interval of SSE keep-alive comments on an idle event stream.
+    pub sse_keepalive: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_json_bytes: 1024 * 1024,
+            max_upload_bytes: 1024 * 1024 * 1024,
+            max_workspace_bytes: 4 * 1024 * 1024 * 1024,
+            max_workspace_entries: 500_000,
+            max_path_bytes: 4096,
+            request_timeout: Duration::from_secs(60),
+            upload_timeout: Duration::from_secs(30 * 60),
+            sse_keepalive: Duration::from_secs(15),
+        }
+    }
+}
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Bearer token; `None` is only allowed on a loopback address.
+    pub token: Option<String>,
+    /// Where workspaces and runtime state live (`<data_dir>/sandboxes/<id>/workspace`).
+    pub data_dir: PathBuf,
+    pub limits: Limits,
+    /// How long running steps may go on after shutdown began before they are cancelled.
+    pub shutdown_grace: Duration,
+}
+
+impl ServerConfig {
+    /// Token from `SMITHERS_SANDBOX_TOKEN` (unset or empty → none), default limits, 30 s grace.
+    pub fn from_env(data_dir: impl Into<PathBuf>) -> Self {
+        ServerConfig {
+            token: std::env::var(ENV_TOKEN).ok().filter(|t| !t.is_empty()),
+            data_dir: data_dir.into(),
+            limits: Limits::default(),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The service: build it with a runtime, then [`SandboxServer::serve`] it.
+#[derive(Debug, Clone)]
+pub struct SandboxServer {
+    state: Arc<state::AppState>,
+}
+
+impl SandboxServer {
+    /// Prepares the data directory and checks the token.
+    pub fn new(config: ServerConfig, runtime: Arc<dyn Runtime>) -> Result<Self, ServerError> {
+        if let Some(token) = &config.token {
+            if token.trim().len() < MIN_TOKEN_LENGTH {
+                return Err(ServerError::InvalidToken {
+                    reason: format!("it must be at least {MIN_TOKEN_LENGTH} characters"),
+                });
+            }
+        }
+        let sandboxes = config.data_dir.join("sandboxes");
+        std::fs::create_dir_all(&sandboxes).map_err(|source| ServerError::DataDir {
+            operation: "create",
+            path: sandboxes.display().to_string(),
+            source,
+        })?;
+        let token_digest = config
+            .token
+            .as_ref()
+            .map(|t| Sha256::digest(t.trim().as_bytes()).into());
+        Ok(SandboxServer {
+            state: Arc::new(state::AppState {
+                runtime,
+                config,
+                token_digest,
+                sandboxes: Mutex::new(HashMap::new()),
+                metrics: Metrics::default(),
+                draining: AtomicBool::new(false),
+                streams_end: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+            }),
+        })
+    }
+
+    /// The routes. Exposed for tests and for embedding behind another listener.
+    pub fn router(&self) -> Router {
+        let v1 = Router::new()
+            .route("/sandboxes", post(routes::create).get(routes::list))
+            .route(
+                "/sandboxes/{id}",
+                get(routes::get_one).delete(routes::delete),
+            )
+            .route("/sandboxes/{id}/workspace", put(routes::upload_workspace))
+            .route("/sandboxes/{id}/request", put(routes::put_request))
+            .route("/sandboxes/{id}/execute", post(routes::execute))
+            .route("/sandboxes/{id}/events", get(routes::events))
+            .route("/sandboxes/{id}/cancel", post(routes::cancel))
+            .route("/sandboxes/{id}/bundle", get(routes::bundle))
+            .route("/probe", get(routes::probe))
+            .route_layer(axum::middleware::from_fn_with_state(
+                self.state.clone(),
+                routes::auth,
+            ));
+        Router::new()
+            .route("/health", get(routes::health))
+            .route("/metrics", get(routes::metrics))
+            .route("/v1/openapi.yaml", get(routes::openapi))
+            .nest("/v1", v1)
+            .fallback(routes::fallback)
+            .layer(axum::middleware::from_fn_with_state(
+                self.state.clone(),
+                routes::deadline,
+            ))
+            .with_state(self.state.clone())
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then drains: no new connections or
+    /// executions, running steps get `shutdown_grace` to finish and are then cancelled (their
+    /// bundles are still collected), and open event streams end once their step did.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ServerError::Serve { source })?;
+        check_exposure(self.state.config.token.is_some(), addr)?;
+        let trigger = CancellationToken::new();
+        let fire = trigger.clone();
+        let watcher = tokio::spawn(async move {
+            shutdown.await;
+            fire.cancel();
+        });
+        let drainer = tokio::spawn(drain(self.state.clone(), trigger.clone()));
+        let app = self.router();
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(trigger.clone().cancelled_owned())
+            .await;
+        // If serving failed on its own, still stop everything we started.
+        trigger.cancel();
+        let _ = drainer.await;
+        watcher.abort();
+        served.map_err(|source| ServerError::Serve { source })
+    }
+
+    /// True once shutdown began.
+    pub fn is_draining(&self) -> bool {
+        self.state.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// Refuses an open API on a reachable address.
+pub fn check_exposure(has_token: bool, addr: SocketAddr) -> Result<(), ServerError> {
+    if !has_token && !addr.ip().is_loopback() {
+        return Err(ServerError::NoTokenOnPublicAddress {
+            addr: addr.to_string(),
+        });
+    }
+    Ok(())
+}
+
+async fn drain(state: Arc<state::AppState>, trigger: CancellationToken) {
+    trigger.cancelled().await;
+    state.draining.store(true, Ordering::Relaxed);
+    state.tasks.close();
+    if tokio::time::timeout(state.config.shutdown_grace, state.tasks.wait())
+        .await
+        .is_err()
+    {
+        // Grace is over: cancel what still runs. The runtime kills every process of the
+        // sandbox and execute returns; collect then writes the bundle of the cancelled run.
+        let entries: Vec<_> = state::lock(&state.sandboxes).values().cloned().collect();
+        for e in entries {
+            state::lock(&e.inner).cancel.cancel();
+        }
+        state.tasks.wait().await;
+    }
+    state.streams_end.cancel();
+}
+
+/// Resolves on SIGTERM or SIGINT (for [`SandboxServer::serve`]).
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        // Without signal handlers we cannot be stopped gracefully; wait for Ctrl-C instead.
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

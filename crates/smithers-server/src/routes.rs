@@ -1,0 +1,908 @@
+//! The handlers. Each parses its input fully before acting (a malformed request changes
+//! nothing), and answers errors as [`ApiError`]s.
+
+use std::collections::VecDeque;
+use std::io;
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use smithers_errors::{CodedError, ErrorCode};
+use smithers_runtime::{CancellationToken, RequestBundle, SandboxConfig, StepCommand, Termination};
+use smithers_runtime_remote::archive::{
+    self, ArchiveError, ChannelWriter, PackOptions, UnpackLimits,
+};
+use smithers_runtime_remote::wire::{
+    CreateSandbox, ExecuteAccepted, ResultInfo, SandboxState, Shipped, WireEvent,
+    WorkspaceUploaded, IDEMPOTENCY_KEY_HEADER, IDEMPOTENCY_KEY_MAX_LENGTH,
+};
+use subtle::ConstantTimeEq;
+
+use crate::error::ApiError;
+use crate::state::{lock, now_ms, AppState, Entry, EventLog, Inner, LogSink};
+
+type St = State<Arc<AppState>>;
+
+/// Reads a JSON body of at most `limit` bytes: 413 beyond it, 400 when it is not the
+/// expected JSON (the message says where serde stopped).
+async fn read_json<T: serde::de::DeserializeOwned>(
+    body: Body,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        // The limit error of http-body-util is not re-exported; its message is stable.
+        if error_chain(&e).contains("length limit exceeded") {
+            ApiError::too_large("jsonBytes", limit as u64)
+        } else {
+            ApiError::malformed(format!("could not read the request body: {e}"))
+        }
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::malformed(format!("malformed JSON body: {e}")))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn entry(state: &AppState, id: &str) -> Result<Arc<Entry>, ApiError> {
+    state.get(id).ok_or_else(|| ApiError::not_found(id))
+}
+
+fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut resp = (status, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn random_hex(bytes: usize) -> Result<String, ApiError> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Middleware
+
+/// Bearer-token check on `/v1/*` (constant-time, on SHA-256 digests so the length of the
+/// token does not leak either).
+pub(crate) async fn auth(State(state): St, req: Request, next: Next) -> Response {
+    if let Some(expected) = &state.token_digest {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let Some(given) = given else {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                ErrorCode::InvalidInput,
+                "missing bearer token",
+            )
+            .details(json!({ "auth": "missing" }))
+            .into_response();
+        };
+        let digest: [u8; 32] = Sha256::digest(given.trim().as_bytes()).into();
+        if !bool::from(digest.ct_eq(expected)) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                ErrorCode::InvalidInput,
+                "wrong bearer token",
+            )
+            .details(json!({ "auth": "invalid" }))
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Per-request deadline on producing a response (uploads get their own, longer one; streamed
+/// bodies — events, bundle — are not cut once their headers are out), and response counting.
+pub(crate) async fn deadline(State(state): St, req: Request, next: Next) -> Response {
+    let upload =
+        req.method() == axum::http::Method::PUT && req.uri().path().ends_with("/workspace");
+    let limit = if upload {
+        state.config.limits.upload_timeout
+    } else {
+        state.config.limits.request_timeout
+    };
+    let resp = match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            ErrorCode::ProcessTimeout,
+            format!(
+                "the request did not complete within {} ms",
+                limit.as_millis()
+            ),
+        )
+        .details(json!({ "timeoutMs": limit.as_millis() as u64 }))
+        .into_response(),
+    };
+    state.metrics.http_response(resp.status().as_u16());
+    resp
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unauthenticated
+
+pub(crate) async fn health(State(state): St) -> Response {
+    if state.draining.load(Ordering::Relaxed) {
+        return json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({ "status": "draining" }),
+        );
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({ "status": "ok", "runtime": state.runtime.kind() }),
+    )
+}
+
+pub(crate) async fn metrics(State(state): St) -> Response {
+    let mut resp = state.metrics.render().into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}
+
+pub(crate) async fn openapi() -> Response {
+    let mut resp = crate::OPENAPI_YAML.into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/yaml"),
+    );
+    resp
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sandboxes
+
+pub(crate) async fn probe(State(state): St) -> Response {
+    json_response(StatusCode::OK, &state.runtime.probe().await)
+}
+
+pub(crate) async fn list(State(state): St) -> Response {
+    let kind = state.runtime.kind();
+    let mut all: Vec<_> = lock(&state.sandboxes)
+        .values()
+        .map(|e| e.info(kind))
+        .collect();
+    all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+    json_response(StatusCode::OK, &all)
+}
+
+pub(crate) async fn get_one(
+    State(state): St,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let e = entry(&state, &id)?;
+    Ok(json_response(StatusCode::OK, &e.info(state.runtime.kind())))
+}
+
+pub(crate) async fn create(State(state): St, body: Body) -> Result<Response, ApiError> {
+    let req: CreateSandbox = read_json(body, state.config.limits.max_json_bytes).await?;
+    if state.draining.load(Ordering::Relaxed) {
+        return Err(ApiError::draining());
+    }
+    if !req.controls.volumes.is_empty() {
+        // Paths on this host are not the client's to mount.
+        return Err(ApiError::runtime(
+            &smithers_runtime::RuntimeError::ControlUnsupported {
+                runtime: "codeplane",
+                control: "volumes",
+                reason: "a remote client cannot mount paths of the sandbox host".into(),
+            },
+        ));
+    }
+    let id = format!("sbx-{}", random_hex(16)?);
+    let dir = state.config.data_dir.join("sandboxes").join(&id);
+    let workspace = dir.join("workspace");
+    let config = SandboxConfig {
+        run_id: req.run_id.clone(),
+        sandbox_id: req.sandbox_id.clone(),
+        runtime: state.runtime.kind(),
+        root_dir: workspace.clone(),
+        image: req.image,
+        controls: req.controls,
+    };
+    config.validate().map_err(|e| ApiError::runtime(&e))?;
+    {
+        let all = lock(&state.sandboxes);
+        if all
+            .values()
+            .any(|e| e.run_id == req.run_id && e.sandbox_id == req.sandbox_id)
+        {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::InvalidInput,
+                format!(
+                    "sandbox {}:{} already exists on this host",
+                    req.run_id, req.sandbox_id
+                ),
+            )
+            .details(json!({ "runId": req.run_id, "sandboxId": req.sandbox_id })));
+        }
+    }
+    tokio::fs::create_dir_all(&workspace)
+        .await
+        .map_err(|e| ApiError::internal(format!("create {}: {e}", workspace.display())))?;
+    let handle = match state.runtime.create(&config).await {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = tokio::fs::remove_dir_all(&dir).await;
+            return Err(ApiError::runtime(&e));
+        }
+    };
+    let entry = Arc::new(Entry {
+        id: id.clone(),
+        run_id: req.run_id,
+        sandbox_id: req.sandbox_id,
+        created_at_ms: now_ms(),
+        dir,
+        workspace,
+        handle,
+        op: tokio::sync::Mutex::new(()),
+        swap: std::sync::Mutex::new(()),
+        inner: std::sync::Mutex::new(Inner {
+            state: SandboxState::Created,
+            exec_key: None,
+            cancel: CancellationToken::new(),
+            request: None,
+            result: None,
+            bundle_path: None,
+        }),
+        events: EventLog::default(),
+    });
+    entry.events.push(WireEvent::State {
+        state: SandboxState::Created,
+    });
+    // Lost a race with an identical create: undo ours.
+    let inserted = {
+        let mut all = lock(&state.sandboxes);
+        let duplicate = all
+            .values()
+            .any(|e| e.run_id == entry.run_id && e.sandbox_id == entry.sandbox_id);
+        if !duplicate {
+            all.insert(id, entry.clone());
+        }
+        !duplicate
+    };
+    if !inserted {
+        let _ = state.runtime.cleanup(&entry.handle).await;
+        let _ = tokio::fs::remove_dir_all(&entry.dir).await;
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::InvalidInput,
+            format!(
+                "sandbox {}:{} already exists on this host",
+                entry.run_id, entry.sandbox_id
+            ),
+        ));
+    }
+    state.metrics.sandbox_created(state.runtime.kind().as_str());
+    Ok(json_response(
+        StatusCode::CREATED,
+        &entry.info(state.runtime.kind()),
+    ))
+}
+
+pub(crate) async fn upload_workspace(
+    State(state): St,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let e = entry(&state, &id)?;
+    let limits = &state.config.limits;
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limits.max_upload_bytes {
+            state.metrics.upload_rejected("uploadBytes");
+            return Err(ApiError::too_large("uploadBytes", limits.max_upload_bytes));
+        }
+    }
+    let _op = e.op.lock().await;
+    let current = e.state();
+    if current != SandboxState::Created {
+        return Err(ApiError::conflict(
+            format!(
+                "the workspace can only be uploaded before the request is shipped (sandbox is {})",
+                current.as_str()
+            ),
+            current.as_str(),
+        ));
+    }
+    let started = Instant::now();
+    let staging = e.dir.join(format!("staging-{}", random_hex(8)?));
+    tokio::fs::create_dir(&staging)
+        .await
+        .map_err(|err| ApiError::internal(format!("create {}: {err}", staging.display())))?;
+
+    // Bytes on the wire, counted and capped before the decoder sees them.
+    let received = Arc::new(AtomicU64::new(0));
+    let counter = received.clone();
+    let max_upload = limits.max_upload_bytes;
+    let stream = body.into_data_stream().map(move |chunk| {
+        let chunk: Bytes = chunk.map_err(io::Error::other)?;
+        let total = counter.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
+        if total > max_upload {
+            Err(io::Error::other("upload limit exceeded"))
+        } else {
+            Ok(chunk)
+        }
+    });
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    let unpack_limits = UnpackLimits {
+        max_total_bytes: limits.max_workspace_bytes,
+        max_entries: limits.max_workspace_entries,
+        max_path_bytes: limits.max_path_bytes,
+        allow_symlinks: true,
+        reserved_top: vec![".smithers".into()],
+    };
+    // If this handler is dropped (deadline, client gone), the blocking side stops between
+    // chunks and cleans up its staging directory; it never swaps a half-wanted tree in.
+    let cancel = CancellationToken::new();
+    let _guard = cancel.clone().drop_guard();
+    let entry_for_task = e.clone();
+    let staging_for_task = staging.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let is_cancelled = || cancel.is_cancelled();
+        let outcome = archive::unpack(reader, &staging_for_task, &unpack_limits, &is_cancelled)
+            .and_then(|stats| {
+                swap_into_place(&entry_for_task, &staging_for_task, &is_cancelled)?;
+                Ok(stats)
+            });
+        if outcome.is_err() {
+            let _ = std::fs::remove_dir_all(&staging_for_task);
+        }
+        outcome
+    })
+    .await
+    .map_err(|err| ApiError::internal(format!("unpack task failed: {err}")))?;
+    let received = received.load(Ordering::Relaxed);
+    match result {
+        Ok(stats) => {
+            state
+                .metrics
+                .transport_duration_ms(started.elapsed().as_millis() as f64);
+            Ok(json_response(
+                StatusCode::OK,
+                &WorkspaceUploaded {
+                    entries: stats.entries,
+                    bytes: stats.bytes,
+                    received_bytes: received,
+                },
+            ))
+        }
+        Err(err) => {
+            let api = if received > max_upload {
+                ApiError::too_large("uploadBytes", max_upload)
+            } else {
+                ApiError::archive(&err)
+            };
+            state.metrics.upload_rejected(api.report.code.as_str());
+            Err(api)
+        }
+    }
+}
+
+/// Replaces the (empty or previously uploaded) workspace with the staged tree. The runtime's
+/// own state under `.smithers/` moves along, so the handle stays valid. Two renames: the
+/// workspace is never a mix of old and new files.
+fn swap_into_place(
+    e: &Entry,
+    staging: &FsPath,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<(), ArchiveError> {
+    let _swap = lock(&e.swap);
+    if cancelled() {
+        return Err(ArchiveError::Cancelled);
+    }
+    let io_err = |operation: &'static str, path: &FsPath| {
+        let path = path.display().to_string();
+        move |source| ArchiveError::Io {
+            operation,
+            path,
+            source,
+        }
+    };
+    let state_dir = e.workspace.join(".smithers");
+    let staged_state = staging.join(".smithers");
+    let had_state = std::fs::symlink_metadata(&state_dir).is_ok();
+    if had_state {
+        std::fs::rename(&state_dir, &staged_state)
+            .map_err(io_err("move runtime state", &state_dir))?;
+    }
+    let trash = e.dir.join(format!(
+        "trash-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    if let Err(err) = std::fs::rename(&e.workspace, &trash) {
+        if had_state {
+            let _ = std::fs::rename(&staged_state, &state_dir);
+        }
+        return Err(io_err("move old workspace", &e.workspace)(err));
+    }
+    if let Err(err) = std::fs::rename(staging, &e.workspace) {
+        let _ = std::fs::rename(&trash, &e.workspace);
+        if had_state {
+            let _ = std::fs::rename(&staged_state, &state_dir);
+        }
+        return Err(io_err("move new workspace", &e.workspace)(err));
+    }
+    let _ = std::fs::remove_dir_all(&trash);
+    Ok(())
+}
+
+pub(crate) async fn put_request(
+    State(state): St,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let e = entry(&state, &id)?;
+    let request: Value = read_json(body, state.config.limits.max_json_bytes).await?;
+    let _op = e.op.lock().await;
+    let (current, previous) = {
+        let inner = lock(&e.inner);
+        (inner.state, inner.request.clone())
+    };
+    match current {
+        SandboxState::Created => {}
+        // A retried identical PUT is answered again, not refused.
+        _ if previous.as_ref() == Some(&request) => {
+            let size = serde_json::to_vec(&request).map(|v| v.len()).unwrap_or(0) as u64;
+            return Ok(json_response(
+                StatusCode::OK,
+                &Shipped {
+                    bundle_size_bytes: size,
+                },
+            ));
+        }
+        other => {
+            return Err(ApiError::conflict(
+                format!(
+                    "the request was already shipped (sandbox is {})",
+                    other.as_str()
+                ),
+                other.as_str(),
+            ))
+        }
+    }
+    let report = state
+        .runtime
+        .ship(
+            &e.handle,
+            &RequestBundle {
+                request: request.clone(),
+            },
+        )
+        .await
+        .map_err(|err| ApiError::runtime(&err))?;
+    {
+        let mut inner = lock(&e.inner);
+        inner.state = SandboxState::Shipped;
+        inner.request = Some(request);
+    }
+    e.events.push(WireEvent::State {
+        state: SandboxState::Shipped,
+    });
+    Ok(json_response(
+        StatusCode::OK,
+        &Shipped {
+            bundle_size_bytes: report.bundle_size_bytes,
+        },
+    ))
+}
+
+pub(crate) async fn execute(
+    State(state): St,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let e = entry(&state, &id)?;
+    let command: StepCommand = read_json(body, state.config.limits.max_json_bytes).await?;
+    let key = match headers.get(IDEMPOTENCY_KEY_HEADER) {
+        None => None,
+        Some(v) => {
+            let k = v
+                .to_str()
+                .ok()
+                .filter(|k| {
+                    !k.is_empty()
+                        && k.len() <= IDEMPOTENCY_KEY_MAX_LENGTH
+                        && k.bytes().all(|b| b.is_ascii_graphic())
+                })
+                .ok_or_else(|| {
+                    ApiError::malformed(format!(
+                        "Idempotency-Key must be 1-{IDEMPOTENCY_KEY_MAX_LENGTH} visible ASCII characters"
+                    ))
+                })?;
+            Some(k.to_string())
+        }
+    };
+    if command.argv.is_empty() || command.argv[0].is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::InvalidInput,
+            "argv must name a program",
+        ));
+    }
+    let cancel = {
+        let mut inner = lock(&e.inner);
+        // A retry of the request that started the step: report it, never start it again.
+        if key.is_some() && inner.exec_key == key {
+            return Ok(json_response(
+                StatusCode::OK,
+                &ExecuteAccepted {
+                    id: e.id.clone(),
+                    state: inner.state,
+                    idempotency_key: key,
+                    started: false,
+                },
+            ));
+        }
+        if inner.state != SandboxState::Shipped {
+            return Err(ApiError::conflict(
+                format!(
+                    "execute needs a shipped sandbox that has not run (sandbox is {})",
+                    inner.state.as_str()
+                ),
+                inner.state.as_str(),
+            ));
+        }
+        if state.draining.load(Ordering::Relaxed) {
+            return Err(ApiError::draining());
+        }
+        inner.state = SandboxState::Running;
+        inner.exec_key = key.clone();
+        inner.cancel.clone()
+    };
+    e.events.push(WireEvent::State {
+        state: SandboxState::Running,
+    });
+    let task_state = state.clone();
+    let task_entry = e.clone();
+    state
+        .tasks
+        .spawn(run_step(task_state, task_entry, command, cancel));
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &ExecuteAccepted {
+            id: e.id.clone(),
+            state: SandboxState::Running,
+            idempotency_key: key,
+            started: true,
+        },
+    ))
+}
+
+/// Runs the step, then collects its bundle; records the terminal event either way.
+async fn run_step(
+    state: Arc<AppState>,
+    e: Arc<Entry>,
+    command: StepCommand,
+    cancel: CancellationToken,
+) {
+    let runtime = state.runtime.kind().as_str();
+    let started = Instant::now();
+    let sink = LogSink(e.clone());
+    let executed = state
+        .runtime
+        .execute(&e.handle, &command, cancel, &sink)
+        .await;
+    state
+        .metrics
+        .duration_ms(started.elapsed().as_millis() as f64);
+    let finished = match executed {
+        Ok(outcome) => match state.runtime.collect(&e.handle).await {
+            Ok(report) => {
+                let size = {
+                    let path = report.bundle_path.clone();
+                    tokio::task::spawn_blocking(move || archive::tree_size(&path))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or(0)
+                };
+                Ok((outcome, report, size))
+            }
+            Err(err) => Err(err),
+        },
+        Err(err) => Err(err),
+    };
+    match finished {
+        Ok((outcome, report, size)) => {
+            let status = match outcome.termination {
+                Termination::Cancelled => "cancelled",
+                _ if outcome.succeeded() => "finished",
+                _ => "failed",
+            };
+            let result = ResultInfo {
+                patch_count: report.patch_count,
+                ignored_paths: report.ignored_paths.clone(),
+                bundle_size_bytes: size,
+            };
+            {
+                let mut inner = lock(&e.inner);
+                inner.state = SandboxState::Completed;
+                inner.result = Some(result.clone());
+                inner.bundle_path = Some(report.bundle_path.clone());
+            }
+            state.metrics.bundle_size_bytes(size as f64);
+            state.metrics.patch_count(report.patch_count as f64);
+            state.metrics.sandbox_completed(runtime, status);
+            e.events.push(WireEvent::Completed {
+                outcome: Box::new(outcome),
+                result,
+            });
+        }
+        Err(err) => {
+            lock(&e.inner).state = SandboxState::Failed;
+            state.metrics.sandbox_completed(runtime, "failed");
+            e.events.push(WireEvent::Failed {
+                error: err.report(),
+            });
+        }
+    }
+}
+
+pub(crate) async fn cancel(State(state): St, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let e = entry(&state, &id)?;
+    let status = {
+        let mut inner = lock(&e.inner);
+        match inner.state {
+            SandboxState::Running => {
+                inner.cancel.cancel();
+                StatusCode::ACCEPTED
+            }
+            SandboxState::Created | SandboxState::Shipped => {
+                inner.state = SandboxState::Cancelled;
+                drop(inner);
+                state
+                    .metrics
+                    .sandbox_completed(state.runtime.kind().as_str(), "cancelled");
+                e.events.push(WireEvent::Cancelled);
+                StatusCode::OK
+            }
+            // Already over: cancelling is a no-op.
+            _ => StatusCode::OK,
+        }
+    };
+    Ok(json_response(status, &e.info(state.runtime.kind())))
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct EventsQuery {
+    since: Option<String>,
+}
+
+pub(crate) async fn events(
+    State(state): St,
+    Path(id): Path<String>,
+    Query(query): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let e = entry(&state, &id)?;
+    let parse = |what: &str, v: &str| {
+        v.trim().parse::<u64>().map_err(|_| {
+            ApiError::malformed(format!("{what} must be a non-negative integer, got {v:?}"))
+        })
+    };
+    let from = match (&query.since, headers.get("last-event-id")) {
+        (Some(since), _) => parse("since", since)?,
+        (None, Some(last)) => {
+            let last = last
+                .to_str()
+                .map_err(|_| ApiError::malformed("Last-Event-ID must be ASCII"))?;
+            parse("Last-Event-ID", last)?.saturating_add(1)
+        }
+        (None, None) => 0,
+    };
+    let keepalive = state.config.limits.sse_keepalive;
+    struct Follow {
+        entry: Arc<Entry>,
+        rx: tokio::sync::watch::Receiver<u64>,
+        cursor: u64,
+        queue: VecDeque<Bytes>,
+        finished: bool,
+        end: CancellationToken,
+        keepalive: Duration,
+    }
+    let follow = Follow {
+        rx: e.events.subscribe(),
+        entry: e,
+        cursor: from,
+        queue: VecDeque::new(),
+        finished: false,
+        end: state.streams_end.clone(),
+        keepalive,
+    };
+    let stream = futures_util::stream::unfold(follow, |mut f| async move {
+        loop {
+            if let Some(frame) = f.queue.pop_front() {
+                return Some((Ok::<Bytes, io::Error>(frame), f));
+            }
+            if f.finished {
+                return None;
+            }
+            f.rx.borrow_and_update();
+            let (events, closed) = f.entry.events.read_from(f.cursor);
+            if !events.is_empty() {
+                for ev in events {
+                    f.cursor = ev.seq + 1;
+                    let data = serde_json::to_string(&ev.event).unwrap_or_default();
+                    f.queue.push_back(Bytes::from(format!(
+                        "id: {}\nevent: {}\ndata: {}\n\n",
+                        ev.seq,
+                        ev.event.name(),
+                        data
+                    )));
+                }
+                continue;
+            }
+            if closed {
+                f.finished = true;
+                continue;
+            }
+            tokio::select! {
+                changed = f.rx.changed() => {
+                    if changed.is_err() {
+                        f.finished = true;
+                    }
+                }
+                _ = tokio::time::sleep(f.keepalive) => {
+                    f.queue.push_back(Bytes::from_static(b": keepalive\n\n"));
+                }
+                _ = f.end.cancelled() => {
+                    f.finished = true;
+                }
+            }
+        }
+    });
+    let mut resp = Body::from_stream(stream).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(resp)
+}
+
+pub(crate) async fn bundle(State(state): St, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let e = entry(&state, &id)?;
+    let (current, path) = {
+        let inner = lock(&e.inner);
+        (inner.state, inner.bundle_path.clone())
+    };
+    let path: PathBuf = match (current, path) {
+        (SandboxState::Completed, Some(p)) => p,
+        (other, _) => {
+            return Err(ApiError::conflict(
+                format!("no bundle: the sandbox is {}", other.as_str()),
+                other.as_str(),
+            ))
+        }
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, io::Error>>(8);
+    let fail_tx = tx.clone();
+    tokio::task::spawn_blocking(move || {
+        let options = PackOptions {
+            skip_top: Vec::new(),
+            refuse_symlinks: true,
+        };
+        match archive::pack(&path, ChannelWriter::new(tx), &options) {
+            Ok((mut writer, _)) => {
+                let _ = io::Write::flush(&mut writer);
+            }
+            // An error mid-stream must reach the client as a failed body, not a clean end.
+            Err(err) => {
+                let _ = fail_tx.blocking_send(Err(io::Error::other(err.to_string())));
+            }
+        }
+    });
+    let body_stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut resp = Body::from_stream(body_stream).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-tar"),
+    );
+    Ok(resp)
+}
+
+pub(crate) async fn delete(State(state): St, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let Some(e) = state.get(&id) else {
+        // Idempotent: already gone (or never here) is success.
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let _op = e.op.lock().await;
+    let running = {
+        let mut inner = lock(&e.inner);
+        match inner.state {
+            SandboxState::Running => {
+                inner.cancel.cancel();
+                true
+            }
+            SandboxState::Created | SandboxState::Shipped => {
+                inner.state = SandboxState::Cancelled;
+                drop(inner);
+                state
+                    .metrics
+                    .sandbox_completed(state.runtime.kind().as_str(), "cancelled");
+                e.events.push(WireEvent::Cancelled);
+                false
+            }
+            _ => false,
+        }
+    };
+    if running {
+        // The runtime guarantees every process is gone when execute returns; wait for that
+        // (and for collect) before removing what they used.
+        let mut rx = e.events.subscribe();
+        while !e.events.is_closed() {
+            if rx.changed().await.is_err() {
+                break;
+            }
+        }
+    }
+    state
+        .runtime
+        .cleanup(&e.handle)
+        .await
+        .map_err(|err| ApiError::runtime(&err))?;
+    let dir = e.dir.clone();
+    tokio::fs::remove_dir_all(&dir)
+        .await
+        .or_else(|err| {
+            if err.kind() == io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(err)
+            }
+        })
+        .map_err(|err| ApiError::internal(format!("remove {}: {err}", dir.display())))?;
+    lock(&state.sandboxes).remove(&id);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Any other path: a JSON 404, like every other error.
+pub(crate) async fn fallback() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        ErrorCode::InvalidInput,
+        "no such route",
+    )
+}

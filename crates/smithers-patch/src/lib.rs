@@ -3,9 +3,37 @@
 //!
 //! Pipeline: [`detect_changes`] (walks only the upper layer) → [`build_patch_files`] (one
 //! git-format patch file per changed file, grouped beyond 1000) → bundle → [`parse_patch`] →
-//! [`apply_patches`] (all-or-nothing, journaled, [`recover_apply`] after a crash).
+//! [`apply_patches`] / [`apply_patch_texts`] (all-or-nothing, journaled; [`recover_apply`]
+//! after a crash). [`render_review`] and [`total_diff_lines`] serve the review gate.
 //!
-//! This crate depends on no runtime: it sees two directories and a root.
+//! This crate depends on no runtime: it sees two directories (or a root) and nothing else.
+//!
+//! # Decisions worth knowing
+//!
+//! - **Only upper is walked.** Lower is looked up entry by entry, and walked only below a
+//!   directory the upper layer deletes (whiteout) or replaces (opaque / type change), to list
+//!   the deleted files. Copied-up files equal to lower (content and executable bit) are not
+//!   changes. Both xattr flavours (`trusted.overlay.*`, `user.overlay.*` with `userxattr`)
+//!   are understood; `redirect`, `metacopy` and xattr-whiteout markers are refused.
+//! - **`.gitignore`** is read from the merged (post-step) view plus the lower
+//!   `.git/info/exclude`; ignored paths are reported in [`ChangeSet::ignored`]. `.git`
+//!   (anywhere) and the top-level `.smithers` are always excluded.
+//! - **Not representable in git patches** (reported in [`ChangeSet::skipped`], never silently
+//!   dropped): empty directories, fifos/sockets/devices, non-UTF-8 names or symlink targets.
+//! - **Binary** = NUL in the first 8000 bytes (git's rule) *or* not valid UTF-8, so every patch
+//!   is valid UTF-8 text (bundle patches and `diffBundle.diff` are strings). Binary patches
+//!   are `literal` git binary patches (zlib + base85) with both directions, as
+//!   `git diff --binary --full-index` writes; `delta` hunks are not produced nor accepted.
+//! - **Text rendering** is byte-identical to `git diff --full-index` for unambiguous diffs
+//!   (headers, quoting of special names, tab after names with spaces, function-context
+//!   headings, `\ No newline at end of file`); hunks come from `similar`'s Myers diff.
+//! - **Patch order**: deletions first, then the rest, each by path, because patch files are
+//!   applied one after another and a directory may become a file (or the reverse).
+//! - **Apply** checks every file against the blob id the change was made against; a changed
+//!   text file is merged by relocating hunks (exact context, no fuzz); any conflict writes
+//!   nothing and names every conflicting file. Paths are confined with
+//!   `smithers_paths::Beneath` (openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`), never into
+//!   `.git/` or `.smithers/`.
 #![forbid(unsafe_code)]
 
 mod apply;

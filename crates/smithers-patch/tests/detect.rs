@@ -1,0 +1,137 @@
+//! Change detection on hand-built layers (no mount needed): what overlayfs leaves in upper is
+//! written directly, so these run anywhere (whiteouts need CAP_MKNOD and are covered by the
+//! overlay round-trip tests).
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+use smithers_errors::{CodedError, ErrorCode};
+use smithers_patch::*;
+
+fn kinds(set: &ChangeSet) -> Vec<(&str, ChangeKind)> {
+    set.changes
+        .iter()
+        .map(|c| (c.path.as_str(), c.kind))
+        .collect()
+}
+
+#[test]
+fn copy_up_mode_symlink_and_gitignore() {
+    let l = Layers::new();
+    sh(
+        &l.lower,
+        "mkdir -p src && printf 'same\\n' > src/same.rs && printf 'run\\n' > run.sh && \
+         ln -s a lnk && printf '*.o\\n' > .gitignore",
+    );
+    // Upper: an untouched copy-up, a chmod +x, a re-pointed symlink, an ignored object file,
+    // and a .gitignore rewritten by the step (the merged view's rules apply).
+    sh(
+        &l.upper,
+        "mkdir -p src && printf 'same\\n' > src/same.rs && printf 'run\\n' > run.sh && chmod +x run.sh && \
+         ln -s b lnk && printf 'x' > main.o && printf 'y' > keep.log && printf '*.o\\n*.log\\n' > .gitignore",
+    );
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap();
+    assert_eq!(
+        kinds(&set),
+        [
+            (".gitignore", ChangeKind::Modified),
+            ("lnk", ChangeKind::Modified),
+            ("run.sh", ChangeKind::ModeChanged),
+        ]
+    );
+    let ignored: Vec<&str> = set.ignored.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(ignored, ["keep.log", "main.o"]);
+    let lnk = &set.changes[1];
+    assert_eq!(
+        lnk.old.as_ref().unwrap().symlink_target.as_deref(),
+        Some("a")
+    );
+    assert_eq!(
+        lnk.new.as_ref().unwrap().symlink_target.as_deref(),
+        Some("b")
+    );
+
+    let all = DetectOptions {
+        respect_gitignore: false,
+        ..Default::default()
+    };
+    let set = detect_changes(&l.lower, &l.upper, &all).unwrap();
+    assert_eq!(set.changes.len(), 5);
+}
+
+#[test]
+fn opaque_directory_in_user_xattr_form() {
+    let l = Layers::new();
+    sh(&l.lower, "mkdir -p d/sub && printf 'a\\n' > d/a && printf 'b\\n' > d/sub/b && printf 'k\\n' > d/keep");
+    sh(
+        &l.upper,
+        "mkdir -p d && printf 'k\\n' > d/keep && printf 'n\\n' > d/new",
+    );
+    if let Err(e) = rustix::fs::lsetxattr(
+        l.upper.join("d"),
+        "user.overlay.opaque",
+        b"y",
+        rustix::fs::XattrFlags::empty(),
+    ) {
+        skip(&format!("user xattrs unsupported here: {e}"));
+        return;
+    }
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap();
+    // Re-created with the same content: d/keep is not a change.
+    assert_eq!(
+        kinds(&set),
+        [
+            ("d/a", ChangeKind::Deleted),
+            ("d/new", ChangeKind::Added),
+            ("d/sub/b", ChangeKind::Deleted),
+        ]
+    );
+    // The deleted files carry their old content for the patch.
+    assert_eq!(set.changes[0].old.as_ref().unwrap().content, b"a\n");
+}
+
+#[test]
+fn oversized_change_sets_name_their_largest_files() {
+    let l = Layers::new();
+    std::fs::write(l.upper.join("big"), vec![b'x'; 4096]).unwrap();
+    std::fs::write(l.upper.join("small"), b"s").unwrap();
+    let opts = DetectOptions {
+        max_content_bytes: 1000,
+        ..Default::default()
+    };
+    let err = detect_changes(&l.lower, &l.upper, &opts).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidInput);
+    let d = err.details();
+    assert_eq!(d["largest"][0]["path"], "big");
+    assert_eq!(d["largest"][0]["bytes"], 4096);
+}
+
+#[test]
+fn special_files_and_empty_dirs_are_reported_not_dropped() {
+    let l = Layers::new();
+    sh(&l.upper, "mkfifo pipe && mkdir -p empty/inner");
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap();
+    assert!(set.changes.is_empty());
+    let skipped: Vec<&str> = set.skipped.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(skipped, ["empty/inner/", "pipe"]);
+}
+
+#[test]
+fn executable_new_file_and_binary() {
+    let l = Layers::new();
+    std::fs::write(l.upper.join("tool"), b"#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(l.upper.join("tool"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(l.upper.join("blob"), b"\x00\x01\x02").unwrap();
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap();
+    let files = build_patch_files(&set);
+    let text: String = files.files.iter().map(|f| f.content.as_str()).collect();
+    assert!(text.contains("new file mode 100755"), "{text}");
+    assert!(text.contains("GIT binary patch\nliteral 3\n"), "{text}");
+    let blob = files.diff_bundle.iter().find(|e| e.path == "blob").unwrap();
+    assert_eq!(blob.binary_content.as_deref(), Some("AAEC"));
+    let json = serde_json::to_value(blob).unwrap();
+    assert_eq!(json["operation"], "add");
+    assert_eq!(json["binaryContent"], "AAEC");
+}

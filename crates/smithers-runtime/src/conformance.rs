@@ -298,7 +298,7 @@ pub fn run_case_with<E: IntoSuiteEnv>(
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            println!("KNOWN FAILURE {test_name}: {msg}");
+            say(&format!("KNOWN FAILURE {test_name}: {msg}"));
         }
         Ok(()) => panic!(
             "{test_name} is listed in known_failures but passes now: remove it from the list"
@@ -324,8 +324,16 @@ pub fn run_case<E: IntoSuiteEnv>(test_name: &str, make_env: fn() -> E, case: Cas
         if std::env::var("CI").is_ok_and(|v| v == "true") {
             panic!("{test_name}: required capability missing under CI=true: {reason}");
         }
-        println!("SKIP {test_name}: {reason}");
+        say(&format!("SKIP {test_name}: {reason}"));
     }
+}
+
+/// Writes a line to the real stderr, past libtest's capture: SKIP and KNOWN FAILURE lines must
+/// be seen in a normal `cargo test` run, not only with `--nocapture`.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
 }
 
 /// Strips the crate name from a `module_path!()`-based name, giving the libtest filter name.
@@ -982,7 +990,9 @@ pub async fn assert_reported_not_enforced(
             serde_json::to_string(&probe).unwrap_or_default()
         );
     }
-    println!("{row}: not enforced on this host, and reported as such: {admitted:?}");
+    say(&format!(
+        "{row}: not enforced on this host, and reported as such: {admitted:?}"
+    ));
 }
 
 /// The attempts among `results` that got through (`"ok": true`).
@@ -1037,7 +1047,9 @@ pub async fn create_or_refused<'e>(
                     .contains(&control.to_ascii_lowercase()),
                 "refusal must name the control {control:?}, named {named:?}"
             );
-            println!("{control}: refused by the runtime on this host: {reason}");
+            say(&format!(
+                "{control}: refused by the runtime on this host: {reason}"
+            ));
             Ok(None)
         }
         Err(e) => Err(unavailable_or_panic(e)),
@@ -1084,6 +1096,9 @@ macro_rules! __conformance_case_list {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __suite_tests {
+    ($make_env:path, $module:ident, [$($case:ident),* $(,)?]) => {
+        $crate::__suite_tests!($make_env, $module, &[], [$($case),*]);
+    };
     ($make_env:path, $module:ident, $known:expr, [$($case:ident),* $(,)?]) => {
         $(
             #[test]
@@ -1141,7 +1156,7 @@ pub(crate) async fn run_table(
     let mut skipped = Vec::new();
     for (name, case) in table {
         if let Err(skip) = case(env).await {
-            println!("SKIP {name}: {}", skip.0);
+            say(&format!("SKIP {name}: {}", skip.0));
             skipped.push((*name, skip));
         }
     }

@@ -609,15 +609,24 @@ impl Store {
     /// in one IMMEDIATE transaction. Inserting an identical (run_id, timestamp_ms, type,
     /// payload_json) again writes nothing and returns the existing seq.
     pub fn insert_event(&self, event: &NewEvent<'_>) -> Result<i64> {
+        let op = StoreError::query("insert_event");
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("insert_event"))?;
-        let existing: Option<i64> = tx
-            .query_row(
-                "SELECT seq FROM _smithers_events
-                 WHERE run_id = ?1 AND timestamp_ms = ?2 AND type = ?3 AND payload_json = ?4
-                 ORDER BY seq DESC LIMIT 1",
+        // Cached statements: this is the hottest write path (every event of every sandbox).
+        let existing: Option<i64> = {
+            // INDEXED BY: left alone, the planner walks the primary key backwards to avoid
+            // sorting (ORDER BY seq), reading every event of the run on each insert: O(n) per
+            // append, measured at 0.85 ms per event after 2000 events.
+            let mut st = tx
+                .prepare_cached(
+                    "SELECT seq FROM _smithers_events INDEXED BY _smithers_events_dedupe_idx
+                     WHERE run_id = ?1 AND timestamp_ms = ?2 AND type = ?3 AND payload_json = ?4
+                     ORDER BY seq DESC LIMIT 1",
+                )
+                .map_err(StoreError::query("insert_event"))?;
+            st.query_row(
                 params![
                     event.run_id,
                     event.timestamp_ms,
@@ -627,31 +636,33 @@ impl Store {
                 |r| r.get(0),
             )
             .optional()
-            .map_err(StoreError::query("insert_event"))?;
+            .map_err(StoreError::query("insert_event"))?
+        };
         if let Some(seq) = existing {
             tx.commit().map_err(StoreError::query("insert_event"))?;
             return Ok(seq);
         }
         let seq: i64 = tx
-            .query_row(
+            .prepare_cached(
                 "SELECT COALESCE(MAX(seq), -1) + 1 FROM _smithers_events WHERE run_id = ?1",
-                [event.run_id],
-                |r| r.get(0),
             )
+            .and_then(|mut st| st.query_row([event.run_id], |r| r.get(0)))
             .map_err(StoreError::query("insert_event"))?;
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO _smithers_events (run_id, seq, timestamp_ms, type, payload_json)
              VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![
+        )
+        .and_then(|mut st| {
+            st.execute(params![
                 event.run_id,
                 seq,
                 event.timestamp_ms,
                 event.event_type,
                 event.payload_json
-            ],
-        )
+            ])
+        })
         .map_err(StoreError::query("insert_event"))?;
-        tx.commit().map_err(StoreError::query("insert_event"))?;
+        tx.commit().map_err(op)?;
         Ok(seq)
     }
 
@@ -1157,13 +1168,27 @@ fn lease_row(r: &Row<'_>, base: usize) -> rusqlite::Result<Lease> {
 }
 
 fn count_active_on(conn: &Connection, run_id: Option<&str>) -> Result<u64> {
-    conn.query_row(
-        &format!("SELECT COUNT(*) FROM _smithers_sandboxes WHERE {ACTIVE_SQL} AND (?1 IS NULL OR run_id = ?1)"),
-        [run_id],
-        |r| r.get::<_, i64>(0),
-    )
-    .map(|n| n as u64)
-    .map_err(StoreError::query("count_active"))
+    // INDEXED BY the partial index of active rows (migration 2): O(active), not O(history).
+    let n: i64 = match run_id {
+        Some(run_id) => conn.query_row(
+            &format!(
+                "SELECT COUNT(*) FROM _smithers_sandboxes INDEXED BY _smithers_sandboxes_active_idx
+                 WHERE {ACTIVE_SQL} AND run_id = ?1"
+            ),
+            [run_id],
+            |r| r.get(0),
+        ),
+        None => conn.query_row(
+            &format!(
+                "SELECT COUNT(*) FROM _smithers_sandboxes INDEXED BY _smithers_sandboxes_active_idx
+                 WHERE {ACTIVE_SQL}"
+            ),
+            [],
+            |r| r.get(0),
+        ),
+    }
+    .map_err(StoreError::query("count_active"))?;
+    Ok(n as u64)
 }
 
 /// UPDATE the present columns of an existing row, else INSERT them. Not one `INSERT .. ON

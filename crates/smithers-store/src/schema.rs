@@ -13,7 +13,7 @@ type Migration = fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>;
 
 /// The migrations, in order; migration `i` brings the schema to version `i + 1`.
 /// Never edit a released entry: append a new one.
-const MIGRATIONS: &[Migration] = &[v1_tables];
+const MIGRATIONS: &[Migration] = &[v1_tables, v2_active_index];
 
 /// The schema version this build creates and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -113,6 +113,18 @@ fn v1_tables(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
             FOREIGN KEY (run_id, sandbox_id)
                 REFERENCES _smithers_sandboxes (run_id, sandbox_id) ON DELETE CASCADE
         );",
+    )
+}
+
+/// The gate counts active sandboxes on every admission; history (terminal rows) grows
+/// forever, so the count must not scan it. A partial index holds exactly the active rows;
+/// its WHERE clause is the same text as `ACTIVE_SQL` in lib.rs (SQLite only uses a partial
+/// index for a query that repeats its condition).
+fn v2_active_index(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE INDEX IF NOT EXISTS _smithers_sandboxes_active_idx
+            ON _smithers_sandboxes (run_id)
+            WHERE status NOT IN ('finished', 'failed', 'cancelled', 'review');",
     )
 }
 

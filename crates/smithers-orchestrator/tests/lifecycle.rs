@@ -1011,3 +1011,60 @@ async fn crash_mid_run_is_recovered_by_the_next_process() {
         .unwrap();
     assert!(matches!(out, SandboxOutcome::Completed(_)), "slot freed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_starts_never_exceed_the_run_limit() {
+    let h = Arc::new(harness_with(Settings {
+        per_run_max: 2,
+        ..Settings::default()
+    }));
+    let go = h.root.join("go");
+    // Admitted steps hold their slot until `go` exists, so the outcome does not depend on
+    // timing: exactly two can be admitted, the other three must be refused.
+    let script = format!(
+        "while [ ! -e '{}' ]; do sleep 0.02; done; {}",
+        go.display(),
+        write_result("finished")
+    );
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let h = h.clone();
+        let req = h.request(&format!("p{i}"), &script);
+        tasks.push(tokio::spawn(async move {
+            let ctx = h.ctx();
+            h.orch.execute(&req, &ctx).await
+        }));
+    }
+    eventually("three refusals", || {
+        (0..5)
+            .filter(|i| {
+                h.store
+                    .get_sandbox(RUN, &format!("p{i}"))
+                    .unwrap()
+                    .is_some_and(|r| r.status == SandboxStatus::Failed)
+            })
+            .count()
+            == 3
+    })
+    .await;
+    assert_eq!(h.store.count_active(Some(RUN)).unwrap(), 2);
+    std::fs::write(&go, "").unwrap();
+    let mut completed = 0;
+    let mut refused = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(SandboxOutcome::Completed(_)) => completed += 1,
+            Err(e) => {
+                assert_eq!(
+                    e.to_string(),
+                    "Sandbox concurrency limit reached for run run-1 (2)."
+                );
+                refused += 1;
+            }
+            Ok(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((completed, refused), (2, 3));
+    assert_eq!(h.orch.metrics().active("bubblewrap"), 0);
+    assert_eq!(h.orch.metrics().created("bubblewrap"), 2);
+}

@@ -332,6 +332,23 @@ fn migrations_are_idempotent_on_reopen_and_refuse_newer_schema() {
 }
 
 #[test]
+fn an_older_schema_is_upgraded_in_place() {
+    let (_d, path) = temp_db();
+    Store::open(&path).unwrap();
+    {
+        // Back to version 1: without the partial index of active rows.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("DROP INDEX _smithers_sandboxes_active_idx; PRAGMA user_version = 1;")
+            .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    // The gate needs the index (INDEXED BY fails without it): admission proves it is back.
+    store.try_admit(&admit_req("r", "s", 10, 10)).unwrap();
+    assert_eq!(store.count_active(None).unwrap(), 1);
+}
+
+#[test]
 fn adopts_a_database_created_by_the_javascript_schema() {
     let (_d, path) = temp_db();
     {

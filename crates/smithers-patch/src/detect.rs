@@ -439,6 +439,10 @@ fn load(node: &Node) -> Result<Loaded, PatchError> {
 /// Symlinks are read with readlink and never followed. Both xattr flavours (`trusted.overlay.*`
 /// as root, `user.overlay.*` with `-o userxattr`) are understood; redirect/metacopy layers are
 /// refused with [`PatchError::UnsupportedOverlayFeature`].
+///
+/// Privilege: an upper layer mounted without `userxattr` keeps its opaque markers in
+/// `trusted.overlay.*`, which only a process with CAP_SYS_ADMIN can read; call this from the
+/// same (root) side that mounted the layer, or mount with `userxattr`.
 pub fn detect_changes(
     lower: &Path,
     upper: &Path,

@@ -32,6 +32,10 @@ if kill -0 "$pid" 2>/dev/null; then
     kill -KILL "$pid" || true
 fi
 rm -f "$STATE/dockerd.started"
+# The shared parent cgroup of the docker runtime's sandboxes (empty once they are gone).
+for d in /sys/fs/cgroup/*/smithers-docker /sys/fs/cgroup/smithers-docker; do
+    [ -d "$d" ] && rmdir "$d" 2>/dev/null || true
+done
 # dockerd leaves the docker0 bridge behind; remove it so the machine is as it was.
 if ip link show docker0 >/dev/null 2>&1; then ip link delete docker0 2>/dev/null || true; fi
 log "stopped dockerd $pid"

@@ -11,6 +11,8 @@ set -euo pipefail
 STATE="${SMITHERS_DOCKER_STATE:-/tmp/smithers-dockerd}"
 SOCK=/var/run/docker.sock
 IMAGE_BUSYBOX=smithers-test:busybox
+# busybox + the host's glibc runtime: runs any Rust binary built here (the attack probe).
+IMAGE_GLIBC=smithers-test:glibc
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$STATE"
 
@@ -55,17 +57,16 @@ if ! engine_answers; then
 fi
 log "engine up: $(docker version --format '{{.Server.Version}} (API {{.Server.APIVersion}})' 2>/dev/null || echo '?')"
 
-# 3. The busybox image: one static binary, its applets as symlinks, /tmp, a nobody user.
+# 3. The images: one static busybox, its applets as symlinks, /tmp, a nobody user; the glibc
+# image adds the host's dynamic loader and the libraries a Rust binary links against.
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
-if [ "${SMITHERS_DOCKER_REBUILD:-0}" = 1 ] || ! image_exists "$IMAGE_BUSYBOX"; then
+make_rootfs() {  # $1 = rootfs dir
+    local rootfs="$1" BB
     BB=$(command -v busybox || true)
     [ -x /bin/busybox ] && BB=/bin/busybox
     if ! (ldd "$BB" 2>&1 || true) | grep -q 'not a dynamic'; then
         log "$BB is not statically linked (install busybox-static)"; exit 1
     fi
-    work=$(mktemp -d)
-    trap 'rm -rf "$work"' EXIT
-    rootfs="$work/rootfs"
     mkdir -p "$rootfs"/{bin,sbin,usr/bin,usr/sbin,tmp,etc,workspace,result,proc,sys,dev,home/nobody}
     chmod 1777 "$rootfs/tmp"
     cp "$BB" "$rootfs/bin/busybox"
@@ -79,15 +80,26 @@ root:x:0:
 nogroup:x:65534:
 GR
     chown 65534:65534 "$rootfs/home/nobody"
-    # The static attack binary, when it builds, lets the containment suite run inside busybox.
-    ATTACK="${SMITHERS_ATTACK_BIN:-}"
-    if [ -n "$ATTACK" ] && [ -x "$ATTACK" ]; then
-        cp "$ATTACK" "$rootfs/bin/smithers-attack"
-        log "included attack binary $ATTACK"
-    fi
-    tar -C "$rootfs" -c . | docker import \
+}
+import_rootfs() {  # $1 = rootfs dir, $2 = image name
+    tar -C "$1" -c . | docker import \
         --change 'ENV PATH=/usr/sbin:/usr/bin:/sbin:/bin' \
-        --change 'CMD ["/bin/sh"]' - "$IMAGE_BUSYBOX" >/dev/null
-    log "built $IMAGE_BUSYBOX"
+        --change 'CMD ["/bin/sh"]' - "$2" >/dev/null
+    log "built $2"
+}
+rebuild="${SMITHERS_DOCKER_REBUILD:-0}"
+if [ "$rebuild" = 1 ] || ! image_exists "$IMAGE_BUSYBOX" || ! image_exists "$IMAGE_GLIBC"; then
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    make_rootfs "$work/busybox"
+    import_rootfs "$work/busybox" "$IMAGE_BUSYBOX"
+    make_rootfs "$work/glibc"
+    libdir=/lib/x86_64-linux-gnu
+    mkdir -p "$work/glibc/lib64" "$work/glibc$libdir"
+    cp -L /lib64/ld-linux-x86-64.so.2 "$work/glibc/lib64/"
+    for lib in libc.so.6 libm.so.6 libgcc_s.so.1 libpthread.so.0 libdl.so.2 librt.so.1 libutil.so.1; do
+        [ -e "$libdir/$lib" ] && cp -L "$libdir/$lib" "$work/glibc$libdir/"
+    done
+    import_rootfs "$work/glibc" "$IMAGE_GLIBC"
 fi
-echo "docker-up: ready ($IMAGE_BUSYBOX)"
+echo "docker-up: ready ($IMAGE_BUSYBOX, $IMAGE_GLIBC)"

@@ -15,8 +15,8 @@ use smithers_runtime::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle, 
 use crate::hostfs;
 use crate::plan::BackendState;
 
-/// The bundle status of an outcome: cancelled runs are `cancelled`; anything that did not
-/// exit 0 is `failed`; a clean exit takes the step's own `status` when it gave a valid one.
+/// The bundle status, with the local runtime's rule: cancelled when cancelled; else the
+/// step's own word; else finished only when the command exited 0.
 pub(crate) fn bundle_status(outcome: Option<&ExecOutcome>) -> BundleStatus {
     let Some(o) = outcome else {
         return BundleStatus::Failed;
@@ -24,15 +24,37 @@ pub(crate) fn bundle_status(outcome: Option<&ExecOutcome>) -> BundleStatus {
     if o.termination == Termination::Cancelled {
         return BundleStatus::Cancelled;
     }
-    if !o.succeeded() {
-        return BundleStatus::Failed;
-    }
-    o.result
+    if let Some(status) = o
+        .result
         .as_ref()
         .and_then(|r| r.get("status"))
         .and_then(Value::as_str)
         .and_then(BundleStatus::parse)
-        .unwrap_or(BundleStatus::Finished)
+    {
+        return status;
+    }
+    if o.succeeded() {
+        BundleStatus::Finished
+    } else {
+        BundleStatus::Failed
+    }
+}
+
+/// The commit the project is at, for the diff bundle's `baseRef` (empty when not a git repo);
+/// the same rule as the local runtime.
+fn base_ref(root: &Path) -> String {
+    let git = root.join(".git");
+    let Ok(head) = std::fs::read_to_string(git.join("HEAD")) else {
+        return String::new();
+    };
+    let head = head.trim();
+    match head.strip_prefix("ref: ") {
+        Some(r) if !r.contains("..") => std::fs::read_to_string(git.join(r))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| r.to_string()),
+        Some(r) => r.to_string(),
+        None => head.to_string(),
+    }
 }
 
 pub(crate) fn collect(
@@ -40,6 +62,7 @@ pub(crate) fn collect(
     state: &BackendState,
     root_dir: &Path,
     outcome: Option<&ExecOutcome>,
+    result_rejected: bool,
     notes: &[String],
 ) -> Result<CollectReport, RuntimeError> {
     let changes = detect_changes(root_dir, &state.upper, &DetectOptions::default())
@@ -52,8 +75,8 @@ pub(crate) fn collect(
         .map(|f| BundleFile::new(f.bundle_path.clone(), f.content.clone().into_bytes()))
         .collect();
     let diff_bundle = (!files.diff_bundle.is_empty()).then(|| DiffBundle {
-        seq: 1,
-        base_ref: "HEAD".to_string(),
+        seq: 0,
+        base_ref: base_ref(root_dir),
         patches: files
             .diff_bundle
             .iter()
@@ -62,7 +85,7 @@ pub(crate) fn collect(
                 operation: match d.operation {
                     Operation::Add => DiffOperation::Add,
                     Operation::Delete => DiffOperation::Delete,
-                    _ => DiffOperation::Modify,
+                    Operation::Modify => DiffOperation::Modify,
                 },
                 diff: d.diff.clone(),
                 binary_content: d.binary_content.clone(),
@@ -72,7 +95,7 @@ pub(crate) fn collect(
 
     let budget = SANDBOX_MAX_BUNDLE_BYTES.saturating_sub(files.total_bytes());
     let (found, skipped) =
-        hostfs::collect_artifacts(&state.out_dir, SANDBOX_MAX_PATCH_FILES, budget);
+        hostfs::collect_artifacts(&state.artifacts_dir, SANDBOX_MAX_PATCH_FILES, budget);
     let artifacts = found
         .into_iter()
         .map(|a| BundleFile::new(format!("artifacts/{}", a.rel), a.content))
@@ -106,7 +129,12 @@ pub(crate) fn collect(
         }
     }
 
-    let mut params = WriteParams::new(&handle.result_path, bundle_status(outcome));
+    let status = match bundle_status(outcome) {
+        BundleStatus::Cancelled => BundleStatus::Cancelled,
+        _ if result_rejected => BundleStatus::Failed,
+        s => s,
+    };
+    let mut params = WriteParams::new(&handle.result_path, status);
     params.run_id = Some(handle.run_id.clone());
     params.output = outcome
         .and_then(|o| o.result.as_ref())
@@ -115,6 +143,8 @@ pub(crate) fn collect(
     params.artifacts = artifacts;
     params.stream_log_path = log.is_file().then_some(log);
     params.diff_bundle = diff_bundle;
+    // A second collect replaces the first bundle.
+    hostfs::remove_tree(&handle.result_path)?;
     write_bundle(&params).map_err(|e| RuntimeError::inner("write result bundle", &e))?;
     Ok(CollectReport {
         bundle_path: handle.result_path.clone(),

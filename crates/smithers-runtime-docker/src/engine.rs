@@ -38,7 +38,15 @@ pub(crate) fn fix_for_socket(socket: &str) -> String {
 
 /// Connects and negotiates the API version down to what the engine speaks (one `/version`
 /// round trip). Any failure means the engine is not usable: `Unavailable` with the fix.
-pub(crate) async fn connect(socket: &str) -> Result<(Docker, String), RuntimeError> {
+/// What the runtime learns about the engine once, at connection.
+#[derive(Debug, Clone)]
+pub(crate) struct EngineInfo {
+    pub version: String,
+    /// `cgroupfs`, `systemd`, ... (lowercase), when the engine says.
+    pub cgroup_driver: Option<String>,
+}
+
+pub(crate) async fn connect(socket: &str) -> Result<(Docker, EngineInfo), RuntimeError> {
     let unavailable = |reason: String| RuntimeError::Unavailable {
         runtime: RUNTIME,
         reason,
@@ -86,7 +94,19 @@ pub(crate) async fn connect(socket: &str) -> Result<(Docker, String), RuntimeErr
         .ok()
         .and_then(|v| v.version)
         .unwrap_or_else(|| "unknown".to_string());
-    Ok((docker, version))
+    let cgroup_driver = docker
+        .info()
+        .await
+        .ok()
+        .and_then(|i| i.cgroup_driver)
+        .map(|d| d.to_string());
+    Ok((
+        docker,
+        EngineInfo {
+            version,
+            cgroup_driver,
+        },
+    ))
 }
 
 /// A short description of an engine error (the server's message when there is one).

@@ -138,27 +138,19 @@ pub(crate) struct Artifact {
     pub content: Vec<u8>,
 }
 
-/// Walks `<out>/artifacts` without following links. Symlinks and special files are not
+/// Walks the artifacts directory (`/result` inside) without following links. Symlinks and special files are not
 /// artifacts: they are reported in `skipped` (the caller logs them) rather than followed.
 /// Bounded by `max_files` and `max_bytes`; past them the walk stops and says so in `skipped`.
 pub(crate) fn collect_artifacts(
-    out_dir: &Path,
+    root: &Path,
     max_files: usize,
     max_bytes: u64,
 ) -> (Vec<Artifact>, Vec<String>) {
     let mut found = Vec::new();
     let mut skipped = Vec::new();
-    let root = out_dir.join(crate::plan::ARTIFACTS_DIR);
-    match std::fs::symlink_metadata(&root) {
+    match std::fs::symlink_metadata(root) {
         Ok(md) if md.file_type().is_dir() => {}
-        Ok(_) => {
-            skipped.push(format!(
-                "{}: not a directory (symlinks are never followed)",
-                crate::plan::ARTIFACTS_DIR
-            ));
-            return (found, skipped);
-        }
-        Err(_) => return (found, skipped),
+        _ => return (found, skipped),
     }
     let mut total = 0u64;
     let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
@@ -176,11 +168,13 @@ pub(crate) fn collect_artifacts(
                 stack.push(rel);
             } else if ft.is_file() {
                 if found.len() >= max_files {
-                    skipped.push(format!("{rel_text}: more than {max_files} artifacts"));
+                    skipped.push(format!(
+                        "{rel_text}: more than {max_files} artifacts (SANDBOX_MAX_PATCH_FILES limit)"
+                    ));
                     continue;
                 }
                 let Ok(dirfd) = rustix::fs::open(
-                    &root,
+                    root,
                     OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
                     Mode::empty(),
                 ) else {
@@ -233,7 +227,7 @@ mod tests {
         std::fs::create_dir_all(out.join("artifacts/sub")).unwrap();
         std::fs::write(out.join("artifacts/sub/a.txt"), b"a").unwrap();
         std::os::unix::fs::symlink(&secret, out.join("artifacts/leak")).unwrap();
-        let (found, skipped) = collect_artifacts(&out, 10, 1 << 20);
+        let (found, skipped) = collect_artifacts(&out.join("artifacts"), 10, 1 << 20);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].rel, "sub/a.txt");
         assert!(skipped.iter().any(|s| s.starts_with("leak")));

@@ -11,10 +11,12 @@
 //!   turned into patches by `smithers-patch` like the local runtime's: both runtimes produce
 //!   the same patches for the same writes. The project's `.smithers/` is hidden under an
 //!   empty read-only tmpfs.
-//! * The request JSON is bound read-only at `/request/request.json`
-//!   (`$SMITHERS_SANDBOX_REQUEST_PATH`); `/result` is a writable bind of
-//!   `<sandbox_root>/out` where the step writes `result.json` (`$SMITHERS_SANDBOX_RESULT_PATH`)
-//!   and `artifacts/`. `collect` writes the bundle at `<sandbox_root>/result`.
+//! * Same in-sandbox paths as the local runtime: the request JSON is bound read-only at
+//!   `/run/smithers/request/request.json` (`$SMITHERS_SANDBOX_REQUEST_PATH`); the step writes
+//!   its result JSON at `/run/smithers/out/result.json` (`$SMITHERS_SANDBOX_RESULT_PATH`) or
+//!   prints it as stdout; every file under the writable `/result` becomes an artifact. Both
+//!   are binds of directories in the state dir. `collect` writes the bundle at
+//!   `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/result`.
 //! * One container per `execute`, created with the command itself (measured faster than a
 //!   long-lived container plus `exec`: one create/start instead of create/start/exec/kill),
 //!   attached before start so no output is lost.
@@ -26,12 +28,12 @@
 //! | network | `NetworkMode=none` (only `lo`) unless `allowNetwork`; ports only with it, bound to 127.0.0.1 |
 //! | memory | `Memory` = `MemorySwap` (no extra swap); OOM → [`Termination::Memory`] |
 //! | cpu | `NanoCpus` |
-//! | pids | `PidsLimit`, default [`plan::DEFAULT_PIDS_LIMIT`]; a refused fork → [`Termination::Pids`] |
+//! | pids | default [`plan::DEFAULT_PIDS_LIMIT`]; `pids.max` on a parent cgroup we own (`CgroupParent=/smithers-docker/<name>`, cgroupfs driver, as root), else `PidsLimit`; the cap reached → [`Termination::Pids`] |
 //! | disk | `/tmp` is a tmpfs of `diskLimit` (default 256 MiB); the workspace's upper layer is put on a tmpfs of `diskLimit` mounted by this process, which needs CAP_SYS_ADMIN: without it `diskLimit` is refused ([`RuntimeError::ControlUnsupported`]) |
-//! | privileges | `CapDrop=ALL`, no `CapAdd`, `no-new-privileges`, the engine's default seccomp profile, read-only root filesystem, private IPC |
+//! | privileges | `CapDrop=ALL`, no `CapAdd`, `no-new-privileges`, a seccomp deny-list ([`plan::seccomp_profile`]: the engine default's denials plus `ptrace`/`process_vm_*`, namespace flags on `clone`), read-only root filesystem, private IPC |
 //! | identity | the step runs as the **owner uid:gid of `rootDir`** so its files belong to the project's owner; when that is root, it is uid 0 with no capabilities (documented in the probe as degraded) |
 //! | env | nothing from the host: PATH/HOME/TMPDIR set to in-container values, the step's `env`, the Smithers variables |
-//! | processes | `Init=true` (reaps orphans); the container's pid namespace means every process dies with it; timeout and cancellation `SIGKILL` the container and wait for it |
+//! | processes | `Init=true` (reaps orphans); the container's pid namespace means every process dies with it; timeout and cancellation `SIGKILL` the container and wait for it; the `smithers-docker-watchdog` binary kills it if this process dies mid-execute |
 //! | workspace (remote), egress proxy | refused: this runtime cannot honour them |
 //!
 //! The engine must be **local** (the overlay and the binds are host paths). An unreachable
@@ -46,6 +48,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cgroup;
 mod collect;
 mod engine;
 mod hostfs;
@@ -80,6 +83,8 @@ pub use plan::BackendState;
 
 /// Largest result JSON read from `/result/result.json` (the README limit of a bundle).
 const MAX_RESULT_JSON_BYTES: u64 = 5 * 1024 * 1024;
+/// File name of the watchdog binary.
+pub const WATCHDOG_BIN: &str = "smithers-docker-watchdog";
 /// How long to wait for a killed container to be reported stopped.
 const KILL_WAIT: Duration = Duration::from_secs(30);
 
@@ -94,6 +99,10 @@ pub struct DockerOptions {
     pub state_root: PathBuf,
     /// Image used when the config names none. None: a config without `image` is refused.
     pub default_image: Option<String>,
+    /// The `smithers-docker-watchdog` binary, which kills the container if this process dies
+    /// mid-execute. Default: next to the running executable, when it is there. Without it the
+    /// probe and every outcome report `parent-death` as unavailable.
+    pub watchdog: Option<PathBuf>,
 }
 
 impl Default for DockerOptions {
@@ -102,6 +111,10 @@ impl Default for DockerOptions {
             socket: default_socket(),
             state_root: std::env::temp_dir().join("smithers-docker"),
             default_image: None,
+            watchdog: std::env::current_exe()
+                .ok()
+                .and_then(|e| Some(e.parent()?.join(WATCHDOG_BIN)))
+                .filter(|p| p.is_file()),
         }
     }
 }
@@ -113,6 +126,9 @@ struct Live {
     controls: Controls,
     root_dir: PathBuf,
     outcome: Option<ExecOutcome>,
+    /// The step left a result that could not be taken (named in the log): the bundle is
+    /// `failed`, not a `finished` bundle without the step's outputs.
+    result_rejected: bool,
     log_notes: Vec<String>,
 }
 
@@ -121,7 +137,7 @@ struct Live {
 #[derive(Debug)]
 pub struct DockerRuntime {
     opts: DockerOptions,
-    engine: OnceCell<(Docker, String)>,
+    engine: OnceCell<(Docker, engine::EngineInfo)>,
     live: Mutex<HashMap<String, Live>>,
 }
 
@@ -231,6 +247,10 @@ impl DockerRuntime {
             }
             remove_volume(docker, &v.name).await?;
             report.volumes.push(v.name.clone());
+            if v.name.starts_with("smithers-") {
+                cgroup::remove(&format!("smithers-docker/{}", v.name))
+                    .map_err(|e| RuntimeError::spawn("remove cgroup", e))?;
+            }
             if let Some(dir) = v.labels.get(plan::LABEL_STATE_DIR) {
                 let dir = PathBuf::from(dir);
                 // Only directories under our state root: a label is data from the engine,
@@ -428,9 +448,12 @@ impl Runtime for DockerRuntime {
             work: layer.join("work"),
             state_dir: state_dir.clone(),
             layer_tmpfs: config.controls.disk_limit_bytes.is_some(),
-            out_dir: sandbox_root.join("out"),
+            out_dir: state_dir.join("out"),
+            artifacts_dir: state_dir.join("artifacts"),
             hide_smithers_dir: true,
+            pids_cgroup: None,
         };
+        let mut state = state;
         for p in [root_dir.as_path(), &state.upper, &state.work] {
             if !plan::overlay_path_ok(p) {
                 return Err(RuntimeError::InvalidControl {
@@ -451,6 +474,21 @@ impl Runtime for DockerRuntime {
                     sandbox_root.display()
                 ),
             });
+        }
+        // The pids limit on a parent cgroup we own, when the engine's driver allows it; a
+        // failure here is not fatal: `PidsLimit` on the container still enforces the limit.
+        let driver = self.engine.get().and_then(|(_, i)| i.cgroup_driver.clone());
+        if driver.as_deref() == Some("cgroupfs") && rustix::process::geteuid().is_root() {
+            let rel = format!("smithers-docker/{name}");
+            let limit = config
+                .controls
+                .pids_limit
+                .unwrap_or(plan::DEFAULT_PIDS_LIMIT);
+            if cgroup::prepare(&rel, limit).is_ok() {
+                state.pids_cgroup = Some(rel);
+            } else {
+                let _ = cgroup::remove(&rel);
+            }
         }
         let handle = SandboxHandle {
             runtime: RuntimeKind::Docker,
@@ -476,6 +514,7 @@ impl Runtime for DockerRuntime {
                     controls: config.controls.clone(),
                     root_dir: root_dir.clone(),
                     outcome: None,
+                    result_rejected: false,
                     log_notes: Vec::new(),
                 },
             );
@@ -492,7 +531,7 @@ impl Runtime for DockerRuntime {
         if self.live_get(&state.container_name).is_none() {
             return Err(not_live("ship"));
         }
-        let bytes = serde_json::to_vec_pretty(&request.request)
+        let bytes = serde_json::to_vec(&request.request)
             .map_err(|e| RuntimeError::spawn("encode request JSON", e))?;
         let dir = &handle.request_path;
         let tmp = dir.join(".request.json.tmp");
@@ -529,10 +568,13 @@ impl Runtime for DockerRuntime {
             });
         }
         let docker = self.engine().await?;
-        let outcome = self
+        let (outcome, rejected) = self
             .run_container(docker, handle, &state, &live, command, cancel, output)
             .await?;
-        self.live_update(&state.container_name, |l| l.outcome = Some(outcome.clone()));
+        self.live_update(&state.container_name, |l| {
+            l.outcome = Some(outcome.clone());
+            l.result_rejected = rejected;
+        });
         Ok(outcome)
     }
 
@@ -546,6 +588,7 @@ impl Runtime for DockerRuntime {
             &state,
             &live.root_dir,
             live.outcome.as_ref(),
+            live.result_rejected,
             &live.log_notes,
         )
     }
@@ -577,6 +620,12 @@ impl Runtime for DockerRuntime {
                     keep(hostfs::unmount(&state.state_dir.join("layer")), &mut errors);
                 }
                 keep(hostfs::remove_tree(&state.state_dir), &mut errors);
+                if let Some(rel) = &state.pids_cgroup {
+                    keep(
+                        cgroup::remove(rel).map_err(|e| RuntimeError::spawn("remove cgroup", e)),
+                        &mut errors,
+                    );
+                }
             }
             keep(hostfs::remove_tree(&state.out_dir), &mut errors);
             if let Ok(mut map) = self.live.lock() {
@@ -622,8 +671,10 @@ impl DockerRuntime {
         // The upper root's owner becomes /workspace's owner: keep it the project's.
         chown(&state.upper, uid, gid)?;
         hostfs::mkdir(&handle.request_path, 0o755)?;
-        hostfs::mkdir(&state.out_dir, 0o755)?;
-        chown(&state.out_dir, uid, gid)?;
+        for dir in [&state.out_dir, &state.artifacts_dir] {
+            hostfs::mkdir(dir, 0o755)?;
+            chown(dir, uid, gid)?;
+        }
 
         let labels = plan::labels(
             &config.run_id,
@@ -654,7 +705,7 @@ impl DockerRuntime {
         command: &StepCommand,
         cancel: CancellationToken,
         output: &dyn OutputSink,
-    ) -> Result<ExecOutcome, RuntimeError> {
+    ) -> Result<(ExecOutcome, bool), RuntimeError> {
         let name = &state.container_name;
         // A previous execute's container (a second execute on one sandbox) goes first.
         remove_container(docker, name).await?;
@@ -676,7 +727,7 @@ impl DockerRuntime {
             run_id: &handle.run_id,
             sandbox_id: &handle.sandbox_id,
         });
-        docker
+        let created = docker
             .create_container(
                 Some(CreateContainerOptions {
                     name: Some(name.clone()),
@@ -686,6 +737,11 @@ impl DockerRuntime {
             )
             .await
             .map_err(|e| spawn_err(format!("create container {name}"), &e))?;
+        // From here until the container is seen stopped, our death must take it down.
+        let mut watchdog = match &self.opts.watchdog {
+            Some(bin) => Some(spawn_watchdog(bin, &state.socket, &created.id)?),
+            None => None,
+        };
 
         let log_path = state.state_dir.join("stream.ndjson");
         let attach = docker
@@ -720,19 +776,26 @@ impl DockerRuntime {
             };
             pump.note_stderr(output, &msg);
             let pumped = pump.finish(output)?;
-            return Ok(ExecOutcome {
-                termination: Termination::Exited,
-                exit_code: Some(code as i32),
-                signal: None,
-                duration: started_at.elapsed(),
-                stdout_bytes: pumped.stdout_bytes,
-                stderr_bytes: pumped.stderr_bytes,
-                stdout_truncated: pumped.stdout_truncated,
-                stderr_truncated: pumped.stderr_truncated,
-                usage: Default::default(),
-                enforcement: enforcement_for(&live.controls, state),
-                result: None,
-            });
+            return Ok((
+                ExecOutcome {
+                    termination: Termination::Exited,
+                    exit_code: Some(code as i32),
+                    signal: None,
+                    duration: started_at.elapsed(),
+                    stdout_bytes: pumped.stdout_bytes,
+                    stderr_bytes: pumped.stderr_bytes,
+                    stdout_truncated: pumped.stdout_truncated,
+                    stderr_truncated: pumped.stderr_truncated,
+                    usage: Default::default(),
+                    enforcement: enforcement_for(
+                        &live.controls,
+                        state,
+                        self.opts.watchdog.is_some(),
+                    ),
+                    result: None,
+                },
+                false,
+            ));
         }
 
         // Usage and limit hits from the container's cgroup while it runs.
@@ -742,7 +805,7 @@ impl DockerRuntime {
                 .state
                 .and_then(|s| s.pid)
                 .filter(|p| *p > 0)
-                .and_then(monitor::CgroupPaths::of_pid)
+                .and_then(|pid| monitor::CgroupPaths::of_pid(pid, &created.id))
                 .map(|paths| tokio::spawn(monitor::watch(paths, monitor_stop.clone()))),
             Err(_) => None,
         };
@@ -801,12 +864,27 @@ impl DockerRuntime {
             tokio::join!(pump.run(attach.output, output, pump_stop.clone()), waiter);
         pump_stop.cancel();
         monitor_stop.cancel();
-        let sample = match monitor {
+        let mut sample = match monitor {
             Some(h) => h.await.unwrap_or_default(),
-            None => Default::default(),
+            None => monitor::Sample::default(),
         };
+        if let Some(rel) = &state.pids_cgroup {
+            let (hits, peak) = cgroup::read(rel);
+            sample.pids_limit_hits = sample.pids_limit_hits.max(hits);
+            sample.max_pids = sample.max_pids.max(peak);
+            // On cgroup v1 the kernel counts a refused fork in the forking (container's)
+            // group, which the engine deletes at exit; the parent's peak survives. Reaching
+            // the cap is reported as hitting it.
+            let limit = u64::from(live.controls.pids_limit.unwrap_or(plan::DEFAULT_PIDS_LIMIT));
+            if peak.is_some_and(|p| p >= limit) {
+                sample.pids_limit_hits = sample.pids_limit_hits.max(1);
+            }
+        }
         let (reason, duration) = waited?;
         let pumped = pumped?;
+        if let Some(w) = watchdog.take() {
+            w.dismiss().await;
+        }
 
         let info = docker
             .inspect_container(name, None)
@@ -838,9 +916,12 @@ impl DockerRuntime {
         if state.layer_tmpfs {
             usage.disk_bytes = layer_used(&state.state_dir.join("layer"));
         }
-        let result = read_result(&state.out_dir, &pumped);
-        pump.write_exit(termination, exit_code, signal, duration)?;
-        Ok(ExecOutcome {
+        let (result, note) = read_result(&state.out_dir, &pumped);
+        let rejected = note.is_some();
+        if let Some(note) = note {
+            pump.write_note(&note)?;
+        }
+        let outcome = ExecOutcome {
             termination,
             exit_code,
             signal,
@@ -850,10 +931,47 @@ impl DockerRuntime {
             stdout_truncated: pumped.stdout_truncated,
             stderr_truncated: pumped.stderr_truncated,
             usage,
-            enforcement: enforcement_for(&live.controls, state),
+            enforcement: enforcement_for(&live.controls, state, self.opts.watchdog.is_some()),
             result,
-        })
+        };
+        pump.write_exit(&outcome)?;
+        Ok((outcome, rejected))
     }
+}
+
+/// A running watchdog process; dropping it without [`Watchdog::dismiss`] closes its stdin,
+/// which makes it kill the container (right on every error path: the step must not outlive
+/// a failed execute).
+struct Watchdog {
+    child: tokio::process::Child,
+    stdin: Option<tokio::process::ChildStdin>,
+}
+
+impl Watchdog {
+    /// The container is stopped: tell the watchdog to exit without killing, and reap it.
+    async fn dismiss(mut self) {
+        use tokio::io::AsyncWriteExt;
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(b"done\n").await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+    }
+}
+
+fn spawn_watchdog(bin: &Path, socket: &str, id: &str) -> Result<Watchdog, RuntimeError> {
+    let mut child = tokio::process::Command::new(bin)
+        .arg(socket)
+        .arg(id)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        // Its own process group: a signal to the orchestrator's group must not reach it.
+        .process_group(0)
+        .kill_on_drop(false)
+        .spawn()
+        .map_err(|e| RuntimeError::spawn(format!("start the watchdog {}", bin.display()), e))?;
+    let stdin = child.stdin.take();
+    Ok(Watchdog { child, stdin })
 }
 
 /// Waits until the container is not running (returns at once if it already stopped).
@@ -888,26 +1006,80 @@ fn layer_used(layer: &Path) -> Option<u64> {
     layer_stat(layer).map(|(total, free)| total.saturating_sub(free))
 }
 
-/// The step's result JSON: `/result/result.json` if it is a regular file holding a JSON
-/// object, else its stdout if that is one (and was not truncated).
-fn read_result(out_dir: &Path, pumped: &pump::Pumped) -> Option<Value> {
-    let parse = |bytes: &[u8]| {
-        serde_json::from_slice::<Value>(bytes)
-            .ok()
-            .filter(Value::is_object)
-    };
-    if let Some(bytes) =
-        hostfs::read_untrusted_file(out_dir, plan::RESULT_FILE, MAX_RESULT_JSON_BYTES)
-    {
-        if let Some(v) = parse(&bytes) {
-            return Some(v);
+/// The step's result JSON: `result.json` if it is a regular file holding a JSON object, else
+/// its stdout if that is one (and was not truncated). A result that was there but cannot be
+/// taken (too large, too deep, not an object) comes back as a note naming the limit, so it is
+/// never dropped silently.
+fn read_result(out_dir: &Path, pumped: &pump::Pumped) -> (Option<Value>, Option<String>) {
+    fn parse(bytes: &[u8], what: &str) -> Result<Option<Value>, String> {
+        let text = String::from_utf8_lossy(bytes);
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(v @ Value::Object(_)) => Ok(Some(v)),
+            Ok(_) => Err(format!("{what} ignored: not a JSON object")),
+            Err(e) if e.to_string().contains("recursion limit") => Err(format!(
+                "{what} ignored: JSON nesting depth exceeds the limit of 128 levels"
+            )),
+            Err(e) => Err(format!("{what} ignored: not valid JSON ({e})")),
         }
     }
-    if pumped.stdout_truncated {
-        return None;
+    let mut note = None;
+    match hostfs::read_untrusted_file(out_dir, plan::RESULT_FILE, MAX_RESULT_JSON_BYTES) {
+        Some(bytes) => match parse(&bytes, "result.json") {
+            Ok(Some(v)) => return (Some(v), None),
+            Ok(None) => {}
+            Err(n) => note = Some(n),
+        },
+        None => {
+            if let Ok(md) = std::fs::symlink_metadata(out_dir.join(plan::RESULT_FILE)) {
+                note = Some(if md.len() > MAX_RESULT_JSON_BYTES && md.is_file() {
+                    format!(
+                        "result.json ignored: {} bytes exceeds the limit of {MAX_RESULT_JSON_BYTES} bytes",
+                        md.len()
+                    )
+                } else {
+                    "result.json ignored: not a regular file (symlinks are never followed)"
+                        .to_string()
+                });
+            }
+        }
     }
-    let text = String::from_utf8_lossy(&pumped.stdout);
-    parse(text.trim().as_bytes())
+    if note.is_some() || pumped.stdout_truncated {
+        return (None, note);
+    }
+    // Stdout that is not JSON at all is ordinary output, not a rejected result.
+    let looks_json = pumped
+        .stdout
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'{');
+    match parse(&pumped.stdout, "result JSON on stdout") {
+        Ok(v) => (v, None),
+        Err(n) if looks_json => (None, Some(n)),
+        Err(_) => (None, None),
+    }
+}
+
+fn parent_death(watchdog: bool) -> Protection {
+    if watchdog {
+        protection(
+            "parent-death",
+            ProtectionStatus::Enforced,
+            "a watchdog process kills the container if the orchestrator dies",
+        )
+    } else {
+        Protection {
+            name: "parent-death".into(),
+            status: ProtectionStatus::Unavailable,
+            detail: "the engine keeps a container running when its client dies".into(),
+            fix: Some(format!(
+                "install {WATCHDOG_BIN} next to the executable or set DockerOptions::watchdog"
+            )),
+        }
+    }
 }
 
 fn protection(name: &str, status: ProtectionStatus, detail: impl Into<String>) -> Protection {
@@ -920,9 +1092,10 @@ fn protection(name: &str, status: ProtectionStatus, detail: impl Into<String>) -
 }
 
 /// What was in force for one sandbox.
-fn enforcement_for(c: &Controls, state: &BackendState) -> EnforcementReport {
+fn enforcement_for(c: &Controls, state: &BackendState, watchdog: bool) -> EnforcementReport {
     use ProtectionStatus::*;
     let mut p = vec![
+        parent_death(watchdog),
         if c.allow_network {
             protection("network", Disabled, "allowNetwork: bridge network")
         } else {
@@ -930,7 +1103,11 @@ fn enforcement_for(c: &Controls, state: &BackendState) -> EnforcementReport {
         },
         protection("capabilities", Enforced, "CapDrop=ALL"),
         protection("no_new_privileges", Enforced, "no-new-privileges"),
-        protection("seccomp", Enforced, "engine default profile"),
+        protection(
+            "seccomp",
+            Enforced,
+            "deny-list profile: engine defaults plus ptrace and process_vm_*",
+        ),
         protection("readonly_root", Enforced, "ReadonlyRootfs"),
         protection("host_env", Enforced, "environment built from an allowlist"),
         protection(
@@ -1007,16 +1184,20 @@ async fn probe_report(rt: &DockerRuntime) -> EnforcementReport {
             };
         }
     };
-    let version = rt.engine.get().map(|(_, v)| v.clone()).unwrap_or_default();
+    let version = rt
+        .engine
+        .get()
+        .map(|(_, v)| v.version.clone())
+        .unwrap_or_default();
     let api = docker.client_version();
     let info = docker.info().await.ok().unwrap_or_default();
     let driver = info
         .cgroup_driver
-        .map(|d| format!("{d:?}").to_lowercase())
+        .map(|d| d.to_string())
         .unwrap_or_else(|| "unknown".into());
     let cgv = info
         .cgroup_version
-        .map(|d| format!("{d:?}").to_lowercase())
+        .map(|d| d.to_string())
         .unwrap_or_else(|| "unknown".into());
     let sec = info.security_options.unwrap_or_default();
     let flag = |ok: Option<bool>, name: &str, what: &str| {
@@ -1060,6 +1241,7 @@ async fn probe_report(rt: &DockerRuntime) -> EnforcementReport {
         protection("readonly_root", Enforced, "ReadonlyRootfs"),
         protection("host_env", Enforced, "environment built from an allowlist"),
         protection("init", Enforced, "Init=true, pid namespace"),
+        parent_death(rt.opts.watchdog.is_some()),
     ];
     let overlay = std::fs::read_to_string("/proc/filesystems")
         .map(|f| f.contains("\toverlay"))

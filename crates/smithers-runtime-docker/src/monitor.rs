@@ -57,9 +57,14 @@ impl Sample {
 }
 
 impl CgroupPaths {
-    /// Resolves the cgroups of a host pid (the container's init).
-    pub fn of_pid(pid: i64) -> Option<CgroupPaths> {
+    /// Resolves the cgroups of a host pid (the container's init). The paths must name the
+    /// container: an init that already exited may have had its pid reused by a host process,
+    /// whose cgroup (maybe the root's) must not be read as the sandbox's usage.
+    pub fn of_pid(pid: i64, container_id: &str) -> Option<CgroupPaths> {
         let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        if container_id.is_empty() || !text.contains(container_id) {
+            return None;
+        }
         Some(Self::parse(&text))
     }
 

@@ -28,16 +28,17 @@ pub const LABEL_STATE_DIR: &str = "smithers.state_dir";
 
 /// Where the project appears inside the container.
 pub const WORKSPACE: &str = "/workspace";
-/// The step's writable result directory inside the container.
+/// The step's writable artifacts directory inside the container (same paths as the local
+/// runtime: part of the contract with steps).
 pub const RESULT_DIR: &str = "/result";
 /// The read-only request directory inside the container.
-pub const REQUEST_DIR: &str = "/request";
+pub const REQUEST_DIR: &str = "/run/smithers/request";
+/// The writable directory holding the step's result JSON inside the container.
+pub const OUT_DIR: &str = "/run/smithers/out";
 /// File name of the request JSON in the request directory.
 pub const REQUEST_FILE: &str = "request.json";
-/// File name of the step's result JSON in the result directory.
+/// File name of the step's result JSON in the out directory.
 pub const RESULT_FILE: &str = "result.json";
-/// Sub-directory of `/result` whose files become the bundle's artifacts.
-pub const ARTIFACTS_DIR: &str = "artifacts";
 
 /// Pids cap applied when the step sets none: a fork bomb must never reach the host's limit.
 pub const DEFAULT_PIDS_LIMIT: u32 = 1024;
@@ -69,10 +70,16 @@ pub struct BackendState {
     pub work: PathBuf,
     /// Whether `state_dir/layer` is a size-capped tmpfs this runtime mounted (disk limit).
     pub layer_tmpfs: bool,
-    /// Host directory bound at `/result`.
+    /// Host directory bound at `/run/smithers/out` (the step's `result.json`).
     pub out_dir: PathBuf,
+    /// Host directory bound at `/result` (the step's artifacts).
+    pub artifacts_dir: PathBuf,
     /// Whether the project has a `.smithers/` directory to hide.
     pub hide_smithers_dir: bool,
+    /// Parent cgroup (relative, `smithers/<name>`) holding the pids limit, when the engine's
+    /// cgroupfs driver lets us own one; None: `PidsLimit` on the container itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_cgroup: Option<String>,
 }
 
 /// The container name for an entity. The hash of the project root keeps two projects with
@@ -189,7 +196,7 @@ pub fn container_env(plan: &ContainerPlan<'_>) -> Vec<String> {
         ),
         (
             "SMITHERS_SANDBOX_RESULT_PATH",
-            format!("{RESULT_DIR}/{RESULT_FILE}"),
+            format!("{OUT_DIR}/{RESULT_FILE}"),
         ),
         ("SMITHERS_SANDBOX_ID", plan.sandbox_id.to_string()),
         ("SMITHERS_RUN_ID", plan.run_id.to_string()),
@@ -245,7 +252,8 @@ pub fn container_body(plan: &ContainerPlan<'_>) -> ContainerCreateBody {
             }),
             ..Default::default()
         },
-        bind(&st.out_dir, RESULT_DIR, false),
+        bind(&st.artifacts_dir, RESULT_DIR, false),
+        bind(&st.out_dir, OUT_DIR, false),
         bind(plan.request_dir, REQUEST_DIR, true),
         tmpfs(
             "/tmp",
@@ -286,10 +294,18 @@ pub fn container_body(plan: &ContainerPlan<'_>) -> ContainerCreateBody {
         // Swap equal to memory = no swap on top: the limit is the limit.
         memory_swap: memory,
         nano_cpus: c.cpu_limit.map(|cpu| (cpu * 1e9).round() as i64),
-        pids_limit: Some(i64::from(c.pids_limit.unwrap_or(DEFAULT_PIDS_LIMIT))),
+        // With our own parent cgroup the limit lives there (see cgroup.rs); otherwise here.
+        cgroup_parent: st.pids_cgroup.as_ref().map(|p| format!("/{p}")),
+        pids_limit: match st.pids_cgroup {
+            Some(_) => None,
+            None => Some(i64::from(c.pids_limit.unwrap_or(DEFAULT_PIDS_LIMIT))),
+        },
         cap_drop: Some(vec!["ALL".to_string()]),
         cap_add: None,
-        security_opt: Some(vec!["no-new-privileges:true".to_string()]),
+        security_opt: Some(vec![
+            "no-new-privileges:true".to_string(),
+            format!("seccomp={}", seccomp_profile()),
+        ]),
         readonly_rootfs: Some(true),
         init: Some(true),
         privileged: Some(false),
@@ -329,6 +345,110 @@ pub fn container_body(plan: &ContainerPlan<'_>) -> ContainerCreateBody {
     }
 }
 
+/// Syscalls refused with EPERM. The engine's default profile allows `ptrace` and
+/// `process_vm_*` within the container (kernel >= 4.8), which lets the step inspect and steer
+/// the container's init; ours refuses those too. Everything else follows the engine default's
+/// deny set (kernel modules, mounts, namespaces, keyrings, bpf, perf, clock, reboot, ...).
+/// Unknown names (newer than the engine's libseccomp) are skipped by the engine.
+pub const SECCOMP_DENY: &[&str] = &[
+    "acct",
+    "add_key",
+    "bpf",
+    "chroot",
+    "clock_adjtime",
+    "clock_settime",
+    "create_module",
+    "delete_module",
+    "fanotify_init",
+    "finit_module",
+    "fsconfig",
+    "fsmount",
+    "fsopen",
+    "fspick",
+    "get_kernel_syms",
+    "init_module",
+    "io_uring_enter",
+    "io_uring_register",
+    "io_uring_setup",
+    "ioperm",
+    "iopl",
+    "kcmp",
+    "kexec_file_load",
+    "kexec_load",
+    "keyctl",
+    "lookup_dcookie",
+    "mount",
+    "mount_setattr",
+    "move_mount",
+    "name_to_handle_at",
+    "nfsservctl",
+    "open_by_handle_at",
+    "open_tree",
+    "perf_event_open",
+    "pivot_root",
+    "process_vm_readv",
+    "process_vm_writev",
+    "ptrace",
+    "query_module",
+    "quotactl",
+    "quotactl_fd",
+    "reboot",
+    "request_key",
+    "setns",
+    "settimeofday",
+    "stime",
+    "swapoff",
+    "swapon",
+    "syslog",
+    "sysfs",
+    "_sysctl",
+    "umount",
+    "umount2",
+    "unshare",
+    "uselib",
+    "userfaultfd",
+    "ustat",
+    "vm86",
+    "vm86old",
+];
+
+/// Namespace flags `clone` may not carry (CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER,
+/// NEWPID, NEWNET): an unprivileged user namespace would hand the step a fresh set of
+/// capabilities to attack the kernel with.
+const CLONE_NS_FLAGS: &[u64] = &[
+    0x0002_0000,
+    0x0200_0000,
+    0x0400_0000,
+    0x0800_0000,
+    0x1000_0000,
+    0x2000_0000,
+    0x4000_0000,
+];
+
+/// The seccomp profile (the engine's JSON format): allow by default, refuse [`SECCOMP_DENY`],
+/// namespace flags on `clone`, and `clone3` with ENOSYS so libc falls back to `clone`, whose
+/// flags a filter can see.
+pub fn seccomp_profile() -> String {
+    let mut rules = vec![
+        serde_json::json!({"names": SECCOMP_DENY, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}),
+        serde_json::json!({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}),
+    ];
+    for flag in CLONE_NS_FLAGS {
+        rules.push(serde_json::json!({
+            "names": ["clone"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": 1,
+            "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}],
+        }));
+    }
+    serde_json::json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        "syscalls": rules,
+    })
+    .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,8 +465,10 @@ mod tests {
             upper: "/state/layer/upper".into(),
             work: "/state/layer/work".into(),
             layer_tmpfs: false,
-            out_dir: "/p/.smithers/sandboxes/r/s/out".into(),
+            out_dir: "/state/out".into(),
+            artifacts_dir: "/state/artifacts".into(),
             hide_smithers_dir: true,
+            pids_cgroup: None,
         }
     }
 
@@ -374,10 +496,14 @@ mod tests {
         assert_eq!(b.network_disabled, Some(true));
         assert_eq!(h.cap_drop, Some(vec!["ALL".to_string()]));
         assert!(h.cap_add.is_none());
-        assert_eq!(
-            h.security_opt,
-            Some(vec!["no-new-privileges:true".to_string()])
-        );
+        let sec = h.security_opt.unwrap();
+        assert_eq!(sec[0], "no-new-privileges:true");
+        let profile: serde_json::Value =
+            serde_json::from_str(sec[1].strip_prefix("seccomp=").unwrap()).unwrap();
+        assert!(profile["syscalls"][0]["names"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("ptrace")));
         assert_eq!(h.readonly_rootfs, Some(true));
         assert_eq!(h.init, Some(true));
         assert_eq!(h.pids_limit, Some(i64::from(DEFAULT_PIDS_LIMIT)));
@@ -415,7 +541,9 @@ mod tests {
         let env = body(&c).env.unwrap();
         assert!(env.contains(&"FOO=bar".to_string()));
         assert!(env.contains(&"PATH=/custom".to_string()));
-        assert!(env.contains(&"SMITHERS_SANDBOX_RESULT_PATH=/result/result.json".to_string()));
+        assert!(
+            env.contains(&"SMITHERS_SANDBOX_RESULT_PATH=/run/smithers/out/result.json".to_string())
+        );
         assert!(!env
             .iter()
             .any(|e| e == "SMITHERS_SANDBOX_RESULT_PATH=/etc/x"));

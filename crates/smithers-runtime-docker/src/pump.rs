@@ -12,7 +12,7 @@ use std::time::Duration;
 use bollard::container::LogOutput;
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
-use smithers_runtime::{OutputEvent, OutputSink, RuntimeError, Termination};
+use smithers_runtime::{ExecOutcome, OutputEvent, OutputSink, RuntimeError};
 use tokio_util::sync::CancellationToken;
 
 use crate::now_ms;
@@ -91,7 +91,14 @@ impl Pump {
                 timestamp_ms: ts,
             },
         };
-        serde_json::to_writer(&mut self.log, &event).map_err(|e| self.io(e.into()))?;
+        // The local runtime's record shape: {"type", "timestampMs", "line"}.
+        let (kind, line) = match &event {
+            OutputEvent::Stdout { line, .. } => ("stdout", line),
+            OutputEvent::Stderr { line, .. } => ("stderr", line),
+            OutputEvent::Heartbeat { .. } => ("heartbeat", &String::new()),
+        };
+        let rec = json!({"type": kind, "timestampMs": ts, "line": line});
+        serde_json::to_writer(&mut self.log, &rec).map_err(|e| self.io(e.into()))?;
         self.log.write_all(b"\n").map_err(|e| self.io(e))?;
         sink.event(event);
         Ok(())
@@ -212,23 +219,27 @@ impl Pump {
         })
     }
 
-    /// The last log record: how the command ended.
-    pub fn write_exit(
-        &mut self,
-        termination: Termination,
-        exit_code: Option<i32>,
-        signal: Option<i32>,
-        duration: Duration,
-    ) -> Result<(), RuntimeError> {
+    /// A runtime note (a rejected result, a skipped artifact): never silently dropped.
+    pub fn write_note(&mut self, message: &str) -> Result<(), RuntimeError> {
+        let rec = json!({"type": "note", "timestampMs": now_ms(), "message": message});
+        serde_json::to_writer(&mut self.log, &rec).map_err(|e| self.io(e.into()))?;
+        self.log.write_all(b"\n").map_err(|e| self.io(e))
+    }
+
+    /// The last log record: how the command ended (the local runtime's shape).
+    pub fn write_exit(&mut self, o: &ExecOutcome) -> Result<(), RuntimeError> {
         let rec = json!({
-            "kind": "exit",
-            "termination": termination.as_str(),
-            "exitCode": exit_code,
-            "signal": signal,
-            "durationMs": duration.as_millis() as u64,
-            "stdoutTruncated": self.out.truncated,
-            "stderrTruncated": self.err.truncated,
+            "type": "exit",
             "timestampMs": now_ms(),
+            "termination": o.termination.as_str(),
+            "exitCode": o.exit_code,
+            "signal": o.signal,
+            "durationMs": o.duration.as_millis() as u64,
+            "stdoutBytes": o.stdout_bytes,
+            "stderrBytes": o.stderr_bytes,
+            "stdoutTruncated": o.stdout_truncated,
+            "stderrTruncated": o.stderr_truncated,
+            "usage": o.usage,
         });
         serde_json::to_writer(&mut self.log, &rec).map_err(|e| self.io(e.into()))?;
         self.log.write_all(b"\n").map_err(|e| self.io(e))?;

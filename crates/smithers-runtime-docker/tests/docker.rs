@@ -45,7 +45,14 @@ async fn runtime_or_skip(test: &str) -> Option<DockerRuntime> {
         println!("SKIP {test}: {reason}");
         return None;
     }
-    Some(DockerRuntime::new(DockerOptions::default()))
+    Some(DockerRuntime::new(options()))
+}
+
+fn options() -> DockerOptions {
+    DockerOptions {
+        watchdog: Some(env!("CARGO_BIN_EXE_smithers-docker-watchdog").into()),
+        ..DockerOptions::default()
+    }
 }
 
 async fn engine() -> Docker {
@@ -175,7 +182,7 @@ async fn echo_request_result_and_bundle() {
         &sb,
         "echo hello; echo oops >&2; cat $SMITHERS_SANDBOX_REQUEST_PATH | tr -d ' \\n'; echo; \
          echo '{\"status\":\"finished\",\"outputs\":{\"n\":42}}' > $SMITHERS_SANDBOX_RESULT_PATH; \
-         mkdir -p /result/artifacts && echo art > /result/artifacts/a.txt",
+         echo art > /result/a.txt",
     )
     .await;
     assert_eq!(o.termination, Termination::Exited, "{o:?}");
@@ -198,7 +205,7 @@ async fn echo_request_result_and_bundle() {
     );
     let log = std::fs::read_to_string(report.bundle_path.join("logs/stream.ndjson")).unwrap();
     assert!(log.contains("\"line\":\"hello\""));
-    assert!(log.contains("\"kind\":\"exit\""));
+    assert!(log.contains("\"type\":\"exit\""));
     smithers_bundle::validate_bundle(&report.bundle_path).expect("bundle validates");
     rt.cleanup(&h).await.expect("cleanup");
     drop(sb.project);

@@ -11,12 +11,25 @@
 //!
 //! - finished / failed step: Created, Shipped, Heartbeat, BundleReceived, Completed
 //! - with patches and auto-accept: … BundleReceived, DiffReviewRequested, DiffAccepted, Completed
-//! - durable review: … BundleReceived, DiffReviewRequested; later [`Orchestrator::accept`]:
-//!   DiffAccepted, Completed, or [`Orchestrator::reject`]: DiffRejected, Failed
-//! - fail-closed review (0.16): … DiffReviewRequested, DiffRejected, Failed
-//! - runtime error after admission: Created, …, Failed
-//! - concurrency limit: Failed (the refused sandbox's row is written as `failed`, as in 0.16)
-//! - cancelled: Created, Shipped, [Heartbeat, BundleReceived], Completed{status: cancelled}
+//! - `reviewDiffs: false`: patches applied without review events, then Completed
+//! - durable review: … BundleReceived, DiffReviewRequested (row `review`, runtime cleaned up);
+//!   later, from any process, [`Orchestrator::accept`]: (apply) DiffAccepted, Completed — or
+//!   Failed when the patches conflict (nothing applied) — or [`Orchestrator::reject`]:
+//!   DiffRejected, Failed
+//! - fail-closed review (0.16, [`ReviewMode::FailClosed`]): … DiffReviewRequested,
+//!   DiffRejected, Failed
+//! - runtime error or invalid bundle after admission: Created, …, Failed
+//! - concurrency limit: Failed only (the refused sandbox's row is written as `failed`, as in
+//!   0.16, unless that sandbox id is in use by another execution)
+//! - cancelled: Created, [Shipped, Heartbeat, BundleReceived], Completed{status: cancelled}
+//! - orphan found by [`Orchestrator::recover`]: Failed{error.details.reason: "orphaned"}
+//! - a cleanup failure adds SandboxCleanupFailed (ours) after the last event; it never changes
+//!   the result.
+//!
+//! Cancellation is the [`StepContext::cancel`] token. Dropping the future of
+//! [`Orchestrator::execute`] is not cancellation: the metrics stay right (the active gauge is
+//! a drop guard) but the row stays active until this process exits and a later
+//! [`Orchestrator::recover`] finds it.
 #![forbid(unsafe_code)]
 
 mod bundle;

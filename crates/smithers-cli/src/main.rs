@@ -37,15 +37,52 @@ enum Command {
     /// Result bundles: validate, write, show.
     #[command(after_help = EXIT_CODES)]
     Bundle(commands::bundle::BundleArgs),
+    /// Run one step in a sandbox through the orchestrator (rows/events in SQLite, review).
+    Run(Box<commands::run::RunArgs>),
+    /// Show a sandbox's change as a unified diff with per-file stats.
+    Review(commands::review::ReviewArgs),
+    /// Apply a sandbox's reviewed change to the project (atomic, conflict-checked).
+    Accept(commands::review::AcceptArgs),
+    /// Reject a sandbox's change (nothing is applied).
+    Reject(commands::review::RejectArgs),
+    /// List sandboxes.
+    Ls(commands::inspect::LsArgs),
+    /// Show one sandbox: row, review, patches, events.
+    Show(commands::inspect::ShowArgs),
+    /// Print a run's events (replay from a seq, or follow).
+    Events(commands::inspect::EventsArgs),
+    /// The sandbox metrics (Prometheus text), derived from the database.
+    Metrics(commands::inspect::MetricsArgs),
+    /// Show which protections the native runtime can enforce on this host.
+    Doctor(commands::doctor::DoctorArgs),
 }
 
 fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Bundle(args) => commands::bundle::run(args, cli.json),
+        Command::Run(args) => commands::run::run(args, cli.json),
+        Command::Review(args) => commands::review::review(args, cli.json),
+        Command::Accept(args) => commands::review::accept(args, cli.json),
+        Command::Reject(args) => commands::review::reject(args, cli.json),
+        Command::Ls(args) => commands::inspect::ls(args, cli.json),
+        Command::Show(args) => commands::inspect::show(args, cli.json),
+        Command::Events(args) => commands::inspect::events(args, cli.json),
+        Command::Metrics(args) => commands::inspect::metrics(args, cli.json),
+        Command::Doctor(args) => commands::doctor::run(args, cli.json),
     }
 }
 
 fn main() -> ExitCode {
+    // The sandbox's init is this same binary run with a hidden first argument: it must be
+    // dispatched before anything else (no argument parsing, no async runtime).
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(
+            smithers_runtime_native::INIT_SUBCOMMAND,
+        ))
+    {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        return ExitCode::from(smithers_runtime_native::init::run(&args).clamp(0, 255) as u8);
+    }
     let cli = Cli::parse();
     match run(&cli) {
         Ok(code) => code,

@@ -1,3 +1,8 @@
 //! One module per command group.
 
 pub mod bundle;
+pub mod context;
+pub mod doctor;
+pub mod inspect;
+pub mod review;
+pub mod run;

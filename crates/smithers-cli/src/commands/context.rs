@@ -1,0 +1,411 @@
+//! What every orchestrator-facing command shares: where the database is, opening the store,
+//! building the orchestrator with its runtimes, crash recovery at start, resolving sandbox
+//! ids, and the patch summary of a bundle.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args;
+use serde_json::{json, Value};
+use smithers_errors::ErrorCode;
+use smithers_orchestrator::{
+    AtomicPatchApplier, BundleInspector, BundleValidator, Orchestrator, RecoveredSandbox, Settings,
+};
+use smithers_runtime_docker::{DockerOptions, DockerRuntime};
+use smithers_store::{PatchRecord, SandboxRow, Store};
+
+use crate::output::{coded_error, Coded};
+
+/// The database file under `<root>/.smithers/` when `--db` is not given. The native runtime
+/// keeps its bundles in the same directory (`.smithers/sandboxes/<run>/<sandbox>/result`), so
+/// one project's sandboxes, rows and bundles live together.
+pub const DEFAULT_DB_FILE: &str = "sandbox.db";
+
+/// Where the store is: `--db`, else `<root>/.smithers/sandbox.db`.
+#[derive(Debug, Args, Clone)]
+pub struct StoreArgs {
+    /// The project directory (default: the current directory). Its `.smithers/sandbox.db`
+    /// is the database unless --db is given.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// The SQLite database (overrides the one under --root).
+    #[arg(long, value_name = "PATH", env = "SMITHERS_DB")]
+    pub db: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// The project root, canonical.
+    pub fn root_dir(&self) -> anyhow::Result<PathBuf> {
+        let root = match &self.root {
+            Some(r) => r.clone(),
+            None => std::env::current_dir().context("current directory")?,
+        };
+        std::fs::canonicalize(&root).map_err(|e| {
+            coded_error(
+                ErrorCode::InvalidInput,
+                format!("--root {}: {e}", root.display()),
+                json!({ "root": root }),
+            )
+        })
+    }
+
+    /// The database file (its directory is created when missing).
+    pub fn db_path(&self) -> anyhow::Result<PathBuf> {
+        let path = match &self.db {
+            Some(db) => db.clone(),
+            None => self.root_dir()?.join(".smithers").join(DEFAULT_DB_FILE),
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        Ok(path)
+    }
+
+    /// The flags that point another command at the same database (for printed hints).
+    pub fn hint_flags(&self, root: &Path) -> String {
+        match &self.db {
+            Some(db) => format!(" --db {}", shell_quote(&db.display().to_string())),
+            None => format!(" --root {}", shell_quote(&root.display().to_string())),
+        }
+    }
+}
+
+/// Quotes a word for a POSIX shell when it needs it (printed commands must paste cleanly).
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// An open store with its orchestrator, after crash recovery ran.
+pub struct Ctx {
+    pub orchestrator: Arc<Orchestrator>,
+    pub db_path: PathBuf,
+    /// Sandboxes this start found orphaned and failed.
+    pub recovered: Vec<RecoveredSandbox>,
+    /// The async runtime the orchestrator calls run on.
+    pub rt: tokio::runtime::Runtime,
+}
+
+impl Ctx {
+    /// The store.
+    pub fn store(&self) -> &Store {
+        self.orchestrator.store()
+    }
+}
+
+/// The async runtime of a command. Multi-threaded: the orchestrator makes short blocking
+/// SQLite calls on its tasks, and the progress display ticks next to the step.
+pub fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Builds the orchestrator over the store at `db_path` with every runtime this binary has
+/// (native as `bubblewrap`, docker), with the limits from the environment.
+pub fn orchestrator(db_path: &Path) -> anyhow::Result<Orchestrator> {
+    let store = Arc::new(Store::open(db_path).coded()?);
+    let native = super::run::native_runtime()?;
+    let docker = DockerRuntime::new(DockerOptions::default());
+    Ok(
+        Orchestrator::new(store, Arc::new(AtomicPatchApplier), Settings::from_env())
+            .coded()?
+            .with_runtime(Arc::new(native))
+            .with_runtime(Arc::new(docker)),
+    )
+}
+
+/// Opens the store and runs crash recovery (cheap when nothing is orphaned: one query).
+/// Recovered sandboxes are reported on stderr unless `quiet`.
+pub fn open(args: &StoreArgs, quiet: bool) -> anyhow::Result<Ctx> {
+    let db_path = args.db_path()?;
+    let orchestrator = Arc::new(orchestrator(&db_path)?);
+    let rt = async_runtime()?;
+    let recovered = rt.block_on(orchestrator.recover()).coded()?;
+    if !quiet {
+        for r in &recovered {
+            eprintln!(
+                "recovered orphaned sandbox {}:{} ({}): marked failed{}",
+                r.run_id,
+                r.sandbox_id,
+                r.runtime,
+                match &r.cleanup_error {
+                    None => ", leftovers cleaned up".to_string(),
+                    Some(e) => format!(", cleanup incomplete: {e}"),
+                }
+            );
+        }
+    }
+    Ok(Ctx {
+        orchestrator,
+        db_path,
+        recovered,
+        rt,
+    })
+}
+
+/// Recovered sandboxes as JSON (for `--json` documents).
+pub fn recovered_json(recovered: &[RecoveredSandbox]) -> Value {
+    Value::Array(
+        recovered
+            .iter()
+            .map(|r| {
+                json!({
+                    "runId": r.run_id,
+                    "sandboxId": r.sandbox_id,
+                    "runtime": r.runtime,
+                    "cleanedUp": r.cleaned_up,
+                    "cleanupError": r.cleanup_error,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Every run id in the database. The store lists sandboxes per run only, so the run ids are
+/// read through a second, read-only connection to the same file.
+pub fn run_ids(db_path: &Path) -> anyhow::Result<Vec<String>> {
+    let conn = rusqlite::Connection::open_with_flags(
+        db_path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .with_context(|| format!("opening {} read-only", db_path.display()))?;
+    conn.busy_timeout(smithers_store::BUSY_TIMEOUT)?;
+    let mut stmt = conn.prepare(
+        "SELECT run_id FROM _smithers_sandboxes GROUP BY run_id ORDER BY MIN(COALESCE(shipped_at_ms, heartbeat_at_ms, 0)), run_id",
+    )?;
+    let ids = stmt
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ids)
+}
+
+/// Every sandbox row of the database, run by run.
+pub fn all_sandboxes(ctx: &Ctx) -> anyhow::Result<Vec<SandboxRow>> {
+    let mut out = Vec::new();
+    for run in run_ids(&ctx.db_path)? {
+        out.extend(ctx.store().list_sandboxes(&run).coded()?);
+    }
+    Ok(out)
+}
+
+/// Resolves `<sandboxId>` (unique over the database) or `<runId>:<sandboxId>`.
+pub fn resolve(ctx: &Ctx, id: &str) -> anyhow::Result<SandboxRow> {
+    if let Some((run, sid)) = id.split_once(':') {
+        if let Some(row) = ctx.store().get_sandbox(run, sid).coded()? {
+            return Ok(row);
+        }
+    }
+    let matches: Vec<SandboxRow> = all_sandboxes(ctx)?
+        .into_iter()
+        .filter(|r| r.sandbox_id == id)
+        .collect();
+    match matches.len() {
+        1 => Ok(matches.into_iter().next().expect("one match")),
+        0 => Err(coded_error(
+            ErrorCode::InvalidInput,
+            format!(
+                "no sandbox {id:?} in {} (use `smithers-sandbox ls` to list them)",
+                ctx.db_path.display()
+            ),
+            json!({ "sandboxId": id, "db": ctx.db_path }),
+        )),
+        _ => Err(coded_error(
+            ErrorCode::InvalidInput,
+            format!(
+                "sandbox id {id:?} exists in {} runs; say which with <runId>:<sandboxId>",
+                matches.len()
+            ),
+            json!({
+                "sandboxId": id,
+                "candidates": matches.iter().map(|r| format!("{}:{}", r.run_id, r.sandbox_id)).collect::<Vec<_>>(),
+            }),
+        )),
+    }
+}
+
+/// One file's change, for summaries.
+#[derive(Debug, Clone)]
+pub struct FileChange {
+    pub path: String,
+    pub operation: &'static str,
+    pub added: usize,
+    pub removed: usize,
+    pub binary: bool,
+}
+
+impl FileChange {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "path": self.path,
+            "operation": self.operation,
+            "added": self.added,
+            "removed": self.removed,
+            "binary": self.binary,
+        })
+    }
+}
+
+/// The parsed patches of a bundle (validated first: a bundle waiting on disk may have been
+/// tampered with), in bundle order.
+pub fn bundle_patches(bundle_path: &Path) -> anyhow::Result<Vec<smithers_patch::FilePatch>> {
+    let bundle = BundleValidator
+        .inspect(bundle_path)
+        .map_err(anyhow::Error::new)?;
+    let mut out = Vec::new();
+    for rel in &bundle.patch_files {
+        let path = bundle.bundle_path.join(rel);
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = String::from_utf8_lossy(&bytes);
+        out.extend(smithers_patch::parse_patch(&text).coded()?);
+    }
+    Ok(out)
+}
+
+/// Per-file +/- statistics of parsed patches.
+pub fn changes(patches: &[smithers_patch::FilePatch]) -> Vec<FileChange> {
+    let stats = smithers_patch::diff_stats(patches);
+    stats
+        .into_iter()
+        .map(|s| {
+            let operation = patches
+                .iter()
+                .find(|p| p.path == s.path)
+                .map(|p| match p.operation() {
+                    smithers_patch::Operation::Add => "add",
+                    smithers_patch::Operation::Modify => "modify",
+                    smithers_patch::Operation::Delete => "delete",
+                })
+                .unwrap_or("modify");
+            FileChange {
+                path: s.path,
+                operation,
+                added: s.added,
+                removed: s.removed,
+                binary: s.binary.is_some(),
+            }
+        })
+        .collect()
+}
+
+/// The per-file changes of a bundle, or of the recorded patches when the bundle is gone.
+pub fn changes_of(bundle_path: Option<&str>, recorded: &[PatchRecord]) -> Vec<FileChange> {
+    if let Some(p) = bundle_path {
+        if let Ok(patches) = bundle_patches(Path::new(p)) {
+            return changes(&patches);
+        }
+    }
+    recorded
+        .iter()
+        .map(|r| FileChange {
+            path: r.path.clone(),
+            operation: r.operation.as_str(),
+            added: 0,
+            removed: 0,
+            binary: false,
+        })
+        .collect()
+}
+
+/// `git diff --stat`-like lines plus the summary line.
+pub fn stat_lines(changes: &[FileChange]) -> Vec<String> {
+    let w = changes
+        .iter()
+        .map(|c| c.path.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut lines = Vec::new();
+    let (mut ins, mut del) = (0, 0);
+    for c in changes {
+        ins += c.added;
+        del += c.removed;
+        let pad = w - c.path.chars().count();
+        let tag = match c.operation {
+            "add" => " (new)",
+            "delete" => " (deleted)",
+            _ => "",
+        };
+        if c.binary {
+            lines.push(format!("{}{} | Bin{tag}", c.path, " ".repeat(pad)));
+        } else {
+            let bar_total = (c.added + c.removed).max(1);
+            let scale = |n: usize| {
+                if bar_total > 30 {
+                    n * 30 / bar_total
+                } else {
+                    n
+                }
+            };
+            lines.push(format!(
+                "{}{} | {:>3} {}{}{tag}",
+                c.path,
+                " ".repeat(pad),
+                c.added + c.removed,
+                "+".repeat(scale(c.added)),
+                "-".repeat(scale(c.removed)),
+            ));
+        }
+    }
+    lines.push(format!(
+        "{} file{} changed, {ins} insertion{}(+), {del} deletion{}(-)",
+        changes.len(),
+        if changes.len() == 1 { "" } else { "s" },
+        if ins == 1 { "" } else { "s" },
+        if del == 1 { "" } else { "s" },
+    ));
+    lines
+}
+
+/// The outputs recorded in a bundle's manifest (`README.md` is JSON), if readable.
+pub fn bundle_outputs(bundle_path: &str) -> Option<Value> {
+    BundleValidator
+        .inspect(Path::new(bundle_path))
+        .ok()
+        .and_then(|b| b.outputs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("/tmp/a-b_c.d"), "/tmp/a-b_c.d");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn stats_summary() {
+        let lines = stat_lines(&[
+            FileChange {
+                path: "app.py".into(),
+                operation: "modify",
+                added: 1,
+                removed: 1,
+                binary: false,
+            },
+            FileChange {
+                path: "NOTES.md".into(),
+                operation: "add",
+                added: 2,
+                removed: 0,
+                binary: false,
+            },
+        ]);
+        assert_eq!(lines[0], "app.py   |   2 +-");
+        assert_eq!(lines[1], "NOTES.md |   2 ++ (new)");
+        assert_eq!(lines[2], "2 files changed, 3 insertions(+), 1 deletion(-)");
+    }
+}

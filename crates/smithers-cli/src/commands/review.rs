@@ -1,0 +1,315 @@
+//! `review`, `accept`, `reject`: the durable review of a sandbox's patches.
+//!
+//! `review` renders the change like `git diff --stat` + `git diff` (smithers-patch's review
+//! renderer, coloured only on a terminal); `accept` applies it through the orchestrator
+//! (atomic and conflict-checked: on a conflict nothing is applied and every conflicting file
+//! is named); `reject` records the decision with a reason.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::{json, Value};
+use smithers_errors::{CodedError, ErrorCode};
+use smithers_store::{ReviewRow, ReviewState, SandboxRow};
+
+use super::context::{self, Ctx, StoreArgs};
+use crate::output::{coded_error, render_text, Coded, EXIT_REJECTED};
+
+/// Arguments of `review`.
+#[derive(Debug, Args)]
+pub struct ReviewArgs {
+    /// `<sandboxId>` (unique in the database) or `<runId>:<sandboxId>`.
+    pub id: String,
+    /// Never colour the diff (colour is used only when stdout is a terminal and NO_COLOR is
+    /// unset).
+    #[arg(long)]
+    pub no_color: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Arguments of `accept`.
+#[derive(Debug, Args)]
+pub struct AcceptArgs {
+    /// `<sandboxId>` or `<runId>:<sandboxId>`.
+    pub id: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Arguments of `reject`.
+#[derive(Debug, Args)]
+pub struct RejectArgs {
+    /// `<sandboxId>` or `<runId>:<sandboxId>`.
+    pub id: String,
+    /// Why (recorded in the review and in SandboxDiffRejected).
+    #[arg(
+        long,
+        value_name = "TEXT",
+        default_value = "rejected from the command line"
+    )]
+    pub reason: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+fn review_of(ctx: &Ctx, row: &SandboxRow) -> anyhow::Result<ReviewRow> {
+    ctx.store()
+        .get_review(&row.run_id, &row.sandbox_id)
+        .coded()?
+        .ok_or_else(|| {
+            coded_error(
+                ErrorCode::InvalidInput,
+                format!(
+                    "sandbox {}:{} has no review (status {}: it produced no patches needing one)",
+                    row.run_id,
+                    row.sandbox_id,
+                    row.status.as_str()
+                ),
+                json!({ "runId": row.run_id, "sandboxId": row.sandbox_id, "status": row.status.as_str() }),
+            )
+        })
+}
+
+/// The printed commands to decide a pending review.
+pub fn decision_hints(id: &str, flags: &str) -> Vec<String> {
+    vec![
+        format!("smithers-sandbox review {id}{flags}"),
+        format!("smithers-sandbox accept {id}{flags}"),
+        format!("smithers-sandbox reject {id}{flags} --reason '...'"),
+    ]
+}
+
+/// Runs `review`.
+pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    let ctx = context::open(&args.store, json_out)?;
+    let row = context::resolve(&ctx, &args.id)?;
+    let review = review_of(&ctx, &row)?;
+    let patches = context::bundle_patches(std::path::Path::new(&review.bundle_path))?;
+    let changes = context::changes(&patches);
+    if json_out {
+        let diff = smithers_patch::render_patches(&patches);
+        println!(
+            "{}",
+            json!({
+                "runId": row.run_id,
+                "sandboxId": row.sandbox_id,
+                "status": row.status.as_str(),
+                "review": review_json(&review),
+                "bundlePath": review.bundle_path,
+                "rootDir": review.root_dir,
+                "patches": changes.iter().map(context::FileChange::to_json).collect::<Vec<_>>(),
+                "diff": diff,
+            })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let color = !args.no_color
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+        && std::io::stdout().is_terminal();
+    let (bold, reset) = if color {
+        ("\x1b[1m", "\x1b[m")
+    } else {
+        ("", "")
+    };
+    println!(
+        "{bold}review of {}:{}{reset} — {}, {} patch file(s), {} changed line(s)",
+        row.run_id,
+        row.sandbox_id,
+        state_text(&review),
+        review.patch_count,
+        review.total_diff_lines
+    );
+    println!("root:   {}", review.root_dir);
+    println!("bundle: {}", review.bundle_path);
+    println!();
+    print!(
+        "{}",
+        smithers_patch::render_review(&patches, &smithers_patch::ReviewOptions { color })
+    );
+    if review.state == ReviewState::Pending {
+        let root = std::path::PathBuf::from(&review.root_dir);
+        println!();
+        println!("decide with:");
+        for h in decision_hints(&row.sandbox_id, &args.store.hint_flags(&root))
+            .into_iter()
+            .skip(1)
+        {
+            println!("  {h}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn state_text(review: &ReviewRow) -> String {
+    match review.state {
+        ReviewState::Pending => "pending (nothing applied yet)".into(),
+        ReviewState::Accepted => match &review.apply_error {
+            Some(e) => format!("accepted, but applying failed: {e}"),
+            None => "accepted (applying)".into(),
+        },
+        ReviewState::Applied => "accepted and applied".into(),
+        ReviewState::Rejected => format!(
+            "rejected{}",
+            review
+                .reason
+                .as_ref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+/// A review as JSON.
+pub fn review_json(review: &ReviewRow) -> Value {
+    json!({
+        "state": review.state.as_str(),
+        "reason": review.reason,
+        "patchCount": review.patch_count,
+        "totalDiffLines": review.total_diff_lines,
+        "requestedAtMs": review.requested_at_ms,
+        "decidedAtMs": review.decided_at_ms,
+        "appliedAtMs": review.applied_at_ms,
+        "applyError": review.apply_error,
+    })
+}
+
+/// The conflicts named by an apply error (`details.cause.details.conflicts`).
+fn conflicts_of(report: &smithers_errors::ErrorReport) -> Vec<(String, String)> {
+    let cause = &report.details["cause"]["details"]["conflicts"];
+    cause
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|c| {
+                    (
+                        c["path"].as_str().unwrap_or("?").to_string(),
+                        c["reason"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs `accept`.
+pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    let ctx = context::open(&args.store, json_out)?;
+    let row = context::resolve(&ctx, &args.id)?;
+    let review = review_of(&ctx, &row)?;
+    let changes = context::changes_of(
+        Some(&review.bundle_path),
+        &ctx.store().patches(&row.run_id, &row.sandbox_id).coded()?,
+    );
+    let result = ctx
+        .rt
+        .block_on(ctx.orchestrator.accept(&row.run_id, &row.sandbox_id));
+    let patches_json: Vec<Value> = changes.iter().map(context::FileChange::to_json).collect();
+    match result {
+        Ok(done) => {
+            if json_out {
+                println!(
+                    "{}",
+                    json!({
+                        "runId": row.run_id,
+                        "sandboxId": row.sandbox_id,
+                        "status": done.status,
+                        "review": "applied",
+                        "appliedPatches": done.applied_patches,
+                        "rootDir": review.root_dir,
+                        "bundlePath": done.bundle_path,
+                        "outputs": done.outputs,
+                        "patches": patches_json,
+                    })
+                );
+            } else {
+                println!(
+                    "accepted {}:{}: {} patch file(s) applied to {}",
+                    row.run_id, row.sandbox_id, done.applied_patches, review.root_dir
+                );
+                for line in context::stat_lines(&changes) {
+                    println!("  {line}");
+                }
+                println!("status: {}", done.status);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err) => {
+            let report = err.report();
+            let conflicts = conflicts_of(&report);
+            if json_out {
+                println!(
+                    "{}",
+                    json!({
+                        "runId": row.run_id,
+                        "sandboxId": row.sandbox_id,
+                        "status": "failed",
+                        "review": "accepted",
+                        "applied": false,
+                        "conflicts": conflicts.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect::<Vec<_>>(),
+                        "patches": patches_json,
+                        "error": report.to_json(),
+                    })
+                );
+            } else {
+                if conflicts.is_empty() {
+                    eprintln!("{}", render_text(&report));
+                } else {
+                    eprintln!("error [{}]: {}", report.code, report.message);
+                    eprintln!(
+                        "nothing was applied; {} file(s) changed on the host since the sandbox started:",
+                        conflicts.len()
+                    );
+                    for (path, reason) in &conflicts {
+                        eprintln!("  conflict: {path}: {reason}");
+                    }
+                }
+            }
+            Ok(ExitCode::from(EXIT_REJECTED))
+        }
+    }
+}
+
+/// Runs `reject`.
+pub fn reject(args: &RejectArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    let ctx = context::open(&args.store, json_out)?;
+    let row = context::resolve(&ctx, &args.id)?;
+    let review = review_of(&ctx, &row)?;
+    ctx.rt
+        .block_on(
+            ctx.orchestrator
+                .reject(&row.run_id, &row.sandbox_id, &args.reason),
+        )
+        .coded()?;
+    let changes = context::changes_of(
+        Some(&review.bundle_path),
+        &ctx.store().patches(&row.run_id, &row.sandbox_id).coded()?,
+    );
+    let status = ctx
+        .store()
+        .get_sandbox(&row.run_id, &row.sandbox_id)
+        .coded()?
+        .map(|r| r.status.as_str().to_string())
+        .unwrap_or_else(|| "failed".into());
+    if json_out {
+        println!(
+            "{}",
+            json!({
+                "runId": row.run_id,
+                "sandboxId": row.sandbox_id,
+                "status": status,
+                "review": "rejected",
+                "reason": args.reason,
+                "bundlePath": review.bundle_path,
+                "patches": changes.iter().map(context::FileChange::to_json).collect::<Vec<_>>(),
+            })
+        );
+    } else {
+        println!(
+            "rejected {}:{} ({}); nothing was applied to {}. The bundle stays at {}",
+            row.run_id, row.sandbox_id, args.reason, review.root_dir, review.bundle_path
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

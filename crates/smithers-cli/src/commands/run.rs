@@ -1,0 +1,677 @@
+//! `smithers-sandbox run`: one step through the orchestrator's lifecycle (concurrency gate,
+//! rows and events in the SQLite store, create → ship → execute → collect → validate →
+//! review → cleanup), on the native runtime (`bubblewrap`) or docker.
+//!
+//! While it runs: a progress display on a terminal (stage, elapsed time, the latest output
+//! line, with the output scrolling above), plain lines otherwise, nothing but the final
+//! document under `--json`. Ctrl-C cancels the step (its whole process tree is killed; the
+//! sandbox ends `cancelled` with its bundle kept); a second Ctrl-C exits at once.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use serde_json::{json, Value};
+use smithers_errors::{CodedError, ErrorCode};
+use smithers_orchestrator::{Heartbeat, SandboxOutcome, SandboxRequest, StepContext};
+use smithers_runtime::{
+    parse_cpu_limit, parse_memory_limit, CancellationToken, Controls, OutputEvent, OutputSink,
+    RuntimeKind, StepCommand,
+};
+use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+
+use super::context::{self, StoreArgs};
+use super::review::decision_hints;
+use crate::output::{coded_error, render_text, Coded, EXIT_REJECTED};
+
+/// Which runtime runs the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RuntimeChoice {
+    /// The native namespace sandbox (named after the original's bubblewrap backend).
+    Bubblewrap,
+    /// A container through the Docker Engine API (needs --image and a running engine).
+    Docker,
+}
+
+impl RuntimeChoice {
+    fn kind(self) -> RuntimeKind {
+        match self {
+            RuntimeChoice::Bubblewrap => RuntimeKind::Bubblewrap,
+            RuntimeChoice::Docker => RuntimeKind::Docker,
+        }
+    }
+}
+
+/// Arguments of `run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// --root: the project mounted (copy-on-write) at /workspace, where accepted patches are
+    /// applied; --db: the database (default <root>/.smithers/sandbox.db).
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The runtime.
+    #[arg(long, value_enum, default_value = "bubblewrap")]
+    pub runtime: RuntimeChoice,
+    /// Container image (docker runtime).
+    #[arg(long, value_name = "IMG")]
+    pub image: Option<String>,
+    /// Share the host network (recorded in the enforcement report).
+    #[arg(long)]
+    pub allow_network: bool,
+    /// Memory limit, e.g. 512m, 2g.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// CPU limit in cores, e.g. 0.5, 2.
+    #[arg(long, value_name = "CORES")]
+    pub cpus: Option<String>,
+    /// Maximum number of processes/threads.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u32>,
+    /// Cap on what the step may write to its workspace layer, e.g. 1g.
+    #[arg(long, value_name = "SIZE")]
+    pub disk: Option<String>,
+    /// Wall-clock timeout, e.g. 30s, 10m, 1h, 500ms (a bare number is seconds).
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    /// Cap on captured output per stream, e.g. 1m.
+    #[arg(long, value_name = "SIZE")]
+    pub max_output: Option<String>,
+    /// An environment variable for the step (repeatable). Values are never stored: the
+    /// database records `[redacted]`.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// The step's input JSON (available inside at $SMITHERS_SANDBOX_REQUEST_PATH).
+    #[arg(long, value_name = "JSON")]
+    pub input: Option<String>,
+    /// The run id (default: a new one). Sandboxes of one run share its event sequence.
+    #[arg(long, value_name = "ID")]
+    pub run_id: Option<String>,
+    /// The sandbox id (default: a new one).
+    #[arg(long, value_name = "ID")]
+    pub sandbox_id: Option<String>,
+    /// Apply the step's patches without a review (reviewDiffs: false).
+    #[arg(long, conflicts_with = "auto_accept")]
+    pub no_review: bool,
+    /// Request a review and accept it at once (autoAcceptDiffs: true).
+    #[arg(long)]
+    pub auto_accept: bool,
+    /// The command to run inside, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+fn invalid(message: String) -> anyhow::Error {
+    coded_error(ErrorCode::InvalidInput, message, Value::Null)
+}
+
+/// Parses `30s`, `10m`, `1h`, `500ms` or a bare number of seconds into milliseconds.
+pub fn parse_duration_ms(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().ok()?;
+    let factor = match unit.trim() {
+        "ms" => 1.0,
+        "" | "s" => 1000.0,
+        "m" => 60_000.0,
+        "h" => 3_600_000.0,
+        _ => return None,
+    };
+    let ms = value * factor;
+    (ms.is_finite() && ms >= 1.0 && ms < u64::MAX as f64).then_some(ms as u64)
+}
+
+fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
+    let mut c = Controls {
+        allow_network: args.allow_network,
+        pids_limit: args.pids,
+        ..Controls::default()
+    };
+    if let Some(m) = &args.memory {
+        c.memory_limit_bytes = Some(parse_memory_limit(m).coded()?);
+    }
+    if let Some(cpus) = &args.cpus {
+        c.cpu_limit = Some(parse_cpu_limit(cpus).coded()?);
+    }
+    if let Some(d) = &args.disk {
+        c.disk_limit_bytes = Some(parse_memory_limit(d).coded()?);
+    }
+    if let Some(o) = &args.max_output {
+        c.max_output_bytes = parse_memory_limit(o).coded()?;
+    }
+    if let Some(t) = &args.timeout {
+        c.timeout_ms = Some(
+            parse_duration_ms(t)
+                .ok_or_else(|| invalid(format!("invalid --timeout {t:?} (e.g. 30s, 10m, 1h)")))?,
+        );
+    }
+    for kv in &args.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| invalid(format!("--env {kv:?} must be KEY=VALUE")))?;
+        c.env.insert(k.to_string(), v.to_string());
+    }
+    Ok(c)
+}
+
+/// The runtime the CLI uses: the dedicated init binary when one sits next to us (smaller, so
+/// faster to start) or `$SMITHERS_SANDBOX_INIT` names one, else this very executable with the
+/// hidden init subcommand.
+pub fn native_runtime() -> anyhow::Result<NativeRuntime> {
+    let init = match InitCommand::locate() {
+        Ok(init) => init,
+        Err(_) => {
+            InitCommand::current_exe_subcommand().context("locating the current executable")?
+        }
+    };
+    Ok(NativeRuntime::new(NativeOptions {
+        init: Some(init),
+        ..NativeOptions::default()
+    }))
+}
+
+/// A new id: a prefix, the time in ms (sortable), then bits of the sub-millisecond clock mixed
+/// with the pid (so a run id and a sandbox id made together differ, and two processes starting
+/// in the same millisecond do too).
+pub fn new_id(prefix: &str) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mix = (u64::from(now.subsec_nanos())
+        ^ u64::from(std::process::id()).wrapping_mul(0x9e37_79b9))
+    .wrapping_mul(0x2545_f491_4f6c_dd1d)
+        >> 44;
+    format!("{prefix}-{:x}-{mix:05x}", now.as_millis() as u64)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Nothing while running (the final JSON document only).
+    Quiet,
+    /// Stage changes as lines on stderr; the step's stdout/stderr to ours.
+    Plain,
+    /// A status line redrawn at the bottom of the terminal (stderr), output scrolling above.
+    Tty,
+}
+
+#[derive(Debug, Default)]
+struct DisplayState {
+    stage: String,
+    last_line: String,
+    termination: Option<String>,
+    exit_code: Option<i64>,
+    cancelling: bool,
+    status_drawn: bool,
+    done: bool,
+}
+
+/// The live view of one step.
+struct Display {
+    mode: Mode,
+    started: Instant,
+    state: Mutex<DisplayState>,
+}
+
+const SPINNER: &[char] = &['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+
+impl Display {
+    fn new(mode: Mode) -> Self {
+        Display {
+            mode,
+            started: Instant::now(),
+            state: Mutex::new(DisplayState {
+                stage: "initializing".into(),
+                ..DisplayState::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DisplayState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    fn width() -> usize {
+        std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.parse::<usize>().ok())
+            .filter(|w| *w >= 20)
+            .unwrap_or(80)
+    }
+
+    /// Redraws the status line (TTY mode; the caller holds the lock).
+    fn draw(&self, st: &mut DisplayState, err: &mut impl Write) {
+        if st.done {
+            return;
+        }
+        let tick = (self.started.elapsed().as_millis() / 100) as usize % SPINNER.len();
+        let stage = if st.cancelling {
+            "cancelling (Ctrl-C again to exit now)"
+        } else {
+            st.stage.as_str()
+        };
+        let mut line = format!(
+            "{} {stage} · {:.1}s",
+            SPINNER[tick],
+            self.started.elapsed().as_secs_f64()
+        );
+        if !st.last_line.is_empty() {
+            line.push_str(" · ");
+            line.push_str(&st.last_line);
+        }
+        let line: String = line.chars().take(Self::width() - 1).collect();
+        let _ = write!(err, "\r\x1b[2K\x1b[2m{line}\x1b[m");
+        let _ = err.flush();
+        st.status_drawn = true;
+    }
+
+    fn clear(st: &mut DisplayState, err: &mut impl Write) {
+        if st.status_drawn {
+            let _ = write!(err, "\r\x1b[2K");
+            st.status_drawn = false;
+        }
+    }
+
+    fn heartbeat(&self, hb: &Heartbeat) {
+        let mut st = self.lock();
+        if hb.stage == "child-finished" {
+            st.termination = hb
+                .data
+                .get("termination")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            st.exit_code = hb.data.get("exitCode").and_then(Value::as_i64);
+        }
+        if st.stage == hb.stage {
+            return;
+        }
+        st.stage = hb.stage.to_string();
+        match self.mode {
+            Mode::Quiet => {}
+            Mode::Plain => eprintln!("[{:>7.2}s] {}", self.elapsed(), hb.stage),
+            Mode::Tty => {
+                let mut err = std::io::stderr().lock();
+                self.draw(&mut st, &mut err);
+            }
+        }
+    }
+
+    fn output(&self, line: &str, is_err: bool) {
+        let mut st = self.lock();
+        match self.mode {
+            Mode::Quiet => {}
+            Mode::Plain => {
+                if is_err {
+                    eprintln!("{line}");
+                } else {
+                    println!("{line}");
+                }
+            }
+            Mode::Tty => {
+                st.last_line = line.trim().to_string();
+                let mut err = std::io::stderr().lock();
+                Self::clear(&mut st, &mut err);
+                let _ = writeln!(err, "{line}");
+                self.draw(&mut st, &mut err);
+            }
+        }
+    }
+
+    fn tick(&self) {
+        if self.mode == Mode::Tty {
+            let mut st = self.lock();
+            let mut err = std::io::stderr().lock();
+            self.draw(&mut st, &mut err);
+        }
+    }
+
+    fn cancelling(&self) {
+        let mut st = self.lock();
+        st.cancelling = true;
+        match self.mode {
+            Mode::Quiet => {}
+            Mode::Plain => eprintln!(
+                "[{:>7.2}s] cancelling (Ctrl-C again to exit now)",
+                self.elapsed()
+            ),
+            Mode::Tty => {
+                let mut err = std::io::stderr().lock();
+                self.draw(&mut st, &mut err);
+            }
+        }
+    }
+
+    fn finish(&self) {
+        let mut st = self.lock();
+        let mut err = std::io::stderr().lock();
+        Self::clear(&mut st, &mut err);
+        st.done = true;
+        let _ = err.flush();
+    }
+}
+
+struct Sink(Arc<Display>);
+
+impl OutputSink for Sink {
+    fn event(&self, event: OutputEvent) {
+        match event {
+            OutputEvent::Stdout { line, .. } => self.0.output(&line, false),
+            OutputEvent::Stderr { line, .. } => self.0.output(&line, true),
+            OutputEvent::Heartbeat { .. } => {}
+        }
+    }
+}
+
+/// Runs `run`.
+pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    let controls = controls(args)?;
+    let root = args.store.root_dir()?;
+    let input: Value = match &args.input {
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| invalid(format!("--input is not valid JSON: {e}")))?,
+        None => json!({}),
+    };
+    if args.runtime == RuntimeChoice::Docker && args.image.is_none() {
+        return Err(invalid(
+            "--runtime docker needs --image IMG (a local image)".to_string(),
+        ));
+    }
+    let ctx = context::open(&args.store, json_out)?;
+    let run_id = args.run_id.clone().unwrap_or_else(|| new_id("run"));
+    let sandbox_id = args.sandbox_id.clone().unwrap_or_else(|| new_id("sbx"));
+    let mut req = SandboxRequest::new(&run_id, &sandbox_id, &root);
+    req.runtime = Some(args.runtime.kind());
+    req.command = Some(StepCommand {
+        argv: args.command.clone(),
+        cwd: None,
+    });
+    req.input = input;
+    req.image = args.image.clone();
+    req.controls = controls;
+    req.review_diffs = !args.no_review;
+    req.auto_accept_diffs = args.auto_accept;
+
+    let mode = if json_out {
+        Mode::Quiet
+    } else if std::io::stderr().is_terminal() {
+        Mode::Tty
+    } else {
+        Mode::Plain
+    };
+    let display = Arc::new(Display::new(mode));
+    if mode != Mode::Quiet {
+        eprintln!(
+            "sandbox {run_id}:{sandbox_id} ({}) over {}",
+            args.runtime.kind(),
+            root.display()
+        );
+    }
+    let cancel = CancellationToken::new();
+    let hb_display = display.clone();
+    let step_ctx = StepContext {
+        heartbeat: Some(Arc::new(move |hb: &Heartbeat| hb_display.heartbeat(hb))),
+        cancel: cancel.clone(),
+        output: Some(Arc::new(Sink(display.clone()))),
+    };
+
+    let orchestrator = ctx.orchestrator.clone();
+    let result = ctx.rt.block_on(async {
+        let on_ctrl_c = cancel.clone();
+        let ctrl_display = display.clone();
+        let ctrl_c = tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                on_ctrl_c.cancel();
+                ctrl_display.cancelling();
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    ctrl_display.finish();
+                    eprintln!("interrupted again: exiting without waiting for cleanup");
+                    std::process::exit(130);
+                }
+            }
+        });
+        let tick_display = display.clone();
+        let ticker = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tick_display.tick();
+            }
+        });
+        let r = orchestrator.execute(&req, &step_ctx).await;
+        ticker.abort();
+        ctrl_c.abort();
+        r
+    });
+    display.finish();
+    let (termination, exit_code) = {
+        let st = display.lock();
+        (st.termination.clone(), st.exit_code)
+    };
+    let hints = decision_hints(&sandbox_id, &args.store.hint_flags(&root));
+    let base = json!({
+        "runId": run_id,
+        "sandboxId": sandbox_id,
+        "runtime": args.runtime.kind().as_str(),
+        "rootDir": root,
+        "db": ctx.db_path,
+        "termination": termination,
+        "exitCode": exit_code,
+        "recovered": context::recovered_json(&ctx.recovered),
+    });
+    let mut doc = base;
+    let code = match result {
+        Err(err) => {
+            let report = err.report();
+            let bundle_path = ctx
+                .store()
+                .get_sandbox(&run_id, &sandbox_id)
+                .ok()
+                .flatten()
+                .and_then(|r| r.bundle_path);
+            if json_out {
+                doc["status"] = json!("failed");
+                doc["bundlePath"] = json!(bundle_path);
+                doc["outputs"] = Value::Null;
+                doc["patches"] = json!([]);
+                doc["review"] = Value::Null;
+                doc["error"] = report.to_json();
+                println!("{doc}");
+            } else {
+                eprintln!("{}", render_text(&report));
+                println!("status   failed");
+                if let Some(b) = bundle_path {
+                    println!("bundle   {b}");
+                }
+            }
+            return Ok(ExitCode::from(EXIT_REJECTED));
+        }
+        Ok(SandboxOutcome::Cancelled { bundle_path }) => {
+            if json_out {
+                doc["status"] = json!("cancelled");
+                doc["bundlePath"] = json!(bundle_path);
+                doc["outputs"] = Value::Null;
+                doc["patches"] = json!([]);
+                doc["review"] = Value::Null;
+                println!("{doc}");
+            } else {
+                println!("status   cancelled (nothing was applied)");
+                if let Some(b) = bundle_path {
+                    println!("bundle   {}", b.display());
+                }
+            }
+            ExitCode::from(130)
+        }
+        Ok(SandboxOutcome::Completed(done)) => {
+            let patches = context::bundle_patches(&done.bundle_path).unwrap_or_default();
+            let changes = context::changes(&patches);
+            let review_state = if args.auto_accept && done.applied_patches > 0 {
+                json!("applied")
+            } else {
+                Value::Null
+            };
+            if json_out {
+                doc["status"] = json!(done.status);
+                doc["bundlePath"] = json!(done.bundle_path);
+                doc["outputs"] = done.outputs.clone().unwrap_or(Value::Null);
+                doc["patches"] = json!(changes
+                    .iter()
+                    .map(context::FileChange::to_json)
+                    .collect::<Vec<_>>());
+                doc["appliedPatches"] = json!(done.applied_patches);
+                doc["review"] = review_state;
+                println!("{doc}");
+            } else {
+                print_summary(
+                    &done.status,
+                    termination.as_deref(),
+                    exit_code,
+                    done.outputs.as_ref(),
+                    &done.bundle_path,
+                    &changes,
+                );
+                if done.applied_patches > 0 {
+                    println!(
+                        "applied  {} patch file(s) to {}",
+                        done.applied_patches,
+                        root.display()
+                    );
+                }
+            }
+            status_exit(&done.status, termination.as_deref(), exit_code)
+        }
+        Ok(SandboxOutcome::AwaitingReview(pending)) => {
+            let patches = context::bundle_patches(&pending.bundle_path).unwrap_or_default();
+            let changes = context::changes(&patches);
+            if json_out {
+                doc["status"] = json!("review");
+                doc["stepStatus"] = json!(pending.status);
+                doc["bundlePath"] = json!(pending.bundle_path);
+                doc["outputs"] = pending.outputs.clone().unwrap_or(Value::Null);
+                doc["patches"] = json!(changes
+                    .iter()
+                    .map(context::FileChange::to_json)
+                    .collect::<Vec<_>>());
+                doc["review"] = json!({
+                    "state": "pending",
+                    "patchCount": pending.patch_count,
+                    "totalDiffLines": pending.total_diff_lines,
+                    "commands": hints,
+                });
+                println!("{doc}");
+            } else {
+                print_summary(
+                    &pending.status,
+                    termination.as_deref(),
+                    exit_code,
+                    pending.outputs.as_ref(),
+                    &pending.bundle_path,
+                    &changes,
+                );
+                println!(
+                    "review   pending: {} patch file(s), {} changed line(s), NOT applied yet",
+                    pending.patch_count, pending.total_diff_lines
+                );
+                for h in &hints {
+                    println!("  {h}");
+                }
+            }
+            status_exit(&pending.status, termination.as_deref(), exit_code)
+        }
+    };
+    Ok(code)
+}
+
+fn print_summary(
+    status: &str,
+    termination: Option<&str>,
+    exit_code: Option<i64>,
+    outputs: Option<&Value>,
+    bundle_path: &std::path::Path,
+    changes: &[context::FileChange],
+) {
+    let how = match (termination, exit_code) {
+        (Some("exited"), Some(c)) => format!(" (exit {c})"),
+        (Some(t), _) => format!(" ({t})"),
+        _ => String::new(),
+    };
+    println!("status   {status}{how}");
+    match outputs {
+        Some(o) => println!("outputs  {o}"),
+        None => println!("outputs  -"),
+    }
+    println!("bundle   {}", bundle_path.display());
+    if changes.is_empty() {
+        println!("patches  none");
+    } else {
+        println!("patches");
+        for line in context::stat_lines(changes) {
+            println!("  {line}");
+        }
+    }
+}
+
+/// 0 for a finished step; the step's own exit code when it failed with one; 124 for a
+/// timeout (like timeout(1)); 1 otherwise.
+fn status_exit(status: &str, termination: Option<&str>, exit_code: Option<i64>) -> ExitCode {
+    if status == "finished" {
+        return ExitCode::SUCCESS;
+    }
+    if status == "cancelled" {
+        return ExitCode::from(130);
+    }
+    match (termination, exit_code) {
+        (Some("timeout"), _) => ExitCode::from(124),
+        (_, Some(c)) if (1..=255).contains(&c) => ExitCode::from(c as u8),
+        _ => ExitCode::from(EXIT_REJECTED),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_ms("10m"), Some(600_000));
+        assert_eq!(parse_duration_ms("30s"), Some(30_000));
+        assert_eq!(parse_duration_ms("45"), Some(45_000));
+        assert_eq!(parse_duration_ms("500ms"), Some(500));
+        assert_eq!(parse_duration_ms("1.5h"), Some(5_400_000));
+        assert_eq!(parse_duration_ms("soon"), None);
+        assert_eq!(parse_duration_ms("0"), None);
+    }
+
+    #[test]
+    fn ids_are_prefixed_and_distinct_over_time() {
+        let a = new_id("sbx");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = new_id("sbx");
+        assert!(a.starts_with("sbx-"));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn exit_codes_follow_the_step() {
+        assert_eq!(
+            status_exit("finished", Some("exited"), Some(0)),
+            ExitCode::SUCCESS
+        );
+        assert_eq!(
+            status_exit("failed", Some("exited"), Some(3)),
+            ExitCode::from(3)
+        );
+        assert_eq!(
+            status_exit("failed", Some("timeout"), None),
+            ExitCode::from(124)
+        );
+        assert_eq!(status_exit("cancelled", None, None), ExitCode::from(130));
+        assert_eq!(status_exit("failed", None, None), ExitCode::from(1));
+    }
+}

@@ -28,6 +28,7 @@
 
 mod error;
 mod metrics;
+mod review;
 mod routes;
 mod state;
 #[cfg(feature = "test-runtime")]
@@ -149,6 +150,7 @@ impl SandboxServer {
         Ok(SandboxServer {
             state: Arc::new(state::AppState {
                 runtime,
+                orchestrator: None,
                 config,
                 token_digest,
                 sandboxes: Mutex::new(HashMap::new()),
@@ -158,6 +160,23 @@ impl SandboxServer {
                 tasks: TaskTracker::new(),
             }),
         })
+    }
+
+    /// Attaches the orchestrator whose durable reviews the review endpoints serve. Call
+    /// before serving (the server must not have been cloned yet).
+    pub fn with_orchestrator(
+        mut self,
+        orchestrator: Arc<smithers_orchestrator::Orchestrator>,
+    ) -> Result<Self, ServerError> {
+        match Arc::get_mut(&mut self.state) {
+            Some(state) => {
+                state.orchestrator = Some(orchestrator);
+                Ok(self)
+            }
+            None => Err(ServerError::Serve {
+                source: std::io::Error::other("with_orchestrator called on a shared server"),
+            }),
+        }
     }
 
     /// The routes. Exposed for tests and for embedding behind another listener.
@@ -175,6 +194,19 @@ impl SandboxServer {
             .route("/sandboxes/{id}/cancel", post(routes::cancel))
             .route("/sandboxes/{id}/bundle", get(routes::bundle))
             .route("/probe", get(routes::probe))
+            .route("/reviews", get(review::list))
+            .route(
+                "/runs/{run_id}/sandboxes/{sandbox_id}/review",
+                get(review::get_one),
+            )
+            .route(
+                "/runs/{run_id}/sandboxes/{sandbox_id}/review/accept",
+                post(review::accept),
+            )
+            .route(
+                "/runs/{run_id}/sandboxes/{sandbox_id}/review/reject",
+                post(review::reject),
+            )
             .route_layer(axum::middleware::from_fn_with_state(
                 self.state.clone(),
                 routes::auth,

@@ -35,7 +35,7 @@ type St = State<Arc<AppState>>;
 
 /// Reads a JSON body of at most `limit` bytes: 413 beyond it, 400 when it is not the
 /// expected JSON (the message says where serde stopped).
-async fn read_json<T: serde::de::DeserializeOwned>(
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     body: Body,
     limit: usize,
 ) -> Result<T, ApiError> {
@@ -66,7 +66,7 @@ fn entry(state: &AppState, id: &str) -> Result<Arc<Entry>, ApiError> {
     state.get(id).ok_or_else(|| ApiError::not_found(id))
 }
 
-fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
+pub(crate) fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
     let body = serde_json::to_vec(value).unwrap_or_default();
     let mut resp = (status, body).into_response();
     resp.headers_mut().insert(

@@ -30,6 +30,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub(crate) struct AppState {
     pub runtime: Arc<dyn Runtime>,
+    /// Serves the review endpoints when attached.
+    pub orchestrator: Option<Arc<smithers_orchestrator::Orchestrator>>,
     pub config: ServerConfig,
     /// SHA-256 of the token, compared in constant time.
     pub token_digest: Option<[u8; 32]>,

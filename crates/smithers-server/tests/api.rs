@@ -732,13 +732,13 @@ async fn openapi_document_is_served_and_covers_every_route() {
         };
         for method in ["get", "post", "put", "delete"] {
             if call.contains(&format!("{method}(routes::"))
-                || call.contains(&format!(".{method}(routes::"))
+                || call.contains(&format!("{method}(review::"))
             {
                 routes.push((method, full.clone()));
             }
         }
     }
-    assert!(routes.len() >= 14, "{routes:?}");
+    assert!(routes.len() >= 18, "{routes:?}");
     for (method, path) in &routes {
         let item = paths
             .get(serde_yaml_ng::Value::String(path.clone()))
@@ -748,7 +748,12 @@ async fn openapi_document_is_served_and_covers_every_route() {
             "{method} {path} missing from the OpenAPI document"
         );
         // And the route really is routed: not the JSON fallback "no such route".
-        let url = host.url(&path.replace("{id}", "sbx-none"));
+        let url = host.url(
+            &path
+                .replace("{id}", "sbx-none")
+                .replace("{run_id}", "r")
+                .replace("{sandbox_id}", "s"),
+        );
         let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
         let r = host
             .http
@@ -758,6 +763,7 @@ async fn openapi_document_is_served_and_covers_every_route() {
             .await
             .unwrap();
         assert_ne!(r.status(), 405, "{method} {path}");
+        assert_ne!(r.status(), 401, "{method} {path}");
         if r.status() == 404 {
             let body: Value = r.json().await.unwrap();
             assert_ne!(

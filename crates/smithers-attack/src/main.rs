@@ -17,7 +17,8 @@
 //! smithers-attack read-file /etc/shadow + open-device /dev/mem + unshare user
 //! ```
 //!
-//! The tool only ever targets loopback addresses it is given, and every attempt that could
+//! The tool only ever targets loopback addresses it is given (UDP route checks send nothing;
+//! `resolve` runs only where no route exists), and every attempt that could
 //! succeed undoes itself (an accidental tmpfs mount is unmounted, a bpf map closed, a traced
 //! process detached), so running it on an unconfined host does no lasting damage.
 //!
@@ -56,7 +57,7 @@ fn main() {
 }
 
 const USAGE: &str = "attempts: connect-tcp HOST PORT | udp-route ADDR PORT | net-info | \
-write-file PATH CONTENT | append-file PATH CONTENT | open-write PATH | read-file PATH [NEEDLE] | list-dir PATH | \
+resolve NAME | write-file PATH CONTENT | append-file PATH CONTENT | open-write PATH | read-file PATH [NEEDLE] | list-dir PATH | \
 stat PATH | kill PID SIGNAL | find-proc MARKER (needles may be given as rev:REVERSED) | status | mount-tmpfs DIR | unshare KIND | \
 setns PATH | ptrace-parent | bpf | keyctl | init-module | setuid-root | open-device PATH | \
 mknod PATH MAJOR MINOR | fork-bomb MAX | memory-hog MIB | fill-disk PATH MIB | \
@@ -112,6 +113,7 @@ fn run(a: &[String]) -> Value {
         "connect-tcp" => arg(a, 1).zip(arg(a, 2)).map(|(h, p)| connect_tcp(h, p)),
         "udp-route" => arg(a, 1).zip(arg(a, 2)).map(|(h, p)| udp_route(h, p)),
         "net-info" => Some(net_info()),
+        "resolve" => arg(a, 1).map(resolve),
         "write-file" => arg(a, 1)
             .zip(arg(a, 2))
             .map(|(p, c)| write_file(name, p, c, false)),
@@ -235,6 +237,37 @@ fn net_info() -> Value {
         outside,
         None,
         json!({"interfaces": interfaces, "routes": routes}),
+    )
+}
+
+/// Resolves `name` with the system resolver, but only where the sandbox has no interface but
+/// `lo` and no route: then no query can leave the machine, whatever the resolver is configured
+/// to ask. Elsewhere the attempt refuses to run (`"skipped": true`, `ok` true: a way out exists).
+fn resolve(name: &str) -> Value {
+    let info = net_info();
+    if info["ok"] == true {
+        return report(
+            "resolve",
+            true,
+            None,
+            json!({"name": name, "skipped": true, "reason": "a route exists; not sending a query"}),
+        );
+    }
+    let host = cstr(name);
+    let mut res: *mut libc::addrinfo = std::ptr::null_mut();
+    // SAFETY: host is a valid C string, hints may be null, res is a valid out pointer; the
+    // list returned is freed below exactly once.
+    let rc =
+        unsafe { libc::getaddrinfo(host.as_ptr(), std::ptr::null(), std::ptr::null(), &mut res) };
+    if rc == 0 {
+        // SAFETY: res was set by a successful getaddrinfo.
+        unsafe { libc::freeaddrinfo(res) };
+    }
+    report(
+        "resolve",
+        rc == 0,
+        None,
+        json!({"name": name, "gai_error": rc}),
     )
 }
 

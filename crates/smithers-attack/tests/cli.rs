@@ -115,3 +115,17 @@ fn unknown_attempts_are_usage_errors() {
     assert_eq!(lines[0]["ok"], false);
     assert!(lines[0]["usage"].is_string());
 }
+
+#[test]
+fn resolve_never_queries_where_a_route_exists() {
+    let (lines, _) = run(&["net-info", "+", "resolve", "example.com"]);
+    if lines[0]["ok"] == true {
+        assert_eq!(lines[1]["skipped"], true, "{}", lines[1]);
+    } else {
+        assert_eq!(
+            lines[1]["ok"], false,
+            "no route, yet resolved: {}",
+            lines[1]
+        );
+    }
+}

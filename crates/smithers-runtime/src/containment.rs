@@ -140,6 +140,8 @@ pub async fn row02_no_route_outside(env: &SuiteEnv) -> CaseResult {
     let project = Project::new(env);
     let mut attempts = vec![
         words("net-info"),
+        // Runs only when the sandbox has no route (the tool checks), so no query can leave.
+        words("resolve example.com"),
         words("udp-route 192.0.2.1 53"),
         words("udp-route 198.51.100.7 443"),
         words("udp-route [2001:db8::1] 53"),

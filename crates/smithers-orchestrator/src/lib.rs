@@ -585,26 +585,11 @@ impl Orchestrator {
         );
         if ours_to_record {
             let now = now_ms();
-            let free = match self.store.get_sandbox(&req.run_id, sid) {
-                Ok(row) => row.is_none_or(|r| r.status.is_terminal()),
-                Err(_) => false,
-            };
-            if free {
-                if let Err(be) = self.store.upsert_sandbox(&SandboxUpsert {
-                    runtime: Some(runtime_name.to_string()),
-                    remote_run_id: Field::Null,
-                    workspace_id: Field::Null,
-                    container_id: Field::Null,
-                    config: Some(config.clone()),
-                    status: Some(SandboxStatus::Failed),
-                    heartbeat_at_ms: Field::Value(now),
-                    shipped_at_ms: Field::Null,
-                    completed_at_ms: Field::Value(now),
-                    bundle_path: Field::Null,
-                    ..SandboxUpsert::key(&req.run_id, sid)
-                }) {
-                    warn!(run_id = %req.run_id, sandbox_id = sid, error = %be, "sandbox failure upsert failed");
-                }
+            if let Err(be) = self
+                .store
+                .record_refused(&req.run_id, sid, runtime_name, config, now)
+            {
+                warn!(run_id = %req.run_id, sandbox_id = sid, error = %be, "sandbox failure upsert failed");
             }
             if let Err(be) = self.emit(
                 "SandboxFailed",

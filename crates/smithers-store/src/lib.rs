@@ -811,6 +811,53 @@ impl Store {
         })
     }
 
+    /// Records a start the gate refused, as 0.16 does (row `failed`, completed now), but only
+    /// when no execution uses this sandbox id: the check and the write are one IMMEDIATE
+    /// transaction, so a concurrent admission of the same id is never overwritten. Returns
+    /// whether the row was written.
+    pub fn record_refused(
+        &self,
+        run_id: &str,
+        sandbox_id: &str,
+        runtime: &str,
+        config: &RedactedConfig,
+        now_ms: i64,
+    ) -> Result<bool> {
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(StoreError::query("record_refused"))?;
+        let existing: Option<String> = tx
+            .query_row(
+                "SELECT status FROM _smithers_sandboxes WHERE run_id = ?1 AND sandbox_id = ?2",
+                params![run_id, sandbox_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(StoreError::query("record_refused"))?;
+        if existing.is_some_and(|s| !SandboxStatus::parse(&s).is_terminal()) {
+            return Ok(false);
+        }
+        upsert_sandbox_on(
+            &tx,
+            &SandboxUpsert {
+                runtime: Some(runtime.to_string()),
+                remote_run_id: Field::Null,
+                workspace_id: Field::Null,
+                container_id: Field::Null,
+                config: Some(config.clone()),
+                status: Some(SandboxStatus::Failed),
+                heartbeat_at_ms: Field::Value(now_ms),
+                shipped_at_ms: Field::Null,
+                completed_at_ms: Field::Value(now_ms),
+                bundle_path: Field::Null,
+                ..SandboxUpsert::key(run_id, sandbox_id)
+            },
+        )?;
+        tx.commit().map_err(StoreError::query("record_refused"))?;
+        Ok(true)
+    }
+
     /// Stores the runtime handle (plain JSON) in the lease, so a later process can clean up
     /// what this one leaves behind if it dies.
     pub fn set_handle(&self, run_id: &str, sandbox_id: &str, handle_json: &str) -> Result<()> {

@@ -310,6 +310,25 @@ fn host_limit_and_duplicate_ids_are_refused() {
 }
 
 #[test]
+fn a_refused_start_never_overwrites_an_active_row() {
+    let (_d, path) = temp_db();
+    let store = Store::open(&path).unwrap();
+    let cfg = RedactedConfig::new(&json!({}));
+    assert!(store.record_refused("r", "new", "docker", &cfg, 5).unwrap());
+    let row = store.get_sandbox("r", "new").unwrap().unwrap();
+    assert_eq!(row.status, SandboxStatus::Failed);
+    assert_eq!(row.completed_at_ms, Some(5));
+    store.try_admit(&admit_req("r", "busy", 10, 10)).unwrap();
+    assert!(!store
+        .record_refused("r", "busy", "docker", &cfg, 6)
+        .unwrap());
+    assert_eq!(
+        store.get_sandbox("r", "busy").unwrap().unwrap().status,
+        SandboxStatus::Pending
+    );
+}
+
+#[test]
 fn migrations_are_idempotent_on_reopen_and_refuse_newer_schema() {
     let (_d, path) = temp_db();
     {

@@ -39,6 +39,8 @@ const APPLY_DIR: &str = ".smithers/apply";
 const LOCK_FILE: &str = ".smithers/apply.lock";
 const JOURNAL: &str = "journal.json";
 const JOURNAL_VERSION: u32 = 1;
+/// How long an apply waits for another one on the same root before failing with `Locked`.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 const ENOTDIR: i32 = 20;
 const EEXIST: i32 = 17;
@@ -53,6 +55,10 @@ pub struct ApplyOptions {
     /// Test hook: stop after the journal is marked committed, before cleaning up.
     #[doc(hidden)]
     pub crash_before_cleanup: bool,
+    /// Test hook: back up by copying even where a hard link would work (the fallback used on
+    /// filesystems without hard links).
+    #[doc(hidden)]
+    pub force_copy_backups: bool,
 }
 
 /// What happened to one path.
@@ -125,6 +131,8 @@ enum Backup {
     File {
         /// Name of the backup file in the journal directory.
         file: String,
+        /// A hard link to the original inode (restored by rename), not a copy.
+        linked: bool,
         perms: u32,
         uid: u32,
         gid: u32,
@@ -195,25 +203,32 @@ fn io_error(path: &str, operation: &'static str, source: std::io::Error) -> Patc
     }
 }
 
+/// Whether a write is flushed on its own (`fsync`) or by a later [`sync_fs`] of the batch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Fsync,
+    Batched,
+}
+
 fn write_file_beneath(
     b: &Beneath,
     rel: &str,
     content: &[u8],
     perms: u32,
     owner: Option<(u32, u32)>,
+    durability: Durability,
 ) -> Result<(), PatchError> {
-    match b.remove_file(p(rel)) {
-        Ok(()) => {}
-        Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(path_error(rel, "remove stale staging file", e)),
-    }
     let mut f = b
         .create_new(p(rel), 0o600)
         .map_err(|e| path_error(rel, "create", e))?;
     f.write_all(content)
         .map_err(|e| io_error(rel, "write", e))?;
     if let Some((uid, gid)) = owner {
-        if rustix::process::geteuid().is_root() {
+        let me = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        if me.0 == 0 && me != (uid, gid) {
             // Best effort: keep the file's owner when root applies into a user's tree.
             let _ = rustix::fs::fchown(
                 &f,
@@ -225,8 +240,56 @@ fn write_file_beneath(
     // Explicit chmod after creation: the create mode is filtered by the umask.
     f.set_permissions(std::fs::Permissions::from_mode(perms))
         .map_err(|e| io_error(rel, "chmod", e))?;
-    f.sync_all().map_err(|e| io_error(rel, "fsync", e))?;
+    if durability == Durability::Fsync {
+        f.sync_all().map_err(|e| io_error(rel, "fsync", e))?;
+    }
     Ok(())
+}
+
+fn split_parent(rel: &str) -> (&str, &str) {
+    rel.rfind('/')
+        .map_or(("", rel), |i| (&rel[..i], &rel[i + 1..]))
+}
+
+/// A directory descriptor for `*at` calls: the (trusted) root itself, or a directory reached
+/// beneath it without following any symlink.
+fn dir_fd(b: &Beneath, root: &Path, dir: &str) -> Result<File, PatchError> {
+    if dir.is_empty() {
+        File::open(root).map_err(|e| io_error(".", "open root", e))
+    } else {
+        b.open_read(p(dir))
+            .map_err(|e| path_error(dir, "open directory", e))
+    }
+}
+
+/// Hard-links `src` to `dst` (both beneath the root; the final name is not followed). Returns
+/// false when the filesystem cannot (other device, no hard links): the caller then copies.
+fn try_link(b: &Beneath, root: &Path, src: &str, dst: &str) -> Result<bool, PatchError> {
+    let (sd, sn) = split_parent(src);
+    let (dd, dn) = split_parent(dst);
+    let s = dir_fd(b, root, sd)?;
+    let d = dir_fd(b, root, dd)?;
+    match rustix::fs::linkat(&s, sn, &d, dn, rustix::fs::AtFlags::empty()) {
+        Ok(()) => Ok(true),
+        Err(
+            rustix::io::Errno::XDEV
+            | rustix::io::Errno::PERM
+            | rustix::io::Errno::MLINK
+            | rustix::io::Errno::OPNOTSUPP,
+        ) => Ok(false),
+        Err(e) => Err(io_error(src, "link backup", e.into())),
+    }
+}
+
+/// Flushes the whole filesystem holding `dir` (`syncfs`): one barrier for a batch of staged
+/// files or renames instead of one `fsync` per file and directory. Every entry an apply
+/// touches is on this filesystem: staged files are renamed into place, which only succeeds
+/// within one filesystem.
+fn sync_fs(b: &Beneath, dir: &str) -> Result<(), PatchError> {
+    let f = b
+        .open_read(p(dir))
+        .map_err(|e| path_error(dir, "open directory", e))?;
+    rustix::fs::syncfs(&f).map_err(|e| io_error(dir, "syncfs", e.into()))
 }
 
 fn read_file_beneath(b: &Beneath, rel: &str) -> Result<(Vec<u8>, File), PatchError> {
@@ -244,7 +307,8 @@ fn write_journal(b: &Beneath, j: &Journal) -> Result<(), PatchError> {
     let tmp = format!("{dir}/{JOURNAL}.tmp");
     let fin = format!("{dir}/{JOURNAL}");
     let text = serde_json::to_vec_pretty(j).expect("journal serialises");
-    write_file_beneath(b, &tmp, &text, 0o600, None)?;
+    remove_if_exists(b, &tmp)?;
+    write_file_beneath(b, &tmp, &text, 0o600, None, Durability::Fsync)?;
     b.rename(p(&tmp), p(&fin))
         .map_err(|e| path_error(&fin, "rename journal", e))?;
     b.sync_parent(p(&fin))
@@ -635,12 +699,22 @@ fn lock(b: &Beneath, root: &Path) -> Result<LockGuard, PatchError> {
             .map_err(|e| path_error(LOCK_FILE, "open lock", e))?,
         Err(e) => return Err(path_error(LOCK_FILE, "create lock", e)),
     };
-    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(LockGuard { _file: file }),
-        Err(rustix::io::Errno::WOULDBLOCK) => Err(PatchError::Locked {
-            root: root.to_path_buf(),
-        }),
-        Err(e) => Err(io_error(LOCK_FILE, "lock", e.into())),
+    // Wait a little before giving up: a lock can outlive its holder briefly when a child
+    // forked by any thread still has the descriptor between fork and exec.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(LockGuard { _file: file }),
+            Err(rustix::io::Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(PatchError::Locked {
+                    root: root.to_path_buf(),
+                })
+            }
+            Err(e) => return Err(io_error(LOCK_FILE, "lock", e.into())),
+        }
     }
 }
 
@@ -807,6 +881,7 @@ pub fn apply_patches(
             } => (
                 Some(Backup::File {
                     file: format!("b{n}"),
+                    linked: false,
                     perms: *perms,
                     uid: *uid,
                     gid: *gid,
@@ -871,11 +946,27 @@ pub fn apply_patches(
     // 3. Stage.
     b.create_dir_all(p(&jdir), 0o700)
         .map_err(|e| path_error(&jdir, "create journal directory", e))?;
+    // No journal is written until everything is staged: a crash before that leaves only a
+    // journal-less directory under .smithers/apply, which recovery simply removes (the host
+    // tree has not been touched yet).
     let staged = (|| {
-        write_journal(&b, &journal)?;
-        for ((op, content), backup) in journal.ops.iter().zip(&contents).zip(&backups) {
-            if let (Some(Backup::File { file, perms, .. }), Some(bytes)) = (&op.backup, backup) {
-                write_file_beneath(&b, &format!("{jdir}/{file}"), bytes, *perms & 0o777, None)?;
+        for ((op, content), backup) in journal.ops.iter_mut().zip(&contents).zip(&backups) {
+            if let (
+                Some(Backup::File {
+                    file,
+                    linked,
+                    perms,
+                    ..
+                }),
+                Some(bytes),
+            ) = (&mut op.backup, backup)
+            {
+                // A hard link keeps the original inode for free; copy where links fail.
+                let dst = format!("{jdir}/{file}");
+                *linked = !opts.force_copy_backups && try_link(&b, root, &op.path, &dst)?;
+                if !*linked {
+                    write_file_beneath(&b, &dst, bytes, *perms & 0o777, None, Durability::Batched)?;
+                }
             }
             if let (Some(name), Some((bytes, perms, owner))) = (&op.staged, content) {
                 let rel = format!("{jdir}/{name}");
@@ -885,12 +976,12 @@ pub fn apply_patches(
                         b.symlink(Path::new(target), p(&rel))
                             .map_err(|e| path_error(&rel, "create symlink", e))?;
                     }
-                    _ => write_file_beneath(&b, &rel, bytes, *perms, *owner)?,
+                    _ => write_file_beneath(&b, &rel, bytes, *perms, *owner, Durability::Batched)?,
                 }
             }
         }
-        b.sync_parent(p(&format!("{jdir}/{JOURNAL}")))
-            .map_err(|e| path_error(&jdir, "fsync staging directory", e))?;
+        // Every staged file and backup is durable before the journal says "prepared".
+        sync_fs(&b, &jdir)?;
         journal.state = JournalState::Prepared;
         write_journal(&b, &journal)
     })();
@@ -937,29 +1028,8 @@ pub fn apply_patches(
                     .map_err(|e| path_error(&op.path, "rename into place", e))?;
             }
         }
-        // Flush every directory whose entries changed and that still exists.
-        let mut dirs: BTreeSet<&str> = BTreeSet::new();
-        for op in &journal.ops {
-            dirs.insert(parent(&op.path));
-            for d in &op.removed_dirs {
-                dirs.insert(parent(&d.path));
-            }
-        }
-        for d in &journal.created_dirs {
-            dirs.insert(parent(d));
-        }
-        for d in dirs {
-            let probe = if d.is_empty() {
-                "x".to_string()
-            } else {
-                format!("{d}/x")
-            };
-            if d.is_empty() || matches!(b.metadata(p(d)), Ok(Some(m)) if m.kind == EntryKind::Dir) {
-                // `sync_parent` only opens the parent of its argument: the name need not exist.
-                b.sync_parent(p(&probe))
-                    .map_err(|e| path_error(d, "fsync directory", e))?;
-            }
-        }
+        // Every deletion, directory change and rename is durable before "committed".
+        sync_fs(&b, &jdir)?;
         Ok(())
     })();
     match committed {
@@ -995,10 +1065,6 @@ fn remove_emptied_dirs(b: &Beneath, journal: &Journal) {
             }
         }
     }
-}
-
-fn parent(x: &str) -> &str {
-    x.rfind('/').map_or("", |i| &x[..i])
 }
 
 /// Rolls back after a failure during staging or commit; the original error wins unless the
@@ -1044,13 +1110,35 @@ fn restore_backup(b: &Beneath, journal: &Journal, op: &Op, n: usize) -> Result<(
     let tmp = format!("{jdir}/r{n}");
     match &op.backup {
         Some(Backup::File {
+            file, linked: true, ..
+        }) => {
+            // The original inode goes back under its name. Already gone: restored by an
+            // earlier, interrupted recovery.
+            let backup = format!("{jdir}/{file}");
+            if !exists(b, &backup) {
+                return Ok(());
+            }
+            return b
+                .rename(p(&backup), p(&op.path))
+                .map_err(|e| path_error(&op.path, "restore", e));
+        }
+        Some(Backup::File {
             file,
+            linked: false,
             perms,
             uid,
             gid,
         }) => {
             let (bytes, _) = read_file_beneath(b, &format!("{jdir}/{file}"))?;
-            write_file_beneath(b, &tmp, &bytes, *perms, Some((*uid, *gid)))?;
+            remove_if_exists(b, &tmp)?;
+            write_file_beneath(
+                b,
+                &tmp,
+                &bytes,
+                *perms,
+                Some((*uid, *gid)),
+                Durability::Fsync,
+            )?;
         }
         Some(Backup::Symlink { target }) => {
             remove_if_exists(b, &tmp)?;

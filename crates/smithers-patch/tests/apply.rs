@@ -264,6 +264,15 @@ fn paths_are_confined() {
 
 #[test]
 fn crash_at_every_step_recovers_to_all_or_nothing() {
+    crash_at_every_step(false);
+}
+
+#[test]
+fn crash_at_every_step_with_copied_backups() {
+    crash_at_every_step(true);
+}
+
+fn crash_at_every_step(force_copy_backups: bool) {
     let mut n = 0;
     loop {
         let tmp = tempfile::tempdir().unwrap();
@@ -271,6 +280,7 @@ fn crash_at_every_step_recovers_to_all_or_nothing() {
         let before = tree(tmp.path());
         let opts = ApplyOptions {
             crash_after_steps: Some(n),
+            force_copy_backups,
             ..Default::default()
         };
         match apply_patches(tmp.path(), &patches, &opts) {
@@ -305,6 +315,7 @@ fn crash_at_every_step_recovers_to_all_or_nothing() {
     let patches = scenario(tmp.path());
     let opts = ApplyOptions {
         crash_before_cleanup: true,
+        force_copy_backups,
         ..Default::default()
     };
     assert!(matches!(

@@ -135,3 +135,44 @@ fn executable_new_file_and_binary() {
     assert_eq!(json["operation"], "add");
     assert_eq!(json["binaryContent"], "AAEC");
 }
+
+/// More than 1000 changed files: grouped patch files, every change kept, and git applies them.
+#[test]
+fn more_than_a_thousand_changes_are_grouped_and_apply() {
+    let l = Layers::new();
+    for i in 0..1200 {
+        let d = l.upper.join(format!("dir{:02}", i % 12));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i:04}.txt")), format!("file {i}\n")).unwrap();
+    }
+    std::fs::write(l.upper.join("root.txt"), "root\n").unwrap();
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap();
+    assert_eq!(set.changes.len(), 1201);
+    let files = build_patch_files(&set);
+    assert_eq!(files.files.len(), 13, "12 directories + the root file");
+    assert_eq!(files.diff_bundle.len(), 1201);
+    assert!(files.files.iter().all(|f| f.bundle_path.len() <= 1024));
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("t");
+    std::fs::create_dir_all(&target).unwrap();
+    let mut args = vec!["apply".to_string()];
+    for f in &files.files {
+        let p = tmp.path().join(f.bundle_path.replace('/', "_"));
+        std::fs::write(&p, &f.content).unwrap();
+        args.push(p.to_str().unwrap().to_string());
+    }
+    let out = std::process::Command::new("git")
+        .args(&args)
+        .current_dir(&target)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_same_tree(
+        &snapshot(&l.upper, &|_| false),
+        &snapshot(&target, &|_| false),
+    );
+}

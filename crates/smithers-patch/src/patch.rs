@@ -409,3 +409,11 @@ mod tests {
         assert!(t.contains("@@ -15,6 +15,6 @@ line14\n"), "{t}");
     }
 }
+
+impl crate::detect::ChangeSet {
+    /// Every change as patch sections (path order; a type change gives two), e.g. for
+    /// [`crate::render_review`] or [`crate::apply_patches`] without a round trip through text.
+    pub fn to_file_patches(&self) -> Vec<FilePatch> {
+        self.changes.iter().flat_map(file_patches).collect()
+    }
+}

@@ -366,6 +366,14 @@ pub fn render_patches(patches: &[FilePatch]) -> String {
     patches.iter().map(FilePatch::render).collect()
 }
 
+impl crate::detect::ChangeSet {
+    /// Every change as patch sections (path order; a type change gives two), e.g. for
+    /// [`crate::render_review`] or [`crate::apply_patches`] without a round trip through text.
+    pub fn to_file_patches(&self) -> Vec<FilePatch> {
+        self.changes.iter().flat_map(file_patches).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,13 +415,5 @@ mod tests {
         assert_eq!(t.matches("@@ -").count(), 2, "{t}");
         assert!(t.contains("@@ -1,5 +1,5 @@"), "{t}");
         assert!(t.contains("@@ -15,6 +15,6 @@ line14\n"), "{t}");
-    }
-}
-
-impl crate::detect::ChangeSet {
-    /// Every change as patch sections (path order; a type change gives two), e.g. for
-    /// [`crate::render_review`] or [`crate::apply_patches`] without a round trip through text.
-    pub fn to_file_patches(&self) -> Vec<FilePatch> {
-        self.changes.iter().flat_map(file_patches).collect()
     }
 }

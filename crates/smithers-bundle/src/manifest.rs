@@ -165,4 +165,28 @@ impl ValidatedBundle {
     pub fn to_json(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
+
+    /// The manifest's `patches` entries as bundle-relative POSIX paths, normalised lexically
+    /// (`./patches/a.patch` and `<bundle>/patches/a.patch` both give `patches/a.patch`), so
+    /// they compare with [`ValidatedBundle::patch_files`]. Validation guarantees every entry
+    /// resolves inside `patches/`; an entry that somehow does not is left out.
+    pub fn manifest_patch_files(&self) -> Vec<String> {
+        let Ok(root) = smithers_paths::resolve(&self.bundle_path, ".") else {
+            return Vec::new();
+        };
+        self.manifest
+            .patches
+            .iter()
+            .flatten()
+            .filter_map(|entry| {
+                let resolved = smithers_paths::resolve(&root, entry).ok()?;
+                let rel = resolved.strip_prefix(&root).ok()?;
+                let parts: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                Some(parts.join("/"))
+            })
+            .collect()
+    }
 }

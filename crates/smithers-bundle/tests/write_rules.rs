@@ -242,3 +242,18 @@ fn deep_and_wide_trees_are_walked_without_recursion() {
     let back: smithers_bundle::ValidatedBundle = serde_json::from_value(before.to_json()).unwrap();
     assert_eq!(back, before);
 }
+
+#[test]
+fn manifest_entries_normalise_to_bundle_relative_paths() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("b");
+    write_bundle(&params(&dir)).unwrap();
+    let abs = dir.join("patches/y.patch").to_string_lossy().into_owned();
+    let readme = json!({"status": "finished", "patches": ["./patches/0001.patch", "patches/x/../z.patch", abs]});
+    fs::write(dir.join("README.md"), readme.to_string()).unwrap();
+    let v = validate_bundle(&dir).unwrap();
+    assert_eq!(
+        v.manifest_patch_files(),
+        vec!["patches/0001.patch", "patches/z.patch", "patches/y.patch"]
+    );
+}

@@ -162,7 +162,7 @@ fn count_diff_lines(text: &str) -> (usize, usize) {
 }
 
 fn patch_infos(bundle: &ValidatedBundle) -> anyhow::Result<Vec<PatchInfo>> {
-    let listed: Vec<&String> = bundle.manifest.patches.iter().flatten().collect();
+    let listed = bundle.manifest_patch_files();
     let mut out = Vec::new();
     for rel in &bundle.patch_files {
         let path = bundle.bundle_path.join(rel);
@@ -174,9 +174,7 @@ fn patch_infos(bundle: &ValidatedBundle) -> anyhow::Result<Vec<PatchInfo>> {
             bytes: bytes.len() as u64,
             added,
             removed,
-            listed: listed
-                .iter()
-                .any(|l| l.as_str() == rel || Path::new(l.as_str()) == path),
+            listed: listed.contains(rel),
         });
     }
     Ok(out)
@@ -281,6 +279,14 @@ fn show(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     }
     if patches.len() > LIST_MAX {
         println!("  … and {} more", patches.len() - LIST_MAX);
+    }
+    let missing: Vec<String> = bundle
+        .manifest_patch_files()
+        .into_iter()
+        .filter(|l| !bundle.patch_files.contains(l))
+        .collect();
+    for m in missing.iter().take(LIST_MAX) {
+        println!("  {m:<48} (in manifest, no such patch file)");
     }
     let total_artifacts: u64 = artifacts.iter().map(|(_, b)| b).sum();
     println!(

@@ -158,6 +158,15 @@ pub struct ChangeSet {
     /// Entries that cannot be represented in a patch (empty directories, special files,
     /// non-UTF-8 names or symlink targets).
     pub skipped: Vec<SkippedEntry>,
+    /// Modified paths whose lower (host) file changed after the step copied it up: the lower
+    /// layer is the live host tree, so such a patch's base is the host's newer version and
+    /// applying it would silently undo the host's edit. Callers should show these to the
+    /// reviewer or refuse. Found by comparing the lower file's ctime with the upper copy's
+    /// birth time.
+    pub stale_base: Vec<String>,
+    /// False when the upper filesystem reports no birth times, so `stale_base` could not be
+    /// computed (it is then empty, not "all clear").
+    pub stale_base_checked: bool,
 }
 
 impl ChangeSet {
@@ -431,6 +440,26 @@ fn load(node: &Node) -> Result<Loaded, PatchError> {
     }
 }
 
+/// Whether the lower entry changed (ctime) after the upper entry was created (birth time).
+/// `None` when the upper filesystem does not report birth times.
+fn changed_after_copy_up(lower: &Path, upper: &Path) -> Option<bool> {
+    use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
+    let u = statx(CWD, upper, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BTIME).ok()?;
+    if u.stx_mask & StatxFlags::BTIME.bits() == 0 {
+        return None;
+    }
+    let l = statx(CWD, lower, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::CTIME).ok()?;
+    // `>=`: file timestamps come from the coarse clock (one tick is several ms), so an edit in
+    // the same tick as the copy-up cannot be ordered; flag it rather than miss it.
+    Some((l.stx_ctime.tv_sec, l.stx_ctime.tv_nsec) >= (u.stx_btime.tv_sec, u.stx_btime.tv_nsec))
+}
+
+fn node_path(n: &Node) -> &Path {
+    match n {
+        Node::File { path, .. } | Node::Symlink { path } => path,
+    }
+}
+
 /// Turns an overlayfs (lower, upper) pair into the list of changes the step made.
 ///
 /// Only `upper` is walked; `lower` is looked up path by path, and walked only below
@@ -488,6 +517,7 @@ pub fn detect_changes(
 
     let cands = std::mem::take(&mut w.cands);
     let mut out = w.out;
+    out.stale_base_checked = true;
     let mut total: u64 = 0;
     for (path, c) in cands {
         let old = match &c.old {
@@ -532,6 +562,15 @@ pub fn detect_changes(
                 }
             }
         };
+        if kind != ChangeKind::Added && kind != ChangeKind::Deleted {
+            if let (Some(o), Some(n)) = (&c.old, &c.new) {
+                match changed_after_copy_up(node_path(o), node_path(n)) {
+                    Some(true) => out.stale_base.push(path.clone()),
+                    Some(false) => {}
+                    None => out.stale_base_checked = false,
+                }
+            }
+        }
         let change = FileChange {
             path,
             kind,

@@ -176,3 +176,45 @@ fn more_than_a_thousand_changes_are_grouped_and_apply() {
         &snapshot(&target, &|_| false),
     );
 }
+
+/// A host edit to a lower file after the step copied it up is flagged: applying that patch
+/// would undo the host's edit.
+#[test]
+fn host_edits_after_copy_up_are_flagged_as_stale_base() {
+    let l = Layers::new();
+    std::fs::write(l.lower.join("before.txt"), "host v1\n").unwrap();
+    std::fs::write(l.lower.join("after.txt"), "host v1\n").unwrap();
+    fs_clock_tick(&l.upper);
+    // The step copies both up and edits them...
+    std::fs::write(l.upper.join("before.txt"), "sandbox\n").unwrap();
+    std::fs::write(l.upper.join("after.txt"), "sandbox\n").unwrap();
+    fs_clock_tick(&l.upper);
+    // ...then the host edits one of them (the lower layer is the live host tree).
+    std::fs::write(l.lower.join("after.txt"), "host v2\n").unwrap();
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap();
+    assert_eq!(set.changes.len(), 2);
+    if !set.stale_base_checked {
+        skip("this filesystem reports no birth times");
+        return;
+    }
+    assert_eq!(set.stale_base, ["after.txt"]);
+}
+
+/// Waits until the filesystem's (coarse) timestamp clock has advanced, so that writes before
+/// and after are ordered by their timestamps. An ordering barrier, not a timing assertion.
+fn fs_clock_tick(dir: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let probe = dir.join(".tick");
+    std::fs::write(&probe, "0").unwrap();
+    let first = std::fs::metadata(&probe).unwrap();
+    let start = (first.ctime(), first.ctime_nsec());
+    loop {
+        std::fs::write(&probe, "1").unwrap();
+        let m = std::fs::metadata(&probe).unwrap();
+        if (m.ctime(), m.ctime_nsec()) > start {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    std::fs::remove_file(&probe).unwrap();
+}

@@ -15,6 +15,9 @@
 //!   the deleted files. Copied-up files equal to lower (content and executable bit) are not
 //!   changes. Both xattr flavours (`trusted.overlay.*`, `user.overlay.*` with `userxattr`)
 //!   are understood; `redirect`, `metacopy` and xattr-whiteout markers are refused.
+//! - **Live lower layer**: the host can edit a file the step has copied up; such paths are
+//!   listed in [`ChangeSet::stale_base`] (lower ctime ≥ upper birth time), because their
+//!   patch's base is the host's newer version and applying it would undo the host's edit.
 //! - **`.gitignore`** is read from the merged (post-step) view plus the lower
 //!   `.git/info/exclude`; ignored paths are reported in [`ChangeSet::ignored`]. `.git`
 //!   (anywhere) and the top-level `.smithers` are always excluded.

@@ -408,3 +408,29 @@ async fn cancellation_reaches_the_host_and_the_bundle_says_cancelled() {
     rt.cleanup(&handle).await.unwrap();
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_refused_workspace_is_reported_with_the_hosts_code_not_as_a_network_error() {
+    let host = start_host().await;
+    let rt = RemoteRuntime::new(options(host.addr, TOKEN)).unwrap();
+    let proj = tempfile::tempdir().unwrap();
+    // A link out of the project, then a large incompressible file, so the host refuses the
+    // archive long before the client finished sending it.
+    std::os::unix::fs::symlink("/etc/passwd", proj.path().join("a-link")).unwrap();
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    let noise: Vec<u8> = (0..8 * 1024 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(proj.path().join("big.bin"), noise).unwrap();
+    let handle = rt.create(&config(proj.path(), "refused")).await.unwrap();
+    let err = rt.ship(&handle, &request()).await.unwrap_err();
+    assert_eq!(err.code().as_str(), "TOOL_PATH_ESCAPE", "{err}");
+    assert!(err.to_string().contains("a-link"), "{err}");
+    rt.cleanup(&handle).await.unwrap();
+    host.shutdown().await;
+}

@@ -358,7 +358,7 @@ pub(crate) async fn upload_workspace(
             Ok(chunk)
         }
     });
-    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    let mut reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
     let unpack_limits = UnpackLimits {
         max_total_bytes: limits.max_workspace_bytes,
         max_entries: limits.max_workspace_entries,
@@ -374,13 +374,24 @@ pub(crate) async fn upload_workspace(
     let staging_for_task = staging.clone();
     let result = tokio::task::spawn_blocking(move || {
         let is_cancelled = || cancel.is_cancelled();
-        let outcome = archive::unpack(reader, &staging_for_task, &unpack_limits, &is_cancelled)
-            .and_then(|stats| {
-                swap_into_place(&entry_for_task, &staging_for_task, &is_cancelled)?;
-                Ok(stats)
-            });
-        if outcome.is_err() {
+        let outcome = archive::unpack(
+            &mut reader,
+            &staging_for_task,
+            &unpack_limits,
+            &is_cancelled,
+        )
+        .and_then(|stats| {
+            swap_into_place(&entry_for_task, &staging_for_task, &is_cancelled)?;
+            Ok(stats)
+        });
+        if let Err(err) = &outcome {
             let _ = std::fs::remove_dir_all(&staging_for_task);
+            // Read (and discard) the rest of a refused upload, still bounded by the upload
+            // limit and the deadline, so the client gets our answer instead of a reset
+            // connection it would take for a network failure.
+            if err.is_client_fault() && !cancel.is_cancelled() {
+                let _ = std::io::copy(&mut reader, &mut std::io::sink());
+            }
         }
         outcome
     })

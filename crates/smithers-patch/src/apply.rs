@@ -572,7 +572,16 @@ fn plan_path(
         ));
     }
     let start = host_state(&host);
-    if let (Host::Dir, Some(first)) = (&host, patches.first()) {
+    if let (Host::Dir, Some(first), Some(last)) = (&host, patches.first(), patches.last()) {
+        if last.new_mode.is_none() {
+            // Deleting a file where a directory stands: nothing of ours to delete.
+            return Ok(Ok(Planned {
+                host,
+                want: State::Absent,
+                merged: false,
+                action: AppliedAction::Deleted,
+            }));
+        }
         if first.old_mode.is_some() {
             return Ok(Err("is a directory on the host".into()));
         }
@@ -863,7 +872,14 @@ pub fn apply_patches(
     let mut backups: Vec<Option<Vec<u8>>> = Vec::new();
     let root_owner = std::fs::metadata(root).ok().map(|m| (m.uid(), m.gid()));
     for (n, (path, pl)) in plans.iter().enumerate() {
-        if host_state(&pl.host) == pl.want && !matches!(pl.host, Host::Dir) {
+        let nothing_to_do = match (&pl.host, &pl.want) {
+            // A file deletion where a directory now stands (made by this same patch set in an
+            // earlier apply): the file is gone already; directories are never deleted.
+            (Host::Dir, State::Absent) => true,
+            (Host::Dir, _) => false,
+            (h, w) => host_state(h) == *w,
+        };
+        if nothing_to_do {
             report.already_applied.push(path.clone());
             continue;
         }
@@ -1167,8 +1183,15 @@ fn rollback(b: &Beneath, journal: &Journal) -> Result<(), PatchError> {
             None => remove_if_exists(b, &op.path)?,
         }
     }
+    // B. Directories the commit created (emptied by A), deepest first. Before C: a file that
+    //    was deleted may have been replaced by one of these directories.
+    for d in journal.created_dirs.iter().rev() {
+        // Not empty (the host put something there) or already gone: leave it; C then fails
+        // loudly if it blocks a restore.
+        let _ = b.remove_dir(p(d));
+    }
     if prepared {
-        // B. Directories removed to make room for a file (top-down).
+        // C. Directories removed to make room for a file (top-down).
         for op in &journal.ops {
             for d in op.removed_dirs.iter().rev() {
                 if !exists(b, &d.path) {
@@ -1179,17 +1202,25 @@ fn rollback(b: &Beneath, journal: &Journal) -> Result<(), PatchError> {
                 }
             }
         }
-        // C. Deleted entries.
+        // D. Deleted entries.
         for (n, op) in journal.ops.iter().enumerate() {
-            if matches!(op.kind, OpKind::Delete) && !exists(b, &op.path) {
-                restore_backup(b, journal, op, n)?;
+            if !matches!(op.kind, OpKind::Delete) {
+                continue;
+            }
+            match b.metadata(p(&op.path)) {
+                Ok(None) => restore_backup(b, journal, op, n)?,
+                Ok(Some(m)) if m.kind == EntryKind::Dir => {
+                    return Err(PatchError::ApplyIo {
+                        path: op.path.clone(),
+                        operation: "restore (a directory now stands in the way)",
+                        source: std::io::Error::from_raw_os_error(EEXIST),
+                    })
+                }
+                Ok(Some(_)) => {}
+                // A parent is (still) a file or symlink: cannot restore beneath it.
+                Err(e) => return Err(path_error(&op.path, "restore", e)),
             }
         }
-    }
-    // D. Directories the commit created, deepest first, when empty.
-    for d in journal.created_dirs.iter().rev() {
-        // Not empty (the host put something there) or already gone: leave it.
-        let _ = b.remove_dir(p(d));
     }
     remove_journal_dir(b, &journal.id)
 }

@@ -75,7 +75,8 @@ fn scenario(root: &Path) -> Vec<FilePatch> {
         &format!(
             "set -e; mkdir -p src d2/sub gone; printf '{}' > src/big.txt; printf 'x\\n' > mod.txt; \
              printf 'del\\n' > del.txt; printf 'run\\n' > run.sh; ln -s old lnk; printf 'tc\\n' > tc; \
-             printf 'a\\n' > d2/a; printf 'b\\n' > d2/sub/b; printf 'g\\n' > gone/g; printf 'BIN\\000' > img",
+             printf 'a\\n' > d2/a; printf 'b\\n' > d2/sub/b; printf 'g\\n' > gone/g; printf 'BIN\\000' > img; \
+             printf 'file\\n' > fd; ln -s /tmp sl",
             numbered(40).replace('\n', "\\n")
         ),
     );
@@ -99,6 +100,11 @@ fn scenario(root: &Path) -> Vec<FilePatch> {
         change("new/deep/file.txt", None, Some((b"new\n", F))),
         change("img", Some((b"BIN\0", F)), Some((b"BIN\0\x01\x02", F))),
         change("empty", None, Some((b"", F))),
+        // A file and a symlink (to a directory outside!) that become directories.
+        change("fd", Some((b"file\n", F)), None),
+        change("fd/inner.txt", None, Some((b"inner\n", F))),
+        change("sl", Some((b"/tmp", L)), None),
+        change("sl/x", None, Some((b"x\n", F))),
     ])
 }
 
@@ -127,6 +133,9 @@ fn expected_after(root: &Path) {
     assert_eq!(file("new/deep/file.txt").0, b"new\n");
     assert_eq!(file("img").0, b"BIN\0\x01\x02");
     assert_eq!(file("empty").0, b"");
+    assert_eq!(file("fd/inner.txt").0, b"inner\n");
+    assert_eq!(file("sl/x").0, b"x\n");
+    assert!(std::fs::symlink_metadata(root.join("sl")).unwrap().is_dir());
 }
 
 #[test]
@@ -361,7 +370,7 @@ fn review_rendering_and_counts() {
     let review = render_review(&patches, &ReviewOptions { color: false });
     assert!(review.contains(" img "), "{review}");
     assert!(review.contains("Bin 4 -> 6 bytes"), "{review}");
-    assert!(review.contains(" 13 files changed"), "{review}");
+    assert!(review.contains(" 17 files changed"), "{review}");
     let text = render_patches(&patches);
     assert_eq!(
         total_diff_lines(&text),

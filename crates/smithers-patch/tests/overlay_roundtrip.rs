@@ -41,6 +41,8 @@ printf '*.log\ntarget/\n' > .gitignore
 printf '*.tmp\n' > sub/.gitignore
 printf 'keep\n' > sub/existing.txt
 printf 'old log\n' > kept.log
+printf 'f\n' > f2d
+ln -s src s2d
 "#;
 
 /// What the step does, through the merged view.
@@ -80,6 +82,8 @@ printf 'q\n' > 'quote"name.txt'
 printf 'tab\n' > "$(printf 'tab\tname.txt')"
 mkfifo fifo1
 mkdir emptydir
+rm f2d && mkdir f2d && printf 'in\n' > f2d/in.txt
+rm s2d && mkdir s2d && printf 's\n' > s2d/s.txt
 "#;
 
 /// Paths that the step changed but that must not travel (ignored, excluded, unrepresentable).
@@ -159,6 +163,10 @@ fn check_round_trip(l: &Layers) {
     assert_eq!(kind("d2"), Some(ChangeKind::Added));
     assert_eq!(kind("d2/f1"), Some(ChangeKind::Deleted));
     assert_eq!(kind("kept.log"), None);
+    assert_eq!(kind("f2d"), Some(ChangeKind::Deleted));
+    assert_eq!(kind("f2d/in.txt"), Some(ChangeKind::Added));
+    assert_eq!(kind("s2d"), Some(ChangeKind::Deleted));
+    assert_eq!(kind("s2d/s.txt"), Some(ChangeKind::Added));
     assert_eq!(kind("nested/file.txt"), Some(ChangeKind::Added));
     for p in [
         "debug.log",

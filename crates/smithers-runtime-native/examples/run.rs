@@ -22,6 +22,7 @@ impl OutputSink for Print {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    let t0 = std::time::Instant::now();
     let rt = NativeRuntime::default();
     let config = SandboxConfig {
         run_id: format!("example-{}", std::process::id()),
@@ -32,6 +33,7 @@ async fn main() {
         controls: Controls::default(),
     };
     let handle = rt.create(&config).await.expect("create");
+    let t_create = t0.elapsed();
     rt.ship(
         &handle,
         &RequestBundle {
@@ -40,6 +42,7 @@ async fn main() {
     )
     .await
     .expect("ship");
+    let t_ship = t0.elapsed();
     let outcome = rt
         .execute(
             &handle,
@@ -48,8 +51,23 @@ async fn main() {
             &Print,
         )
         .await;
+    let t_exec = t0.elapsed();
     let collected = rt.collect(&handle).await;
+    let t_collect = t0.elapsed();
     rt.cleanup(&handle).await.expect("cleanup");
+    let t_cleanup = t0.elapsed();
+    if std::env::var_os("TIMINGS").is_some() {
+        eprintln!(
+            "create {:?} ship {:?} execute {:?} collect {:?} cleanup {:?} total {:?}",
+            t_create,
+            t_ship - t_create,
+            t_exec - t_ship,
+            t_collect - t_exec,
+            t_cleanup - t_collect,
+            t_cleanup
+        );
+        return;
+    }
     eprintln!(
         "{}",
         serde_json::to_string_pretty(&outcome.expect("execute")).unwrap()

@@ -116,7 +116,13 @@ pub(crate) fn collect(
     let outcome: Option<ExecOutcome> = std::fs::read(backend.outcome_file())
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
-    let status = status_of(outcome.as_ref());
+    // A result the step gave but that broke a limit makes the step failed (the log's
+    // `resultRejected` record names the limit); it is never reported as finished.
+    let rejected = std::fs::read_to_string(backend.result_problem_file()).ok();
+    let mut status = status_of(outcome.as_ref());
+    if rejected.is_some() && status == BundleStatus::Finished {
+        status = BundleStatus::Failed;
+    }
     let output = outcome
         .as_ref()
         .and_then(|o| o.result.as_ref())

@@ -115,32 +115,103 @@ impl Pump<'_> {
     }
 }
 
+/// What reading the step's result file found.
+enum Untrusted {
+    Missing,
+    TooBig(u64),
+    Bytes(Vec<u8>),
+}
+
 /// Reads a host file the sandbox wrote, without following a symlink it may have planted.
-fn read_untrusted(path: &Path, max: u64) -> Option<Vec<u8>> {
+fn read_untrusted(path: &Path, max: u64) -> Untrusted {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
+    let Ok(file) = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > max {
-        return None;
+    else {
+        return Untrusted::Missing;
+    };
+    let Ok(meta) = file.metadata() else {
+        return Untrusted::Missing;
+    };
+    if !meta.is_file() {
+        return Untrusted::Missing;
+    }
+    if meta.len() > max {
+        return Untrusted::TooBig(meta.len());
     }
     let mut out = Vec::new();
-    file.take(max).read_to_end(&mut out).ok()?;
-    Some(out)
+    if file.take(max + 1).read_to_end(&mut out).is_err() {
+        return Untrusted::Missing;
+    }
+    if out.len() as u64 > max {
+        return Untrusted::TooBig(out.len() as u64);
+    }
+    Untrusted::Bytes(out)
 }
 
-fn result_json(bytes: &[u8]) -> Option<Value> {
-    let text = std::str::from_utf8(bytes).ok()?.trim();
+/// Parses a result document: a JSON object. Errors say why (serde names a recursion limit
+/// for a too-deep document).
+fn result_json(bytes: &[u8]) -> Result<Option<Value>, String> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| "is not UTF-8".to_string())?
+        .trim();
     if text.is_empty() {
-        return None;
+        return Ok(None);
     }
-    match serde_json::from_str::<Value>(text).ok()? {
-        v @ Value::Object(_) => Some(v),
-        _ => None,
+    match serde_json::from_str::<Value>(text) {
+        Ok(v @ Value::Object(_)) => Ok(Some(v)),
+        Ok(_) => Err("is not a JSON object".to_string()),
+        Err(e) if e.to_string().contains("recursion limit") => Err(format!(
+            "exceeds the maximum nesting depth the runtime accepts ({e})"
+        )),
+        Err(e) => Err(format!("is not valid JSON ({e})")),
+    }
+}
+
+/// The step's result: the result file, else stdout when it holds a JSON object. A result the
+/// step clearly meant to give but that breaks a limit is reported (never dropped silently).
+fn step_result(result_file: &Path, out: &Captured) -> (Option<Value>, Option<String>) {
+    match read_untrusted(result_file, MAX_RESULT_BYTES) {
+        Untrusted::TooBig(n) => {
+            return (
+                None,
+                Some(format!(
+                    "the result JSON ({n} bytes) exceeds the limit of {MAX_RESULT_BYTES} bytes (SANDBOX_MAX_README_BYTES)"
+                )),
+            )
+        }
+        Untrusted::Bytes(b) => {
+            return match result_json(&b) {
+                Ok(v) => (v, None),
+                Err(why) => (None, Some(format!("the result JSON {why}"))),
+            }
+        }
+        Untrusted::Missing => {}
+    }
+    let looks_like_json = out
+        .kept
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'{');
+    if !looks_like_json {
+        return (None, None);
+    }
+    if out.truncated {
+        return (
+            None,
+            Some("the result JSON on stdout exceeds maxOutputBytes and was truncated".into()),
+        );
+    }
+    match result_json(&out.kept) {
+        Ok(v) => (v, None),
+        // Plain output that happens to start with `{` is not a result; a too-deep object is.
+        Err(why) if why.contains("depth") => {
+            (None, Some(format!("the result JSON on stdout {why}")))
+        }
+        Err(_) => (None, None),
     }
 }
 
@@ -361,15 +432,7 @@ pub(crate) async fn execute(
         }
     };
 
-    let result = read_untrusted(&result_file, MAX_RESULT_BYTES)
-        .and_then(|b| result_json(&b))
-        .or_else(|| {
-            if out.truncated {
-                None
-            } else {
-                result_json(&out.kept)
-            }
-        });
+    let (result, result_problem) = step_result(&result_file, &out);
     let usage = ResourceUsage {
         cpu_time_ms: stats.cpu_time_ns.map(|ns| ns / 1_000_000),
         peak_memory_bytes: stats.peak_memory_bytes,
@@ -396,7 +459,14 @@ pub(crate) async fn execute(
         enforcement,
         result,
     };
-    persist(backend, &outcome, log.into_inner().unwrap_or_default())?;
+    let mut lines = log.into_inner().unwrap_or_default();
+    if let Some(problem) = &result_problem {
+        lines.push(
+            json!({"type": "resultRejected", "timestampMs": now_ms(), "reason": problem})
+                .to_string(),
+        );
+    }
+    persist(backend, &outcome, lines, result_problem.as_deref())?;
     Ok(outcome)
 }
 
@@ -405,7 +475,15 @@ fn persist(
     backend: &Backend,
     outcome: &ExecOutcome,
     mut lines: Vec<String>,
+    result_problem: Option<&str>,
 ) -> Result<(), RuntimeError> {
+    let problem_file = backend.result_problem_file();
+    match result_problem {
+        Some(p) => crate::write_private(&problem_file, p.as_bytes())?,
+        None => {
+            let _ = std::fs::remove_file(&problem_file);
+        }
+    }
     let exit = json!({
         "type": "exit",
         "timestampMs": now_ms(),

@@ -160,8 +160,19 @@ fn start(plan: &InitPlan) -> StageResult<libc::pid_t> {
             },
         ));
     }
+    // Opened now, written after the fork (see `join_cgroups`): the open checks our host
+    // credentials before we enter the user namespace.
+    let mut cgroup_fds = Vec::with_capacity(plan.cgroup_procs.len());
     for procs in &plan.cgroup_procs {
-        stage("cgroup", sys::write_file(procs, b"0"))?;
+        let c = cpath(procs);
+        // SAFETY: valid C string; the fd is owned by `cgroup_fds` and closed by the exec of
+        // nothing (CLOEXEC) or P0's exit.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        stage(
+            "cgroup",
+            sys::check(fd, || format!("open {}", procs.display())),
+        )?;
+        cgroup_fds.push(fd);
     }
     stage(
         "userns",
@@ -185,26 +196,88 @@ fn start(plan: &InitPlan) -> StageResult<libc::pid_t> {
             format!("{} {} 1\n", plan.sandbox_gid, plan.host_gid).as_bytes(),
         ),
     )?;
-    let mut flags = libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWCGROUP;
+    let mut flags =
+        libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
     if plan.unshare_net {
         flags |= libc::CLONE_NEWNET;
     }
     stage("namespaces", sys::unshare(flags, "namespaces"))?;
+    let mut joined = [0 as libc::c_int; 2];
+    // SAFETY: `joined` is a valid array of two fds for pipe2 to fill.
+    let ret = unsafe { libc::pipe2(joined.as_mut_ptr(), libc::O_CLOEXEC) };
+    stage("fork", sys::check(ret, || "pipe".to_string()))?;
     // SAFETY: the init is single-threaded, so the child may keep running arbitrary Rust code.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return stage("fork", sys::fail("fork"));
     }
     if pid == 0 {
-        let code = pid1(plan);
+        // SAFETY: closing our copies of fds we do not use.
+        unsafe {
+            libc::close(joined[1]);
+            for fd in &cgroup_fds {
+                libc::close(*fd);
+            }
+        }
+        let code = pid1(plan, joined[0]);
         // SAFETY: _exit is always safe; we must not run P0's atexit state in the child.
         unsafe { libc::_exit(code) };
     }
+    // SAFETY: P0 does not read the pipe.
+    unsafe { libc::close(joined[0]) };
+    join_cgroups(pid, &cgroup_fds, joined[1]);
     Ok(pid)
+}
+
+/// Moves P1 into the sandbox's cgroups while P1 builds its root. A cgroup migration takes the
+/// kernel's threadgroup rwsem for writing, which waits for an RCU grace period (milliseconds
+/// on a busy host): doing it here overlaps that wait with the mount work instead of adding it.
+/// P1 starts the command only after the `j` byte, so every sandbox process is born inside.
+fn join_cgroups(child: libc::pid_t, fds: &[libc::c_int], joined: libc::c_int) {
+    let pid = child.to_string();
+    for fd in fds {
+        if let Err(e) = sys::write_all_fd(*fd, pid.as_bytes()) {
+            report_error(
+                "cgroup",
+                &SysError {
+                    op: "join the sandbox cgroup".into(),
+                    errno: e.errno,
+                },
+            );
+            let _ = sys::kill(child, libc::SIGKILL);
+            // SAFETY: our fd.
+            unsafe { libc::close(joined) };
+            return;
+        }
+        // SAFETY: our fd, no longer needed.
+        unsafe { libc::close(*fd) };
+    }
+    let _ = sys::write_all_fd(joined, b"j");
+    // SAFETY: our fd.
+    unsafe { libc::close(joined) };
+}
+
+/// In P1: waits until P0 has moved us into the cgroups, then gives the sandbox its own cgroup
+/// namespace rooted there.
+fn await_cgroups(joined: libc::c_int) -> SysResult<()> {
+    let mut byte = [0u8; 1];
+    loop {
+        // SAFETY: valid one-byte buffer.
+        let n = unsafe { libc::read(joined, byte.as_mut_ptr().cast(), 1) };
+        if n < 0 && sys::errno() == libc::EINTR {
+            continue;
+        }
+        // SAFETY: our fd.
+        unsafe { libc::close(joined) };
+        if n != 1 || byte[0] != b'j' {
+            return Err(SysError {
+                op: "joining the sandbox cgroups failed".into(),
+                errno: libc::ECHILD,
+            });
+        }
+        break;
+    }
+    sys::unshare(libc::CLONE_NEWCGROUP, "cgroup namespace")
 }
 
 /// P0 after the fork: wait for P1, kill it on request or when the runtime goes away.
@@ -272,7 +345,7 @@ fn supervise(child: libc::pid_t, pending: &[u8]) -> i32 {
 }
 
 /// P1, pid 1 of the sandbox. Returns the exit code of P1 itself.
-fn pid1(plan: &InitPlan) -> i32 {
+fn pid1(plan: &InitPlan, joined: libc::c_int) -> i32 {
     if let Err(e) = sys::prctl(
         libc::PR_SET_PDEATHSIG,
         libc::SIGKILL as libc::c_ulong,
@@ -281,7 +354,7 @@ fn pid1(plan: &InitPlan) -> i32 {
         report_error("pdeathsig", &e);
         return 1;
     }
-    let ready = match setup(plan) {
+    let ready = match setup(plan, joined) {
         Ok(r) => r,
         Err((stage, err)) => {
             report_error(stage, &err);
@@ -626,7 +699,7 @@ fn read_cap_last_cap() -> u32 {
 }
 
 /// P1: build the root, pivot, drop privileges. Returns the `ready` report.
-fn setup(plan: &InitPlan) -> StageResult<Value> {
+fn setup(plan: &InitPlan, joined: libc::c_int) -> StageResult<Value> {
     let last_cap = read_cap_last_cap();
     // Nothing we mount may propagate back to the host.
     stage(
@@ -662,6 +735,7 @@ fn setup(plan: &InitPlan) -> StageResult<Value> {
         stage("network", lo_up())?;
     }
     stage("pivot_root", pivot(root))?;
+    stage("cgroup", await_cgroups(joined))?;
     restrict(plan, last_cap)
 }
 

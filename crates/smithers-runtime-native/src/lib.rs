@@ -211,6 +211,9 @@ impl Backend {
     fn outcome_file(&self) -> PathBuf {
         self.state_dir.join("outcome.json")
     }
+    fn result_problem_file(&self) -> PathBuf {
+        self.state_dir.join("result-rejected.txt")
+    }
     fn log_file(&self) -> PathBuf {
         self.state_dir.join("stream.ndjson")
     }
@@ -651,12 +654,11 @@ impl Runtime for NativeRuntime {
                 reason: "the sandbox does not exist (cleaned up?)".into(),
             });
         }
-        let bytes = serde_json::to_vec_pretty(&request.request).map_err(|e| {
-            RuntimeError::InvalidControl {
+        let bytes =
+            serde_json::to_vec(&request.request).map_err(|e| RuntimeError::InvalidControl {
                 control: "request",
                 reason: e.to_string(),
-            }
-        })?;
+            })?;
         std::fs::create_dir_all(&handle.request_path)
             .map_err(io_err("create", &handle.request_path))?;
         let path = handle.request_path.join(plan::REQUEST_FILE_NAME);

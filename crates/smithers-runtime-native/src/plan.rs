@@ -63,18 +63,7 @@ pub const ETC_ALLOWLIST: &[&str] = &[
     "localtime",
     "timezone",
     "os-release",
-    "debian_version",
-    "lsb-release",
-    "mime.types",
-    "inputrc",
-    "bash.bashrc",
-    "profile",
-    "environment",
     "gitconfig",
-    "magic",
-    "mke2fs.conf",
-    "subuid",
-    "subgid",
 ];
 
 /// Host device nodes bound into the sandbox's `/dev`. No disks, no `/dev/mem`, no `kmsg`.

@@ -16,11 +16,4 @@ fn make_env() -> SuiteEnv {
     })))
 }
 
-smithers_runtime::containment_tests!(
-    make_env,
-    // Known runtime bug, printed as KNOWN FAILURE on every run until fixed (the test then
-    // fails, asking for this entry to go): a result JSON beyond the bundle bounds that the
-    // runtime cannot parse (over 5 MiB, or deeper than serde_json's recursion limit) is dropped
-    // silently: the bundle says `finished` with no outputs and nothing names the limit.
-    known_failures = ["row16_bundle_bomb_rejected"]
-);
+smithers_runtime::containment_tests!(make_env);

@@ -1229,7 +1229,11 @@ async fn probe_report(rt: &DockerRuntime) -> EnforcementReport {
         protection("capabilities", Enforced, "CapDrop=ALL"),
         protection("no_new_privileges", Enforced, "no-new-privileges"),
         if sec.iter().any(|s| s.contains("name=seccomp")) {
-            protection("seccomp", Enforced, "engine default seccomp profile")
+            protection(
+                "seccomp",
+                Enforced,
+                "deny-list profile: engine defaults plus ptrace and process_vm_*",
+            )
         } else {
             Protection {
                 name: "seccomp".into(),

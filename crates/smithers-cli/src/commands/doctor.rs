@@ -1,5 +1,6 @@
 //! `smithers-sandbox doctor`: what the native runtime can enforce on this host, found by
-//! actually trying each mechanism in throwaway namespaces.
+//! actually trying each mechanism in throwaway namespaces; `--runtime docker` asks the Docker
+//! engine instead.
 
 use std::process::ExitCode;
 
@@ -9,7 +10,14 @@ use smithers_runtime::{ProtectionStatus, Runtime};
 
 /// Arguments of `doctor`.
 #[derive(Debug, Args)]
-pub struct DoctorArgs {}
+pub struct DoctorArgs {
+    /// Which runtime to check: the native one (default) or the Docker engine's.
+    #[arg(long, value_enum, default_value = "bubblewrap")]
+    pub runtime: super::run::RuntimeChoice,
+}
+
+/// Protections without which the docker runtime cannot run at all.
+const DOCKER_REQUIRED: &[&str] = &["engine", "workspace_cow"];
 
 /// Protections without which the native runtime cannot run at all.
 const REQUIRED: &[&str] = &[
@@ -19,14 +27,25 @@ const REQUIRED: &[&str] = &[
     "workspace-cow",
 ];
 
+/// The docker runtime's probe: engine version, API, cgroup driver, and what it enforces
+/// (with the fix when the engine is not reachable).
+fn docker_probe(rt: &tokio::runtime::Runtime) -> smithers_runtime::EnforcementReport {
+    use smithers_runtime_docker::{DockerOptions, DockerRuntime};
+    rt.block_on(DockerRuntime::new(DockerOptions::default()).probe())
+}
+
 /// Runs `doctor`: a table (or `--json`); exit 1 when the runtime is unusable here.
-pub fn run(_args: &DoctorArgs, json: bool) -> anyhow::Result<ExitCode> {
-    let runtime = super::run::native_runtime()?;
+pub fn run(args: &DoctorArgs, json: bool) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let report = rt.block_on(runtime.probe());
+    let docker = args.runtime == super::run::RuntimeChoice::Docker;
+    let report = if docker {
+        docker_probe(&rt)
+    } else {
+        rt.block_on(super::run::native_runtime()?.probe())
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -52,9 +71,14 @@ pub fn run(_args: &DoctorArgs, json: bool) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let usable = REQUIRED.iter().all(|n| report.is_enforced(n));
+    let required = if docker { DOCKER_REQUIRED } else { REQUIRED };
+    let usable = required.iter().all(|n| report.is_enforced(n));
     if !usable && !json {
-        eprintln!("the native (bubblewrap) runtime cannot run sandboxes on this host");
+        if docker {
+            eprintln!("the docker runtime cannot run sandboxes on this host");
+        } else {
+            eprintln!("the native (bubblewrap) runtime cannot run sandboxes on this host");
+        }
     }
     Ok(if usable {
         ExitCode::SUCCESS

@@ -681,3 +681,62 @@ async fn probe_reports_the_engine() {
     assert!(report.is_enforced("network"));
     assert!(report.is_enforced("pids"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disk_limit_caps_workspace_and_tmp() {
+    let Some(rt) = runtime_or_skip("disk_limit").await else {
+        return;
+    };
+    let sb = sandbox(
+        "disk",
+        Controls {
+            disk_limit_bytes: Some(8 << 20),
+            timeout_ms: Some(60_000),
+            ..Controls::default()
+        },
+    );
+    let h = match rt.create(&sb.config).await {
+        Ok(h) => h,
+        // Without CAP_SYS_ADMIN the workspace layer cannot be capped: refused, never ignored.
+        Err(RuntimeError::ControlUnsupported { control, .. }) => {
+            assert_eq!(control, "diskLimit");
+            return;
+        }
+        Err(e) => panic!("create: {e}"),
+    };
+    rt.ship(
+        &h,
+        &RequestBundle {
+            request: serde_json::json!({}),
+        },
+    )
+    .await
+    .unwrap();
+    let lines = Lines::default();
+    let o = rt
+        .execute(
+            &h,
+            &sh("head -c 20000000 /dev/zero > /tmp/big; echo tmp=$?; \
+                 head -c 20000000 /dev/zero > /workspace/big; echo ws=$?; exit 1"),
+            CancellationToken::new(),
+            &lines,
+        )
+        .await
+        .unwrap();
+    let out = lines.stdout();
+    assert!(
+        out.iter().any(|l| l.starts_with("tmp=") && l != "tmp=0"),
+        "{out:?}"
+    );
+    assert!(
+        out.iter().any(|l| l.starts_with("ws=") && l != "ws=0"),
+        "{out:?}"
+    );
+    assert_eq!(o.termination, Termination::Disk, "{o:?}");
+    assert!(o.usage.disk_bytes.unwrap_or(0) <= 8 << 20, "{o:?}");
+    assert!(!sb.project.path().join("big").exists());
+    rt.cleanup(&h).await.unwrap();
+    let state: smithers_runtime_docker::BackendState =
+        serde_json::from_value(h.backend.clone()).unwrap();
+    assert!(!state.state_dir.exists());
+}

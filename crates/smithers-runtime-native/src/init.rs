@@ -576,6 +576,37 @@ fn apply(op: &MountOp, root: &Path) -> SysResult<()> {
             sys::mount(Some(&src), &at, None, libc::MS_BIND | libc::MS_REC, None)?;
             set_attrs(&at, *attrs, true)
         }
+        MountOp::CopyFile {
+            source,
+            path,
+            max_bytes,
+        } => {
+            let Ok(meta) = std::fs::metadata(source) else {
+                return Ok(());
+            };
+            if !meta.is_file() || meta.len() > *max_bytes {
+                return Ok(());
+            }
+            let Ok(content) = std::fs::read(source) else {
+                return Ok(());
+            };
+            let at = join(root, path);
+            if let Some(parent) = at.parent() {
+                mkdir_p(parent, 0o755)?;
+            }
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::write(&at, &content)
+                .and_then(|()| {
+                    std::fs::set_permissions(
+                        &at,
+                        std::fs::Permissions::from_mode(meta.permissions().mode() & 0o755),
+                    )
+                })
+                .map_err(|e| SysError {
+                    op: format!("copy {}", source.display()),
+                    errno: e.raw_os_error().unwrap_or(libc::EIO),
+                })
+        }
         MountOp::Rebind {
             path,
             attrs,

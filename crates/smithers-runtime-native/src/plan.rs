@@ -66,6 +66,9 @@ pub const ETC_ALLOWLIST: &[&str] = &[
     "gitconfig",
 ];
 
+/// Largest `/etc` file copied into the sandbox (ld.so.cache is the big one, ~100 KiB).
+pub const ETC_COPY_MAX_BYTES: u64 = 4 << 20;
+
 /// Host device nodes bound into the sandbox's `/dev`. No disks, no `/dev/mem`, no `kmsg`.
 pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -107,12 +110,13 @@ impl MountAttrs {
         nodev: true,
         noexec: false,
     };
-    /// A device node: devices allowed, nothing else.
+    /// A device node: no attribute change (nosuid/noexec mean nothing on a character device,
+    /// and skipping the call saves a mount operation per node).
     pub const DEVICE: MountAttrs = MountAttrs {
         readonly: false,
-        nosuid: true,
+        nosuid: false,
         nodev: false,
-        noexec: true,
+        noexec: false,
     };
 }
 
@@ -151,6 +155,13 @@ pub enum MountOp {
         attrs: MountAttrs,
         /// Skip silently when the source vanished since the host was inspected.
         optional: bool,
+    },
+    /// Copies a small host file into the new root (cheaper than a bind mount; the root is made
+    /// read-only afterwards). Skipped when the source vanished or exceeds `max_bytes`.
+    CopyFile {
+        source: PathBuf,
+        path: PathBuf,
+        max_bytes: u64,
     },
     /// Binds a path of the new root onto itself to change its attributes (`.git`, `/proc/sys`).
     Rebind {
@@ -374,12 +385,12 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
                 attrs: MountAttrs::RO,
                 optional: true,
             }),
-            Some(HostEntry::File) => ops.push(MountOp::Bind {
+            // Small configuration files are copied: a mount per file costs more than the copy,
+            // and the copy lands on the root tmpfs, which becomes read-only.
+            Some(HostEntry::File) => ops.push(MountOp::CopyFile {
                 source: host_path.clone(),
                 path: host_path,
-                kind: TargetKind::File,
-                attrs: MountAttrs::RO,
-                optional: true,
+                max_bytes: ETC_COPY_MAX_BYTES,
             }),
             Some(HostEntry::Symlink(target)) => ops.push(MountOp::Symlink {
                 path: host_path,
@@ -732,7 +743,11 @@ mod tests {
     #[test]
     fn etc_is_filtered_and_secrets_never_bound() {
         let plan = plan_with(WorkspaceFacts::default(), false);
-        let sources: Vec<&Path> = binds(&plan).iter().map(|(s, _, _)| *s).collect();
+        let mut sources: Vec<&Path> = binds(&plan).iter().map(|(s, _, _)| *s).collect();
+        sources.extend(plan.mounts.iter().filter_map(|m| match m {
+            MountOp::CopyFile { source, .. } => Some(source.as_path()),
+            _ => None,
+        }));
         assert!(sources.contains(&Path::new("/etc/passwd")));
         assert!(sources.contains(&Path::new("/etc/ssl")));
         for secret in [
@@ -765,7 +780,7 @@ mod tests {
         assert_eq!(dev, vec![Path::new("/dev/null"), Path::new("/dev/urandom")]);
         for (_, t, attrs) in binds(&plan) {
             if t.starts_with("/dev") {
-                assert!(attrs.nosuid && attrs.noexec && !attrs.nodev);
+                assert!(!attrs.nodev);
             } else {
                 assert!(attrs.nodev, "{} allows devices", t.display());
             }

@@ -135,31 +135,16 @@ fn stage<T>(name: &'static str, r: SysResult<T>) -> StageResult<T> {
 
 /// P0: cgroups, namespaces, fork of P1. Returns P1's pid.
 fn start(plan: &InitPlan) -> StageResult<libc::pid_t> {
-    // SAFETY: getppid has no preconditions.
-    let parent = unsafe { libc::getppid() };
     // Own session: a Ctrl-C aimed at the runtime's terminal is the runtime's to handle (it
     // cancels), it must not hit the init directly.
     // SAFETY: setsid has no memory-safety preconditions; failure (already a leader) is harmless.
     unsafe { libc::setsid() };
-    stage(
-        "pdeathsig",
-        sys::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            "PR_SET_PDEATHSIG",
-        ),
-    )?;
-    // SAFETY: getppid has no preconditions.
-    if unsafe { libc::getppid() } != parent {
-        // The runtime died between spawning us and the prctl: nothing to run for.
-        return Err((
-            "pdeathsig",
-            SysError {
-                op: "the runtime exited before the sandbox started".into(),
-                errno: libc::ESRCH,
-            },
-        ));
-    }
+    // No PR_SET_PDEATHSIG here on purpose: it fires when the *thread* that spawned us exits,
+    // and the runtime spawns from whichever async worker thread polls `execute` (blocking-pool
+    // threads retire when idle), which would kill a healthy sandbox. Runtime death is detected
+    // exactly instead: the kernel closes the runtime's end of the control socket when the
+    // process dies, and `supervise` answers that EOF with SIGKILL to pid 1. P1 and the command
+    // do use PDEATHSIG: their parents are single-threaded.
     // Opened now, written after the fork (see `join_cgroups`): the open checks our host
     // credentials before we enter the user namespace.
     let mut cgroup_fds = Vec::with_capacity(plan.cgroup_procs.len());

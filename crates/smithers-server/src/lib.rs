@@ -80,6 +80,11 @@ pub struct Limits {
     pub upload_timeout: Duration,
     /// Interval of SSE keep-alive comments on an idle event stream.
     pub sse_keepalive: Duration,
+    /// A running step nobody follows (no open event stream) for this long is cancelled: its
+    /// client is gone (killed, crashed, partitioned), and a local step would have died with
+    /// its orchestrator. Clients reconnect well within it. `None` lets such steps run to their
+    /// own timeout.
+    pub orphan_timeout: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -93,6 +98,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(60),
             upload_timeout: Duration::from_secs(30 * 60),
             sse_keepalive: Duration::from_secs(15),
+            orphan_timeout: Some(Duration::from_secs(120)),
         }
     }
 }

@@ -93,7 +93,12 @@ pub(crate) async fn auth(State(state): St, req: Request, next: Next) -> Response
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            // The scheme is case-insensitive (RFC 9110 §11.1).
+            .and_then(|v| {
+                v.get(..7)
+                    .filter(|scheme| scheme.eq_ignore_ascii_case("bearer "))
+                    .map(|_| &v[7..])
+            });
         let Some(given) = given else {
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -276,6 +281,8 @@ pub(crate) async fn create(State(state): St, body: Body) -> Result<Response, Api
             bundle_path: None,
         }),
         events: EventLog::default(),
+        followers: std::sync::atomic::AtomicUsize::new(0),
+        unfollowed_since_ms: AtomicU64::new(now_ms()),
     });
     entry.events.push(WireEvent::State {
         state: SandboxState::Created,
@@ -599,6 +606,7 @@ pub(crate) async fn execute(
         inner.exec_key = key.clone();
         inner.cancel.clone()
     };
+    e.unfollowed_since_ms.store(now_ms(), Ordering::SeqCst);
     e.events.push(WireEvent::State {
         state: SandboxState::Running,
     });
@@ -628,10 +636,18 @@ async fn run_step(
     let runtime = state.runtime.kind().as_str();
     let started = Instant::now();
     let sink = LogSink(e.clone());
+    let watchdog = state
+        .config
+        .limits
+        .orphan_timeout
+        .map(|limit| tokio::spawn(orphan_watchdog(e.clone(), cancel.clone(), limit)));
     let executed = state
         .runtime
         .execute(&e.handle, &command, cancel, &sink)
         .await;
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     state
         .metrics
         .duration_ms(started.elapsed().as_millis() as f64);
@@ -684,6 +700,29 @@ async fn run_step(
             e.events.push(WireEvent::Failed {
                 error: err.report(),
             });
+        }
+    }
+}
+
+/// Cancels the step once nobody followed its events for `limit` (see `Limits::orphan_timeout`).
+async fn orphan_watchdog(e: Arc<Entry>, cancel: CancellationToken, limit: Duration) {
+    let tick = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(tick).await;
+        if cancel.is_cancelled() || e.events.is_closed() {
+            return;
+        }
+        let idle_ms = now_ms().saturating_sub(e.unfollowed_since_ms.load(Ordering::SeqCst));
+        if e.followers.load(Ordering::SeqCst) == 0 && idle_ms >= limit.as_millis() as u64 {
+            e.events.push(WireEvent::Stderr {
+                line: format!(
+                    "smithers-server: no client followed this step for {} ms; cancelling it",
+                    limit.as_millis()
+                ),
+                timestamp_ms: now_ms(),
+            });
+            cancel.cancel();
+            return;
         }
     }
 }
@@ -743,6 +782,7 @@ pub(crate) async fn events(
     let keepalive = state.config.limits.sse_keepalive;
     struct Follow {
         entry: Arc<Entry>,
+        _follower: Follower,
         rx: tokio::sync::watch::Receiver<u64>,
         cursor: u64,
         queue: VecDeque<Bytes>,
@@ -751,6 +791,7 @@ pub(crate) async fn events(
         keepalive: Duration,
     }
     let follow = Follow {
+        _follower: Follower::new(e.clone()),
         rx: e.events.subscribe(),
         entry: e,
         cursor: from,
@@ -809,6 +850,23 @@ pub(crate) async fn events(
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     Ok(resp)
+}
+
+/// Counts an open event stream for the orphan watchdog, for as long as the stream lives.
+struct Follower(Arc<Entry>);
+
+impl Follower {
+    fn new(entry: Arc<Entry>) -> Self {
+        entry.followers.fetch_add(1, Ordering::SeqCst);
+        Follower(entry)
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.0.unfollowed_since_ms.store(now_ms(), Ordering::SeqCst);
+        self.0.followers.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 pub(crate) async fn bundle(State(state): St, Path(id): Path<String>) -> Result<Response, ApiError> {

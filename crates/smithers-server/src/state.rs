@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -81,6 +81,10 @@ pub(crate) struct Entry {
     pub swap: Mutex<()>,
     pub inner: Mutex<Inner>,
     pub events: EventLog,
+    /// Open event streams, and when the last one closed (or the step started): the orphan
+    /// watchdog cancels a running step nobody follows.
+    pub followers: AtomicUsize,
+    pub unfollowed_since_ms: AtomicU64,
 }
 
 impl Entry {

@@ -790,3 +790,41 @@ async fn openapi_document_is_served_and_covers_every_route() {
     let _ = SandboxState::Created;
     host.stop().await;
 }
+
+#[tokio::test]
+async fn orphaned_step_is_cancelled_when_nobody_follows_it() {
+    let limits = smithers_server::Limits {
+        orphan_timeout: Some(Duration::from_millis(300)),
+        ..small_limits()
+    };
+    let host = start_with(limits, Duration::from_secs(5)).await;
+    let id = host.create("orphan").await;
+    host.ship(&id).await;
+    host.execute(&id, Some("k"), &["sh", "-c", "sleep 60"])
+        .await;
+    // Nobody follows: wait (without a deadline of our own) for the host to give up on it.
+    loop {
+        let v: Value = host
+            .req(Method::GET, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["state"] != "running" {
+            assert_eq!(v["state"], "completed");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events = host.events(&id, "", None).await;
+    assert!(events.iter().any(
+        |(_, e)| matches!(e, WireEvent::Stderr { line, .. } if line.contains("no client followed"))
+    ));
+    let WireEvent::Completed { outcome, .. } = &events.last().unwrap().1 else {
+        panic!("{events:?}")
+    };
+    assert_eq!(outcome.termination, Termination::Cancelled);
+    host.stop().await;
+}

@@ -1,5 +1,5 @@
-//! The shared conformance suite (`smithers_runtime::conformance`) against the codeplane
-//! runtime: each case talks HTTP to a real sandbox host on 127.0.0.1 whose runtime is the
+//! The shared conformance and containment suites (`smithers_runtime::conformance`,
+//! `smithers_runtime::containment`) against the codeplane runtime: each case talks HTTP to a real sandbox host on 127.0.0.1 whose runtime is the
 //! native namespace runtime, so the step really runs isolated, across the wire. One host per
 //! test process, on a thread of its own (each case builds and drops its own tokio runtime).
 //!
@@ -102,4 +102,74 @@ fn make_env() -> Result<SuiteEnv, Skip> {
     Ok(SuiteEnv::new(Arc::new(runtime)))
 }
 
-smithers_runtime::conformance_tests!(make_env);
+pub(crate) fn env() -> Result<SuiteEnv, Skip> {
+    make_env()
+}
+
+mod conformance {
+    smithers_runtime::conformance_tests!(crate::env);
+}
+
+mod containment {
+    use smithers_runtime::__suite_tests;
+
+    __suite_tests!(
+        crate::env,
+        containment,
+        &[],
+        [
+            row01_host_loopback_unreachable,
+            row02_no_route_outside,
+            row03_host_project_tree_untouched,
+            row04_system_dirs_read_only,
+            row05_host_secrets_invisible,
+            row06_host_processes_invisible,
+            row07_privilege_gain_denied,
+            row08_fork_bomb_capped,
+            row09_memory_hog_killed,
+            row10_disk_fill_capped,
+            row12_outlive_timeout,
+            row14_symlink_to_host_file,
+            row15_result_path_escapes_rejected,
+            row16_bundle_bomb_rejected,
+            row17_devices_denied,
+        ]
+    );
+
+    fn run(name: &str, case: smithers_runtime::conformance::CaseFn) {
+        smithers_runtime::conformance::run_case(name, crate::env, case);
+    }
+
+    /// Row 11 measures the peak RSS of the whole test process, which here also hosts the
+    /// sandbox host serving every other case in parallel (bundles, patches, uploads): the
+    /// high-water mark belongs to them, not to output buffering. It passes run alone:
+    /// `cargo test -p smithers-runtime-remote --test suites -- --ignored row11`.
+    #[test]
+    #[ignore = "peak RSS of a process shared with the in-process host and every other case; run alone with --ignored"]
+    fn row11_output_flood_capped() {
+        fn case(
+            env: &smithers_runtime::conformance::SuiteEnv,
+        ) -> smithers_runtime::conformance::CaseFuture<'_> {
+            Box::pin(smithers_runtime::containment::row11_output_flood_capped(
+                env,
+            ))
+        }
+        run("containment::row11_output_flood_capped", case);
+    }
+
+    /// Row 13 kills the re-executed test binary acting as orchestrator; in this harness that
+    /// process also holds its own in-process host, so the host dies too and the parent cannot
+    /// clean up through it. With a separate host, a killed client's sandbox is cancelled by the
+    /// host's orphan timeout (no event follower for `ServerConfig::orphan_timeout`), tested in
+    /// smithers-server's `orphaned_step_is_cancelled`.
+    #[test]
+    #[ignore = "the re-executed orchestrator carries its own in-process host; see doc comment"]
+    fn row13_survive_host_kill() {
+        fn case(
+            env: &smithers_runtime::conformance::SuiteEnv,
+        ) -> smithers_runtime::conformance::CaseFuture<'_> {
+            Box::pin(smithers_runtime::containment::row13_survive_host_kill(env))
+        }
+        run("containment::row13_survive_host_kill", case);
+    }
+}

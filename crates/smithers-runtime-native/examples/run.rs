@@ -23,7 +23,11 @@ impl OutputSink for Print {
 async fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let t0 = std::time::Instant::now();
-    let rt = NativeRuntime::default();
+    // STATE_ROOT=dir puts the sandbox state (upper layer, logs) elsewhere, e.g. on a tmpfs.
+    let rt = NativeRuntime::new(smithers_runtime_native::NativeOptions {
+        state_root: std::env::var_os("STATE_ROOT").map(Into::into),
+        ..Default::default()
+    });
     let config = SandboxConfig {
         run_id: format!("example-{}", std::process::id()),
         sandbox_id: "sb".into(),

@@ -1,0 +1,302 @@
+//! `smithers-bench`: the benchmark suite of `../shared/design/performance.md`.
+//!
+//! ```text
+//! cargo run --release -p smithers-bench -- cold-start          # scenario 1
+//! cargo run --release -p smithers-bench -- workspace-scaling   # scenario 2
+//! cargo run --release -p smithers-bench -- throughput          # scenario 3
+//! cargo run --release -p smithers-bench -- all
+//! ```
+//!
+//! Each scenario writes its section of `bench/RESULTS.md` and an SVG chart next to it. Every
+//! contender runs in the same process of measurement, interleaved round by round; the ratios
+//! are medians of per-round ratios. Nothing here asserts a time: the report is the product.
+
+mod measure;
+mod report;
+mod roundtrip;
+mod throughput;
+mod workspace;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use measure::{fmt_ms, interleaved, median_ratio, Contender, Series};
+use report::{bar_chart_svg, machine_line, write_section, Table};
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmarks of smithers-sandbox against its peers, side by side in one run")]
+struct Cli {
+    #[command(subcommand)]
+    scenario: Scenario,
+    /// Where RESULTS.md and the charts go.
+    #[arg(long, default_value = "bench", global = true)]
+    out: PathBuf,
+    /// Where generated workspaces and sandbox state live (needs a few GB for 100k files).
+    #[arg(long, default_value = "/var/tmp/smithers-bench", global = true)]
+    scratch: PathBuf,
+    /// Recorded rounds per contender (warm-up rounds come on top).
+    #[arg(long, global = true)]
+    rounds: Option<usize>,
+    /// Also measure the docker runtime with this local image (engine must be running).
+    #[arg(long, global = true)]
+    docker_image: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Scenario {
+    /// 1: create → ship → execute `true` → collect → cleanup, against bare bwrap and spawn.
+    ColdStart,
+    /// 2: the same step over 1k, 10k and 100k-file workspaces with 10 changed files.
+    WorkspaceScaling,
+    /// 3: N = 1, 10, 100 steps in parallel through the orchestrator with the SQLite store.
+    Throughput,
+    /// Every scenario above.
+    All,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    std::fs::create_dir_all(&cli.out)?;
+    std::fs::create_dir_all(&cli.scratch)?;
+    match cli.scenario {
+        Scenario::ColdStart => cold_start(&cli),
+        Scenario::WorkspaceScaling => workspace_scaling(&cli),
+        Scenario::Throughput => {
+            let (body, series) = throughput::run(&cli.scratch, cli.rounds)?;
+            finish(
+                &cli,
+                "Scenario 3: throughput and concurrency",
+                "throughput",
+                &body,
+                &series,
+            )
+        }
+        Scenario::All => {
+            cold_start(&cli)?;
+            workspace_scaling(&cli)?;
+            let (body, series) = throughput::run(&cli.scratch, cli.rounds)?;
+            finish(
+                &cli,
+                "Scenario 3: throughput and concurrency",
+                "throughput",
+                &body,
+                &series,
+            )
+        }
+    }
+}
+
+fn run_quiet(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let status = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("spawn {program}"))?;
+    anyhow::ensure!(status.success(), "{program} {args:?} exited with {status}");
+    Ok(())
+}
+
+fn have(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+const BWRAP_ARGS: &[&str] = &[
+    "--unshare-all",
+    "--die-with-parent",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--tmpfs",
+    "/tmp",
+    "true",
+];
+
+fn cold_start(cli: &Cli) -> anyhow::Result<()> {
+    let rounds = cli.rounds.unwrap_or(40);
+    anyhow::ensure!(
+        have("bwrap"),
+        "bare bwrap is the reference point of this scenario: apt-get install bubblewrap"
+    );
+    let project = cli.scratch.join("cold-start-project");
+    std::fs::create_dir_all(&project)?;
+    std::fs::write(project.join("README"), "a tiny project\n")?;
+
+    let native = roundtrip::RoundTrip::native(&project, &cli.scratch)?;
+    let docker = match &cli.docker_image {
+        Some(image) => Some(roundtrip::RoundTrip::docker(&project, image)?),
+        None => None,
+    };
+
+    let mut contenders = vec![
+        Contender::new("smithers-sandbox bubblewrap (round trip)", || {
+            native.run(&["true"])
+        }),
+        Contender::new("bare bwrap --unshare-all ... true", || {
+            run_quiet("bwrap", BWRAP_ARGS)
+        }),
+        Contender::new("spawn /bin/true", || run_quiet("/bin/true", &[])),
+    ];
+    if let (Some(rt), Some(image)) = (&docker, &cli.docker_image) {
+        contenders.push(Contender::new(
+            "smithers-sandbox docker (round trip)",
+            move || rt.run(&["true"]),
+        ));
+        contenders.push(Contender::new(
+            format!("docker run --rm --network none {image} true"),
+            move || {
+                run_quiet(
+                    "docker",
+                    &["run", "--rm", "--network", "none", image, "true"],
+                )
+            },
+        ));
+    }
+    let series = interleaved(&mut contenders, 5, rounds)?;
+    drop(contenders);
+
+    let bwrap = &series[1];
+    let mut table = Table::new(&[
+        "contender",
+        "p50",
+        "p95",
+        "ratio to bare bwrap (median of pairs)",
+    ]);
+    for s in &series {
+        table.row(vec![
+            s.name.clone(),
+            fmt_ms(s.median()),
+            fmt_ms(s.p95()),
+            format!("{:.2}×", median_ratio(s, bwrap)),
+        ]);
+    }
+    let mut body = format!(
+        "Machine: {}. {rounds} interleaved rounds after 5 warm-up rounds. Default isolation \
+         (all namespaces, no network, memory/pids limits on, seccomp, Landlock).\n\n{}",
+        machine_line(),
+        table.to_markdown()
+    );
+    if series.len() == 5 {
+        body.push_str(&format!(
+            "\nDocker: our round trip / bare `docker run` = **{:.2}×** (median of pairs).\n",
+            median_ratio(&series[3], &series[4])
+        ));
+    }
+    body.push_str(&format!(
+        "\nOurs / bare bwrap = **{:.2}×**. Chart: `cold-start.svg`. Command: \
+         `cargo run --release -p smithers-bench -- cold-start{}`\n",
+        median_ratio(&series[0], bwrap),
+        cli.docker_image
+            .as_ref()
+            .map(|i| format!(" --docker-image {i}"))
+            .unwrap_or_default()
+    ));
+    finish(
+        cli,
+        "Scenario 1: cold start to first exec",
+        "cold-start",
+        &body,
+        &series,
+    )
+}
+
+fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
+    let rounds = cli.rounds.unwrap_or(15);
+    let sizes = [1_000usize, 10_000, 100_000];
+    let mut roots = Vec::new();
+    for n in sizes {
+        eprintln!("generating a {n}-file workspace (cached)...");
+        roots.push(workspace::generated(&cli.scratch, n)?);
+    }
+    let script = workspace::change_ten_files_script();
+    let rts = roots
+        .iter()
+        .map(|r| roundtrip::RoundTrip::native(r, &cli.scratch))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let big = roots[2].clone();
+    let copy_target = cli.scratch.join("copy-target");
+
+    let mut contenders: Vec<Contender<'_>> = Vec::new();
+    for (n, rt) in sizes.iter().zip(&rts) {
+        let script = script.clone();
+        contenders.push(Contender::new(
+            format!("ours, {}k files, 10 changed", n / 1000),
+            move || rt.run_expecting_patches(&["sh", "-c", &script], 10),
+        ));
+    }
+    contenders.push(Contender::new("git status, 100k files", || {
+        run_quiet(
+            "git",
+            &["-C", big.to_str().unwrap(), "status", "--porcelain"],
+        )
+    }));
+    contenders.push(Contender::new("cp -a of the 100k-file tree", || {
+        if copy_target.exists() {
+            std::fs::remove_dir_all(&copy_target)?;
+        }
+        run_quiet(
+            "cp",
+            &["-a", big.to_str().unwrap(), copy_target.to_str().unwrap()],
+        )?;
+        Ok(())
+    }));
+    let series = interleaved(&mut contenders, 2, rounds)?;
+    drop(contenders);
+    let _ = std::fs::remove_dir_all(&copy_target);
+
+    let mut table = Table::new(&["contender", "p50", "p95"]);
+    for s in &series {
+        table.row(vec![s.name.clone(), fmt_ms(s.median()), fmt_ms(s.p95())]);
+    }
+    let body = format!(
+        "Machine: {}. {rounds} interleaved rounds after 2 warm-up rounds. Each round trip is \
+         create → ship → a step that appends to 10 files → collect (patches) → cleanup.\n\n{}\n\
+         - 100k-file round trip / 1k-file round trip = **{:.2}×** (median of pairs)\n\
+         - cp -a of the 100k tree / our 100k round trip = **{:.1}×**\n\
+         - git status on the 100k tree / our 100k round trip = **{:.2}×**\n\n\
+         Chart: `workspace-scaling.svg`. Command: `cargo run --release -p smithers-bench -- workspace-scaling`\n",
+        machine_line(),
+        table.to_markdown(),
+        median_ratio(&series[2], &series[0]),
+        median_ratio(&series[4], &series[2]),
+        median_ratio(&series[3], &series[2]),
+    );
+    finish(
+        cli,
+        "Scenario 2: workspace scaling",
+        "workspace-scaling",
+        &body,
+        &series,
+    )
+}
+
+/// Writes the chart and the results section; our own contenders are the highlighted bars.
+fn finish(cli: &Cli, title: &str, slug: &str, body: &str, series: &[Series]) -> anyhow::Result<()> {
+    let bars: Vec<(String, f64, bool)> = series
+        .iter()
+        .map(|s| {
+            let ours = s.name.starts_with("ours") || s.name.starts_with("smithers-sandbox");
+            (s.name.clone(), s.median().as_secs_f64() * 1000.0, ours)
+        })
+        .collect();
+    std::fs::write(
+        cli.out.join(format!("{slug}.svg")),
+        bar_chart_svg(&format!("{title} (p50)"), "ms", &bars),
+    )?;
+    write_section(&cli.out.join("RESULTS.md"), title, body)?;
+    println!("## {title}\n\n{body}");
+    Ok(())
+}

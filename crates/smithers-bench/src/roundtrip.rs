@@ -1,0 +1,118 @@
+//! One sandboxed step through the `Runtime` trait, the way the orchestrator drives it:
+//! create → ship → execute → collect → cleanup, with the default isolation and limits on.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use smithers_runtime::{
+    CancellationToken, Controls, NullSink, RequestBundle, Runtime, RuntimeKind, SandboxConfig,
+    StepCommand, Termination,
+};
+
+/// A runtime plus the project it runs steps on, and a single-threaded async executor (what a
+/// CLI invocation has; no thread-pool start-up in the measured path).
+pub struct RoundTrip {
+    runtime: Arc<dyn Runtime>,
+    kind: RuntimeKind,
+    project: std::path::PathBuf,
+    image: Option<String>,
+    executor: tokio::runtime::Runtime,
+    counter: AtomicU64,
+}
+
+impl RoundTrip {
+    pub fn native(project: &Path, _scratch: &Path) -> anyhow::Result<Self> {
+        let runtime = smithers_runtime_native::NativeRuntime::new(Default::default());
+        Self::new(Arc::new(runtime), RuntimeKind::Bubblewrap, project, None)
+    }
+
+    pub fn docker(project: &Path, image: &str) -> anyhow::Result<Self> {
+        let runtime = smithers_runtime_docker::DockerRuntime::new(Default::default());
+        Self::new(
+            Arc::new(runtime),
+            RuntimeKind::Docker,
+            project,
+            Some(image.to_string()),
+        )
+    }
+
+    fn new(
+        runtime: Arc<dyn Runtime>,
+        kind: RuntimeKind,
+        project: &Path,
+        image: Option<String>,
+    ) -> anyhow::Result<Self> {
+        let executor = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok(RoundTrip {
+            runtime,
+            kind,
+            project: std::fs::canonicalize(project)?,
+            image,
+            executor,
+            counter: AtomicU64::new(0),
+        })
+    }
+
+    /// One full round trip of `argv`; fails unless the command exits 0.
+    pub fn run(&self, argv: &[&str]) -> anyhow::Result<()> {
+        self.round_trip(argv).map(|_| ())
+    }
+
+    /// One full round trip of `argv`; fails unless it exits 0 and yields `patches` patches.
+    pub fn run_expecting_patches(&self, argv: &[&str], patches: usize) -> anyhow::Result<()> {
+        let got = self.round_trip(argv)?;
+        anyhow::ensure!(
+            got == patches,
+            "expected {patches} patches, the step produced {got}"
+        );
+        Ok(())
+    }
+
+    fn round_trip(&self, argv: &[&str]) -> anyhow::Result<usize> {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let config = SandboxConfig {
+            run_id: format!("bench-{}", std::process::id()),
+            sandbox_id: format!("s{n}"),
+            runtime: self.kind,
+            root_dir: self.project.clone(),
+            image: self.image.clone(),
+            controls: Controls {
+                memory_limit_bytes: Some(512 << 20),
+                pids_limit: Some(256),
+                timeout_ms: Some(60_000),
+                ..Controls::default()
+            },
+        };
+        let command = StepCommand {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            cwd: None,
+        };
+        let rt = &self.runtime;
+        self.executor.block_on(async {
+            let handle = rt.create(&config).await?;
+            let result = async {
+                let request = RequestBundle {
+                    request: serde_json::json!({"status": "pending", "sandboxId": config.sandbox_id, "runtime": self.kind, "input": null}),
+                };
+                rt.ship(&handle, &request).await?;
+                let outcome = rt.execute(&handle, &command, CancellationToken::new(), &NullSink).await?;
+                let collected = rt.collect(&handle).await?;
+                anyhow::ensure!(
+                    outcome.termination == Termination::Exited && outcome.exit_code == Some(0),
+                    "step did not succeed: {outcome:?}"
+                );
+                // The bundle is the product of a round trip; removing it is the caller's job.
+                let _ = std::fs::remove_dir_all(&collected.bundle_path);
+                Ok(collected.patch_count)
+            }
+            .await;
+            let cleaned = rt.cleanup(&handle).await;
+            let patches = result?;
+            cleaned?;
+            Ok(patches)
+        })
+    }
+}

@@ -1068,3 +1068,97 @@ async fn parallel_starts_never_exceed_the_run_limit() {
     assert_eq!(h.orch.metrics().active("bubblewrap"), 0);
     assert_eq!(h.orch.metrics().created("bubblewrap"), 2);
 }
+
+/// 50 steps start at once against a per-run limit of 5; a refused start retries with a new
+/// sandbox id (as a workflow engine would) until all 50 have run. The limit is then checked
+/// from the events alone, not from any counter of the orchestrator: every step's execution
+/// window — from its `SandboxShipped` to its `SandboxBundleReceived` timestamp — lies inside
+/// the time it held a gate slot (shipped is stamped after admission, the bundle before the
+/// final row frees the slot), so at no millisecond may more than 5 windows overlap. The test
+/// also requires that 5 did overlap at some point: a gate that serialised everything would
+/// "pass" a weaker check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_parallel_starts_never_exceed_a_limit_of_five() {
+    const STEPS: usize = 50;
+    const LIMIT: u32 = 5;
+    let h = Arc::new(harness_with(Settings {
+        per_run_max: LIMIT,
+        ..Settings::default()
+    }));
+    // Long enough that admitted steps really overlap, short enough for a quick test.
+    let script = format!("sleep 0.3; {}", write_result("finished"));
+    let mut tasks = Vec::new();
+    for i in 0..STEPS {
+        let h = h.clone();
+        let script = script.clone();
+        tasks.push(tokio::spawn(async move {
+            for attempt in 0.. {
+                let req = h.request(&format!("s{i:02}-a{attempt}"), &script);
+                match h.orch.execute(&req, &h.ctx()).await {
+                    Ok(SandboxOutcome::Completed(c)) => {
+                        assert_eq!(c.status, "finished");
+                        return attempt;
+                    }
+                    Ok(other) => panic!("{other:?}"),
+                    Err(e) => {
+                        assert_eq!(e.code(), ErrorCode::SandboxExecutionFailed, "{e}");
+                        assert!(e.to_string().contains("concurrency limit"), "{e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            unreachable!()
+        }));
+    }
+    let mut retries = 0;
+    for t in tasks {
+        retries += t.await.unwrap();
+    }
+    assert!(
+        retries > 0,
+        "50 starts against a limit of 5 must have been refused at times"
+    );
+
+    // Execution windows, from the events only.
+    let mut windows: std::collections::BTreeMap<String, (Option<i64>, Option<i64>)> =
+        Default::default();
+    for e in h.store.events_since(RUN, 0).unwrap() {
+        let p: Value = serde_json::from_str(&e.payload_json).unwrap();
+        let sid = p["sandboxId"].as_str().unwrap().to_string();
+        match e.event_type.as_str() {
+            "SandboxShipped" => windows.entry(sid).or_default().0 = Some(e.timestamp_ms),
+            "SandboxBundleReceived" => windows.entry(sid).or_default().1 = Some(e.timestamp_ms),
+            _ => {}
+        }
+    }
+    let windows: Vec<(i64, i64)> = windows
+        .into_values()
+        .map(|w| match w {
+            (Some(start), Some(end)) => (start, end),
+            other => panic!("a step without a complete execution window: {other:?}"),
+        })
+        .collect();
+    assert_eq!(windows.len(), STEPS, "every step ran exactly once");
+
+    // Sweep over half-open windows [shipped, bundle received): timestamps are whole
+    // milliseconds, and a step admitted into a slot freed in the same millisecond shares that
+    // millisecond with its predecessor without overlapping it; ends sort before starts.
+    let mut edges: Vec<(i64, i32)> = windows
+        .iter()
+        .flat_map(|&(s, e)| [(s, 1), (e, -1)])
+        .collect();
+    edges.sort();
+    let (mut running, mut peak) = (0, 0);
+    for (_, d) in edges {
+        running += d;
+        peak = peak.max(running);
+    }
+    assert!(
+        peak <= LIMIT as i32,
+        "{peak} steps were executing at once with a limit of {LIMIT}"
+    );
+    assert_eq!(
+        peak, LIMIT as i32,
+        "the limit was never reached: the test proved nothing"
+    );
+}

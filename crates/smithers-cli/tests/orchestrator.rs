@@ -608,3 +608,167 @@ fn metrics_are_derived_from_the_database() {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
 }
+
+/// Every file under `root` but `.smithers/`: relative path → (mode, content or link target).
+fn snapshot(root: &Path) -> std::collections::BTreeMap<String, (u32, Vec<u8>)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string();
+            if rel == ".smithers" {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let mode = meta.permissions().mode();
+            if meta.is_dir() {
+                out.insert(rel, (mode, Vec::new()));
+                stack.push(path);
+            } else if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                out.insert(rel, (mode, target.into_os_string().into_encoded_bytes()));
+            } else {
+                out.insert(rel, (mode, std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// Host pids whose command line contains `marker`.
+fn marker_pids(marker: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        })
+        .collect()
+}
+
+/// The orchestrating process is SIGKILLed mid-step 20 times in a row (three runs, a new
+/// sandbox each time, each step modifying the workspace and leaving a daemonised child). Then:
+/// no sandbox process is left, every row is terminal, every run's `seq` is gap-free from 0,
+/// every orphan was cleaned up, and the host tree is byte-identical to before.
+#[test]
+fn twenty_sigkills_in_a_row_leave_nothing_behind() {
+    if !usable() {
+        return;
+    }
+    let dir = project();
+    let root = dir.path();
+    let before = snapshot(root);
+    let marker = format!("smithers-crash-marker-{}", std::process::id());
+    let script = format!(
+        "echo changed >> app.py; echo new > new.txt; (setsid sh -c 'sleep 600; : {marker}' &); sleep 600; : {marker}"
+    );
+    let runs = ["crash-a", "crash-b", "crash-c"];
+    for i in 0..20 {
+        let run = runs[i % runs.len()];
+        let sid = format!("s{i:02}");
+        let mut child = bin()
+            .args([
+                "run",
+                "--json",
+                "--run-id",
+                run,
+                "--sandbox-id",
+                &sid,
+                "--root",
+            ])
+            .arg(root)
+            .args(["--", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Mid-step: the step (and its daemonised child) is running inside the sandbox.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // (The `run` process itself carries the marker in its argv: count the others.)
+        while marker_pids(&marker)
+            .into_iter()
+            .filter(|&pid| pid != child.id())
+            .count()
+            < 2
+        {
+            assert!(
+                Instant::now() < deadline,
+                "iteration {i}: the step never started"
+            );
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "iteration {i}: run exited early"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+
+    // The next command recovers whatever the last kill left.
+    let out = cli(root, &["ls"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // No sandbox process is left (bounded wait for the kernel to reap the last ones).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = marker_pids(&marker);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sandbox processes survived: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Every row terminal, every orphan cleaned up, every run's seq gap-free.
+    let ls = json_of(&cli(root, &["ls", "--json"]));
+    let rows = ls.as_array().unwrap();
+    assert_eq!(rows.len(), 20, "{ls}");
+    for row in rows {
+        assert!(
+            ["finished", "failed", "cancelled"].contains(&row["status"].as_str().unwrap()),
+            "non-terminal row: {row}"
+        );
+    }
+    for run in runs {
+        let events = event_lines(&cli(root, &["events", "--json", run]).stdout);
+        let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+        assert_eq!(
+            seqs,
+            (0..seqs.len() as i64).collect::<Vec<_>>(),
+            "{run}: gaps in {seqs:?}"
+        );
+        let orphans: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["type"] == "SandboxFailed")
+            .collect();
+        assert!(
+            !orphans.is_empty(),
+            "{run}: no sandbox was recorded as failed"
+        );
+        for e in orphans {
+            assert_eq!(e["error"]["details"]["reason"], "orphaned", "{e}");
+            assert_eq!(e["error"]["details"]["cleanedUp"], true, "{e}");
+        }
+    }
+
+    // The host tree is untouched: the steps' writes stayed in their overlays.
+    assert_eq!(snapshot(root), before, "the host tree changed");
+}

@@ -772,3 +772,48 @@ fn twenty_sigkills_in_a_row_leave_nothing_behind() {
     // The host tree is untouched: the steps' writes stayed in their overlays.
     assert_eq!(snapshot(root), before, "the host tree changed");
 }
+
+/// The host edits the same file, away from the step's change, while the change waits for
+/// review: accepting merges both (the patch is relocated onto the host's version), and the
+/// review's base hash no longer matching is not a conflict by itself.
+#[test]
+fn accept_merges_a_host_edit_elsewhere_in_the_same_file() {
+    if !usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let lines: Vec<String> = (1..=20).map(|i| format!("line {i}")).collect();
+    std::fs::write(root.join("notes.txt"), lines.join("\n") + "\n").unwrap();
+    let out = bin()
+        .args(["run", "--json", "--root"])
+        .arg(root)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "sed -i 's/^line 2$/line two (sandbox)/' notes.txt",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let doc = json_of(&out);
+    assert_eq!(doc["status"], "review", "{doc}");
+    let sid = doc["sandboxId"].as_str().unwrap();
+
+    // Meanwhile, on the host: line 19 changes.
+    let mut host = lines.clone();
+    host[18] = "line nineteen (host)".to_string();
+    std::fs::write(root.join("notes.txt"), host.join("\n") + "\n").unwrap();
+
+    let out = cli(root, &["accept", sid]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut expected = host;
+    expected[1] = "line two (sandbox)".to_string();
+    assert_eq!(read(root.join("notes.txt")), expected.join("\n") + "\n");
+}

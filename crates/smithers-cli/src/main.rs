@@ -55,6 +55,8 @@ enum Command {
     Metrics(commands::inspect::MetricsArgs),
     /// Show which protections the native runtime can enforce on this host.
     Doctor(commands::doctor::DoctorArgs),
+    /// Serve sandboxes to remote clients over HTTP (the codeplane runtime's server).
+    Serve(commands::serve::ServeArgs),
 }
 
 fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
@@ -69,6 +71,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Events(args) => commands::inspect::events(args, cli.json),
         Command::Metrics(args) => commands::inspect::metrics(args, cli.json),
         Command::Doctor(args) => commands::doctor::run(args, cli.json),
+        Command::Serve(args) => commands::serve::run(args),
     }
 }
 

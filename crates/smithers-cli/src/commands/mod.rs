@@ -6,3 +6,4 @@ pub mod doctor;
 pub mod inspect;
 pub mod review;
 pub mod run;
+pub mod serve;

@@ -1,0 +1,64 @@
+//! `smithers-sandbox serve`: this host as a sandbox server for remote clients (the `codeplane`
+//! runtime, the TypeScript provider): the HTTP API of `smithers-server` over the native
+//! runtime, with durable reviews through the orchestrator and the SQLite store.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use smithers_server::{shutdown_signal, SandboxServer, ServerConfig};
+
+use super::context;
+use crate::output::Coded;
+
+const SERVE_HELP: &str = "\
+The API is under /v1/ (OpenAPI at /v1/openapi.yaml); GET /health and GET /metrics need no
+token. Clients authenticate with `Authorization: Bearer $SMITHERS_SANDBOX_TOKEN`; without a
+token the server refuses to listen anywhere but a loopback address. SIGTERM or Ctrl-C drains:
+no new steps, running ones get 30 s to finish and are then cancelled (with their bundles).";
+
+/// Arguments of `serve`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = SERVE_HELP)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port; the address is printed on stderr).
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    listen: SocketAddr,
+    /// Where uploaded workspaces, sandbox state and the review database live.
+    #[arg(long, default_value = ".smithers-server")]
+    data_dir: PathBuf,
+}
+
+/// Serves until SIGTERM or SIGINT.
+pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let data_dir = std::fs::canonicalize(&args.data_dir)?;
+    let orchestrator = Arc::new(context::orchestrator(&data_dir.join("sandbox.db"))?);
+    let native = Arc::new(super::run::native_runtime()?);
+    let server = SandboxServer::new(ServerConfig::from_env(&data_dir), native)
+        .coded()?
+        .with_orchestrator(orchestrator.clone())
+        .coded()?;
+    let rt = context::async_runtime()?;
+    rt.block_on(async {
+        for r in orchestrator.recover().await.coded()? {
+            eprintln!(
+                "recovered orphaned sandbox {}:{}: marked failed",
+                r.run_id, r.sandbox_id
+            );
+        }
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "smithers-sandbox serving on http://{addr} (data in {})",
+            data_dir.display()
+        );
+        server.serve(listener, shutdown_signal()).await.coded()
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

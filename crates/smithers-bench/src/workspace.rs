@@ -28,6 +28,9 @@ pub fn generated(base: &Path, files: usize) -> anyhow::Result<PathBuf> {
     std::fs::write(root.join(".gitignore"), "target/\n")?;
     git(&root, &["init", "-q"])?;
     git(&root, &["add", "-A"])?;
+    // Commit without the automatic background `git gc`, then pack in the foreground: a
+    // detached gc deleting loose objects would race the `cp -a` contender.
+    git(&root, &["config", "gc.auto", "0"])?;
     git(
         &root,
         &[
@@ -40,6 +43,7 @@ pub fn generated(base: &Path, files: usize) -> anyhow::Result<PathBuf> {
             "generated",
         ],
     )?;
+    git(&root, &["gc", "-q"])?;
     std::fs::write(&marker, "")?;
     // The marker must not show up as a change.
     std::fs::write(root.join(".git/info/exclude"), ".generated-complete\n")?;

@@ -229,6 +229,11 @@ fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
     let big = roots[2].clone();
     let copy_target = cli.scratch.join("copy-target");
 
+    // The previous round's copy is renamed aside (O(1)) rather than deleted inside the timed
+    // closure, so the contender measures the copy alone; the copies go after the run.
+    let trash = cli.scratch.join("copy-trash");
+    std::fs::create_dir_all(&trash)?;
+    let mut copies = 0;
     let mut contenders: Vec<Contender<'_>> = Vec::new();
     for (n, rt) in sizes.iter().zip(&rts) {
         let script = script.clone();
@@ -243,11 +248,6 @@ fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
             &["-C", big.to_str().unwrap(), "status", "--porcelain"],
         )
     }));
-    // The previous round's copy is renamed aside (O(1)) rather than deleted inside the timed
-    // closure, so the contender measures the copy alone; the copies go after the run.
-    let trash = cli.scratch.join("copy-trash");
-    std::fs::create_dir_all(&trash)?;
-    let mut copies = 0;
     contenders.push(Contender::new("cp -a of the 100k-file tree", || {
         if copy_target.exists() {
             copies += 1;

@@ -667,13 +667,16 @@ fn twenty_sigkills_in_a_row_leave_nothing_behind() {
     let root = dir.path();
     let before = snapshot(root);
     let marker = format!("smithers-crash-marker-{}", std::process::id());
-    let script = format!(
-        "echo changed >> app.py; echo new > new.txt; (setsid sh -c 'sleep 600; : {marker}' &); sleep 600; : {marker}"
-    );
     let runs = ["crash-a", "crash-b", "crash-c"];
     for i in 0..20 {
         let run = runs[i % runs.len()];
         let sid = format!("s{i:02}");
+        // Each iteration's processes carry their own marker (which contains the common one):
+        // the previous iteration's sandbox may still be dying when this one starts.
+        let this = format!("{marker}-it{i:02}-");
+        let script = format!(
+            "echo changed >> app.py; echo new > new.txt; (setsid sh -c 'sleep 600; : {this}' &); sleep 600; : {this}"
+        );
         let mut child = bin()
             .args([
                 "run",
@@ -694,7 +697,7 @@ fn twenty_sigkills_in_a_row_leave_nothing_behind() {
         // Mid-step: the step (and its daemonised child) is running inside the sandbox.
         let deadline = Instant::now() + Duration::from_secs(60);
         // (The `run` process itself carries the marker in its argv: count the others.)
-        while marker_pids(&marker)
+        while marker_pids(&this)
             .into_iter()
             .filter(|&pid| pid != child.id())
             .count()

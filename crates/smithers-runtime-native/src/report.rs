@@ -428,10 +428,13 @@ pub(crate) async fn probe(caps: &HostCaps) -> EnforcementReport {
 
 async fn run_probe(caps: &HostCaps, init: &crate::InitCommand) -> Result<Value, String> {
     std::fs::create_dir_all(&caps.state_root).map_err(|e| format!("state root: {e}"))?;
+    // Unique per call: several runtimes in one process may probe in the same millisecond.
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let scratch = caps.state_root.join(format!(
-        "probe-{}-{}",
+        "probe-{}-{}-{}",
         std::process::id(),
-        crate::exec::now_ms()
+        crate::exec::now_ms(),
+        PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::create_dir(&scratch).map_err(|e| format!("probe scratch: {e}"))?;
     let result = tokio::process::Command::new(&init.program)

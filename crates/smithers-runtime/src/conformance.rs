@@ -444,6 +444,31 @@ pub struct Project {
     pub attack: String,
 }
 
+/// Puts the attack binary at `dest` as a hard link to one copy staged per process (a plain
+/// copy across file systems). Why not a fresh copy per project: writing an executable while
+/// another test thread forks leaves the write descriptor open in that child until it execs,
+/// and executing the new file in that window fails with ETXTBSY. The staged copy is written
+/// once, before it is ever executed; links never open it for writing.
+fn place_attack_bin(bin: &Path, dest: &Path) {
+    static STAGED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let staged = STAGED.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("smithers-suite-attack-")
+            .tempdir()
+            .expect("create a temp dir")
+            .keep();
+        let staged = dir.join("smithers-attack");
+        std::fs::copy(bin, &staged).unwrap_or_else(|e| panic!("stage {}: {e}", bin.display()));
+        set_mode(&staged, 0o755);
+        staged
+    });
+    if std::fs::hard_link(staged, dest).is_err() {
+        std::fs::copy(staged, dest)
+            .unwrap_or_else(|e| panic!("copy {} into the project: {e}", staged.display()));
+        set_mode(dest, 0o755);
+    }
+}
+
 impl Project {
     pub fn new(env: &SuiteEnv) -> Project {
         let dir = tempfile::Builder::new()
@@ -458,11 +483,8 @@ impl Project {
         std::fs::write(root.join("src/lib.rs"), "pub fn answer() -> u32 { 42 }\n").expect("write");
         std::fs::write(root.join("src/gone.txt"), "to be deleted\n").expect("write");
         std::fs::write(root.join("data.bin"), [0u8, 1, 2, 255, 0, 7]).expect("write");
-        let bin = env.attack_bin();
         let dest = root.join("smithers-attack");
-        std::fs::copy(&bin, &dest)
-            .unwrap_or_else(|e| panic!("copy {} into the project: {e}", bin.display()));
-        set_mode(&dest, 0o755);
+        place_attack_bin(&env.attack_bin(), &dest);
         Project {
             _dir: dir,
             attack: format!("{}/smithers-attack", env.workspace_dir),

@@ -123,7 +123,19 @@ impl Runtime for HostRunner {
             }
         }
         let start = Instant::now();
-        let mut child = cmd.spawn().map_err(|e| RuntimeError::spawn("spawn", e))?;
+        // The suite has just copied the probe binary into the project; another test thread
+        // forking in that moment holds the copy's write descriptor until its child execs, and
+        // exec then fails with ETXTBSY. The window is short: retry a bounded number of times.
+        let mut attempts = 0;
+        let mut child = loop {
+            match cmd.spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && attempts < 50 => {
+                    attempts += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                other => break other.map_err(|e| RuntimeError::spawn("spawn", e))?,
+            }
+        };
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
         let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
         let timeout = std::time::Duration::from_millis(

@@ -167,6 +167,7 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
     }
     let series = interleaved(&mut contenders, 5, rounds)?;
     drop(contenders);
+    let phases = phase_table(&native.phases(), 5);
 
     let bwrap = &series[1];
     let mut table = Table::new(&[
@@ -196,6 +197,11 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
         ));
     }
     body.push_str(&format!(
+        "\nWhere the native round trip's time goes (median per verb over the recorded \
+         rounds):\n\n{}",
+        phases.to_markdown()
+    ));
+    body.push_str(&format!(
         "\nOurs / bare bwrap = **{:.2}×**. Chart: `cold-start.svg`. Command: \
          `cargo run --release -p smithers-bench -- cold-start{}`\n",
         median_ratio(&series[0], bwrap),
@@ -211,6 +217,21 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
         &body,
         &series,
     )
+}
+
+/// Median time of each verb over the round trips after the first `warm_up`.
+fn phase_table(rounds: &[[std::time::Duration; 5]], warm_up: usize) -> Table {
+    let recorded = rounds.get(warm_up..).unwrap_or(&[]);
+    let mut table = Table::new(&["verb", "p50", "p95"]);
+    for (i, verb) in roundtrip::PHASES.iter().enumerate() {
+        let samples: Vec<_> = recorded.iter().map(|r| r[i]).collect();
+        table.row(vec![
+            verb.to_string(),
+            fmt_ms(measure::percentile(&samples, 50.0)),
+            fmt_ms(measure::percentile(&samples, 95.0)),
+        ]);
+    }
+    table
 }
 
 fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {

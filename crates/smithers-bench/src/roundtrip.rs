@@ -3,7 +3,8 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use smithers_runtime::{
     CancellationToken, Controls, NullSink, RequestBundle, Runtime, RuntimeKind, SandboxConfig,
@@ -19,7 +20,13 @@ pub struct RoundTrip {
     image: Option<String>,
     executor: tokio::runtime::Runtime,
     counter: AtomicU64,
+    /// Time spent in each verb, per completed round trip (create, ship, execute, collect,
+    /// cleanup), so a report can say where a round trip's time goes.
+    phases: Mutex<Vec<[Duration; 5]>>,
 }
+
+/// The verbs of a round trip, in the order of [`RoundTrip::phases`].
+pub const PHASES: [&str; 5] = ["create", "ship", "execute", "collect", "cleanup"];
 
 impl RoundTrip {
     pub fn native(project: &Path, _scratch: &Path) -> anyhow::Result<Self> {
@@ -53,7 +60,13 @@ impl RoundTrip {
             image,
             executor,
             counter: AtomicU64::new(0),
+            phases: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Per-verb durations of every round trip so far (warm-up included).
+    pub fn phases(&self) -> Vec<[Duration; 5]> {
+        self.phases.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
     /// One full round trip of `argv`; fails unless the command exits 0.
@@ -91,15 +104,26 @@ impl RoundTrip {
             cwd: None,
         };
         let rt = &self.runtime;
-        self.executor.block_on(async {
+        let mut spent = [Duration::ZERO; 5];
+        let mut clock = Instant::now();
+        let mut lap = |i: usize| {
+            let now = Instant::now();
+            spent[i] = now - clock;
+            clock = now;
+        };
+        let patches = self.executor.block_on(async {
             let handle = rt.create(&config).await?;
+            lap(0);
             let result = async {
                 let request = RequestBundle {
                     request: serde_json::json!({"status": "pending", "sandboxId": config.sandbox_id, "runtime": self.kind, "input": null}),
                 };
                 rt.ship(&handle, &request).await?;
+                lap(1);
                 let outcome = rt.execute(&handle, &command, CancellationToken::new(), &NullSink).await?;
+                lap(2);
                 let collected = rt.collect(&handle).await?;
+                lap(3);
                 anyhow::ensure!(
                     outcome.termination == Termination::Exited && outcome.exit_code == Some(0),
                     "step did not succeed: {outcome:?}"
@@ -110,9 +134,14 @@ impl RoundTrip {
             }
             .await;
             let cleaned = rt.cleanup(&handle).await;
+            lap(4);
             let patches = result?;
             cleaned?;
-            Ok(patches)
-        })
+            Ok::<_, anyhow::Error>(patches)
+        })?;
+        if let Ok(mut phases) = self.phases.lock() {
+            phases.push(spent);
+        }
+        Ok(patches)
     }
 }

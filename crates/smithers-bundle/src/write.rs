@@ -523,22 +523,23 @@ fn write_files(
     let per_file_sync = durable && file_count <= PER_FILE_SYNC_MAX;
     // One file per directory that received entries, to fsync that directory afterwards.
     let mut synced_dirs: std::collections::BTreeMap<PathBuf, PathBuf> = Default::default();
-    let mut finish_file = |out: File, rel: &Path| -> Result<(), BundleError> {
+    // Files written, kept open to be fsync'd together once everything is written.
+    let mut unsynced: Vec<(File, PathBuf)> = Vec::new();
+    let mut finish_file = |out: File, rel: &Path| {
         if per_file_sync {
-            out.sync_all().map_err(|e| werr(&root.join(rel), e))?;
             let parent = rel.parent().unwrap_or(Path::new("")).to_path_buf();
             synced_dirs
                 .entry(parent)
                 .or_insert_with(|| rel.to_path_buf());
+            unsynced.push((out, rel.to_path_buf()));
         }
-        Ok(())
     };
     let files = params.patches.iter().chain(&params.artifacts);
     for (file, target) in files.zip(targets) {
         let rel = target.strip_prefix(&abs_root).unwrap_or(target);
         let mut out = create_beneath(&beneath, rel)?;
         out.write_all(&file.content).map_err(|e| werr(target, e))?;
-        finish_file(out, rel)?;
+        finish_file(out, rel);
     }
     if let (Some(src), Some(len)) = (&params.stream_log_path, log_len) {
         let rel = Path::new("logs/stream.ndjson");
@@ -552,7 +553,7 @@ fn write_files(
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(werr(src, e)),
         }
-        finish_file(out, rel)?;
+        finish_file(out, rel);
     }
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -562,18 +563,32 @@ fn write_files(
     let mut tmp = create_beneath(&beneath, &tmp_name)?;
     tmp.write_all(readme.as_bytes())
         .map_err(|e| werr(&root.join(&tmp_name), e))?;
-    finish_file(tmp, &tmp_name)?;
+    finish_file(tmp, &tmp_name);
     if per_file_sync {
-        // The directories holding the new entries, and the root holding the new
-        // directories, before the rename publishes the bundle.
+        // The files, the directories holding the new entries, and the root holding the new
+        // directories, before the rename publishes the bundle. All at once: concurrent fsyncs
+        // on one file system share journal commits, where one after another each waits for a
+        // commit of its own (5 commits, 2–7 ms each on this project's machines, for the
+        // smallest bundle).
         synced_dirs
             .entry(PathBuf::new())
             .or_insert_with(|| PathBuf::from("patches"));
-        for any_entry in synced_dirs.values() {
-            beneath
-                .sync_parent(any_entry)
-                .map_err(|e| confined_err(any_entry, e))?;
+        let mut jobs: Vec<SyncJob<'_>> = Vec::new();
+        for (file, rel) in &unsynced {
+            jobs.push(Box::new(move || {
+                file.sync_all().map_err(|e| werr(&root.join(rel), e))
+            }));
         }
+        for any_entry in synced_dirs.values() {
+            let beneath = &beneath;
+            jobs.push(Box::new(move || {
+                beneath
+                    .sync_parent(any_entry)
+                    .map_err(|e| confined_err(any_entry, e))
+            }));
+        }
+        run_concurrently(jobs)?;
+        drop(unsynced);
     } else if durable {
         let dir = File::open(root).map_err(|e| werr(root, e))?;
         // One syncfs makes every file written above durable before the rename publishes the
@@ -590,6 +605,40 @@ fn write_files(
             .map_err(|e| confined_err("README.md", e))?;
     }
     Ok(())
+}
+
+type SyncJob<'a> = Box<dyn FnOnce() -> Result<(), BundleError> + Send + 'a>;
+
+/// Most threads one bundle write uses to fsync (the files are at most [`PER_FILE_SYNC_MAX`]).
+const SYNC_THREADS: usize = 8;
+
+/// Runs the jobs on up to [`SYNC_THREADS`] scoped threads (the calling one included) and
+/// returns the first error.
+fn run_concurrently(jobs: Vec<SyncJob<'_>>) -> Result<(), BundleError> {
+    if jobs.len() <= 1 {
+        return jobs.into_iter().try_for_each(|job| job());
+    }
+    let lanes = jobs.len().min(SYNC_THREADS);
+    let mut buckets: Vec<Vec<SyncJob<'_>>> = (0..lanes).map(|_| Vec::new()).collect();
+    for (i, job) in jobs.into_iter().enumerate() {
+        buckets[i % lanes].push(job);
+    }
+    let run = |bucket: Vec<SyncJob<'_>>| bucket.into_iter().try_for_each(|job| job());
+    std::thread::scope(|scope| {
+        let mut buckets = buckets.into_iter();
+        let mine = buckets.next().unwrap_or_default();
+        let others: Vec<_> = buckets.map(|b| scope.spawn(move || run(b))).collect();
+        let mut result = run(mine);
+        for handle in others {
+            let theirs = handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            if result.is_ok() {
+                result = theirs;
+            }
+        }
+        result
+    })
 }
 
 /// A `Beneath` failure: a symlink in the way (ELOOP, or EXDEV from RESOLVE_BENEATH) is the

@@ -331,12 +331,17 @@ fn read_key(path: &Path, key: &str) -> Option<u64> {
 }
 
 impl SandboxCgroups {
-    /// The `cgroup.procs` files the init writes itself into.
-    pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.dirs
-            .iter()
-            .map(|d| d.path.join("cgroup.procs"))
-            .collect()
+    /// How the init enters these cgroups (see [`crate::plan::CgroupJoin`]).
+    pub fn join_plan(&self) -> crate::plan::CgroupJoin {
+        crate::plan::CgroupJoin {
+            v1_tasks: self
+                .dirs
+                .iter()
+                .filter(|d| !d.v2)
+                .map(|d| d.path.join("tasks"))
+                .collect(),
+            v2_dir: self.dirs.iter().find(|d| d.v2).map(|d| d.path.clone()),
+        }
     }
 
     fn dir_for(&self, controller: &str) -> Option<&CgroupDir> {

@@ -290,7 +290,7 @@ pub(crate) async fn execute(
         host_env: &caps.host_env,
         host_uid: caps.uid,
         host_gid: caps.gid,
-        cgroup_procs: backend.cgroups.procs_files(),
+        cgroups: backend.cgroups.join_plan(),
         seccomp: seccomp.clone(),
     });
     let mut plan_line = serde_json::to_vec(&plan).map_err(spawn_err)?;
@@ -384,7 +384,12 @@ pub(crate) async fn execute(
         status_fut,
         control_fut
     );
-    let _ = child.wait().await;
+    // The init has reported and closed its descriptors: every sandbox process is gone. What
+    // is left of P0 is the kernel tearing down its namespaces, which the runtime need not
+    // wait for; it is reaped in the background.
+    tokio::spawn(async move {
+        let _ = child.wait().await;
+    });
     let duration = started.elapsed();
 
     // Belt and braces: the pid namespace is gone, so the cgroups should be empty. If anything

@@ -5,10 +5,12 @@
 //! Process tree and protocol:
 //!
 //! ```text
-//! runtime ──socket (fd 0)──► P0  init, host pid ns: joins cgroups, unshares user (+maps) and
-//!                            │   the other namespaces, forks, then only waits: a "k" byte or
-//!                            │   EOF on fd 0 (the runtime died) → SIGKILL P1.
-//!                            └► P1  pid 1 of the new pid ns: builds the root, pivot_root,
+//! runtime ──socket (fd 0)──► P0  init, host pid ns: opens the cgroups, unshares user (+maps)
+//!                            │   and the other namespaces, forks P1 (into the v2 cgroup), then
+//!                            │   only waits: a "k" byte or EOF on fd 0 (the runtime died) →
+//!                            │   SIGKILL P1; once P1 is gone it closes its descriptors.
+//!                            └► P1  pid 1 of the new pid ns: moves itself into the v1 cgroups
+//!                               │   (see `CgroupJoin`), builds the root, pivot_root,
 //!                               │   drops privileges (caps, no_new_privs, Landlock, seccomp
 //!                               │   last), reports `ready`, forks the command, reaps zombies,
 //!                               │   reports `exit`, then exits, which kills whatever is left.
@@ -145,20 +147,9 @@ fn start(plan: &InitPlan) -> StageResult<libc::pid_t> {
     // exactly instead: the kernel closes the runtime's end of the control socket when the
     // process dies, and `supervise` answers that EOF with SIGKILL to pid 1. P1 and the command
     // do use PDEATHSIG: their parents are single-threaded.
-    // Opened now, written after the fork (see `join_cgroups`): the open checks our host
-    // credentials before we enter the user namespace.
-    let mut cgroup_fds = Vec::with_capacity(plan.cgroup_procs.len());
-    for procs in &plan.cgroup_procs {
-        let c = cpath(procs);
-        // SAFETY: valid C string; the fd is owned by `cgroup_fds` and closed by the exec of
-        // nothing (CLOEXEC) or P0's exit.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-        stage(
-            "cgroup",
-            sys::check(fd, || format!("open {}", procs.display())),
-        )?;
-        cgroup_fds.push(fd);
-    }
+    // Opened now, used after the fork: the open checks our host credentials before we enter
+    // the user namespace (and the kernel checks a cgroup write against the opener's).
+    let cgroups = open_cgroups(plan)?;
     stage(
         "userns",
         sys::unshare(libc::CLONE_NEWUSER, "user namespace"),
@@ -191,37 +182,139 @@ fn start(plan: &InitPlan) -> StageResult<libc::pid_t> {
     // SAFETY: `joined` is a valid array of two fds for pipe2 to fill.
     let ret = unsafe { libc::pipe2(joined.as_mut_ptr(), libc::O_CLOEXEC) };
     stage("fork", sys::check(ret, || "pipe".to_string()))?;
-    // SAFETY: the init is single-threaded, so the child may keep running arbitrary Rust code.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return stage("fork", sys::fail("fork"));
-    }
+    let (pid, placed) = stage("fork", fork_into(cgroups.v2_dir))?;
     if pid == 0 {
-        // SAFETY: closing our copies of fds we do not use.
+        // SAFETY: closing our copy of the pipe's write end and of the v2 fds, P0's business.
         unsafe {
             libc::close(joined[1]);
-            for fd in &cgroup_fds {
-                libc::close(*fd);
-            }
+            close_opt(cgroups.v2_dir);
+            close_opt(cgroups.v2_procs);
         }
-        let code = pid1(plan, joined[0]);
+        let code = pid1(plan, &cgroups.v1_tasks, joined[0]);
         // SAFETY: _exit is always safe; we must not run P0's atexit state in the child.
         unsafe { libc::_exit(code) };
     }
-    // SAFETY: P0 does not read the pipe.
-    unsafe { libc::close(joined[0]) };
-    join_cgroups(pid, &cgroup_fds, joined[1]);
+    // SAFETY: P0 does not read the pipe, nor use the v1 fds (P1 does).
+    unsafe {
+        libc::close(joined[0]);
+        for fd in &cgroups.v1_tasks {
+            libc::close(*fd);
+        }
+        close_opt(cgroups.v2_dir);
+    }
+    let procs = if placed { None } else { cgroups.v2_procs };
+    if placed {
+        close_opt(cgroups.v2_procs);
+    }
+    join_v2_and_release(pid, procs, joined[1]);
     Ok(pid)
 }
 
-/// Moves P1 into the sandbox's cgroups while P1 builds its root. A cgroup migration takes the
-/// kernel's threadgroup rwsem for writing, which waits for an RCU grace period (milliseconds
-/// on a busy host): doing it here overlaps that wait with the mount work instead of adding it.
-/// P1 starts the command only after the `j` byte, so every sandbox process is born inside.
-fn join_cgroups(child: libc::pid_t, fds: &[libc::c_int], joined: libc::c_int) {
-    let pid = child.to_string();
-    for fd in fds {
-        if let Err(e) = sys::write_all_fd(*fd, pid.as_bytes()) {
+/// File descriptors of the sandbox's cgroups, opened by P0 with its host credentials.
+struct CgroupFds {
+    /// v1 `tasks` files, written `0` by P1 itself.
+    v1_tasks: Vec<libc::c_int>,
+    /// The v2 directory (for `clone3(CLONE_INTO_CGROUP)`) and its `cgroup.procs` (fallback).
+    v2_dir: Option<libc::c_int>,
+    v2_procs: Option<libc::c_int>,
+}
+
+fn open_cgroups(plan: &InitPlan) -> StageResult<CgroupFds> {
+    fn open(path: &Path, flags: libc::c_int) -> StageResult<libc::c_int> {
+        let c = cpath(path);
+        // SAFETY: valid C string; the fd is closed by whichever process stops needing it.
+        let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+        stage(
+            "cgroup",
+            sys::check(fd, || format!("open {}", path.display())),
+        )
+    }
+    let join = &plan.cgroups;
+    let mut fds = CgroupFds {
+        v1_tasks: Vec::with_capacity(join.v1_tasks.len()),
+        v2_dir: None,
+        v2_procs: None,
+    };
+    for tasks in &join.v1_tasks {
+        fds.v1_tasks.push(open(tasks, libc::O_WRONLY)?);
+    }
+    if let Some(dir) = &join.v2_dir {
+        fds.v2_dir = Some(open(dir, libc::O_RDONLY | libc::O_DIRECTORY)?);
+        fds.v2_procs = Some(open(&dir.join("cgroup.procs"), libc::O_WRONLY)?);
+    }
+    Ok(fds)
+}
+
+fn close_opt(fd: Option<libc::c_int>) {
+    if let Some(fd) = fd {
+        // SAFETY: an fd this process owns and no longer uses.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// `struct clone_args` of clone3(2), up to `cgroup` (CLONE_ARGS_SIZE_VER2).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Forks P1, straight into the v2 cgroup when one is given and the kernel has
+/// `clone3(CLONE_INTO_CGROUP)`. Returns the pid (0 in the child) and whether the child was
+/// placed in the v2 cgroup.
+fn fork_into(v2_dir: Option<libc::c_int>) -> SysResult<(libc::pid_t, bool)> {
+    if let Some(dir) = v2_dir {
+        let args = CloneArgs {
+            flags: CLONE_INTO_CGROUP,
+            exit_signal: libc::SIGCHLD as u64,
+            cgroup: dir as u64,
+            ..CloneArgs::default()
+        };
+        // SAFETY: clone3 without CLONE_VM and without a stack behaves like fork(2): the child
+        // gets a copy of this single-threaded process and returns here with 0. `args` is a
+        // valid clone_args of the size passed.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &args as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if ret >= 0 {
+            return Ok((ret as libc::pid_t, true));
+        }
+        // ENOSYS/E2BIG (no clone3 or no cgroup field) and any refusal to place the child: fall
+        // back to fork and a `cgroup.procs` write, which reports its own error if it fails.
+    }
+    // SAFETY: the init is single-threaded, so the child may keep running arbitrary Rust code.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return sys::fail("fork");
+    }
+    Ok((pid, false))
+}
+
+/// P0: moves P1 into the v2 cgroup when `clone3` could not place it (the slow migration, done
+/// while P1 builds its root), then lets P1 go on. P1 starts the command only after the `j`
+/// byte, so every sandbox process is born inside.
+fn join_v2_and_release(child: libc::pid_t, procs: Option<libc::c_int>, joined: libc::c_int) {
+    if let Some(fd) = procs {
+        let result = sys::write_all_fd(fd, child.to_string().as_bytes());
+        // SAFETY: our fd, no longer needed.
+        unsafe { libc::close(fd) };
+        if let Err(e) = result {
             report_error(
                 "cgroup",
                 &SysError {
@@ -234,15 +327,28 @@ fn join_cgroups(child: libc::pid_t, fds: &[libc::c_int], joined: libc::c_int) {
             unsafe { libc::close(joined) };
             return;
         }
-        // SAFETY: our fd, no longer needed.
-        unsafe { libc::close(*fd) };
     }
     let _ = sys::write_all_fd(joined, b"j");
     // SAFETY: our fd.
     unsafe { libc::close(joined) };
 }
 
-/// In P1: waits until P0 has moved us into the cgroups, then gives the sandbox its own cgroup
+/// In P1, first thing: moves itself into the v1 cgroups. A single-threaded process writing
+/// `0` (itself) to `tasks` is the one migration the kernel does without its global lock.
+fn join_v1(tasks: &[libc::c_int]) -> SysResult<()> {
+    for fd in tasks {
+        let result = sys::write_all_fd(*fd, b"0");
+        // SAFETY: our fd, no longer needed.
+        unsafe { libc::close(*fd) };
+        result.map_err(|e| SysError {
+            op: "join the sandbox cgroup (v1 tasks)".into(),
+            errno: e.errno,
+        })?;
+    }
+    Ok(())
+}
+
+/// In P1: waits until P0 has placed us in the v2 cgroup, then gives the sandbox its own cgroup
 /// namespace rooted there.
 fn await_cgroups(joined: libc::c_int) -> SysResult<()> {
     let mut byte = [0u8; 1];
@@ -326,17 +432,27 @@ fn supervise(child: libc::pid_t, pending: &[u8]) -> i32 {
     if libc::WIFSIGNALED(status) {
         report(json!({"event": "initExit", "signal": libc::WTERMSIG(status)}));
     }
+    // Every sandbox process is gone. Close the runtime's socket and pipes now rather than at
+    // exit: the kernel releases a dying process's files only after tearing down the
+    // namespaces it was the last member of (mounts, network), and the runtime need not wait
+    // for that.
+    // SAFETY: close_range on our own descriptor table; nothing below uses a descriptor.
+    unsafe { libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) };
     0
 }
 
 /// P1, pid 1 of the sandbox. Returns the exit code of P1 itself.
-fn pid1(plan: &InitPlan, joined: libc::c_int) -> i32 {
+fn pid1(plan: &InitPlan, v1_tasks: &[libc::c_int], joined: libc::c_int) -> i32 {
     if let Err(e) = sys::prctl(
         libc::PR_SET_PDEATHSIG,
         libc::SIGKILL as libc::c_ulong,
         "PR_SET_PDEATHSIG",
     ) {
         report_error("pdeathsig", &e);
+        return 1;
+    }
+    if let Err(e) = join_v1(v1_tasks) {
+        report_error("cgroup", &e);
         return 1;
     }
     let ready = match setup(plan, joined) {

@@ -108,6 +108,8 @@ pub struct SuiteEnv {
     host_processes_visible: bool,
     test_name: String,
     base_controls: Controls,
+    host_pid: Option<u32>,
+    helper_env: Vec<(String, String)>,
 }
 
 impl SuiteEnv {
@@ -122,6 +124,8 @@ impl SuiteEnv {
             host_processes_visible: true,
             test_name: String::new(),
             base_controls: Controls::default(),
+            host_pid: None,
+            helper_env: Vec::new(),
         }
     }
 
@@ -148,6 +152,31 @@ impl SuiteEnv {
     pub fn with_base_controls(mut self, controls: Controls) -> Self {
         self.base_controls = controls;
         self
+    }
+
+    /// The process that supervises the sandboxes and receives their output when it is not
+    /// this one (a sandbox host serving a remote runtime): row 11 bounds its peak memory.
+    pub fn with_host_pid(mut self, pid: u32) -> Self {
+        self.host_pid = Some(pid);
+        self
+    }
+
+    /// An environment variable for the processes a case re-executes from this test binary
+    /// (row 13's orchestrator), e.g. how to reach a host this process started rather than
+    /// start another.
+    pub fn with_helper_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.helper_env.push((key.into(), value.into()));
+        self
+    }
+
+    /// See [`SuiteEnv::with_host_pid`]: `None` means this process.
+    pub fn host_pid(&self) -> Option<u32> {
+        self.host_pid
+    }
+
+    /// See [`SuiteEnv::with_helper_env`].
+    pub fn helper_env(&self) -> &[(String, String)] {
+        &self.helper_env
     }
 
     pub fn runtime(&self) -> &dyn Runtime {

@@ -581,8 +581,13 @@ pub async fn row10_disk_fill_capped(env: &SuiteEnv) -> CaseResult {
     Ok(())
 }
 
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+/// Peak resident memory (`VmHWM`) of `pid`, or of this process.
+fn peak_rss_bytes(pid: Option<u32>) -> Option<u64> {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    let status = std::fs::read_to_string(path).ok()?;
     let kb: u64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))?
@@ -595,7 +600,9 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// Row 11: a stdout/stderr flood is capped at maxOutputBytes with truncation recorded, and the
-/// host process does not buffer it (its peak RSS stays below the flood size).
+/// host process does not buffer it (its peak RSS stays below the flood size). The host is this
+/// process, or the one named by [`SuiteEnv::with_host_pid`] (a sandbox server); its peak must
+/// be readable then, or the row would check nothing.
 pub async fn row11_output_flood_capped(env: &SuiteEnv) -> CaseResult {
     let flood: u64 = 256 << 20;
     let cap: u64 = 1 << 20;
@@ -632,11 +639,23 @@ pub async fn row11_output_flood_capped(env: &SuiteEnv) -> CaseResult {
             check_bundle(&report.bundle_path);
         }
     }
-    if let Some(peak) = peak_rss_bytes() {
-        assert!(
-            peak < flood,
-            "row 11: the test process peaked at {peak} bytes: output was buffered on the host"
+    let host = env.host_pid();
+    if std::env::var_os(crate::conformance::VERBOSE_ENV).is_some() {
+        println!(
+            "[{}] peak RSS of the host ({}): {:?} bytes; flood {flood} bytes",
+            env.test_name(),
+            host.map_or("this process".to_string(), |p| format!("pid {p}")),
+            peak_rss_bytes(host)
         );
+    }
+    match (peak_rss_bytes(host), host) {
+        (Some(peak), _) => assert!(
+            peak < flood,
+            "row 11: the host process ({}) peaked at {peak} bytes: output was buffered on the host",
+            host.map_or("this test process".to_string(), |p| format!("pid {p}"))
+        ),
+        (None, Some(pid)) => panic!("row 11: cannot read the peak memory of host pid {pid}"),
+        (None, None) => {}
     }
     Ok(())
 }
@@ -676,6 +695,7 @@ pub async fn row13_survive_host_kill(env: &SuiteEnv) -> CaseResult {
             "--test-threads=1",
         ])
         .env(HELPER_ENV, "row13")
+        .envs(env.helper_env().iter().map(|(k, v)| (k, v)))
         .env("SMITHERS_SUITE_ROW13_PROJECT", &project.root)
         .env("SMITHERS_SUITE_ROW13_HANDLE", &handle_file)
         .env("SMITHERS_SUITE_ROW13_MARKER", &marker)

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use smithers_server::{shutdown_signal, SandboxServer, ServerConfig};
@@ -29,6 +30,14 @@ pub struct ServeArgs {
     /// Where uploaded workspaces, sandbox state and the review database live.
     #[arg(long, default_value = ".smithers-server")]
     data_dir: PathBuf,
+    /// Cancel a running step no client has followed (no open event stream) for this many
+    /// milliseconds: its client is gone. 0 never cancels (the step runs to its own timeout).
+    #[arg(long, default_value_t = 120_000, value_name = "MS")]
+    orphan_timeout_ms: u64,
+    /// Interval of keep-alive comments on an idle event stream, in milliseconds (also how
+    /// soon a vanished client's stream is noticed).
+    #[arg(long, default_value_t = 15_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    keepalive_ms: u64,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -38,7 +47,11 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
     let orchestrator = Arc::new(context::orchestrator(&data_dir.join("sandbox.db"))?);
     let native = Arc::new(super::run::native_runtime()?);
-    let server = SandboxServer::new(ServerConfig::from_env(&data_dir), native)
+    let mut config = ServerConfig::from_env(&data_dir);
+    config.limits.orphan_timeout =
+        (args.orphan_timeout_ms > 0).then(|| Duration::from_millis(args.orphan_timeout_ms));
+    config.limits.sse_keepalive = Duration::from_millis(args.keepalive_ms);
+    let server = SandboxServer::new(config, native)
         .coded()?
         .with_orchestrator(orchestrator.clone())
         .coded()?;

@@ -286,7 +286,10 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
         }
         switch (event.type) {
           case "state":
-            beat(`remote-${event.state}`, event.state === "running" ? 50 : 45, { hostId });
+            // created and shipped were reported as they happened (remote-created, request-shipped).
+            if (event.state !== "created" && event.state !== "shipped") {
+              beat(`remote-${event.state}`, 50, { hostId });
+            }
             break;
           case "heartbeat":
             beat("remote-heartbeat", 50, { hostId, remoteProgress: event.progress });

@@ -440,7 +440,13 @@ export class SandboxHostClient {
    */
   async follow(
     id: string,
-    options: { signal?: AbortSignal; onEvent?: (event: WireEvent, seq: number) => void; onAlive?: () => void } = {},
+    options: {
+      signal?: AbortSignal;
+      onEvent?: (event: WireEvent, seq: number) => void;
+      onAlive?: () => void;
+      /** Called before the stream is reopened from `since` after it dropped or went idle. */
+      onResume?: (since: number, failures: number) => void;
+    } = {},
   ): Promise<TerminalEvent> {
     let next = 0;
     let failures = 0;
@@ -531,6 +537,7 @@ export class SandboxHostClient {
           );
         }
         await sleep(this.backoff(failures));
+        options.onResume?.(next, failures);
       }
     } finally {
       options.signal?.removeEventListener("abort", onAbort);

@@ -303,6 +303,7 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
         }
       },
       onAlive: () => alive({}),
+      onResume: (since, failures) => beat("remote-resumed", 50, { hostId, since, failures }),
     });
     if (terminal.type === "failed") {
       throw new SmithersSandboxError(terminal.error.code, `the sandbox host failed to run the step: ${terminal.error.message}`, {

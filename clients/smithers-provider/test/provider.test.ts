@@ -17,6 +17,7 @@ import { after, before, test } from "node:test";
 import type { TestContext } from "node:test";
 
 import { createSmithersSandboxProvider, SandboxHostClient } from "../src/index.js";
+import { startFaultProxy } from "./faultproxy.js";
 import type { SandboxProviderRequest, SmithersSandboxProviderOptions, WireEvent } from "../src/index.js";
 import {
   binPath,
@@ -296,6 +297,48 @@ test("a host refusal is thrown with its code: a workspace link that leaves the t
     });
   } finally {
     await p.cleanup(req);
+  }
+});
+
+test("network faults: a lost execute answer, a cut event stream and a cut bundle download are survived", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const proxy = await startFaultProxy(server!.url, [
+    // The host starts the step but its answer never arrives: the retry must carry the same
+    // Idempotency-Key and be told the step already started (a second start would be 409).
+    { request: /^POST \S+\/execute /, action: { kind: "drop" } },
+    // The event stream breaks off after its first few hundred bytes: resume from the next seq.
+    { request: /^GET \S+\/events/, action: { kind: "cut", afterBytes: 400 } },
+    // The bundle breaks off inside the first file: download it again, never keep half.
+    { request: /^GET \S+\/bundle /, action: { kind: "cut", afterBytes: 700 } },
+  ]);
+  const seqs: number[] = [];
+  const p = createSmithersSandboxProvider({
+    url: proxy.url,
+    token: TOKEN,
+    retry: { maxAttempts: 5, initialBackoffMs: 20, maxBackoffMs: 200 },
+  });
+  const client = new SandboxHostClient({ url: proxy.url, token: TOKEN });
+  const req = request(await project(), { input: { flaky: true }, config: { command: CHANGE_STEP } });
+  try {
+    const result = await p.run(req);
+    for (const fault of proxy.faults) {
+      assert.equal(fault.fired, true, `fault ${fault.request} was injected`);
+    }
+    const validated = await reference.validateSandboxBundle(result.bundlePath);
+    assert.equal(validated.manifest.status, "finished");
+    assert.deepEqual((validated.manifest.outputs as { request: { input: unknown } }).request.input, { flaky: true });
+    assert.ok(validated.patchFiles.length >= 3);
+    assert.ok(req.beats.some((b) => b.stage === "remote-resumed"), "the event stream was resumed");
+    // Replaying the whole stream now shows every event exactly once, in order: the resumed
+    // follower above saw the same sequence (it checks for gaps and throws on one).
+    const terminal = await client.follow(String(result.remoteRunId), { onEvent: (_e, seq) => seqs.push(seq) });
+    assert.equal(terminal.type, "completed");
+    assert.deepEqual(seqs, seqs.map((_, i) => i));
+    const info = await client.info(String(result.remoteRunId));
+    assert.equal(info.state, "completed");
+  } finally {
+    await p.cleanup(req);
+    await proxy.close();
   }
 });
 

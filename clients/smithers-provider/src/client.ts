@@ -344,7 +344,7 @@ export class SandboxHostClient {
   async uploadWorkspace(
     id: string,
     rootDir: string,
-    options: { skipTop: string[]; gzipLevel?: number; signal?: AbortSignal },
+    options: { skipTop: string[]; gzipLevel?: number; signal?: AbortSignal; onProgress?: (stats: PackStats) => void },
   ): Promise<WorkspaceUploaded & { pack: PackStats }> {
     let stats: PackStats = { entries: 0, bytes: 0, skippedSpecial: [] };
     let packError: unknown = undefined;
@@ -354,7 +354,18 @@ export class SandboxHostClient {
       stats = { entries: 0, bytes: 0, skippedSpecial: [] };
       packError = undefined;
       const gzip = createGzip({ level: options.gzipLevel ?? 6 });
-      const src = Readable.from(packTree(rootDir, { skipTop: options.skipTop }, stats), { objectMode: false });
+      const current = stats;
+      const packed = packTree(rootDir, { skipTop: options.skipTop }, current);
+      const onProgress = options.onProgress;
+      const chunks = onProgress
+        ? (async function* () {
+            for await (const chunk of packed) {
+              yield chunk;
+              onProgress(current);
+            }
+          })()
+        : packed;
+      const src = Readable.from(chunks, { objectMode: false });
       src.on("error", (error) => {
         packError = error;
         // Fail the body so the host sees a failed upload, not a truncated archive.
@@ -555,16 +566,38 @@ export class SandboxHostClient {
     await mkdir(parent, { recursive: true });
     for (let attempt = 1; ; attempt++) {
       const last = attempt >= Math.max(1, this.retry.maxAttempts);
-      const resp = await this.send("download the bundle", true, () => ({
-        path: `/v1/sandboxes/${encodeURIComponent(id)}/bundle`,
-        init: { method: "GET" },
-      }));
+      // A stalled transfer (nothing for eventIdleTimeoutMs) is aborted and tried again.
+      const ctl = new AbortController();
+      let idle: NodeJS.Timeout | undefined;
+      const arm = () => {
+        if (idle) clearTimeout(idle);
+        idle = setTimeout(() => ctl.abort(new Error("the bundle download stalled")), this.eventIdleTimeoutMs);
+      };
+      arm();
+      let resp: Response;
+      try {
+        resp = await this.send("download the bundle", true, () => ({
+          path: `/v1/sandboxes/${encodeURIComponent(id)}/bundle`,
+          init: { method: "GET", signal: ctl.signal },
+        }));
+      } catch (error) {
+        clearTimeout(idle);
+        if (ctl.signal.aborted && !last) continue;
+        if (ctl.signal.aborted) throw this.unreachable(error);
+        throw error;
+      }
       const staging = join(parent, `.result-partial-${randomBytes(8).toString("hex")}`);
       await mkdir(staging, { mode: 0o755 });
       if (!resp.body) throw new SmithersSandboxError(ErrorCodes.SANDBOX_EXECUTION_FAILED, "download the bundle: the host sent no body");
       const body = Readable.fromWeb(resp.body as import("node:stream/web").ReadableStream<Uint8Array>);
+      const watched = (async function* () {
+        for await (const chunk of body) {
+          arm();
+          yield chunk as Uint8Array;
+        }
+      })();
       try {
-        const stats = await unpackTar(body, staging, BUNDLE_LIMITS);
+        const stats = await unpackTar(watched, staging, BUNDLE_LIMITS).finally(() => clearTimeout(idle));
         body.destroy();
         await rm(dest, { recursive: true, force: true });
         await rename(staging, dest);

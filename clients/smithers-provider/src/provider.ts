@@ -240,10 +240,19 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
     active.set(key, { client, hostId });
     beat("remote-created", 41, { hostId, runtime: info.runtime });
 
+    // Packing a large tree takes a while: keep the task's heartbeat alive meanwhile.
+    let lastUploadBeat = Date.now();
     const uploaded = await client.uploadWorkspace(hostId, request.rootDir, {
       skipTop: options.includeGit === false ? [".smithers", ".git"] : [".smithers"],
       ...(options.gzipLevel !== undefined ? { gzipLevel: options.gzipLevel } : {}),
       ...(signal ? { signal } : {}),
+      onProgress: (stats) => {
+        const now = Date.now();
+        if (now - lastUploadBeat >= livenessMs) {
+          lastUploadBeat = now;
+          beat("workspace-uploading", 42, { hostId, entries: stats.entries, bytes: stats.bytes });
+        }
+      },
     });
     beat("workspace-uploaded", 43, {
       hostId,

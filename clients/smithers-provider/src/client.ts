@@ -353,7 +353,7 @@ export class SandboxHostClient {
       source?.destroy();
       stats = { entries: 0, bytes: 0, skippedSpecial: [] };
       packError = undefined;
-      const gzip = createGzip({ level: options.gzipLevel ?? 6 });
+      const gzip = createGzip({ level: options.gzipLevel ?? 1 });
       const current = stats;
       const packed = packTree(rootDir, { skipTop: options.skipTop }, current);
       const onProgress = options.onProgress;

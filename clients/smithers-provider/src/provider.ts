@@ -50,7 +50,7 @@ export type SmithersSandboxProviderOptions = {
   env?: Record<string, string>;
   /** Upload `.git/` with the workspace (default true: steps need it). */
   includeGit?: boolean;
-  /** gzip level of the workspace upload (default 6). */
+  /** gzip level of the workspace upload (default 1: fast; 0 stores, for a host on loopback; 9 for a slow link). */
   gzipLevel?: number;
   requestTimeoutMs?: number;
   eventIdleTimeoutMs?: number;

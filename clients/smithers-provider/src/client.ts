@@ -219,7 +219,7 @@ export class SandboxHostClient {
     what: string,
     safe: boolean,
     build: () => Built,
-    opts: { timeoutMs?: number; signal?: AbortSignal } = {},
+    opts: { timeoutMs?: number; signal?: AbortSignal; fatal?: () => unknown } = {},
   ): Promise<Response> {
     for (let attempt = 1; ; attempt++) {
       const last = attempt >= Math.max(1, this.retry.maxAttempts);
@@ -247,6 +247,11 @@ export class SandboxHostClient {
         if (init.signal?.aborted) {
           // The caller's own per-request signal (an idle stream): the caller decides.
           throw error;
+        }
+        const fatal = opts.fatal?.();
+        if (fatal !== undefined) {
+          // Our side broke the request (the workspace could not be read): repeating won't help.
+          throw fatal;
         }
         if (error instanceof SmithersSandboxError) {
           throw error;
@@ -381,7 +386,10 @@ export class SandboxHostClient {
     try {
       let resp: Response;
       try {
-        resp = await this.send("upload the workspace", true, build, options.signal ? { signal: options.signal } : {});
+        resp = await this.send("upload the workspace", true, build, {
+          ...(options.signal ? { signal: options.signal } : {}),
+          fatal: () => (packError === undefined ? undefined : packFailure(packError)),
+        });
       } catch (error) {
         if (packError !== undefined) {
           throw packFailure(packError);

@@ -594,9 +594,9 @@ export class SandboxHostClient {
         if (ctl.signal.aborted) throw this.unreachable(error);
         throw error;
       }
+      if (!resp.body) throw new SmithersSandboxError(ErrorCodes.SANDBOX_EXECUTION_FAILED, "download the bundle: the host sent no body");
       const staging = join(parent, `.result-partial-${randomBytes(8).toString("hex")}`);
       await mkdir(staging, { mode: 0o755 });
-      if (!resp.body) throw new SmithersSandboxError(ErrorCodes.SANDBOX_EXECUTION_FAILED, "download the bundle: the host sent no body");
       const body = Readable.fromWeb(resp.body as import("node:stream/web").ReadableStream<Uint8Array>);
       const watched = (async function* () {
         for await (const chunk of body) {

@@ -228,7 +228,7 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
     const command = stepCommandFor(request, options);
     const key = keyOf(request);
     if (active.has(key)) {
-      throw new SmithersSandboxError(ErrorCodes.INVALID_INPUT, `sandbox ${key} is already running through this provider`, {
+      throw new SmithersSandboxError(ErrorCodes.INVALID_INPUT, `sandbox ${key} is already in use by this provider (running, or not cleaned up yet: call cleanup(request))`, {
         details: { runId: request.runId, sandboxId: request.sandboxId },
       });
     }

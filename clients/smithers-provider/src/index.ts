@@ -1,0 +1,23 @@
+export { createSmithersSandboxProvider, controlsFor, stepCommandFor, parseSize, DEFAULT_PROVIDER_ID, DEFAULT_SANDBOX_COMMAND } from "./provider.js";
+export type { SmithersSandboxProvider, SmithersSandboxProviderOptions } from "./provider.js";
+export { SandboxHostClient, ENV_API_KEY, ENV_API_URL } from "./client.js";
+export type {
+  Controls,
+  CreateSandbox,
+  ExecOutcome,
+  ExecuteAccepted,
+  HostClientOptions,
+  HostErrorReport,
+  ResultInfo,
+  RetryPolicy,
+  SandboxInfo,
+  SandboxState,
+  StepCommand,
+  TerminalEvent,
+  WireEvent,
+  WorkspaceUploaded,
+} from "./client.js";
+export { SmithersSandboxError, ErrorCodes } from "./errors.js";
+export { packTree, unpackTar, BUNDLE_LIMITS } from "./tar.js";
+export type { PackOptions, PackStats, UnpackLimits, UnpackStats } from "./tar.js";
+export type { SandboxProvider, SandboxProviderBundleResult, SandboxProviderRequest, SandboxBundleStatus } from "./types.js";

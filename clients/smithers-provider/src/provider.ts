@@ -1,0 +1,346 @@
+/**
+ * `createSmithersSandboxProvider`: a Smithers `SandboxProvider` whose steps run on a
+ * smithers-sandbox host (`smithers-sandbox serve`).
+ *
+ * One `run(request)`:
+ *
+ * 1. `POST /v1/sandboxes` with the controls taken from the request (allowNetwork,
+ *    maxOutputBytes, toolTimeoutMs → timeoutMs) and its `config` (env, memoryLimit, cpuLimit,
+ *    pidsLimit, diskLimit, ports, image, workspace);
+ * 2. `PUT …/workspace`: `rootDir` as a gzip tar streamed from disk, without `.smithers/` (the
+ *    project's own state, as the Rust client) — `.git/` is included unless `includeGit: false`;
+ * 3. `PUT …/request`: `{status: "pending", runId, sandboxId, provider, runtime, input}`, which
+ *    the step reads at `$SMITHERS_SANDBOX_REQUEST_PATH`;
+ * 4. `POST …/execute` with an Idempotency-Key: the command of `config.command`, else the
+ *    provider's `command` option, else `smithers up bundle.tsx` (a string runs as
+ *    `/bin/sh -c <string>`, an array is the argv);
+ * 5. `GET …/events` (SSE) until the step ends, turned into `heartbeat({sandboxId, stage,
+ *    progress, ...})` calls; aborting `signal` cancels the step on the host, which still
+ *    collects its bundle (status `cancelled`);
+ * 6. `GET …/bundle` unpacked, confined, into `resultBundlePath`; returns
+ *    `{ bundlePath, remoteRunId, workspaceId }` for `executeSandbox` to validate and review.
+ *
+ * `cleanup(request)` deletes the sandbox on the host (idempotent). Errors are
+ * {@link SmithersSandboxError}s with the host's stable `code`.
+ */
+
+import { stat } from "node:fs/promises";
+
+import { abortedError, ENV_API_KEY, ENV_API_URL, SandboxHostClient } from "./client.js";
+import type { Controls, CreateSandbox, RetryPolicy, StepCommand, WireEvent } from "./client.js";
+import { describeError, ErrorCodes, SmithersSandboxError } from "./errors.js";
+import type { SandboxProvider, SandboxProviderBundleResult, SandboxProviderRequest } from "./types.js";
+
+/** What a step runs when neither its config nor the provider names a command (as in Smithers). */
+export const DEFAULT_SANDBOX_COMMAND = "smithers up bundle.tsx";
+export const DEFAULT_PROVIDER_ID = "smithers-sandbox";
+
+export type SmithersSandboxProviderOptions = {
+  /** The provider id steps name (`provider: "smithers-sandbox"`). */
+  id?: string;
+  /** Base URL of the host; default `$CODEPLANE_API_URL`. */
+  url?: string;
+  /** Bearer token (the host's SMITHERS_SANDBOX_TOKEN); default `$CODEPLANE_API_KEY`. */
+  token?: string;
+  /** The command when a step's `config.command` does not name one. */
+  command?: string | string[];
+  /** Working directory inside the sandbox (default `/workspace`); `config.cwd` wins. */
+  cwd?: string;
+  /** Environment of every step; a step's `config.env` is merged over it. */
+  env?: Record<string, string>;
+  /** Upload `.git/` with the workspace (default true: steps need it). */
+  includeGit?: boolean;
+  /** gzip level of the workspace upload (default 1: fast; 0 stores, for a host on loopback; 9 for a slow link). */
+  gzipLevel?: number;
+  requestTimeoutMs?: number;
+  eventIdleTimeoutMs?: number;
+  retry?: Partial<RetryPolicy>;
+  /**
+   * Shortest interval between liveness heartbeats sent for output lines and keep-alives of a
+   * running step (default 5000 ms). State changes and the step's own heartbeats are always sent.
+   */
+  livenessIntervalMs?: number;
+  /** Every event of the host's stream (stdout/stderr lines, states, the outcome), as it arrives. */
+  onEvent?: (event: WireEvent, context: { runId: string; sandboxId: string; hostId: string }) => void;
+};
+
+type Active = { client: SandboxHostClient; hostId: string };
+
+function env(name: string): string | undefined {
+  const value = process.env[name];
+  return value !== undefined && value.trim() !== "" ? value : undefined;
+}
+
+function invalid(control: string, reason: string): SmithersSandboxError {
+  return new SmithersSandboxError(ErrorCodes.INVALID_INPUT, `invalid sandbox config ${control}: ${reason}`, { details: { control } });
+}
+
+function unsupported(control: string, reason: string): SmithersSandboxError {
+  return new SmithersSandboxError(
+    ErrorCodes.TASK_RUNTIME_UNAVAILABLE,
+    `the smithers-sandbox provider cannot enforce ${control}: ${reason}`,
+    { details: { runtime: "smithers-sandbox", control } },
+  );
+}
+
+/** A `512m`-style size (binary multiples; `b`, `k`, `m`, `g`, `t`, optional `b`/`ib`), or a byte count. */
+export function parseSize(control: string, value: unknown): number {
+  if (typeof value === "number") {
+    if (!Number.isFinite(value) || value < 1) throw invalid(control, `must be a positive size, got ${value}`);
+    return Math.floor(value);
+  }
+  if (typeof value !== "string") throw invalid(control, `must be a size such as "512m", got ${typeof value}`);
+  const m = /^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-z]*)\s*$/i.exec(value);
+  const units: Record<string, number> = { "": 1, b: 1, k: 2 ** 10, kb: 2 ** 10, kib: 2 ** 10, m: 2 ** 20, mb: 2 ** 20, mib: 2 ** 20, g: 2 ** 30, gb: 2 ** 30, gib: 2 ** 30, t: 2 ** 40, tb: 2 ** 40, tib: 2 ** 40 };
+  const multiplier = m ? units[m[2]!.toLowerCase()] : undefined;
+  if (!m || multiplier === undefined) throw invalid(control, `unrecognised size ${JSON.stringify(value)} (expected e.g. 512m, 2g)`);
+  const bytes = Number(m[1]) * multiplier;
+  if (!Number.isFinite(bytes) || bytes < 1 || bytes > Number.MAX_SAFE_INTEGER) throw invalid(control, `size ${JSON.stringify(value)} out of range`);
+  return Math.floor(bytes);
+}
+
+function positiveNumber(control: string, value: unknown): number {
+  const n = typeof value === "string" ? Number(value.trim()) : value;
+  if (typeof n !== "number" || !Number.isFinite(n) || n <= 0) throw invalid(control, `must be a positive number, got ${JSON.stringify(value)}`);
+  return n;
+}
+
+function stringRecord(control: string, value: unknown): Record<string, string> {
+  if (value === undefined || value === null) return {};
+  if (typeof value !== "object" || Array.isArray(value)) throw invalid(control, "must be an object of strings");
+  const out: Record<string, string> = {};
+  for (const [k, v] of Object.entries(value)) {
+    if (typeof v !== "string") throw invalid(control, `value of ${k} must be a string`);
+    out[k] = v;
+  }
+  return out;
+}
+
+/** The host's controls for one request: the execution options, then the step's config. */
+export function controlsFor(request: SandboxProviderRequest, options: SmithersSandboxProviderOptions = {}): { controls: Controls; image?: string } {
+  const config = request.config ?? {};
+  const controls: Controls = { allowNetwork: request.allowNetwork === true };
+  if (typeof request.maxOutputBytes === "number" && Number.isFinite(request.maxOutputBytes) && request.maxOutputBytes > 0) {
+    controls.maxOutputBytes = Math.floor(request.maxOutputBytes);
+  }
+  if (typeof request.toolTimeoutMs === "number" && Number.isFinite(request.toolTimeoutMs) && request.toolTimeoutMs > 0) {
+    controls.timeoutMs = Math.ceil(request.toolTimeoutMs);
+  }
+  const mergedEnv = { ...stringRecord("env", options.env), ...stringRecord("env", config.env) };
+  if (Object.keys(mergedEnv).length > 0) controls.env = mergedEnv;
+  if (config.memoryLimit !== undefined) controls.memoryLimitBytes = parseSize("memoryLimit", config.memoryLimit);
+  if (config.diskLimit !== undefined) controls.diskLimitBytes = parseSize("diskLimit", config.diskLimit);
+  if (config.cpuLimit !== undefined) controls.cpuLimit = positiveNumber("cpuLimit", config.cpuLimit);
+  if (config.pidsLimit !== undefined) {
+    const p = positiveNumber("pidsLimit", config.pidsLimit);
+    if (!Number.isInteger(p)) throw invalid("pidsLimit", "must be a whole number");
+    controls.pidsLimit = p;
+  }
+  if (config.ports !== undefined) {
+    if (!Array.isArray(config.ports)) throw invalid("ports", "must be an array of {host, container}");
+    controls.ports = config.ports.map((p: unknown) => {
+      const port = p as { host?: unknown; container?: unknown };
+      if (!Number.isInteger(port?.host) || !Number.isInteger(port?.container)) throw invalid("ports", "each port needs integer host and container");
+      return { host: port.host as number, container: port.container as number };
+    });
+  }
+  if (config.workspace !== undefined) controls.workspace = config.workspace;
+  if (Array.isArray(config.volumes) && config.volumes.length > 0) {
+    throw unsupported("volumes", "paths of this machine do not exist on the remote sandbox host");
+  }
+  if (request.egress !== undefined || (config.egress !== undefined && config.egress !== null && config.egress !== false)) {
+    throw unsupported("egress", "egress proxying, CA certificates and secret bindings are not forwarded to the sandbox host");
+  }
+  let image: string | undefined;
+  if (config.image !== undefined) {
+    if (typeof config.image !== "string") throw invalid("image", "must be a string");
+    image = config.image;
+  }
+  return image === undefined ? { controls } : { controls, image };
+}
+
+function commandFrom(value: unknown, what: string): string[] | undefined {
+  if (value === undefined || value === null) return undefined;
+  if (typeof value === "string") {
+    return value.trim().length === 0 ? undefined : ["/bin/sh", "-c", value];
+  }
+  if (Array.isArray(value) && value.length > 0 && value.every((a) => typeof a === "string") && value[0] !== "") {
+    return value as string[];
+  }
+  throw invalid(what, "must be a non-empty string (run by /bin/sh -c) or a non-empty array of strings (the argv)");
+}
+
+/** The step's command: `config.command`, else the provider's, else Smithers' default. */
+export function stepCommandFor(request: SandboxProviderRequest, options: SmithersSandboxProviderOptions = {}): StepCommand {
+  const config = request.config ?? {};
+  const argv = commandFrom(config.command, "command") ?? commandFrom(options.command, "command") ?? ["/bin/sh", "-c", DEFAULT_SANDBOX_COMMAND];
+  const cwd = typeof config.cwd === "string" && config.cwd !== "" ? config.cwd : options.cwd;
+  return cwd === undefined ? { argv } : { argv, cwd };
+}
+
+/** A {@link SandboxProvider} whose `run` and `cleanup` are always asynchronous. */
+export type SmithersSandboxProvider = {
+  id: string;
+  run: (request: SandboxProviderRequest) => Promise<SandboxProviderBundleResult>;
+  cleanup: (request: SandboxProviderRequest) => Promise<void>;
+};
+
+export function createSmithersSandboxProvider(options: SmithersSandboxProviderOptions = {}): SmithersSandboxProvider {
+  const id = (options.id ?? DEFAULT_PROVIDER_ID).trim();
+  if (id === "") {
+    throw new SmithersSandboxError(ErrorCodes.INVALID_INPUT, "the smithers-sandbox provider needs a non-empty id");
+  }
+  const url = options.url ?? env(ENV_API_URL);
+  const token = options.token ?? env(ENV_API_KEY);
+  if (url === undefined || token === undefined) {
+    const missing = url === undefined ? ENV_API_URL : ENV_API_KEY;
+    throw new SmithersSandboxError(ErrorCodes.TASK_RUNTIME_UNAVAILABLE, `${missing} is not set (and no ${url === undefined ? "url" : "token"} option was given)`, {
+      details: { runtime: id, fix: `set ${ENV_API_URL} to the sandbox host's URL and ${ENV_API_KEY} to its token` },
+    });
+  }
+  // Validated once here: a bad URL fails when the provider is made, not in the middle of a run.
+  const client = new SandboxHostClient({
+    url,
+    token,
+    ...(options.requestTimeoutMs !== undefined ? { requestTimeoutMs: options.requestTimeoutMs } : {}),
+    ...(options.eventIdleTimeoutMs !== undefined ? { eventIdleTimeoutMs: options.eventIdleTimeoutMs } : {}),
+    ...(options.retry !== undefined ? { retry: options.retry } : {}),
+  });
+  const livenessMs = options.livenessIntervalMs ?? 5000;
+  const active = new Map<string, Active>();
+  const keyOf = (r: { runId: string; sandboxId: string }) => `${r.runId}:${r.sandboxId}`;
+
+  async function run(request: SandboxProviderRequest): Promise<SandboxProviderBundleResult> {
+    const { signal } = request;
+    const beat = (stage: string, progress: number, extra: Record<string, unknown> = {}) => {
+      try {
+        request.heartbeat?.({ sandboxId: request.sandboxId, stage, progress, provider: id, ...extra });
+      } catch {
+        // A heartbeat sink that throws must not fail the step.
+      }
+    };
+    if (signal?.aborted) throw abortedError("the sandbox step", signal.reason);
+    const rootInfo = await stat(request.rootDir).catch((error: unknown) => {
+      throw invalid("rootDir", `cannot read ${request.rootDir}: ${describeError(error)}`);
+    });
+    if (!rootInfo.isDirectory()) throw invalid("rootDir", `${request.rootDir} is not a directory`);
+    const { controls, image } = controlsFor(request, options);
+    const command = stepCommandFor(request, options);
+    const key = keyOf(request);
+    if (active.has(key)) {
+      throw new SmithersSandboxError(ErrorCodes.INVALID_INPUT, `sandbox ${key} is already in use by this provider (running, or not cleaned up yet: call cleanup(request))`, {
+        details: { runId: request.runId, sandboxId: request.sandboxId },
+      });
+    }
+
+    const body: CreateSandbox = { runId: request.runId, sandboxId: request.sandboxId, controls, ...(image !== undefined ? { image } : {}) };
+    const info = await client.create(body, signal);
+    const hostId = info.id;
+    // From here on cleanup(request) removes the sandbox from the host, whatever happens next.
+    active.set(key, { client, hostId });
+    beat("remote-created", 41, { hostId, runtime: info.runtime });
+
+    // Packing a large tree takes a while: keep the task's heartbeat alive meanwhile.
+    let lastUploadBeat = Date.now();
+    const uploaded = await client.uploadWorkspace(hostId, request.rootDir, {
+      skipTop: options.includeGit === false ? [".smithers", ".git"] : [".smithers"],
+      ...(options.gzipLevel !== undefined ? { gzipLevel: options.gzipLevel } : {}),
+      ...(signal ? { signal } : {}),
+      onProgress: (stats) => {
+        const now = Date.now();
+        if (now - lastUploadBeat >= livenessMs) {
+          lastUploadBeat = now;
+          beat("workspace-uploading", 42, { hostId, entries: stats.entries, bytes: stats.bytes });
+        }
+      },
+    });
+    beat("workspace-uploaded", 43, {
+      hostId,
+      entries: uploaded.entries,
+      bytes: uploaded.bytes,
+      receivedBytes: uploaded.receivedBytes,
+      skippedSpecial: uploaded.pack.skippedSpecial,
+    });
+
+    const requestDocument = {
+      status: "pending",
+      runId: request.runId,
+      sandboxId: request.sandboxId,
+      provider: id,
+      runtime: id,
+      input: request.input ?? {},
+    };
+    await client.putRequest(hostId, requestDocument, signal);
+    beat("request-shipped", 45, { hostId });
+    if (signal?.aborted) throw abortedError("the sandbox step", signal.reason);
+
+    // Not abortable in flight: once sent the step may have started, and only the event
+    // follower below (which cancels on the host) can stop it cleanly.
+    await client.execute(hostId, command);
+    let lastLiveness = 0;
+    const alive = (extra: Record<string, unknown>) => {
+      const now = Date.now();
+      if (now - lastLiveness >= livenessMs) {
+        lastLiveness = now;
+        beat("remote-alive", 50, { hostId, ...extra });
+      }
+    };
+    const terminal = await client.follow(hostId, {
+      ...(signal ? { signal } : {}),
+      onEvent: (event) => {
+        try {
+          options.onEvent?.(event, { runId: request.runId, sandboxId: request.sandboxId, hostId });
+        } catch {
+          // An observer that throws must not fail the step.
+        }
+        switch (event.type) {
+          case "state":
+            // created and shipped were reported as they happened (remote-created, request-shipped).
+            if (event.state !== "created" && event.state !== "shipped") {
+              beat(`remote-${event.state}`, 50, { hostId });
+            }
+            break;
+          case "heartbeat":
+            beat("remote-heartbeat", 50, { hostId, remoteProgress: event.progress });
+            break;
+          case "stdout":
+          case "stderr":
+            alive({ stream: event.type });
+            break;
+          default:
+            break;
+        }
+      },
+      onAlive: () => alive({}),
+      onResume: (since, failures) => beat("remote-resumed", 50, { hostId, since, failures }),
+    });
+    if (terminal.type === "failed") {
+      throw new SmithersSandboxError(terminal.error.code, `the sandbox host failed to run the step: ${terminal.error.message}`, {
+        details: terminal.error.details ?? null,
+      });
+    }
+    if (terminal.type === "cancelled") {
+      throw abortedError("the sandbox step (cancelled on the host before it ran)");
+    }
+    beat("remote-completed", 75, {
+      hostId,
+      exitCode: terminal.outcome.exitCode ?? null,
+      termination: terminal.outcome.termination ?? null,
+      patchCount: terminal.result.patchCount,
+    });
+    const unpacked = await client.downloadBundle(hostId, request.resultBundlePath);
+    beat("bundle-downloaded", 80, { hostId, entries: unpacked.entries, bytes: unpacked.bytes });
+    return { bundlePath: request.resultBundlePath, remoteRunId: hostId, workspaceId: hostId };
+  }
+
+  async function cleanup(request: SandboxProviderRequest): Promise<void> {
+    const key = keyOf(request);
+    const entry = active.get(key);
+    if (!entry) return;
+    await entry.client.delete(entry.hostId);
+    active.delete(key);
+  }
+
+  // `satisfies`: checked to be a SandboxProvider exactly as the Smithers package defines it.
+  return { id, run, cleanup } satisfies SandboxProvider;
+}

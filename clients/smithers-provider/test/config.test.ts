@@ -1,0 +1,158 @@
+/**
+ * How a Smithers request becomes the host's controls and command, and the errors for what
+ * cannot be honoured — checked before any network traffic, so no server is needed. The URL
+ * points at a closed loopback port: a test that wrongly reached the network would fail with
+ * TASK_RUNTIME_UNAVAILABLE instead of the code it expects (the last test checks exactly that).
+ */
+
+import assert from "node:assert/strict";
+import { mkdtemp, rm } from "node:fs/promises";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+
+import { controlsFor, createSmithersSandboxProvider, DEFAULT_SANDBOX_COMMAND, parseSize, stepCommandFor } from "../src/index.js";
+import type { SandboxProviderRequest } from "../src/index.js";
+
+let root = "";
+/** A loopback URL nothing listens on (a port just released; fetch refuses "bad ports" like 9). */
+const closedPort = { url: "", token: "unused-token-unused-token" };
+before(async () => {
+  root = await mkdtemp(join(tmpdir(), "smithers-provider-config-"));
+  const probe = createServer();
+  await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
+  const port = (probe.address() as { port: number }).port;
+  await new Promise((resolve) => probe.close(resolve));
+  closedPort.url = `http://127.0.0.1:${port}`;
+});
+after(async () => {
+  await rm(root, { recursive: true, force: true });
+});
+
+function request(over: Partial<SandboxProviderRequest> = {}): SandboxProviderRequest {
+  return {
+    runId: "run-config",
+    sandboxId: "step",
+    rootDir: root,
+    requestBundlePath: join(root, "req"),
+    resultBundlePath: join(root, "res"),
+    allowNetwork: false,
+    maxOutputBytes: 4096,
+    toolTimeoutMs: 1500.5,
+    config: {},
+    heartbeat: () => {},
+    ...over,
+  };
+}
+
+
+test("execution options and config map to the host's controls", () => {
+  const { controls, image } = controlsFor(
+    request({
+      allowNetwork: true,
+      config: { env: { A: "1" }, memoryLimit: "512m", diskLimit: "1g", cpuLimit: "0.5", pidsLimit: 64, ports: [{ host: 8080, container: 80 }], image: "alpine" },
+    }),
+    { env: { A: "base", B: "2" } },
+  );
+  assert.deepEqual(controls, {
+    allowNetwork: true,
+    maxOutputBytes: 4096,
+    timeoutMs: 1501,
+    env: { A: "1", B: "2" },
+    memoryLimitBytes: 512 * 1024 * 1024,
+    diskLimitBytes: 1024 ** 3,
+    cpuLimit: 0.5,
+    pidsLimit: 64,
+    ports: [{ host: 8080, container: 80 }],
+  });
+  assert.equal(image, "alpine");
+  // Zero or missing limits are left to the host's defaults.
+  assert.deepEqual(controlsFor(request({ maxOutputBytes: 0, toolTimeoutMs: 0 })).controls, { allowNetwork: false });
+  assert.equal(parseSize("memoryLimit", "1.5KiB"), 1536);
+});
+
+test("the command: config.command, else the provider's, else Smithers' default", () => {
+  assert.deepEqual(stepCommandFor(request({ config: { command: "echo hi", cwd: "/workspace/sub" } }), { command: ["true"] }), {
+    argv: ["/bin/sh", "-c", "echo hi"],
+    cwd: "/workspace/sub",
+  });
+  assert.deepEqual(stepCommandFor(request({ config: { command: "  " } }), { command: ["node", "step.js"], cwd: "/workspace" }), {
+    argv: ["node", "step.js"],
+    cwd: "/workspace",
+  });
+  assert.deepEqual(stepCommandFor(request()), { argv: ["/bin/sh", "-c", DEFAULT_SANDBOX_COMMAND] });
+});
+
+test("bad config values are INVALID_INPUT before anything is sent", async () => {
+  const provider = createSmithersSandboxProvider(closedPort);
+  for (const [config, control] of [
+    [{ memoryLimit: "lots" }, "memoryLimit"],
+    [{ cpuLimit: -1 }, "cpuLimit"],
+    [{ pidsLimit: 1.5 }, "pidsLimit"],
+    [{ env: { A: 1 } }, "env"],
+    [{ ports: [{ host: "80" }] }, "ports"],
+    [{ command: [] }, "command"],
+  ] as const) {
+    await assert.rejects(provider.run(request({ config: config as Record<string, unknown> })), (error: { code?: string; details?: { control?: string } }) => {
+      assert.equal(error.code, "INVALID_INPUT");
+      assert.equal(error.details?.control, control);
+      return true;
+    });
+  }
+  await assert.rejects(provider.run(request({ rootDir: join(root, "missing") })), { code: "INVALID_INPUT" });
+});
+
+test("controls the host cannot honour for a remote client are refused, never dropped", async () => {
+  const provider = createSmithersSandboxProvider(closedPort);
+  await assert.rejects(provider.run(request({ config: { volumes: [{ host: "/data", container: "/data" }] } })), (error: { code?: string; message?: string }) => {
+    assert.equal(error.code, "TASK_RUNTIME_UNAVAILABLE");
+    assert.match(String(error.message), /volumes/);
+    return true;
+  });
+  await assert.rejects(provider.run(request({ egress: { httpsProxy: "http://proxy:3128" } })), (error: { code?: string; message?: string }) => {
+    assert.equal(error.code, "TASK_RUNTIME_UNAVAILABLE");
+    assert.match(String(error.message), /egress/);
+    return true;
+  });
+});
+
+test("url and token come from CODEPLANE_API_URL / CODEPLANE_API_KEY; missing ones are named", () => {
+  const saved = { url: process.env.CODEPLANE_API_URL, key: process.env.CODEPLANE_API_KEY };
+  try {
+    delete process.env.CODEPLANE_API_URL;
+    process.env.CODEPLANE_API_KEY = "from-env-token-from-env-token";
+    assert.throws(() => createSmithersSandboxProvider(), (error: { code?: string; message?: string }) => {
+      assert.equal(error.code, "TASK_RUNTIME_UNAVAILABLE");
+      assert.match(String(error.message), /CODEPLANE_API_URL/);
+      return true;
+    });
+    process.env.CODEPLANE_API_URL = "http://127.0.0.1:7420";
+    delete process.env.CODEPLANE_API_KEY;
+    assert.throws(() => createSmithersSandboxProvider(), /CODEPLANE_API_KEY/);
+    process.env.CODEPLANE_API_KEY = "from-env-token-from-env-token";
+    const provider = createSmithersSandboxProvider({ id: "  named  " });
+    assert.equal(provider.id, "named");
+    assert.equal(typeof provider.run, "function");
+    assert.equal(typeof provider.cleanup, "function");
+    assert.throws(() => createSmithersSandboxProvider({ url: "ftp://host" }), { code: "TASK_RUNTIME_UNAVAILABLE" });
+  } finally {
+    if (saved.url === undefined) delete process.env.CODEPLANE_API_URL;
+    else process.env.CODEPLANE_API_URL = saved.url;
+    if (saved.key === undefined) delete process.env.CODEPLANE_API_KEY;
+    else process.env.CODEPLANE_API_KEY = saved.key;
+  }
+});
+
+test("a host that is not listening is TASK_RUNTIME_UNAVAILABLE naming the fix", async () => {
+  const provider = createSmithersSandboxProvider({ ...closedPort, retry: { maxAttempts: 2, initialBackoffMs: 1, maxBackoffMs: 1 } });
+  await assert.rejects(provider.run(request()), (error: { code?: string; message?: string; details?: { fix?: string } }) => {
+    assert.equal(error.code, "TASK_RUNTIME_UNAVAILABLE");
+    assert.match(String(error.message), /cannot reach the sandbox host at http:\/\/127\.0\.0\.1:\d+/);
+    assert.match(String(error.message), /ECONNREFUSED/);
+    assert.match(String(error.details?.fix), /smithers-sandbox serve/);
+    return true;
+  });
+  // Nothing was created, so cleanup has nothing to do.
+  await provider.cleanup(request());
+});

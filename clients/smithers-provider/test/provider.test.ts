@@ -1,0 +1,441 @@
+/**
+ * The provider against the real host: `smithers-sandbox serve` ($SMITHERS_SANDBOX_BIN) on a
+ * free loopback port, running steps in real native sandboxes, and the real
+ * `@smithers-orchestrator/sandbox` 0.32.0 ($SMITHERS_JS_HOME) judging the bundles that come back
+ * and driving the provider through its registry and `executeSandbox`.
+ *
+ * Without the binary, native sandboxes or the reference package the tests print SKIP; under
+ * CI=true they fail.
+ */
+
+import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
+import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+import type { TestContext } from "node:test";
+
+import { createSmithersSandboxProvider, SandboxHostClient } from "../src/index.js";
+import { startFaultProxy } from "./faultproxy.js";
+import type { SandboxProviderRequest, SmithersSandboxProviderOptions, WireEvent } from "../src/index.js";
+import {
+  binPath,
+  importReference,
+  nativeUnavailable,
+  skipOrFail,
+  smithersJsAvailable,
+  smithersJsHome,
+  startServer,
+  TOKEN,
+} from "./helpers.js";
+import type { ReferenceBundle, ReferenceExecute, ReferenceTaskRuntime, Server } from "./helpers.js";
+
+/** A bound so a hung step fails the suite instead of hanging CI (not a timing assertion). */
+const TEST_TIMEOUT_MS = 300_000;
+
+let server: Server | undefined;
+let skipReason: string | undefined;
+let reference: ReferenceBundle;
+let execute: ReferenceExecute;
+let taskRuntime: ReferenceTaskRuntime;
+let Effect: { succeed: (v: unknown) => unknown };
+const scratch: string[] = [];
+
+before(async () => {
+  const bin = binPath();
+  if (bin === undefined) {
+    skipReason = skipOrFail("SMITHERS_SANDBOX_BIN does not name the smithers-sandbox binary");
+    return;
+  }
+  const native = nativeUnavailable(bin);
+  if (native !== null) {
+    skipReason = skipOrFail(native);
+    return;
+  }
+  if (!smithersJsAvailable()) {
+    skipReason = skipOrFail(`@smithers-orchestrator/sandbox is not installed under ${smithersJsHome()} (scripts/setup installs it)`);
+    return;
+  }
+  reference = await importReference<ReferenceBundle>("@smithers-orchestrator/sandbox/src/bundle.js");
+  execute = await importReference<ReferenceExecute>("@smithers-orchestrator/sandbox/src/execute.js");
+  taskRuntime = await importReference<ReferenceTaskRuntime>("@smithers-orchestrator/driver/src/task-runtime.js");
+  ({ Effect } = await importReference<{ Effect: typeof Effect }>("effect/dist/index.js"));
+  server = await startServer(bin);
+});
+
+after(async () => {
+  await server?.stop();
+  for (const dir of scratch) await rm(dir, { recursive: true, force: true });
+});
+
+function ready(t: TestContext): boolean {
+  if (skipReason !== undefined) {
+    t.skip(skipReason);
+    return false;
+  }
+  return true;
+}
+
+function provider(options: SmithersSandboxProviderOptions = {}) {
+  return createSmithersSandboxProvider({ url: server!.url, token: TOKEN, ...options });
+}
+
+function hostClient(): SandboxHostClient {
+  return new SandboxHostClient({ url: server!.url, token: TOKEN });
+}
+
+/** A small project: files to keep, change and delete, a relative link, and Smithers state. */
+async function project(): Promise<string> {
+  const root = await mkdtemp(join(tmpdir(), "smithers-provider-project-"));
+  scratch.push(root);
+  await writeFile(join(root, "keep.txt"), "keep\n");
+  await writeFile(join(root, "change.txt"), "before\n");
+  await writeFile(join(root, "remove.txt"), "doomed\n");
+  await symlink("keep.txt", join(root, "link"));
+  // The project's own state: it must never travel (the host refuses uploads containing it).
+  await mkdir(join(root, ".smithers"));
+  await writeFile(join(root, ".smithers", "sandbox.db"), "not for the sandbox");
+  return root;
+}
+
+let counter = 0;
+
+type Recorded = SandboxProviderRequest & { beats: Array<Record<string, unknown>> };
+
+function request(rootDir: string, over: Partial<SandboxProviderRequest> = {}): Recorded {
+  counter += 1;
+  const runId = `run-${process.pid}-${counter}`;
+  const sandboxId = "step";
+  const sandboxRoot = join(rootDir, ".smithers", "sandboxes", runId, sandboxId);
+  const beats: Array<Record<string, unknown>> = [];
+  return {
+    runId,
+    sandboxId,
+    rootDir,
+    requestBundlePath: join(sandboxRoot, "request-bundle"),
+    resultBundlePath: join(sandboxRoot, "result"),
+    allowNetwork: false,
+    maxOutputBytes: 1024 * 1024,
+    toolTimeoutMs: 600_000,
+    config: {},
+    heartbeat: (data?: unknown) => beats.push(data as Record<string, unknown>),
+    beats,
+    ...over,
+  };
+}
+
+const CHANGE_STEP = `
+set -e
+test "$(cat link)" = keep
+echo after > change.txt
+rm remove.txt
+mkdir -p sub && echo new > sub/added.txt
+echo "step says hi"
+printf '{"status":"finished","outputs":{"request":%s,"cwd":"%s"}}' "$(cat "$SMITHERS_SANDBOX_REQUEST_PATH")" "$(pwd)" > "$SMITHERS_SANDBOX_RESULT_PATH"
+`;
+
+test("a step's outputs and patches come back as a bundle the real package validates", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const root = await project();
+  const events: WireEvent[] = [];
+  const p = provider({ onEvent: (e) => events.push(e) });
+  const req = request(root, { input: { task: "fix it", n: 3 }, config: { command: CHANGE_STEP } });
+  const result = await p.run(req);
+  assert.equal(result.bundlePath, req.resultBundlePath);
+  assert.match(String(result.remoteRunId), /^sbx-/);
+
+  const validated = await reference.validateSandboxBundle(result.bundlePath);
+  assert.equal(validated.manifest.status, "finished");
+  const outputs = validated.manifest.outputs as { request: Record<string, unknown>; cwd: string };
+  assert.deepEqual(outputs.request.input, { task: "fix it", n: 3 });
+  assert.equal(outputs.request.sandboxId, "step");
+  assert.equal(outputs.request.runId, req.runId);
+  assert.equal(outputs.cwd, "/workspace");
+
+  assert.ok(validated.patchFiles.length >= 1, "patches in the bundle");
+  const patches = (await Promise.all(validated.patchFiles.map((f) => readFile(join(result.bundlePath, f), "utf8")))).join("\n");
+  assert.match(patches, /change\.txt/);
+  assert.match(patches, /^-before$/m);
+  assert.match(patches, /^\+after$/m);
+  assert.match(patches, /remove\.txt/);
+  assert.match(patches, /^-doomed$/m);
+  assert.match(patches, /sub\/added\.txt/);
+  assert.match(patches, /^\+new$/m);
+
+  // Nothing touched the project itself: changes wait in the bundle for review.
+  assert.equal(await readFile(join(root, "change.txt"), "utf8"), "before\n");
+  assert.ok(existsSync(join(root, "remove.txt")));
+  assert.ok(!existsSync(join(root, "sub")));
+
+  const stages = req.beats.map((b) => b.stage);
+  for (const stage of ["remote-created", "workspace-uploaded", "request-shipped", "remote-running", "remote-completed", "bundle-downloaded"]) {
+    assert.ok(stages.includes(stage), `heartbeat ${stage} in ${JSON.stringify(stages)}`);
+  }
+  assert.ok(req.beats.every((b) => b.sandboxId === "step" && typeof b.progress === "number"));
+  assert.ok(events.some((e) => e.type === "stdout" && e.line === "step says hi"), "the step's output reached onEvent");
+
+  // cleanup releases the sandbox on the host, and is idempotent.
+  await p.cleanup(req);
+  await assert.rejects(hostClient().info(String(result.remoteRunId)), (error: { code?: string; httpStatus?: number }) => {
+    assert.equal(error.httpStatus, 404);
+    assert.equal(error.code, "INVALID_INPUT");
+    return true;
+  });
+  await p.cleanup(req);
+});
+
+test("registerSandboxProvider + resolveSandboxProvider find the provider by id, and it runs", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const id = `smithers-sandbox-registry-${process.pid}`;
+  const p = provider({ id, command: ["/bin/sh", "-c", `printf '{"status":"finished","outputs":{"via":"registry"}}' > "$SMITHERS_SANDBOX_RESULT_PATH"`] });
+  const unregister = execute.registerSandboxProvider(p);
+  try {
+    const resolved = execute.resolveSandboxProvider(id)!;
+    assert.equal(resolved.id, id);
+    assert.equal(resolved.run, p.run);
+    const req = request(await project());
+    const result = (await resolved.run(req)) as { bundlePath: string };
+    const validated = await reference.validateSandboxBundle(result.bundlePath);
+    assert.equal(validated.manifest.status, "finished");
+    assert.deepEqual(validated.manifest.outputs, { via: "registry" });
+    assert.deepEqual(validated.patchFiles, []);
+    await resolved.cleanup!(req);
+  } finally {
+    unregister();
+  }
+  assert.throws(() => execute.resolveSandboxProvider(id), { code: "INVALID_INPUT" });
+});
+
+test("a step that fails comes back with status failed, not as an error", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const p = provider();
+  const req = request(await project(), { config: { command: "echo oops >&2; exit 3" } });
+  try {
+    const result = await p.run(req);
+    const validated = await reference.validateSandboxBundle(result.bundlePath);
+    assert.equal(validated.manifest.status, "failed");
+    const completed = req.beats.find((b) => b.stage === "remote-completed");
+    assert.equal(completed?.exitCode, 3);
+  } finally {
+    await p.cleanup(req);
+  }
+});
+
+test("toolTimeoutMs becomes the host's timeout: a step that overruns it is killed and failed", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const p = provider();
+  const req = request(await project(), { toolTimeoutMs: 500, config: { command: "sleep 600" } });
+  try {
+    const result = await p.run(req);
+    const validated = await reference.validateSandboxBundle(result.bundlePath);
+    assert.equal(validated.manifest.status, "failed");
+    assert.equal(req.beats.find((b) => b.stage === "remote-completed")?.termination, "timeout");
+  } finally {
+    await p.cleanup(req);
+  }
+});
+
+test("aborting the signal cancels the running step on the host; its bundle says cancelled", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const controller = new AbortController();
+  const p = provider({
+    onEvent: (e) => {
+      if (e.type === "stdout" && e.line === "started") controller.abort(new Error("user pressed Ctrl-C"));
+    },
+  });
+  const req = request(await project(), { signal: controller.signal, config: { command: "echo started; sleep 600" } });
+  try {
+    const result = await p.run(req);
+    const validated = await reference.validateSandboxBundle(result.bundlePath);
+    assert.equal(validated.manifest.status, "cancelled");
+    assert.equal(req.beats.find((b) => b.stage === "remote-completed")?.termination, "cancelled");
+  } finally {
+    await p.cleanup(req);
+  }
+});
+
+test("a signal aborted before the start creates nothing and throws PROCESS_ABORTED", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const controller = new AbortController();
+  controller.abort();
+  const p = provider();
+  const req = request(await project(), { signal: controller.signal });
+  await assert.rejects(p.run(req), { code: "PROCESS_ABORTED" });
+  const listed = await fetch(`${server!.url}/v1/sandboxes`, { headers: { authorization: `Bearer ${TOKEN}` } });
+  const all = (await listed.json()) as Array<{ runId: string }>;
+  assert.ok(!all.some((s) => s.runId === req.runId));
+});
+
+test("a wrong token is a clear error carrying the host's code", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const p = provider({ token: "wrong-token-wrong-token-wrong-token" });
+  const req = request(await project());
+  await assert.rejects(p.run(req), (error: { code?: string; httpStatus?: number; details?: { auth?: string }; message?: string }) => {
+    assert.equal(error.code, "INVALID_INPUT");
+    assert.equal(error.httpStatus, 401);
+    assert.equal(error.details?.auth, "invalid");
+    assert.match(String(error.message), /refused the API key/);
+    assert.match(String(error.message), /CODEPLANE_API_KEY/);
+    return true;
+  });
+  await p.cleanup(req);
+});
+
+test("a host refusal is thrown with its code: a workspace link that leaves the tree is TOOL_PATH_ESCAPE", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const root = await project();
+  await symlink("/etc/passwd", join(root, "escape"));
+  const p = provider();
+  const req = request(root);
+  try {
+    await assert.rejects(p.run(req), (error: { code?: string; httpStatus?: number; details?: { path?: string } }) => {
+      assert.equal(error.code, "TOOL_PATH_ESCAPE");
+      assert.equal(error.httpStatus, 422);
+      assert.equal(error.details?.path, "escape");
+      return true;
+    });
+  } finally {
+    await p.cleanup(req);
+  }
+});
+
+test("network faults: a lost execute answer, a cut event stream and a cut bundle download are survived", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const proxy = await startFaultProxy(server!.url, [
+    // The host starts the step but its answer never arrives: the retry must carry the same
+    // Idempotency-Key and be told the step already started (a second start would be 409).
+    { request: /^POST \S+\/execute /, action: { kind: "drop" } },
+    // The event stream breaks off after its first few hundred bytes: resume from the next seq.
+    { request: /^GET \S+\/events/, action: { kind: "cut", afterBytes: 400 } },
+    // The bundle breaks off inside the first file: download it again, never keep half.
+    { request: /^GET \S+\/bundle /, action: { kind: "cut", afterBytes: 700 } },
+  ]);
+  const seqs: number[] = [];
+  const p = createSmithersSandboxProvider({
+    url: proxy.url,
+    token: TOKEN,
+    retry: { maxAttempts: 5, initialBackoffMs: 20, maxBackoffMs: 200 },
+  });
+  const client = new SandboxHostClient({ url: proxy.url, token: TOKEN });
+  const req = request(await project(), { input: { flaky: true }, config: { command: CHANGE_STEP } });
+  try {
+    const result = await p.run(req);
+    for (const fault of proxy.faults) {
+      assert.equal(fault.fired, true, `fault ${fault.request} was injected`);
+    }
+    const validated = await reference.validateSandboxBundle(result.bundlePath);
+    assert.equal(validated.manifest.status, "finished");
+    assert.deepEqual((validated.manifest.outputs as { request: { input: unknown } }).request.input, { flaky: true });
+    assert.ok(validated.patchFiles.length >= 3);
+    assert.ok(req.beats.some((b) => b.stage === "remote-resumed"), "the event stream was resumed");
+    // Replaying the whole stream now shows every event exactly once, in order: the resumed
+    // follower above saw the same sequence (it checks for gaps and throws on one).
+    const terminal = await client.follow(String(result.remoteRunId), { onEvent: (_e, seq) => seqs.push(seq) });
+    assert.equal(terminal.type, "completed");
+    assert.deepEqual(seqs, seqs.map((_, i) => i));
+    const info = await client.info(String(result.remoteRunId));
+    assert.equal(info.state, "completed");
+  } finally {
+    await p.cleanup(req);
+    await proxy.close();
+  }
+});
+
+/** Records what executeSandbox writes (see the report: the real store needs bun:sqlite). */
+function memoryDb() {
+  const rows = new Map<string, Record<string, unknown>>();
+  const events: Array<{ type: string; payload: Record<string, unknown> }> = [];
+  const heartbeats: number[] = [];
+  return {
+    rows,
+    events,
+    heartbeats,
+    async listSandboxes(runId: string) {
+      return [...rows.values()].filter((r) => r.runId === runId);
+    },
+    async upsertSandbox(row: Record<string, unknown>) {
+      const key = `${row.runId}:${row.sandboxId}`;
+      rows.set(key, { ...(rows.get(key) ?? {}), ...row });
+    },
+    async insertEventWithNextSeq(row: { type: string; payloadJson: string }) {
+      events.push({ type: row.type, payload: JSON.parse(row.payloadJson) as Record<string, unknown> });
+      return events.length - 1;
+    },
+    heartbeatSandbox(_runId: string, _sandboxId: string, at: number) {
+      heartbeats.push(at);
+      return Effect.succeed(undefined);
+    },
+  };
+}
+
+test("executeSandbox of the real package runs a step end to end through the provider", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const id = `smithers-sandbox-execute-${process.pid}`;
+  const p = provider({ id });
+  const unregister = execute.registerSandboxProvider(p);
+  try {
+    const root = await project();
+    const db = memoryDb();
+    const beats: Array<Record<string, unknown>> = [];
+    const runId = `run-exec-${process.pid}`;
+    const outputs = await taskRuntime.withTaskRuntime(
+      { runId, stepId: "step", attempt: 1, iteration: 0, rootDir: root, signal: new AbortController().signal, db, heartbeat: (d: unknown) => beats.push(d as Record<string, unknown>), lastHeartbeat: null },
+      () =>
+        execute.executeSandbox({
+          sandboxId: "answer",
+          provider: id,
+          input: { question: "six times seven" },
+          rootDir: root,
+          allowNetwork: false,
+          maxOutputBytes: 1024 * 1024,
+          toolTimeoutMs: 600_000,
+          config: { command: `printf '{"status":"finished","outputs":{"answer":42}}' > "$SMITHERS_SANDBOX_RESULT_PATH"` },
+        }),
+    );
+    assert.deepEqual(outputs, { answer: 42 });
+    const types = db.events.map((e) => e.type);
+    assert.deepEqual(types, ["SandboxCreated", "SandboxShipped", "SandboxBundleReceived", "SandboxCompleted"]);
+    const row = db.rows.get(`${runId}:answer`)!;
+    assert.equal(row.status, "finished");
+    assert.match(String(row.remoteRunId), /^sbx-/);
+    assert.equal(row.runtime, id);
+    assert.ok(beats.some((b) => b.stage === "remote-completed"), "the provider's heartbeats reach the task runtime");
+    assert.ok(db.heartbeats.length > 0, "and are persisted as sandbox heartbeats");
+    assert.deepEqual(beats.at(-1), { sandboxId: "answer", stage: "completed", progress: 100, status: "finished" });
+    // executeSandbox always calls cleanup: the host no longer has the sandbox.
+    await assert.rejects(hostClient().info(String(row.remoteRunId)), { code: "INVALID_INPUT" });
+
+    // Changes go through the package's review gate: without approval it refuses, and the
+    // project is untouched.
+    const db2 = memoryDb();
+    await assert.rejects(
+      taskRuntime.withTaskRuntime(
+        { runId: `${runId}-review`, stepId: "step", attempt: 1, iteration: 0, rootDir: root, signal: new AbortController().signal, db: db2, heartbeat: () => {}, lastHeartbeat: null },
+        () =>
+          execute.executeSandbox({
+            sandboxId: "edit",
+            provider: id,
+            rootDir: root,
+            allowNetwork: false,
+            maxOutputBytes: 1024 * 1024,
+            toolTimeoutMs: 600_000,
+            config: { command: CHANGE_STEP },
+          }),
+      ),
+      (error: { code?: string; message?: string }) => {
+        assert.equal(error.code, "INVALID_INPUT");
+        assert.match(String(error.message), /require review approval/);
+        return true;
+      },
+    );
+    const review = db2.events.find((e) => e.type === "SandboxDiffReviewRequested");
+    assert.ok(review, `review requested in ${JSON.stringify(db2.events.map((e) => e.type))}`);
+    assert.ok(Number(review.payload.patchCount) >= 3);
+    assert.ok(Number(review.payload.totalDiffLines) >= 4);
+    assert.ok(db2.events.some((e) => e.type === "SandboxDiffRejected"));
+    assert.equal(await readFile(join(root, "change.txt"), "utf8"), "before\n");
+  } finally {
+    unregister();
+  }
+});

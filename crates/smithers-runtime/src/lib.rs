@@ -26,6 +26,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "collect")]
+pub mod collect;
 pub mod config;
 #[cfg(feature = "suites")]
 pub mod conformance;

@@ -1,7 +1,8 @@
 //! smithers-patch: turns a sandbox's overlayfs upper layer into git patches, renders them for
 //! review, and applies them to the host tree atomically with conflict detection.
 //!
-//! Pipeline: [`detect_changes`] (walks only the upper layer) → [`build_patch_files`] (one
+//! Pipeline: [`detect_changes`] (walks only the upper layer; or [`detect_changes_by_compare`]
+//! for a full copy of the project, when no overlay could be mounted) → [`build_patch_files`] (one
 //! git-format patch file per changed file, grouped beyond 1000) → bundle → [`parse_patch`] →
 //! [`apply_patches`] / [`apply_patch_texts`] (all-or-nothing, journaled; [`recover_apply`]
 //! after a crash). [`render_review`] and [`total_diff_lines`] serve the review gate.
@@ -42,6 +43,7 @@
 mod apply;
 mod binary;
 mod bundle;
+mod compare;
 mod detect;
 mod error;
 mod gitignore;
@@ -57,6 +59,7 @@ pub use apply::{
     ApplyReport, RecoveryReport,
 };
 pub use bundle::{build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_PATCH_FILES};
+pub use compare::detect_changes_by_compare;
 pub use detect::{
     detect_changes, ChangeKind, ChangeSet, DetectOptions, FileChange, FileVersion, IgnoreReason,
     IgnoredPath, SkippedEntry,

@@ -1,5 +1,6 @@
 //! `collect`: the result bundle from the outcome, the result JSON, the log, the artifacts in
-//! `/result` and the patches of the overlay's upper layer. Everything read here was written by
+//! `/result` and the patches of the overlay's upper layer (or, in copy mode, of the copy
+//! compared with the project). Everything read here was written by
 //! the sandbox and is untrusted: no symlink is followed, sizes are bounded. No sandbox process
 //! exists any more when collect runs (execute returns only then), so nothing races us.
 
@@ -9,7 +10,7 @@ use smithers_bundle::{write_bundle, BundleFile, WriteParams};
 use smithers_runtime::collect::{workspace_bundle, WorkspaceLayer};
 use smithers_runtime::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle};
 
-use crate::Backend;
+use crate::{Backend, WorkspaceState};
 
 /// Regular files below `dir`, as (`artifacts/<relative>`, bytes); symlinks and special files
 /// are skipped (a bundle may not contain links, and following one would read a host file).
@@ -75,12 +76,12 @@ pub(crate) fn collect(
     // A result the step gave but that broke a limit makes the step failed (the log's
     // `resultRejected` record names the limit); it is never reported as finished.
     let rejected = backend.result_problem_file().exists();
-    let bundle = workspace_bundle(
-        &backend.root_dir,
-        WorkspaceLayer::Upper(&backend.upper()),
-        outcome.as_ref(),
-        rejected,
-    )?;
+    let (upper, copy) = (backend.upper(), backend.copy());
+    let layer = match backend.workspace {
+        WorkspaceState::Overlay => WorkspaceLayer::Upper(&upper),
+        WorkspaceState::Copy { .. } => WorkspaceLayer::Copy(&copy),
+    };
+    let bundle = workspace_bundle(&backend.root_dir, layer, outcome.as_ref(), rejected)?;
     let output = outcome
         .as_ref()
         .and_then(|o| o.result.as_ref())

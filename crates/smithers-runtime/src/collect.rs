@@ -7,7 +7,10 @@ use std::path::Path;
 
 use serde_json::Value;
 use smithers_bundle::{BundleFile, BundleStatus, DiffBundle, DiffOperation, DiffPatch};
-use smithers_patch::{build_patch_files, detect_changes, ChangeSet, DetectOptions, Operation};
+use smithers_patch::{
+    build_patch_files, detect_changes, detect_changes_by_compare, ChangeSet, DetectOptions,
+    Operation,
+};
 
 use crate::{ExecOutcome, RuntimeError, Termination};
 
@@ -16,6 +19,9 @@ use crate::{ExecOutcome, RuntimeError, Termination};
 pub enum WorkspaceLayer<'a> {
     /// The upper layer of an overlayfs whose lower layer is the project: only it is walked.
     Upper(&'a Path),
+    /// A full copy of the project that the step wrote (the fallback where no overlay can be
+    /// mounted): both trees are compared, with the same result an overlay would give.
+    Copy(&'a Path),
 }
 
 /// What [`workspace_bundle`] produced.
@@ -92,6 +98,7 @@ pub fn workspace_bundle(
     let opts = DetectOptions::default();
     let changes = match layer {
         WorkspaceLayer::Upper(upper) => detect_changes(project, upper, &opts),
+        WorkspaceLayer::Copy(copy) => detect_changes_by_compare(project, copy, &opts),
     }
     .map_err(|e| RuntimeError::inner("detect the workspace changes", &e))?;
     let rendered = build_patch_files(&changes);
@@ -235,7 +242,7 @@ mod tests {
                 .map(|p| p.content.len() as u64)
                 .sum::<u64>()
         );
-        let diff = b.diff_bundle.expect("a diff bundle");
+        let diff = b.diff_bundle.clone().expect("a diff bundle");
         assert_eq!(diff.base_ref, "");
         let ops: Vec<(&str, DiffOperation)> = diff
             .patches
@@ -249,6 +256,14 @@ mod tests {
                 ("b.txt", DiffOperation::Add)
             ]
         );
+        // The same post-step tree as a full copy gives the same patches.
+        let copy = dir.path().join("copy");
+        std::fs::create_dir_all(&copy).unwrap();
+        std::fs::write(copy.join("a.txt"), "two\n").unwrap();
+        std::fs::write(copy.join("b.txt"), "new\n").unwrap();
+        let c = workspace_bundle(&lower, WorkspaceLayer::Copy(&copy), Some(&ok), false).unwrap();
+        assert_eq!(c.patches, b.patches);
+        assert_eq!(c.diff_bundle, Some(diff));
         // Nothing changed: no diff bundle at all.
         let same = dir.path().join("same");
         std::fs::create_dir_all(&same).unwrap();

@@ -487,15 +487,18 @@ pub(crate) async fn execute(
     let mut lines = log.into_inner().unwrap_or_default();
     // Copy mode is a degradation: the log (which goes into the bundle) says so first.
     if let Some(reason) = backend.workspace.copy_reason() {
-        let left_out: Vec<String> =
-            std::fs::read_to_string(backend.state_dir.join("copy-left-out.txt"))
-                .map(|t| t.lines().map(str::to_string).collect())
-                .unwrap_or_default();
-        lines.insert(
-            0,
-            json!({"type": "workspace", "timestampMs": now_ms(), "mode": "copy", "reason": reason, "leftOut": left_out})
-                .to_string(),
-        );
+        let mut record =
+            json!({"type": "workspace", "timestampMs": now_ms(), "mode": "copy", "reason": reason});
+        // What ship copied (files, bytes, entries it could not reproduce).
+        if let Ok(Value::Object(copied)) = std::fs::read(backend.copy_report_file())
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()))
+        {
+            for (k, v) in copied {
+                record[k] = v;
+            }
+        }
+        lines.insert(0, record.to_string());
     }
     if let Some(problem) = &result_problem {
         lines.push(

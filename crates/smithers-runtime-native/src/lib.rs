@@ -320,6 +320,10 @@ impl Backend {
     fn log_file(&self) -> PathBuf {
         self.state_dir.join("stream.ndjson")
     }
+    /// What ship's copy copied (copy mode), for the log's workspace record.
+    fn copy_report_file(&self) -> PathBuf {
+        self.state_dir.join("copy-report.json")
+    }
 }
 
 fn io_err<'a>(
@@ -623,13 +627,14 @@ impl NativeRuntime {
     }
 }
 
-/// Makes the workspace copy of copy mode (in a blocking task: it reads the whole project);
-/// returns the bytes copied. Copies into a scratch name and renames, so an interrupted ship
-/// never leaves a partial copy that a later one would take for complete.
-async fn ship_copy(backend: &Backend) -> Result<u64, RuntimeError> {
+/// Makes the workspace copy of copy mode (in a blocking task: it reads the whole project)
+/// and records what it copied in `copy-report.json` for the log. Copies into a scratch name
+/// and renames, so an interrupted ship never leaves a partial copy that a later one would
+/// take for complete.
+async fn ship_copy(backend: &Backend) -> Result<(), RuntimeError> {
     let copy = backend.copy();
     if copy.is_dir() {
-        return Ok(0);
+        return Ok(());
     }
     let partial = backend.layer().join("copy.partial");
     let root = backend.root_dir.clone();
@@ -642,11 +647,12 @@ async fn ship_copy(backend: &Backend) -> Result<u64, RuntimeError> {
     let report = task
         .await
         .map_err(|e| RuntimeError::spawn("copy the project into the sandbox", e))??;
-    if !report.left_out.is_empty() {
-        let note = backend.state_dir.join("copy-left-out.txt");
-        write_private(&note, report.left_out.join("\n").as_bytes())?;
-    }
-    Ok(report.bytes)
+    let record = serde_json::json!({
+        "copiedFiles": report.files,
+        "copiedBytes": report.bytes,
+        "leftOut": report.left_out,
+    });
+    write_private(&backend.copy_report_file(), record.to_string().as_bytes())
 }
 
 /// The config as `create` accepted it, kept in the state dir (it may hold env secrets, so it
@@ -819,13 +825,14 @@ impl Runtime for NativeRuntime {
         let path = handle.request_path.join(plan::REQUEST_FILE_NAME);
         write_private(&path, &bytes)?;
         // An overlay needs no shipping: its lower layer is the project itself. A copy is made
-        // now (once: a second ship keeps the copy the step may already have changed).
-        let mut shipped = bytes.len() as u64;
+        // now (once: a second ship keeps the copy the step may already have changed). The
+        // reported size stays the request's (the spec's bundleSizeBytes); what the copy cost
+        // is in the workspace record of the log.
         if backend.workspace.copy_reason().is_some() {
-            shipped += ship_copy(&backend).await?;
+            ship_copy(&backend).await?;
         }
         Ok(ShipReport {
-            bundle_size_bytes: shipped,
+            bundle_size_bytes: bytes.len() as u64,
         })
     }
 

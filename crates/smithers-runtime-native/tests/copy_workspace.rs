@@ -320,6 +320,10 @@ async fn forced_copy_mode_gives_the_overlay_patches_and_says_so() {
         .expect("a workspace record in the bundle's log");
     assert_eq!(record["mode"], "copy");
     assert!(record["reason"].as_str().unwrap().contains("requested"));
+    // What ship copied: the project's files but .git's and .smithers' (stand-ins).
+    assert_eq!(record["copiedFiles"], 11, "{record}");
+    assert!(record["copiedBytes"].as_u64().unwrap() > 0, "{record}");
+    assert_eq!(record["leftOut"], json!([]));
 
     // The project is untouched (the step wrote only its copy).
     let after = snapshot(ran.project.path(), &not_runtime_state);

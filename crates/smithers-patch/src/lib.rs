@@ -16,6 +16,12 @@
 //!   the deleted files. Copied-up files equal to lower (content and executable bit) are not
 //!   changes. Both xattr flavours (`trusted.overlay.*`, `user.overlay.*` with `userxattr`)
 //!   are understood; `redirect`, `metacopy` and xattr-whiteout markers are refused.
+//! - **Full copies** ([`detect_changes_by_compare`], for a runtime that could not mount an
+//!   overlay and copied the project instead) give the same [`ChangeSet`] for the same
+//!   post-step tree: both trees are walked, entries compared by type, executable bit, size and
+//!   then streamed content; only changed files are loaded. An ignored directory present on
+//!   both sides is not walked. Stale bases are lower entries changed after the copy root's
+//!   birth.
 //! - **Live lower layer**: the host can edit a file the step has copied up; such paths are
 //!   listed in [`ChangeSet::stale_base`] (lower ctime ≥ upper birth time), because their
 //!   patch's base is the host's newer version and applying it would undo the host's edit.

@@ -323,6 +323,19 @@ mod tests {
             std::fs::metadata(src.join("sub/f")).unwrap().mode() & 0o7777,
             0o4755
         );
+        // Device nodes cannot be made without privilege: left out and said so (as root only,
+        // the one who can plant one in a test tree).
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            sh(&src, "mknod null c 1 3");
+            let again = tmp.path().join("copy2");
+            let report = copy_project(&src, &again).unwrap();
+            assert_eq!(report.left_out.len(), 1, "{:?}", report.left_out);
+            assert!(report.left_out[0].starts_with("null: device node"));
+            assert!(std::fs::symlink_metadata(again.join("null")).is_err());
+            std::fs::set_permissions(again.join("ro"), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+        }
         // A second copy into an existing directory is refused, not merged.
         assert!(copy_project(&src, &dst).is_err());
         // Writable again, so that tempdir can remove both trees without root.

@@ -25,7 +25,8 @@
 //! # Host state of a sandbox
 //!
 //! `<state_root>/<runId>/<sandboxId>/` (outside the project) holds the overlay's `upper/` and
-//! `work/` (on a size-capped tmpfs when a disk limit is set), the new root's mount point,
+//! `work/` — or, in copy mode ([`WorkspaceMode`]), the project's copy `copy/` — (in `layer/`,
+//! a size-capped tmpfs when a disk limit is set), the new root's mount point,
 //! `/result`'s artifacts, the step's result file, the output log and the outcome. The handle's
 //! `sandbox_root` is the spec's `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/` with
 //! `request/` and the bundle in `result/`.

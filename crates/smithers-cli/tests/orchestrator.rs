@@ -820,3 +820,64 @@ fn accept_merges_a_host_edit_elsewhere_in_the_same_file() {
     expected[1] = "line two (sandbox)".to_string();
     assert_eq!(read(root.join("notes.txt")), expected.join("\n") + "\n");
 }
+
+/// `run --workspace copy`: the step runs in a copy of the project, the review and accept work
+/// as with the overlay, the bundle's log says the workspace was a copy and why; `doctor`
+/// reports the copy as degraded (still usable) under `$SMITHERS_SANDBOX_WORKSPACE=copy`.
+#[test]
+fn copy_workspace_runs_end_to_end_and_is_reported() {
+    if !usable() {
+        return;
+    }
+    let dir = project();
+    let root = dir.path();
+    let doc = run_fix(root, &["--workspace", "copy"]);
+    assert_eq!(doc["status"], "review", "{doc}");
+    let mut paths: Vec<&str> = doc["patches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["path"].as_str().unwrap())
+        .collect();
+    paths.sort();
+    assert_eq!(paths, ["NOTES.md", "app.py"]);
+    assert!(read(root.join("app.py")).contains("Helo"), "host untouched");
+    assert!(!root.join("NOTES.md").exists());
+    let log = read(Path::new(doc["bundlePath"].as_str().unwrap()).join("logs/stream.ndjson"));
+    let record: Value = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["type"] == "workspace")
+        .expect("a workspace record in the bundle's log");
+    assert_eq!(record["mode"], "copy");
+    assert!(record["reason"].as_str().unwrap().contains("requested"));
+    let sid = doc["sandboxId"].as_str().unwrap();
+    let acc = json_of(&cli(root, &["accept", "--json", sid]));
+    assert_eq!(acc["review"], "applied", "{acc}");
+    assert!(read(root.join("app.py")).contains("\"Hello, \""));
+
+    let out = bin()
+        .args(["doctor", "--json"])
+        .env("SMITHERS_SANDBOX_WORKSPACE", "copy")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "a copy workspace is usable");
+    let report = json_of(&out);
+    let row = report["protections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "workspace-cow")
+        .unwrap();
+    assert_eq!(row["status"], "degraded", "{row}");
+    let bad = bin()
+        .args(["doctor", "--json"])
+        .env("SMITHERS_SANDBOX_WORKSPACE", "sideways")
+        .output()
+        .unwrap();
+    assert_eq!(
+        bad.status.code(),
+        Some(2),
+        "an unknown mode is a usage error"
+    );
+}

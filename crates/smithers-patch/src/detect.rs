@@ -162,7 +162,8 @@ pub struct ChangeSet {
     /// layer is the live host tree, so such a patch's base is the host's newer version and
     /// applying it would silently undo the host's edit. Callers should show these to the
     /// reviewer or refuse. Found by comparing the lower file's ctime with the upper copy's
-    /// birth time.
+    /// birth time ([`detect_changes`]), or, for a full copy ([`detect_changes_by_compare`]),
+    /// with the copy root's birth time, for every change with a lower side (deletions too).
     pub stale_base: Vec<String>,
     /// False when the upper filesystem reports no birth times, so `stale_base` could not be
     /// computed (it is then empty, not "all clear").
@@ -178,26 +179,30 @@ impl ChangeSet {
 
 /// Where one side of a candidate lives on disk.
 #[derive(Debug, Clone)]
-enum Node {
+pub(crate) enum Node {
     File { path: PathBuf, mode: GitMode },
     Symlink { path: PathBuf },
 }
 
+/// A path that may have changed: its lower (`old`) and post-step (`new`) entries.
 #[derive(Debug, Default)]
-struct Candidate {
-    old: Option<Node>,
-    new: Option<Node>,
+pub(crate) struct Candidate {
+    pub(crate) old: Option<Node>,
+    pub(crate) new: Option<Node>,
 }
 
-struct Walker<'a> {
-    upper_root: &'a Path,
-    opts: &'a DetectOptions,
-    rules: IgnoreRules<'a>,
-    cands: BTreeMap<String, Candidate>,
-    out: ChangeSet,
+/// The state of one detection walk (the overlay walk here, the full-tree comparison in
+/// `compare.rs`): candidates found so far, and what was ignored or skipped.
+pub(crate) struct Walker<'a> {
+    /// The upper layer, or the copy.
+    pub(crate) upper_root: &'a Path,
+    pub(crate) opts: &'a DetectOptions,
+    pub(crate) rules: IgnoreRules<'a>,
+    pub(crate) cands: BTreeMap<String, Candidate>,
+    pub(crate) out: ChangeSet,
 }
 
-fn join_rel(rel: &str, name: &str) -> String {
+pub(crate) fn join_rel(rel: &str, name: &str) -> String {
     if rel.is_empty() {
         name.to_string()
     } else {
@@ -205,7 +210,9 @@ fn join_rel(rel: &str, name: &str) -> String {
     }
 }
 
-fn read_dir_sorted(dir: &Path) -> Result<Vec<(std::ffi::OsString, PathBuf)>, PatchError> {
+pub(crate) fn read_dir_sorted(
+    dir: &Path,
+) -> Result<Vec<(std::ffi::OsString, PathBuf)>, PatchError> {
     let rd = std::fs::read_dir(dir).map_err(|source| PatchError::ReadLayer {
         path: dir.to_path_buf(),
         source,
@@ -222,7 +229,7 @@ fn read_dir_sorted(dir: &Path) -> Result<Vec<(std::ffi::OsString, PathBuf)>, Pat
     Ok(v)
 }
 
-fn node_of(path: PathBuf, md: &Metadata) -> Option<Node> {
+pub(crate) fn node_of(path: PathBuf, md: &Metadata) -> Option<Node> {
     if md.file_type().is_symlink() {
         Some(Node::Symlink { path })
     } else if md.is_file() {
@@ -236,14 +243,14 @@ fn node_of(path: PathBuf, md: &Metadata) -> Option<Node> {
 }
 
 impl<'a> Walker<'a> {
-    fn skip(&mut self, path: String, reason: &str) {
+    pub(crate) fn skip(&mut self, path: String, reason: &str) {
         self.out.skipped.push(SkippedEntry {
             path,
             reason: reason.to_string(),
         });
     }
 
-    fn ignore(&mut self, path: String, reason: IgnoreReason) {
+    pub(crate) fn ignore(&mut self, path: String, reason: IgnoreReason) {
         self.out.ignored.push(IgnoredPath { path, reason });
     }
 
@@ -341,7 +348,12 @@ impl<'a> Walker<'a> {
     }
 
     /// Records the deletion of lower entry `rel` (recursively for a directory).
-    fn delete_lower(&mut self, rel: &str, path: PathBuf, md: &Metadata) -> Result<(), PatchError> {
+    pub(crate) fn delete_lower(
+        &mut self,
+        rel: &str,
+        path: PathBuf,
+        md: &Metadata,
+    ) -> Result<(), PatchError> {
         if md.is_dir() {
             if self.rules.is_dir_ignored(rel)? {
                 self.ignore(format!("{rel}/"), IgnoreReason::Gitignore);
@@ -383,7 +395,7 @@ impl<'a> Walker<'a> {
 }
 
 /// Reads a regular file without following a symlink swapped in at the last component.
-fn read_regular(path: &Path) -> Result<Vec<u8>, PatchError> {
+pub(crate) fn read_regular(path: &Path) -> Result<Vec<u8>, PatchError> {
     let err = |source| PatchError::ReadLayer {
         path: path.to_path_buf(),
         source,
@@ -454,6 +466,24 @@ fn changed_after_copy_up(lower: &Path, upper: &Path) -> Option<bool> {
     Some((l.stx_ctime.tv_sec, l.stx_ctime.tv_nsec) >= (u.stx_btime.tv_sec, u.stx_btime.tv_nsec))
 }
 
+/// Whether `path`'s ctime is at or after `since` (unknown counts as changed: flag rather
+/// than miss).
+fn changed_since(path: &Path, since: (i64, u32)) -> bool {
+    use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
+    match statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::CTIME) {
+        Ok(l) => (l.stx_ctime.tv_sec, l.stx_ctime.tv_nsec) >= since,
+        Err(_) => true,
+    }
+}
+
+/// The birth time of `path`, when its filesystem reports one.
+pub(crate) fn birth_time(path: &Path) -> Option<(i64, u32)> {
+    use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
+    let st = statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BTIME).ok()?;
+    (st.stx_mask & StatxFlags::BTIME.bits() != 0)
+        .then_some((st.stx_btime.tv_sec, st.stx_btime.tv_nsec))
+}
+
 fn node_path(n: &Node) -> &Path {
     match n {
         Node::File { path, .. } | Node::Symlink { path } => path,
@@ -516,8 +546,34 @@ pub fn detect_changes(
     }
 
     let cands = std::mem::take(&mut w.cands);
-    let mut out = w.out;
-    out.stale_base_checked = true;
+    finish(cands, w.out, opts, StaleCheck::CopyUp)
+}
+
+/// How [`finish`] decides that a change's base is stale (the host edited the lower file
+/// after the step's side was made).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StaleCheck {
+    /// Overlay: the lower file's ctime against the upper copy's birth time (copy-up), for
+    /// changes whose both sides exist.
+    CopyUp,
+    /// Full copy: the lower entry's ctime against one instant, when the copy was begun (the
+    /// copy root's birth time; `None` when the filesystem reports none), for every change
+    /// with a lower side (deletions too: the host may have edited a file the step deleted).
+    Since(Option<(i64, u32)>),
+}
+
+/// Loads the candidates' contents, classifies them and fills `out` (sorted, bounded by
+/// `opts.max_content_bytes`): the part of change detection both walks share.
+pub(crate) fn finish(
+    cands: BTreeMap<String, Candidate>,
+    mut out: ChangeSet,
+    opts: &DetectOptions,
+    stale: StaleCheck,
+) -> Result<ChangeSet, PatchError> {
+    out.stale_base_checked = match stale {
+        StaleCheck::CopyUp => true,
+        StaleCheck::Since(since) => since.is_some(),
+    };
     let mut total: u64 = 0;
     for (path, c) in cands {
         let old = match &c.old {
@@ -562,14 +618,18 @@ pub fn detect_changes(
                 }
             }
         };
-        if kind != ChangeKind::Added && kind != ChangeKind::Deleted {
-            if let (Some(o), Some(n)) = (&c.old, &c.new) {
+        match (stale, &c.old, &c.new) {
+            (StaleCheck::CopyUp, Some(o), Some(n)) => {
                 match changed_after_copy_up(node_path(o), node_path(n)) {
                     Some(true) => out.stale_base.push(path.clone()),
                     Some(false) => {}
                     None => out.stale_base_checked = false,
                 }
             }
+            (StaleCheck::Since(Some(since)), Some(o), _) if changed_since(node_path(o), since) => {
+                out.stale_base.push(path.clone());
+            }
+            _ => {}
         }
         let change = FileChange {
             path,

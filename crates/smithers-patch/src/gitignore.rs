@@ -20,6 +20,9 @@ use crate::overlay::merged_regular_file;
 pub(crate) struct IgnoreRules<'a> {
     lower: &'a Path,
     upper: &'a Path,
+    /// `upper` is a whole tree (a full copy of lower, then written by the step), not an
+    /// overlay upper layer: the merged view is `upper` alone.
+    whole_tree: bool,
     enabled: bool,
     /// Matcher of each directory's `.gitignore` ("" = root), `None` when it has none.
     matchers: HashMap<String, Option<Gitignore>>,
@@ -42,9 +45,19 @@ impl<'a> IgnoreRules<'a> {
         IgnoreRules {
             lower,
             upper,
+            whole_tree: false,
             enabled,
             matchers: HashMap::new(),
             dir_ignored: HashMap::new(),
+        }
+    }
+
+    /// Rules of a full copy `tree` of `lower` (the post-step tree itself): `.gitignore` files
+    /// are read from `tree`, `.git/info/exclude` from `lower`, as for an overlay.
+    pub(crate) fn for_tree(lower: &'a Path, tree: &'a Path, enabled: bool) -> Self {
+        IgnoreRules {
+            whole_tree: true,
+            ..IgnoreRules::new(lower, tree, enabled)
         }
     }
 
@@ -71,7 +84,12 @@ impl<'a> IgnoreRules<'a> {
         } else {
             format!("{dir}/.gitignore")
         };
-        if let Some(p) = merged_regular_file(self.lower, self.upper, &rel)? {
+        let merged = if self.whole_tree {
+            tree_regular_file(self.upper, &rel)?
+        } else {
+            merged_regular_file(self.lower, self.upper, &rel)?
+        };
+        if let Some(p) = merged {
             sources.push((p.clone(), read_text(&p)?));
         }
         if sources.is_empty() {
@@ -130,6 +148,26 @@ impl<'a> IgnoreRules<'a> {
         let p = parent(rel);
         Ok((!p.is_empty() && self.is_dir_ignored(p)?) || self.own_decision(rel, false)?)
     }
+}
+
+/// `root/rel` when it is a regular file reached through real directories only (a symlinked
+/// component or `.gitignore` is not followed, as for the overlay's merged view).
+fn tree_regular_file(root: &Path, rel: &str) -> Result<Option<PathBuf>, PatchError> {
+    let mut p = root.to_path_buf();
+    let comps: Vec<&str> = rel.split('/').collect();
+    let (file, dirs) = comps.split_last().expect("split never yields nothing");
+    for d in dirs {
+        p.push(d);
+        match crate::overlay::lstat(&p)? {
+            Some(md) if md.is_dir() => {}
+            _ => return Ok(None),
+        }
+    }
+    p.push(file);
+    Ok(match crate::overlay::lstat(&p)? {
+        Some(md) if md.is_file() => Some(p),
+        _ => None,
+    })
 }
 
 fn parent(rel: &str) -> &str {

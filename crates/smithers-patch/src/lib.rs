@@ -1,7 +1,8 @@
 //! smithers-patch: turns a sandbox's overlayfs upper layer into git patches, renders them for
 //! review, and applies them to the host tree atomically with conflict detection.
 //!
-//! Pipeline: [`detect_changes`] (walks only the upper layer) → [`build_patch_files`] (one
+//! Pipeline: [`detect_changes`] (walks only the upper layer; or [`detect_changes_by_compare`]
+//! for a full copy of the project, when no overlay could be mounted) → [`build_patch_files`] (one
 //! git-format patch file per changed file, grouped beyond 1000) → bundle → [`parse_patch`] →
 //! [`apply_patches`] / [`apply_patch_texts`] (all-or-nothing, journaled; [`recover_apply`]
 //! after a crash). [`render_review`] and [`total_diff_lines`] serve the review gate.
@@ -15,6 +16,12 @@
 //!   the deleted files. Copied-up files equal to lower (content and executable bit) are not
 //!   changes. Both xattr flavours (`trusted.overlay.*`, `user.overlay.*` with `userxattr`)
 //!   are understood; `redirect`, `metacopy` and xattr-whiteout markers are refused.
+//! - **Full copies** ([`detect_changes_by_compare`], for a runtime that could not mount an
+//!   overlay and copied the project instead) give the same [`ChangeSet`] for the same
+//!   post-step tree: both trees are walked, entries compared by type, executable bit, size and
+//!   then streamed content; only changed files are loaded. An ignored directory present on
+//!   both sides is not walked. Stale bases are lower entries changed after the copy root's
+//!   birth.
 //! - **Live lower layer**: the host can edit a file the step has copied up; such paths are
 //!   listed in [`ChangeSet::stale_base`] (lower ctime ≥ upper birth time), because their
 //!   patch's base is the host's newer version and applying it would undo the host's edit.
@@ -42,6 +49,7 @@
 mod apply;
 mod binary;
 mod bundle;
+mod compare;
 mod detect;
 mod error;
 mod gitignore;
@@ -57,6 +65,7 @@ pub use apply::{
     ApplyReport, RecoveryReport,
 };
 pub use bundle::{build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_PATCH_FILES};
+pub use compare::detect_changes_by_compare;
 pub use detect::{
     detect_changes, ChangeKind, ChangeSet, DetectOptions, FileChange, FileVersion, IgnoreReason,
     IgnoredPath, SkippedEntry,

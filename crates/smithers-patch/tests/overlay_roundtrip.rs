@@ -115,10 +115,9 @@ fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Detects and renders, checks the change set's key facts, then applies the patches with real
-/// git on a copy of lower and compares with the merged snapshot.
-fn check_round_trip(l: &Layers) {
-    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).expect("detect");
+/// Checks the change set's key facts, renders it, then applies the patches with real git on a
+/// copy of lower and compares with the merged snapshot.
+fn check_round_trip(l: &Layers, set: &ChangeSet) {
     let by_path: BTreeMap<&str, &FileChange> =
         set.changes.iter().map(|c| (c.path.as_str(), c)).collect();
     let kind = |p: &str| by_path.get(p).map(|c| c.kind);
@@ -194,7 +193,7 @@ fn check_round_trip(l: &Layers) {
         set.skipped
     );
 
-    let files = build_patch_files(&set);
+    let files = build_patch_files(set);
     assert_eq!(files.files.len(), set.changes.len());
     assert!(files.total_diff_lines() > 0);
 
@@ -284,7 +283,8 @@ fn root_overlay_changes_round_trip_through_git_apply() {
     }
     sh(&l.lower, &format!("umount {}", l.merged.display()));
     assert!(ok, "step failed: {err}");
-    check_round_trip(&l);
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).expect("detect");
+    check_round_trip(&l, &set);
 }
 
 #[test]
@@ -318,7 +318,79 @@ fn userxattr_overlay_in_user_namespace_round_trips() {
         .expect("user.overlay.opaque on the re-created directory");
     assert_eq!(&buf[..n], b"y");
     assert!(rustix::fs::lgetxattr(&dir, "trusted.overlay.opaque", &mut buf[..]).is_err());
-    check_round_trip(&l);
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).expect("detect");
+    check_round_trip(&l, &set);
+}
+
+/// A fresh copy of lower, made after lower's last write (as a runtime's ship makes it).
+fn copy_of_lower(l: &Layers) -> std::path::PathBuf {
+    fs_clock_tick(&l.snapshot);
+    let copy = l.snapshot.parent().unwrap().join("copy");
+    sh(
+        &l.lower,
+        &format!("mkdir {c} && cp -a . {c}", c = copy.display()),
+    );
+    copy
+}
+
+/// The copy fallback: the same step run in a full copy of the project (no overlay, no root),
+/// detected by comparing the trees, round-trips through `git apply` exactly as the overlay
+/// does, with the same change kinds, ignored and skipped paths.
+#[test]
+fn full_copy_changes_round_trip_through_git_apply() {
+    let l = Layers::new();
+    sh(&l.lower, SETUP_LOWER);
+    let copy = copy_of_lower(&l);
+    sh(&copy, STEP);
+    sh(
+        &copy,
+        &format!("cp -a . {s} && rm -f {s}/fifo1", s = l.snapshot.display()),
+    );
+    let set = detect_changes_by_compare(&l.lower, &copy, &DetectOptions::default())
+        .expect("detect by compare");
+    check_round_trip(&l, &set);
+    assert!(set.stale_base.is_empty(), "{:?}", set.stale_base);
+}
+
+/// The same post-step tree seen as an overlay (upper layer) and as a full copy (the merged
+/// view copied out) gives the same change set: same changes (kinds, modes, blob ids,
+/// contents), same ignored and skipped paths.
+#[test]
+fn full_copy_and_overlay_detect_the_same_changes() {
+    if !require_root_overlay() {
+        return;
+    }
+    let l = Layers::new();
+    sh(&l.lower, SETUP_LOWER);
+    fs_clock_tick(&l.snapshot);
+    let copy = l.snapshot.parent().unwrap().join("copy");
+    sh(
+        &l.lower,
+        &format!(
+            "mount -t overlay overlay -o {} {}",
+            l.mount_opts(""),
+            l.merged.display()
+        ),
+    );
+    let (ok, err) = try_sh(&l.merged, STEP);
+    if ok {
+        sh(
+            &l.merged,
+            &format!("mkdir {c} && cp -a . {c}", c = copy.display()),
+        );
+    }
+    sh(&l.lower, &format!("umount {}", l.merged.display()));
+    assert!(ok, "step failed: {err}");
+    let overlay = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).expect("overlay");
+    let compared =
+        detect_changes_by_compare(&l.lower, &copy, &DetectOptions::default()).expect("compare");
+    assert!(!overlay.changes.is_empty());
+    assert_eq!(overlay.changes, compared.changes);
+    assert_eq!(overlay.ignored, compared.ignored);
+    assert_eq!(overlay.skipped, compared.skipped);
+    // And the patches are byte for byte the same.
+    let (a, b) = (build_patch_files(&overlay), build_patch_files(&compared));
+    assert_eq!(a.files, b.files);
 }
 
 #[test]

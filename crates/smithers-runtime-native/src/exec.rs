@@ -263,18 +263,42 @@ pub(crate) async fn execute(
     let result_file = backend.out().join(plan::RESULT_FILE_NAME);
     let _ = std::fs::remove_file(&result_file);
 
+    let copy = backend.workspace.copy_reason().map(|_| backend.copy());
+    if let Some(copy) = &copy {
+        if !copy.is_dir() {
+            return Err(RuntimeError::OutOfOrder {
+                verb: "execute",
+                reason: "the workspace copy was not made: call ship before execute".into(),
+            });
+        }
+    }
     let layout = HostLayout {
         root_dir: backend.root_dir.clone(),
         upper: backend.upper(),
         work: backend.work(),
+        workspace_copy: copy,
         new_root: backend.new_root(),
         artifacts: backend.artifacts(),
         out: backend.out(),
         request: handle.request_path.clone(),
     };
-    let workspace = WorkspaceFacts {
-        has_smithers_dir: backend.root_dir.join(".smithers").is_dir(),
-        has_git_dir: backend.root_dir.join(".git").is_dir(),
+    let workspace = match &layout.workspace_copy {
+        None => WorkspaceFacts {
+            has_smithers_dir: backend.root_dir.join(".smithers").is_dir(),
+            has_git_dir: backend.root_dir.join(".git").is_dir(),
+        },
+        // The copy's stand-ins (see copy.rs): real directories only, never through a link.
+        Some(copy) => {
+            let dir = |name: &str| {
+                std::fs::symlink_metadata(copy.join(name)).is_ok_and(|m| m.is_dir())
+                    && std::fs::symlink_metadata(backend.root_dir.join(name))
+                        .is_ok_and(|m| m.is_dir())
+            };
+            WorkspaceFacts {
+                has_smithers_dir: dir(".smithers"),
+                has_git_dir: dir(".git"),
+            }
+        }
     };
     let tmp_bytes = controls.disk_limit_bytes.unwrap_or(plan::DEFAULT_TMP_BYTES);
     let plan = plan::compile(&PlanInput {
@@ -450,7 +474,8 @@ pub(crate) async fn execute(
             None
         },
     };
-    let enforcement = crate::report::enforcement(caps, &stored, &plan, cgroups, ready);
+    let enforcement =
+        crate::report::enforcement(caps, &stored, &plan, cgroups, ready, &backend.workspace);
     let outcome = ExecOutcome {
         termination,
         exit_code,
@@ -465,6 +490,21 @@ pub(crate) async fn execute(
         result,
     };
     let mut lines = log.into_inner().unwrap_or_default();
+    // Copy mode is a degradation: the log (which goes into the bundle) says so first.
+    if let Some(reason) = backend.workspace.copy_reason() {
+        let mut record =
+            json!({"type": "workspace", "timestampMs": now_ms(), "mode": "copy", "reason": reason});
+        // What ship copied (files, bytes, entries it could not reproduce).
+        if let Ok(Value::Object(copied)) = std::fs::read(backend.copy_report_file())
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()))
+        {
+            for (k, v) in copied {
+                record[k] = v;
+            }
+        }
+        lines.insert(0, record.to_string());
+    }
     if let Some(problem) = &result_problem {
         lines.push(
             json!({"type": "resultRejected", "timestampMs": now_ms(), "reason": problem})

@@ -25,13 +25,15 @@
 //! # Host state of a sandbox
 //!
 //! `<state_root>/<runId>/<sandboxId>/` (outside the project) holds the overlay's `upper/` and
-//! `work/` (on a size-capped tmpfs when a disk limit is set), the new root's mount point,
+//! `work/` — or, in copy mode ([`WorkspaceMode`]), the project's copy `copy/` — (in `layer/`,
+//! a size-capped tmpfs when a disk limit is set), the new root's mount point,
 //! `/result`'s artifacts, the step's result file, the output log and the outcome. The handle's
 //! `sandbox_root` is the spec's `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/` with
 //! `request/` and the bundle in `result/`.
 
 pub mod cgroup;
 mod collect;
+mod copy;
 mod exec;
 pub mod init;
 pub mod plan;
@@ -123,6 +125,45 @@ impl InitCommand {
     }
 }
 
+/// How `/workspace` presents the project.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceMode {
+    /// overlayfs when this host can mount it in a user namespace (checked once per runtime
+    /// by the probe), else a copy, recorded as a degradation in the enforcement report and
+    /// the bundle's log.
+    #[default]
+    Auto,
+    /// overlayfs only: a host where it cannot be mounted fails `create` (fail closed).
+    Overlay,
+    /// Always a copy of the project (ship copies it; collect compares it with the project).
+    Copy,
+}
+
+impl WorkspaceMode {
+    /// `auto`, `overlay` or `copy`.
+    pub fn parse(s: &str) -> Option<WorkspaceMode> {
+        match s {
+            "auto" => Some(WorkspaceMode::Auto),
+            "overlay" => Some(WorkspaceMode::Overlay),
+            "copy" => Some(WorkspaceMode::Copy),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkspaceMode::Auto => "auto",
+            WorkspaceMode::Overlay => "overlay",
+            WorkspaceMode::Copy => "copy",
+        }
+    }
+}
+
+/// Environment variable the CLI reads for the default [`WorkspaceMode`] (`auto`, `overlay`
+/// or `copy`).
+pub const WORKSPACE_ENV: &str = "SMITHERS_SANDBOX_WORKSPACE";
+
 /// Options of [`NativeRuntime`].
 #[derive(Debug, Clone)]
 pub struct NativeOptions {
@@ -133,6 +174,8 @@ pub struct NativeOptions {
     /// The pids limit applied when the config sets none (fork bombs are contained by
     /// default). Applied only where the pids controller exists; reported either way.
     pub default_pids_limit: Option<u32>,
+    /// How `/workspace` presents the project (default [`WorkspaceMode::Auto`]).
+    pub workspace: WorkspaceMode,
 }
 
 impl Default for NativeOptions {
@@ -141,6 +184,7 @@ impl Default for NativeOptions {
             init: None,
             state_root: None,
             default_pids_limit: Some(4096),
+            workspace: WorkspaceMode::Auto,
         }
     }
 }
@@ -166,7 +210,60 @@ struct HostCaps {
 pub struct NativeRuntime {
     options: NativeOptions,
     caps: OnceLock<Arc<HostCaps>>,
+    /// What the init found in probe mode (run once, on the first probe or create that needs
+    /// it).
+    findings: tokio::sync::OnceCell<Result<serde_json::Value, String>>,
     probe: tokio::sync::OnceCell<EnforcementReport>,
+}
+
+/// The workspace a sandbox got (decided at create, kept in the handle).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "mode")]
+pub(crate) enum WorkspaceState {
+    /// overlayfs, the project as the lower layer (handles from before copy mode have no
+    /// field and are this).
+    #[default]
+    Overlay,
+    /// A copy of the project in the state directory, bound at /workspace; `reason` says why
+    /// (asked for, or overlayfs unavailable and why).
+    Copy { reason: String },
+}
+
+impl WorkspaceState {
+    pub(crate) fn copy_reason(&self) -> Option<&str> {
+        match self {
+            WorkspaceState::Overlay => None,
+            WorkspaceState::Copy { reason } => Some(reason),
+        }
+    }
+}
+
+/// The workspace of a new sandbox under `mode`, given what the probe found about overlayfs.
+fn decide_workspace(
+    mode: WorkspaceMode,
+    overlay: report::OverlayCheck,
+) -> Result<WorkspaceState, RuntimeError> {
+    use report::OverlayCheck;
+    match (mode, overlay) {
+        (WorkspaceMode::Copy, _) => Ok(WorkspaceState::Copy {
+            reason: "copy mode requested (workspace = copy)".into(),
+        }),
+        (WorkspaceMode::Auto, OverlayCheck::Unusable(why)) => Ok(WorkspaceState::Copy {
+            reason: format!("overlayfs cannot be mounted in a user namespace here: {why}"),
+        }),
+        (WorkspaceMode::Overlay, OverlayCheck::Unusable(why)) => Err(RuntimeError::Unavailable {
+            runtime: RUNTIME,
+            reason: format!(
+                "the overlay workspace was requested but overlayfs cannot be mounted in a user namespace here: {why}"
+            ),
+            fix: Some(format!(
+                "use workspace mode auto or copy (--workspace, ${WORKSPACE_ENV}) to fall back to a copy of the project; or a kernel >= 5.11 with overlayfs and a state root on ext4, xfs or tmpfs"
+            )),
+        }),
+        // Usable, or the probe did not get as far as trying (then execute reports what
+        // really fails, as before this check existed).
+        (_, OverlayCheck::Usable | OverlayCheck::Unknown(_)) => Ok(WorkspaceState::Overlay),
+    }
 }
 
 /// Backend state stored in the handle (plain data, for cleanup from another process).
@@ -178,6 +275,9 @@ struct Backend {
     /// A tmpfs is mounted on `state_dir/layer` (disk limit).
     layer_tmpfs: bool,
     cgroups: SandboxCgroups,
+    /// Overlay or copy (absent in handles from before copy mode: overlay).
+    #[serde(default)]
+    workspace: WorkspaceState,
 }
 
 impl Backend {
@@ -195,6 +295,10 @@ impl Backend {
     }
     fn work(&self) -> PathBuf {
         self.layer().join("work")
+    }
+    /// The workspace copy (copy mode), in the layer so that a disk limit caps it too.
+    fn copy(&self) -> PathBuf {
+        self.layer().join("copy")
     }
     fn new_root(&self) -> PathBuf {
         self.state_dir.join("root")
@@ -217,6 +321,10 @@ impl Backend {
     fn log_file(&self) -> PathBuf {
         self.state_dir.join("stream.ndjson")
     }
+    /// What ship's copy copied (copy mode), for the log's workspace record.
+    fn copy_report_file(&self) -> PathBuf {
+        self.state_dir.join("copy-report.json")
+    }
 }
 
 fn io_err<'a>(
@@ -237,12 +345,26 @@ impl NativeRuntime {
         NativeRuntime {
             options,
             caps: OnceLock::new(),
+            findings: tokio::sync::OnceCell::new(),
             probe: tokio::sync::OnceCell::new(),
         }
     }
 
     fn caps(&self) -> Arc<HostCaps> {
         self.caps.get_or_init(|| Arc::new(self.detect())).clone()
+    }
+
+    /// What the init's probe mode found on this host (run once per runtime).
+    async fn findings(&self) -> &Result<serde_json::Value, String> {
+        let caps = self.caps();
+        self.findings
+            .get_or_init(|| async move { report::findings(&caps).await })
+            .await
+    }
+
+    /// The workspace mode of this runtime (`NativeOptions::workspace`).
+    pub fn workspace_mode(&self) -> WorkspaceMode {
+        self.options.workspace
     }
 
     fn detect(&self) -> HostCaps {
@@ -379,6 +501,12 @@ impl NativeRuntime {
             });
         }
         self.check_controls(config, &caps)?;
+        let workspace = match self.options.workspace {
+            WorkspaceMode::Copy => {
+                decide_workspace(WorkspaceMode::Copy, report::OverlayCheck::Usable)?
+            }
+            mode => decide_workspace(mode, report::overlay_check(self.findings().await))?,
+        };
         let root_dir = &config.root_dir;
         match std::fs::metadata(root_dir) {
             Ok(m) if m.is_dir() => {}
@@ -420,6 +548,7 @@ impl NativeRuntime {
             root_dir: root_dir.clone(),
             layer_tmpfs: false,
             cgroups: SandboxCgroups::default(),
+            workspace,
         };
         let result = self
             .prepare(config, &caps, &mut backend, &request_path)
@@ -463,13 +592,16 @@ impl NativeRuntime {
             .map_err(|e| RuntimeError::spawn("mount the size-capped upper layer", e))?;
             backend.layer_tmpfs = true;
         }
-        for dir in [
-            backend.upper(),
-            backend.work(),
-            backend.new_root(),
-            backend.artifacts(),
-            backend.out(),
-        ] {
+        // The copy (copy mode) is made by ship; overlay needs its upper and work directories.
+        let overlay_dirs = match backend.workspace {
+            WorkspaceState::Overlay => vec![backend.upper(), backend.work()],
+            WorkspaceState::Copy { .. } => vec![],
+        };
+        for dir in
+            overlay_dirs
+                .into_iter()
+                .chain([backend.new_root(), backend.artifacts(), backend.out()])
+        {
             std::fs::create_dir(&dir).map_err(io_err("create", &dir))?;
         }
         std::fs::create_dir_all(request_path).map_err(io_err("create", request_path))?;
@@ -494,6 +626,34 @@ impl NativeRuntime {
         write_private(&path, &serde_json::to_vec(&stored).unwrap_or_default())?;
         Ok(())
     }
+}
+
+/// Makes the workspace copy of copy mode (in a blocking task: it reads the whole project)
+/// and records what it copied in `copy-report.json` for the log. Copies into a scratch name
+/// and renames, so an interrupted ship never leaves a partial copy that a later one would
+/// take for complete.
+async fn ship_copy(backend: &Backend) -> Result<(), RuntimeError> {
+    let copy = backend.copy();
+    if copy.is_dir() {
+        return Ok(());
+    }
+    let partial = backend.layer().join("copy.partial");
+    let root = backend.root_dir.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        remove_tree(&partial).map_err(io_err("remove a partial workspace copy", &partial))?;
+        let report = copy::copy_project(&root, &partial)?;
+        std::fs::rename(&partial, &copy).map_err(io_err("finish the workspace copy", &copy))?;
+        Ok::<_, RuntimeError>(report)
+    });
+    let report = task
+        .await
+        .map_err(|e| RuntimeError::spawn("copy the project into the sandbox", e))??;
+    let record = serde_json::json!({
+        "copiedFiles": report.files,
+        "copiedBytes": report.bytes,
+        "leftOut": report.left_out,
+    });
+    write_private(&backend.copy_report_file(), record.to_string().as_bytes())
 }
 
 /// The config as `create` accepted it, kept in the state dir (it may hold env secrets, so it
@@ -632,8 +792,10 @@ impl Runtime for NativeRuntime {
 
     async fn probe(&self) -> EnforcementReport {
         let caps = self.caps();
+        let findings = self.findings().await;
+        let mode = self.options.workspace;
         self.probe
-            .get_or_init(|| async move { report::probe(&caps).await })
+            .get_or_init(|| async move { report::probe(&caps, findings, mode) })
             .await
             .clone()
     }
@@ -663,7 +825,13 @@ impl Runtime for NativeRuntime {
             .map_err(io_err("create", &handle.request_path))?;
         let path = handle.request_path.join(plan::REQUEST_FILE_NAME);
         write_private(&path, &bytes)?;
-        // The workspace needs no shipping: the overlay's lower layer is the project itself.
+        // An overlay needs no shipping: its lower layer is the project itself. A copy is made
+        // now (once: a second ship keeps the copy the step may already have changed). The
+        // reported size stays the request's (the spec's bundleSizeBytes); what the copy cost
+        // is in the workspace record of the log.
+        if backend.workspace.copy_reason().is_some() {
+            ship_copy(&backend).await?;
+        }
         Ok(ShipReport {
             bundle_size_bytes: bytes.len() as u64,
         })
@@ -694,5 +862,77 @@ impl Runtime for NativeRuntime {
             Err(e) => return Err(e),
         };
         cleanup_backend(&backend, Some(&handle.request_path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use report::OverlayCheck;
+
+    #[test]
+    fn workspace_mode_decision() {
+        let unusable = || OverlayCheck::Unusable("mount overlay: EINVAL".into());
+        assert_eq!(
+            decide_workspace(WorkspaceMode::Auto, OverlayCheck::Usable).unwrap(),
+            WorkspaceState::Overlay
+        );
+        let auto = decide_workspace(WorkspaceMode::Auto, unusable()).unwrap();
+        assert!(
+            auto.copy_reason()
+                .is_some_and(|r| r.contains("overlayfs cannot be mounted")
+                    && r.contains("mount overlay: EINVAL")),
+            "{auto:?}"
+        );
+        // Explicitly asked for overlay: fail closed, naming the way out.
+        let err = decide_workspace(WorkspaceMode::Overlay, unusable()).unwrap_err();
+        assert!(matches!(err, RuntimeError::Unavailable { .. }), "{err}");
+        assert!(err.to_string().contains("mount overlay: EINVAL"), "{err}");
+        assert_eq!(
+            decide_workspace(WorkspaceMode::Overlay, OverlayCheck::Usable).unwrap(),
+            WorkspaceState::Overlay
+        );
+        for check in [OverlayCheck::Usable, unusable()] {
+            let copy = decide_workspace(WorkspaceMode::Copy, check).unwrap();
+            assert!(copy.copy_reason().is_some_and(|r| r.contains("requested")));
+        }
+        // The probe never got to overlayfs: no fallback (execute reports the real problem).
+        let unknown = || OverlayCheck::Unknown("no user namespaces".into());
+        for mode in [WorkspaceMode::Auto, WorkspaceMode::Overlay] {
+            assert_eq!(
+                decide_workspace(mode, unknown()).unwrap(),
+                WorkspaceState::Overlay
+            );
+        }
+        for mode in [
+            WorkspaceMode::Auto,
+            WorkspaceMode::Overlay,
+            WorkspaceMode::Copy,
+        ] {
+            assert_eq!(WorkspaceMode::parse(mode.as_str()), Some(mode));
+        }
+        assert_eq!(WorkspaceMode::parse("Copy"), None);
+    }
+
+    #[test]
+    fn handles_without_a_workspace_field_are_overlay() {
+        let old = serde_json::json!({
+            "stateDir": "/s", "rootDir": "/p", "layerTmpfs": false,
+            "cgroups": serde_json::to_value(SandboxCgroups::default()).unwrap(),
+        });
+        let b: Backend = serde_json::from_value(old).unwrap();
+        assert_eq!(b.workspace, WorkspaceState::Overlay);
+        let copy = Backend {
+            workspace: WorkspaceState::Copy {
+                reason: "why".into(),
+            },
+            ..b
+        };
+        let v = serde_json::to_value(&copy).unwrap();
+        assert_eq!(
+            v["workspace"],
+            serde_json::json!({"mode": "copy", "reason": "why"})
+        );
+        assert_eq!(serde_json::from_value::<Backend>(v).unwrap(), copy);
     }
 }

@@ -314,10 +314,14 @@ pub fn host_entry(path: &Path) -> Option<HostEntry> {
 /// Host directories of one sandbox (all outside the project tree).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostLayout {
-    /// The project: the overlay's lower layer.
+    /// The project: the overlay's lower layer (or, in copy mode, what the copy is compared
+    /// with; its `.git` is bound read-only into the copy).
     pub root_dir: PathBuf,
     pub upper: PathBuf,
     pub work: PathBuf,
+    /// Copy mode: the copy of the project bound read-write at /workspace instead of the
+    /// overlay.
+    pub workspace_copy: Option<PathBuf>,
     /// Mount point of the new root's tmpfs.
     pub new_root: PathBuf,
     /// Bound writable at `/result`.
@@ -498,13 +502,25 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
 
     // The copy-on-write workspace, with the project's own state hidden and .git read-only
     // (a hook or config written there would run on the host once the patch is applied).
+    // In copy mode the copy is bound instead, with stand-in directories for both: the mask
+    // goes over the empty `.smithers`, and the host's `.git` is bound read-only on the empty
+    // `.git` (never copied, never writable).
     let layout = input.layout;
-    ops.push(MountOp::Overlay {
-        lower: layout.root_dir.clone(),
-        upper: layout.upper.clone(),
-        work: layout.work.clone(),
-        path: p(paths::WORKSPACE),
-        attrs: MountAttrs::RW,
+    ops.push(match &layout.workspace_copy {
+        None => MountOp::Overlay {
+            lower: layout.root_dir.clone(),
+            upper: layout.upper.clone(),
+            work: layout.work.clone(),
+            path: p(paths::WORKSPACE),
+            attrs: MountAttrs::RW,
+        },
+        Some(copy) => MountOp::Bind {
+            source: copy.clone(),
+            path: p(paths::WORKSPACE),
+            kind: TargetKind::Dir,
+            attrs: MountAttrs::RW,
+            optional: false,
+        },
     });
     if input.workspace.has_smithers_dir {
         ops.push(MountOp::MaskDir {
@@ -512,10 +528,20 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
         });
     }
     if input.workspace.has_git_dir {
-        ops.push(MountOp::Rebind {
-            path: Path::new(paths::WORKSPACE).join(".git"),
-            attrs: MountAttrs::RO,
-            optional: true,
+        let path = Path::new(paths::WORKSPACE).join(".git");
+        ops.push(match &layout.workspace_copy {
+            None => MountOp::Rebind {
+                path,
+                attrs: MountAttrs::RO,
+                optional: true,
+            },
+            Some(_) => MountOp::Bind {
+                source: layout.root_dir.join(".git"),
+                path,
+                kind: TargetKind::Dir,
+                attrs: MountAttrs::RO,
+                optional: true,
+            },
         });
     }
 
@@ -689,6 +715,7 @@ mod tests {
             root_dir: p("/home/u/project"),
             upper: p("/state/s1/layer/upper"),
             work: p("/state/s1/layer/work"),
+            workspace_copy: None,
             new_root: p("/state/s1/root"),
             artifacts: p("/state/s1/artifacts"),
             out: p("/state/s1/out"),
@@ -697,8 +724,15 @@ mod tests {
     }
 
     fn plan_with(workspace: WorkspaceFacts, allow_network: bool) -> InitPlan {
+        plan_with_layout(layout(), workspace, allow_network)
+    }
+
+    fn plan_with_layout(
+        layout: HostLayout,
+        workspace: WorkspaceFacts,
+        allow_network: bool,
+    ) -> InitPlan {
         let host = facts();
-        let layout = layout();
         let step_env: BTreeMap<String, String> = [
             ("FOO".to_string(), "bar".to_string()),
             ("PATH".to_string(), "/x".to_string()),
@@ -843,6 +877,48 @@ mod tests {
             .mounts
             .iter()
             .any(|m| matches!(m, MountOp::MaskDir { .. })));
+    }
+
+    #[test]
+    fn copy_mode_binds_the_copy_with_state_masked_and_the_host_git_read_only() {
+        let copy = p("/state/s1/layer/copy");
+        let plan = plan_with_layout(
+            HostLayout {
+                workspace_copy: Some(copy.clone()),
+                ..layout()
+            },
+            WorkspaceFacts {
+                has_smithers_dir: true,
+                has_git_dir: true,
+            },
+            false,
+        );
+        assert!(!plan
+            .mounts
+            .iter()
+            .any(|m| matches!(m, MountOp::Overlay { .. })));
+        let ws = plan
+            .mounts
+            .iter()
+            .position(|m| {
+                matches!(m, MountOp::Bind { source, path, attrs, optional: false, .. }
+                    if source == &copy && path == Path::new("/workspace") && !attrs.readonly && attrs.nosuid && attrs.nodev)
+            })
+            .expect("the copy bound read-write at /workspace");
+        let mask = plan
+            .mounts
+            .iter()
+            .position(|m| matches!(m, MountOp::MaskDir { path } if path == Path::new("/workspace/.smithers")))
+            .expect("mask");
+        let git = plan
+            .mounts
+            .iter()
+            .position(|m| {
+                matches!(m, MountOp::Bind { source, path, attrs, .. }
+                    if source == Path::new("/home/u/project/.git") && path == Path::new("/workspace/.git") && attrs.readonly)
+            })
+            .expect("the host's .git bound read-only");
+        assert!(ws < mask && ws < git);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use smithers_runtime::{EnforcementReport, Protection, ProtectionStatus, RuntimeK
 
 use crate::cgroup::SandboxCgroups;
 use crate::plan::InitPlan;
-use crate::{HostCaps, StoredConfig};
+use crate::{HostCaps, StoredConfig, WorkspaceMode, WorkspaceState};
 
 /// The names of the protections in every report of this runtime.
 pub mod protection_names {
@@ -101,6 +101,46 @@ fn limit_row(
     }
 }
 
+/// What the probe found about overlayfs in a user namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OverlayCheck {
+    /// Mounted, a lower directory deleted through it, a write reached the upper layer.
+    Usable,
+    /// Tried and failed: why.
+    Unusable(String),
+    /// Not tried (the probe could not run, or an earlier step such as the user namespace
+    /// failed): why.
+    Unknown(String),
+}
+
+pub(crate) fn overlay_check(findings: &Result<Value, String>) -> OverlayCheck {
+    match findings {
+        Err(e) => OverlayCheck::Unknown(e.clone()),
+        Ok(v) if v["overlay"].is_null() => {
+            OverlayCheck::Unknown("not tried (an earlier probe step failed)".into())
+        }
+        Ok(v) if v["overlay"]["ok"] == Value::Bool(true) => OverlayCheck::Usable,
+        Ok(v) => OverlayCheck::Unusable(
+            v["overlay"]["detail"]
+                .as_str()
+                .unwrap_or("failed")
+                .to_string(),
+        ),
+    }
+}
+
+/// The `workspace-cow` row of a sandbox that got a copy.
+fn copy_row(reason: &str) -> Protection {
+    row(
+        n::WORKSPACE_COW,
+        ProtectionStatus::Degraded,
+        format!(
+            "workspace mode copy: {reason}; the project was copied into the sandbox's state directory at ship and is compared with the untouched project at collect (the project is never written; .smithers hidden, .git bound read-only)"
+        ),
+        Some("for copy-on-write (no copy, ship cost independent of the project size): a kernel >= 5.11 with overlayfs in user namespaces, a state root on ext4, xfs or tmpfs, workspace mode auto or overlay"),
+    )
+}
+
 /// The report of one execution: what the plan put in force and what the init confirmed.
 pub(crate) fn enforcement(
     caps: &HostCaps,
@@ -108,6 +148,7 @@ pub(crate) fn enforcement(
     plan: &InitPlan,
     cgroups: &SandboxCgroups,
     ready: Option<&Value>,
+    workspace: &WorkspaceState,
 ) -> EnforcementReport {
     use ProtectionStatus::*;
     let c = &stored.config.controls;
@@ -160,7 +201,13 @@ pub(crate) fn enforcement(
     p.push(row(
         n::FILESYSTEM,
         Enforced,
-        "read-only root of /usr, /bin, /lib*, /sbin and a filtered /etc; writable: /workspace (copy-on-write), /result, /tmp",
+        format!(
+            "read-only root of /usr, /bin, /lib*, /sbin and a filtered /etc; writable: /workspace ({}), /result, /tmp",
+            match workspace {
+                WorkspaceState::Overlay => "copy-on-write",
+                WorkspaceState::Copy { .. } => "a copy of the project",
+            }
+        ),
         None,
     ));
     p.push(row(
@@ -260,30 +307,41 @@ pub(crate) fn enforcement(
         format!("{} per stream", human_bytes(c.max_output_bytes)),
         None,
     ));
-    p.push(row(
-        n::WORKSPACE_COW,
-        Enforced,
-        "overlayfs (userxattr): the project is the lower layer, never written; upper layer outside the project; .smithers hidden, .git read-only",
-        None,
-    ));
+    p.push(match workspace {
+        WorkspaceState::Overlay => row(
+            n::WORKSPACE_COW,
+            Enforced,
+            "overlayfs (userxattr): the project is the lower layer, never written; upper layer outside the project; .smithers hidden, .git read-only",
+            None,
+        ),
+        WorkspaceState::Copy { reason } => copy_row(reason),
+    });
     EnforcementReport {
         runtime: Some(RuntimeKind::Bubblewrap),
         protections: p,
     }
 }
 
-/// Runs the init in probe mode (once per runtime; the caller caches) and reports what this
-/// host can enforce. Leaves nothing behind: the probe's mounts die with its namespaces and its
-/// scratch directory is removed.
-pub(crate) async fn probe(caps: &HostCaps) -> EnforcementReport {
-    use ProtectionStatus::*;
-    let mut p = Vec::new();
-    let findings: Result<Value, String> = match &caps.init {
+/// Runs the init in probe mode (once per runtime; the caller caches). Leaves nothing
+/// behind: the probe's mounts die with its namespaces and its scratch directory is removed.
+pub(crate) async fn findings(caps: &HostCaps) -> Result<Value, String> {
+    match &caps.init {
         Err(e) => Err(e.clone()),
         Ok(init) => run_probe(caps, init).await,
-    };
+    }
+}
+
+/// What this host can enforce, from the probe's findings, for a runtime whose workspace
+/// mode is `mode`.
+pub(crate) fn probe(
+    caps: &HostCaps,
+    findings: &Result<Value, String>,
+    mode: WorkspaceMode,
+) -> EnforcementReport {
+    use ProtectionStatus::*;
+    let mut p = Vec::new();
     let ok = |key: &str| -> Result<(), String> {
-        match &findings {
+        match findings {
             Err(e) => Err(e.clone()),
             Ok(v) if v[key]["ok"] == Value::Bool(true) => Ok(()),
             Ok(v) if v[key].is_null() => Err("not tried (an earlier step failed)".into()),
@@ -416,9 +474,14 @@ pub(crate) async fn probe(caps: &HostCaps) -> EnforcementReport {
         "per-stream cap, truncation recorded",
         None,
     ));
-    p.push(match ok("overlay") {
-        Ok(()) => row(n::WORKSPACE_COW, Enforced, format!("overlayfs with userxattr, upper layer under {}", caps.state_root.display()), None),
-        Err(e) => row(n::WORKSPACE_COW, Unavailable, format!("overlayfs in a user namespace failed: {e}"), Some("use a kernel >= 5.11 with overlayfs; keep the state root on a filesystem overlayfs accepts as upper layer (ext4, xfs, tmpfs)")),
+    let overlay_fix = "use a kernel >= 5.11 with overlayfs; keep the state root on a filesystem overlayfs accepts as upper layer (ext4, xfs, tmpfs)";
+    p.push(match (ok("overlay"), mode) {
+        (Ok(()), WorkspaceMode::Copy) => copy_row("copy mode requested (workspace = copy; overlayfs would work here)"),
+        (Ok(()), _) => row(n::WORKSPACE_COW, Enforced, format!("overlayfs with userxattr, upper layer under {}", caps.state_root.display()), None),
+        (Err(e), WorkspaceMode::Overlay) => row(n::WORKSPACE_COW, Unavailable, format!("overlayfs in a user namespace failed: {e} (workspace mode overlay: sandboxes are refused)"), Some(overlay_fix)),
+        (Err(e), WorkspaceMode::Auto) if matches!(overlay_check(findings), OverlayCheck::Unknown(_)) => row(n::WORKSPACE_COW, Unavailable, format!("overlayfs in a user namespace could not be tried: {e}"), Some(overlay_fix)),
+        (Err(e), WorkspaceMode::Auto) => copy_row(&format!("overlayfs cannot be mounted in a user namespace here: {e}")),
+        (Err(_), WorkspaceMode::Copy) => copy_row("copy mode requested (workspace = copy)"),
     });
     EnforcementReport {
         runtime: Some(RuntimeKind::Bubblewrap),

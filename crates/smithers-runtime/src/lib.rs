@@ -10,7 +10,8 @@
 //!   host state under the handle's `sandbox_root` and returns a handle that is plain data.
 //!   Calling it twice for the same entity id is an error, not a reuse.
 //! * **ship** makes the request JSON and the workspace available inside. The workspace is
-//!   `rootDir` as a copy-on-write view; the host tree is never written by the sandbox.
+//!   `rootDir` as a copy-on-write view (or, where a backend cannot make one, a copy, recorded
+//!   as degraded in the enforcement report); the host tree is never written by the sandbox.
 //! * **execute** runs the command for real. The backend owns the timeout
 //!   (`controls.timeout_ms`) and the cancellation token: on either, *every* process of the
 //!   sandbox is dead when `execute` returns. Non-zero exits, signals, limits, timeouts and
@@ -26,6 +27,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "collect")]
+pub mod collect;
 pub mod config;
 #[cfg(feature = "suites")]
 pub mod conformance;

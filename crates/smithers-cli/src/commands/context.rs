@@ -114,8 +114,16 @@ pub fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// Builds the orchestrator over the store at `db_path` with every runtime this binary has
 /// (native as `bubblewrap`, docker), with the limits from the environment.
 pub fn orchestrator(db_path: &Path) -> anyhow::Result<Orchestrator> {
+    orchestrator_with(db_path, super::run::workspace_from_env()?)
+}
+
+/// [`orchestrator`] whose native runtime uses `workspace`.
+pub fn orchestrator_with(
+    db_path: &Path,
+    workspace: smithers_runtime_native::WorkspaceMode,
+) -> anyhow::Result<Orchestrator> {
     let store = Arc::new(Store::open(db_path).coded()?);
-    let native = super::run::native_runtime()?;
+    let native = super::run::native_runtime_with(workspace)?;
     let docker = DockerRuntime::new(DockerOptions::default());
     Ok(
         Orchestrator::new(store, Arc::new(AtomicPatchApplier), Settings::from_env())
@@ -128,8 +136,17 @@ pub fn orchestrator(db_path: &Path) -> anyhow::Result<Orchestrator> {
 /// Opens the store and runs crash recovery (cheap when nothing is orphaned: one query).
 /// Recovered sandboxes are reported on stderr unless `quiet`.
 pub fn open(args: &StoreArgs, quiet: bool) -> anyhow::Result<Ctx> {
+    open_with(args, quiet, super::run::workspace_from_env()?)
+}
+
+/// [`open`] whose native runtime uses `workspace` (`run --workspace`).
+pub fn open_with(
+    args: &StoreArgs,
+    quiet: bool,
+    workspace: smithers_runtime_native::WorkspaceMode,
+) -> anyhow::Result<Ctx> {
     let db_path = args.db_path()?;
-    let orchestrator = Arc::new(orchestrator(&db_path)?);
+    let orchestrator = Arc::new(orchestrator_with(&db_path, workspace)?);
     let rt = async_runtime()?;
     let recovered = rt.block_on(orchestrator.recover()).coded()?;
     if !quiet {

@@ -14,6 +14,9 @@ pub struct DoctorArgs {
     /// Which runtime to check: the native one (default) or the Docker engine's.
     #[arg(long, value_enum, default_value = "bubblewrap")]
     pub runtime: super::run::RuntimeChoice,
+    /// The native runtime's workspace mode to report for (see `run --workspace`).
+    #[arg(long, value_enum, env = smithers_runtime_native::WORKSPACE_ENV, default_value = "auto")]
+    pub workspace: super::run::WorkspaceChoice,
 }
 
 /// Protections without which the docker runtime cannot run at all.
@@ -44,7 +47,7 @@ pub fn run(args: &DoctorArgs, json: bool) -> anyhow::Result<ExitCode> {
     let report = if docker {
         docker_probe(&rt)
     } else {
-        rt.block_on(super::run::native_runtime()?.probe())
+        rt.block_on(super::run::native_runtime_with(args.workspace.mode())?.probe())
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -72,7 +75,15 @@ pub fn run(args: &DoctorArgs, json: bool) -> anyhow::Result<ExitCode> {
         }
     }
     let required = if docker { DOCKER_REQUIRED } else { REQUIRED };
-    let usable = required.iter().all(|n| report.is_enforced(n));
+    // A copy workspace (overlayfs unavailable, or copy asked for) is degraded, not unusable.
+    let usable = required.iter().all(|n| {
+        report.is_enforced(n)
+            || (!docker
+                && *n == "workspace-cow"
+                && report
+                    .get(n)
+                    .is_some_and(|p| p.status == ProtectionStatus::Degraded))
+    });
     if !usable && !json {
         if docker {
             eprintln!("the docker runtime cannot run sandboxes on this host");

@@ -21,7 +21,9 @@ use smithers_runtime::{
     parse_cpu_limit, parse_memory_limit, CancellationToken, Controls, OutputEvent, OutputSink,
     RuntimeKind, StepCommand,
 };
-use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+use smithers_runtime_native::{
+    InitCommand, NativeOptions, NativeRuntime, WorkspaceMode, WORKSPACE_ENV,
+};
 
 use super::context::{self, StoreArgs};
 use super::review::decision_hints;
@@ -45,6 +47,28 @@ impl RuntimeChoice {
     }
 }
 
+/// How the native runtime presents the project at /workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkspaceChoice {
+    /// overlayfs where this host can mount it in a user namespace, else a copy (recorded as
+    /// degraded in the enforcement report and the bundle's log).
+    Auto,
+    /// overlayfs only (copy-on-write); refused where it cannot be mounted.
+    Overlay,
+    /// A copy of the project, made at ship and compared with the project at collect.
+    Copy,
+}
+
+impl WorkspaceChoice {
+    pub fn mode(self) -> WorkspaceMode {
+        match self {
+            WorkspaceChoice::Auto => WorkspaceMode::Auto,
+            WorkspaceChoice::Overlay => WorkspaceMode::Overlay,
+            WorkspaceChoice::Copy => WorkspaceMode::Copy,
+        }
+    }
+}
+
 /// Arguments of `run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -55,6 +79,10 @@ pub struct RunArgs {
     /// The runtime.
     #[arg(long, value_enum, default_value = "bubblewrap")]
     pub runtime: RuntimeChoice,
+    /// How /workspace presents the project (native runtime): overlay, copy, or auto (overlay
+    /// where it can be mounted, else a copy, recorded as degraded).
+    #[arg(long, value_enum, env = WORKSPACE_ENV, default_value = "auto")]
+    pub workspace: WorkspaceChoice,
     /// Container image (docker runtime).
     #[arg(long, value_name = "IMG")]
     pub image: Option<String>,
@@ -163,6 +191,23 @@ fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
 /// faster to start) or `$SMITHERS_SANDBOX_INIT` names one, else this very executable with the
 /// hidden init subcommand.
 pub fn native_runtime() -> anyhow::Result<NativeRuntime> {
+    native_runtime_with(workspace_from_env()?)
+}
+
+/// The workspace mode `$SMITHERS_SANDBOX_WORKSPACE` names (`auto` when unset).
+pub fn workspace_from_env() -> anyhow::Result<WorkspaceMode> {
+    match std::env::var(WORKSPACE_ENV) {
+        Err(_) => Ok(WorkspaceMode::Auto),
+        Ok(v) => WorkspaceMode::parse(v.trim()).ok_or_else(|| {
+            invalid(format!(
+                "${WORKSPACE_ENV} must be auto, overlay or copy, not {v:?}"
+            ))
+        }),
+    }
+}
+
+/// [`native_runtime`] with an explicit workspace mode.
+pub fn native_runtime_with(workspace: WorkspaceMode) -> anyhow::Result<NativeRuntime> {
     let init = match InitCommand::locate() {
         Ok(init) => init,
         Err(_) => {
@@ -171,6 +216,7 @@ pub fn native_runtime() -> anyhow::Result<NativeRuntime> {
     };
     Ok(NativeRuntime::new(NativeOptions {
         init: Some(init),
+        workspace,
         ..NativeOptions::default()
     }))
 }
@@ -384,7 +430,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             "--runtime docker needs --image IMG (a local image)".to_string(),
         ));
     }
-    let ctx = context::open(&args.store, json_out)?;
+    let ctx = context::open_with(&args.store, json_out, args.workspace.mode())?;
     let run_id = args.run_id.clone().unwrap_or_else(|| new_id("run"));
     let sandbox_id = args.sandbox_id.clone().unwrap_or_else(|| new_id("sbx"));
     let mut req = SandboxRequest::new(&run_id, &sandbox_id, &root);

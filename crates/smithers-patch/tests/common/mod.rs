@@ -185,3 +185,22 @@ pub fn assert_same_tree(expected: &BTreeMap<String, Snap>, actual: &BTreeMap<Str
     }
     assert!(diffs.is_empty(), "trees differ:\n{}", diffs.join("\n"));
 }
+
+/// Waits until the filesystem's (coarse) timestamp clock has advanced, so that writes before
+/// and after are ordered by their timestamps. An ordering barrier, not a timing assertion.
+pub fn fs_clock_tick(dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let probe = dir.join(".tick");
+    std::fs::write(&probe, "0").unwrap();
+    let first = std::fs::metadata(&probe).unwrap();
+    let start = (first.ctime(), first.ctime_nsec());
+    loop {
+        std::fs::write(&probe, "1").unwrap();
+        let m = std::fs::metadata(&probe).unwrap();
+        if (m.ctime(), m.ctime_nsec()) > start {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    std::fs::remove_file(&probe).unwrap();
+}

@@ -1,0 +1,184 @@
+//! `detect_changes_by_compare` on hand-built trees: what only the full-tree comparison does
+//! (streamed comparison of unchanged files, entries present on both sides, stale bases of a
+//! copy). The change kinds themselves, and equality with the overlay walk, are in
+//! `overlay_roundtrip.rs`.
+
+mod common;
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use smithers_patch::*;
+
+fn kinds(set: &ChangeSet) -> Vec<(&str, ChangeKind)> {
+    set.changes
+        .iter()
+        .map(|c| (c.path.as_str(), c.kind))
+        .collect()
+}
+
+/// A project tree and, made afterwards, its copy (`cp -a`, as ship makes it).
+struct Trees {
+    _tmp: tempfile::TempDir,
+    lower: PathBuf,
+    copy: PathBuf,
+}
+
+fn trees(setup: &str) -> Trees {
+    let tmp = tempfile::tempdir().unwrap();
+    let lower = tmp.path().join("lower");
+    std::fs::create_dir(&lower).unwrap();
+    sh(&lower, setup);
+    fs_clock_tick(tmp.path());
+    let copy = tmp.path().join("copy");
+    sh(
+        &lower,
+        &format!("mkdir {c} && cp -a . {c}", c = copy.display()),
+    );
+    Trees {
+        _tmp: tmp,
+        lower,
+        copy,
+    }
+}
+
+fn compare(t: &Trees) -> ChangeSet {
+    detect_changes_by_compare(&t.lower, &t.copy, &DetectOptions::default()).expect("compare")
+}
+
+#[test]
+fn an_untouched_copy_has_no_changes() {
+    let t = trees(
+        "mkdir -p src empty .git && printf 'x\\n' > src/a.rs && chmod +x src/a.rs && \
+         ln -s src/a.rs lnk && ln -s /nowhere dangling && mkfifo pipe && \
+         printf 'target/\\n' > .gitignore && mkdir -p target && printf 'o' > target/x.o && \
+         printf 'ref: refs/heads/main\\n' > .git/HEAD",
+    );
+    let set = compare(&t);
+    assert!(set.changes.is_empty(), "{:?}", kinds(&set));
+    assert!(set.ignored.is_empty(), "{:?}", set.ignored);
+    assert!(set.skipped.is_empty(), "{:?}", set.skipped);
+    assert!(set.stale_base.is_empty(), "{:?}", set.stale_base);
+}
+
+/// Sizes first, then contents block by block: equal big files are not changes (and are never
+/// loaded: the content bound would be exceeded otherwise), a difference in the last byte or
+/// in the size is found.
+#[test]
+fn big_files_are_compared_by_content_without_being_loaded() {
+    let t = trees(
+        "head -c 3000000 /dev/urandom > same.bin && cp same.bin last.bin && cp same.bin grown.bin",
+    );
+    sh(
+        &t.copy,
+        "printf 'Z' | dd of=last.bin bs=1 seek=2999999 conv=notrunc 2>/dev/null && printf 'more' >> grown.bin",
+    );
+    let small = DetectOptions {
+        max_content_bytes: 13_000_000,
+        ..Default::default()
+    };
+    let set = detect_changes_by_compare(&t.lower, &t.copy, &small).unwrap();
+    assert_eq!(
+        kinds(&set),
+        [
+            ("grown.bin", ChangeKind::Modified),
+            ("last.bin", ChangeKind::Modified)
+        ]
+    );
+    // The bound counts only the two changed files (old + new of each), not the unchanged one.
+    let tight = DetectOptions {
+        max_content_bytes: 11_000_000,
+        ..Default::default()
+    };
+    let err = detect_changes_by_compare(&t.lower, &t.copy, &tight).unwrap_err();
+    assert!(matches!(err, PatchError::ChangeSetTooLarge { .. }), "{err}");
+}
+
+/// An ignored directory that was already there is neither walked nor reported (it may be
+/// huge); one the step created is reported. An ignored file rewritten with the same bytes is
+/// not reported; one with new bytes is.
+#[test]
+fn ignored_paths_are_reported_only_when_the_step_changed_them() {
+    let t = trees(
+        "printf 'target/\\nbuild/\\n*.log\\n' > .gitignore && mkdir -p target && printf 'o' > target/old.o && \
+         printf 'same\\n' > same.log && printf 'old\\n' > changed.log",
+    );
+    sh(
+        &t.copy,
+        "printf 'new' > target/new.o && rm target/old.o && mkdir build && printf 'b' > build/b.o && \
+         printf 'same\\n' > same.log && printf 'new\\n' > changed.log && printf 'x\\n' > added.log",
+    );
+    let set = compare(&t);
+    assert!(set.changes.is_empty(), "{:?}", kinds(&set));
+    let ignored: Vec<&str> = set.ignored.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(ignored, ["added.log", "build/", "changed.log"]);
+}
+
+/// Special files: unchanged when both sides have the same kind; new or deleted ones are
+/// reported as not representable. Non-UTF-8 names likewise: silent when identical on both
+/// sides, reported when the step made or changed one.
+#[test]
+fn special_files_and_non_utf8_names() {
+    let t = trees("mkfifo same_fifo gone_fifo && printf 'a' > \"$(printf 'caf\\351')\"");
+    sh(&t.copy, "rm gone_fifo && mkfifo new_fifo");
+    let bad = std::ffi::OsStr::from_bytes(b"new\xff");
+    std::fs::write(t.copy.join(bad), "x").unwrap();
+    let set = compare(&t);
+    assert!(set.changes.is_empty(), "{:?}", kinds(&set));
+    let skipped: Vec<&str> = set.skipped.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(skipped.len(), 3, "{:?}", set.skipped);
+    assert!(skipped.contains(&"gone_fifo") && skipped.contains(&"new_fifo"));
+    assert!(
+        skipped.iter().any(|p| p.ends_with("new\u{fffd}")),
+        "{skipped:?}"
+    );
+}
+
+/// The host edits its tree while the step runs on the copy: every change whose lower side
+/// changed after the copy was made is flagged — a file the step edited, one it deleted, and
+/// one it never touched (which the comparison sees as the step reverting the host's edit).
+#[test]
+fn host_edits_after_the_copy_are_flagged_as_stale_base() {
+    let t = trees(
+        "printf 'v1\\n' > edited && printf 'v1\\n' > deleted && printf 'v1\\n' > untouched && \
+         printf 'v1\\n' > quiet",
+    );
+    sh(
+        &t.copy,
+        "printf 'step\\n' > edited && rm deleted && printf 'step\\n' > quiet",
+    );
+    fs_clock_tick(&t.copy);
+    sh(
+        &t.lower,
+        "printf 'v2\\n' > edited && printf 'v2\\n' > deleted && printf 'v2\\n' > untouched",
+    );
+    let set = compare(&t);
+    assert_eq!(
+        kinds(&set),
+        [
+            ("deleted", ChangeKind::Deleted),
+            ("edited", ChangeKind::Modified),
+            ("quiet", ChangeKind::Modified),
+            ("untouched", ChangeKind::Modified),
+        ]
+    );
+    if !set.stale_base_checked {
+        skip("this filesystem reports no birth times");
+        return;
+    }
+    assert_eq!(set.stale_base, ["deleted", "edited", "untouched"]);
+}
+
+#[test]
+fn roots_must_be_directories() {
+    let t = trees("printf 'x' > f");
+    for (lower, copy) in [
+        (t.lower.join("f"), t.copy.clone()),
+        (t.lower.clone(), t.copy.join("missing")),
+    ] {
+        let err = detect_changes_by_compare(Path::new(&lower), &copy, &DetectOptions::default())
+            .unwrap_err();
+        assert!(matches!(err, PatchError::ReadLayer { .. }), "{err}");
+    }
+}

@@ -1,0 +1,470 @@
+//! The copy workspace (where overlayfs cannot be mounted, or when asked for): real sandboxes
+//! whose /workspace is a copy of the project. The patches must be the ones the overlay
+//! workspace gives for the same step, `git apply` of them onto the original must give the
+//! sandbox's tree, the project must be untouched, and the result must say the workspace was
+//! a copy and why.
+//!
+//! A test needing a kernel feature the host lacks prints `SKIP <reason>`; with `CI=true` the
+//! missing feature fails the test instead.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+use smithers_errors::{CodedError, ErrorCode};
+use smithers_runtime::{
+    CancellationToken, Controls, ExecOutcome, ProtectionStatus, RequestBundle, Runtime,
+    RuntimeKind, SandboxConfig, SandboxHandle, StepCommand, Termination,
+};
+use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime, WorkspaceMode};
+
+fn runtime(workspace: WorkspaceMode, state_root: Option<PathBuf>) -> NativeRuntime {
+    NativeRuntime::new(NativeOptions {
+        init: Some(InitCommand::binary(env!(
+            "CARGO_BIN_EXE_smithers-sandbox-init"
+        ))),
+        state_root,
+        workspace,
+        ..NativeOptions::default()
+    })
+}
+
+fn skip_or_fail(reason: &str) -> bool {
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("missing host capability under CI=true: {reason}");
+    }
+    println!("SKIP {reason}");
+    false
+}
+
+/// Namespaces work here (the workspace row is checked by each test).
+async fn usable(rt: &NativeRuntime) -> bool {
+    let report = rt.probe().await;
+    let missing: Vec<&str> = ["user-namespace", "mount-namespace", "pid-namespace"]
+        .into_iter()
+        .filter(|n| !report.is_enforced(n))
+        .collect();
+    missing.is_empty() || skip_or_fail(&format!("native sandboxes unavailable: {missing:?}"))
+}
+
+fn sh(dir: &Path, script: &str) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The project before the step: every kind of entry a change can start from.
+const PROJECT: &str = r#"set -e
+mkdir -p src gone/sub recreated d2 .git/hooks .smithers/sandboxes
+printf 'fn main() {\n    println!("hi");\n}\n' > src/main.rs
+printf 'pub fn lib() {}\n' > src/lib.rs
+printf '#!/bin/sh\necho run\n' > run.sh
+printf 'BIN\000\001\002original' > data.bin
+printf 'a\n' > gone/a.txt
+printf 'b\n' > gone/sub/b.txt
+printf 'x\n' > recreated/x.txt
+printf 'y\n' > recreated/y.txt
+printf 'f\n' > d2/f
+printf 'file\n' > f2l
+ln -s src/main.rs lnk
+printf '*.log\n' > .gitignore
+printf 'ref: refs/heads/main\n' > .git/HEAD
+printf 'echo hook\n' > .git/hooks/pre-commit
+printf 'secret state\n' > .smithers/sandbox.db
+"#;
+
+/// The step (deterministic, so that two runs write the same bytes). It also checks what it
+/// must not be able to do, and says so on stdout.
+const STEP: &str = r#"
+printf 'fn main() {\n    println!("changed");\n}\n' > src/main.rs
+: >> src/lib.rs
+chmod +x run.sh
+printf 'BIN\000\001\002changed!' > data.bin
+printf 'new\n' > src/new.rs
+rm -rf gone
+rm -rf recreated && mkdir recreated && printf 'x\n' > recreated/x.txt && printf 'z\n' > recreated/z.txt
+rm -rf d2 && printf 'file replacing a dir\n' > d2
+rm f2l && ln -s /etc/passwd f2l
+ln -sfn src/lib.rs lnk
+printf 'ignored\n' > debug.log
+if echo evil >> .git/hooks/pre-commit 2>/dev/null; then echo GIT-WRITABLE; else echo git-read-only; fi
+if ls .smithers | grep -q .; then echo SMITHERS-VISIBLE; else echo smithers-hidden; fi
+"#;
+
+/// A snapshot of every non-directory below `root` (links not followed), paths for which
+/// `skip` holds left out: (kind+mode, content or link target).
+fn snapshot(root: &Path, skip: &dyn Fn(&str) -> bool) -> BTreeMap<String, (String, Vec<u8>)> {
+    fn walk(
+        root: &Path,
+        dir: &Path,
+        skip: &dyn Fn(&str) -> bool,
+        out: &mut BTreeMap<String, (String, Vec<u8>)>,
+    ) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().to_str().unwrap().to_string();
+            if skip(&rel) {
+                continue;
+            }
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            if md.is_dir() {
+                walk(root, &p, skip, out);
+            } else if md.file_type().is_symlink() {
+                let t = std::fs::read_link(&p).unwrap();
+                out.insert(
+                    rel,
+                    ("link".into(), t.into_os_string().into_encoded_bytes()),
+                );
+            } else {
+                let exec = md.permissions().mode() & 0o100 != 0;
+                out.insert(
+                    rel,
+                    (format!("file exec={exec}"), std::fs::read(&p).unwrap()),
+                );
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, skip, &mut out);
+    out
+}
+
+/// The runtime's own request/result directories under `.smithers/sandboxes` are the only
+/// thing a run adds to the project.
+fn not_runtime_state(rel: &str) -> bool {
+    rel.starts_with(".smithers/sandboxes/")
+}
+
+struct Ran {
+    project: tempfile::TempDir,
+    handle: SandboxHandle,
+    outcome: ExecOutcome,
+    stdout: String,
+    /// The patch files of the bundle, in order.
+    patches: Vec<(String, String)>,
+    /// The bundle's log, one JSON value a line.
+    log: Vec<Value>,
+    /// The sandbox's /workspace as the step left it (copy mode: the copy itself).
+    tree: Option<BTreeMap<String, (String, Vec<u8>)>>,
+}
+
+/// Creates a project from `PROJECT`, runs `STEP` in a sandbox of `rt`, collects, snapshots
+/// the copy (copy mode), cleans up.
+async fn run_step(rt: &NativeRuntime, project: tempfile::TempDir) -> Ran {
+    let config = SandboxConfig {
+        run_id: format!("copy-{}", std::process::id()),
+        sandbox_id: format!(
+            "sb-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ),
+        runtime: RuntimeKind::Bubblewrap,
+        root_dir: project.path().to_path_buf(),
+        image: None,
+        controls: Controls::default(),
+    };
+    let handle = rt.create(&config).await.expect("create");
+    rt.ship(
+        &handle,
+        &RequestBundle {
+            request: json!({"status": "pending", "sandboxId": config.sandbox_id, "runtime": "bubblewrap", "input": {}}),
+        },
+    )
+    .await
+    .expect("ship");
+    let sink = Collect::default();
+    let outcome = rt
+        .execute(
+            &handle,
+            &StepCommand {
+                argv: vec!["/bin/sh".into(), "-c".into(), STEP.into()],
+                cwd: None,
+            },
+            CancellationToken::new(),
+            &sink,
+        )
+        .await
+        .expect("execute");
+    let report = rt.collect(&handle).await.expect("collect");
+    let mut patches = Vec::new();
+    let pdir = report.bundle_path.join("patches");
+    if pdir.is_dir() {
+        let mut names: Vec<PathBuf> = std::fs::read_dir(&pdir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for p in names {
+            let name = p.file_name().unwrap().to_str().unwrap().to_string();
+            patches.push((name, std::fs::read_to_string(&p).unwrap()));
+        }
+    }
+    assert_eq!(report.patch_count, patches.len());
+    let log = std::fs::read_to_string(report.bundle_path.join("logs/stream.ndjson"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let copy = PathBuf::from(handle.backend["stateDir"].as_str().unwrap()).join("layer/copy");
+    let tree = copy.is_dir().then(|| {
+        snapshot(&copy, &|r| {
+            r == ".git" || r.starts_with(".git/") || r == ".smithers" || r == "debug.log"
+        })
+    });
+    rt.cleanup(&handle).await.expect("cleanup");
+    assert!(
+        !copy.exists(),
+        "cleanup removes the copy with the state directory"
+    );
+    Ran {
+        project,
+        handle,
+        outcome,
+        stdout: sink.text(),
+        patches,
+        log,
+        tree,
+    }
+}
+
+#[derive(Default)]
+struct Collect(std::sync::Mutex<String>);
+
+impl smithers_runtime::OutputSink for Collect {
+    fn event(&self, event: smithers_runtime::OutputEvent) {
+        if let smithers_runtime::OutputEvent::Stdout { line, .. } = event {
+            let mut s = self.0.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    }
+}
+
+impl Collect {
+    fn text(&self) -> String {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+fn new_project() -> tempfile::TempDir {
+    let project = tempfile::tempdir().unwrap();
+    sh(project.path(), PROJECT);
+    project
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Copy mode asked for: the step runs in a copy; the project is untouched; the patches are
+/// byte for byte those of the overlay workspace for the same step; `git apply` of them onto
+/// the original gives the sandbox's tree; the report, the probe and the bundle's log say
+/// "copy" and why.
+#[tokio::test(flavor = "multi_thread")]
+async fn forced_copy_mode_gives_the_overlay_patches_and_says_so() {
+    let copy_rt = runtime(WorkspaceMode::Copy, None);
+    if !usable(&copy_rt).await {
+        return;
+    }
+    let probe = copy_rt.probe().await;
+    let row = probe.get("workspace-cow").expect("workspace row");
+    assert_eq!(row.status, ProtectionStatus::Degraded, "{row:?}");
+    assert!(row.detail.contains("copy mode requested"), "{row:?}");
+
+    let project = new_project();
+    let before = snapshot(project.path(), &not_runtime_state);
+    let ran = run_step(&copy_rt, project).await;
+    assert_eq!(ran.handle.backend["workspace"]["mode"], "copy");
+    assert_eq!(
+        ran.outcome.termination,
+        Termination::Exited,
+        "{}",
+        ran.stdout
+    );
+    assert_eq!(ran.outcome.exit_code, Some(0), "{}", ran.stdout);
+    assert!(ran.stdout.contains("git-read-only"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("smithers-hidden"), "{}", ran.stdout);
+
+    // Said in the result: the enforcement report and the bundle's log.
+    let row = ran.outcome.enforcement.get("workspace-cow").unwrap();
+    assert_eq!(row.status, ProtectionStatus::Degraded);
+    assert!(
+        row.detail.contains("workspace mode copy") && row.detail.contains("requested"),
+        "{row:?}"
+    );
+    let record = ran
+        .log
+        .iter()
+        .find(|r| r["type"] == "workspace")
+        .expect("a workspace record in the bundle's log");
+    assert_eq!(record["mode"], "copy");
+    assert!(record["reason"].as_str().unwrap().contains("requested"));
+    // What ship copied: the project's files but .git's and .smithers' (stand-ins).
+    assert_eq!(record["copiedFiles"], 11, "{record}");
+    assert!(record["copiedBytes"].as_u64().unwrap() > 0, "{record}");
+    assert_eq!(record["leftOut"], json!([]));
+
+    // The project is untouched (the step wrote only its copy).
+    let after = snapshot(ran.project.path(), &not_runtime_state);
+    assert_eq!(before, after, "the host tree changed");
+
+    // The overlay workspace, same project, same step: the same patches, byte for byte.
+    let overlay_rt = runtime(WorkspaceMode::Overlay, None);
+    let overlay_row = overlay_rt.probe().await;
+    if overlay_row.is_enforced("workspace-cow") {
+        let overlay = run_step(&overlay_rt, new_project()).await;
+        assert_eq!(overlay.handle.backend["workspace"]["mode"], "overlay");
+        assert!(overlay.log.iter().all(|r| r["type"] != "workspace"));
+        assert_eq!(
+            overlay
+                .outcome
+                .enforcement
+                .get("workspace-cow")
+                .unwrap()
+                .status,
+            ProtectionStatus::Enforced
+        );
+        assert_eq!(ran.patches, overlay.patches);
+    } else {
+        skip_or_fail("overlayfs unavailable: copy-vs-overlay patch equality not checked");
+    }
+
+    // git apply onto a fresh copy of the original project reproduces the sandbox's tree.
+    let names: Vec<&str> = ran.patches.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.len() >= 10, "{names:?}");
+    let fresh = new_project();
+    git(fresh.path(), &["init", "-q"]);
+    let pdir = tempfile::tempdir().unwrap();
+    let mut args = vec!["apply".to_string()];
+    for (name, text) in &ran.patches {
+        let p = pdir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        args.push(p.to_str().unwrap().to_string());
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    git(fresh.path(), &argv);
+    let applied = snapshot(fresh.path(), &|r| {
+        r == ".git" || r.starts_with(".git/") || r == ".smithers" || r.starts_with(".smithers/")
+    });
+    assert_eq!(applied, ran.tree.expect("the copy was snapshotted"));
+}
+
+/// A mount point that unmounts (lazily) when dropped, also when the test fails.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// `auto` on a host where overlayfs cannot be mounted falls back to a copy and records why;
+/// `overlay` there is refused at create. The host: a state root on an overlayfs mount (an
+/// overlay cannot use another overlay as its upper layer), which needs root to set up.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_falls_back_to_a_copy_where_overlay_cannot_be_mounted() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip_or_fail("setting up a state root on overlayfs needs root (mount -t overlay)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = ["l", "u", "w", "m"].map(|d| tmp.path().join(d));
+    for d in &dirs {
+        std::fs::create_dir(d).unwrap();
+    }
+    let status = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            dirs[0].display(),
+            dirs[1].display(),
+            dirs[2].display()
+        ))
+        .arg(&dirs[3])
+        .status()
+        .unwrap();
+    if !status.success() {
+        skip_or_fail("overlayfs cannot be mounted here at all");
+        return;
+    }
+    let _mounted = Mounted(dirs[3].clone());
+    let state_root = dirs[3].join("state");
+
+    let auto = runtime(WorkspaceMode::Auto, Some(state_root.clone()));
+    if !usable(&auto).await {
+        return;
+    }
+    let probe = auto.probe().await;
+    let row = probe.get("workspace-cow").unwrap();
+    assert_eq!(row.status, ProtectionStatus::Degraded, "{row:?}");
+    assert!(
+        row.detail.contains("overlayfs cannot be mounted"),
+        "{row:?}"
+    );
+
+    let project = new_project();
+    let before = snapshot(project.path(), &not_runtime_state);
+    let ran = run_step(&auto, project).await;
+    assert_eq!(ran.handle.backend["workspace"]["mode"], "copy");
+    assert_eq!(ran.outcome.exit_code, Some(0), "{}", ran.stdout);
+    let row = ran.outcome.enforcement.get("workspace-cow").unwrap();
+    assert_eq!(row.status, ProtectionStatus::Degraded);
+    assert!(
+        row.detail.contains("overlayfs cannot be mounted"),
+        "{row:?}"
+    );
+    assert!(row.fix.is_some());
+    let record = ran.log.iter().find(|r| r["type"] == "workspace").unwrap();
+    assert!(record["reason"]
+        .as_str()
+        .unwrap()
+        .contains("overlayfs cannot be mounted"));
+    assert!(ran.patches.iter().any(|(_, t)| t.contains("src/new.rs")));
+    assert_eq!(before, snapshot(ran.project.path(), &not_runtime_state));
+
+    // Overlay explicitly asked for on this host: refused at create, naming the fallback.
+    let strict = runtime(WorkspaceMode::Overlay, Some(state_root));
+    let project = new_project();
+    let err = strict
+        .create(&SandboxConfig {
+            run_id: "strict".into(),
+            sandbox_id: "sb".into(),
+            runtime: RuntimeKind::Bubblewrap,
+            root_dir: project.path().to_path_buf(),
+            image: None,
+            controls: Controls::default(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::TaskRuntimeUnavailable, "{err}");
+    assert!(err.to_string().contains("overlay"), "{err}");
+    let fix = format!("{:?}", err.report());
+    assert!(fix.contains("copy"), "{fix}");
+    let row = strict.probe().await;
+    assert_eq!(
+        row.get("workspace-cow").unwrap().status,
+        ProtectionStatus::Unavailable
+    );
+}

@@ -1,0 +1,274 @@
+//! The part of `collect` every backend whose workspace is a copy-on-write view of the project
+//! shares (behind the `collect` feature): the bundle status rule, and the workspace changes
+//! turned into bundle patches plus the `diffBundle`. The native and the docker runtime call
+//! [`workspace_bundle`], so the same workspace gives byte-identical patches whichever ran it.
+
+use std::path::Path;
+
+use serde_json::Value;
+use smithers_bundle::{BundleFile, BundleStatus, DiffBundle, DiffOperation, DiffPatch};
+use smithers_patch::{
+    build_patch_files, detect_changes, detect_changes_by_compare, ChangeSet, DetectOptions,
+    Operation,
+};
+
+use crate::{ExecOutcome, RuntimeError, Termination};
+
+/// Where the step's writes are, relative to the project (the untouched lower tree).
+#[derive(Debug, Clone, Copy)]
+pub enum WorkspaceLayer<'a> {
+    /// The upper layer of an overlayfs whose lower layer is the project: only it is walked.
+    Upper(&'a Path),
+    /// A full copy of the project that the step wrote (the fallback where no overlay can be
+    /// mounted): both trees are compared, with the same result an overlay would give.
+    Copy(&'a Path),
+}
+
+/// What [`workspace_bundle`] produced.
+#[derive(Debug, Clone)]
+pub struct WorkspaceBundle {
+    /// The bundle status (see [`bundle_status`]).
+    pub status: BundleStatus,
+    /// `patches/*.patch`, ready for `WriteParams::patches`.
+    pub patches: Vec<BundleFile>,
+    /// The `diffBundle` of the manifest; `None` when nothing changed.
+    pub diff_bundle: Option<DiffBundle>,
+    /// Bytes of all patch files (what is left of the bundle budget goes to artifacts).
+    pub patch_bytes: u64,
+    /// The change set the patches come from (ignored and skipped paths for the report).
+    pub changes: ChangeSet,
+}
+
+/// The bundle status: cancelled when cancelled; else the step's own word (`status` of its
+/// result JSON); else finished only when the command exited 0. No outcome (execute never
+/// finished) is failed. A result the step gave but that broke a limit (`result_rejected`)
+/// makes a step that is not cancelled failed: it is never reported as finished.
+pub fn bundle_status(outcome: Option<&ExecOutcome>, result_rejected: bool) -> BundleStatus {
+    let Some(outcome) = outcome else {
+        return BundleStatus::Failed;
+    };
+    if outcome.termination == Termination::Cancelled {
+        return BundleStatus::Cancelled;
+    }
+    if result_rejected {
+        return BundleStatus::Failed;
+    }
+    if let Some(status) = outcome
+        .result
+        .as_ref()
+        .and_then(|r| r.get("status"))
+        .and_then(Value::as_str)
+        .and_then(BundleStatus::parse)
+    {
+        return status;
+    }
+    if outcome.succeeded() {
+        BundleStatus::Finished
+    } else {
+        BundleStatus::Failed
+    }
+}
+
+/// The commit the project is at, for the diff bundle's `baseRef` (empty when not a git repo).
+/// Only `.git/HEAD` and the ref it names are read; a ref with `..` is not followed.
+pub fn base_ref(root: &Path) -> String {
+    let git = root.join(".git");
+    let Ok(head) = std::fs::read_to_string(git.join("HEAD")) else {
+        return String::new();
+    };
+    let head = head.trim();
+    match head.strip_prefix("ref: ") {
+        Some(r) if !r.contains("..") => std::fs::read_to_string(git.join(r))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| r.to_string()),
+        Some(r) => r.to_string(),
+        None => head.to_string(),
+    }
+}
+
+/// The status, patches and `diffBundle` of a sandbox whose workspace was `project` (never
+/// written) plus the step's writes in `layer`. Changes are detected with the default
+/// [`DetectOptions`] (`.gitignore` honoured, `.git` and `.smithers` excluded).
+pub fn workspace_bundle(
+    project: &Path,
+    layer: WorkspaceLayer<'_>,
+    outcome: Option<&ExecOutcome>,
+    result_rejected: bool,
+) -> Result<WorkspaceBundle, RuntimeError> {
+    let opts = DetectOptions::default();
+    let changes = match layer {
+        WorkspaceLayer::Upper(upper) => detect_changes(project, upper, &opts),
+        WorkspaceLayer::Copy(copy) => detect_changes_by_compare(project, copy, &opts),
+    }
+    .map_err(|e| RuntimeError::inner("detect the workspace changes", &e))?;
+    let rendered = build_patch_files(&changes);
+    let patches = rendered
+        .files
+        .iter()
+        .map(|f| BundleFile::new(f.bundle_path.clone(), f.content.clone()))
+        .collect();
+    let diff_bundle = (!rendered.diff_bundle.is_empty()).then(|| DiffBundle {
+        seq: 0,
+        base_ref: base_ref(project),
+        patches: rendered
+            .diff_bundle
+            .iter()
+            .map(|d| DiffPatch {
+                path: d.path.clone(),
+                operation: match d.operation {
+                    Operation::Add => DiffOperation::Add,
+                    Operation::Modify => DiffOperation::Modify,
+                    Operation::Delete => DiffOperation::Delete,
+                },
+                diff: d.diff.clone(),
+                binary_content: d.binary_content.clone(),
+            })
+            .collect(),
+    });
+    Ok(WorkspaceBundle {
+        status: bundle_status(outcome, result_rejected),
+        patches,
+        diff_bundle,
+        patch_bytes: rendered.total_bytes(),
+        changes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EnforcementReport, ResourceUsage};
+    use std::time::Duration;
+
+    fn outcome(termination: Termination, code: Option<i32>, result: Option<Value>) -> ExecOutcome {
+        ExecOutcome {
+            termination,
+            exit_code: code,
+            signal: None,
+            duration: Duration::from_millis(1),
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            usage: ResourceUsage::default(),
+            enforcement: EnforcementReport::default(),
+            result,
+        }
+    }
+
+    #[test]
+    fn status_rules() {
+        let status = |o: &ExecOutcome| bundle_status(Some(o), false);
+        assert_eq!(bundle_status(None, false), BundleStatus::Failed);
+        assert_eq!(
+            status(&outcome(Termination::Exited, Some(0), None)),
+            BundleStatus::Finished
+        );
+        assert_eq!(
+            status(&outcome(Termination::Exited, Some(3), None)),
+            BundleStatus::Failed
+        );
+        assert_eq!(
+            status(&outcome(Termination::Memory, None, None)),
+            BundleStatus::Failed
+        );
+        let said_failed = Some(serde_json::json!({"status": "failed"}));
+        assert_eq!(
+            status(&outcome(Termination::Exited, Some(0), said_failed)),
+            BundleStatus::Failed
+        );
+        let said_finished = Some(serde_json::json!({"status": "finished"}));
+        assert_eq!(
+            status(&outcome(
+                Termination::Exited,
+                Some(1),
+                said_finished.clone()
+            )),
+            BundleStatus::Finished
+        );
+        assert_eq!(
+            status(&outcome(
+                Termination::Cancelled,
+                None,
+                said_finished.clone()
+            )),
+            BundleStatus::Cancelled
+        );
+        // A rejected result fails the step, whatever it said, unless it was cancelled.
+        let ok = outcome(Termination::Exited, Some(0), said_finished.clone());
+        assert_eq!(bundle_status(Some(&ok), true), BundleStatus::Failed);
+        let cancelled = outcome(Termination::Cancelled, None, said_finished);
+        assert_eq!(
+            bundle_status(Some(&cancelled), true),
+            BundleStatus::Cancelled
+        );
+        assert_eq!(bundle_status(None, true), BundleStatus::Failed);
+    }
+
+    #[test]
+    fn base_ref_reads_head_and_never_climbs() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(base_ref(dir.path()), "");
+        let git = dir.path().join(".git");
+        std::fs::create_dir_all(git.join("refs/heads")).unwrap();
+        std::fs::write(git.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+        // A ref not written yet (fresh repository): the ref name itself.
+        assert_eq!(base_ref(dir.path()), "refs/heads/main");
+        std::fs::write(git.join("refs/heads/main"), "abc123\n").unwrap();
+        assert_eq!(base_ref(dir.path()), "abc123");
+        std::fs::write(git.join("HEAD"), "ref: ../../etc/passwd\n").unwrap();
+        assert_eq!(base_ref(dir.path()), "../../etc/passwd");
+        std::fs::write(git.join("HEAD"), "deadbeef\n").unwrap();
+        assert_eq!(base_ref(dir.path()), "deadbeef");
+    }
+
+    #[test]
+    fn workspace_bundle_turns_upper_changes_into_patches() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lower, upper) = (dir.path().join("lower"), dir.path().join("upper"));
+        std::fs::create_dir_all(&lower).unwrap();
+        std::fs::create_dir_all(&upper).unwrap();
+        std::fs::write(lower.join("a.txt"), "one\n").unwrap();
+        std::fs::write(upper.join("a.txt"), "two\n").unwrap();
+        std::fs::write(upper.join("b.txt"), "new\n").unwrap();
+        let ok = outcome(Termination::Exited, Some(0), None);
+        let b = workspace_bundle(&lower, WorkspaceLayer::Upper(&upper), Some(&ok), false).unwrap();
+        assert_eq!(b.status, BundleStatus::Finished);
+        assert_eq!(b.patches.len(), 2);
+        assert_eq!(
+            b.patch_bytes,
+            b.patches
+                .iter()
+                .map(|p| p.content.len() as u64)
+                .sum::<u64>()
+        );
+        let diff = b.diff_bundle.clone().expect("a diff bundle");
+        assert_eq!(diff.base_ref, "");
+        let ops: Vec<(&str, DiffOperation)> = diff
+            .patches
+            .iter()
+            .map(|p| (p.path.as_str(), p.operation))
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                ("a.txt", DiffOperation::Modify),
+                ("b.txt", DiffOperation::Add)
+            ]
+        );
+        // The same post-step tree as a full copy gives the same patches.
+        let copy = dir.path().join("copy");
+        std::fs::create_dir_all(&copy).unwrap();
+        std::fs::write(copy.join("a.txt"), "two\n").unwrap();
+        std::fs::write(copy.join("b.txt"), "new\n").unwrap();
+        let c = workspace_bundle(&lower, WorkspaceLayer::Copy(&copy), Some(&ok), false).unwrap();
+        assert_eq!(c.patches, b.patches);
+        assert_eq!(c.diff_bundle, Some(diff));
+        // Nothing changed: no diff bundle at all.
+        let same = dir.path().join("same");
+        std::fs::create_dir_all(&same).unwrap();
+        let b = workspace_bundle(&lower, WorkspaceLayer::Upper(&same), None, false).unwrap();
+        assert!(b.patches.is_empty() && b.diff_bundle.is_none());
+        assert_eq!(b.status, BundleStatus::Failed);
+    }
+}

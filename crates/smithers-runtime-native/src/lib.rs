@@ -24,7 +24,8 @@
 //!
 //! # Host state of a sandbox
 //!
-//! `<state_root>/<runId>/<sandboxId>/` (outside the project) holds the overlay's `upper/` and
+//! `<state_root>/<runId>/<sandboxId>/` (outside the project; a tmpfs by default, see
+//! [`default_state_root`]) holds the overlay's `upper/` and
 //! `work/` — or, in copy mode ([`WorkspaceMode`]), the project's copy `copy/` — (in `layer/`,
 //! a size-capped tmpfs when a disk limit is set), the new root's mount point,
 //! `/result`'s artifacts, the step's result file, the output log and the outcome. The handle's
@@ -169,8 +170,14 @@ pub const WORKSPACE_ENV: &str = "SMITHERS_SANDBOX_WORKSPACE";
 pub struct NativeOptions {
     /// The init to run; `None` = [`InitCommand::locate`].
     pub init: Option<InitCommand>,
-    /// Where per-sandbox host state lives; `None` = `$TMPDIR/smithers-sandbox-<uid>`.
+    /// Where per-sandbox host state lives (config, log, result file, artifacts, the new
+    /// root's mount point); `None` = a tmpfs runtime directory ([`default_state_root`]).
+    /// When set and `layer_root` is not, the workspace layer lives here too.
     pub state_root: Option<PathBuf>,
+    /// Where the workspace layer (overlay upper/work, or the copy) lives when no disk limit
+    /// is set; `None` = `state_root` when that is set, else `$TMPDIR/smithers-sandbox-<uid>`,
+    /// a disk-backed place: what a step writes to `/workspace` must not take host memory.
+    pub layer_root: Option<PathBuf>,
     /// The pids limit applied when the config sets none (fork bombs are contained by
     /// default). Applied only where the pids controller exists; reported either way.
     pub default_pids_limit: Option<u32>,
@@ -183,6 +190,7 @@ impl Default for NativeOptions {
         NativeOptions {
             init: None,
             state_root: None,
+            layer_root: None,
             default_pids_limit: Some(4096),
             workspace: WorkspaceMode::Auto,
         }
@@ -202,6 +210,8 @@ struct HostCaps {
     /// Whether we may mount a size-capped tmpfs on the host for the upper layer.
     host_mounts: bool,
     state_root: PathBuf,
+    /// Where workspace layers go without a disk limit (see `NativeOptions::layer_root`).
+    layer_root: PathBuf,
     host_env: BTreeMap<String, String>,
 }
 
@@ -274,6 +284,10 @@ struct Backend {
     root_dir: PathBuf,
     /// A tmpfs is mounted on `state_dir/layer` (disk limit).
     layer_tmpfs: bool,
+    /// The workspace layer when it is not `state_dir/layer`: on the disk-backed layer root
+    /// (no disk limit, state root elsewhere). Absent in older handles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    layer_dir: Option<PathBuf>,
     cgroups: SandboxCgroups,
     /// Overlay or copy (absent in handles from before copy mode: overlay).
     #[serde(default)]
@@ -288,7 +302,9 @@ impl Backend {
         })
     }
     fn layer(&self) -> PathBuf {
-        self.state_dir.join("layer")
+        self.layer_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("layer"))
     }
     fn upper(&self) -> PathBuf {
         self.layer().join("upper")
@@ -378,7 +394,12 @@ impl NativeRuntime {
             .options
             .state_root
             .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("smithers-sandbox-{uid}")));
+            .unwrap_or_else(|| default_state_root(uid));
+        let layer_root = match (&self.options.layer_root, &self.options.state_root) {
+            (Some(layers), _) => layers.clone(),
+            (None, Some(state)) => state.clone(),
+            (None, None) => std::env::temp_dir().join(format!("smithers-sandbox-{uid}")),
+        };
         HostCaps {
             init,
             facts: HostFacts::gather(),
@@ -389,6 +410,7 @@ impl NativeRuntime {
             gid,
             host_mounts: uid == 0,
             state_root,
+            layer_root,
             host_env: std::env::vars().collect(),
         }
     }
@@ -547,6 +569,7 @@ impl NativeRuntime {
             state_dir,
             root_dir: root_dir.clone(),
             layer_tmpfs: false,
+            layer_dir: None,
             cgroups: SandboxCgroups::default(),
             workspace,
         };
@@ -578,6 +601,13 @@ impl NativeRuntime {
         request_path: &Path,
     ) -> Result<(), RuntimeError> {
         let c = &config.controls;
+        if c.disk_limit_bytes.is_none() && caps.layer_root != caps.state_root {
+            let run_dir = caps.layer_root.join(&config.run_id);
+            std::fs::create_dir_all(&run_dir)
+                .map_err(io_err("create layer directory", &run_dir))?;
+            restrict_mode(&caps.layer_root)?;
+            backend.layer_dir = Some(run_dir.join(&config.sandbox_id));
+        }
         let layer = backend.layer();
         std::fs::create_dir(&layer).map_err(io_err("create", &layer))?;
         if let Some(bytes) = c.disk_limit_bytes {
@@ -758,6 +788,11 @@ fn cleanup_backend(backend: &Backend, request_path: Option<&Path>) -> Result<(),
     if let Err(e) = remove_tree(&backend.state_dir) {
         problems.push(format!("remove {}: {e}", backend.state_dir.display()));
     }
+    if let Some(layer) = &backend.layer_dir {
+        if let Err(e) = remove_tree(layer) {
+            problems.push(format!("remove {}: {e}", layer.display()));
+        }
+    }
     if let Some(request) = request_path {
         if let Err(e) = remove_tree(request) {
             problems.push(format!("remove {}: {e}", request.display()));
@@ -771,6 +806,37 @@ fn cleanup_backend(backend: &Backend, request_path: Option<&Path>) -> Result<(),
             problems.join("; "),
         ))
     }
+}
+
+/// The default state root: a directory on a tmpfs, so that the few small files and
+/// directories of each sandbox cost no journal commits to create and remove (on this
+/// project's machines, removing a sandbox's state on ext4 took 1–11 ms; on tmpfs, well under
+/// one). In order: `$XDG_RUNTIME_DIR/smithers-sandbox`, `/run/smithers-sandbox` (root),
+/// `/dev/shm/smithers-sandbox-<uid>`, each only where it is a tmpfs and not taken by another
+/// user; else `$TMPDIR/smithers-sandbox-<uid>`.
+pub fn default_state_root(uid: u32) -> PathBuf {
+    let mut candidates = Vec::new();
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        if dir.is_absolute() {
+            candidates.push(dir.join("smithers-sandbox"));
+        }
+    }
+    if uid == 0 {
+        candidates.push(PathBuf::from("/run/smithers-sandbox"));
+    }
+    candidates.push(PathBuf::from(format!("/dev/shm/smithers-sandbox-{uid}")));
+    candidates
+        .into_iter()
+        .find(|c| {
+            use std::os::unix::fs::MetadataExt;
+            let on_tmpfs = c.parent().is_some_and(sys::is_tmpfs);
+            let usable = match std::fs::symlink_metadata(c) {
+                Ok(m) => m.is_dir() && m.uid() == uid,
+                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+            };
+            on_tmpfs && usable
+        })
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("smithers-sandbox-{uid}")))
 }
 
 fn is_mount_point(path: &Path) -> bool {

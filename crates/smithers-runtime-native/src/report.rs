@@ -477,7 +477,7 @@ pub(crate) fn probe(
     let overlay_fix = "use a kernel >= 5.11 with overlayfs; keep the state root on a filesystem overlayfs accepts as upper layer (ext4, xfs, tmpfs)";
     p.push(match (ok("overlay"), mode) {
         (Ok(()), WorkspaceMode::Copy) => copy_row("copy mode requested (workspace = copy; overlayfs would work here)"),
-        (Ok(()), _) => row(n::WORKSPACE_COW, Enforced, format!("overlayfs with userxattr, upper layer under {}", caps.state_root.display()), None),
+        (Ok(()), _) => row(n::WORKSPACE_COW, Enforced, format!("overlayfs with userxattr, upper layer under {}", caps.layer_root.display()), None),
         (Err(e), WorkspaceMode::Overlay) => row(n::WORKSPACE_COW, Unavailable, format!("overlayfs in a user namespace failed: {e} (workspace mode overlay: sandboxes are refused)"), Some(overlay_fix)),
         (Err(e), WorkspaceMode::Auto) if matches!(overlay_check(findings), OverlayCheck::Unknown(_)) => row(n::WORKSPACE_COW, Unavailable, format!("overlayfs in a user namespace could not be tried: {e}"), Some(overlay_fix)),
         (Err(e), WorkspaceMode::Auto) => copy_row(&format!("overlayfs cannot be mounted in a user namespace here: {e}")),
@@ -490,10 +490,11 @@ pub(crate) fn probe(
 }
 
 async fn run_probe(caps: &HostCaps, init: &crate::InitCommand) -> Result<Value, String> {
-    std::fs::create_dir_all(&caps.state_root).map_err(|e| format!("state root: {e}"))?;
+    // The overlay check runs where upper layers will live.
+    std::fs::create_dir_all(&caps.layer_root).map_err(|e| format!("layer root: {e}"))?;
     // Unique per call: several runtimes in one process may probe in the same millisecond.
     static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let scratch = caps.state_root.join(format!(
+    let scratch = caps.layer_root.join(format!(
         "probe-{}-{}-{}",
         std::process::id(),
         crate::exec::now_ms(),

@@ -129,6 +129,17 @@ pub fn mount_setattr(path: &Path, attr_set: u64, recursive: bool) -> SysResult<(
 }
 
 /// `statvfs(3)` flags of the filesystem/mount at `path`.
+/// True when `path` is on a tmpfs.
+pub fn is_tmpfs(path: &Path) -> bool {
+    const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
+    let c = cpath(path);
+    // SAFETY: an all-zero statfs is a valid out-buffer for statfs(2).
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out-pointer.
+    let ret = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    ret == 0 && st.f_type as libc::c_long == TMPFS_MAGIC
+}
+
 pub fn statvfs(path: &Path) -> SysResult<libc::statvfs> {
     let c = cpath(path);
     // SAFETY: statvfs is plain old data; an all-zero value is valid and the kernel fills it.

@@ -217,7 +217,12 @@ async fn run_step(rt: &NativeRuntime, project: tempfile::TempDir) -> Ran {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let copy = PathBuf::from(handle.backend["stateDir"].as_str().unwrap()).join("layer/copy");
+    // The layer is on the layer root (disk) by default, else in the state directory.
+    let layer = match handle.backend["layerDir"].as_str() {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(handle.backend["stateDir"].as_str().unwrap()).join("layer"),
+    };
+    let copy = layer.join("copy");
     let tree = copy.is_dir().then(|| {
         snapshot(&copy, &|r| {
             r == ".git" || r.starts_with(".git/") || r == ".smithers" || r == "debug.log"

@@ -142,10 +142,14 @@ impl Sandbox {
         (outcome, lines)
     }
 
+    /// The overlay's upper layer: on the layer root (disk) by default, else in the state
+    /// directory.
     fn upper(&self) -> PathBuf {
-        PathBuf::from(self.handle.backend["stateDir"].as_str().unwrap())
-            .join("layer")
-            .join("upper")
+        match self.handle.backend["layerDir"].as_str() {
+            Some(layer) => PathBuf::from(layer),
+            None => PathBuf::from(self.handle.backend["stateDir"].as_str().unwrap()).join("layer"),
+        }
+        .join("upper")
     }
 
     /// Cleans up (twice: idempotent) and hands back the project directory.

@@ -144,17 +144,20 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
     let mut contenders = vec![
         Contender::new("smithers-sandbox bubblewrap (round trip)", || {
             native.run(&["true"])
-        }),
+        })
+        .with_after(|| native.discard_bundles()),
         Contender::new("bare bwrap --unshare-all ... true", || {
             run_quiet("bwrap", BWRAP_ARGS)
         }),
         Contender::new("spawn /bin/true", || run_quiet("/bin/true", &[])),
     ];
     if let (Some(rt), Some(image)) = (&docker, &cli.docker_image) {
-        contenders.push(Contender::new(
-            "smithers-sandbox docker (round trip)",
-            move || rt.run(&["true"]),
-        ));
+        contenders.push(
+            Contender::new("smithers-sandbox docker (round trip)", move || {
+                rt.run(&["true"])
+            })
+            .with_after(move || rt.discard_bundles()),
+        );
         contenders.push(Contender::new(
             format!("docker run --rm --network none {image} true"),
             move || {
@@ -258,10 +261,13 @@ fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
     let mut contenders: Vec<Contender<'_>> = Vec::new();
     for (n, rt) in sizes.iter().zip(&rts) {
         let script = script.clone();
-        contenders.push(Contender::new(
-            format!("ours, {}k files, 10 changed", n / 1000),
-            move || rt.run_expecting_patches(&["sh", "-c", &script], 10),
-        ));
+        contenders.push(
+            Contender::new(
+                format!("ours, {}k files, 10 changed", n / 1000),
+                move || rt.run_expecting_patches(&["sh", "-c", &script], 10),
+            )
+            .with_after(move || rt.discard_bundles()),
+        );
     }
     contenders.push(Contender::new("git status, 100k files", || {
         run_quiet(

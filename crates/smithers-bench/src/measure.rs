@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 pub struct Contender<'a> {
     pub name: String,
     pub run: Box<dyn FnMut() -> anyhow::Result<()> + 'a>,
+    /// Untimed housekeeping after each repetition (removing what it left that is not part of
+    /// the measured operation, e.g. a result bundle, which in real use is kept for review).
+    pub after: Option<Box<dyn FnMut() + 'a>>,
 }
 
 impl<'a> Contender<'a> {
@@ -16,7 +19,14 @@ impl<'a> Contender<'a> {
         Contender {
             name: name.into(),
             run: Box::new(run),
+            after: None,
         }
+    }
+
+    /// Adds untimed housekeeping run after each repetition.
+    pub fn with_after(mut self, after: impl FnMut() + 'a) -> Self {
+        self.after = Some(Box::new(after));
+        self
     }
 }
 
@@ -58,6 +68,9 @@ pub fn interleaved(
             (contenders[i].run)()
                 .map_err(|e| e.context(format!("{} (round {round})", contenders[i].name)))?;
             let took = start.elapsed();
+            if let Some(after) = contenders[i].after.as_mut() {
+                after();
+            }
             if round >= warmup {
                 series[i].samples.push(took);
             }

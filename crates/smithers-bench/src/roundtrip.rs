@@ -23,6 +23,8 @@ pub struct RoundTrip {
     /// Time spent in each verb, per completed round trip (create, ship, execute, collect,
     /// cleanup), so a report can say where a round trip's time goes.
     phases: Mutex<Vec<[Duration; 5]>>,
+    /// Result bundles made so far and not yet discarded.
+    bundles: Mutex<Vec<std::path::PathBuf>>,
 }
 
 /// The verbs of a round trip, in the order of [`RoundTrip::phases`].
@@ -61,7 +63,17 @@ impl RoundTrip {
             executor,
             counter: AtomicU64::new(0),
             phases: Mutex::new(Vec::new()),
+            bundles: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Removes the result bundles made so far. A bundle is the product of a round trip, kept
+    /// in real use for review; a benchmark discards it outside the timed region.
+    pub fn discard_bundles(&self) {
+        let bundles = std::mem::take(&mut *self.bundles.lock().unwrap_or_else(|p| p.into_inner()));
+        for bundle in bundles {
+            let _ = std::fs::remove_dir_all(bundle);
+        }
     }
 
     /// Per-verb durations of every round trip so far (warm-up included).
@@ -128,8 +140,11 @@ impl RoundTrip {
                     outcome.termination == Termination::Exited && outcome.exit_code == Some(0),
                     "step did not succeed: {outcome:?}"
                 );
-                // The bundle is the product of a round trip; removing it is the caller's job.
-                let _ = std::fs::remove_dir_all(&collected.bundle_path);
+                // The bundle is the product of a round trip; removing it is the caller's job
+                // (`discard_bundles`, untimed).
+                if let Ok(mut bundles) = self.bundles.lock() {
+                    bundles.push(collected.bundle_path.clone());
+                }
                 Ok(collected.patch_count)
             }
             .await;

@@ -289,7 +289,7 @@ fn manifest_value(params: &WriteParams, with_diff: bool) -> Value {
 ///
 /// Then: directories `patches/`, `artifacts/`, `logs/`; patches; artifacts; the log; and
 /// README.md last, via a temporary file, a sync and a rename, so a README.md on disk always
-/// means a complete, durable bundle. Files are created with `O_NOFOLLOW` after a symlink-aware
+/// means a complete bundle whose files are durable. Files are created with `O_NOFOLLOW` after a symlink-aware
 /// confinement check, so a reused directory with planted links cannot redirect a write. If an
 /// I/O error happens during the write phase, a directory we created is removed again.
 pub fn write_bundle(params: &WriteParams) -> Result<WrittenBundle, BundleError> {
@@ -299,9 +299,9 @@ pub fn write_bundle(params: &WriteParams) -> Result<WrittenBundle, BundleError> 
 /// How [`write_bundle_with`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteOptions {
-    /// Make the files durable before README.md is renamed into place (then fsync the
-    /// directory), so that after a host crash a README.md on disk still means a complete
-    /// bundle. Default: true. Up to [`PER_FILE_SYNC_MAX`] files each file and directory is
+    /// Make the files durable before README.md is renamed into place, so that after a host
+    /// crash a README.md on disk still means a complete bundle (the rename itself becomes
+    /// durable with the file system's next journal commit). Default: true. Up to [`PER_FILE_SYNC_MAX`] files each file and directory is
     /// fsync'd; a larger bundle uses one `syncfs`, which also flushes other dirty data of that
     /// file system and can take a while on a busy host. A caller that does not rely on bundles
     /// surviving a crash (tests, throughput runs) may turn durability off.
@@ -596,14 +596,14 @@ fn write_files(
         // a second with one syncfs.
         rustix::fs::syncfs(&dir).map_err(|e| werr(root, e.into()))?;
     }
+    // No fsync of the directory after the rename: what a crash may lose here is the
+    // publication, never integrity (a README.md that survives means every file before it did).
+    // The next journal commit of the file system makes the rename durable; the orchestrator's
+    // store commit that records the bundle is one when the store is on the same file system,
+    // and a bundle whose README.md was lost is refused by validation and recorded as failed.
     beneath
         .rename(&tmp_name, Path::new("README.md"))
         .map_err(|e| confined_err("README.md", e))?;
-    if durable {
-        beneath
-            .sync_parent(Path::new("README.md"))
-            .map_err(|e| confined_err("README.md", e))?;
-    }
     Ok(())
 }
 

@@ -378,6 +378,57 @@ impl NativeRuntime {
             .await
     }
 
+    /// Whether overlayfs works here for the layer root: the probe's answer, remembered in the
+    /// state root per boot, kernel, layer root and version. The probe starts a process and
+    /// mounts (about 30 ms), which every `smithers-sandbox run` would otherwise pay at its
+    /// first create; the answer cannot change without one of those changing.
+    async fn overlay_check(&self, caps: &HostCaps) -> report::OverlayCheck {
+        use report::OverlayCheck;
+        use std::os::unix::fs::MetadataExt;
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let key = format!(
+            "{} {} {} {} {}",
+            env!("CARGO_PKG_VERSION"),
+            read("/proc/sys/kernel/random/boot_id").trim(),
+            read("/proc/sys/kernel/osrelease").trim(),
+            caps.layer_root.display(),
+            std::fs::metadata(&caps.layer_root)
+                .map(|m| m.dev())
+                .unwrap_or(0),
+        );
+        let cache = caps.state_root.join("overlay-check.json");
+        let cached: Option<serde_json::Value> = std::fs::read(&cache)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .filter(|v: &serde_json::Value| v["key"] == key.as_str());
+        if let Some(v) = cached {
+            match v["unusable"].as_str() {
+                None => return OverlayCheck::Usable,
+                Some(why) => return OverlayCheck::Unusable(why.to_string()),
+            }
+        }
+        let check = report::overlay_check(self.findings().await);
+        let remember = match &check {
+            OverlayCheck::Usable => Some(serde_json::json!({"key": key})),
+            OverlayCheck::Unusable(why) => Some(serde_json::json!({"key": key, "unusable": why})),
+            // Not tried: ask again next time.
+            OverlayCheck::Unknown(_) => None,
+        };
+        if let Some(v) = remember {
+            // Best effort, written aside and renamed: a reader sees the old answer or the new.
+            let tmp = caps
+                .state_root
+                .join(format!("overlay-check.{}.tmp", std::process::id()));
+            if std::fs::create_dir_all(&caps.state_root).is_ok()
+                && restrict_mode(&caps.state_root).is_ok()
+                && write_private(&tmp, v.to_string().as_bytes()).is_ok()
+            {
+                let _ = std::fs::rename(&tmp, &cache);
+            }
+        }
+        check
+    }
+
     /// The workspace mode of this runtime (`NativeOptions::workspace`).
     pub fn workspace_mode(&self) -> WorkspaceMode {
         self.options.workspace
@@ -527,7 +578,7 @@ impl NativeRuntime {
             WorkspaceMode::Copy => {
                 decide_workspace(WorkspaceMode::Copy, report::OverlayCheck::Usable)?
             }
-            mode => decide_workspace(mode, report::overlay_check(self.findings().await))?,
+            mode => decide_workspace(mode, self.overlay_check(&caps).await)?,
         };
         let root_dir = &config.root_dir;
         match std::fs::metadata(root_dir) {

@@ -473,3 +473,44 @@ async fn auto_falls_back_to_a_copy_where_overlay_cannot_be_mounted() {
         ProtectionStatus::Unavailable
     );
 }
+
+/// The overlay check is remembered in the state root (so a CLI run does not pay the probe
+/// at every create), and a remembered answer is what `auto` goes by: a cache saying overlay is
+/// unusable, for this very host key, makes the next runtime fall back to a copy with that
+/// reason. A cache for another key is ignored.
+#[tokio::test]
+async fn auto_goes_by_the_remembered_overlay_check() {
+    let state = tempfile::tempdir().unwrap();
+    let state_root = state.path().join("state");
+    let first = runtime(WorkspaceMode::Auto, Some(state_root.clone()));
+    if !usable(&first).await {
+        return;
+    }
+    let ran = run_step(&first, new_project()).await;
+    assert!(ran.outcome.enforcement.get("workspace-cow").is_some());
+    let cache = state_root.join("overlay-check.json");
+    let remembered: Value =
+        serde_json::from_slice(&std::fs::read(&cache).expect("remembered")).expect("JSON");
+    let key = remembered["key"].as_str().expect("key").to_string();
+
+    std::fs::write(
+        &cache,
+        json!({"key": key, "unusable": "remembered: mount overlay: EINVAL"}).to_string(),
+    )
+    .unwrap();
+    let second = runtime(WorkspaceMode::Auto, Some(state_root.clone()));
+    let ran = run_step(&second, new_project()).await;
+    let row = ran.outcome.enforcement.get("workspace-cow").unwrap();
+    assert_eq!(row.status, ProtectionStatus::Degraded, "{row:?}");
+    assert!(row.detail.contains("remembered: mount overlay"), "{row:?}");
+
+    std::fs::write(
+        &cache,
+        json!({"key": format!("{key} (another boot)"), "unusable": "stale"}).to_string(),
+    )
+    .unwrap();
+    let third = runtime(WorkspaceMode::Auto, Some(state_root));
+    let ran = run_step(&third, new_project()).await;
+    let row = ran.outcome.enforcement.get("workspace-cow").unwrap();
+    assert_eq!(row.status, ProtectionStatus::Enforced, "{row:?}");
+}

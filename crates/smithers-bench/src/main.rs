@@ -288,6 +288,16 @@ fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
     }));
     let series = interleaved(&mut contenders, 2, rounds)?;
     drop(contenders);
+    let mut verbs = Table::new(&["verb", "1k files p50", "10k files p50", "100k files p50"]);
+    let per_size: Vec<Vec<[std::time::Duration; 5]>> = rts.iter().map(|rt| rt.phases()).collect();
+    for (i, verb) in roundtrip::PHASES.iter().enumerate() {
+        let mut row = vec![verb.to_string()];
+        for rounds_of_size in &per_size {
+            let samples: Vec<_> = rounds_of_size.iter().skip(2).map(|r| r[i]).collect();
+            row.push(fmt_ms(measure::percentile(&samples, 50.0)));
+        }
+        verbs.row(row);
+    }
     let _ = std::fs::remove_dir_all(&copy_target);
     let _ = std::fs::remove_dir_all(&trash);
 
@@ -301,12 +311,14 @@ fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
          - 100k-file round trip / 1k-file round trip = **{:.2}×** (median of pairs)\n\
          - cp -a of the 100k tree / our 100k round trip = **{:.1}×**\n\
          - git status on the 100k tree / our 100k round trip = **{:.2}×**\n\n\
+         Where our round trip's time goes, per workspace size (median per verb):\n\n{}\n\
          Chart: `workspace-scaling.svg`. Command: `cargo run --release -p smithers-bench -- workspace-scaling`\n",
         machine_line(),
         table.to_markdown(),
         median_ratio(&series[2], &series[0]),
         median_ratio(&series[4], &series[2]),
         median_ratio(&series[3], &series[2]),
+        verbs.to_markdown(),
     );
     finish(
         cli,

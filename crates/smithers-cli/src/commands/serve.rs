@@ -75,9 +75,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
                 r.run_id, r.sandbox_id
             );
         }
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("listening on {}", args.listen))?;
+        let listener =
+            listen(args.listen).with_context(|| format!("listening on {}", args.listen))?;
         let addr = listener.local_addr()?;
         eprintln!(
             "smithers-sandbox serving on http://{addr} (data in {})",
@@ -86,4 +85,21 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         server.serve(listener, shutdown_signal()).await.coded()
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Connections the kernel holds for us until they are accepted (capped by
+/// `net.core.somaxconn`). Above `--max-connections` clients wait there; tokio's default (128)
+/// would have the SYNs of a burst dropped and retried by the clients after a second or more.
+const LISTEN_BACKLOG: u32 = 1024;
+
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As TcpListener::bind: a restarted server can rebind while old connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }

@@ -103,16 +103,32 @@ pub(crate) async fn serve(
         let shutdown = shutdown.clone();
         let state = state.clone();
         connections.spawn(async move {
-            state.metrics.connection_opened();
+            // Held for the connection's life, released even if a handler panics: its slot
+            // and its place in the open-connections gauge.
+            let _slot = (permit, OpenConnection::new(state));
             serve_connection(&builder, stream, router, idle, &shutdown).await;
-            state.metrics.connection_closed();
-            drop(permit);
         });
     }
     // Stop listening before waiting: new clients are refused instead of left in the backlog.
     drop(listener);
     connections.close();
     connections.wait().await;
+}
+
+/// Counts a connection in the metrics while it is open.
+struct OpenConnection(Arc<AppState>);
+
+impl OpenConnection {
+    fn new(state: Arc<AppState>) -> Self {
+        state.metrics.connection_opened();
+        OpenConnection(state)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.metrics.connection_closed();
+    }
 }
 
 fn is_connection_error(e: &std::io::Error) -> bool {

@@ -270,3 +270,56 @@ fn gauge(metrics: &str, name: &str) -> i64 {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or_else(|| panic!("{name} missing from\n{metrics}"))
 }
+
+#[tokio::test]
+async fn h2c_is_served_and_an_idle_h2c_connection_is_closed() {
+    let host = start_with(
+        limits(Duration::from_millis(300), 1024),
+        Duration::from_secs(5),
+    )
+    .await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .timeout(BOUND)
+        .build()
+        .unwrap();
+    let r = h2.get(host.url("/health")).send().await.unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.status(), 200);
+    let r = h2
+        .get(host.url("/v1/sandboxes"))
+        .bearer_auth(common::TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Raw h2c: preface and an empty SETTINGS frame, then silence. The server answers with its
+    // SETTINGS and, once the connection has been idle for the timeout, closes it.
+    let mut conn = connect(&host).await;
+    conn.write_all(H2_PREFACE).await.unwrap();
+    conn.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    let got = read_until_closed(&mut conn, "idle h2c connection").await;
+    assert!(
+        got.len() >= 9 && got[3] == 4,
+        "no SETTINGS frame first: {got:?}"
+    );
+    // A GOAWAY frame (type 7) precedes the close.
+    assert!(has_frame(&got, 7), "no GOAWAY before the close: {got:?}");
+    // The pooled h2 client notices and reconnects.
+    let r = h2.get(host.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    host.stop().await;
+}
+
+/// Whether the HTTP/2 frames in `bytes` include one of `kind`.
+fn has_frame(bytes: &[u8], kind: u8) -> bool {
+    let mut at = 0;
+    while at + 9 <= bytes.len() {
+        let len = u32::from_be_bytes([0, bytes[at], bytes[at + 1], bytes[at + 2]]) as usize;
+        if bytes[at + 3] == kind {
+            return true;
+        }
+        at += 9 + len;
+    }
+    false
+}

@@ -1,5 +1,6 @@
 //! `smithers-sandbox serve`: starts on a free loopback port, answers `/health` without a
-//! token, refuses `/v1/` without the right one, and exits 0 on SIGTERM. Also: it refuses to
+//! token, refuses `/v1/` without the right one, closes a connection that sends nothing after
+//! `--header-timeout-ms`, and exits 0 on SIGTERM. Also: it refuses to
 //! listen on a non-loopback address without a token. Loopback only.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -26,7 +27,14 @@ fn serves_health_checks_tokens_and_drains_on_sigterm() {
     let data = tempfile::tempdir().unwrap();
     let token = "a-test-token-of-sufficient-length";
     let mut child = Command::new(env!("CARGO_BIN_EXE_smithers-sandbox"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--header-timeout-ms",
+            "300",
+        ])
+        .args(["--max-connections", "16", "--data-dir"])
         .arg(data.path())
         .env("SMITHERS_SANDBOX_TOKEN", token)
         .stdin(Stdio::null())
@@ -57,6 +65,19 @@ fn serves_health_checks_tokens_and_drains_on_sigterm() {
     assert!(denied.contains("\"code\""), "{denied}");
     let listed = get(&addr, "/v1/sandboxes", Some(token));
     assert!(listed.starts_with("HTTP/1.1 200"), "{listed}");
+
+    // A connection that never sends a byte is closed by the server (the bound is far above
+    // the 300 ms configured; only a server that never closes it misses it).
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    silent
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    match silent.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the silent connection was not closed: {other:?}"),
+    }
 
     // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);

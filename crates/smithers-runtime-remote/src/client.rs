@@ -127,6 +127,10 @@ struct Backend {
     root_dir: PathBuf,
 }
 
+/// How long an idle connection stays in the client's pool: well under the host's default
+/// idle timeout (`serve --header-timeout-ms`, 10 s).
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl RemoteRuntime {
     pub fn new(options: RemoteOptions) -> Result<Self, RuntimeError> {
         let url =
@@ -144,6 +148,10 @@ impl RemoteRuntime {
         }
         let http = reqwest::Client::builder()
             .connect_timeout(options.connect_timeout)
+            // Drop idle pooled connections before the host does (it closes a connection idle
+            // for its header timeout, 10 s by default): reusing one the host is closing at that
+            // moment fails a request that may not be safe to retry (create, execute).
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .build()
             .map_err(|e| RuntimeError::Unavailable {
                 runtime: RUNTIME,

@@ -17,6 +17,9 @@
 //!
 //! * Bearer token (`SMITHERS_SANDBOX_TOKEN`) on `/v1/*` but the OpenAPI document, compared in
 //!   constant time; without a token the server refuses to listen anywhere but loopback.
+//! * Connection limits (`conn`): a cap on connections served at once (the rest wait in the
+//!   accept backlog), a deadline for a request head and for an idle connection (slowloris),
+//!   `TCP_NODELAY`.
 //! * Body limits (JSON, upload on the wire, unpacked bytes, entries, path length), a deadline
 //!   per request, archive rules of [`smithers_runtime_remote::archive`]; every refusal is a
 //!   documented status with a `{code, message, details}` body.
@@ -26,6 +29,7 @@
 //!   the data directory until removed).
 #![forbid(unsafe_code)]
 
+mod conn;
 mod error;
 mod metrics;
 mod review;
@@ -85,6 +89,16 @@ pub struct Limits {
     /// its orchestrator. Clients reconnect well within it. `None` lets such steps run to their
     /// own timeout.
     pub orphan_timeout: Option<Duration>,
+    /// Longest a connection may go without a request in progress: the time a client has to
+    /// send a complete HTTP/1 request head (slowloris), to send its first bytes at all, and
+    /// the idle time of a keep-alive (HTTP/1) or h2c connection between requests. Such a
+    /// connection is closed. A request is in progress from its complete head until its
+    /// response is finished, so slow bodies and open event streams are not cut by it.
+    pub header_read_timeout: Duration,
+    /// Most connections served at once. Further connections wait in the kernel's accept
+    /// backlog (not refused, not answered 503) until a served one ends; with the header
+    /// timeout, stalled connections free their slot within that time.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -99,6 +113,8 @@ impl Default for Limits {
             upload_timeout: Duration::from_secs(30 * 60),
             sse_keepalive: Duration::from_secs(15),
             orphan_timeout: Some(Duration::from_secs(120)),
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 1024,
         }
     }
 }
@@ -232,7 +248,12 @@ impl SandboxServer {
 
     /// Serves on `listener` until `shutdown` resolves, then drains: no new connections or
     /// executions, running steps get `shutdown_grace` to finish and are then cancelled (their
-    /// bundles are still collected), and open event streams end once their step did.
+    /// bundles are still collected), and open event streams end once their step did. Returns
+    /// once every connection ended (a connection still sending a request head is closed by
+    /// [`Limits::header_read_timeout`] at the latest; one that sent nothing at once).
+    ///
+    /// Connections are served by hyper-util with the bounds of [`Limits`]
+    /// (`max_connections`, `header_read_timeout`); see the `conn` module.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -250,14 +271,13 @@ impl SandboxServer {
         });
         let drainer = tokio::spawn(drain(self.state.clone(), trigger.clone()));
         let app = self.router();
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(trigger.clone().cancelled_owned())
-            .await;
-        // If serving failed on its own, still stop everything we started.
+        conn::serve(listener, app, self.state.clone(), trigger.clone()).await;
+        // Serving returns once shutdown was triggered and every connection ended; the
+        // drainer may still be finishing (it ended the streams those connections served).
         trigger.cancel();
         let _ = drainer.await;
         watcher.abort();
-        served.map_err(|source| ServerError::Serve { source })
+        Ok(())
     }
 
     /// True once shutdown began.

@@ -54,6 +54,8 @@ struct Inner {
     active: BTreeMap<String, i64>,
     rejected_uploads: BTreeMap<String, u64>,
     http_responses: BTreeMap<u16, u64>,
+    connections_accepted: u64,
+    connections_open: i64,
     duration_ms: Histogram,
     bundle_size_bytes: Histogram,
     transport_duration_ms: Histogram,
@@ -75,6 +77,8 @@ impl Default for Metrics {
                 active: BTreeMap::new(),
                 rejected_uploads: BTreeMap::new(),
                 http_responses: BTreeMap::new(),
+                connections_accepted: 0,
+                connections_open: 0,
                 duration_ms: Histogram::exponential(100.0, 12),
                 bundle_size_bytes: Histogram::exponential(100.0, 16),
                 transport_duration_ms: Histogram::exponential(100.0, 12),
@@ -131,6 +135,17 @@ impl Metrics {
 
     pub fn http_response(&self, status: u16) {
         self.with(|m| *m.http_responses.entry(status).or_default() += 1);
+    }
+
+    pub fn connection_opened(&self) {
+        self.with(|m| {
+            m.connections_accepted += 1;
+            m.connections_open += 1;
+        });
+    }
+
+    pub fn connection_closed(&self) {
+        self.with(|m| m.connections_open -= 1);
     }
 
     /// The Prometheus text exposition.
@@ -195,6 +210,16 @@ impl Metrics {
             for (status, n) in &m.http_responses {
                 let _ = writeln!(out, "smithers_server_http_responses_total{{status=\"{status}\"}} {n}");
             }
+            let _ = writeln!(
+                out,
+                "# HELP smithers_server_connections_accepted_total TCP connections accepted.\n# TYPE smithers_server_connections_accepted_total counter\nsmithers_server_connections_accepted_total {}",
+                m.connections_accepted
+            );
+            let _ = writeln!(
+                out,
+                "# HELP smithers_server_connections_open TCP connections being served (at most the connection cap).\n# TYPE smithers_server_connections_open gauge\nsmithers_server_connections_open {}",
+                m.connections_open
+            );
             out
         })
     }

@@ -111,7 +111,10 @@ struct StepRecord {
 struct Server {
     child: ServeChild,
     data: tempfile::TempDir,
+    /// The server's `$TMPDIR`: workspace layers (overlay upper/work) live below it.
     tmp: tempfile::TempDir,
+    /// The server's `$XDG_RUNTIME_DIR` (a tmpfs): per-sandbox state lives below it.
+    runtime: tempfile::TempDir,
 }
 
 fn project(client: usize) -> tempfile::TempDir {
@@ -544,9 +547,16 @@ struct Peak {
     state_dirs: usize,
 }
 
-/// The native runtime's per-sandbox state directories under the server's `$TMPDIR`:
-/// `<TMPDIR>/smithers-sandbox-<uid>/<runId>/<sandboxId>`.
-fn state_dirs(tmp: &Path) -> Vec<PathBuf> {
+/// The native runtime's per-sandbox directories under the server's `$TMPDIR` (layers:
+/// `<TMPDIR>/smithers-sandbox-<uid>/<runId>/<sandboxId>`) and runtime directory (state:
+/// `<XDG_RUNTIME_DIR>/smithers-sandbox/<runId>/<sandboxId>`).
+fn state_dirs(server: &Server) -> Vec<PathBuf> {
+    let mut found = state_dirs_below(server.tmp.path());
+    found.extend(state_dirs_below(server.runtime.path()));
+    found
+}
+
+fn state_dirs_below(tmp: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     for root in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
         for run in std::fs::read_dir(root.path())
@@ -640,19 +650,35 @@ fn skip_or_fail(reason: &str) {
 fn start_server() -> Result<Server, String> {
     let data = tempfile::tempdir().map_err(|e| e.to_string())?;
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    // The native runtime keeps per-sandbox state in a tmpfs runtime directory and workspace
+    // layers under $TMPDIR: both ours, to inspect. /dev/shm is the tmpfs at hand (a runtime
+    // directory that is not a tmpfs is not used, and the state would land in TMPDIR).
+    let runtime = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .map_err(|e| e.to_string())?;
     let child = ServeChild::start(&ServeOptions {
         token: TOKEN.into(),
         data_dir: data.path().to_path_buf(),
         args: Vec::new(),
-        // The native runtime keeps its per-sandbox state under $TMPDIR: ours, to inspect.
-        env: vec![("TMPDIR".into(), tmp.path().display().to_string())],
+        env: vec![
+            ("TMPDIR".into(), tmp.path().display().to_string()),
+            (
+                "XDG_RUNTIME_DIR".into(),
+                runtime.path().display().to_string(),
+            ),
+        ],
     })?;
-    let roots = [data.path(), tmp.path()]
+    let roots = [data.path(), tmp.path(), runtime.path()]
         .iter()
         .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()))
         .collect();
     let _ = SERVER_ROOTS.set(roots);
-    Ok(Server { child, data, tmp })
+    Ok(Server {
+        child,
+        data,
+        tmp,
+        runtime,
+    })
 }
 
 #[test]
@@ -717,12 +743,15 @@ async fn run(server: &Server) -> Result<(), StepError> {
     let sampling = CancellationToken::new();
     let sampler = {
         let (peak, stop, before) = (peak.clone(), sampling.clone(), cgroups_before.clone());
-        let state_root = server.tmp.path().to_path_buf();
+        let roots = [
+            server.tmp.path().to_path_buf(),
+            server.runtime.path().to_path_buf(),
+        ];
         tokio::spawn(async move {
             while !stop.is_cancelled() {
                 let s = snapshot(pid);
                 let cgroups = sandbox_cgroups().difference(&before).count();
-                let states = state_dirs(&state_root).len();
+                let states: usize = roots.iter().map(|r| state_dirs_below(r).len()).sum();
                 {
                     let mut p = peak.lock().unwrap();
                     p.fds = p.fds.max(s.fds);
@@ -919,7 +948,7 @@ async fn run(server: &Server) -> Result<(), StepError> {
 
     // ---- nothing leaked --------------------------------------------------------------------
     let sandbox_dirs = count_dir(server.data.path().join("sandboxes"));
-    let state_left = state_dirs(server.tmp.path());
+    let state_left = state_dirs(&server);
     // Another user's sandboxes on this machine may come and go under the same parent: wait
     // (bounded) for transient ones, and count only names that were not there before.
     let mut cgroups_left = Vec::new();

@@ -948,7 +948,7 @@ async fn run(server: &Server) -> Result<(), StepError> {
 
     // ---- nothing leaked --------------------------------------------------------------------
     let sandbox_dirs = count_dir(server.data.path().join("sandboxes"));
-    let state_left = state_dirs(&server);
+    let state_left = state_dirs(server);
     // Another user's sandboxes on this machine may come and go under the same parent: wait
     // (bounded) for transient ones, and count only names that were not there before.
     let mut cgroups_left = Vec::new();

@@ -136,6 +136,7 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
     std::fs::write(project.join("README"), "a tiny project\n")?;
 
     let native = roundtrip::RoundTrip::native(&project, &cli.scratch)?;
+    let native_exec = roundtrip::RoundTrip::native_without_zygote(&project)?;
     let docker = match &cli.docker_image {
         Some(image) => Some(roundtrip::RoundTrip::docker(&project, image)?),
         None => None,
@@ -150,6 +151,11 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
             run_quiet("bwrap", BWRAP_ARGS)
         }),
         Contender::new("spawn /bin/true", || run_quiet("/bin/true", &[])),
+        Contender::new(
+            "smithers-sandbox bubblewrap, init executed per sandbox (no zygote)",
+            || native_exec.run(&["true"]),
+        )
+        .with_after(|| native_exec.discard_bundles()),
     ];
     if let (Some(rt), Some(image)) = (&docker, &cli.docker_image) {
         contenders.push(
@@ -193,10 +199,15 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
         machine_line(),
         table.to_markdown()
     );
-    if series.len() == 5 {
+    body.push_str(&format!(
+        "\nThe zygote (each sandbox's init forked from a pre-started one): without it / with \
+         it = **{:.2}×** (median of pairs).\n",
+        median_ratio(&series[3], &series[0])
+    ));
+    if series.len() == 6 {
         body.push_str(&format!(
             "\nDocker: our round trip / bare `docker run` = **{:.2}×** (median of pairs).\n",
-            median_ratio(&series[3], &series[4])
+            median_ratio(&series[4], &series[5])
         ));
     }
     body.push_str(&format!(

@@ -36,6 +36,16 @@ impl RoundTrip {
         Self::new(Arc::new(runtime), RuntimeKind::Bubblewrap, project, None)
     }
 
+    /// The native runtime executing its init binary for every sandbox (no zygote).
+    pub fn native_without_zygote(project: &Path) -> anyhow::Result<Self> {
+        let runtime =
+            smithers_runtime_native::NativeRuntime::new(smithers_runtime_native::NativeOptions {
+                zygote: false,
+                ..Default::default()
+            });
+        Self::new(Arc::new(runtime), RuntimeKind::Bubblewrap, project, None)
+    }
+
     pub fn docker(project: &Path, image: &str) -> anyhow::Result<Self> {
         let runtime = smithers_runtime_docker::DockerRuntime::new(Default::default());
         Self::new(

@@ -476,22 +476,37 @@ fn count_dir(path: impl AsRef<Path>) -> usize {
 }
 
 /// Processes whose parent is `pid` (the sandboxes' inits, while they run).
+/// The sandboxes' top processes (their inits): the server's children, and the children of
+/// the native runtime's zygote, a long-lived child of the server that forks each sandbox's
+/// init and is the server's own, not a sandbox's.
 fn children(pid: u32) -> usize {
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return 0;
     };
-    procs
+    // (pid, parent, is a zygote) of every process.
+    let table: Vec<(u32, u32, bool)> = procs
         .flatten()
-        .filter(|e| {
-            std::fs::read_to_string(e.path().join("stat"))
-                .ok()
-                .and_then(|s| {
-                    // pid (comm) state ppid ...: comm may hold spaces, split after the ')'.
-                    let rest = s.rsplit_once(')')?.1.to_string();
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(pid)
+        .filter_map(|e| {
+            let me = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // pid (comm) state ppid ...: comm may hold spaces, split after the ')'.
+            let rest = stat.rsplit_once(')')?.1.to_string();
+            let parent = rest.split_whitespace().nth(1)?.parse::<u32>().ok()?;
+            let zygote = std::fs::read(e.path().join("cmdline"))
+                .unwrap_or_default()
+                .split(|b| *b == 0)
+                .any(|arg| arg == b"--zygote");
+            Some((me, parent, zygote))
         })
+        .collect();
+    let zygotes: Vec<u32> = table
+        .iter()
+        .filter(|(_, parent, zygote)| *parent == pid && *zygote)
+        .map(|(me, _, _)| *me)
+        .collect();
+    table
+        .iter()
+        .filter(|(_, parent, zygote)| (*parent == pid && !zygote) || zygotes.contains(parent))
         .count()
 }
 

@@ -16,7 +16,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::sync::Notify;
 
 use crate::plan::{self, HostLayout, PlanInput, WorkspaceFacts};
-use crate::{Backend, HostCaps, StoredConfig};
+use crate::zygote::Zygote;
+use crate::{Backend, HostCaps, InitCommand, StoredConfig};
 
 /// Largest result JSON file read back (the README limit of the bundle).
 const MAX_RESULT_BYTES: u64 = 5 << 20;
@@ -219,8 +220,105 @@ fn spawn_err(reason: impl ToString) -> RuntimeError {
     RuntimeError::spawn("start the sandbox init", reason)
 }
 
+/// A started init: its pid, its output pipes and, when spawned directly, the child to reap.
+struct SpawnedInit {
+    pid: Option<i32>,
+    stdout: std::pin::Pin<Box<dyn AsyncRead + Send>>,
+    stderr: std::pin::Pin<Box<dyn AsyncRead + Send>>,
+    child: Option<tokio::process::Child>,
+}
+
+/// Starts the init with `control` as its fd 0 and fresh pipes as its stdout and stderr:
+/// forked by the runtime's zygote where there is one (replaced once if it failed), else
+/// spawned from the binary.
+fn spawn_init(
+    zygote: Option<&std::sync::Mutex<Option<Zygote>>>,
+    init: &InitCommand,
+    control: std::os::unix::net::UnixStream,
+) -> Result<SpawnedInit, RuntimeError> {
+    if let Some(zygote) = zygote {
+        if let Some(spawned) = fork_from_zygote(zygote, init, &control) {
+            // The init has its own copy now; ours must go so that EOF means "init gone".
+            drop(control);
+            return Ok(spawned);
+        }
+    }
+    let mut cmd = tokio::process::Command::new(&init.program);
+    cmd.args(&init.args)
+        .env_clear()
+        .stdin(Stdio::from(OwnedFd::from(control)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| spawn_err(format!("{}: {e}", init.program.display())))?;
+    // The Command still owns the init's end of the socket: drop it so EOF means "init gone".
+    drop(cmd);
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| spawn_err("no stdout pipe"))?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| spawn_err("no stderr pipe"))?;
+    Ok(SpawnedInit {
+        pid: child.id().map(|p| p as i32),
+        stdout: Box::pin(stdout),
+        stderr: Box::pin(stderr),
+        child: Some(child),
+    })
+}
+
+/// A pipe whose read end is non-blocking (for the runtime) and whose write end is blocking
+/// (for the init), both close-on-exec.
+fn output_pipe() -> std::io::Result<(tokio::net::unix::pipe::Receiver, OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two new descriptors that nothing else owns.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(read)?;
+    Ok((receiver, write))
+}
+
+fn fork_from_zygote(
+    zygote: &std::sync::Mutex<Option<Zygote>>,
+    init: &InitCommand,
+    control: &std::os::unix::net::UnixStream,
+) -> Option<SpawnedInit> {
+    use std::os::fd::AsRawFd;
+    let (out_r, out_w) = output_pipe().ok()?;
+    let (err_r, err_w) = output_pipe().ok()?;
+    let mut slot = zygote.lock().unwrap_or_else(|p| p.into_inner());
+    for _attempt in 0..2 {
+        if slot.is_none() {
+            *slot = Zygote::start(init).ok();
+        }
+        let z = slot.as_ref()?;
+        match z.fork(&[control.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()]) {
+            Ok(pid) => {
+                return Some(SpawnedInit {
+                    pid: Some(pid),
+                    stdout: Box::pin(out_r),
+                    stderr: Box::pin(err_r),
+                    child: None,
+                })
+            }
+            // A zygote that failed is replaced (dropping it ends it).
+            Err(_) => *slot = None,
+        }
+    }
+    None
+}
+
 pub(crate) async fn execute(
     caps: &HostCaps,
+    zygote: Option<&std::sync::Mutex<Option<Zygote>>>,
     backend: &Backend,
     handle: &SandboxHandle,
     command: &StepCommand,
@@ -322,30 +420,12 @@ pub(crate) async fn execute(
 
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
     let started = Instant::now();
-    let mut cmd = tokio::process::Command::new(&init.program);
-    cmd.args(&init.args)
-        .env_clear()
-        .stdin(Stdio::from(OwnedFd::from(theirs)))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| spawn_err(format!("{}: {e}", init.program.display())))?;
-    // The Command still owns the init's end of the socket: drop it so EOF means "init gone".
-    drop(cmd);
-    let init_pid = child.id().map(|p| p as i32);
+    let spawned = spawn_init(zygote, init, theirs)?;
+    let init_pid = spawned.pid;
+    let (stdout, stderr) = (spawned.stdout, spawned.stderr);
     ours.set_nonblocking(true).map_err(spawn_err)?;
     let ours = tokio::net::UnixStream::from_std(ours).map_err(spawn_err)?;
     let (status_rd, mut control_wr) = ours.into_split();
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| spawn_err("no stdout pipe"))?;
-    let stderr = child
-        .stderr
-        .take()
-        .ok_or_else(|| spawn_err("no stderr pipe"))?;
     control_wr
         .write_all(&plan_line)
         .await
@@ -411,9 +491,11 @@ pub(crate) async fn execute(
     // The init has reported and closed its descriptors: every sandbox process is gone. What
     // is left of P0 is the kernel tearing down its namespaces, which the runtime need not
     // wait for; it is reaped in the background.
-    tokio::spawn(async move {
-        let _ = child.wait().await;
-    });
+    if let Some(mut child) = spawned.child {
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+    }
     let duration = started.elapsed();
 
     // Belt and braces: the pid namespace is gone, so the cgroups should be empty. If anything

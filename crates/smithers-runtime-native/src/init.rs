@@ -1,6 +1,8 @@
 //! The in-sandbox init: a small, single-threaded program (no tokio, no threads) that executes an
 //! [`InitPlan`]. It runs as a separate process so that nothing is forked from the runtime's
-//! multithreaded process.
+//! multithreaded process. P0 is either executed from the binary or, by default, forked from
+//! the runtime's zygote (the same binary in `--zygote` mode, see `crate::zygote`), which hands
+//! it the same three descriptors: from there on both are identical.
 //!
 //! Process tree and protocol:
 //!
@@ -44,6 +46,7 @@ pub fn main() -> ! {
 pub fn run(args: &[String]) -> i32 {
     match args.first().map(String::as_str) {
         None => run_sandbox(),
+        Some("--zygote") => crate::zygote::serve(run_sandbox),
         Some("--probe") => match args.get(1) {
             Some(scratch) => run_probe(Path::new(scratch)),
             None => {

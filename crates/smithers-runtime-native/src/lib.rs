@@ -41,6 +41,7 @@ pub mod plan;
 mod report;
 pub mod seccomp;
 mod sys;
+mod zygote;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -183,6 +184,10 @@ pub struct NativeOptions {
     pub default_pids_limit: Option<u32>,
     /// How `/workspace` presents the project (default [`WorkspaceMode::Auto`]).
     pub workspace: WorkspaceMode,
+    /// Fork each sandbox's init from a pre-started one (a "zygote", see the `zygote`
+    /// module) instead of executing the init binary per sandbox. Default: true; the init is
+    /// executed directly when no zygote can be had.
+    pub zygote: bool,
 }
 
 impl Default for NativeOptions {
@@ -193,6 +198,7 @@ impl Default for NativeOptions {
             layer_root: None,
             default_pids_limit: Some(4096),
             workspace: WorkspaceMode::Auto,
+            zygote: true,
         }
     }
 }
@@ -224,6 +230,8 @@ pub struct NativeRuntime {
     /// it).
     findings: tokio::sync::OnceCell<Result<serde_json::Value, String>>,
     probe: tokio::sync::OnceCell<EnforcementReport>,
+    /// The zygote, started at the first execute (with `NativeOptions::zygote`).
+    zygote: std::sync::Mutex<Option<zygote::Zygote>>,
 }
 
 /// The workspace a sandbox got (decided at create, kept in the handle).
@@ -363,6 +371,7 @@ impl NativeRuntime {
             caps: OnceLock::new(),
             findings: tokio::sync::OnceCell::new(),
             probe: tokio::sync::OnceCell::new(),
+            zygote: std::sync::Mutex::new(None),
         }
     }
 
@@ -963,7 +972,8 @@ impl Runtime for NativeRuntime {
     ) -> Result<ExecOutcome, RuntimeError> {
         let backend = Backend::from_handle(handle, "execute")?;
         let caps = self.caps();
-        exec::execute(&caps, &backend, handle, command, cancel, output).await
+        let zygote = self.options.zygote.then_some(&self.zygote);
+        exec::execute(&caps, zygote, &backend, handle, command, cancel, output).await
     }
 
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {

@@ -573,3 +573,78 @@ async fn unsupported_controls_are_refused() {
     assert!(err.to_string().contains("image"), "{err}");
     assert!(!Path::new(&project.path().join(".smithers")).exists());
 }
+
+/// Pids of this process's children running the init in zygote mode.
+fn zygotes() -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if !cmdline.split(|b| *b == 0).any(|arg| arg == b"--zygote") {
+            continue;
+        }
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        let parent = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .map(str::trim);
+        if parent == Some(me.as_str()) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Sandboxes' inits are forked from the runtime's zygote; a zygote that dies (here: killed)
+/// is replaced at the next execute, which still runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_zygote_is_replaced() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let (outcome, lines) = sb.run("echo one").await;
+    assert_eq!(outcome.exit_code, Some(0));
+    assert_eq!(lines.stdout(), vec!["one".to_string()]);
+    let before = zygotes();
+    assert!(
+        !before.is_empty(),
+        "no zygote is running: the init was not forked from one"
+    );
+    for pid in &before {
+        // SAFETY: kill(2) on the pid of a child of this process.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    let (outcome, lines) = sb.run("echo two").await;
+    assert_eq!(outcome.exit_code, Some(0), "{:?}", lines.0.lock().unwrap());
+    assert_eq!(lines.stdout(), vec!["two".to_string()]);
+    assert!(
+        zygotes().iter().any(|pid| !before.contains(pid)),
+        "no new zygote was started"
+    );
+    sb.done().await;
+}
+
+/// With the zygote turned off the init binary is executed for every sandbox, as it was.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_zygote_the_init_is_executed() {
+    let rt = Arc::new(NativeRuntime::new(NativeOptions {
+        init: Some(InitCommand::binary(env!(
+            "CARGO_BIN_EXE_smithers-sandbox-init"
+        ))),
+        zygote: false,
+        ..NativeOptions::default()
+    }));
+    if !usable(&rt).await {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let (outcome, lines) = sb.run("echo direct; exit 4").await;
+    assert_eq!(outcome.exit_code, Some(4));
+    assert_eq!(lines.stdout(), vec!["direct".to_string()]);
+    sb.done().await;
+}

@@ -99,14 +99,23 @@ fn read_plan() -> Result<(InitPlan, Vec<u8>), String> {
         buf.extend_from_slice(&chunk[..n as usize]);
         if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
             let rest = buf.split_off(pos + 1);
-            let plan: InitPlan = serde_json::from_slice(&buf[..pos])
-                .map_err(|e| format!("the plan is not valid: {e}"))?;
-            if plan.version != PLAN_VERSION {
+            // The version first: a plan from another build may not parse as ours at all, and
+            // "another build" is what the user needs to hear.
+            #[derive(serde::Deserialize)]
+            struct Version {
+                version: u32,
+            }
+            let version = serde_json::from_slice::<Version>(&buf[..pos])
+                .map_err(|e| format!("the plan is not valid: {e}"))?
+                .version;
+            if version != PLAN_VERSION {
                 return Err(format!(
-                    "plan version {} but this init speaks {PLAN_VERSION}",
-                    plan.version
+                    "plan version {version} but this init speaks {PLAN_VERSION}: the init binary is from another build of smithers-sandbox than the runtime (rebuild it, or remove a stale smithers-sandbox-init next to the runtime, or point ${} at the right one)",
+                    crate::INIT_ENV
                 ));
             }
+            let plan: InitPlan = serde_json::from_slice(&buf[..pos])
+                .map_err(|e| format!("the plan is not valid: {e}"))?;
             return Ok((plan, rest));
         }
         if buf.len() > 64 << 20 {

@@ -187,9 +187,11 @@ fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
     Ok(c)
 }
 
-/// The runtime the CLI uses: the dedicated init binary when one sits next to us (smaller, so
-/// faster to start) or `$SMITHERS_SANDBOX_INIT` names one, else this very executable with the
-/// hidden init subcommand.
+/// The runtime the CLI uses: this very executable with the hidden init subcommand, so the
+/// init is always of the same build as the runtime that sends it a plan (a
+/// `smithers-sandbox-init` left next to us by an older build would not understand it), unless
+/// `$SMITHERS_SANDBOX_INIT` names another. The init's start costs little either way: each
+/// sandbox's init is forked from the runtime's zygote.
 pub fn native_runtime() -> anyhow::Result<NativeRuntime> {
     native_runtime_with(workspace_from_env()?)
 }
@@ -208,11 +210,10 @@ pub fn workspace_from_env() -> anyhow::Result<WorkspaceMode> {
 
 /// [`native_runtime`] with an explicit workspace mode.
 pub fn native_runtime_with(workspace: WorkspaceMode) -> anyhow::Result<NativeRuntime> {
-    let init = match InitCommand::locate() {
-        Ok(init) => init,
-        Err(_) => {
-            InitCommand::current_exe_subcommand().context("locating the current executable")?
-        }
+    let init = if std::env::var_os(smithers_runtime_native::INIT_ENV).is_some() {
+        InitCommand::locate().map_err(|e| anyhow::anyhow!(e))?
+    } else {
+        InitCommand::current_exe_subcommand().context("locating the current executable")?
     };
     Ok(NativeRuntime::new(NativeOptions {
         init: Some(init),

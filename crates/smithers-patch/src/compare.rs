@@ -48,20 +48,7 @@ pub fn detect_changes_by_compare(
     copy: &Path,
     opts: &DetectOptions,
 ) -> Result<ChangeSet, PatchError> {
-    for root in [lower, copy] {
-        match lstat(root)? {
-            Some(md) if md.is_dir() => {}
-            _ => {
-                return Err(PatchError::ReadLayer {
-                    path: root.to_path_buf(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "tree root is not a directory",
-                    ),
-                })
-            }
-        }
-    }
+    crate::detect::require_dirs(&[lower, copy], "tree root is not a directory")?;
     let since = birth_time(copy);
     let mut w = Walker {
         upper_root: copy,

@@ -507,20 +507,7 @@ pub fn detect_changes(
     upper: &Path,
     opts: &DetectOptions,
 ) -> Result<ChangeSet, PatchError> {
-    for root in [lower, upper] {
-        match lstat(root)? {
-            Some(md) if md.is_dir() => {}
-            _ => {
-                return Err(PatchError::ReadLayer {
-                    path: root.to_path_buf(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "layer root is not a directory",
-                    ),
-                })
-            }
-        }
-    }
+    require_dirs(&[lower, upper], "layer root is not a directory")?;
     let mut w = Walker {
         upper_root: upper,
         opts,
@@ -547,6 +534,22 @@ pub fn detect_changes(
 
     let cands = std::mem::take(&mut w.cands);
     finish(cands, w.out, opts, StaleCheck::CopyUp)
+}
+
+/// Refuses a tree root that is not a directory (`what` says which kind of root).
+pub(crate) fn require_dirs(roots: &[&Path], what: &'static str) -> Result<(), PatchError> {
+    for root in roots {
+        match lstat(root)? {
+            Some(md) if md.is_dir() => {}
+            _ => {
+                return Err(PatchError::ReadLayer {
+                    path: root.to_path_buf(),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, what),
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How [`finish`] decides that a change's base is stale (the host edited the lower file

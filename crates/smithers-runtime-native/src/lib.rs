@@ -230,6 +230,8 @@ pub struct NativeRuntime {
     /// it).
     findings: tokio::sync::OnceCell<Result<serde_json::Value, String>>,
     probe: tokio::sync::OnceCell<EnforcementReport>,
+    /// Whether overlayfs works here, decided once per runtime (see `overlay_check`).
+    overlay: tokio::sync::OnceCell<report::OverlayCheck>,
     /// The zygote, started at the first execute (with `NativeOptions::zygote`).
     zygote: std::sync::Mutex<Option<zygote::Zygote>>,
 }
@@ -371,6 +373,7 @@ impl NativeRuntime {
             caps: OnceLock::new(),
             findings: tokio::sync::OnceCell::new(),
             probe: tokio::sync::OnceCell::new(),
+            overlay: tokio::sync::OnceCell::new(),
             zygote: std::sync::Mutex::new(None),
         }
     }
@@ -388,7 +391,8 @@ impl NativeRuntime {
     }
 
     /// Whether overlayfs works here for the layer root: the probe's answer, remembered in the
-    /// state root per boot, kernel, layer root and version. The probe starts a process and
+    /// state root per boot, kernel, layer root and version (read once per runtime: `create`
+    /// keeps the answer in `self.overlay`). The probe starts a process and
     /// mounts (about 30 ms), which every `smithers-sandbox run` would otherwise pay at its
     /// first create; the answer cannot change without one of those changing.
     async fn overlay_check(&self, caps: &HostCaps) -> report::OverlayCheck {
@@ -587,7 +591,14 @@ impl NativeRuntime {
             WorkspaceMode::Copy => {
                 decide_workspace(WorkspaceMode::Copy, report::OverlayCheck::Usable)?
             }
-            mode => decide_workspace(mode, self.overlay_check(&caps).await)?,
+            mode => {
+                let check = self
+                    .overlay
+                    .get_or_init(|| self.overlay_check(&caps))
+                    .await
+                    .clone();
+                decide_workspace(mode, check)?
+            }
         };
         let root_dir = &config.root_dir;
         match std::fs::metadata(root_dir) {

@@ -235,10 +235,9 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
 
 /// Median time of each verb over the round trips after the first `warm_up`.
 fn phase_table(rounds: &[[std::time::Duration; 5]], warm_up: usize) -> Table {
-    let recorded = rounds.get(warm_up..).unwrap_or(&[]);
     let mut table = Table::new(&["verb", "p50", "p95"]);
     for (i, verb) in roundtrip::PHASES.iter().enumerate() {
-        let samples: Vec<_> = recorded.iter().map(|r| r[i]).collect();
+        let samples = verb_samples(rounds, warm_up, i);
         table.row(vec![
             verb.to_string(),
             fmt_ms(measure::percentile(&samples, 50.0)),
@@ -246,6 +245,15 @@ fn phase_table(rounds: &[[std::time::Duration; 5]], warm_up: usize) -> Table {
         ]);
     }
     table
+}
+
+/// The durations of verb `i` ([`roundtrip::PHASES`]) over the round trips after `warm_up`.
+fn verb_samples(
+    rounds: &[[std::time::Duration; 5]],
+    warm_up: usize,
+    i: usize,
+) -> Vec<std::time::Duration> {
+    rounds.iter().skip(warm_up).map(|r| r[i]).collect()
 }
 
 fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
@@ -304,7 +312,7 @@ fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
     for (i, verb) in roundtrip::PHASES.iter().enumerate() {
         let mut row = vec![verb.to_string()];
         for rounds_of_size in &per_size {
-            let samples: Vec<_> = rounds_of_size.iter().skip(2).map(|r| r[i]).collect();
+            let samples = verb_samples(rounds_of_size, 2, i);
             row.push(fmt_ms(measure::percentile(&samples, 50.0)));
         }
         verbs.row(row);

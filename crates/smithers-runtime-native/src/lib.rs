@@ -828,6 +828,33 @@ fn remove_tree(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Removes each tree (see [`remove_tree`]), the first on the calling thread and the others on
+/// their own, and returns what could not be removed.
+fn remove_trees(trees: &[&Path]) -> Vec<String> {
+    let remove = |tree: &Path| {
+        remove_tree(tree)
+            .err()
+            .map(|e| format!("remove {}: {e}", tree.display()))
+    };
+    let Some((first, others)) = trees.split_first() else {
+        return Vec::new();
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = others
+            .iter()
+            .map(|tree| scope.spawn(move || remove(tree)))
+            .collect();
+        let mut problems: Vec<String> = remove(first).into_iter().collect();
+        for handle in handles {
+            match handle.join() {
+                Ok(problem) => problems.extend(problem),
+                Err(_) => problems.push("a removal thread panicked".into()),
+            }
+        }
+        problems
+    })
+}
+
 /// Everything `cleanup` does, also used to roll back a failed `create`.
 fn cleanup_backend(backend: &Backend, request_path: Option<&Path>) -> Result<(), RuntimeError> {
     let mut problems = Vec::new();
@@ -856,19 +883,14 @@ fn cleanup_backend(backend: &Backend, request_path: Option<&Path>) -> Result<(),
             }
         }
     }
-    if let Err(e) = remove_tree(&backend.state_dir) {
-        problems.push(format!("remove {}: {e}", backend.state_dir.display()));
-    }
-    if let Some(layer) = &backend.layer_dir {
-        if let Err(e) = remove_tree(layer) {
-            problems.push(format!("remove {}: {e}", layer.display()));
-        }
-    }
-    if let Some(request) = request_path {
-        if let Err(e) = remove_tree(request) {
-            problems.push(format!("remove {}: {e}", request.display()));
-        }
-    }
+    // The trees side by side: on a disk mounted with `discard` (this project's machines) each
+    // removed directory or data file waits for its blocks' discard, ~0.1 ms apiece, and the
+    // layer on disk and the request directory in the project are independent of each other
+    // and of the state directory (a tmpfs, by default).
+    let mut trees: Vec<&Path> = vec![&backend.state_dir];
+    trees.extend(backend.layer_dir.as_deref());
+    trees.extend(request_path);
+    problems.extend(remove_trees(&trees));
     if problems.is_empty() {
         Ok(())
     } else {

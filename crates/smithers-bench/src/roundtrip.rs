@@ -46,6 +46,16 @@ impl RoundTrip {
         Self::new(Arc::new(runtime), RuntimeKind::Bubblewrap, project, None)
     }
 
+    /// The native runtime forking each sandbox's init at `execute` rather than at `create`.
+    pub fn native_without_prestart(project: &Path) -> anyhow::Result<Self> {
+        let runtime =
+            smithers_runtime_native::NativeRuntime::new(smithers_runtime_native::NativeOptions {
+                prestart: false,
+                ..Default::default()
+            });
+        Self::new(Arc::new(runtime), RuntimeKind::Bubblewrap, project, None)
+    }
+
     pub fn docker(project: &Path, image: &str) -> anyhow::Result<Self> {
         let runtime = smithers_runtime_docker::DockerRuntime::new(Default::default());
         Self::new(

@@ -228,6 +228,62 @@ struct SpawnedInit {
     child: Option<tokio::process::Child>,
 }
 
+/// An init forked from the zygote: its pid and the read ends of its stdout and stderr pipes
+/// (plain descriptors, made async only where they are read).
+#[derive(Debug)]
+struct ForkedInit {
+    pid: i32,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+impl ForkedInit {
+    fn into_spawned(self) -> Result<SpawnedInit, RuntimeError> {
+        let pipe = |fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(spawn_err);
+        Ok(SpawnedInit {
+            pid: Some(self.pid),
+            stdout: Box::pin(pipe(self.stdout)?),
+            stderr: Box::pin(pipe(self.stderr)?),
+            child: None,
+        })
+    }
+}
+
+/// An init started at `create`, before there is a plan: forked from the zygote and sent its
+/// prelude, so that it makes the sandbox's namespaces (~1 ms here, most of it the network
+/// namespace) on another core while the runtime finishes `create`, `ship` and the start of
+/// `execute`. `execute` takes it and sends the plan; `cleanup` of a sandbox that never ran
+/// drops it, and the init, reading EOF where the plan should be, exits.
+#[derive(Debug)]
+pub(crate) struct Prestarted {
+    prelude: plan::Prelude,
+    control: std::os::unix::net::UnixStream,
+    init: ForkedInit,
+}
+
+/// Starts the init for `prelude` ahead of `execute`, when there is a zygote to fork it from.
+/// None when that fails: `execute` then starts one itself, as without a prestart.
+pub(crate) fn prestart(
+    zygote: &std::sync::Mutex<Option<Zygote>>,
+    init: &InitCommand,
+    prelude: plan::Prelude,
+) -> Option<Prestarted> {
+    use std::io::Write;
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().ok()?;
+    let forked = fork_from_zygote(zygote, init, &theirs)?;
+    // The init has its own copy now; ours must go so that EOF means "init gone".
+    drop(theirs);
+    let mut line = serde_json::to_vec(&prelude).ok()?;
+    line.push(b'\n');
+    // A few hundred bytes into an empty socket buffer: does not block.
+    ours.write_all(&line).ok()?;
+    Some(Prestarted {
+        prelude,
+        control: ours,
+        init: forked,
+    })
+}
+
 /// Starts the init with `control` as its fd 0 and fresh pipes as its stdout and stderr:
 /// forked by the runtime's zygote where there is one (replaced once if it failed), else
 /// spawned from the binary.
@@ -237,10 +293,10 @@ fn spawn_init(
     control: std::os::unix::net::UnixStream,
 ) -> Result<SpawnedInit, RuntimeError> {
     if let Some(zygote) = zygote {
-        if let Some(spawned) = fork_from_zygote(zygote, init, &control) {
+        if let Some(forked) = fork_from_zygote(zygote, init, &control) {
             // The init has its own copy now; ours must go so that EOF means "init gone".
             drop(control);
-            return Ok(spawned);
+            return forked.into_spawned();
         }
     }
     let mut cmd = tokio::process::Command::new(&init.program);
@@ -271,9 +327,8 @@ fn spawn_init(
     })
 }
 
-/// A pipe whose read end is non-blocking (for the runtime) and whose write end is blocking
-/// (for the init), both close-on-exec.
-fn output_pipe() -> std::io::Result<(tokio::net::unix::pipe::Receiver, OwnedFd)> {
+/// A close-on-exec pipe: (read end, write end).
+fn output_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     use std::os::fd::FromRawFd;
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
@@ -281,16 +336,14 @@ fn output_pipe() -> std::io::Result<(tokio::net::unix::pipe::Receiver, OwnedFd)>
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: pipe2 returned two new descriptors that nothing else owns.
-    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(read)?;
-    Ok((receiver, write))
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 fn fork_from_zygote(
     zygote: &std::sync::Mutex<Option<Zygote>>,
     init: &InitCommand,
     control: &std::os::unix::net::UnixStream,
-) -> Option<SpawnedInit> {
+) -> Option<ForkedInit> {
     use std::os::fd::AsRawFd;
     let (out_r, out_w) = output_pipe().ok()?;
     let (err_r, err_w) = output_pipe().ok()?;
@@ -302,11 +355,10 @@ fn fork_from_zygote(
         let z = slot.as_ref()?;
         match z.fork(&[control.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()]) {
             Ok(pid) => {
-                return Some(SpawnedInit {
-                    pid: Some(pid),
-                    stdout: Box::pin(out_r),
-                    stderr: Box::pin(err_r),
-                    child: None,
+                return Some(ForkedInit {
+                    pid,
+                    stdout: out_r,
+                    stderr: err_r,
                 })
             }
             // A zygote that failed is replaced (dropping it ends it).
@@ -316,9 +368,11 @@ fn fork_from_zygote(
     None
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn execute(
     caps: &HostCaps,
     zygote: Option<&std::sync::Mutex<Option<Zygote>>>,
+    prestarted: Option<Prestarted>,
     backend: &Backend,
     handle: &SandboxHandle,
     command: &StepCommand,
@@ -410,26 +464,34 @@ pub(crate) async fn execute(
         cwd: command.cwd.as_deref(),
         step_env: &controls.env,
         host_env: &caps.host_env,
-        host_uid: caps.uid,
-        host_gid: caps.gid,
-        cgroups: backend.cgroups.join_plan(),
         seccomp: seccomp.clone(),
     });
+    let prelude = prelude(caps, backend, controls.allow_network);
     let mut plan_line = serde_json::to_vec(&plan).map_err(spawn_err)?;
     plan_line.push(b'\n');
 
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
     let started = Instant::now();
-    let spawned = spawn_init(zygote, init, theirs)?;
+    // The init started at `create`, when there is one for this very prelude; else one now,
+    // sent the prelude and the plan together.
+    let (ours, spawned) = match prestarted.filter(|p| p.prelude == prelude) {
+        Some(p) => (p.control, p.init.into_spawned()?),
+        None => {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
+            let spawned = spawn_init(zygote, init, theirs)?;
+            let mut line = serde_json::to_vec(&prelude).map_err(spawn_err)?;
+            line.push(b'\n');
+            plan_line.splice(0..0, line);
+            (ours, spawned)
+        }
+    };
     let init_pid = spawned.pid;
     let (stdout, stderr) = (spawned.stdout, spawned.stderr);
     ours.set_nonblocking(true).map_err(spawn_err)?;
     let ours = tokio::net::UnixStream::from_std(ours).map_err(spawn_err)?;
     let (status_rd, mut control_wr) = ours.into_split();
-    control_wr
-        .write_all(&plan_line)
-        .await
-        .map_err(|e| spawn_err(format!("sending the plan: {e}")))?;
+    // An init that failed before reading the plan (say, making the namespaces at `create`) has
+    // reported why and closed its socket: the write fails, and its report is the error.
+    let sent = control_wr.write_all(&plan_line).await;
 
     let log = Mutex::new(Vec::new());
     let over = Notify::new();
@@ -518,6 +580,9 @@ pub(crate) async fn execute(
             });
         }
     }
+    if let Err(e) = sent {
+        return Err(spawn_err(format!("sending the plan: {e}")));
+    }
     let exit_code = exit.and_then(|e| e["code"].as_i64()).map(|c| c as i32);
     let signal = exit.and_then(|e| e["signal"].as_i64()).map(|s| s as i32);
 
@@ -595,6 +660,16 @@ pub(crate) async fn execute(
     }
     persist(backend, &outcome, lines, result_problem.as_deref())?;
     Ok(outcome)
+}
+
+/// The prelude of this sandbox's init (see [`plan::Prelude`]).
+pub(crate) fn prelude(caps: &HostCaps, backend: &Backend, allow_network: bool) -> plan::Prelude {
+    plan::Prelude::new(
+        caps.uid,
+        caps.gid,
+        backend.cgroups.join_plan(),
+        allow_network,
+    )
 }
 
 /// Writes the NDJSON log (lines, then the exit record) and the outcome for `collect`.

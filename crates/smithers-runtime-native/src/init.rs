@@ -1,5 +1,5 @@
-//! The in-sandbox init: a small, single-threaded program (no tokio, no threads) that executes an
-//! [`InitPlan`]. It runs as a separate process so that nothing is forked from the runtime's
+//! The in-sandbox init: a small, single-threaded program (no tokio, no threads) that executes a
+//! [`Prelude`] and an [`InitPlan`]. It runs as a separate process so that nothing is forked from the runtime's
 //! multithreaded process. P0 is either executed from the binary or, by default, forked from
 //! the runtime's zygote (the same binary in `--zygote` mode, see `crate::zygote`), which hands
 //! it the same three descriptors: from there on both are identical.
@@ -7,8 +7,9 @@
 //! Process tree and protocol:
 //!
 //! ```text
-//! runtime ──socket (fd 0)──► P0  init, host pid ns: opens the cgroups, unshares user (+maps)
-//!                            │   and the other namespaces, forks P1 (into the v2 cgroup), then
+//! runtime ──socket (fd 0)──► P0  init, host pid ns: reads the prelude, opens the cgroups,
+//!                            │   unshares user (+maps) and the other namespaces, reads the
+//!                            │   plan, forks P1 (into the v2 cgroup), then
 //!                            │   only waits: a "k" byte or EOF on fd 0 (the runtime died) →
 //!                            │   SIGKILL P1; once P1 is gone it closes its descriptors.
 //!                            └► P1  pid 1 of the new pid ns: moves itself into the v1 cgroups
@@ -19,7 +20,9 @@
 //!                               └► P2  the command (stdin /dev/null, stdout/stderr = runtime's pipes)
 //! ```
 //!
-//! Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
+//! The runtime sends two JSON lines on fd 0: the prelude, then the plan. It may send the
+//! prelude at `create` and the plan only at `execute` (see `exec::prestart`): P0 makes the
+//! namespaces in between. Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
 //! `{"event":"exit","code":N}` / `{"event":"exit","signal":N}`, `{"event":"error",...}`.
 //! Because P1 is the pid namespace's init, its death kills every process of the sandbox
 //! (double-forked, setsid'd, SIGTERM-ignoring ones too), and P0's `waitpid` on it returns
@@ -30,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::plan::{InitPlan, LandlockPlan, MountAttrs, MountOp, TargetKind, PLAN_VERSION};
+use crate::plan::{InitPlan, LandlockPlan, MountAttrs, MountOp, Prelude, TargetKind, PLAN_VERSION};
 use crate::sys::{self, cpath, cstring, SysError, SysResult};
 
 /// The control/status socket the runtime passes as stdin.
@@ -77,63 +80,98 @@ fn report_error(stage: &str, err: &SysError) {
     }));
 }
 
-/// Reads the plan line from fd 0; returns it and any bytes that followed it (control bytes).
-fn read_plan() -> Result<(InitPlan, Vec<u8>), String> {
-    let mut buf = Vec::with_capacity(16 * 1024);
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        // SAFETY: `chunk` is a valid writable buffer of the given length.
-        let n = unsafe { libc::read(CONTROL_FD, chunk.as_mut_ptr().cast(), chunk.len()) };
-        if n < 0 {
-            if sys::errno() == libc::EINTR {
-                continue;
+/// Fd 0 read line by line: the prelude, then the plan; what follows the plan (control bytes
+/// sent early) is kept for `supervise`.
+#[derive(Default)]
+struct ControlReader {
+    buf: Vec<u8>,
+}
+
+impl ControlReader {
+    /// The next line, without its newline.
+    fn line(&mut self, what: &str) -> Result<Vec<u8>, String> {
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let rest = self.buf.split_off(pos + 1);
+                let mut line = std::mem::replace(&mut self.buf, rest);
+                line.pop();
+                return Ok(line);
             }
-            return Err(format!(
-                "reading the plan: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        if n == 0 {
-            return Err("the runtime closed the control socket before sending a plan".into());
-        }
-        buf.extend_from_slice(&chunk[..n as usize]);
-        if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-            let rest = buf.split_off(pos + 1);
-            // The version first: a plan from another build may not parse as ours at all, and
-            // "another build" is what the user needs to hear.
-            #[derive(serde::Deserialize)]
-            struct Version {
-                version: u32,
+            if self.buf.len() > 64 << 20 {
+                return Err(format!("the {what} exceeds 64 MiB"));
             }
-            let version = serde_json::from_slice::<Version>(&buf[..pos])
-                .map_err(|e| format!("the plan is not valid: {e}"))?
-                .version;
-            if version != PLAN_VERSION {
+            // SAFETY: `chunk` is a valid writable buffer of the given length.
+            let n = unsafe { libc::read(CONTROL_FD, chunk.as_mut_ptr().cast(), chunk.len()) };
+            if n < 0 {
+                if sys::errno() == libc::EINTR {
+                    continue;
+                }
                 return Err(format!(
-                    "plan version {version} but this init speaks {PLAN_VERSION}: the init binary is from another build of smithers-sandbox than the runtime (rebuild it, or remove a stale smithers-sandbox-init next to the runtime, or point ${} at the right one)",
-                    crate::INIT_ENV
+                    "reading the {what}: {}",
+                    std::io::Error::last_os_error()
                 ));
             }
-            let plan: InitPlan = serde_json::from_slice(&buf[..pos])
-                .map_err(|e| format!("the plan is not valid: {e}"))?;
-            return Ok((plan, rest));
+            if n == 0 {
+                return Err(format!(
+                    "the runtime closed the control socket before sending the {what}"
+                ));
+            }
+            self.buf.extend_from_slice(&chunk[..n as usize]);
         }
-        if buf.len() > 64 << 20 {
-            return Err("the plan exceeds 64 MiB".into());
+    }
+
+    fn prelude(&mut self) -> Result<Prelude, String> {
+        let line = self.line("prelude")?;
+        // The version first: a prelude from another build may not parse as ours at all, and
+        // "another build" is what the user needs to hear.
+        #[derive(serde::Deserialize)]
+        struct Version {
+            version: u32,
         }
+        let version = serde_json::from_slice::<Version>(&line)
+            .map_err(|e| format!("the prelude is not valid: {e}"))?
+            .version;
+        if version != PLAN_VERSION {
+            return Err(format!(
+                "plan version {version} but this init speaks {PLAN_VERSION}: the init binary is from another build of smithers-sandbox than the runtime (rebuild it, or remove a stale smithers-sandbox-init next to the runtime, or point ${} at the right one)",
+                crate::INIT_ENV
+            ));
+        }
+        serde_json::from_slice(&line).map_err(|e| format!("the prelude is not valid: {e}"))
+    }
+
+    fn plan(&mut self) -> Result<InitPlan, String> {
+        let line = self.line("plan")?;
+        serde_json::from_slice(&line).map_err(|e| format!("the plan is not valid: {e}"))
     }
 }
 
 fn run_sandbox() -> i32 {
-    let (plan, pending) = match read_plan() {
+    let report_plan_error = |message: String| {
+        report(json!({"event": "error", "stage": "plan", "errno": 0, "message": message}));
+        1
+    };
+    let mut control = ControlReader::default();
+    let prelude = match control.prelude() {
         Ok(p) => p,
-        Err(message) => {
-            report(json!({"event": "error", "stage": "plan", "errno": 0, "message": message}));
+        Err(message) => return report_plan_error(message),
+    };
+    // The namespaces before the plan: when the runtime starts us at `create`, this overlaps
+    // with the rest of its work until `execute` sends the plan.
+    let cgroups = match enter_namespaces(&prelude) {
+        Ok(c) => c,
+        Err((stage, err)) => {
+            report_error(stage, &err);
             return 1;
         }
     };
-    match start(&plan) {
-        Ok(child) => supervise(child, &pending),
+    let plan = match control.plan() {
+        Ok(p) => p,
+        Err(message) => return report_plan_error(message),
+    };
+    match start(&prelude, cgroups, &plan) {
+        Ok(child) => supervise(child, &control.buf),
         Err((stage, err)) => {
             report_error(stage, &err);
             1
@@ -147,8 +185,8 @@ fn stage<T>(name: &'static str, r: SysResult<T>) -> StageResult<T> {
     r.map_err(|e| (name, e))
 }
 
-/// P0: cgroups, namespaces, fork of P1. Returns P1's pid.
-fn start(plan: &InitPlan) -> StageResult<libc::pid_t> {
+/// P0 before the plan: opens the cgroups, makes the namespaces.
+fn enter_namespaces(plan: &Prelude) -> StageResult<CgroupFds> {
     // Own session: a Ctrl-C aimed at the runtime's terminal is the runtime's to handle (it
     // cancels), it must not hit the init directly.
     // SAFETY: setsid has no memory-safety preconditions; failure (already a leader) is harmless.
@@ -190,6 +228,11 @@ fn start(plan: &InitPlan) -> StageResult<libc::pid_t> {
         flags |= libc::CLONE_NEWNET;
     }
     stage("namespaces", sys::unshare(flags, "namespaces"))?;
+    Ok(cgroups)
+}
+
+/// P0 with the plan: forks P1 into the cgroups. Returns P1's pid.
+fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &InitPlan) -> StageResult<libc::pid_t> {
     let mut joined = [0 as libc::c_int; 2];
     // SAFETY: `joined` is a valid array of two fds for pipe2 to fill.
     let ret = unsafe { libc::pipe2(joined.as_mut_ptr(), libc::O_CLOEXEC) };
@@ -202,7 +245,7 @@ fn start(plan: &InitPlan) -> StageResult<libc::pid_t> {
             close_opt(cgroups.v2_dir);
             close_opt(cgroups.v2_procs);
         }
-        let code = pid1(plan, &cgroups.v1_tasks, joined[0]);
+        let code = pid1(prelude, plan, &cgroups.v1_tasks, joined[0]);
         // SAFETY: _exit is always safe; we must not run P0's atexit state in the child.
         unsafe { libc::_exit(code) };
     }
@@ -231,7 +274,7 @@ struct CgroupFds {
     v2_procs: Option<libc::c_int>,
 }
 
-fn open_cgroups(plan: &InitPlan) -> StageResult<CgroupFds> {
+fn open_cgroups(plan: &Prelude) -> StageResult<CgroupFds> {
     fn open(path: &Path, flags: libc::c_int) -> StageResult<libc::c_int> {
         let c = cpath(path);
         // SAFETY: valid C string; the fd is closed by whichever process stops needing it.
@@ -454,7 +497,7 @@ fn supervise(child: libc::pid_t, pending: &[u8]) -> i32 {
 }
 
 /// P1, pid 1 of the sandbox. Returns the exit code of P1 itself.
-fn pid1(plan: &InitPlan, v1_tasks: &[libc::c_int], joined: libc::c_int) -> i32 {
+fn pid1(prelude: &Prelude, plan: &InitPlan, v1_tasks: &[libc::c_int], joined: libc::c_int) -> i32 {
     if let Err(e) = sys::prctl(
         libc::PR_SET_PDEATHSIG,
         libc::SIGKILL as libc::c_ulong,
@@ -467,7 +510,7 @@ fn pid1(plan: &InitPlan, v1_tasks: &[libc::c_int], joined: libc::c_int) -> i32 {
         report_error("cgroup", &e);
         return 1;
     }
-    let ready = match setup(plan, joined) {
+    let ready = match setup(plan, prelude.unshare_net, joined) {
         Ok(r) => r,
         Err((stage, err)) => {
             report_error(stage, &err);
@@ -843,7 +886,7 @@ fn read_cap_last_cap() -> u32 {
 }
 
 /// P1: build the root, pivot, drop privileges. Returns the `ready` report.
-fn setup(plan: &InitPlan, joined: libc::c_int) -> StageResult<Value> {
+fn setup(plan: &InitPlan, unshare_net: bool, joined: libc::c_int) -> StageResult<Value> {
     let last_cap = read_cap_last_cap();
     // Nothing we mount may propagate back to the host.
     stage(
@@ -875,7 +918,7 @@ fn setup(plan: &InitPlan, joined: libc::c_int) -> StageResult<Value> {
     // SAFETY: `hostname` is valid for the given length.
     let ret = unsafe { libc::sethostname(hostname.as_ptr(), plan.hostname.len()) };
     stage("hostname", sys::check(ret, || "sethostname".to_string()))?;
-    if plan.unshare_net {
+    if unshare_net {
         stage("network", lo_up())?;
     }
     stage("pivot_root", pivot(root))?;

@@ -43,7 +43,7 @@ pub mod seccomp;
 mod sys;
 mod zygote;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -188,6 +188,10 @@ pub struct NativeOptions {
     /// module) instead of executing the init binary per sandbox. Default: true; the init is
     /// executed directly when no zygote can be had.
     pub zygote: bool,
+    /// With the zygote: fork each sandbox's init at `create` and let it make the namespaces
+    /// while the runtime finishes `create`, `ship` and the start of `execute` (see
+    /// `exec::Prestarted`). Default: true; false forks it at `execute`.
+    pub prestart: bool,
 }
 
 impl Default for NativeOptions {
@@ -199,6 +203,7 @@ impl Default for NativeOptions {
             default_pids_limit: Some(4096),
             workspace: WorkspaceMode::Auto,
             zygote: true,
+            prestart: true,
         }
     }
 }
@@ -232,9 +237,17 @@ pub struct NativeRuntime {
     probe: tokio::sync::OnceCell<EnforcementReport>,
     /// Whether overlayfs works here, decided once per runtime (see `overlay_check`).
     overlay: tokio::sync::OnceCell<report::OverlayCheck>,
-    /// The zygote, started at the first execute (with `NativeOptions::zygote`).
-    zygote: std::sync::Mutex<Option<zygote::Zygote>>,
+    /// The zygote, started at the first create (with `NativeOptions::zygote`).
+    zygote: Arc<std::sync::Mutex<Option<zygote::Zygote>>>,
+    /// Inits started at `create` and not yet taken by `execute`, by sandbox state directory:
+    /// each a blocking task that asks the zygote for the fork, so that `create` does not wait
+    /// for the zygote's answer (see `exec::Prestarted`).
+    prestarted: std::sync::Mutex<HashMap<PathBuf, PendingInit>>,
 }
+
+/// An init being started at `create`; dropping it (cleanup of a sandbox that never ran) lets
+/// the task finish and drop the init, which then exits.
+type PendingInit = tokio::task::JoinHandle<Option<exec::Prestarted>>;
 
 /// The workspace a sandbox got (decided at create, kept in the handle).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -374,8 +387,13 @@ impl NativeRuntime {
             findings: tokio::sync::OnceCell::new(),
             probe: tokio::sync::OnceCell::new(),
             overlay: tokio::sync::OnceCell::new(),
-            zygote: std::sync::Mutex::new(None),
+            zygote: Arc::new(std::sync::Mutex::new(None)),
+            prestarted: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    fn prestarted(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, PendingInit>> {
+        self.prestarted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn caps(&self) -> Arc<HostCaps> {
@@ -648,7 +666,8 @@ impl NativeRuntime {
             .prepare(config, &caps, &mut backend, &request_path)
             .await;
         if let Err(e) = result {
-            let _ = cleanup_backend(&backend, None);
+            self.prestarted().remove(&backend.state_dir);
+            let _ = cleanup_backend(&backend, &[]);
             return Err(e);
         }
         Ok(SandboxHandle {
@@ -679,6 +698,30 @@ impl NativeRuntime {
             restrict_mode(&caps.layer_root)?;
             backend.layer_dir = Some(run_dir.join(&config.sandbox_id));
         }
+        let mut pids = c.pids_limit;
+        if pids.is_none() && caps.cgroups.source("pids").is_some() {
+            pids = self.options.default_pids_limit;
+        }
+        let limits = CgroupLimits {
+            memory_bytes: c.memory_limit_bytes,
+            pids,
+            cpus: c.cpu_limit,
+        };
+        backend.cgroups = caps
+            .cgroups
+            .create(&Self::cgroup_name(config), &limits)
+            .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
+        // The init now, so that it makes the namespaces while the directories below are made
+        // and `ship` and `execute` run (see `exec::Prestarted`).
+        if self.options.zygote && self.options.prestart {
+            if let Ok(init) = &caps.init {
+                let prelude = exec::prelude(caps, backend, c.allow_network);
+                let (zygote, init) = (self.zygote.clone(), init.clone());
+                let pending =
+                    tokio::task::spawn_blocking(move || exec::prestart(&zygote, &init, prelude));
+                self.prestarted().insert(backend.state_dir.clone(), pending);
+            }
+        }
         let layer = backend.layer();
         std::fs::create_dir(&layer).map_err(io_err("create", &layer))?;
         if let Some(bytes) = c.disk_limit_bytes {
@@ -706,19 +749,6 @@ impl NativeRuntime {
             std::fs::create_dir(&dir).map_err(io_err("create", &dir))?;
         }
         std::fs::create_dir_all(request_path).map_err(io_err("create", request_path))?;
-        let mut pids = c.pids_limit;
-        if pids.is_none() && caps.cgroups.source("pids").is_some() {
-            pids = self.options.default_pids_limit;
-        }
-        let limits = CgroupLimits {
-            memory_bytes: c.memory_limit_bytes,
-            pids,
-            cpus: c.cpu_limit,
-        };
-        backend.cgroups = caps
-            .cgroups
-            .create(&Self::cgroup_name(config), &limits)
-            .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
         let stored = StoredConfig {
             config: config.clone(),
             effective_pids_limit: pids,
@@ -855,8 +885,9 @@ fn remove_trees(trees: &[&Path]) -> Vec<String> {
     })
 }
 
-/// Everything `cleanup` does, also used to roll back a failed `create`.
-fn cleanup_backend(backend: &Backend, request_path: Option<&Path>) -> Result<(), RuntimeError> {
+/// Everything `cleanup` does, also used to roll back a failed `create`; `handle_dirs` are the
+/// handle's directories in the project that go too.
+fn cleanup_backend(backend: &Backend, handle_dirs: &[&Path]) -> Result<(), RuntimeError> {
     let mut problems = Vec::new();
     if backend.cgroups.populated() {
         backend
@@ -889,7 +920,7 @@ fn cleanup_backend(backend: &Backend, request_path: Option<&Path>) -> Result<(),
     // and of the state directory (a tmpfs, by default).
     let mut trees: Vec<&Path> = vec![&backend.state_dir];
     trees.extend(backend.layer_dir.as_deref());
-    trees.extend(request_path);
+    trees.extend(handle_dirs);
     problems.extend(remove_trees(&trees));
     if problems.is_empty() {
         Ok(())
@@ -1005,8 +1036,16 @@ impl Runtime for NativeRuntime {
     ) -> Result<ExecOutcome, RuntimeError> {
         let backend = Backend::from_handle(handle, "execute")?;
         let caps = self.caps();
-        let zygote = self.options.zygote.then_some(&self.zygote);
-        exec::execute(&caps, zygote, &backend, handle, command, cancel, output).await
+        let zygote = self.options.zygote.then_some(&*self.zygote);
+        let pending = self.prestarted().remove(&backend.state_dir);
+        let prestarted = match pending {
+            Some(task) => task.await.ok().flatten(),
+            None => None,
+        };
+        exec::execute(
+            &caps, zygote, prestarted, &backend, handle, command, cancel, output,
+        )
+        .await
     }
 
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
@@ -1021,7 +1060,9 @@ impl Runtime for NativeRuntime {
             Err(_) if handle.backend.is_null() => return Ok(()),
             Err(e) => return Err(e),
         };
-        cleanup_backend(&backend, Some(&handle.request_path))
+        // A sandbox that never ran: its init, reading EOF where the plan should be, exits.
+        drop(self.prestarted().remove(&backend.state_dir));
+        cleanup_backend(&backend, &[&handle.request_path])
     }
 }
 

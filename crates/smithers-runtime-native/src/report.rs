@@ -183,7 +183,7 @@ pub(crate) fn enforcement(
         ),
         row(n::CGROUP_NAMESPACE, Enforced, "", None),
     ];
-    p.push(if plan.unshare_net {
+    p.push(if !c.allow_network {
         row(
             n::NETWORK,
             Enforced,

@@ -24,7 +24,7 @@ use crate::InitCommand;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A connected `SOCK_SEQPACKET` pair, both ends close-on-exec.
-fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints for socketpair to fill.
     let ret = unsafe {
@@ -45,8 +45,9 @@ fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
 /// Room for the control message carrying up to three descriptors.
 const CMSG_SPACE_3: usize = 64;
 
-/// Sends one byte with `fds` attached (SCM_RIGHTS).
-fn send_fds(sock: RawFd, fds: &[RawFd; 3]) -> std::io::Result<()> {
+/// Sends one byte with `fds` (at most three) attached (SCM_RIGHTS); none sends the byte alone.
+pub(crate) fn send_fds(sock: RawFd, fds: &[RawFd]) -> std::io::Result<()> {
+    assert!(fds.len() <= 3, "send_fds carries at most three descriptors");
     let mut byte = [b'f'];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
@@ -58,17 +59,23 @@ fn send_fds(sock: RawFd, fds: &[RawFd; 3]) -> std::io::Result<()> {
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE only computes a size.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(payload) } as usize;
-    // SAFETY: `msg` points at `control`, which is large enough for one cmsghdr with three
-    // ints (CMSG_SPACE_3 >= CMSG_SPACE(12)); the macros stay within it.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
-        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast::<RawFd>(), 3);
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE only computes a size.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(payload) } as usize;
+        // SAFETY: `msg` points at `control`, which is large enough for one cmsghdr with up to
+        // three ints (CMSG_SPACE_3 >= CMSG_SPACE(12)); the macros stay within it.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(cmsg).cast::<RawFd>(),
+                fds.len(),
+            );
+        }
     }
     loop {
         // SAFETY: `msg` and everything it points to are valid for the call.
@@ -84,7 +91,7 @@ fn send_fds(sock: RawFd, fds: &[RawFd; 3]) -> std::io::Result<()> {
 }
 
 /// Receives one message; `None` at end of file. The descriptors are close-on-exec.
-fn recv_fds(sock: RawFd) -> std::io::Result<Option<Vec<OwnedFd>>> {
+pub(crate) fn recv_fds(sock: RawFd) -> std::io::Result<Option<Vec<OwnedFd>>> {
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
@@ -231,7 +238,7 @@ impl Zygote {
             .as_ref()
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotConnected))?
             .as_raw_fd();
-        send_fds(sock, fds)?;
+        send_fds(sock, fds.as_slice())?;
         let mut bytes = [0u8; 4];
         let n = loop {
             // SAFETY: `bytes` is a valid writable buffer of its length.

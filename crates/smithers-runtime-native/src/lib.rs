@@ -24,7 +24,7 @@
 //!
 //! # Host state of a sandbox
 //!
-//! `<state_root>/<runId>/<sandboxId>/` (outside the project; a tmpfs by default, see
+//! `<state_root>/<runId>+<sandboxId>/` (outside the project; a tmpfs by default, see
 //! [`default_state_root`]) holds the overlay's `upper/` and
 //! `work/` — or, in copy mode ([`WorkspaceMode`]), the project's copy `copy/` — (in `layer/`,
 //! a size-capped tmpfs when a disk limit is set), the new root's mount point,
@@ -558,6 +558,13 @@ impl NativeRuntime {
         Ok(())
     }
 
+    /// A sandbox's directory name under the state and layer roots: `<runId>+<sandboxId>`. Ids
+    /// are `[A-Za-z0-9._-]`, so the `+` makes the name unambiguous; one flat level, so that no
+    /// per-run directory is left behind once a run's last sandbox is cleaned up.
+    fn dir_name(config: &SandboxConfig) -> String {
+        format!("{}+{}", config.run_id, config.sandbox_id)
+    }
+
     fn cgroup_name(config: &SandboxConfig) -> String {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -636,10 +643,10 @@ impl NativeRuntime {
         let request_path = sandbox_root.join("request");
         let result_path = sandbox_root.join("result");
 
-        let run_dir = caps.state_root.join(&config.run_id);
-        std::fs::create_dir_all(&run_dir).map_err(io_err("create state directory", &run_dir))?;
+        std::fs::create_dir_all(&caps.state_root)
+            .map_err(io_err("create state directory", &caps.state_root))?;
         restrict_mode(&caps.state_root)?;
-        let state_dir = run_dir.join(&config.sandbox_id);
+        let state_dir = caps.state_root.join(Self::dir_name(config));
         match std::fs::create_dir(&state_dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -692,11 +699,10 @@ impl NativeRuntime {
     ) -> Result<(), RuntimeError> {
         let c = &config.controls;
         if c.disk_limit_bytes.is_none() && caps.layer_root != caps.state_root {
-            let run_dir = caps.layer_root.join(&config.run_id);
-            std::fs::create_dir_all(&run_dir)
-                .map_err(io_err("create layer directory", &run_dir))?;
+            std::fs::create_dir_all(&caps.layer_root)
+                .map_err(io_err("create layer directory", &caps.layer_root))?;
             restrict_mode(&caps.layer_root)?;
-            backend.layer_dir = Some(run_dir.join(&config.sandbox_id));
+            backend.layer_dir = Some(caps.layer_root.join(Self::dir_name(config)));
         }
         let mut pids = c.pids_limit;
         if pids.is_none() && caps.cgroups.source("pids").is_some() {

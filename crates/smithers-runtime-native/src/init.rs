@@ -559,6 +559,12 @@ fn supervise(child: libc::pid_t, pending: &[u8]) -> i32 {
     // for that.
     // SAFETY: close_range on our own descriptor table; nothing below uses a descriptor.
     unsafe { libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) };
+    // What is left is our own exit, and with it the teardown of the sandbox's mount
+    // namespace: work nobody waits for, which must not hold up the runtime just woken by the
+    // EOF (measured here: the runtime saw it 0.25–0.3 ms after the close at normal priority,
+    // 0.04 ms after it at the lowest).
+    // SAFETY: setpriority on ourselves; lowering our own priority needs no privilege.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
     0
 }
 
@@ -589,22 +595,15 @@ fn pid1(
         }
     };
     report(ready);
-    let exec = PreparedExec::new(plan);
-    // SAFETY: P1 is single-threaded (a child of the single-threaded P0).
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        report_error(
-            "fork",
-            &SysError {
-                op: "fork command".into(),
-                errno: sys::errno(),
-            },
-        );
-        return 1;
-    }
-    if pid == 0 {
-        exec.exec();
-    }
+    let pid = match PreparedExec::new(plan).spawn() {
+        Ok(pid) => pid,
+        // The command could not start: what a shell would print and exit with.
+        Err((code, message)) => {
+            let _ = sys::write_all_fd(2, message.as_bytes());
+            report(json!({"event": "exit", "code": code}));
+            return 0;
+        }
+    };
     let mut status = 0;
     loop {
         // SAFETY: `status` is a valid out-pointer.
@@ -1175,7 +1174,7 @@ fn restrict(plan: &InitPlan, last_cap: u32) -> StageResult<Value> {
     }))
 }
 
-/// The command, prepared before the fork.
+/// The command, prepared in P1.
 struct PreparedExec {
     candidates: Vec<CString>,
     argv: Vec<CString>,
@@ -1206,61 +1205,119 @@ impl PreparedExec {
         }
     }
 
-    fn die(&self, code: i32, what: &str, errno: i32) -> ! {
-        let msg = format!(
+    /// The message and exit code of a command that could not start, as a shell gives them.
+    fn failure(&self, code: i32, what: &str, errno: i32) -> (i32, String) {
+        let message = format!(
             "smithers-sandbox: {what} {}: {}\n",
             self.argv0,
             std::io::Error::from_raw_os_error(errno)
         );
-        let _ = sys::write_all_fd(2, msg.as_bytes());
-        // SAFETY: _exit is always safe.
-        unsafe { libc::_exit(code) }
+        (code, message)
     }
 
-    /// In P2: stdin from /dev/null, no inherited fds but 0-2, cwd, exec.
-    fn exec(&self) -> ! {
-        let _ = sys::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            "pdeathsig",
-        );
-        // SAFETY: plain syscalls on constant arguments / valid C strings.
-        unsafe {
-            libc::setsid();
-            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-            if null >= 0 {
-                libc::dup2(null, 0);
-                if null > 2 {
-                    libc::close(null);
-                }
-            } else {
-                libc::close(0);
-            }
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-        }
+    /// Starts the command (P2) with `posix_spawn`, which clones without copying P1's page
+    /// tables (glibc's CLONE_VM|CLONE_VFORK): in its own session, stdin `/dev/null`, stdout
+    /// and stderr the runtime's pipes, no other descriptor, every signal at its default
+    /// disposition and none blocked (P1 is a Rust program, which ignores SIGPIPE; a command
+    /// must not inherit that, or `yes | head` reports EPIPE instead of ending quietly). The
+    /// working directory is P1's own, set first. No death signal is needed: P1 is pid 1 of the
+    /// sandbox's pid namespace, whose death kills every process in it. Returns the pid, or the
+    /// exit code and message of a command that could not start (126, 127 for not found).
+    fn spawn(&self) -> Result<libc::pid_t, (i32, String)> {
         // SAFETY: valid C string.
         if unsafe { libc::chdir(self.cwd.as_ptr()) } < 0 {
-            self.die(126, "cannot enter the working directory for", sys::errno());
+            return Err(self.failure(126, "cannot enter the working directory for", sys::errno()));
         }
         if self.argv.is_empty() {
-            self.die(127, "empty command", libc::ENOENT);
+            return Err(self.failure(127, "empty command", libc::ENOENT));
         }
-        let mut argv: Vec<*const libc::c_char> = self.argv.iter().map(|a| a.as_ptr()).collect();
-        argv.push(std::ptr::null());
-        let mut envp: Vec<*const libc::c_char> = self.env.iter().map(|e| e.as_ptr()).collect();
-        envp.push(std::ptr::null());
-        let mut last = libc::ENOENT;
-        for candidate in &self.candidates {
-            // SAFETY: argv and envp are NULL-terminated arrays of valid C strings that live
-            // until execve either replaces the process or returns.
-            unsafe { libc::execve(candidate.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-            let e = sys::errno();
-            if e != libc::ENOENT && e != libc::ENOTDIR {
-                last = e;
+        // Everything P1 holds beyond 0-2 (none of which it needs after the spawn) ends at the
+        // command's exec. CLOSE_RANGE_CLOEXEC: Linux 5.11; before it, one fd at a time.
+        // SAFETY: close_range on our own descriptor table, only setting flags.
+        let marked = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 4u32) };
+        if marked < 0 {
+            if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+                for fd in dir
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                {
+                    if fd > 2 {
+                        // SAFETY: fcntl on a descriptor number; a stale one fails harmlessly.
+                        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+                    }
+                }
             }
         }
-        let code = if last == libc::ENOENT { 127 } else { 126 };
-        self.die(code, "cannot execute", last)
+        let mut argv: Vec<*mut libc::c_char> =
+            self.argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
+        argv.push(std::ptr::null_mut());
+        let mut envp: Vec<*mut libc::c_char> =
+            self.env.iter().map(|e| e.as_ptr().cast_mut()).collect();
+        envp.push(std::ptr::null_mut());
+        // SAFETY: the attribute and file-action objects are initialised before use and
+        // destroyed after; every pointer passed to posix_spawn (path, argv, envp, the objects)
+        // is valid for the call, and argv/envp are NULL-terminated arrays of C strings.
+        unsafe {
+            let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+            let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+            libc::posix_spawnattr_init(&mut attr);
+            libc::posix_spawn_file_actions_init(&mut actions);
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::sigemptyset(&mut none);
+            libc::posix_spawnattr_setsigdefault(&mut attr, &all);
+            libc::posix_spawnattr_setsigmask(&mut attr, &none);
+            let flags = libc::POSIX_SPAWN_SETSID
+                | libc::POSIX_SPAWN_SETSIGDEF as libc::c_short
+                | libc::POSIX_SPAWN_SETSIGMASK as libc::c_short;
+            libc::posix_spawnattr_setflags(&mut attr, flags);
+            libc::posix_spawn_file_actions_addopen(
+                &mut actions,
+                0,
+                c"/dev/null".as_ptr(),
+                libc::O_RDWR,
+                0,
+            );
+            // The PATH search of execvp: a candidate that is not there is skipped, one that
+            // cannot be executed is remembered; the last such error decides 126 over 127.
+            let mut last = libc::ENOENT;
+            let mut result = None;
+            for candidate in &self.candidates {
+                if libc::access(candidate.as_ptr(), libc::X_OK) < 0 {
+                    let e = sys::errno();
+                    if e != libc::ENOENT && e != libc::ENOTDIR {
+                        last = e;
+                    }
+                    continue;
+                }
+                let mut pid: libc::pid_t = 0;
+                let e = libc::posix_spawn(
+                    &mut pid,
+                    candidate.as_ptr(),
+                    &actions,
+                    &attr,
+                    argv.as_ptr(),
+                    envp.as_ptr(),
+                );
+                if e == 0 {
+                    result = Some(pid);
+                    break;
+                }
+                if e != libc::ENOENT && e != libc::ENOTDIR {
+                    last = e;
+                }
+            }
+            libc::posix_spawn_file_actions_destroy(&mut actions);
+            libc::posix_spawnattr_destroy(&mut attr);
+            match result {
+                Some(pid) => Ok(pid),
+                None => {
+                    let code = if last == libc::ENOENT { 127 } else { 126 };
+                    Err(self.failure(code, "cannot execute", last))
+                }
+            }
+        }
     }
 }
 

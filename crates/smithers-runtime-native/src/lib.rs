@@ -717,17 +717,6 @@ impl NativeRuntime {
             .cgroups
             .create(&Self::cgroup_name(config), &limits)
             .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
-        // The init now, so that it makes the namespaces while the directories below are made
-        // and `ship` and `execute` run (see `exec::Prestarted`).
-        if self.options.zygote && self.options.prestart {
-            if let Ok(init) = &caps.init {
-                let prelude = exec::prelude(caps, backend, c.allow_network);
-                let (zygote, init) = (self.zygote.clone(), init.clone());
-                let pending =
-                    tokio::task::spawn_blocking(move || exec::prestart(&zygote, &init, prelude));
-                self.prestarted().insert(backend.state_dir.clone(), pending);
-            }
-        }
         let layer = backend.layer();
         std::fs::create_dir(&layer).map_err(io_err("create", &layer))?;
         if let Some(bytes) = c.disk_limit_bytes {
@@ -741,6 +730,18 @@ impl NativeRuntime {
             )
             .map_err(|e| RuntimeError::spawn("mount the size-capped upper layer", e))?;
             backend.layer_tmpfs = true;
+        }
+        // The init now, so that it makes the namespaces while the directories below are made
+        // and `ship` and `execute` run (see `exec::Prestarted`); not before the layer's tmpfs
+        // is mounted: the init copies the host's mounts when it makes its mount namespace.
+        if self.options.zygote && self.options.prestart {
+            if let Ok(init) = &caps.init {
+                let prelude = exec::prelude(caps, backend, c.allow_network);
+                let (zygote, init) = (self.zygote.clone(), init.clone());
+                let pending =
+                    tokio::task::spawn_blocking(move || exec::prestart(&zygote, &init, prelude));
+                self.prestarted().insert(backend.state_dir.clone(), pending);
+            }
         }
         // The copy (copy mode) is made by ship; overlay needs its upper and work directories.
         let overlay_dirs = match backend.workspace {

@@ -192,6 +192,71 @@ async fn echo_and_exit_codes() {
     sb.done().await;
 }
 
+/// The command starts the way a shell would start it: no signal ignored or blocked (the init,
+/// a Rust program, ignores SIGPIPE), stdin `/dev/null`, nothing open beyond 0-2, its own
+/// session.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_command_starts_with_a_clean_process_state() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let (outcome, lines) = sb
+        .run(
+            "grep -E '^(SigIgn|SigBlk)' /proc/self/status; ls /proc/self/fd; \
+             readlink /proc/self/fd/0; ps -o sid= -p $$; echo pid=$$; \
+             yes | head -c 1 >/dev/null",
+        )
+        .await;
+    assert_eq!(outcome.exit_code, Some(0), "{:?}", lines.0.lock().unwrap());
+    let out = lines.stdout();
+    for mask in out.iter().filter(|l| l.starts_with("Sig")) {
+        let bits = u64::from_str_radix(mask.split_whitespace().last().unwrap(), 16).unwrap();
+        // SIGPIPE is signal 13: bit 12. (glibc keeps its two internal signals, 32 and 33.)
+        assert_eq!(bits & !(3 << 31), 0, "{mask}");
+    }
+    // ls's own directory descriptor is the only one beyond 0-2.
+    let fds: Vec<&String> = out
+        .iter()
+        .filter(|l| l.chars().all(|c| c.is_ascii_digit()))
+        .collect();
+    assert!(fds.len() <= 5, "open descriptors: {fds:?}");
+    assert!(out.contains(&"/dev/null".to_string()), "{out:?}");
+    let pid = out
+        .iter()
+        .find_map(|l| l.strip_prefix("pid="))
+        .expect("pid");
+    assert!(
+        out.iter().any(|l| l.trim() == pid),
+        "the command leads its own session: {out:?}"
+    );
+    // Not found, and not executable: the exit codes and message a shell would give.
+    for (argv0, code) in [("no-such-command-here", 127), ("/etc/passwd", 126)] {
+        let lines = Lines::default();
+        let outcome = sb
+            .rt
+            .execute(
+                &sb.handle,
+                &StepCommand {
+                    argv: vec![argv0.into()],
+                    cwd: None,
+                },
+                CancellationToken::new(),
+                &lines,
+            )
+            .await
+            .unwrap();
+        assert_eq!(outcome.exit_code, Some(code), "{argv0}");
+        let said = lines.0.lock().unwrap().clone();
+        assert!(
+            format!("{said:?}").contains(&format!("cannot execute {argv0}")),
+            "{said:?}"
+        );
+    }
+    sb.done().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn environment_cwd_request_and_result() {
     let rt = shared();

@@ -188,7 +188,13 @@ impl CgroupHost {
     /// Creates the sandbox's cgroups, applies the limits, returns the directories (the init
     /// joins them through their `cgroup.procs`). On failure nothing is left behind.
     pub fn create(&self, name: &str, limits: &CgroupLimits) -> Result<SandboxCgroups, CgroupError> {
-        let mut wanted: Vec<&str> = vec!["memory", "pids", "cpuacct"];
+        let mut wanted: Vec<&str> = vec!["memory", "pids"];
+        // CPU time: every v2 cgroup has `cpu.stat` (see `stats`), and the sandbox always has a
+        // v2 directory where the host has a v2 hierarchy; a v1 `cpuacct` cgroup is one more
+        // directory to make, join and remove per sandbox only where it has not.
+        if self.v2.is_none() {
+            wanted.push("cpuacct");
+        }
         if limits.cpus.is_some() {
             wanted.push("cpu");
         }

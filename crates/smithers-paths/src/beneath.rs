@@ -220,16 +220,22 @@ impl Beneath {
 
     /// Flushes the directory containing `rel` (after renames, for crash safety).
     pub fn sync_parent(&self, rel: &Path) -> Result<(), PathError> {
+        let dir = self.open_parent(rel)?;
+        rustix::fs::fsync(&dir).map_err(|e| self.err("sync directory of", rel, e))
+    }
+
+    /// Opens the directory containing `rel` for reading (an fsync-able descriptor), without
+    /// following any symlink.
+    pub fn open_parent(&self, rel: &Path) -> Result<OwnedFd, PathError> {
         let (parent, _) = self.parent_of(rel)?;
         // An O_PATH descriptor cannot be fsync'd: reopen the directory for reading.
-        let dir = rustix::fs::openat(
+        rustix::fs::openat(
             &parent,
             ".",
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| self.err("open directory", rel, e))?;
-        rustix::fs::fsync(&dir).map_err(|e| self.err("sync directory of", rel, e))
+        .map_err(|e| self.err("open directory", rel, e))
     }
 
     /// Opens the parent directory of `rel` without following any symlink, and returns it with

@@ -699,6 +699,79 @@ fn attr_bits(a: MountAttrs) -> u64 {
     bits
 }
 
+/// Copies a regular file of at most `max` bytes, keeping its permission bits (without
+/// setuid/setgid/sticky); anything else (gone, not a regular file, too big) is skipped. Raw
+/// syscalls on one descriptor each, about half of what `std::fs` spends on a copy: P1 makes
+/// a dozen of these for `/etc` on the path to the step's start.
+fn copy_small_file(source: &Path, dest: &Path, max: u64) -> SysResult<()> {
+    let fail = |op: &str| SysError {
+        op: format!("{op} {}", dest.display()),
+        errno: sys::errno(),
+    };
+    let src_c = cpath(source);
+    // SAFETY: valid C string; the descriptor is closed before returning.
+    let src = unsafe { libc::open(src_c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if src < 0 {
+        return Ok(());
+    }
+    let content = (|| {
+        // SAFETY: `stat` is plain old data; zeroed is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid out-pointer for fstat on our descriptor.
+        let stat = unsafe { libc::fstat(src, &mut st) };
+        if stat < 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size as u64 > max {
+            return None;
+        }
+        let mut buf = vec![0u8; st.st_size as usize + 1];
+        let mut len = 0;
+        loop {
+            // SAFETY: reading into the unused tail of `buf`.
+            let n = unsafe { libc::read(src, buf[len..].as_mut_ptr().cast(), buf.len() - len) };
+            if n < 0 && sys::errno() == libc::EINTR {
+                continue;
+            }
+            if n <= 0 {
+                break;
+            }
+            len += n as usize;
+            if len == buf.len() {
+                // Grew past its size since the fstat: over the limit, skip it.
+                return None;
+            }
+        }
+        buf.truncate(len);
+        Some((buf, st.st_mode & 0o755))
+    })();
+    // SAFETY: our descriptor.
+    unsafe { libc::close(src) };
+    let Some((content, mode)) = content else {
+        return Ok(());
+    };
+    let dst_c = cpath(dest);
+    // SAFETY: valid C string; the descriptor is closed below.
+    let dst = unsafe {
+        libc::open(
+            dst_c.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+            mode,
+        )
+    };
+    if dst < 0 {
+        return Err(fail("create"));
+    }
+    let written = sys::write_all_fd(dst, &content);
+    // The umask may have narrowed the mode at creation; say it exactly.
+    // SAFETY: fchmod on our descriptor.
+    let moded = unsafe { libc::fchmod(dst, mode) };
+    // SAFETY: our descriptor, not used after.
+    unsafe { libc::close(dst) };
+    written?;
+    if moded < 0 {
+        return Err(fail("chmod"));
+    }
+    Ok(())
+}
+
 fn mount_flags(a: MountAttrs) -> libc::c_ulong {
     let mut f = 0;
     if a.readonly {
@@ -818,31 +891,11 @@ fn apply(op: &MountOp, root: &Path) -> SysResult<()> {
             path,
             max_bytes,
         } => {
-            let Ok(meta) = std::fs::metadata(source) else {
-                return Ok(());
-            };
-            if !meta.is_file() || meta.len() > *max_bytes {
-                return Ok(());
-            }
-            let Ok(content) = std::fs::read(source) else {
-                return Ok(());
-            };
             let at = join(root, path);
             if let Some(parent) = at.parent() {
                 mkdir_p(parent, 0o755)?;
             }
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::write(&at, &content)
-                .and_then(|()| {
-                    std::fs::set_permissions(
-                        &at,
-                        std::fs::Permissions::from_mode(meta.permissions().mode() & 0o755),
-                    )
-                })
-                .map_err(|e| SysError {
-                    op: format!("copy {}", source.display()),
-                    errno: e.raw_os_error().unwrap_or(libc::EIO),
-                })
+            copy_small_file(source, &at, *max_bytes)
         }
         MountOp::Rebind {
             path,

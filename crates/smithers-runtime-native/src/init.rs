@@ -7,9 +7,9 @@
 //! Process tree and protocol:
 //!
 //! ```text
-//! runtime ──socket (fd 0)──► P0  init, host pid ns: reads the prelude, opens the cgroups,
-//!                            │   unshares user (+maps) and the other namespaces but the
-//!                            │   network one, reads the plan, forks P1 (into the v2 cgroup),
+//! runtime ──socket (fd 0)──► P0  init, host pid ns: reads the prelude, unshares user
+//!                            │   (+maps) and the other namespaces but the network one, reads
+//!                            │   the plan, opens the cgroups, forks P1 (into the v2 cgroup),
 //!                            │   makes the network namespace and hands it to P1, then
 //!                            │   only waits: a "k" byte or EOF on fd 0 (the runtime died) →
 //!                            │   SIGKILL P1; once P1 is gone it closes its descriptors.
@@ -167,16 +167,24 @@ fn run_sandbox() -> i32 {
     };
     // The namespaces before the plan: when the runtime starts us at `create`, this overlaps
     // with the rest of its work until `execute` sends the plan.
-    let cgroups = match enter_namespaces(&prelude) {
+    if let Err((stage, err)) = enter_namespaces(&prelude) {
+        report_error(stage, &err);
+        return 1;
+    }
+    let plan = match control.plan() {
+        Ok(p) => p,
+        Err(message) => return report_plan_error(message),
+    };
+    // The cgroups exist once the plan comes (the runtime makes them in `create`, perhaps
+    // after starting us). Opened in the user namespace: the files are the host user's (or
+    // root's, for root), which the open and the kernel's check of a cgroup write (against
+    // the opener's credentials) both go by.
+    let cgroups = match open_cgroups(&prelude) {
         Ok(c) => c,
         Err((stage, err)) => {
             report_error(stage, &err);
             return 1;
         }
-    };
-    let plan = match control.plan() {
-        Ok(p) => p,
-        Err(message) => return report_plan_error(message),
     };
     match start(&prelude, cgroups, &plan) {
         Ok(child) => supervise(child, &control.buf),
@@ -193,8 +201,8 @@ fn stage<T>(name: &'static str, r: SysResult<T>) -> StageResult<T> {
     r.map_err(|e| (name, e))
 }
 
-/// P0 before the plan: opens the cgroups, makes the namespaces.
-fn enter_namespaces(plan: &Prelude) -> StageResult<CgroupFds> {
+/// P0 before the plan: makes the namespaces.
+fn enter_namespaces(plan: &Prelude) -> StageResult<()> {
     // Own session: a Ctrl-C aimed at the runtime's terminal is the runtime's to handle (it
     // cancels), it must not hit the init directly.
     // SAFETY: setsid has no memory-safety preconditions; failure (already a leader) is harmless.
@@ -205,9 +213,6 @@ fn enter_namespaces(plan: &Prelude) -> StageResult<CgroupFds> {
     // exactly instead: the kernel closes the runtime's end of the control socket when the
     // process dies, and `supervise` answers that EOF with SIGKILL to pid 1. P1 and the command
     // do use PDEATHSIG: their parents are single-threaded.
-    // Opened now, used after the fork: the open checks our host credentials before we enter
-    // the user namespace (and the kernel checks a cgroup write against the opener's).
-    let cgroups = open_cgroups(plan)?;
     stage(
         "userns",
         sys::unshare(libc::CLONE_NEWUSER, "user namespace"),
@@ -232,8 +237,7 @@ fn enter_namespaces(plan: &Prelude) -> StageResult<CgroupFds> {
     )?;
     // The network namespace comes later, from `start` (see there).
     let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
-    stage("namespaces", sys::unshare(flags, "namespaces"))?;
-    Ok(cgroups)
+    stage("namespaces", sys::unshare(flags, "namespaces"))
 }
 
 /// P0 with the plan: forks P1 into the cgroups. Returns P1's pid. P1 parses the plan (a

@@ -565,6 +565,19 @@ impl NativeRuntime {
         format!("{}+{}", config.run_id, config.sandbox_id)
     }
 
+    /// Starts the sandbox's init ahead of `execute` on a blocking task (with the zygote and
+    /// `NativeOptions::prestart`).
+    fn prestart(&self, caps: &HostCaps, backend: &Backend, allow_network: bool) {
+        if !(self.options.zygote && self.options.prestart) {
+            return;
+        }
+        let Ok(init) = &caps.init else { return };
+        let prelude = exec::prelude(caps, backend, allow_network);
+        let (zygote, init) = (self.zygote.clone(), init.clone());
+        let pending = tokio::task::spawn_blocking(move || exec::prestart(&zygote, &init, prelude));
+        self.prestarted().insert(backend.state_dir.clone(), pending);
+    }
+
     fn cgroup_name(config: &SandboxConfig) -> String {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -713,9 +726,15 @@ impl NativeRuntime {
             pids,
             cpus: c.cpu_limit,
         };
-        backend.cgroups = caps
-            .cgroups
-            .create(&Self::cgroup_name(config), &limits)
+        backend.cgroups = caps.cgroups.layout(&Self::cgroup_name(config), &limits);
+        // The init now, so that it makes the namespaces while the cgroups and directories
+        // below are made and `ship` and `execute` run (see `exec::Prestarted`); it opens the
+        // cgroups only once it has the plan, which `execute` sends after `create`.
+        if c.disk_limit_bytes.is_none() {
+            self.prestart(caps, backend, c.allow_network);
+        }
+        caps.cgroups
+            .make(&backend.cgroups, &limits)
             .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
         let layer = backend.layer();
         std::fs::create_dir(&layer).map_err(io_err("create", &layer))?;
@@ -731,17 +750,10 @@ impl NativeRuntime {
             .map_err(|e| RuntimeError::spawn("mount the size-capped upper layer", e))?;
             backend.layer_tmpfs = true;
         }
-        // The init now, so that it makes the namespaces while the directories below are made
-        // and `ship` and `execute` run (see `exec::Prestarted`); not before the layer's tmpfs
-        // is mounted: the init copies the host's mounts when it makes its mount namespace.
-        if self.options.zygote && self.options.prestart {
-            if let Ok(init) = &caps.init {
-                let prelude = exec::prelude(caps, backend, c.allow_network);
-                let (zygote, init) = (self.zygote.clone(), init.clone());
-                let pending =
-                    tokio::task::spawn_blocking(move || exec::prestart(&zygote, &init, prelude));
-                self.prestarted().insert(backend.state_dir.clone(), pending);
-            }
+        // With a disk limit, the init starts only now: it copies the host's mounts when it
+        // makes its mount namespace, and must see the layer's tmpfs.
+        if c.disk_limit_bytes.is_some() {
+            self.prestart(caps, backend, c.allow_network);
         }
         // The copy (copy mode) is made by ship; overlay needs its upper and work directories.
         let overlay_dirs = match backend.workspace {

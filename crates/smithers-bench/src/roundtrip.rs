@@ -32,27 +32,36 @@ pub const PHASES: [&str; 5] = ["create", "ship", "execute", "collect", "cleanup"
 
 impl RoundTrip {
     pub fn native(project: &Path, _scratch: &Path) -> anyhow::Result<Self> {
-        let runtime = smithers_runtime_native::NativeRuntime::new(Default::default());
-        Self::new(Arc::new(runtime), RuntimeKind::Bubblewrap, project, None)
+        Self::native_with(project, Default::default())
     }
 
     /// The native runtime executing its init binary for every sandbox (no zygote).
     pub fn native_without_zygote(project: &Path) -> anyhow::Result<Self> {
-        let runtime =
-            smithers_runtime_native::NativeRuntime::new(smithers_runtime_native::NativeOptions {
+        Self::native_with(
+            project,
+            smithers_runtime_native::NativeOptions {
                 zygote: false,
                 ..Default::default()
-            });
-        Self::new(Arc::new(runtime), RuntimeKind::Bubblewrap, project, None)
+            },
+        )
     }
 
     /// The native runtime forking each sandbox's init at `execute` rather than at `create`.
     pub fn native_without_prestart(project: &Path) -> anyhow::Result<Self> {
-        let runtime =
-            smithers_runtime_native::NativeRuntime::new(smithers_runtime_native::NativeOptions {
+        Self::native_with(
+            project,
+            smithers_runtime_native::NativeOptions {
                 prestart: false,
                 ..Default::default()
-            });
+            },
+        )
+    }
+
+    fn native_with(
+        project: &Path,
+        options: smithers_runtime_native::NativeOptions,
+    ) -> anyhow::Result<Self> {
+        let runtime = smithers_runtime_native::NativeRuntime::new(options);
         Self::new(Arc::new(runtime), RuntimeKind::Bubblewrap, project, None)
     }
 

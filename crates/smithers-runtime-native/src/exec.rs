@@ -517,7 +517,14 @@ pub(crate) async fn execute(
         let mut lines = BufReader::new(status_rd).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                // `exit` is the last word: every other sandbox process is gone by then (see
+                // crate::init); the init's own exit and the namespaces' teardown go on
+                // without us.
+                let last = v["event"] == "exit";
                 events.push(v);
+                if last {
+                    break;
+                }
             }
         }
         finished.notify_one();
@@ -560,9 +567,9 @@ pub(crate) async fn execute(
         status_fut,
         control_fut
     );
-    // The init has reported and closed its descriptors: every sandbox process is gone. What
-    // is left of P0 is the kernel tearing down its namespaces, which the runtime need not
-    // wait for; it is reaped in the background.
+    // The init has reported `exit` (every other sandbox process is gone) or closed its
+    // descriptors. What is left is its own exit and the kernel tearing down the namespaces,
+    // which the runtime need not wait for; an executed init is reaped in the background.
     if let Some(mut child) = spawned.child {
         tokio::spawn(async move {
             let _ = child.wait().await;
@@ -570,9 +577,11 @@ pub(crate) async fn execute(
     }
     let duration = started.elapsed();
 
-    // Belt and braces: the pid namespace is gone, so the cgroups should be empty. If anything
-    // escaped into them (it cannot leave a pid namespace, but be sure), kill it now.
-    if cgroups.populated() {
+    // Without an `exit` report (a kill, a failure), belt and braces: the pid namespace is
+    // gone, so the cgroups should be empty. If anything escaped into them (it cannot leave a
+    // pid namespace, but be sure), kill it now. After one, the init alone is left, exiting.
+    let reported_exit = events.iter().any(|e| e["event"] == "exit");
+    if !reported_exit && cgroups.populated() {
         cgroups.kill_and_wait(KILL_GRACE);
     }
     let stats = cgroups.stats();

@@ -311,6 +311,12 @@ struct Backend {
     /// (no disk limit, state root elsewhere). Absent in older handles.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     layer_dir: Option<PathBuf>,
+    /// The disk-backed layer is the overlay's work directory itself, with the upper directory
+    /// beside it (`<layer>.upper`) rather than both inside it: one directory level fewer to
+    /// make and to remove, and removing a directory waits for a discard on this project's
+    /// disks. False in older handles (`upper/` and `work/` inside the layer).
+    #[serde(default)]
+    flat_layer: bool,
     cgroups: SandboxCgroups,
     /// Overlay or copy (absent in handles from before copy mode: overlay).
     #[serde(default)]
@@ -330,10 +336,20 @@ impl Backend {
             .unwrap_or_else(|| self.state_dir.join("layer"))
     }
     fn upper(&self) -> PathBuf {
-        self.layer().join("upper")
+        match (&self.layer_dir, self.flat_layer) {
+            (Some(layer), true) => {
+                let mut name = layer.as_os_str().to_owned();
+                name.push(".upper");
+                PathBuf::from(name)
+            }
+            _ => self.layer().join("upper"),
+        }
     }
     fn work(&self) -> PathBuf {
-        self.layer().join("work")
+        match (&self.layer_dir, self.flat_layer) {
+            (Some(layer), true) => layer.clone(),
+            _ => self.layer().join("work"),
+        }
     }
     /// The workspace copy (copy mode), in the layer so that a disk limit caps it too.
     fn copy(&self) -> PathBuf {
@@ -679,6 +695,7 @@ impl NativeRuntime {
             root_dir: root_dir.clone(),
             layer_tmpfs: false,
             layer_dir: None,
+            flat_layer: false,
             cgroups: SandboxCgroups::default(),
             workspace,
         };
@@ -716,6 +733,7 @@ impl NativeRuntime {
                 .map_err(io_err("create layer directory", &caps.layer_root))?;
             restrict_mode(&caps.layer_root)?;
             backend.layer_dir = Some(caps.layer_root.join(Self::dir_name(config)));
+            backend.flat_layer = true;
         }
         let mut pids = c.pids_limit;
         if pids.is_none() && caps.cgroups.source("pids").is_some() {
@@ -757,7 +775,11 @@ impl NativeRuntime {
         }
         // The copy (copy mode) is made by ship; overlay needs its upper and work directories.
         let overlay_dirs = match backend.workspace {
-            WorkspaceState::Overlay => vec![backend.upper(), backend.work()],
+            // (A flat layer is the work directory: made above.)
+            WorkspaceState::Overlay => [backend.upper(), backend.work()]
+                .into_iter()
+                .filter(|d| *d != layer)
+                .collect(),
             WorkspaceState::Copy { .. } => vec![],
         };
         for dir in
@@ -941,8 +963,11 @@ fn cleanup_backend(backend: &Backend, handle_dirs: &[&Path]) -> Result<(), Runti
     // tmpfs, by default), then the emptied layer directory.
     let layer = backend.layer_dir.clone();
     let mut trees: Vec<PathBuf> = handle_dirs.iter().map(|d| d.to_path_buf()).collect();
-    if layer.is_some() {
-        trees.extend([backend.upper(), backend.work(), backend.copy()]);
+    match (&layer, backend.flat_layer) {
+        // The layer (the work directory, or the copy's parent) and the upper beside it.
+        (Some(layer), true) => trees.extend([layer.clone(), backend.upper()]),
+        (Some(_), false) => trees.extend([backend.upper(), backend.work(), backend.copy()]),
+        (None, _) => {}
     }
     let removals = beside(trees.into_iter().map(|tree| {
         move || {

@@ -145,11 +145,16 @@ impl Sandbox {
     /// The overlay's upper layer: on the layer root (disk) by default, else in the state
     /// directory.
     fn upper(&self) -> PathBuf {
-        match self.handle.backend["layerDir"].as_str() {
-            Some(layer) => PathBuf::from(layer),
-            None => PathBuf::from(self.handle.backend["stateDir"].as_str().unwrap()).join("layer"),
+        let b = &self.handle.backend;
+        match (
+            b["layerDir"].as_str(),
+            b["flatLayer"].as_bool() == Some(true),
+        ) {
+            // A flat layer has its upper directory beside it.
+            (Some(layer), true) => PathBuf::from(format!("{layer}.upper")),
+            (Some(layer), false) => PathBuf::from(layer).join("upper"),
+            (None, _) => PathBuf::from(b["stateDir"].as_str().unwrap()).join("layer/upper"),
         }
-        .join("upper")
     }
 
     /// Cleans up (twice: idempotent) and hands back the project directory.

@@ -25,10 +25,13 @@
 //! # Host state of a sandbox
 //!
 //! `<state_root>/<runId>+<sandboxId>/` (outside the project; a tmpfs by default, see
-//! [`default_state_root`]) holds the overlay's `upper/` and
-//! `work/` — or, in copy mode ([`WorkspaceMode`]), the project's copy `copy/` — (in `layer/`,
-//! a size-capped tmpfs when a disk limit is set), the new root's mount point,
-//! `/result`'s artifacts, the step's result file, the output log and the outcome. The handle's
+//! [`default_state_root`]) holds the new root's mount point, `/result`'s artifacts, the step's
+//! result file, the output log and the outcome; with a disk limit also the workspace layer,
+//! `layer/`: a size-capped tmpfs with the overlay's `upper/` and `work/`, or in copy mode
+//! ([`WorkspaceMode`]) the project's copy `copy/`. Without a disk limit the layer is on disk
+//! (see `NativeOptions::layer_root`): `<layer_root>/<runId>+<sandboxId>/` is the overlay's work
+//! directory (or holds `copy/`), with the upper directory beside it as its name plus
+//! `.upper`. The handle's
 //! `sandbox_root` is the spec's `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/` with
 //! `request/` and the bundle in `result/`.
 

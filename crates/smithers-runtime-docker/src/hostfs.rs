@@ -4,7 +4,7 @@
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use rustix::fs::{Mode, OFlags};
 use smithers_runtime::RuntimeError;
@@ -130,79 +130,6 @@ fn read_at(dirfd: &rustix::fd::OwnedFd, rel: &Path, max: u64) -> Option<Vec<u8>>
     (buf.len() as u64 <= max).then_some(buf)
 }
 
-/// One file found under `/result/artifacts`.
-#[derive(Debug)]
-pub(crate) struct Artifact {
-    /// Path relative to the artifacts directory, POSIX.
-    pub rel: String,
-    pub content: Vec<u8>,
-}
-
-/// Walks the artifacts directory (`/result` inside) without following links. Symlinks and special files are not
-/// artifacts: they are reported in `skipped` (the caller logs them) rather than followed.
-/// Bounded by `max_files` and `max_bytes`; past them the walk stops and says so in `skipped`.
-pub(crate) fn collect_artifacts(
-    root: &Path,
-    max_files: usize,
-    max_bytes: u64,
-) -> (Vec<Artifact>, Vec<String>) {
-    let mut found = Vec::new();
-    let mut skipped = Vec::new();
-    match std::fs::symlink_metadata(root) {
-        Ok(md) if md.file_type().is_dir() => {}
-        _ => return (found, skipped),
-    }
-    let mut total = 0u64;
-    let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
-    while let Some(rel_dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(root.join(&rel_dir)) else {
-            continue;
-        };
-        let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
-        entries.sort_by_key(|e| e.file_name());
-        for entry in entries {
-            let rel = rel_dir.join(entry.file_name());
-            let rel_text = rel.to_string_lossy().into_owned();
-            let Ok(ft) = entry.file_type() else { continue };
-            if ft.is_dir() {
-                stack.push(rel);
-            } else if ft.is_file() {
-                if found.len() >= max_files {
-                    skipped.push(format!(
-                        "{rel_text}: more than {max_files} artifacts (SANDBOX_MAX_PATCH_FILES limit)"
-                    ));
-                    continue;
-                }
-                let Ok(dirfd) = rustix::fs::open(
-                    root,
-                    OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-                    Mode::empty(),
-                ) else {
-                    continue;
-                };
-                match read_at(&dirfd, &rel, max_bytes.saturating_sub(total)) {
-                    Some(content) => {
-                        total += content.len() as u64;
-                        found.push(Artifact {
-                            rel: rel_text,
-                            content,
-                        });
-                    }
-                    None => skipped.push(format!(
-                        "{rel_text}: unreadable, replaced during the walk, or over the bundle size limit"
-                    )),
-                }
-            } else {
-                skipped.push(format!(
-                    "{rel_text}: not a regular file (symlinks and special files are not artifacts)"
-                ));
-            }
-        }
-    }
-    found.sort_by(|a, b| a.rel.cmp(&b.rel));
-    (found, skipped)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,14 +150,6 @@ mod tests {
             Some(&b"{}"[..])
         );
         assert_eq!(read_untrusted_file(&out, "result.json", 1), None);
-
-        std::fs::create_dir_all(out.join("artifacts/sub")).unwrap();
-        std::fs::write(out.join("artifacts/sub/a.txt"), b"a").unwrap();
-        std::os::unix::fs::symlink(&secret, out.join("artifacts/leak")).unwrap();
-        let (found, skipped) = collect_artifacts(&out.join("artifacts"), 10, 1 << 20);
-        assert_eq!(found.len(), 1);
-        assert_eq!(found[0].rel, "sub/a.txt");
-        assert!(skipped.iter().any(|s| s.starts_with("leak")));
     }
 
     #[test]

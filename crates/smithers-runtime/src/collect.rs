@@ -6,13 +6,16 @@
 use std::path::Path;
 
 use serde_json::Value;
-use smithers_bundle::{BundleFile, BundleStatus, DiffBundle, DiffOperation, DiffPatch};
+use smithers_bundle::{
+    write_bundle, BundleFile, BundleStatus, DiffBundle, DiffOperation, DiffPatch, WriteParams,
+    SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES,
+};
 use smithers_patch::{
     build_patch_files, detect_changes, detect_changes_by_compare, ChangeSet, DetectOptions,
     Operation,
 };
 
-use crate::{ExecOutcome, RuntimeError, Termination};
+use crate::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle, Termination};
 
 /// Where the step's writes are, relative to the project (the untouched lower tree).
 #[derive(Debug, Clone, Copy)]
@@ -134,9 +137,192 @@ pub fn workspace_bundle(
     })
 }
 
+/// Where a copy-on-write backend's sandbox left what goes into its result bundle.
+#[derive(Debug, Clone, Copy)]
+pub struct BundleSources<'a> {
+    /// The project (the overlay's lower layer, never written).
+    pub project: &'a Path,
+    pub layer: WorkspaceLayer<'a>,
+    pub outcome: Option<&'a ExecOutcome>,
+    /// The step gave a result that broke a limit (the log says which): the step failed.
+    pub result_rejected: bool,
+    /// What the step left in `/result` (untrusted).
+    pub artifacts: &'a Path,
+    /// The NDJSON log of the run, appended to here with what the bundle had to leave out.
+    pub log: &'a Path,
+    /// More notes for the end of the log.
+    pub notes: &'a [String],
+}
+
+/// Writes the result bundle of a copy-on-write backend's sandbox at `handle.result_path`
+/// (which the caller has cleared of an earlier bundle): status and patches from
+/// [`workspace_bundle`], the step's outputs, its artifacts (within the bundle's limits) and
+/// the log. What cannot go in (an artifact over a limit or not a regular file, a change no
+/// patch can carry) is noted at the end of the log, never silently dropped.
+pub fn write_workspace_bundle(
+    handle: &SandboxHandle,
+    from: BundleSources<'_>,
+) -> Result<CollectReport, RuntimeError> {
+    let bundle = workspace_bundle(from.project, from.layer, from.outcome, from.result_rejected)?;
+    let budget = SANDBOX_MAX_BUNDLE_BYTES.saturating_sub(bundle.patch_bytes);
+    let (artifacts, skipped) = collect_artifacts(from.artifacts, SANDBOX_MAX_PATCH_FILES, budget);
+    let mut notes: Vec<String> = from.notes.to_vec();
+    notes.extend(
+        skipped
+            .into_iter()
+            .map(|s| format!("artifact skipped: {s}")),
+    );
+    notes.extend(bundle.changes.skipped.iter().map(|s| {
+        format!(
+            "change not representable as a patch: {}: {}",
+            s.path, s.reason
+        )
+    }));
+    if !notes.is_empty() {
+        append_notes(from.log, &notes)?;
+    }
+    let patch_count = bundle.patches.len();
+    let mut params = WriteParams::new(&handle.result_path, bundle.status);
+    params.run_id = Some(handle.run_id.clone());
+    params.output = from
+        .outcome
+        .and_then(|o| o.result.as_ref())
+        .and_then(|r| r.get("outputs").cloned());
+    params.patches = bundle.patches;
+    params.artifacts = artifacts;
+    params.stream_log_path = from.log.is_file().then(|| from.log.to_path_buf());
+    params.diff_bundle = bundle.diff_bundle;
+    write_bundle(&params).map_err(|e| RuntimeError::inner("write the result bundle", &e))?;
+    Ok(CollectReport {
+        bundle_path: handle.result_path.clone(),
+        patch_count,
+        ignored_paths: bundle
+            .changes
+            .ignored
+            .iter()
+            .map(|i| i.path.clone())
+            .collect(),
+    })
+}
+
+fn append_notes(log: &Path, notes: &[String]) -> Result<(), RuntimeError> {
+    use std::io::Write;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| RuntimeError::io("append log", log, e))?;
+    for n in notes {
+        let rec = serde_json::json!({"kind": "note", "message": n, "timestampMs": now});
+        writeln!(f, "{rec}").map_err(|e| RuntimeError::io("append log", log, e))?;
+    }
+    Ok(())
+}
+
+/// The artifacts under `root` (the step's `/result`, untrusted) as `artifacts/<relative>`
+/// bundle files, in path order, and what was left out. No link is followed: symlinks and
+/// special files are not artifacts. Past `max_files` files or `max_bytes` bytes the rest is
+/// left out too; each is said in the second list.
+pub fn collect_artifacts(
+    root: &Path,
+    max_files: usize,
+    max_bytes: u64,
+) -> (Vec<BundleFile>, Vec<String>) {
+    let mut found: Vec<BundleFile> = Vec::new();
+    let mut skipped = Vec::new();
+    match std::fs::symlink_metadata(root) {
+        Ok(md) if md.file_type().is_dir() => {}
+        _ => return (found, skipped),
+    }
+    let mut total = 0u64;
+    let mut stack: Vec<std::path::PathBuf> = vec![std::path::PathBuf::new()];
+    while let Some(rel_dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(root.join(&rel_dir)) else {
+            continue;
+        };
+        let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let rel = rel_dir.join(entry.file_name());
+            let rel_text = rel.to_string_lossy().into_owned();
+            let Ok(ft) = entry.file_type() else { continue };
+            if ft.is_dir() {
+                stack.push(rel);
+            } else if ft.is_file() {
+                if found.len() >= max_files {
+                    skipped.push(format!(
+                        "{rel_text}: more than {max_files} artifacts (SANDBOX_MAX_PATCH_FILES limit)"
+                    ));
+                    continue;
+                }
+                match read_regular_nofollow(&root.join(&rel), max_bytes.saturating_sub(total)) {
+                    Some(content) => {
+                        total += content.len() as u64;
+                        found.push(BundleFile::new(format!("artifacts/{rel_text}"), content));
+                    }
+                    None => skipped.push(format!(
+                        "{rel_text}: unreadable, replaced during the walk, or over the bundle size limit"
+                    )),
+                }
+            } else {
+                skipped.push(format!(
+                    "{rel_text}: not a regular file (symlinks and special files are not artifacts)"
+                ));
+            }
+        }
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    (found, skipped)
+}
+
+/// A regular file of at most `max` bytes, opened without following a link (and without
+/// waiting on a fifo swapped in), else None.
+fn read_regular_nofollow(path: &Path, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let md = file.metadata().ok()?;
+    if !md.file_type().is_file() || md.len() > max {
+        return None;
+    }
+    let mut buf = Vec::with_capacity(md.len() as usize);
+    file.take(max + 1).read_to_end(&mut buf).ok()?;
+    (buf.len() as u64 <= max).then_some(buf)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn artifacts_never_follow_links_and_keep_to_the_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, b"host secret").unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir_all(out.join("artifacts/sub")).unwrap();
+        std::fs::write(out.join("artifacts/sub/a.txt"), b"a").unwrap();
+        std::os::unix::fs::symlink(&secret, out.join("artifacts/leak")).unwrap();
+        let (found, skipped) = collect_artifacts(&out.join("artifacts"), 10, 1 << 20);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].path, "artifacts/sub/a.txt");
+        assert!(skipped.iter().any(|s| s.starts_with("leak")));
+        std::fs::write(out.join("artifacts/b.txt"), b"bb").unwrap();
+        let (found, skipped) = collect_artifacts(&out.join("artifacts"), 1, 1 << 20);
+        assert_eq!(found.len(), 1);
+        assert!(skipped.iter().any(|s| s.contains("more than 1 artifacts")));
+        let (found, _) = collect_artifacts(&out.join("artifacts"), 10, 1);
+        assert!(found.iter().all(|f| f.content.len() <= 1), "{found:?}");
+    }
+
     use crate::{EnforcementReport, ResourceUsage};
     use std::time::Duration;
 

@@ -152,18 +152,7 @@ impl Walker<'_> {
     /// Compares copy directory `rel` with lower directory `lower_dir` (`None` when lower has
     /// no directory there: everything below is new).
     fn walk_compare(&mut self, rel: &str, lower_dir: Option<PathBuf>) -> Result<(), PatchError> {
-        let copy_dir = if rel.is_empty() {
-            self.upper_root.to_path_buf()
-        } else {
-            self.upper_root.join(rel)
-        };
-        let copy_entries = read_dir_sorted(&copy_dir)?;
-        if copy_entries.is_empty() && lower_dir.is_none() && !rel.is_empty() {
-            self.skip(
-                format!("{rel}/"),
-                "empty directory (git patches cannot represent directories)",
-            );
-        }
+        let copy_entries = self.entries_of(rel, lower_dir.is_some())?;
         let lower_entries = match &lower_dir {
             Some(l) => read_dir_sorted(l)?,
             None => Vec::new(),

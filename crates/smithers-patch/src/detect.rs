@@ -254,21 +254,32 @@ impl<'a> Walker<'a> {
         self.out.ignored.push(IgnoredPath { path, reason });
     }
 
-    /// Walks upper directory `rel`. `lower_dir` is the lower directory visible beneath it
-    /// (`None` when the upper directory is opaque or new).
-    fn walk_upper(&mut self, rel: &str, lower_dir: Option<PathBuf>) -> Result<(), PatchError> {
-        let upper_dir = if rel.is_empty() {
+    /// The sorted entries of directory `rel` below the walked root (the upper layer, or the
+    /// copy); a new directory (no lower one beneath) that is empty is noted as skipped.
+    pub(crate) fn entries_of(
+        &mut self,
+        rel: &str,
+        has_lower: bool,
+    ) -> Result<Vec<(std::ffi::OsString, PathBuf)>, PatchError> {
+        let dir = if rel.is_empty() {
             self.upper_root.to_path_buf()
         } else {
             self.upper_root.join(rel)
         };
-        let entries = read_dir_sorted(&upper_dir)?;
-        if entries.is_empty() && lower_dir.is_none() && !rel.is_empty() {
+        let entries = read_dir_sorted(&dir)?;
+        if entries.is_empty() && !has_lower && !rel.is_empty() {
             self.skip(
                 format!("{rel}/"),
                 "empty directory (git patches cannot represent directories)",
             );
         }
+        Ok(entries)
+    }
+
+    /// Walks upper directory `rel`. `lower_dir` is the lower directory visible beneath it
+    /// (`None` when the upper directory is opaque or new).
+    fn walk_upper(&mut self, rel: &str, lower_dir: Option<PathBuf>) -> Result<(), PatchError> {
+        let entries = self.entries_of(rel, lower_dir.is_some())?;
         for (name, upath) in entries {
             let Some(name) = name.to_str().map(str::to_string) else {
                 self.skip(

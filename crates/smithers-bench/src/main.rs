@@ -137,7 +137,6 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
 
     let native = roundtrip::RoundTrip::native(&project, &cli.scratch)?;
     let native_exec = roundtrip::RoundTrip::native_without_zygote(&project)?;
-    let native_late = roundtrip::RoundTrip::native_without_prestart(&project)?;
     let docker = match &cli.docker_image {
         Some(image) => Some(roundtrip::RoundTrip::docker(&project, image)?),
         None => None,
@@ -157,11 +156,6 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
             || native_exec.run(&["true"]),
         )
         .with_after(|| native_exec.discard_bundles()),
-        Contender::new(
-            "smithers-sandbox bubblewrap, init forked at execute (no prestart)",
-            || native_late.run(&["true"]),
-        )
-        .with_after(|| native_late.discard_bundles()),
     ];
     if let (Some(rt), Some(image)) = (&docker, &cli.docker_image) {
         contenders.push(
@@ -210,16 +204,10 @@ fn cold_start(cli: &Cli) -> anyhow::Result<()> {
          it = **{:.2}×** (median of pairs).\n",
         median_ratio(&series[3], &series[0])
     ));
-    body.push_str(&format!(
-        "\nThe prestart (each sandbox's init forked at create, making its namespaces while \
-         create, ship and execute go on): without it / with it = **{:.2}×** (median of \
-         pairs).\n",
-        median_ratio(&series[4], &series[0])
-    ));
-    if series.len() == 7 {
+    if series.len() == 6 {
         body.push_str(&format!(
             "\nDocker: our round trip / bare `docker run` = **{:.2}×** (median of pairs).\n",
-            median_ratio(&series[5], &series[6])
+            median_ratio(&series[4], &series[5])
         ));
     }
     body.push_str(&format!(

@@ -46,17 +46,6 @@ impl RoundTrip {
         )
     }
 
-    /// The native runtime forking each sandbox's init at `execute` rather than at `create`.
-    pub fn native_without_prestart(project: &Path) -> anyhow::Result<Self> {
-        Self::native_with(
-            project,
-            smithers_runtime_native::NativeOptions {
-                prestart: false,
-                ..Default::default()
-            },
-        )
-    }
-
     fn native_with(
         project: &Path,
         options: smithers_runtime_native::NativeOptions,

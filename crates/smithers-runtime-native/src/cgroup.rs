@@ -188,24 +188,6 @@ impl CgroupHost {
     /// Creates the sandbox's cgroups, applies the limits, returns the directories (the init
     /// joins them through their `cgroup.procs`). On failure nothing is left behind.
     pub fn create(&self, name: &str, limits: &CgroupLimits) -> Result<SandboxCgroups, CgroupError> {
-        let cgroups = self.layout(name, limits);
-        self.make(&cgroups, limits)?;
-        Ok(cgroups)
-    }
-
-    /// Makes the directories of a [`CgroupHost::layout`] and applies the limits. On failure
-    /// nothing is left behind.
-    pub fn make(&self, cgroups: &SandboxCgroups, limits: &CgroupLimits) -> Result<(), CgroupError> {
-        if let Err(e) = self.create_dirs(cgroups, limits) {
-            cgroups.remove(Duration::from_millis(200));
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Where the sandbox's cgroups go (nothing is made yet): their paths are known before
-    /// they exist, so the init can be started with them (see `exec::Prestarted`).
-    pub fn layout(&self, name: &str, limits: &CgroupLimits) -> SandboxCgroups {
         let mut wanted: Vec<&str> = vec!["memory", "pids"];
         // CPU time: every v2 cgroup has `cpu.stat` (see `stats`), and the sandbox always has a
         // v2 directory where the host has a v2 hierarchy; a v1 `cpuacct` cgroup is one more
@@ -252,9 +234,14 @@ impl CgroupHost {
                 controllers: vec!["core".to_string()],
             });
         }
-        SandboxCgroups {
+        let cgroups = SandboxCgroups {
             dirs: dirs.into_values().collect(),
+        };
+        if let Err(e) = self.create_dirs(&cgroups, limits) {
+            cgroups.remove(Duration::from_millis(200));
+            return Err(e);
         }
+        Ok(cgroups)
     }
 
     fn create_dirs(

@@ -249,46 +249,6 @@ impl ForkedInit {
     }
 }
 
-/// An init started at `create`, before there is a plan: forked from the zygote and sent its
-/// prelude, so that it makes the sandbox's namespaces on another core while the runtime
-/// finishes `create`, `ship` and the start of `execute`. `execute` takes it and sends the
-/// plan; `cleanup` of a sandbox that never ran drops it, and the init, reading EOF where the
-/// plan should be, exits. The mounts stay at `execute`: the sandbox sees the project as it
-/// is then (a remote client uploads it at `ship`; overlayfs must not see its lower layer
-/// change under a mount), while its mount namespace is a copy of the host's mounts as of
-/// `create`. Building the whole sandbox at `create` was tried and dropped for that reason.
-#[derive(Debug)]
-pub(crate) struct Prestarted {
-    prelude: plan::Prelude,
-    control: std::os::unix::net::UnixStream,
-    init: ForkedInit,
-}
-
-/// Starts the init for `prelude` ahead of `execute`, when there is a zygote to fork it from.
-/// None when that fails: `execute` then starts one itself, as without a prestart.
-pub(crate) fn prestart(
-    zygote: &std::sync::Mutex<Option<Zygote>>,
-    init: &InitCommand,
-    prelude: plan::Prelude,
-) -> Option<Prestarted> {
-    use std::io::Write;
-    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().ok()?;
-    // The prelude first, into the socket's buffer (a few hundred bytes: does not block), so
-    // that the init finds it the moment it starts rather than after the zygote's answer has
-    // come back here (measured: its namespaces were done ~0.15 ms sooner).
-    let mut line = serde_json::to_vec(&prelude).ok()?;
-    line.push(b'\n');
-    ours.write_all(&line).ok()?;
-    let forked = fork_from_zygote(zygote, init, &theirs)?;
-    // The init has its own copy now; ours must go so that EOF means "init gone".
-    drop(theirs);
-    Some(Prestarted {
-        prelude,
-        control: ours,
-        init: forked,
-    })
-}
-
 /// Starts the init with `control` as its fd 0 and fresh pipes as its stdout and stderr:
 /// forked by the runtime's zygote where there is one (replaced once if it failed), else
 /// spawned from the binary.
@@ -377,7 +337,6 @@ fn fork_from_zygote(
 pub(crate) async fn execute(
     caps: &HostCaps,
     zygote: Option<&std::sync::Mutex<Option<Zygote>>>,
-    prestarted: Option<Prestarted>,
     backend: &Backend,
     handle: &SandboxHandle,
     command: &StepCommand,
@@ -471,37 +430,23 @@ pub(crate) async fn execute(
         host_env: &caps.host_env,
         seccomp: seccomp.clone(),
     });
-    let prelude = prelude(caps, backend, controls.allow_network);
-    let mut plan_line = serde_json::to_vec(&plan).map_err(spawn_err)?;
-    plan_line.push(b'\n');
-
+    // The prelude and the plan go into the socket's buffer before the init exists (~10 KB,
+    // far below the buffer's size): it finds them the moment it starts.
+    let mut lines = json_line(&prelude(caps, backend, controls.allow_network))?;
+    lines.extend(json_line(&plan)?);
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
+    {
+        use std::io::Write;
+        ours.write_all(&lines)
+            .map_err(|e| spawn_err(format!("sending the plan: {e}")))?;
+    }
     let started = Instant::now();
-    // The init started at `create`, when there is one for this very prelude; else one now,
-    // sent the prelude and the plan together.
-    let (ours, spawned) = match prestarted.filter(|p| p.prelude == prelude) {
-        Some(p) => (p.control, p.init.into_spawned()?),
-        None => {
-            use std::io::Write;
-            let mut lines = serde_json::to_vec(&prelude).map_err(spawn_err)?;
-            lines.push(b'\n');
-            lines.append(&mut plan_line);
-            // Into the socket's buffer before the init exists (~10 KB, far below the buffer's
-            // size): it finds all of it the moment it starts.
-            let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
-            ours.write_all(&lines)
-                .map_err(|e| spawn_err(format!("sending the plan: {e}")))?;
-            let spawned = spawn_init(zygote, init, theirs)?;
-            (ours, spawned)
-        }
-    };
+    let spawned = spawn_init(zygote, init, theirs)?;
     let init_pid = spawned.pid;
     let (stdout, stderr) = (spawned.stdout, spawned.stderr);
     ours.set_nonblocking(true).map_err(spawn_err)?;
     let ours = tokio::net::UnixStream::from_std(ours).map_err(spawn_err)?;
     let (status_rd, mut control_wr) = ours.into_split();
-    // An init that failed before reading the plan (say, making the namespaces at `create`) has
-    // reported why and closed its socket: the write fails, and its report is the error.
-    let sent = control_wr.write_all(&plan_line).await;
 
     let log = Mutex::new(Vec::new());
     let over = Notify::new();
@@ -599,9 +544,6 @@ pub(crate) async fn execute(
             });
         }
     }
-    if let Err(e) = sent {
-        return Err(spawn_err(format!("sending the plan: {e}")));
-    }
     let exit_code = exit.and_then(|e| e["code"].as_i64()).map(|c| c as i32);
     let signal = exit.and_then(|e| e["signal"].as_i64()).map(|s| s as i32);
 
@@ -681,8 +623,14 @@ pub(crate) async fn execute(
     Ok(outcome)
 }
 
+fn json_line(value: &impl serde::Serialize) -> Result<Vec<u8>, RuntimeError> {
+    let mut line = serde_json::to_vec(value).map_err(spawn_err)?;
+    line.push(b'\n');
+    Ok(line)
+}
+
 /// The prelude of this sandbox's init (see [`plan::Prelude`]).
-pub(crate) fn prelude(caps: &HostCaps, backend: &Backend, allow_network: bool) -> plan::Prelude {
+fn prelude(caps: &HostCaps, backend: &Backend, allow_network: bool) -> plan::Prelude {
     plan::Prelude::new(
         caps.uid,
         caps.gid,

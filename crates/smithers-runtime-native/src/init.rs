@@ -22,9 +22,8 @@
 //!                               └► P2  the command (stdin /dev/null, stdout/stderr = runtime's pipes)
 //! ```
 //!
-//! The runtime sends two JSON lines on fd 0: the prelude, then the plan. It may send the
-//! prelude at `create` and the plan only at `execute` (see `exec::prestart`): P0 makes the
-//! namespaces in between. Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
+//! The runtime sends two JSON lines on fd 0: the prelude (what P0 needs), then the plan (what
+//! P1 needs; P0 passes it on unparsed). Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
 //! `{"event":"exit","code":N}` / `{"event":"exit","signal":N}`, `{"event":"error",...}`.
 //! P1 sends `exit` only after killing and reaping every other process of the sandbox
 //! (double-forked, setsid'd, SIGTERM-ignoring ones too): from it on, only P1 is left, and
@@ -168,26 +167,16 @@ fn run_sandbox() -> i32 {
         Ok(p) => p,
         Err(message) => return report_plan_error(message),
     };
-    // The namespaces before the plan: when the runtime starts us at `create`, this overlaps
-    // with the rest of its work until `execute` sends the plan.
-    if let Err((stage, err)) = enter_namespaces(&prelude) {
-        report_error(stage, &err);
-        return 1;
-    }
-    let plan = match control.plan() {
-        Ok(p) => p,
-        Err(message) => return report_plan_error(message),
-    };
-    // The cgroups exist once the plan comes (the runtime makes them in `create`, perhaps
-    // after starting us). Opened in the user namespace: the files are the host user's (or
-    // root's, for root), which the open and the kernel's check of a cgroup write (against
-    // the opener's credentials) both go by.
-    let cgroups = match open_cgroups(&prelude) {
+    let cgroups = match enter_namespaces(&prelude) {
         Ok(c) => c,
         Err((stage, err)) => {
             report_error(stage, &err);
             return 1;
         }
+    };
+    let plan = match control.plan() {
+        Ok(p) => p,
+        Err(message) => return report_plan_error(message),
     };
     match start(&prelude, cgroups, &plan) {
         Ok(child) => supervise(child, &control.buf),
@@ -204,8 +193,8 @@ fn stage<T>(name: &'static str, r: SysResult<T>) -> StageResult<T> {
     r.map_err(|e| (name, e))
 }
 
-/// P0 before the plan: makes the namespaces.
-fn enter_namespaces(plan: &Prelude) -> StageResult<()> {
+/// P0 with the prelude: opens the cgroups, makes the namespaces.
+fn enter_namespaces(plan: &Prelude) -> StageResult<CgroupFds> {
     // Own session: a Ctrl-C aimed at the runtime's terminal is the runtime's to handle (it
     // cancels), it must not hit the init directly.
     // SAFETY: setsid has no memory-safety preconditions; failure (already a leader) is harmless.
@@ -216,6 +205,9 @@ fn enter_namespaces(plan: &Prelude) -> StageResult<()> {
     // exactly instead: the kernel closes the runtime's end of the control socket when the
     // process dies, and `supervise` answers that EOF with SIGKILL to pid 1. P1 and the command
     // do use PDEATHSIG: their parents are single-threaded.
+    // Opened now, used after the fork: the open checks our host credentials before we enter
+    // the user namespace (and the kernel checks a cgroup write against the opener's).
+    let cgroups = open_cgroups(plan)?;
     stage(
         "userns",
         sys::unshare(libc::CLONE_NEWUSER, "user namespace"),
@@ -240,7 +232,8 @@ fn enter_namespaces(plan: &Prelude) -> StageResult<()> {
     )?;
     // The network namespace comes later, from `start` (see there).
     let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
-    stage("namespaces", sys::unshare(flags, "namespaces"))
+    stage("namespaces", sys::unshare(flags, "namespaces"))?;
+    Ok(cgroups)
 }
 
 /// P0 with the plan: forks P1 into the cgroups. Returns P1's pid. P1 parses the plan (a

@@ -46,7 +46,7 @@ pub mod seccomp;
 mod sys;
 mod zygote;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -191,10 +191,6 @@ pub struct NativeOptions {
     /// module) instead of executing the init binary per sandbox. Default: true; the init is
     /// executed directly when no zygote can be had.
     pub zygote: bool,
-    /// With the zygote: fork each sandbox's init at `create` and let it make the namespaces
-    /// while the runtime finishes `create`, `ship` and the start of `execute` (see
-    /// `exec::Prestarted`). Default: true; false forks it at `execute`.
-    pub prestart: bool,
 }
 
 impl Default for NativeOptions {
@@ -206,7 +202,6 @@ impl Default for NativeOptions {
             default_pids_limit: Some(4096),
             workspace: WorkspaceMode::Auto,
             zygote: true,
-            prestart: true,
         }
     }
 }
@@ -240,17 +235,9 @@ pub struct NativeRuntime {
     probe: tokio::sync::OnceCell<EnforcementReport>,
     /// Whether overlayfs works here, decided once per runtime (see `overlay_check`).
     overlay: tokio::sync::OnceCell<report::OverlayCheck>,
-    /// The zygote, started at the first create (with `NativeOptions::zygote`).
-    zygote: Arc<std::sync::Mutex<Option<zygote::Zygote>>>,
-    /// Inits started at `create` and not yet taken by `execute`, by sandbox state directory:
-    /// each a blocking task that asks the zygote for the fork, so that `create` does not wait
-    /// for the zygote's answer (see `exec::Prestarted`).
-    prestarted: std::sync::Mutex<HashMap<PathBuf, PendingInit>>,
+    /// The zygote, started at the first execute (with `NativeOptions::zygote`).
+    zygote: std::sync::Mutex<Option<zygote::Zygote>>,
 }
-
-/// An init being started at `create`; dropping it (cleanup of a sandbox that never ran) lets
-/// the task finish and drop the init, which then exits.
-type PendingInit = tokio::task::JoinHandle<Option<exec::Prestarted>>;
 
 /// The workspace a sandbox got (decided at create, kept in the handle).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -406,13 +393,8 @@ impl NativeRuntime {
             findings: tokio::sync::OnceCell::new(),
             probe: tokio::sync::OnceCell::new(),
             overlay: tokio::sync::OnceCell::new(),
-            zygote: Arc::new(std::sync::Mutex::new(None)),
-            prestarted: std::sync::Mutex::new(HashMap::new()),
+            zygote: std::sync::Mutex::new(None),
         }
-    }
-
-    fn prestarted(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, PendingInit>> {
-        self.prestarted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn caps(&self) -> Arc<HostCaps> {
@@ -584,19 +566,6 @@ impl NativeRuntime {
         format!("{}+{}", config.run_id, config.sandbox_id)
     }
 
-    /// Starts the sandbox's init ahead of `execute` on a blocking task (with the zygote and
-    /// `NativeOptions::prestart`).
-    fn prestart(&self, caps: &HostCaps, backend: &Backend, allow_network: bool) {
-        if !(self.options.zygote && self.options.prestart) {
-            return;
-        }
-        let Ok(init) = &caps.init else { return };
-        let prelude = exec::prelude(caps, backend, allow_network);
-        let (zygote, init) = (self.zygote.clone(), init.clone());
-        let pending = tokio::task::spawn_blocking(move || exec::prestart(&zygote, &init, prelude));
-        self.prestarted().insert(backend.state_dir.clone(), pending);
-    }
-
     fn cgroup_name(config: &SandboxConfig) -> String {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -706,7 +675,6 @@ impl NativeRuntime {
             .prepare(config, &caps, &mut backend, &request_path)
             .await;
         if let Err(e) = result {
-            self.prestarted().remove(&backend.state_dir);
             let _ = cleanup_backend(&backend, &[]);
             return Err(e);
         }
@@ -747,15 +715,9 @@ impl NativeRuntime {
             pids,
             cpus: c.cpu_limit,
         };
-        backend.cgroups = caps.cgroups.layout(&Self::cgroup_name(config), &limits);
-        // The init now, so that it makes the namespaces while the cgroups and directories
-        // below are made and `ship` and `execute` run (see `exec::Prestarted`); it opens the
-        // cgroups only once it has the plan, which `execute` sends after `create`.
-        if c.disk_limit_bytes.is_none() {
-            self.prestart(caps, backend, c.allow_network);
-        }
-        caps.cgroups
-            .make(&backend.cgroups, &limits)
+        backend.cgroups = caps
+            .cgroups
+            .create(&Self::cgroup_name(config), &limits)
             .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
         let layer = backend.layer();
         std::fs::create_dir(&layer).map_err(io_err("create", &layer))?;
@@ -770,11 +732,6 @@ impl NativeRuntime {
             )
             .map_err(|e| RuntimeError::spawn("mount the size-capped upper layer", e))?;
             backend.layer_tmpfs = true;
-        }
-        // With a disk limit, the init starts only now: it copies the host's mounts when it
-        // makes its mount namespace, and must see the layer's tmpfs.
-        if c.disk_limit_bytes.is_some() {
-            self.prestart(caps, backend, c.allow_network);
         }
         // The copy (copy mode) is made by ship; overlay needs its upper and work directories.
         let overlay_dirs = match backend.workspace {
@@ -1117,16 +1074,8 @@ impl Runtime for NativeRuntime {
     ) -> Result<ExecOutcome, RuntimeError> {
         let backend = Backend::from_handle(handle, "execute")?;
         let caps = self.caps();
-        let zygote = self.options.zygote.then_some(&*self.zygote);
-        let pending = self.prestarted().remove(&backend.state_dir);
-        let prestarted = match pending {
-            Some(task) => task.await.ok().flatten(),
-            None => None,
-        };
-        exec::execute(
-            &caps, zygote, prestarted, &backend, handle, command, cancel, output,
-        )
-        .await
+        let zygote = self.options.zygote.then_some(&self.zygote);
+        exec::execute(&caps, zygote, &backend, handle, command, cancel, output).await
     }
 
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
@@ -1141,8 +1090,6 @@ impl Runtime for NativeRuntime {
             Err(_) if handle.backend.is_null() => return Ok(()),
             Err(e) => return Err(e),
         };
-        // A sandbox that never ran: its init, reading EOF where the plan should be, exits.
-        drop(self.prestarted().remove(&backend.state_dir));
         cleanup_backend(&backend, &[&handle.request_path])
     }
 }

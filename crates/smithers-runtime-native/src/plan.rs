@@ -239,11 +239,9 @@ pub struct CgroupJoin {
     pub v2_dir: Option<PathBuf>,
 }
 
-/// What the init's P0 needs before the plan: the user namespace's maps, the cgroups to open
-/// and whether to make a network namespace. It is the first line the init reads. The runtime
-/// sends it at `create` when it starts the init early (see `exec::prestart`), so that P0 makes
-/// the namespaces (the network namespace alone is ~0.7 ms here) while the runtime is still
-/// preparing the sandbox; the plan follows at `execute`.
+/// What the init's P0 needs: the user namespace's maps, the cgroups to open and whether to
+/// make a network namespace. It is the first line the init reads; the plan, which P0 passes
+/// on to P1 unparsed, follows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Prelude {

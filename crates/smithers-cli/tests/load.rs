@@ -578,6 +578,8 @@ fn state_dirs_below(tmp: &Path) -> Vec<PathBuf> {
             .into_iter()
             .flatten()
             .flatten()
+            // The prepared roots (`.root-*`), shared by sandboxes, stay.
+            .filter(|run| !run.file_name().to_string_lossy().starts_with('.'))
         {
             for sb in std::fs::read_dir(run.path())
                 .into_iter()

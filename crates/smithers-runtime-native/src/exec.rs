@@ -417,7 +417,7 @@ pub(crate) async fn execute(
         }
     };
     let tmp_bytes = controls.disk_limit_bytes.unwrap_or(plan::DEFAULT_TMP_BYTES);
-    let plan = plan::compile(&PlanInput {
+    let mut plan = plan::compile(&PlanInput {
         layout: &layout,
         workspace,
         host: &caps.facts,
@@ -429,7 +429,15 @@ pub(crate) async fn execute(
         step_env: &controls.env,
         host_env: &caps.host_env,
         seccomp: seccomp.clone(),
+        prepared_root: caps.prepared_root,
     });
+    if caps.prepared_root {
+        let (files, mounts) = plan::split_prepared(std::mem::take(&mut plan.mounts));
+        let source = crate::prepared_root::ensure(&caps.state_root, &files, &mounts)
+            .map_err(|e| RuntimeError::io("prepare the sandbox root in", &caps.state_root, e))?;
+        plan.mounts = mounts;
+        plan.root = plan::RootFs::Prepared { source };
+    }
     // The prelude and the plan go into the socket's buffer before the init exists (~10 KB,
     // far below the buffer's size): it finds them the moment it starts.
     let mut lines = json_line(&prelude(caps, backend, controls.allow_network))?;

@@ -38,7 +38,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::plan::{InitPlan, LandlockPlan, MountAttrs, MountOp, Prelude, TargetKind, PLAN_VERSION};
+use crate::plan::{
+    InitPlan, LandlockPlan, MountAttrs, MountOp, Prelude, RootFs, TargetKind, PLAN_VERSION,
+};
 use crate::sys::{self, cpath, cstring, SysError, SysResult};
 
 /// The control/status socket the runtime passes as stdin.
@@ -298,7 +300,10 @@ fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> StageResult<libc
 /// P0: makes the network namespace (P0 enters it) and sends it to P1; on failure reports why
 /// and sends nothing, which P1 takes as the end of the sandbox.
 fn send_network_namespace(sock: &OwnedFd) {
+    // `lo` comes up here too, while P1 is still building the root: it is the only device of
+    // the namespace, and P0 (root of the sandbox's user namespace) may configure it.
     let made = sys::unshare(libc::CLONE_NEWNET, "network namespace").and_then(|()| {
+        lo_up()?;
         // SAFETY: open(2) of a constant path; the fd is closed below.
         let fd = unsafe {
             libc::open(
@@ -874,7 +879,33 @@ fn overlay_escape(path: &Path) -> String {
     out
 }
 
-fn apply(op: &MountOp, root: &Path) -> SysResult<()> {
+/// Makes the mount point of a mount op in the root being built (see
+/// [`MountOp::mount_point`]); nothing for other ops.
+pub(crate) fn make_mount_point(op: &MountOp, root: &Path) -> SysResult<()> {
+    match op.mount_point() {
+        Some((path, TargetKind::Dir, mode)) => mkdir_p(&join(root, path), mode),
+        Some((path, TargetKind::File, _)) => touch(&join(root, path)),
+        None => Ok(()),
+    }
+}
+
+/// Carries out one op of the plan in the root being built at `root`. `prepared`: the root is
+/// a prepared one ([`crate::plan::RootFs::Prepared`]), whose mount points exist. Also used by
+/// the runtime to make a prepared root's files (`crate::prepared_root`).
+pub(crate) fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
+    if let MountOp::Bind {
+        source,
+        optional: true,
+        ..
+    } = op
+    {
+        if std::fs::symlink_metadata(source).is_err() {
+            return Ok(());
+        }
+    }
+    if !prepared {
+        make_mount_point(op, root)?;
+    }
     match op {
         MountOp::Dir { path, mode } => mkdir_p(&join(root, path), *mode),
         MountOp::Symlink { path, target } => {
@@ -894,7 +925,6 @@ fn apply(op: &MountOp, root: &Path) -> SysResult<()> {
             attrs,
         } => {
             let at = join(root, path);
-            mkdir_p(&at, 0o755)?;
             let data = cstring(&format!("mode={mode:o},size={size_bytes}"));
             sys::mount(
                 Some(c"tmpfs"),
@@ -907,18 +937,10 @@ fn apply(op: &MountOp, root: &Path) -> SysResult<()> {
         MountOp::Bind {
             source,
             path,
-            kind,
             attrs,
-            optional,
+            ..
         } => {
-            if *optional && std::fs::symlink_metadata(source).is_err() {
-                return Ok(());
-            }
             let at = join(root, path);
-            match kind {
-                TargetKind::Dir => mkdir_p(&at, 0o755)?,
-                TargetKind::File => touch(&at)?,
-            }
             let src = cpath(source);
             sys::mount(Some(&src), &at, None, libc::MS_BIND | libc::MS_REC, None)?;
             set_attrs(&at, *attrs, true)
@@ -955,7 +977,6 @@ fn apply(op: &MountOp, root: &Path) -> SysResult<()> {
             attrs,
         } => {
             let at = join(root, path);
-            mkdir_p(&at, 0o755)?;
             let data = cstring(&format!(
                 "lowerdir={},upperdir={},workdir={},userxattr",
                 overlay_escape(lower),
@@ -998,7 +1019,6 @@ fn apply(op: &MountOp, root: &Path) -> SysResult<()> {
         }
         MountOp::Proc { path } => {
             let at = join(root, path);
-            mkdir_p(&at, 0o555)?;
             sys::mount(
                 Some(c"proc"),
                 &at,
@@ -1009,7 +1029,6 @@ fn apply(op: &MountOp, root: &Path) -> SysResult<()> {
         }
         MountOp::Devpts { path } => {
             let at = join(root, path);
-            mkdir_p(&at, 0o755)?;
             sys::mount(
                 Some(c"devpts"),
                 &at,
@@ -1071,19 +1090,33 @@ fn setup(plan: &InitPlan, netns: Option<OwnedFd>, joined: libc::c_int) -> StageR
         ),
     )?;
     let root = &plan.new_root;
-    let data = cstring(&format!("mode=0755,size={}", crate::plan::ROOT_TMPFS_BYTES));
-    stage(
-        "mount",
-        sys::mount(
-            Some(c"tmpfs"),
-            root,
-            Some(c"tmpfs"),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            Some(&data),
-        ),
-    )?;
+    let prepared = match &plan.root {
+        RootFs::Tmpfs => {
+            let data = cstring(&format!("mode=0755,size={}", crate::plan::ROOT_TMPFS_BYTES));
+            stage(
+                "mount",
+                sys::mount(
+                    Some(c"tmpfs"),
+                    root,
+                    Some(c"tmpfs"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(&data),
+                ),
+            )?;
+            false
+        }
+        // Not recursive: the prepared directory holds no mounts, and nothing of the host
+        // below it may come along. Read-only with the plan's last op, like the tmpfs root.
+        RootFs::Prepared { source } => {
+            stage(
+                "mount",
+                sys::mount(Some(&cpath(source)), root, None, libc::MS_BIND, None),
+            )?;
+            true
+        }
+    };
     for op in &plan.mounts {
-        stage("mount", apply(op, root))?;
+        stage("mount", apply(op, root, prepared))?;
     }
     let hostname = cstring(&plan.hostname);
     // SAFETY: `hostname` is valid for the given length.
@@ -1091,7 +1124,6 @@ fn setup(plan: &InitPlan, netns: Option<OwnedFd>, joined: libc::c_int) -> StageR
     stage("hostname", sys::check(ret, || "sethostname".to_string()))?;
     if let Some(sock) = netns {
         stage("network", enter_network_namespace(&sock))?;
-        stage("network", lo_up())?;
     }
     stage("pivot_root", pivot(root))?;
     stage("cgroup", await_cgroups(joined))?;
@@ -1538,6 +1570,7 @@ fn probe_overlay(scratch: &Path) -> SysResult<()> {
             attrs: MountAttrs::RW,
         },
         &dirs[3],
+        false,
     )?;
     // Deleting a lower directory is what fails (EIO) without userxattr.
     let sub = cpath(&dirs[3].join("sub"));

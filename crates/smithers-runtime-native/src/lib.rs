@@ -41,6 +41,7 @@ mod copy;
 mod exec;
 pub mod init;
 pub mod plan;
+mod prepared_root;
 mod report;
 pub mod seccomp;
 mod sys;
@@ -191,6 +192,12 @@ pub struct NativeOptions {
     /// module) instead of executing the init binary per sandbox. Default: true; the init is
     /// executed directly when no zygote can be had.
     pub zygote: bool,
+    /// Bind a root prepared once per host configuration (the `/etc` copies, the symlinks and
+    /// every mount point: see the `prepared_root` module) instead of building each sandbox's
+    /// root on a fresh tmpfs. The sandbox sees the same tree either way, but for `/dev`
+    /// being a read-only directory of the root rather than a read-only tmpfs of its own.
+    /// Default: true.
+    pub prepared_root: bool,
 }
 
 impl Default for NativeOptions {
@@ -202,6 +209,7 @@ impl Default for NativeOptions {
             default_pids_limit: Some(4096),
             workspace: WorkspaceMode::Auto,
             zygote: true,
+            prepared_root: true,
         }
     }
 }
@@ -218,6 +226,8 @@ struct HostCaps {
     gid: u32,
     /// Whether we may mount a size-capped tmpfs on the host for the upper layer.
     host_mounts: bool,
+    /// `NativeOptions::prepared_root`.
+    prepared_root: bool,
     state_root: PathBuf,
     /// Where workspace layers go without a disk limit (see `NativeOptions::layer_root`).
     layer_root: PathBuf,
@@ -492,6 +502,7 @@ impl NativeRuntime {
             uid,
             gid,
             host_mounts: uid == 0,
+            prepared_root: self.options.prepared_root,
             state_root,
             layer_root,
             host_env: std::env::vars().collect(),

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when the init and the runtime would disagree on the plan's meaning.
-pub const PLAN_VERSION: u32 = 3;
+pub const PLAN_VERSION: u32 = 4;
 
 /// Where the sandbox sees things. Part of the contract with steps.
 pub mod paths {
@@ -78,8 +78,9 @@ pub const ENV_PASSTHROUGH: &[&str] = &["LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ
 /// `PATH` when the step does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Size of the tmpfs the new root is built on: it only holds directories, mount points and
-/// symlinks, and is remounted read-only before the command starts.
+/// Size of the tmpfs the new root is built on ([`RootFs::Tmpfs`]): it only holds directories,
+/// mount points, symlinks and the `/etc` copies, and is remounted read-only before the
+/// command starts.
 pub const ROOT_TMPFS_BYTES: u64 = 1 << 20;
 
 /// Default size cap of the sandbox's `/tmp` (and `/dev/shm`) when no disk limit is given.
@@ -193,6 +194,56 @@ pub enum MountOp {
     },
 }
 
+impl MountOp {
+    /// What the init creates in the new root before this mount (its mount point), with the
+    /// mode of a directory; `None` for an op that creates nothing or only mounts on a path
+    /// that exists inside another mount (`Rebind`, `MaskDir`, `Setattr`), and for the file
+    /// operations (`Dir`, `Symlink`, `CopyFile`), which are their own content.
+    pub fn mount_point(&self) -> Option<(&Path, TargetKind, u32)> {
+        match self {
+            MountOp::Bind { path, kind, .. } => Some((path, *kind, 0o755)),
+            MountOp::Tmpfs { path, .. }
+            | MountOp::Overlay { path, .. }
+            | MountOp::Devpts { path } => Some((path, TargetKind::Dir, 0o755)),
+            MountOp::Proc { path } => Some((path, TargetKind::Dir, 0o555)),
+            MountOp::Dir { .. }
+            | MountOp::Symlink { .. }
+            | MountOp::CopyFile { .. }
+            | MountOp::Rebind { .. }
+            | MountOp::MaskDir { .. }
+            | MountOp::Setattr { .. } => None,
+        }
+    }
+
+    /// Whether the op only writes files into the new root (no mount).
+    fn is_file_op(&self) -> bool {
+        matches!(
+            self,
+            MountOp::Dir { .. } | MountOp::Symlink { .. } | MountOp::CopyFile { .. }
+        )
+    }
+}
+
+/// What the sandbox's root is, before the mounts of the plan go on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum RootFs {
+    /// A fresh tmpfs on which the init carries out every op of the plan.
+    Tmpfs,
+    /// A host directory the runtime prepared ahead with the plan's file operations and every
+    /// mount point (see [`split_prepared`] and `crate::prepared_root`), bound at the new
+    /// root: the init only mounts. Shared by sandboxes, never written by one: it is bound
+    /// read-only like the tmpfs root it stands for, by the plan's last op.
+    Prepared { source: PathBuf },
+}
+
+/// Splits a plan compiled with [`PlanInput::prepared_root`] into what a prepared root holds
+/// (the file operations) and what the init still does (the mounts, whose mount points the
+/// prepared root holds too: see [`MountOp::mount_point`]).
+pub fn split_prepared(ops: Vec<MountOp>) -> (Vec<MountOp>, Vec<MountOp>) {
+    ops.into_iter().partition(MountOp::is_file_op)
+}
+
 /// The Landlock ruleset: read everywhere visible, write only below `write_dirs` and to
 /// `write_files`; TCP bind/connect denied when the network is off.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -281,8 +332,10 @@ impl Prelude {
 pub struct InitPlan {
     pub version: u32,
     pub hostname: String,
-    /// Empty host directory the new root's tmpfs is mounted on.
+    /// Empty host directory the new root is mounted on.
     pub new_root: PathBuf,
+    /// What is mounted there.
+    pub root: RootFs,
     pub mounts: Vec<MountOp>,
     pub landlock: LandlockPlan,
     /// Seccomp programs, installed in order after everything else.
@@ -383,6 +436,11 @@ pub struct PlanInput<'a> {
     /// The host's environment, from which only [`ENV_PASSTHROUGH`] is taken.
     pub host_env: &'a BTreeMap<String, String>,
     pub seccomp: Vec<Vec<BpfInstruction>>,
+    /// Plan for a prepared root ([`RootFs::Prepared`]): `/dev` is a directory of the root
+    /// (read-only with it) rather than a tmpfs of its own, so that everything but the mounts
+    /// can be made once, ahead. The file operations stay in the plan; [`split_prepared`]
+    /// takes them out.
+    pub prepared_root: bool,
 }
 
 fn p(s: &str) -> PathBuf {
@@ -457,18 +515,21 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
         optional: true,
     });
 
-    // A minimal /dev.
-    ops.push(MountOp::Tmpfs {
-        path: p("/dev"),
-        size_bytes: 64 << 10,
-        mode: 0o755,
-        attrs: MountAttrs {
-            readonly: false,
-            nosuid: true,
-            nodev: false,
-            noexec: true,
-        },
-    });
+    // A minimal /dev: a tmpfs of its own, read-only once filled, or (prepared root) a
+    // directory of the root, read-only with it.
+    if !input.prepared_root {
+        ops.push(MountOp::Tmpfs {
+            path: p("/dev"),
+            size_bytes: 64 << 10,
+            mode: 0o755,
+            attrs: MountAttrs {
+                readonly: false,
+                nosuid: true,
+                nodev: false,
+                noexec: true,
+            },
+        });
+    }
     for node in DEV_NODES {
         let host_path = Path::new("/dev").join(node);
         if host.entries.contains_key(&host_path) {
@@ -505,15 +566,17 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
             target: p(target),
         });
     }
-    ops.push(MountOp::Setattr {
-        path: p("/dev"),
-        attrs: MountAttrs {
-            readonly: true,
-            nosuid: true,
-            nodev: false,
-            noexec: true,
-        },
-    });
+    if !input.prepared_root {
+        ops.push(MountOp::Setattr {
+            path: p("/dev"),
+            attrs: MountAttrs {
+                readonly: true,
+                nosuid: true,
+                nodev: false,
+                noexec: true,
+            },
+        });
+    }
 
     // Private /tmp.
     ops.push(MountOp::Tmpfs {
@@ -689,6 +752,7 @@ pub fn compile(input: &PlanInput<'_>) -> InitPlan {
         version: PLAN_VERSION,
         hostname: "smithers-sandbox".to_string(),
         new_root: input.layout.new_root.clone(),
+        root: RootFs::Tmpfs,
         mounts: mount_plan(input),
         landlock: landlock_plan(input.allow_network, input.volumes),
         seccomp: input.seccomp.clone(),
@@ -771,6 +835,7 @@ mod tests {
             step_env: &step_env,
             host_env: &host_env,
             seccomp: vec![],
+            prepared_root: false,
         })
     }
 
@@ -942,6 +1007,89 @@ mod tests {
                 attrs: MountAttrs::RO
             })
         );
+    }
+
+    /// Builds the root a plan describes as a tree of (path, what) entries: what the init
+    /// makes on a tmpfs root, or what a prepared root holds plus what the init still mounts.
+    fn tree(ops: &[MountOp]) -> BTreeMap<PathBuf, String> {
+        let mut tree = BTreeMap::new();
+        for op in ops {
+            let (path, what) = match op {
+                MountOp::Dir { path, mode } => (path, format!("dir {mode:o}")),
+                MountOp::Symlink { path, target } => (path, format!("-> {}", target.display())),
+                MountOp::CopyFile { source, path, .. } => {
+                    (path, format!("copy of {}", source.display()))
+                }
+                other => match other.mount_point() {
+                    Some((path, _, _)) => (&path.to_path_buf(), format!("{other:?}")),
+                    None => continue,
+                },
+            };
+            tree.insert(path.clone(), what);
+        }
+        tree
+    }
+
+    #[test]
+    fn a_prepared_root_holds_what_the_tmpfs_root_is_built_with() {
+        let input_layout = layout();
+        let tmpfs = plan_with(WorkspaceFacts::default(), false);
+        let mut prepared = tmpfs.clone();
+        prepared.mounts = {
+            let host = facts();
+            let (step_env, host_env) = (BTreeMap::new(), BTreeMap::new());
+            let argv = vec!["true".to_string()];
+            mount_plan(&PlanInput {
+                layout: &input_layout,
+                workspace: WorkspaceFacts::default(),
+                host: &host,
+                allow_network: false,
+                tmp_bytes: 1 << 20,
+                volumes: &[],
+                argv: &argv,
+                cwd: None,
+                step_env: &step_env,
+                host_env: &host_env,
+                seccomp: vec![],
+                prepared_root: true,
+            })
+        };
+        // The only difference: /dev is no tmpfs of its own (and so needs no read-only
+        // remount); it is read-only with the root.
+        let without_dev_mount: Vec<MountOp> = tmpfs
+            .mounts
+            .iter()
+            .filter(|m| {
+                !matches!(m, MountOp::Tmpfs { path, .. } | MountOp::Setattr { path, .. }
+                    if path == Path::new("/dev"))
+            })
+            .cloned()
+            .collect();
+        assert_eq!(prepared.mounts, without_dev_mount);
+        assert_eq!(prepared.mounts.last(), tmpfs.mounts.last());
+
+        let (files, mounts) = split_prepared(prepared.mounts.clone());
+        assert!(files.iter().all(MountOp::is_file_op));
+        assert!(!mounts.iter().any(MountOp::is_file_op));
+        assert!(files.iter().any(
+            |m| matches!(m, MountOp::CopyFile { path, .. } if path == Path::new("/etc/passwd"))
+        ));
+        // Same entries either way, and every mount of the init has its mount point made.
+        let mut all = files.clone();
+        all.extend(mounts.iter().cloned());
+        assert_eq!(tree(&all), tree(&prepared.mounts));
+        for m in &mounts {
+            if let Some((path, kind, _)) = m.mount_point() {
+                assert!(path.is_absolute() && path != Path::new("/"));
+                if path.starts_with("/dev") {
+                    assert!(
+                        kind == TargetKind::File
+                            || path == Path::new("/dev/pts")
+                            || path == Path::new("/dev/shm")
+                    );
+                }
+            }
+        }
     }
 
     #[test]

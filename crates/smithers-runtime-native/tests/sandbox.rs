@@ -718,3 +718,68 @@ async fn without_a_zygote_the_init_is_executed() {
     assert_eq!(lines.stdout(), vec!["direct".to_string()]);
     sb.done().await;
 }
+
+/// A prepared root (the default) and a root built on a tmpfs per sandbox show the step the
+/// same tree: same names, kinds and link targets at the top, in `/etc`, `/dev` and
+/// `/run/smithers`, the same `/etc` contents, and nothing writable outside the writable
+/// mounts. Two sandboxes side by side share a prepared root without seeing each other.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prepared_root_looks_like_a_root_built_per_sandbox() {
+    let per_sandbox = Arc::new(NativeRuntime::new(NativeOptions {
+        init: Some(InitCommand::binary(env!(
+            "CARGO_BIN_EXE_smithers-sandbox-init"
+        ))),
+        prepared_root: false,
+        ..NativeOptions::default()
+    }));
+    let prepared = shared();
+    if !usable(&prepared).await {
+        return;
+    }
+    let script = "find / /etc /dev /run /run/smithers -mindepth 1 -maxdepth 1 \
+                  -printf '%p %y %l\\n' | sort; \
+                  cat /etc/passwd /etc/hosts | sha256sum; \
+                  for p in /x /etc/x /dev/x /usr/x /proc/x; do \
+                    ( : > $p ) 2>/dev/null && echo \"wrote $p\"; \
+                  done; \
+                  echo mine > /tmp/mine; echo written > /workspace/written; echo done";
+    let a = Sandbox::new(prepared.clone(), Controls::default()).await;
+    let b = Sandbox::new(prepared, Controls::default()).await;
+    let c = Sandbox::new(per_sandbox, Controls::default()).await;
+    let (a_out, a_lines) = a.run(script).await;
+    let (b_out, b_lines) = b.run("ls /tmp; cat /workspace/written 2>&1 || true").await;
+    let (c_out, c_lines) = c.run(script).await;
+    for outcome in [&a_out, &b_out, &c_out] {
+        assert_eq!(outcome.exit_code, Some(0), "{outcome:?}");
+    }
+    let (a_tree, c_tree) = (a_lines.stdout(), c_lines.stdout());
+    assert_eq!(a_tree, c_tree);
+    for entry in [
+        "/etc/passwd f ",
+        "/dev/null c ",
+        "/dev/pts d ",
+        "/dev/fd l /proc/self/fd",
+        "/run/smithers/request d ",
+        "/workspace d ",
+    ] {
+        assert!(
+            a_tree.iter().any(|l| l == entry),
+            "{entry:?} in {a_tree:#?}"
+        );
+    }
+    assert_eq!(a_tree.last().map(String::as_str), Some("done"));
+    assert!(
+        !a_tree.iter().any(|l| l.starts_with("wrote")),
+        "{a_tree:#?}"
+    );
+    // The other sandbox on the same prepared root saw neither /tmp nor the workspace of the
+    // first.
+    let b_seen = b_lines.stdout();
+    assert!(
+        !b_seen.iter().any(|l| l.contains("mine") || l == "written"),
+        "{b_seen:?}"
+    );
+    for sb in [a, b, c] {
+        sb.done().await;
+    }
+}

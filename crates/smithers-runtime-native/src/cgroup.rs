@@ -324,12 +324,23 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A small cgroup file's text: one open, one read, one close (`read_to_string` adds a stat
+/// and a second read, and the runtime reads half a dozen of these as each step ends).
+/// Files longer than the buffer (none read here are) are cut at its end.
+fn read_small(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut buf = [0u8; 1024];
+    let mut file = std::fs::File::open(path).ok()?;
+    let n = file.read(&mut buf).ok()?;
+    String::from_utf8(buf[..n].to_vec()).ok()
+}
+
 fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    read_small(path)?.trim().parse().ok()
 }
 
 fn read_key(path: &Path, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = read_small(path)?;
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()
@@ -390,8 +401,14 @@ impl SandboxCgroups {
         s
     }
 
-    /// True while any process is in the sandbox's cgroups.
+    /// True while any process is in the sandbox's cgroups. Every sandbox process is in all of
+    /// them (born into the v2 one, and into the v1 ones through P1), so one v2
+    /// `cgroup.events`, where there is one, answers for all: one small read on the path of
+    /// every cleanup.
     pub fn populated(&self) -> bool {
+        if let Some(d) = self.dirs.iter().find(|d| d.v2) {
+            return read_key(&d.path.join("cgroup.events"), "populated").is_some_and(|v| v != 0);
+        }
         self.dirs.iter().any(|d| {
             if d.v2 {
                 read_key(&d.path.join("cgroup.events"), "populated").is_some_and(|v| v != 0)

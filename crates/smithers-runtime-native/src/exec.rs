@@ -416,6 +416,20 @@ pub(crate) async fn execute(
             }
         }
     };
+    // The prelude goes into the socket's buffer before the init exists, and the init is
+    // started before the plan is compiled: the init's fork and its namespaces (~0.4 ms here)
+    // overlap the plan's compilation (~0.1 ms), and P0 reads the plan only after its
+    // namespaces are made. A plan that cannot be made closes the socket instead, and the init,
+    // at the end of its input, exits.
+    let prelude_line = json_line(&prelude(caps, backend, controls.allow_network))?;
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
+    {
+        use std::io::Write;
+        ours.write_all(&prelude_line)
+            .map_err(|e| spawn_err(format!("sending the prelude: {e}")))?;
+    }
+    let started = Instant::now();
+    let spawned = spawn_init(zygote, init, theirs)?;
     let tmp_bytes = controls.disk_limit_bytes.unwrap_or(plan::DEFAULT_TMP_BYTES);
     let mut plan = plan::compile(&PlanInput {
         layout: &layout,
@@ -438,18 +452,11 @@ pub(crate) async fn execute(
         plan.mounts = mounts;
         plan.root = plan::RootFs::Prepared { source };
     }
-    // The prelude and the plan go into the socket's buffer before the init exists (~10 KB,
-    // far below the buffer's size): it finds them the moment it starts.
-    let mut lines = json_line(&prelude(caps, backend, controls.allow_network))?;
-    lines.extend(json_line(&plan)?);
-    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
     {
         use std::io::Write;
-        ours.write_all(&lines)
+        ours.write_all(&json_line(&plan)?)
             .map_err(|e| spawn_err(format!("sending the plan: {e}")))?;
     }
-    let started = Instant::now();
-    let spawned = spawn_init(zygote, init, theirs)?;
     let init_pid = spawned.pid;
     let (stdout, stderr) = (spawned.stdout, spawned.stderr);
     ours.set_nonblocking(true).map_err(spawn_err)?;

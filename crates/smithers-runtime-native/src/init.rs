@@ -7,23 +7,24 @@
 //! Process tree and protocol:
 //!
 //! ```text
-//! runtime ──socket (fd 0)──► P0  init, host pid ns: reads the prelude, unshares user
-//!                            │   (+maps) and the other namespaces but the network one, reads
-//!                            │   the plan, opens the cgroups, forks P1 (into the v2 cgroup),
+//! runtime ──socket (fd 0)──► P0  init, host pid ns: reads the prelude, opens the cgroups,
+//!                            │   unshares user (+maps) and the other namespaces but the
+//!                            │   network one, reads the plan, forks P1 (into the v2 cgroup),
 //!                            │   makes the network namespace and hands it to P1, then
 //!                            │   only waits: a "k" byte or EOF on fd 0 (the runtime died) →
 //!                            │   SIGKILL P1; once P1 is gone it closes its descriptors.
 //!                            └► P1  pid 1 of the new pid ns: moves itself into the v1 cgroups
-//!                               │   (see `CgroupJoin`), builds the root, enters the network
-//!                               │   namespace, pivot_root,
+//!                               │   (see `CgroupJoin`), builds the root (binds the prepared
+//!                               │   one and mounts), pivot_root, enters the network namespace,
 //!                               │   drops privileges (caps, no_new_privs, Landlock, seccomp
 //!                               │   last), reports `ready`, forks the command, reaps zombies,
 //!                               │   reports `exit`, then exits, which kills whatever is left.
 //!                               └► P2  the command (stdin /dev/null, stdout/stderr = runtime's pipes)
 //! ```
 //!
-//! The runtime sends two JSON lines on fd 0: the prelude (what P0 needs), then the plan (what
-//! P1 needs; P0 passes it on unparsed). Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
+//! The runtime sends two JSON lines on fd 0: the prelude (what P0 needs, before P0 starts),
+//! then the plan (what P1 needs, compiled while P0 makes its namespaces; P0 passes it on
+//! unparsed). Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
 //! `{"event":"exit","code":N}` / `{"event":"exit","signal":N}`, `{"event":"error",...}`.
 //! P1 sends `exit` only after killing and reaping every other process of the sandbox
 //! (double-forked, setsid'd, SIGTERM-ignoring ones too): from it on, only P1 is left, and

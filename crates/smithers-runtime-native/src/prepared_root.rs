@@ -10,19 +10,28 @@
 //! host file it copies. An edited `/etc/resolv.conf` thus gives a new root at the next
 //! execute, as the per-sandbox copies did. It is built under a temporary name and renamed into
 //! place, so a root under its final name is complete; builders racing for the same name
-//! (threads, processes sharing the state root) lose nothing. Once in place it is never
-//! written again (each sandbox binds it read-only) and the runtime does not remove it: it is
-//! a few hundred KiB on the state root's tmpfs per distinct host configuration, gone at
-//! reboot. Sandboxes already running keep the root they started with.
+//! (threads, processes sharing the state root) lose nothing. Once in place its content is
+//! never written again (each sandbox binds it read-only); each use stamps its modification
+//! time. Sandboxes already running keep the root they started with. When a new root is made
+//! (a file changed), the others go if no mount of any process uses them and none was used
+//! for [`UNUSED_FOR`] (a runtime of another build may still be using its own), so that a
+//! host whose `/etc/resolv.conf` is rewritten every hour does not pile up roots.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::plan::{MountOp, PLAN_VERSION};
 
 /// Prefix of prepared roots in the state root (a dot: not a sandbox's state directory).
 pub(crate) const PREFIX: &str = ".root-";
+
+/// Prefix of a root being built.
+const BUILDING: &str = ".building.root-";
+
+/// How long a prepared root must have gone unused before another's making removes it.
+pub(crate) const UNUSED_FOR: Duration = Duration::from_secs(600);
 
 /// The prepared root holding `files` (the plan's file operations) and the mount points of
 /// `mounts`, made if it does not exist yet. Returns its path.
@@ -32,18 +41,22 @@ pub(crate) fn ensure(
     mounts: &[MountOp],
 ) -> std::io::Result<PathBuf> {
     let dir = state_root.join(format!("{PREFIX}{:016x}", key(files, mounts)));
-    if dir.is_dir() {
+    // Stamping the use is also the existence check: one syscall on the common path.
+    if stamp(&dir) {
         return Ok(dir);
     }
     static BUILDS: AtomicU64 = AtomicU64::new(0);
     let tmp = state_root.join(format!(
-        ".building{PREFIX}{}-{}",
+        "{BUILDING}{}-{}",
         std::process::id(),
         BUILDS.fetch_add(1, Ordering::Relaxed)
     ));
     let placed = build(&tmp, files, mounts).and_then(|()| std::fs::rename(&tmp, &dir));
     match placed {
-        Ok(()) => Ok(dir),
+        Ok(()) => {
+            sweep(state_root, &dir, UNUSED_FOR);
+            Ok(dir)
+        }
         // Another builder placed the same root first (rename onto a non-empty directory).
         Err(_) if dir.is_dir() => {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -54,6 +67,84 @@ pub(crate) fn ensure(
             Err(e)
         }
     }
+}
+
+/// Sets `dir`'s times to now; false when it does not exist (or cannot be stamped, in which
+/// case it is made again).
+fn stamp(dir: &Path) -> bool {
+    let path = crate::sys::cpath(dir);
+    // SAFETY: utimensat with a valid C string and a null `times` (meaning now).
+    unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), std::ptr::null(), 0) == 0 }
+}
+
+/// Removes the prepared roots of `state_root` but `keep` that no mount uses and that were
+/// last used `unused_for` ago or more, and builds left behind as long ago by a crash.
+fn sweep(state_root: &Path, keep: &Path, unused_for: Duration) {
+    let Ok(entries) = std::fs::read_dir(state_root) else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    let old: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let ours = name.starts_with(PREFIX) || name.starts_with(BUILDING);
+            let idle = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age >= unused_for);
+            ours && idle && e.path() != keep
+        })
+        .map(|e| e.path())
+        .collect();
+    if old.is_empty() {
+        return;
+    }
+    let mounted = mounted_roots();
+    for dir in old {
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        if name.is_some_and(|n| mounted.contains(&n)) {
+            continue;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The names of the prepared roots that some mount, in any mount namespace this process can
+/// see, has as its root (a sandbox binds its root from one).
+fn mounted_roots() -> std::collections::HashSet<String> {
+    let mut found = std::collections::HashSet::new();
+    let mut namespaces = std::collections::HashSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in procs.flatten() {
+        let pid = entry.file_name();
+        if !pid.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        // One read per mount namespace.
+        let ns = std::fs::read_link(entry.path().join("ns/mnt")).ok();
+        if ns.as_ref().is_some_and(|ns| !namespaces.insert(ns.clone())) {
+            continue;
+        }
+        if let Ok(text) = std::fs::read_to_string(entry.path().join("mountinfo")) {
+            found.extend(roots_in_mountinfo(&text));
+        }
+    }
+    found
+}
+
+/// The prepared-root names among the mount roots (fourth field) of a mountinfo text.
+fn roots_in_mountinfo(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.lines().filter_map(|line| {
+        let root = line.split(' ').nth(3)?;
+        let name = root.rsplit('/').next()?;
+        name.starts_with(PREFIX).then(|| name.to_string())
+    })
 }
 
 /// FNV-1a over the plan version, the ops and the copied files' identities: stable across
@@ -211,6 +302,42 @@ mod tests {
         // Different mount points: a different root too.
         let fewer = &mounts[..1];
         assert_ne!(ensure(&state, &files, fewer).unwrap(), changed);
+    }
+
+    #[test]
+    fn making_a_new_root_removes_unused_old_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let source = tmp.path().join("passwd");
+        std::fs::write(&source, "a\n").unwrap();
+        let state = tmp.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        let (files, mounts) = ops(&source);
+        let first = ensure(&state, &files, &mounts).unwrap();
+        std::fs::write(&source, "b\n").unwrap();
+        // Used just now: kept when the next one is made.
+        let second = ensure(&state, &files, &mounts).unwrap();
+        assert!(first.is_dir() && second.is_dir());
+        // Unused for long enough, and no mount has it: removed; the one kept stays.
+        sweep(&state, &second, Duration::ZERO);
+        assert!(!first.exists());
+        assert!(second.is_dir());
+        // Using a root stamps it (a sweep spares what was used within `UNUSED_FOR`).
+        let before = std::fs::metadata(&second).unwrap().modified().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(ensure(&state, &files, &mounts).unwrap(), second);
+        let after = std::fs::metadata(&second).unwrap().modified().unwrap();
+        assert!(after > before);
+    }
+
+    #[test]
+    fn mounted_roots_are_read_from_mountinfo() {
+        let text = "\
+25 1 0:21 / / rw - ext4 /dev/vda rw
+611 610 0:26 /smithers-sandbox-0/.root-00aa11bb22cc33dd / ro,nosuid,nodev - tmpfs tmpfs rw
+612 611 0:30 / /usr ro - ext4 /dev/vda rw
+";
+        let names: Vec<String> = roots_in_mountinfo(text).collect();
+        assert_eq!(names, vec![".root-00aa11bb22cc33dd".to_string()]);
     }
 
     #[test]

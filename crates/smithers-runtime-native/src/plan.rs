@@ -810,6 +810,15 @@ mod tests {
         workspace: WorkspaceFacts,
         allow_network: bool,
     ) -> InitPlan {
+        plan_for_root(layout, workspace, allow_network, false)
+    }
+
+    fn plan_for_root(
+        layout: HostLayout,
+        workspace: WorkspaceFacts,
+        allow_network: bool,
+        prepared_root: bool,
+    ) -> InitPlan {
         let host = facts();
         let step_env: BTreeMap<String, String> = [
             ("FOO".to_string(), "bar".to_string()),
@@ -835,7 +844,7 @@ mod tests {
             step_env: &step_env,
             host_env: &host_env,
             seccomp: vec![],
-            prepared_root: false,
+            prepared_root,
         })
     }
 
@@ -1032,28 +1041,8 @@ mod tests {
 
     #[test]
     fn a_prepared_root_holds_what_the_tmpfs_root_is_built_with() {
-        let input_layout = layout();
         let tmpfs = plan_with(WorkspaceFacts::default(), false);
-        let mut prepared = tmpfs.clone();
-        prepared.mounts = {
-            let host = facts();
-            let (step_env, host_env) = (BTreeMap::new(), BTreeMap::new());
-            let argv = vec!["true".to_string()];
-            mount_plan(&PlanInput {
-                layout: &input_layout,
-                workspace: WorkspaceFacts::default(),
-                host: &host,
-                allow_network: false,
-                tmp_bytes: 1 << 20,
-                volumes: &[],
-                argv: &argv,
-                cwd: None,
-                step_env: &step_env,
-                host_env: &host_env,
-                seccomp: vec![],
-                prepared_root: true,
-            })
-        };
+        let prepared = plan_for_root(layout(), WorkspaceFacts::default(), false, true);
         // The only difference: /dev is no tmpfs of its own (and so needs no read-only
         // remount); it is read-only with the root.
         let without_dev_mount: Vec<MountOp> = tmpfs

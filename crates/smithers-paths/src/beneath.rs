@@ -98,6 +98,31 @@ impl Beneath {
         Ok(File::from(fd))
     }
 
+    /// Reads `rel` whole if it is a regular file of at most `max` bytes: `Ok(None)` when it is
+    /// anything else (a directory, a device, a fifo: opened without blocking, never read) or
+    /// larger, also if it grew past `max` while read. For files an untrusted step left behind.
+    pub fn read_regular(&self, rel: &Path, max: u64) -> Result<Option<Vec<u8>>, PathError> {
+        use std::io::Read;
+        let (parent, name) = self.parent_of(rel)?;
+        let fd = rustix::fs::openat(
+            &parent,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| self.err("open", rel, e))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| self.err("stat", rel, e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_size as u64 > max {
+            return Ok(None);
+        }
+        let mut buf = Vec::with_capacity(st.st_size as usize);
+        File::from(fd)
+            .take(max + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| PathError::io("read", rel.display().to_string(), e))?;
+        Ok((buf.len() as u64 <= max).then_some(buf))
+    }
+
     /// Creates a new file (it must not exist; parents must) for writing, with `mode`.
     pub fn create_new(&self, rel: &Path, mode: u32) -> Result<File, PathError> {
         let (parent, name) = self.parent_of(rel)?;

@@ -149,3 +149,38 @@ fn symlinks_are_created_as_data() {
     // Creating a file "through" it is refused.
     assert!(b.create_new(Path::new("src/pw"), 0o644).is_err());
 }
+
+#[test]
+fn read_regular_reads_bounded_regular_files_and_nothing_else() {
+    let (root, _outside) = tree();
+    let b = Beneath::open(root.path()).unwrap();
+    assert_eq!(
+        b.read_regular(Path::new("src/a.txt"), 1).unwrap(),
+        Some(b"a".to_vec())
+    );
+    // Over the limit, a directory: not read.
+    assert_eq!(b.read_regular(Path::new("src/a.txt"), 0).unwrap(), None);
+    assert_eq!(
+        b.read_regular(Path::new("src/deep"), 1 << 20).unwrap(),
+        None
+    );
+    // A fifo is opened without blocking (no writer would ever come) and not read.
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        root.path().join("src/fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        b.read_regular(Path::new("src/fifo"), 1 << 20).unwrap(),
+        None
+    );
+    // A symlink, final or on the way, is an escape, never followed.
+    for link in ["src/link", "out/secret", "src/inner/x"] {
+        let err = b.read_regular(Path::new(link), 1 << 20).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ToolPathEscape, "{link}: {err}");
+    }
+    assert!(b.read_regular(Path::new("src/missing"), 1).is_err());
+}

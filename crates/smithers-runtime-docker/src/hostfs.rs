@@ -2,11 +2,9 @@
 //! the writable layer, and reading what the (untrusted) step left in `/result` without ever
 //! following a link it planted.
 
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use rustix::fs::{Mode, OFlags};
 use smithers_runtime::RuntimeError;
 
 use crate::engine::RUNTIME;
@@ -97,37 +95,13 @@ pub(crate) fn remove_tree(path: &Path) -> Result<(), RuntimeError> {
 }
 
 /// Reads `dir/name` if it is a regular file of at most `max` bytes, never following a
-/// symlink (neither `name` nor anything above it inside `dir`). Ok(None) when absent, a
-/// symlink, not a regular file, or too large: the step's result is then simply not there.
+/// symlink (neither `name` nor anything above it inside `dir`). None when absent, a symlink,
+/// not a regular file, or too large: the step's result is then simply not there.
 pub(crate) fn read_untrusted_file(dir: &Path, name: &str, max: u64) -> Option<Vec<u8>> {
-    let dirfd = rustix::fs::open(
-        dir,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-        Mode::empty(),
-    )
-    .ok()?;
-    read_at(&dirfd, Path::new(name), max)
-}
-
-fn read_at(dirfd: &rustix::fd::OwnedFd, rel: &Path, max: u64) -> Option<Vec<u8>> {
-    // NONBLOCK: a fifo planted by the step must not hang the host.
-    let fd = rustix::fs::openat(
-        dirfd,
-        rel,
-        OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY | OFlags::NONBLOCK,
-        Mode::empty(),
-    )
-    .ok()?;
-    let st = rustix::fs::fstat(&fd).ok()?;
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
-        || st.st_size as u64 > max
-    {
-        return None;
-    }
-    let mut file = std::fs::File::from(fd);
-    let mut buf = Vec::with_capacity(st.st_size as usize);
-    file.by_ref().take(max + 1).read_to_end(&mut buf).ok()?;
-    (buf.len() as u64 <= max).then_some(buf)
+    smithers_paths::Beneath::open(dir)
+        .ok()?
+        .read_regular(Path::new(name), max)
+        .ok()?
 }
 
 #[cfg(test)]

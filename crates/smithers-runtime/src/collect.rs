@@ -238,6 +238,9 @@ pub fn collect_artifacts(
         Ok(md) if md.file_type().is_dir() => {}
         _ => return (found, skipped),
     }
+    let Ok(beneath) = smithers_paths::Beneath::open(root) else {
+        return (found, skipped);
+    };
     let mut total = 0u64;
     let mut stack: Vec<std::path::PathBuf> = vec![std::path::PathBuf::new()];
     while let Some(rel_dir) = stack.pop() {
@@ -259,12 +262,12 @@ pub fn collect_artifacts(
                     ));
                     continue;
                 }
-                match read_regular_nofollow(&root.join(&rel), max_bytes.saturating_sub(total)) {
-                    Some(content) => {
+                match beneath.read_regular(&rel, max_bytes.saturating_sub(total)) {
+                    Ok(Some(content)) => {
                         total += content.len() as u64;
                         found.push(BundleFile::new(format!("artifacts/{rel_text}"), content));
                     }
-                    None => skipped.push(format!(
+                    Ok(None) | Err(_) => skipped.push(format!(
                         "{rel_text}: unreadable, replaced during the walk, or over the bundle size limit"
                     )),
                 }
@@ -277,25 +280,6 @@ pub fn collect_artifacts(
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
     (found, skipped)
-}
-
-/// A regular file of at most `max` bytes, opened without following a link (and without
-/// waiting on a fifo swapped in), else None.
-fn read_regular_nofollow(path: &Path, max: u64) -> Option<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    let md = file.metadata().ok()?;
-    if !md.file_type().is_file() || md.len() > max {
-        return None;
-    }
-    let mut buf = Vec::with_capacity(md.len() as usize);
-    file.take(max + 1).read_to_end(&mut buf).ok()?;
-    (buf.len() as u64 <= max).then_some(buf)
 }
 
 #[cfg(test)]

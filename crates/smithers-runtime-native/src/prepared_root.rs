@@ -258,14 +258,21 @@ mod tests {
         (files, mounts)
     }
 
+    /// A scratch directory with a host file to copy (holding `content`) and an empty state
+    /// root: (the scratch directory, the file, the state root).
+    fn scratch(content: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let source = tmp.path().join("passwd");
+        std::fs::write(&source, content).unwrap();
+        let state = tmp.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        (tmp, source, state)
+    }
+
     #[test]
     fn holds_the_files_and_mount_points_and_follows_the_copied_files() {
         use std::os::unix::fs::PermissionsExt;
-        let tmp = tempfile::tempdir().unwrap();
-        let source = tmp.path().join("passwd");
-        std::fs::write(&source, "root:x:0:0::/:/bin/sh\n").unwrap();
-        let state = tmp.path().join("state");
-        std::fs::create_dir(&state).unwrap();
+        let (_tmp, source, state) = scratch("root:x:0:0::/:/bin/sh\n");
         let (files, mounts) = ops(&source);
 
         let root = ensure(&state, &files, &mounts).unwrap();
@@ -306,11 +313,7 @@ mod tests {
 
     #[test]
     fn making_a_new_root_removes_unused_old_ones() {
-        let tmp = tempfile::tempdir().unwrap();
-        let source = tmp.path().join("passwd");
-        std::fs::write(&source, "a\n").unwrap();
-        let state = tmp.path().join("state");
-        std::fs::create_dir(&state).unwrap();
+        let (_tmp, source, state) = scratch("a\n");
         let (files, mounts) = ops(&source);
         let first = ensure(&state, &files, &mounts).unwrap();
         std::fs::write(&source, "b\n").unwrap();
@@ -342,9 +345,7 @@ mod tests {
 
     #[test]
     fn a_failed_build_leaves_nothing() {
-        let tmp = tempfile::tempdir().unwrap();
-        let state = tmp.path().join("state");
-        std::fs::create_dir(&state).unwrap();
+        let (_tmp, _, state) = scratch("");
         // A symlink and then a directory at the same path cannot both be made.
         let files = vec![
             MountOp::Symlink {

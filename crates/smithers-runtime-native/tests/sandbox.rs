@@ -15,11 +15,16 @@ use smithers_runtime::{
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
 
 fn runtime() -> NativeRuntime {
+    runtime_with(NativeOptions::default())
+}
+
+/// A runtime with `options`, running this build's init binary.
+fn runtime_with(options: NativeOptions) -> NativeRuntime {
     NativeRuntime::new(NativeOptions {
         init: Some(InitCommand::binary(env!(
             "CARGO_BIN_EXE_smithers-sandbox-init"
         ))),
-        ..NativeOptions::default()
+        ..options
     })
 }
 
@@ -702,10 +707,7 @@ async fn a_killed_zygote_is_replaced() {
 /// With the zygote turned off the init binary is executed for every sandbox, as it was.
 #[tokio::test(flavor = "multi_thread")]
 async fn without_a_zygote_the_init_is_executed() {
-    let rt = Arc::new(NativeRuntime::new(NativeOptions {
-        init: Some(InitCommand::binary(env!(
-            "CARGO_BIN_EXE_smithers-sandbox-init"
-        ))),
+    let rt = Arc::new(runtime_with(NativeOptions {
         zygote: false,
         ..NativeOptions::default()
     }));
@@ -725,10 +727,7 @@ async fn without_a_zygote_the_init_is_executed() {
 /// mounts. Two sandboxes side by side share a prepared root without seeing each other.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_prepared_root_looks_like_a_root_built_per_sandbox() {
-    let per_sandbox = Arc::new(NativeRuntime::new(NativeOptions {
-        init: Some(InitCommand::binary(env!(
-            "CARGO_BIN_EXE_smithers-sandbox-init"
-        ))),
+    let per_sandbox = Arc::new(runtime_with(NativeOptions {
         prepared_root: false,
         ..NativeOptions::default()
     }));
@@ -772,6 +771,18 @@ async fn a_prepared_root_looks_like_a_root_built_per_sandbox() {
         !a_tree.iter().any(|l| l.starts_with("wrote")),
         "{a_tree:#?}"
     );
+    // And the two roots really are of the two kinds: a bind of a prepared root, where /dev
+    // is a directory of it, against a tmpfs with a /dev tmpfs of its own.
+    let kinds = "awk '$5 == \"/\" {print \"root\", $4, $9} $5 == \"/dev\" {print \"dev\", $9}' \
+                 /proc/self/mountinfo";
+    let (_, a_kinds) = a.run(kinds).await;
+    let (_, c_kinds) = c.run(kinds).await;
+    let (a_kinds, c_kinds) = (a_kinds.stdout(), c_kinds.stdout());
+    assert!(
+        a_kinds.len() == 1 && a_kinds[0].starts_with("root /") && a_kinds[0].contains("/.root-"),
+        "{a_kinds:?}"
+    );
+    assert_eq!(c_kinds, vec!["root / tmpfs", "dev tmpfs"], "{c_kinds:?}");
     // The other sandbox on the same prepared root saw neither /tmp nor the workspace of the
     // first.
     let b_seen = b_lines.stdout();

@@ -1272,29 +1272,30 @@ fn apply_landlock(plan: &LandlockPlan) -> Result<&'static str, String> {
     })
 }
 
-fn install_seccomp(programs: &[Vec<crate::plan::BpfInstruction>]) -> SysResult<()> {
-    for program in programs {
-        let filter: Vec<libc::sock_filter> = program
-            .iter()
-            .map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k })
-            .collect();
-        let fprog = libc::sock_fprog {
-            len: filter.len() as libc::c_ushort,
-            filter: filter.as_ptr() as *mut libc::sock_filter,
-        };
-        // SAFETY: `fprog` points at `filter`, which outlives the call; the kernel copies it.
-        let ret = unsafe {
-            libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER as libc::c_ulong,
-                &fprog as *const libc::sock_fprog,
-                0 as libc::c_ulong,
-                0 as libc::c_ulong,
-            )
-        };
-        sys::check(ret, || "install seccomp filter".to_string())?;
+/// Installs `program` (nothing when it is empty).
+fn install_seccomp(program: &[crate::plan::BpfInstruction]) -> SysResult<()> {
+    if program.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let filter: Vec<libc::sock_filter> = program
+        .iter()
+        .map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k })
+        .collect();
+    let fprog = libc::sock_fprog {
+        len: filter.len() as libc::c_ushort,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `filter`, which outlives the call; the kernel copies it.
+    let ret = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER as libc::c_ulong,
+            &fprog as *const libc::sock_fprog,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    sys::check(ret, || "install seccomp filter".to_string()).map(|_| ())
 }
 
 /// Privileges go in this order: capabilities (while we still may change securebits), then
@@ -1558,7 +1559,7 @@ fn run_probe(scratch: &Path) -> i32 {
         },
     );
     let seccomp = match crate::seccomp::compile() {
-        Ok(programs) => outcome(install_seccomp(&programs)),
+        Ok(program) => outcome(install_seccomp(&program)),
         Err(e) => json!({"ok": false, "detail": e.to_string()}),
     };
     out.insert("seccomp".into(), seccomp);

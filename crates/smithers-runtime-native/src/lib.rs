@@ -220,7 +220,7 @@ struct HostCaps {
     init: Result<InitCommand, String>,
     facts: HostFacts,
     cgroups: CgroupHost,
-    seccomp: Result<Vec<Vec<BpfInstruction>>, String>,
+    seccomp: Result<Vec<BpfInstruction>, String>,
     userns: Result<(), String>,
     uid: u32,
     gid: u32,

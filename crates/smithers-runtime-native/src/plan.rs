@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when the init and the runtime would disagree on the plan's meaning.
-pub const PLAN_VERSION: u32 = 4;
+pub const PLAN_VERSION: u32 = 5;
 
 /// Where the sandbox sees things. Part of the contract with steps.
 pub mod paths {
@@ -338,8 +338,8 @@ pub struct InitPlan {
     pub root: RootFs,
     pub mounts: Vec<MountOp>,
     pub landlock: LandlockPlan,
-    /// Seccomp programs, installed in order after everything else.
-    pub seccomp: Vec<Vec<BpfInstruction>>,
+    /// The seccomp program, installed after everything else (empty: none).
+    pub seccomp: Vec<BpfInstruction>,
     pub exec: ExecSpec,
 }
 
@@ -435,7 +435,7 @@ pub struct PlanInput<'a> {
     pub step_env: &'a BTreeMap<String, String>,
     /// The host's environment, from which only [`ENV_PASSTHROUGH`] is taken.
     pub host_env: &'a BTreeMap<String, String>,
-    pub seccomp: Vec<Vec<BpfInstruction>>,
+    pub seccomp: Vec<BpfInstruction>,
     /// Plan for a prepared root ([`RootFs::Prepared`]): `/dev` is a directory of the root
     /// (read-only with it) rather than a tmpfs of its own, so that everything but the mounts
     /// can be made once, ahead. The file operations stay in the plan; [`split_prepared`]

@@ -202,10 +202,9 @@ fn search(entries: &[(u32, Verdict)]) -> Result<Vec<BpfInstruction>, SeccompComp
     Ok(out)
 }
 
-/// Compiles the program the init installs (one, returned in a list for the plan): the EPERM
-/// deny list, `clone` with namespace flags and the TIOCSTI terminal injection `ioctl` denied,
+/// Compiles the program the init installs: the EPERM deny list, `clone` with namespace flags and the TIOCSTI terminal injection `ioctl` denied,
 /// `clone3` → ENOSYS; any other architecture's syscalls kill the process.
-pub fn compile() -> Result<Vec<Vec<BpfInstruction>>, SeccompCompileError> {
+pub fn compile() -> Result<Vec<BpfInstruction>, SeccompCompileError> {
     let arch = audit_arch()?;
     let mut entries: Vec<(u32, Verdict)> = denied_syscalls()
         .into_iter()
@@ -232,7 +231,7 @@ pub fn compile() -> Result<Vec<Vec<BpfInstruction>>, SeccompCompileError> {
         stmt(RET_K, RET_ERRNO | libc::EPERM as u32),
     ]);
     program.extend(search(&entries)?);
-    Ok(vec![program])
+    Ok(program)
 }
 
 #[cfg(test)]
@@ -309,10 +308,8 @@ mod tests {
 
     #[test]
     fn the_program_denies_exactly_the_list() {
-        let progs = compile().expect("compile");
-        assert_eq!(progs.len(), 1);
-        let prog = &progs[0];
-        assert!(prog.len() < 4096);
+        let prog = &compile().expect("compile");
+        assert!(!prog.is_empty() && prog.len() < 4096);
         let arch = audit_arch().unwrap();
         let denied: Vec<u32> = denied_syscalls().iter().map(|(_, nr)| *nr as u32).collect();
         let eperm = RET_ERRNO | libc::EPERM as u32;
@@ -337,7 +334,7 @@ mod tests {
     // The ioctl request constants are u64 on some targets and not on others.
     #[allow(clippy::unnecessary_cast)]
     fn clone_and_ioctl_are_judged_by_their_arguments() {
-        let prog = &compile().unwrap()[0];
+        let prog = &compile().unwrap();
         let arch = audit_arch().unwrap();
         let clone = libc::SYS_clone as u32;
         // What fork and pthread_create pass is allowed; any namespace flag is not.

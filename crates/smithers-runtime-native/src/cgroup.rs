@@ -406,17 +406,13 @@ impl SandboxCgroups {
     /// `cgroup.events`, where there is one, answers for all: one small read on the path of
     /// every cleanup.
     pub fn populated(&self) -> bool {
-        if let Some(d) = self.dirs.iter().find(|d| d.v2) {
-            return read_key(&d.path.join("cgroup.events"), "populated").is_some_and(|v| v != 0);
-        }
-        self.dirs.iter().any(|d| {
-            if d.v2 {
-                read_key(&d.path.join("cgroup.events"), "populated").is_some_and(|v| v != 0)
-            } else {
+        match self.dirs.iter().find(|d| d.v2) {
+            Some(d) => read_key(&d.path.join("cgroup.events"), "populated").is_some_and(|v| v != 0),
+            None => self.dirs.iter().any(|d| {
                 std::fs::read_to_string(d.path.join("cgroup.procs"))
                     .is_ok_and(|t| !t.trim().is_empty())
-            }
-        })
+            }),
+        }
     }
 
     /// Kills every process in the sandbox's cgroups: `cgroup.kill` where the kernel has it,

@@ -333,7 +333,6 @@ fn fork_from_zygote(
     None
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn execute(
     caps: &HostCaps,
     zygote: Option<&std::sync::Mutex<Option<Zygote>>>,
@@ -540,14 +539,13 @@ pub(crate) async fn execute(
     // Without an `exit` report (a kill, a failure), belt and braces: the pid namespace is
     // gone, so the cgroups should be empty. If anything escaped into them (it cannot leave a
     // pid namespace, but be sure), kill it now. After one, the init alone is left, exiting.
-    let reported_exit = events.iter().any(|e| e["event"] == "exit");
-    if !reported_exit && cgroups.populated() {
+    let exit = events.iter().find(|e| e["event"] == "exit");
+    if exit.is_none() && cgroups.populated() {
         cgroups.kill_and_wait(KILL_GRACE);
     }
     let stats = cgroups.stats();
 
     let ready = events.iter().find(|e| e["event"] == "ready");
-    let exit = events.iter().find(|e| e["event"] == "exit");
     if reason.is_none() {
         if let Some(error) = events.iter().find(|e| e["event"] == "error") {
             return Err(RuntimeError::Spawn {

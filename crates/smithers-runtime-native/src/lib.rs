@@ -931,15 +931,20 @@ fn cleanup_backend(backend: &Backend, handle_dirs: &[&Path]) -> Result<(), Runti
     // each removed directory or data file waits for its blocks' discard, ~0.1 ms apiece. The
     // layer's `upper/` and `work/` and each of the handle's directories in the project are
     // removed on other threads; this one removes the cgroups and the state directory (a
-    // tmpfs, by default), then the emptied layer directory.
-    let layer = backend.layer_dir.clone();
+    // tmpfs, by default), then (older handles) the emptied layer directory.
     let mut trees: Vec<PathBuf> = handle_dirs.iter().map(|d| d.to_path_buf()).collect();
-    match (&layer, backend.flat_layer) {
+    let emptied_layer = match (&backend.layer_dir, backend.flat_layer) {
         // The layer (the work directory, or the copy's parent) and the upper beside it.
-        (Some(layer), true) => trees.extend([layer.clone(), backend.upper()]),
-        (Some(_), false) => trees.extend([backend.upper(), backend.work(), backend.copy()]),
-        (None, _) => {}
-    }
+        (Some(layer), true) => {
+            trees.extend([layer.clone(), backend.upper()]);
+            None
+        }
+        (Some(layer), false) => {
+            trees.extend([backend.upper(), backend.work(), backend.copy()]);
+            Some(layer)
+        }
+        (None, _) => None,
+    };
     let removals = beside(trees.into_iter().map(|tree| {
         move || {
             remove_tree(&tree)
@@ -966,8 +971,8 @@ fn cleanup_backend(backend: &Backend, handle_dirs: &[&Path]) -> Result<(), Runti
             None => problems.push("a removal failed without a report (it panicked)".into()),
         }
     }
-    if let Some(layer) = layer {
-        if let Err(e) = remove_tree(&layer) {
+    if let Some(layer) = emptied_layer {
+        if let Err(e) = remove_tree(layer) {
             problems.push(format!("remove {}: {e}", layer.display()));
         }
     }

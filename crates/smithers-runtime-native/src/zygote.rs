@@ -45,9 +45,12 @@ pub(crate) fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
 /// Room for the control message carrying up to three descriptors.
 const CMSG_SPACE_3: usize = 64;
 
-/// Sends one byte with `fds` (at most three) attached (SCM_RIGHTS); none sends the byte alone.
+/// Sends one byte with `fds` (one to three) attached (SCM_RIGHTS).
 pub(crate) fn send_fds(sock: RawFd, fds: &[RawFd]) -> std::io::Result<()> {
-    assert!(fds.len() <= 3, "send_fds carries at most three descriptors");
+    assert!(
+        (1..=3).contains(&fds.len()),
+        "send_fds carries one to three descriptors"
+    );
     let mut byte = [b'f'];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
@@ -59,23 +62,21 @@ pub(crate) fn send_fds(sock: RawFd, fds: &[RawFd]) -> std::io::Result<()> {
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        // SAFETY: CMSG_SPACE only computes a size.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(payload) } as usize;
-        // SAFETY: `msg` points at `control`, which is large enough for one cmsghdr with up to
-        // three ints (CMSG_SPACE_3 >= CMSG_SPACE(12)); the macros stay within it.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr(),
-                libc::CMSG_DATA(cmsg).cast::<RawFd>(),
-                fds.len(),
-            );
-        }
+    msg.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE only computes a size.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(payload) } as usize;
+    // SAFETY: `msg` points at `control`, which is large enough for one cmsghdr with up to
+    // three ints (CMSG_SPACE_3 >= CMSG_SPACE(12)); the macros stay within it.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
+        std::ptr::copy_nonoverlapping(
+            fds.as_ptr(),
+            libc::CMSG_DATA(cmsg).cast::<RawFd>(),
+            fds.len(),
+        );
     }
     loop {
         // SAFETY: `msg` and everything it points to are valid for the call.

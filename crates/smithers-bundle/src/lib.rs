@@ -46,9 +46,12 @@ mod write;
 pub use bounds::check_output_bounds;
 pub use error::BundleError;
 pub use limits::*;
-pub use manifest::{BundleStatus, DiffBundle, DiffOperation, DiffPatch, Manifest, ValidatedBundle};
+pub use manifest::{
+    BundleStatus, ChangeNotes, DiffBundle, DiffOperation, DiffPatch, LeftOut, Manifest,
+    ValidatedBundle,
+};
 pub use smithers_paths::PathError;
-pub use validate::{assert_patch_path_safe, parse_manifest, validate_bundle};
+pub use validate::{assert_patch_path_safe, parse_change_notes, parse_manifest, validate_bundle};
 pub use write::{
     write_bundle, write_bundle_with, BundleFile, WriteOptions, WriteParams, WrittenBundle,
 };

@@ -139,6 +139,62 @@ fn lossy_opt_path<S: Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::
     }
 }
 
+/// Our own key of README.md, `changeNotes` (the JavaScript package ignores keys it does not
+/// know): what a reviewer and `accept` must know beyond the patches. Written only when it has
+/// something to say, so an ordinary bundle's README.md is byte-identical to the JavaScript
+/// writer's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ChangeNotes {
+    /// Paths the step changed whose host file changed too while the step ran: the base the
+    /// step saw is lost, so their patch (made against the host's newer version) would undo
+    /// the host's edit. `accept` refuses them as conflicts; they are not in the `diffBundle`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_changed: Vec<String>,
+    /// Changes of the step that no patch carries, each with the reason (ignored by
+    /// `.gitignore`, excluded, not representable, over a limit).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<LeftOut>,
+    /// How many more left-out entries there were than `left_out` lists (it is capped at
+    /// [`ChangeNotes::MAX_LISTED`] so that README.md stays small).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub left_out_unlisted: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl ChangeNotes {
+    /// At most this many `left_out` (and `host_changed`) entries are listed.
+    pub const MAX_LISTED: usize = 1000;
+
+    /// Nothing to say.
+    pub fn is_empty(&self) -> bool {
+        self.host_changed.is_empty() && self.left_out.is_empty() && self.left_out_unlisted == 0
+    }
+
+    /// Adds a left-out entry, counting it past [`ChangeNotes::MAX_LISTED`].
+    pub fn leave_out(&mut self, path: impl Into<String>, reason: impl Into<String>) {
+        if self.left_out.len() < Self::MAX_LISTED {
+            self.left_out.push(LeftOut {
+                path: path.into(),
+                reason: reason.into(),
+            });
+        } else {
+            self.left_out_unlisted += 1;
+        }
+    }
+}
+
+/// One change a bundle leaves out (a directory ends with `/`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LeftOut {
+    pub path: String,
+    pub reason: String,
+}
+
 /// A bundle that passed validation (`ValidatedSandboxBundle`). Serialises with the JS field
 /// names: `{manifest, bundleSizeBytes, patchFiles, logsPath, bundlePath}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,6 +214,9 @@ pub struct ValidatedBundle {
     /// The bundle directory as given.
     #[serde(rename = "bundlePath", serialize_with = "lossy_path")]
     pub bundle_path: PathBuf,
+    /// README.md's `changeNotes` (empty when absent). Not part of the JavaScript shape.
+    #[serde(skip)]
+    pub change_notes: ChangeNotes,
 }
 
 impl ValidatedBundle {

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::error::BundleError;
 use crate::js_json::js_trim;
 use crate::limits::{SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES, SANDBOX_MAX_README_BYTES};
-use crate::manifest::{BundleStatus, Manifest, ValidatedBundle};
+use crate::manifest::{BundleStatus, ChangeNotes, Manifest, ValidatedBundle};
 use smithers_paths::{is_within, resolve};
 
 /// Validates the bundle at `bundle_path` (spec §2): README.md, manifest, symlinks, sizes,
@@ -25,6 +25,7 @@ pub fn validate_bundle(bundle_path: impl AsRef<Path>) -> Result<ValidatedBundle,
     let readme_path = resolve_in(bundle_path, "README.md")?;
     let raw = read_readme(bundle_path, &readme_path)?;
     let manifest = parse_manifest(&raw)?;
+    let change_notes = parse_change_notes(&raw)?;
 
     let walked = walk(bundle_path)?;
     if walked.total_bytes > SANDBOX_MAX_BUNDLE_BYTES {
@@ -65,7 +66,24 @@ pub fn validate_bundle(bundle_path: impl AsRef<Path>) -> Result<ValidatedBundle,
         patch_files,
         logs_path: logs,
         bundle_path: bundle_path.to_path_buf(),
+        change_notes,
     })
+}
+
+/// README.md's `changeNotes` (our key; see [`ChangeNotes`]): absent is empty, and one that is
+/// present but malformed fails validation rather than being dropped, since `accept` relies on
+/// its `hostChanged` list. (`raw` has already been parsed once by [`parse_manifest`].)
+pub fn parse_change_notes(raw: &[u8]) -> Result<ChangeNotes, BundleError> {
+    let text = String::from_utf8_lossy(raw);
+    let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(js_trim(&text)) else {
+        return Ok(ChangeNotes::default());
+    };
+    match map.shift_remove("changeNotes") {
+        None => Ok(ChangeNotes::default()),
+        Some(v) => serde_json::from_value(v).map_err(|e| BundleError::ReadmeInvalidJson {
+            reason: format!("changeNotes: {e}"),
+        }),
+    }
 }
 
 fn resolve_in(bundle_path: &Path, rel: &str) -> Result<PathBuf, BundleError> {

@@ -16,7 +16,7 @@ use crate::limits::{
     Limit, SANDBOX_BUNDLE_PATH_MAX_LENGTH, SANDBOX_BUNDLE_RUN_ID_MAX_LENGTH,
     SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES, SANDBOX_MAX_README_BYTES,
 };
-use crate::manifest::{BundleStatus, DiffBundle};
+use crate::manifest::{BundleStatus, ChangeNotes, DiffBundle};
 use crate::validate::assert_patch_path_safe;
 use smithers_paths::{resolve, Beneath, PathError};
 
@@ -59,6 +59,8 @@ pub struct WriteParams {
     pub stream_log_path: Option<PathBuf>,
     /// Kept in the manifest only if README.md then fits [`SANDBOX_MAX_README_BYTES`].
     pub diff_bundle: Option<DiffBundle>,
+    /// README.md's `changeNotes`, written only when not empty.
+    pub change_notes: ChangeNotes,
 }
 
 impl WriteParams {
@@ -73,6 +75,7 @@ impl WriteParams {
             artifacts: Vec::new(),
             stream_log_path: None,
             diff_bundle: None,
+            change_notes: ChangeNotes::default(),
         }
     }
 
@@ -160,6 +163,7 @@ impl WriteParams {
             artifacts,
             stream_log_path,
             diff_bundle,
+            change_notes: ChangeNotes::default(),
         })
     }
 }
@@ -272,6 +276,12 @@ fn manifest_value(params: &WriteParams, with_diff: bool) -> Value {
             .collect::<Vec<_>>()
             .into(),
     );
+    if !params.change_notes.is_empty() {
+        m.insert(
+            "changeNotes".into(),
+            serde_json::to_value(&params.change_notes).unwrap_or(Value::Null),
+        );
+    }
     if with_diff {
         if let Some(d) = &params.diff_bundle {
             m.insert(

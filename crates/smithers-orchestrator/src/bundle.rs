@@ -25,6 +25,9 @@ pub struct InspectedBundle {
     pub patch_files: Vec<String>,
     /// The manifest's `diffBundle`, when present.
     pub diff_bundle: Option<Value>,
+    /// README.md's `changeNotes`: paths whose base the host changed while the step ran
+    /// (conflicts at accept) and the changes no patch carries.
+    pub change_notes: smithers_bundle::ChangeNotes,
 }
 
 impl InspectedBundle {
@@ -82,6 +85,42 @@ fn read_patch(bundle: &Path, rel: &str) -> Result<String, ErrorReport> {
         })
 }
 
+/// The digest a review records of the bundle it was opened on: SHA-256 over README.md (the
+/// manifest, outputs and `changeNotes`) and every patch file, each preceded by its name and
+/// length so that no two different bundles can hash alike by moving bytes between files.
+/// Accept recomputes it and refuses a bundle that changed since (what is applied is exactly
+/// what was reviewed). Artifacts and the log are not applied, so they are not covered.
+pub fn bundle_digest(bundle: &InspectedBundle) -> Result<String, ErrorReport> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut add = |name: &str, bytes: &[u8]| {
+        h.update((name.len() as u64).to_be_bytes());
+        h.update(name.as_bytes());
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    for rel in std::iter::once("README.md").chain(bundle.patch_files.iter().map(String::as_str)) {
+        // The validator confined these paths to the bundle and refused symlinks; README.md
+        // is within 5 MiB and the patches within the bundle's size limit.
+        let path = bundle.bundle_path.join(rel);
+        let bytes = std::fs::read(&path).map_err(|e| {
+            ErrorReport::new(
+                ErrorCode::SandboxExecutionFailed,
+                format!("cannot read {} of the bundle: {e}", path.display()),
+            )
+        })?;
+        add(rel, &bytes);
+    }
+    let digest = h.finalize();
+    Ok(format!(
+        "sha256:{}",
+        digest
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    ))
+}
+
 /// Counts changed lines of a unified diff the way the JavaScript `unifiedDiffLineCount` does.
 pub fn diff_line_count(diff: &str) -> u64 {
     diff.split('\n')
@@ -115,6 +154,7 @@ impl BundleInspector for BundleValidator {
             bundle_size_bytes: v.bundle_size_bytes,
             patch_files: v.patch_files,
             diff_bundle: v.manifest.diff_bundle,
+            change_notes: v.change_notes,
         })
     }
 }
@@ -204,7 +244,11 @@ impl PatchApplier for AtomicPatchApplier {
         use smithers_errors::CodedError;
         let texts = Self::texts(bundle)?;
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        smithers_patch::apply_patch_texts(root_dir, &refs, &smithers_patch::ApplyOptions::default())
+        let opts = smithers_patch::ApplyOptions {
+            host_changed: bundle.change_notes.host_changed.iter().cloned().collect(),
+            ..Default::default()
+        };
+        smithers_patch::apply_patch_texts(root_dir, &refs, &opts)
             .map(|_| ())
             .map_err(|e| e.report())
     }

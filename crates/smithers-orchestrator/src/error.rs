@@ -61,6 +61,14 @@ pub enum OrchestratorError {
         #[source]
         source: serde_json::Error,
     },
+    /// The bundle on disk is not the one the review was opened on (edited, swapped, or a
+    /// review without a recorded digest): accepting it would apply bytes nobody reviewed.
+    #[error("the bundle of sandbox {sandbox_id} changed since it was reviewed (recorded {recorded}, now {found}); review it again or reject it")]
+    BundleChanged {
+        sandbox_id: String,
+        recorded: String,
+        found: String,
+    },
     /// The sandbox has no review, or it is not in the state the request needs.
     #[error("sandbox {sandbox_id} of run {run_id} has no pending review")]
     NoPendingReview { run_id: String, sandbox_id: String },
@@ -89,6 +97,7 @@ impl CodedError for OrchestratorError {
             OrchestratorError::Io { .. } => ErrorCode::SandboxExecutionFailed,
             OrchestratorError::Handle { .. } => ErrorCode::SandboxExecutionFailed,
             OrchestratorError::NoPendingReview { .. } => ErrorCode::InvalidInput,
+            OrchestratorError::BundleChanged { .. } => ErrorCode::ToolPatchFailed,
         }
     }
 
@@ -123,6 +132,13 @@ impl CodedError for OrchestratorError {
             OrchestratorError::Handle { sandbox_id, .. } => json!({ "sandboxId": sandbox_id }),
             OrchestratorError::NoPendingReview { run_id, sandbox_id } => {
                 json!({ "runId": run_id, "sandboxId": sandbox_id })
+            }
+            OrchestratorError::BundleChanged {
+                sandbox_id,
+                recorded,
+                found,
+            } => {
+                json!({ "sandboxId": sandbox_id, "recordedDigest": recorded, "foundDigest": found })
             }
         }
     }

@@ -54,8 +54,8 @@ use smithers_store::{
 use tracing::warn;
 
 pub use bundle::{
-    describe_patch_text, diff_line_count, AtomicPatchApplier, BundleInspector, BundleValidator,
-    InspectedBundle, PatchApplier,
+    bundle_digest, describe_patch_text, diff_line_count, AtomicPatchApplier, BundleInspector,
+    BundleValidator, InspectedBundle, PatchApplier,
 };
 pub use error::{error_to_json, OrchestratorError};
 pub use metrics::{HistogramSnapshot, Metrics};
@@ -860,6 +860,11 @@ impl Orchestrator {
                         total_diff_lines,
                         duration_ms,
                         requested_at_ms: now_ms(),
+                        bundle_digest: bundle_digest(&bundle).map_err(|report| {
+                            OrchestratorError::Bundle {
+                                report: Box::new(report),
+                            }
+                        })?,
                     },
                     &patches,
                 )?;
@@ -1150,10 +1155,13 @@ impl Orchestrator {
             })
     }
 
-    /// Accepts a pending review: the bundle is validated again (it waited on disk), its
+    /// Accepts a pending review: the bundle is validated again (it waited on disk) and must
+    /// be byte for byte the one the review was opened on (its recorded digest), then its
     /// patches are applied to the recorded root directory (all or nothing), then
-    /// SandboxDiffAccepted and SandboxCompleted. If applying fails, the sandbox fails
-    /// (SandboxFailed) and the review stays `accepted` with the error recorded.
+    /// SandboxDiffAccepted and SandboxCompleted. If the bundle changed or applying fails
+    /// (a conflict, a read-only or full disk), nothing is applied, the review is `pending`
+    /// again with the error recorded, and SandboxDiffApplyFailed {error} is emitted: the
+    /// accept can be retried once the cause is fixed, or the review rejected.
     pub async fn accept(
         &self,
         run_id: &str,
@@ -1174,6 +1182,24 @@ impl Orchestrator {
                 report: Box::new(report),
             })
             .and_then(|bundle| {
+                let found = bundle_digest(&bundle).map_err(|report| OrchestratorError::Bundle {
+                    report: Box::new(report),
+                })?;
+                let recorded = review.bundle_digest.clone().unwrap_or_default();
+                if found != recorded {
+                    return Err(OrchestratorError::BundleChanged {
+                        sandbox_id: sandbox_id.to_string(),
+                        recorded: if recorded.is_empty() {
+                            "none".into()
+                        } else {
+                            recorded
+                        },
+                        found,
+                    });
+                }
+                Ok(bundle)
+            })
+            .and_then(|bundle| {
                 self.applier
                     .apply(std::path::Path::new(&review.root_dir), &bundle)
                     .map_err(|report| OrchestratorError::Apply {
@@ -1185,13 +1211,7 @@ impl Orchestrator {
         let bundle = match applied {
             Ok(b) => b,
             Err(err) => {
-                if let Err(e) = self
-                    .store
-                    .record_apply_error(run_id, sandbox_id, &err.to_string())
-                {
-                    warn!(run_id, sandbox_id, error = %e, "recording the apply error failed");
-                }
-                self.fail_reviewed(run_id, sandbox_id, &runtime_name, &err);
+                self.reopen_review(run_id, sandbox_id, &err);
                 return Err(err);
             }
         };
@@ -1270,6 +1290,37 @@ impl Orchestrator {
         };
         self.fail_reviewed(run_id, sandbox_id, &runtime_name, &err);
         Ok(())
+    }
+
+    /// After a failed accept: the error is recorded, the review is `pending` again (nothing
+    /// was applied) and SandboxDiffApplyFailed says why. Failures to record are logged: the
+    /// apply error is what the caller gets.
+    fn reopen_review(&self, run_id: &str, sandbox_id: &str, err: &OrchestratorError) {
+        if let Err(e) = self
+            .store
+            .record_apply_error(run_id, sandbox_id, &err.to_string())
+        {
+            warn!(run_id, sandbox_id, error = %e, "recording the apply error failed");
+        }
+        if let Err(e) = self.store.transition_review(
+            run_id,
+            sandbox_id,
+            ReviewState::Accepted,
+            ReviewState::Pending,
+            None,
+            now_ms(),
+        ) {
+            warn!(run_id, sandbox_id, error = %e, "reopening the review failed");
+        }
+        if let Err(e) = self.emit(
+            "SandboxDiffApplyFailed",
+            run_id,
+            sandbox_id,
+            vec![("error", error_to_json(err))],
+            now_ms(),
+        ) {
+            warn!(run_id, sandbox_id, error = %e, "apply failure event emit failed");
+        }
     }
 
     fn fail_reviewed(

@@ -843,7 +843,7 @@ async fn invalid_bundle_fails_with_the_validator_code() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn accepting_a_conflicting_review_applies_nothing_and_fails() {
+async fn a_conflicting_accept_applies_nothing_and_can_be_retried_once_fixed() {
     let h = harness();
     let req = h.request(
         "sb",
@@ -858,14 +858,74 @@ async fn accepting_a_conflicting_review_applies_nothing_and_fails() {
     let err = h.orch.accept(RUN, "sb").await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::ToolPatchFailed, "{err}");
     assert_eq!(hello(&h), "bonjour\n", "nothing applied");
-    assert_eq!(h.types("sb")[5..], ["SandboxFailed"]);
+    assert_eq!(h.types("sb")[5..], ["SandboxDiffApplyFailed"]);
+    let events = h.events("sb");
+    assert_eq!(
+        payload(&events, "SandboxDiffApplyFailed")["error"]["code"],
+        "TOOL_PATCH_FAILED"
+    );
     let review = h.store.get_review(RUN, "sb").unwrap().unwrap();
-    assert_eq!(review.state, ReviewState::Accepted);
+    assert_eq!(review.state, ReviewState::Pending, "the review waits again");
     assert!(review.apply_error.is_some());
     assert_eq!(
         h.store.get_sandbox(RUN, "sb").unwrap().unwrap().status,
-        SandboxStatus::Failed
+        SandboxStatus::Review
     );
+    // The cause fixed (the host edit undone), the same accept goes through.
+    std::fs::write(h.root.join("hello.txt"), "hello\n").unwrap();
+    let done = h.orch.accept(RUN, "sb").await.unwrap();
+    assert_eq!(done.applied_patches, 1);
+    assert_eq!(hello(&h), "hello\nworld\nagain\n");
+    assert_eq!(
+        h.types("sb")[5..],
+        [
+            "SandboxDiffApplyFailed",
+            "SandboxDiffAccepted",
+            "SandboxCompleted"
+        ]
+    );
+    assert_eq!(
+        h.store.get_review(RUN, "sb").unwrap().unwrap().state,
+        ReviewState::Applied
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_changed_after_review_is_never_applied() {
+    let h = harness();
+    let req = h.request(
+        "sb",
+        &format!("{ADD_WORLD_PATCH}\n{}", write_result("finished")),
+    );
+    let SandboxOutcome::AwaitingReview(pending) = h.orch.execute(&req, &h.ctx()).await.unwrap()
+    else {
+        panic!("expected a review")
+    };
+    let recorded = h.store.get_review(RUN, "sb").unwrap().unwrap();
+    assert!(recorded
+        .bundle_digest
+        .as_deref()
+        .is_some_and(|d| d.starts_with("sha256:")));
+    // The patch is swapped on disk for one that adds something else (same size, valid).
+    let patch = pending.bundle_path.join("patches/0001-hello.patch");
+    let text = std::fs::read_to_string(&patch).unwrap();
+    let evil = text.replace("+again", "+EVIL!");
+    assert_ne!(text, evil);
+    std::fs::write(&patch, &evil).unwrap();
+    let err = h.orch.accept(RUN, "sb").await.unwrap_err();
+    assert!(
+        matches!(err, OrchestratorError::BundleChanged { .. }),
+        "{err}"
+    );
+    assert_eq!(hello(&h), "hello\n", "nothing applied");
+    assert_eq!(
+        h.store.get_review(RUN, "sb").unwrap().unwrap().state,
+        ReviewState::Pending
+    );
+    // Put back, the reviewed bytes are accepted.
+    std::fs::write(&patch, &text).unwrap();
+    h.orch.accept(RUN, "sb").await.unwrap();
+    assert_eq!(hello(&h), "hello\nworld\nagain\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

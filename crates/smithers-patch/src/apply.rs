@@ -42,12 +42,20 @@ const JOURNAL_VERSION: u32 = 1;
 /// How long an apply waits for another one on the same root before failing with `Locked`.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The conflict of a path in [`ApplyOptions::host_changed`].
+pub const HOST_CHANGED: &str = "changed on the host while the step ran: the base the step saw is lost, so applying its version would undo the host's edit";
+
 const ENOTDIR: i32 = 20;
 const EEXIST: i32 = 17;
 
 /// Options of [`apply_patches`].
 #[derive(Debug, Clone, Default)]
 pub struct ApplyOptions {
+    /// Paths whose host file changed while the step ran (the bundle's
+    /// `changeNotes.hostChanged`): their patches were made against the host's newer version,
+    /// not against what the step saw, so applying them would undo the host's edit. Each is a
+    /// conflict unless the host already holds the patched result.
+    pub host_changed: BTreeSet<String>,
     /// Test hook: stop (as a crash would: no rollback, journal left behind) after this many
     /// commit steps (deletions, directory removals/creations, renames).
     #[doc(hidden)]
@@ -797,6 +805,18 @@ pub fn apply_patches(
     let mut plans: BTreeMap<String, Planned> = BTreeMap::new();
     for (path, list) in &by_path {
         let host = read_host(&b, path)?;
+        if opts.host_changed.contains(*path) {
+            let done = list
+                .last()
+                .is_some_and(|last| already_applied(&host_state(&host), last));
+            if !done {
+                conflicts.push(Conflict {
+                    path: path.to_string(),
+                    reason: HOST_CHANGED.into(),
+                });
+                continue;
+            }
+        }
         match plan_path(path, host, list)? {
             Ok(pl) => {
                 plans.insert(path.to_string(), pl);

@@ -58,8 +58,65 @@ pub fn detect_changes_by_compare(
         out: ChangeSet::default(),
     };
     w.walk_compare("", Some(lower.to_path_buf()))?;
-    let cands = std::mem::take(&mut w.cands);
-    finish(cands, w.out, opts, StaleCheck::Since(since))
+    w.note_index_problem();
+    let mut cands = std::mem::take(&mut w.cands);
+    if let (Some(began), Some(finished)) = (since, opts.copy_finished) {
+        w.out
+            .stale_base
+            .extend(drop_host_only(&mut cands, began, finished));
+    }
+    let mut out = finish(cands, w.out, opts, StaleCheck::Since(since))?;
+    out.stale_base.sort();
+    out.stale_base.dedup();
+    Ok(out)
+}
+
+/// Takes out of `cands` the differences the host made while the step ran (the copy was begun
+/// at `began`, its copy root's birth, and complete at `finished`), so that accept never undoes
+/// them; returns the paths the host deleted while the step changed them (their base is lost).
+///
+/// - A copy entry whose ctime is before `finished` was not touched by the step: any
+///   difference is the host's (an edit, a deletion, a replacement).
+/// - A lower entry born at or after `began` and absent from the copy was created by the host
+///   after the copy took its listing: not a deletion by the step.
+/// - A copy entry born before `finished` (the copy made it) but changed later, whose lower
+///   entry is gone: the host deleted a file the step changed.
+///
+/// Time stamps come from the coarse clock, so ties are resolved towards "the step did it":
+/// a change is never dropped because of a tie, at worst the host's edit is flagged.
+fn drop_host_only(
+    cands: &mut std::collections::BTreeMap<String, Candidate>,
+    began: (i64, u32),
+    finished: (i64, u32),
+) -> Vec<String> {
+    let mut host_deleted = Vec::new();
+    cands.retain(|path, c| {
+        let new = c.new.as_ref().map(node_path);
+        let old = c.old.as_ref().map(node_path);
+        match (old, new) {
+            (_, Some(n)) if !crate::detect::changed_since(n, finished) => false,
+            (Some(o), None) => !born_since(o, began),
+            (None, Some(n)) => {
+                if birth_time(n).is_some_and(|b| b < finished) {
+                    host_deleted.push(path.clone());
+                }
+                true
+            }
+            _ => true,
+        }
+    });
+    host_deleted
+}
+
+fn node_path(n: &Node) -> &Path {
+    match n {
+        Node::File { path, .. } | Node::Symlink { path } => path,
+    }
+}
+
+/// Whether `path` was born at or after `since` (unknown: no).
+fn born_since(path: &Path, since: (i64, u32)) -> bool {
+    birth_time(path).is_some_and(|b| b >= since)
 }
 
 /// One side of an entry: its path and lstat.

@@ -30,6 +30,12 @@ pub struct DetectOptions {
     /// Bound on the changed content held in memory (old + new bytes of every change).
     /// Default 1 GiB; exceeding it fails with the largest contributors named.
     pub max_content_bytes: u64,
+    /// For [`detect_changes_by_compare`](crate::detect_changes_by_compare): the instant (a
+    /// ctime, `(seconds, nanoseconds)`) at which the copy was complete, before the step could
+    /// write it. A copy entry whose ctime is earlier is as the copy made it, so a difference
+    /// there is the host's edit made while the step ran, not the step's: it is not a change.
+    /// `None`: every difference counts (and the host's edits would be taken for the step's).
+    pub copy_finished: Option<(i64, u32)>,
 }
 
 impl Default for DetectOptions {
@@ -38,6 +44,7 @@ impl Default for DetectOptions {
             respect_gitignore: true,
             excluded_top_level: vec![".git".to_string(), ".smithers".to_string()],
             max_content_bytes: 1 << 30,
+            copy_finished: None,
         }
     }
 }
@@ -168,6 +175,10 @@ pub struct ChangeSet {
     /// False when the upper filesystem reports no birth times, so `stale_base` could not be
     /// computed (it is then empty, not "all clear").
     pub stale_base_checked: bool,
+    /// What a reviewer should know about how the changes were found (for example that the
+    /// git index could not be read, so tracked files matching `.gitignore` were ignored).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl ChangeSet {
@@ -200,6 +211,18 @@ pub(crate) struct Walker<'a> {
     pub(crate) rules: IgnoreRules<'a>,
     pub(crate) cands: BTreeMap<String, Candidate>,
     pub(crate) out: ChangeSet,
+}
+
+impl Walker<'_> {
+    /// Says in the change set's notes when the git index could not be read.
+    pub(crate) fn note_index_problem(&mut self) {
+        if let Some(p) = self.rules.index_problem() {
+            let note = format!(
+                "{p}: tracked files could not be told from untracked ones, so every path matching .gitignore was treated as ignored"
+            );
+            self.out.notes.push(note);
+        }
+    }
 }
 
 pub(crate) fn join_rel(rel: &str, name: &str) -> String {
@@ -479,7 +502,7 @@ fn changed_after_copy_up(lower: &Path, upper: &Path) -> Option<bool> {
 
 /// Whether `path`'s ctime is at or after `since` (unknown counts as changed: flag rather
 /// than miss).
-fn changed_since(path: &Path, since: (i64, u32)) -> bool {
+pub(crate) fn changed_since(path: &Path, since: (i64, u32)) -> bool {
     use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
     match statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::CTIME) {
         Ok(l) => (l.stx_ctime.tv_sec, l.stx_ctime.tv_nsec) >= since,
@@ -544,6 +567,7 @@ pub fn detect_changes(
     }
 
     let cands = std::mem::take(&mut w.cands);
+    w.note_index_problem();
     finish(cands, w.out, opts, StaleCheck::CopyUp)
 }
 

@@ -6,7 +6,9 @@
 //! changes what is reported; the `.gitignore` edit itself is a reviewed change. Root-level
 //! `.git/info/exclude` of the lower tree is honoured with lower precedence than the root
 //! `.gitignore`. Global excludes (`core.excludesFile`) are host-user configuration and are
-//! not read. Rules apply whether or not a path is tracked (the git index is not read).
+//! not read. As in git, rules apply to untracked files only: a path the lower tree's git
+//! index tracks is never ignored, and a directory holding tracked files is walked even when
+//! a pattern excludes it (its untracked files stay ignored).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,6 +17,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::Match;
 
 use crate::error::PatchError;
+use crate::gitindex::{read_tracked, Tracked};
 use crate::overlay::merged_regular_file;
 
 pub(crate) struct IgnoreRules<'a> {
@@ -26,8 +29,12 @@ pub(crate) struct IgnoreRules<'a> {
     enabled: bool,
     /// Matcher of each directory's `.gitignore` ("" = root), `None` when it has none.
     matchers: HashMap<String, Option<Gitignore>>,
-    /// Memoised "is this directory ignored (itself or through an ancestor)".
+    /// Memoised "is this directory excluded by a pattern (itself or through an ancestor)".
     dir_ignored: HashMap<String, bool>,
+    /// What the lower tree's git index tracks (`None`: no index, or it could not be read:
+    /// see [`IgnoreRules::index_problem`]).
+    tracked: Option<Tracked>,
+    index_problem: Option<String>,
 }
 
 fn virtual_root(dir: &str) -> PathBuf {
@@ -42,6 +49,14 @@ fn virtual_root(dir: &str) -> PathBuf {
 
 impl<'a> IgnoreRules<'a> {
     pub(crate) fn new(lower: &'a Path, upper: &'a Path, enabled: bool) -> Self {
+        let (tracked, index_problem) = if enabled {
+            match read_tracked(lower) {
+                Ok(t) => (t, None),
+                Err(e) => (None, Some(e)),
+            }
+        } else {
+            (None, None)
+        };
         IgnoreRules {
             lower,
             upper,
@@ -49,7 +64,24 @@ impl<'a> IgnoreRules<'a> {
             enabled,
             matchers: HashMap::new(),
             dir_ignored: HashMap::new(),
+            tracked,
+            index_problem,
         }
+    }
+
+    /// Why tracked files could not be told from untracked ones (the index exists but could
+    /// not be read): then every path matching a rule is treated as ignored, as before git's
+    /// index was consulted, and the caller should say so.
+    pub(crate) fn index_problem(&self) -> Option<&str> {
+        self.index_problem.as_deref()
+    }
+
+    fn is_tracked_file(&self, rel: &str) -> bool {
+        self.tracked.as_ref().is_some_and(|t| t.files.contains(rel))
+    }
+
+    fn holds_tracked(&self, dir: &str) -> bool {
+        self.tracked.as_ref().is_some_and(|t| t.dirs.contains(dir))
     }
 
     /// Rules of a full copy `tree` of `lower` (the post-step tree itself): `.gitignore` files
@@ -125,9 +157,16 @@ impl<'a> IgnoreRules<'a> {
         }
     }
 
-    /// Whether directory `rel` is ignored, itself or because an ancestor is (git never looks
-    /// inside an excluded directory, so nothing below it can be re-included).
+    /// Whether directory `rel` is ignored as a whole, so that a walk need not look inside:
+    /// excluded by a pattern (itself or through an ancestor) and holding no tracked file.
     pub(crate) fn is_dir_ignored(&mut self, rel: &str) -> Result<bool, PatchError> {
+        Ok(self.dir_excluded(rel)? && !self.holds_tracked(rel))
+    }
+
+    /// Whether directory `rel` is excluded by a pattern, itself or because an ancestor is
+    /// (git never looks inside an excluded directory for untracked files, so nothing below it
+    /// can be re-included).
+    fn dir_excluded(&mut self, rel: &str) -> Result<bool, PatchError> {
         if !self.enabled || rel.is_empty() {
             return Ok(false);
         }
@@ -135,18 +174,18 @@ impl<'a> IgnoreRules<'a> {
             return Ok(*v);
         }
         let p = parent(rel);
-        let v = (!p.is_empty() && self.is_dir_ignored(p)?) || self.own_decision(rel, true)?;
+        let v = (!p.is_empty() && self.dir_excluded(p)?) || self.own_decision(rel, true)?;
         self.dir_ignored.insert(rel.to_string(), v);
         Ok(v)
     }
 
-    /// Whether the non-directory `rel` is ignored.
+    /// Whether the non-directory `rel` is ignored: untracked, and excluded by a pattern.
     pub(crate) fn is_file_ignored(&mut self, rel: &str) -> Result<bool, PatchError> {
-        if !self.enabled {
+        if !self.enabled || self.is_tracked_file(rel) {
             return Ok(false);
         }
         let p = parent(rel);
-        Ok((!p.is_empty() && self.is_dir_ignored(p)?) || self.own_decision(rel, false)?)
+        Ok((!p.is_empty() && self.dir_excluded(p)?) || self.own_decision(rel, false)?)
     }
 }
 

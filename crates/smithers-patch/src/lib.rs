@@ -53,6 +53,7 @@ mod compare;
 mod detect;
 mod error;
 mod gitignore;
+mod gitindex;
 mod merge;
 mod model;
 mod overlay;
@@ -62,7 +63,7 @@ mod review;
 
 pub use apply::{
     apply_patch_texts, apply_patches, recover_apply, AppliedAction, AppliedFile, ApplyOptions,
-    ApplyReport, RecoveryReport,
+    ApplyReport, RecoveryReport, HOST_CHANGED,
 };
 pub use bundle::{build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_PATCH_FILES};
 pub use compare::detect_changes_by_compare;

@@ -10,6 +10,13 @@ use smithers_runtime::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle};
 
 use crate::{Backend, WorkspaceState};
 
+/// The ctime of `path` (not followed), `(seconds, nanoseconds)`.
+fn ctime(path: &std::path::Path) -> Option<(i64, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::symlink_metadata(path).ok()?;
+    Some((md.ctime(), md.ctime_nsec() as u32))
+}
+
 pub(crate) fn collect(
     backend: &Backend,
     handle: &SandboxHandle,
@@ -29,7 +36,12 @@ pub(crate) fn collect(
     let (upper, copy) = (backend.upper(), backend.copy());
     let layer = match backend.workspace {
         WorkspaceState::Overlay => WorkspaceLayer::Upper(&upper),
-        WorkspaceState::Copy { .. } => WorkspaceLayer::Copy(&copy),
+        WorkspaceState::Copy { .. } => WorkspaceLayer::Copy {
+            tree: &copy,
+            // copy-report.json is written once the copy is complete and before the step
+            // starts, outside the sandbox: its ctime marks when the step could first write.
+            finished: ctime(&backend.copy_report_file()),
+        },
     };
     // A second collect replaces the first bundle.
     if handle.result_path.exists() {

@@ -7,12 +7,12 @@ use std::path::Path;
 
 use serde_json::Value;
 use smithers_bundle::{
-    write_bundle, BundleFile, BundleStatus, DiffBundle, DiffOperation, DiffPatch, WriteParams,
-    SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES,
+    write_bundle, BundleFile, BundleStatus, ChangeNotes, DiffBundle, DiffOperation, DiffPatch,
+    WriteParams, SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES,
 };
 use smithers_patch::{
     build_patch_files, detect_changes, detect_changes_by_compare, ChangeSet, DetectOptions,
-    Operation,
+    IgnoreReason, Operation,
 };
 
 use crate::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle, Termination};
@@ -24,7 +24,13 @@ pub enum WorkspaceLayer<'a> {
     Upper(&'a Path),
     /// A full copy of the project that the step wrote (the fallback where no overlay can be
     /// mounted): both trees are compared, with the same result an overlay would give.
-    Copy(&'a Path),
+    Copy {
+        tree: &'a Path,
+        /// When the copy was complete, before the step could write it (a ctime): a copy entry
+        /// older than that was not touched by the step, so its difference from the project is
+        /// the host's edit and not a change (see `DetectOptions::copy_finished`).
+        finished: Option<(i64, u32)>,
+    },
 }
 
 /// What [`workspace_bundle`] produced.
@@ -40,6 +46,8 @@ pub struct WorkspaceBundle {
     pub patch_bytes: u64,
     /// The change set the patches come from (ignored and skipped paths for the report).
     pub changes: ChangeSet,
+    /// README.md's `changeNotes`: host-changed bases and what was left out.
+    pub notes: ChangeNotes,
 }
 
 /// The bundle status: cancelled when cancelled; else the step's own word (`status` of its
@@ -98,13 +106,17 @@ pub fn workspace_bundle(
     outcome: Option<&ExecOutcome>,
     result_rejected: bool,
 ) -> Result<WorkspaceBundle, RuntimeError> {
-    let opts = DetectOptions::default();
+    let mut opts = DetectOptions::default();
     let changes = match layer {
         WorkspaceLayer::Upper(upper) => detect_changes(project, upper, &opts),
-        WorkspaceLayer::Copy(copy) => detect_changes_by_compare(project, copy, &opts),
+        WorkspaceLayer::Copy { tree, finished } => {
+            opts.copy_finished = finished;
+            detect_changes_by_compare(project, tree, &opts)
+        }
     }
     .map_err(|e| RuntimeError::inner("detect the workspace changes", &e))?;
     let rendered = build_patch_files(&changes);
+    let notes = change_notes(&changes);
     let patches = rendered
         .files
         .iter()
@@ -116,6 +128,11 @@ pub fn workspace_bundle(
         patches: rendered
             .diff_bundle
             .iter()
+            // A JavaScript consumer applies the diffBundle without our hostChanged check:
+            // a patch whose base is lost would undo the host's edit there, so it is left out
+            // (named in changeNotes.hostChanged) and only our accept, which refuses it, sees
+            // it in the patch files.
+            .filter(|d| !notes.host_changed.contains(&d.path))
             .map(|d| DiffPatch {
                 path: d.path.clone(),
                 operation: match d.operation {
@@ -133,8 +150,29 @@ pub fn workspace_bundle(
         patches,
         diff_bundle,
         patch_bytes: rendered.total_bytes(),
+        notes,
         changes,
     })
+}
+
+/// What the bundle's README.md says beyond the patches: the paths whose base the host
+/// changed meanwhile, and every change of the step that no patch carries, with why.
+pub fn change_notes(changes: &ChangeSet) -> ChangeNotes {
+    let mut notes = ChangeNotes {
+        host_changed: changes.stale_base.clone(),
+        ..ChangeNotes::default()
+    };
+    for i in &changes.ignored {
+        let reason = match i.reason {
+            IgnoreReason::Gitignore => "ignored by .gitignore (untracked)",
+            IgnoreReason::Excluded => "excluded: .git and .smithers are never patched",
+        };
+        notes.leave_out(i.path.clone(), reason);
+    }
+    for s in &changes.skipped {
+        notes.leave_out(s.path.clone(), s.reason.clone());
+    }
+    notes
 }
 
 /// Where a copy-on-write backend's sandbox left what goes into its result bundle.
@@ -178,6 +216,17 @@ pub fn write_workspace_bundle(
             s.path, s.reason
         )
     }));
+    notes.extend(
+        bundle
+            .changes
+            .ignored
+            .iter()
+            .map(|i| format!("change left out ({:?}): {}", i.reason, i.path)),
+    );
+    notes.extend(bundle.changes.stale_base.iter().map(|p| {
+        format!("changed on the host while the step ran (accept refuses it as a conflict): {p}")
+    }));
+    notes.extend(bundle.changes.notes.iter().cloned());
     if !notes.is_empty() {
         append_notes(from.log, &notes)?;
     }
@@ -192,6 +241,7 @@ pub fn write_workspace_bundle(
     params.artifacts = artifacts;
     params.stream_log_path = from.log.is_file().then(|| from.log.to_path_buf());
     params.diff_bundle = bundle.diff_bundle;
+    params.change_notes = bundle.notes;
     write_bundle(&params).map_err(|e| RuntimeError::inner("write the result bundle", &e))?;
     Ok(CollectReport {
         bundle_path: handle.result_path.clone(),
@@ -431,7 +481,16 @@ mod tests {
         std::fs::create_dir_all(&copy).unwrap();
         std::fs::write(copy.join("a.txt"), "two\n").unwrap();
         std::fs::write(copy.join("b.txt"), "new\n").unwrap();
-        let c = workspace_bundle(&lower, WorkspaceLayer::Copy(&copy), Some(&ok), false).unwrap();
+        let c = workspace_bundle(
+            &lower,
+            WorkspaceLayer::Copy {
+                tree: &copy,
+                finished: None,
+            },
+            Some(&ok),
+            false,
+        )
+        .unwrap();
         assert_eq!(c.patches, b.patches);
         assert_eq!(c.diff_bundle, Some(diff));
         // Nothing changed: no diff bundle at all.

@@ -48,6 +48,7 @@ async fn list_read_and_reject_a_pending_review() {
                 total_diff_lines: 2,
                 duration_ms: 5.0,
                 requested_at_ms: 1,
+                bundle_digest: "sha256:none".into(),
             },
             &[],
         )

@@ -402,6 +402,9 @@ pub struct NewReview {
     /// Execution duration, reported by SandboxCompleted once the review is decided.
     pub duration_ms: f64,
     pub requested_at_ms: i64,
+    /// The digest of the bundle's README.md and patch files as they were when the review was
+    /// opened; accept refuses a bundle whose digest differs.
+    pub bundle_digest: String,
 }
 
 /// A stored review.
@@ -422,12 +425,16 @@ pub struct ReviewRow {
     pub requested_at_ms: i64,
     pub decided_at_ms: Option<i64>,
     pub applied_at_ms: Option<i64>,
+    /// Why the last accept could not apply the patches (the review is then `pending` again,
+    /// so the accept can be retried once the cause is fixed, or the review rejected).
     pub apply_error: Option<String>,
+    /// See [`NewReview::bundle_digest`]; `None` for a review opened by an older version.
+    pub bundle_digest: Option<String>,
 }
 
 const REVIEW_COLUMNS: &str = "run_id, sandbox_id, state, reason, root_dir, bundle_path, \
      bundle_status, remote_run_id, patch_count, total_diff_lines, duration_ms, requested_at_ms, \
-     decided_at_ms, applied_at_ms, apply_error";
+     decided_at_ms, applied_at_ms, apply_error, bundle_digest";
 
 fn review_row(r: &Row<'_>) -> rusqlite::Result<ReviewRow> {
     Ok(ReviewRow {
@@ -446,6 +453,7 @@ fn review_row(r: &Row<'_>) -> rusqlite::Result<ReviewRow> {
         decided_at_ms: r.get(12)?,
         applied_at_ms: r.get(13)?,
         apply_error: r.get(14)?,
+        bundle_digest: r.get(15)?,
     })
 }
 
@@ -1014,7 +1022,7 @@ impl Store {
         tx.execute(
             &format!(
                 "INSERT OR REPLACE INTO _smithers_sandbox_reviews ({REVIEW_COLUMNS})
-                 VALUES (?1, ?2, 'pending', NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, NULL)"
+                 VALUES (?1, ?2, 'pending', NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, NULL, ?11)"
             ),
             params![
                 review.run_id,
@@ -1026,7 +1034,8 @@ impl Store {
                 review.patch_count as i64,
                 review.total_diff_lines as i64,
                 review.duration_ms,
-                review.requested_at_ms
+                review.requested_at_ms,
+                review.bundle_digest
             ],
         )
         .map_err(StoreError::query("open_review"))?;
@@ -1112,7 +1121,8 @@ impl Store {
 
     /// Moves a review from `from` to `to` (compare-and-set: two people deciding at once, only
     /// one wins; the other gets [`StoreError::ReviewTransition`]). Allowed moves: pending →
-    /// accepted | rejected, accepted → applied. `reason` and `apply_error` are written when
+    /// accepted | rejected, accepted → applied, and accepted → pending when the patches could
+    /// not be applied (the accept can then be retried). `reason` and `apply_error` are written when
     /// given; the decision / apply time is `at_ms`.
     pub fn transition_review(
         &self,
@@ -1128,6 +1138,7 @@ impl Store {
             (ReviewState::Pending, ReviewState::Accepted)
                 | (ReviewState::Pending, ReviewState::Rejected)
                 | (ReviewState::Accepted, ReviewState::Applied)
+                | (ReviewState::Accepted, ReviewState::Pending)
         );
         let current =
             self.get_review(run_id, sandbox_id)?
@@ -1181,7 +1192,7 @@ impl Store {
             })
     }
 
-    /// Records why applying an accepted review failed (the review stays `accepted`).
+    /// Records why applying an accepted review failed.
     pub fn record_apply_error(&self, run_id: &str, sandbox_id: &str, error: &str) -> Result<()> {
         self.conn()
             .execute(

@@ -13,7 +13,7 @@ type Migration = fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>;
 
 /// The migrations, in order; migration `i` brings the schema to version `i + 1`.
 /// Never edit a released entry: append a new one.
-const MIGRATIONS: &[Migration] = &[v1_tables, v2_active_index];
+const MIGRATIONS: &[Migration] = &[v1_tables, v2_active_index, v3_review_digest];
 
 /// The schema version this build creates and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -126,6 +126,13 @@ fn v2_active_index(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
             ON _smithers_sandboxes (run_id)
             WHERE status NOT IN ('finished', 'failed', 'cancelled', 'review');",
     )
+}
+
+/// A review records the digest of the bundle it was opened on, so that accept applies exactly
+/// the bytes that were reviewed (NULL for reviews opened before: they cannot be accepted
+/// without one; see the orchestrator's accept).
+fn v3_review_digest(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch("ALTER TABLE _smithers_sandbox_reviews ADD COLUMN bundle_digest TEXT;")
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`]; a no-op when it is there already.

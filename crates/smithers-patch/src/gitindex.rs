@@ -1,0 +1,255 @@
+//! The paths the git index of the project tracks, for `.gitignore` semantics as git has them:
+//! ignore rules apply to untracked files only, so an edit or deletion of a tracked file that
+//! matches a `.gitignore` pattern is still a change (and a patch).
+//!
+//! Only what that needs is read: the index header and each entry's path (versions 2, 3 and 4,
+//! SHA-1 or SHA-256 object ids). The file is the host's, but it lives in a tree a step or a
+//! cloned repository may have crafted, so it is read with `O_NOFOLLOW`, bounded in size, and
+//! every length is checked before it is used; a malformed index gives an error (the caller
+//! then says tracked files could not be told apart), never a panic.
+
+use std::collections::HashSet;
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// An index larger than this is not read (git's own index of a 1M-file tree is ~100 MiB).
+pub(crate) const MAX_INDEX_BYTES: u64 = 256 << 20;
+
+/// The tracked paths of an index: files, and every directory that holds one.
+#[derive(Debug, Default)]
+pub(crate) struct Tracked {
+    pub(crate) files: HashSet<String>,
+    pub(crate) dirs: HashSet<String>,
+}
+
+/// Reads `<root>/.git/index` when `<root>/.git` is a directory (not a link, not a worktree's
+/// `.git` file). `Ok(None)`: no index there. `Err`: an index that cannot be read or parsed.
+pub(crate) fn read_tracked(root: &Path) -> Result<Option<Tracked>, String> {
+    let git = root.join(".git");
+    match std::fs::symlink_metadata(&git) {
+        Ok(md) if md.is_dir() => {}
+        _ => return Ok(None),
+    }
+    let path = git.join("index");
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_o_nofollow())
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open .git/index: {e}")),
+    };
+    let md = file
+        .metadata()
+        .map_err(|e| format!("cannot stat .git/index: {e}"))?;
+    if !md.is_file() {
+        return Err(".git/index is not a regular file".into());
+    }
+    if md.len() > MAX_INDEX_BYTES {
+        return Err(format!(
+            ".git/index is {} bytes, over the {MAX_INDEX_BYTES}-byte limit",
+            md.len()
+        ));
+    }
+    let mut bytes = Vec::with_capacity(md.len() as usize);
+    file.take(MAX_INDEX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read .git/index: {e}"))?;
+    let id_len = object_id_len(&git);
+    parse_index(&bytes, id_len).map(|paths| {
+        let mut t = Tracked::default();
+        for p in paths {
+            let mut dir = p.as_str();
+            while let Some(i) = dir.rfind('/') {
+                dir = &dir[..i];
+                if !t.dirs.insert(dir.to_string()) {
+                    break;
+                }
+            }
+            t.files.insert(p);
+        }
+        Some(t)
+    })
+}
+
+fn libc_o_nofollow() -> i32 {
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+}
+
+/// 32 for a repository whose `extensions.objectFormat` is `sha256`, else 20. Only a bounded
+/// prefix of `.git/config` is looked at, as text.
+fn object_id_len(git: &Path) -> usize {
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_o_nofollow())
+        .open(git.join("config"))
+    else {
+        return 20;
+    };
+    let mut text = String::new();
+    if f.take(1 << 20).read_to_string(&mut text).is_err() {
+        return 20;
+    }
+    let sha256 = text.lines().any(|l| {
+        let l: String = l.chars().filter(|c| !c.is_whitespace()).collect();
+        l.eq_ignore_ascii_case("objectformat=sha256")
+    });
+    if sha256 {
+        32
+    } else {
+        20
+    }
+}
+
+/// The paths of the entries of an index file (stage 0 and conflict stages alike; a path in
+/// conflict is tracked). Paths that are not UTF-8 are left out: they cannot match a change
+/// path, which is UTF-8.
+pub(crate) fn parse_index(b: &[u8], id_len: usize) -> Result<Vec<String>, String> {
+    let bad = |what: &str| format!(".git/index is malformed: {what}");
+    if b.len() < 12 || &b[..4] != b"DIRC" {
+        return Err(bad("no DIRC header"));
+    }
+    let version = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+    if !(2..=4).contains(&version) {
+        return Err(bad(&format!("unsupported version {version}")));
+    }
+    let count = u32::from_be_bytes([b[8], b[9], b[10], b[11]]) as usize;
+    // Each entry takes at least 40 + id + 2 + 1 bytes: a count the file cannot hold is a lie.
+    let fixed = 40 + id_len + 2;
+    if count > b.len() / (fixed + 1) {
+        return Err(bad("entry count larger than the file"));
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut pos = 12usize;
+    let mut prev: Vec<u8> = Vec::new();
+    for _ in 0..count {
+        let start = pos;
+        let flags_at = start + 40 + id_len;
+        let flags = b
+            .get(flags_at..flags_at + 2)
+            .ok_or_else(|| bad("truncated entry"))?;
+        let flags = u16::from_be_bytes([flags[0], flags[1]]);
+        pos = flags_at + 2;
+        if flags & 0x4000 != 0 {
+            if version < 3 {
+                return Err(bad("extended flag in a version 2 index"));
+            }
+            pos += 2;
+        }
+        let name: Vec<u8> = if version == 4 {
+            let (strip, used) = varint(b.get(pos..).ok_or_else(|| bad("truncated entry"))?)
+                .ok_or_else(|| bad("bad path prefix length"))?;
+            pos += used;
+            if strip > prev.len() {
+                return Err(bad("path prefix longer than the previous path"));
+            }
+            let rest = b.get(pos..).ok_or_else(|| bad("truncated entry"))?;
+            let nul = rest
+                .iter()
+                .position(|&c| c == 0)
+                .ok_or_else(|| bad("unterminated path"))?;
+            let mut name = prev[..prev.len() - strip].to_vec();
+            name.extend_from_slice(&rest[..nul]);
+            pos += nul + 1;
+            name
+        } else {
+            let rest = b.get(pos..).ok_or_else(|| bad("truncated entry"))?;
+            let nul = rest
+                .iter()
+                .position(|&c| c == 0)
+                .ok_or_else(|| bad("unterminated path"))?;
+            let name = rest[..nul].to_vec();
+            // Entries are padded with 1 to 8 NULs to a multiple of 8 bytes.
+            let len = pos - start + nul;
+            pos = start + (len + 8) / 8 * 8;
+            if pos > b.len() {
+                return Err(bad("truncated entry padding"));
+            }
+            name
+        };
+        if let Ok(s) = std::str::from_utf8(&name) {
+            out.push(s.to_string());
+        }
+        prev = name;
+    }
+    Ok(out)
+}
+
+/// git's offset varint (`decode_varint`): the value and the bytes used.
+fn varint(b: &[u8]) -> Option<(usize, usize)> {
+    let mut i = 0;
+    let mut c = *b.first()?;
+    let mut val = (c & 0x7f) as usize;
+    while c & 0x80 != 0 {
+        i += 1;
+        c = *b.get(i)?;
+        val = val.checked_add(1)?.checked_mul(128)? | (c & 0x7f) as usize;
+    }
+    Some((val, i + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    fn git(dir: &Path, args: &[&str]) -> bool {
+        Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    }
+
+    /// Real indexes of every version, written by git itself.
+    #[test]
+    fn reads_indexes_git_writes() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        if !git(root, &["init", "-q"]) {
+            if std::env::var_os("CI").is_some() {
+                panic!("git is needed for this test under CI");
+            }
+            eprintln!("SKIP git not found");
+            return;
+        }
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        for f in ["top.txt", "a/b/deep.log", "a/x.txt", "a/b/c d.txt", "zz"] {
+            std::fs::write(root.join(f), f).unwrap();
+        }
+        assert!(git(root, &["add", "-A"]));
+        for v in ["2", "3", "4"] {
+            assert!(git(root, &["update-index", "--index-version", v]));
+            let tr = read_tracked(root).unwrap().unwrap();
+            let mut files: Vec<_> = tr.files.iter().cloned().collect();
+            files.sort();
+            assert_eq!(
+                files,
+                ["a/b/c d.txt", "a/b/deep.log", "a/x.txt", "top.txt", "zz"],
+                "version {v}"
+            );
+            assert!(tr.dirs.contains("a") && tr.dirs.contains("a/b"));
+        }
+    }
+
+    #[test]
+    fn hostile_indexes_are_errors_not_panics() {
+        assert!(parse_index(b"", 20).is_err());
+        assert!(parse_index(b"DIRC\0\0\0\x05\0\0\0\0", 20).is_err());
+        // A count far beyond the file.
+        assert!(parse_index(b"DIRC\0\0\0\x02\xff\xff\xff\xff", 20).is_err());
+        // Truncated entries and bad v4 prefixes, byte by byte.
+        let mut e = b"DIRC\0\0\0\x04\0\0\0\x01".to_vec();
+        e.extend_from_slice(&[0u8; 62]);
+        e.extend_from_slice(&[0x85, 0x01, b'a', 0]);
+        for n in 0..=e.len() {
+            let _ = parse_index(&e[..n], 20);
+        }
+        assert!(parse_index(&e, 20).is_err(), "prefix longer than previous");
+    }
+}

@@ -182,3 +182,47 @@ fn roots_must_be_directories() {
         assert!(matches!(err, PatchError::ReadLayer { .. }), "{err}");
     }
 }
+
+/// git's semantics: ignore rules apply to untracked files only. A tracked file that matches
+/// `.gitignore` (added with `git add -f`, or tracked before the rule) is a change when the
+/// step edits or deletes it, also inside an ignored directory; a new ignored file is left
+/// out and said so.
+#[test]
+fn tracked_files_matching_gitignore_are_still_changes() {
+    let t = trees(
+        "git init -q . && printf '*.log\\nbuild/\\n' > .gitignore && \
+         printf 'tracked\\n' > keep.log && mkdir -p build && printf 'o\\n' > build/out.log && \
+         printf 'gen\\n' > build/gen.txt && \
+         git -c user.email=t@t -c user.name=t add -f .gitignore keep.log build/out.log && \
+         git -c user.email=t@t -c user.name=t commit -qm init",
+    );
+    sh(
+        &t.copy,
+        "printf 'edited\\n' > keep.log && rm build/out.log && printf 'new\\n' > new.log && \
+         printf 'gen2\\n' > build/gen.txt && printf 'x\\n' > build/untracked.log",
+    );
+    let set = compare(&t);
+    assert_eq!(
+        kinds(&set),
+        [
+            ("build/out.log", ChangeKind::Deleted),
+            ("keep.log", ChangeKind::Modified)
+        ]
+    );
+    let ignored: Vec<&str> = set.ignored.iter().map(|i| i.path.as_str()).collect();
+    assert!(ignored.contains(&"new.log"), "{ignored:?}");
+    assert!(ignored.contains(&"build/gen.txt"), "{ignored:?}");
+    assert!(ignored.contains(&"build/untracked.log"), "{ignored:?}");
+    assert!(set.notes.is_empty(), "{:?}", set.notes);
+}
+
+/// A corrupt index is said, never silently taken as "nothing tracked".
+#[test]
+fn an_unreadable_index_is_noted() {
+    let t =
+        trees("mkdir .git && printf 'DIRC garbage' > .git/index && printf '*.log\\n' > .gitignore");
+    sh(&t.copy, "printf 'x\\n' > a.log");
+    let set = compare(&t);
+    assert_eq!(set.notes.len(), 1, "{:?}", set.notes);
+    assert!(set.notes[0].contains(".git/index"), "{:?}", set.notes);
+}

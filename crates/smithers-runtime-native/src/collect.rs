@@ -8,14 +8,7 @@
 use smithers_runtime::collect::{write_workspace_bundle, BundleSources, WorkspaceLayer};
 use smithers_runtime::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle};
 
-use crate::{Backend, WorkspaceState};
-
-/// The ctime of `path` (not followed), `(seconds, nanoseconds)`.
-fn ctime(path: &std::path::Path) -> Option<(i64, u32)> {
-    use std::os::unix::fs::MetadataExt;
-    let md = std::fs::symlink_metadata(path).ok()?;
-    Some((md.ctime(), md.ctime_nsec() as u32))
-}
+use crate::{ctime, Backend, WorkspaceState};
 
 pub(crate) fn collect(
     backend: &Backend,

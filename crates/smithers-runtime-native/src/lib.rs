@@ -796,7 +796,31 @@ async fn ship_copy(backend: &Backend) -> Result<(), RuntimeError> {
         "copiedBytes": report.bytes,
         "leftOut": report.left_out,
     });
-    write_private(&backend.copy_report_file(), record.to_string().as_bytes())
+    let report_file = backend.copy_report_file();
+    write_private(&report_file, record.to_string().as_bytes())?;
+    // The report's ctime tells collect when the step could first write the copy: a copy
+    // entry older than that is as the copy made it. File times come from a coarse clock (a
+    // tick is several ms, longer than copying a small project), so the report is touched
+    // until its ctime is past the copy's last one; then "older" is exact.
+    let copy_done = ctime(&backend.copy());
+    for _ in 0..200 {
+        match (copy_done, ctime(&report_file)) {
+            (Some(done), Some(marker)) if marker > done => break,
+            (None, _) | (_, None) => break,
+            _ => {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                write_private(&report_file, record.to_string().as_bytes())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The ctime of `path` (not followed), `(seconds, nanoseconds)`.
+pub(crate) fn ctime(path: &Path) -> Option<(i64, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::symlink_metadata(path).ok()?;
+    Some((md.ctime(), md.ctime_nsec() as u32))
 }
 
 /// The config as `create` accepted it, kept in the state dir (it may hold env secrets, so it

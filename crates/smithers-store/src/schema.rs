@@ -132,7 +132,15 @@ fn v2_active_index(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
 /// the bytes that were reviewed (NULL for reviews opened before: they cannot be accepted
 /// without one; see the orchestrator's accept).
 fn v3_review_digest(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
-    tx.execute_batch("ALTER TABLE _smithers_sandbox_reviews ADD COLUMN bundle_digest TEXT;")
+    let has: bool = tx.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('_smithers_sandbox_reviews') WHERE name = 'bundle_digest'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has {
+        tx.execute_batch("ALTER TABLE _smithers_sandbox_reviews ADD COLUMN bundle_digest TEXT;")?;
+    }
+    Ok(())
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`]; a no-op when it is there already.

@@ -50,6 +50,7 @@ mod apply;
 mod binary;
 mod bundle;
 mod compare;
+mod delta;
 mod detect;
 mod error;
 mod gitignore;
@@ -64,6 +65,7 @@ pub use apply::{
     apply_patch_texts, apply_patches, recover_apply, AppliedAction, AppliedFile, ApplyOptions,
     ApplyReport, RecoveryReport,
 };
+pub use binary::{BinaryHunk, MAX_BINARY_BYTES};
 pub use bundle::{build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_PATCH_FILES};
 pub use compare::detect_changes_by_compare;
 pub use detect::{

@@ -463,9 +463,9 @@ fn step(state: &State, fp: &FilePatch, exact: bool) -> Result<State, StepError> 
             }
             // The base matched the patch's old id: a delta that does not apply to it, or a
             // result that does not hash to the new id (checked below), is the patch's fault.
-            forward.resolve(state.content()).map_err(|e| {
-                StepError::Inconsistent(format!("binary delta does not apply: {e}"))
-            })?
+            forward
+                .resolve(state.content())
+                .map_err(|e| StepError::Inconsistent(format!("binary delta does not apply: {e}")))?
         }
         PatchBody::Text(hunks) => {
             let Ok(text) = std::str::from_utf8(state.content()) else {

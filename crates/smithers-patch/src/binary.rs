@@ -249,9 +249,12 @@ pub(crate) fn parse_hunks(lines: &[&str], mut i: usize) -> Result<ParsedHunks, (
         i = (end + 1).min(n);
     }
     let mut it = hunks.into_iter();
-    let forward = it
-        .next()
-        .ok_or_else(|| (i, "'GIT binary patch' without a literal or delta hunk".into()))?;
+    let forward = it.next().ok_or_else(|| {
+        (
+            i,
+            "'GIT binary patch' without a literal or delta hunk".into(),
+        )
+    })?;
     Ok((forward, it.next(), i))
 }
 

@@ -89,9 +89,9 @@ impl Roller {
 }
 
 fn hash_block(window: &[u8]) -> u64 {
-    window
-        .iter()
-        .fold(0u64, |h, &b| h.wrapping_mul(HASH_MUL).wrapping_add(u64::from(b)))
+    window.iter().fold(0u64, |h, &b| {
+        h.wrapping_mul(HASH_MUL).wrapping_add(u64::from(b))
+    })
 }
 
 /// One slot per hash bucket holding (block number + 1) of the first source block with that
@@ -370,6 +370,7 @@ pub(crate) fn apply(src: &[u8], delta: &[u8], limit: u64) -> Result<Vec<u8>, Str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const NO_LIMIT: u64 = u64::MAX;
 
@@ -475,5 +476,44 @@ mod tests {
         // Header: 65536 (varint 80 80 04) twice; copy op 0x80: offset 0, size 0 → 0x10000.
         let d = [0x80, 0x80, 0x04, 0x80, 0x80, 0x04, 0x80];
         assert_eq!(apply(&src, &d, NO_LIMIT).unwrap(), src);
+    }
+
+    /// Source data with repeats (so hash collisions and repeated blocks happen) or noise.
+    fn data() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..3000),
+            proptest::collection::vec(proptest::sample::select(vec![0u8, 1, 0xff]), 0..3000),
+            (any::<u64>(), 0usize..200_000).prop_map(|(s, n)| noise(n, s)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn encode_decode_round_trip(
+            src in data(),
+            edits in proptest::collection::vec(
+                (any::<usize>(), 0usize..500, proptest::collection::vec(any::<u8>(), 0..64)),
+                0..8,
+            ),
+        ) {
+            let mut dst = src.clone();
+            for (at, del, ins) in &edits {
+                let at = if dst.is_empty() { 0 } else { at % dst.len() };
+                let end = (at + del).min(dst.len());
+                dst.splice(at..end, ins.iter().copied());
+            }
+            let d = encode(&src, &dst, usize::MAX).unwrap();
+            prop_assert_eq!(check(&d, NO_LIMIT).unwrap(), DeltaSizes {
+                source: src.len() as u64,
+                target: dst.len() as u64,
+            });
+            prop_assert_eq!(apply(&src, &d, NO_LIMIT).unwrap(), dst.clone());
+            // Few edits of a large source: the delta stays near the edited bytes' size.
+            if src.len() > 50_000 {
+                let edited: usize = edits.iter().map(|e| e.2.len() + 64).sum();
+                prop_assert!(d.len() < edited * 2 + src.len() / 1000 + 64, "{} bytes", d.len());
+            }
+        }
     }
 }

@@ -269,7 +269,10 @@ fn delta_against_the_wrong_base_or_with_the_wrong_result_writes_nothing() {
 
 /// Random edits of random binary content: render → parse → apply gives the new content,
 /// whichever hunk kind was chosen.
-fn edit_strategy() -> impl Strategy<Value = (Vec<u8>, Vec<(usize, usize, Vec<u8>)>)> {
+/// (at, bytes removed, bytes inserted); `at` is taken modulo the length.
+type Edit = (usize, usize, Vec<u8>);
+
+fn edit_strategy() -> impl Strategy<Value = (Vec<u8>, Vec<Edit>)> {
     (
         proptest::collection::vec(any::<u8>(), 0..6000),
         proptest::collection::vec(
@@ -283,7 +286,7 @@ fn edit_strategy() -> impl Strategy<Value = (Vec<u8>, Vec<(usize, usize, Vec<u8>
     )
 }
 
-fn apply_edits(old: &[u8], edits: &[(usize, usize, Vec<u8>)]) -> Vec<u8> {
+fn apply_edits(old: &[u8], edits: &[Edit]) -> Vec<u8> {
     let mut new = old.to_vec();
     for (at, del, ins) in edits {
         let at = if new.is_empty() { 0 } else { at % new.len() };

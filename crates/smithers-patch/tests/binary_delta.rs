@@ -85,12 +85,18 @@ fn our_apply(path: &str, old: &[u8], patch: &str) -> Vec<u8> {
     std::fs::read(tmp.path().join(path)).unwrap()
 }
 
-/// Applies `patch` with `git apply` to a plain directory holding `old` at `path`.
-fn git_apply(path: &str, old: &[u8], patch: &str) -> Vec<u8> {
+/// Applies `patch` with `git apply` (`-R`: in reverse) to a plain directory holding `old` at
+/// `path`.
+fn git_apply(path: &str, old: &[u8], patch: &str, reverse: bool) -> Vec<u8> {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join(path), old).unwrap();
     std::fs::write(tmp.path().join("p.patch"), patch).unwrap();
-    git(tmp.path(), &["apply", "p.patch"]);
+    let args: &[&str] = if reverse {
+        &["apply", "-R", "p.patch"]
+    } else {
+        &["apply", "p.patch"]
+    };
+    git(tmp.path(), args);
     std::fs::read(tmp.path().join(path)).unwrap()
 }
 
@@ -127,7 +133,15 @@ fn four_byte_edit_of_10mb_is_a_small_delta_both_applies_accept() {
     }
     assert!(our_apply("big.bin", &old, &patch) == new, "our apply");
     if have_git() {
-        assert!(git_apply("big.bin", &old, &patch) == new, "git apply");
+        assert!(
+            git_apply("big.bin", &old, &patch, false) == new,
+            "git apply"
+        );
+        // The reverse hunk (a delta too) is what `git apply -R` uses.
+        assert!(
+            git_apply("big.bin", &new, &patch, true) == old,
+            "git apply -R"
+        );
     }
 }
 
@@ -148,7 +162,10 @@ fn one_byte_edit_of_120mb_is_small_and_applies() {
     assert!(patch.len() < 200 << 10, "patch is {} bytes", patch.len());
     assert!(our_apply("huge.bin", &old, &patch) == new, "our apply");
     if have_git() {
-        assert!(git_apply("huge.bin", &old, &patch) == new, "git apply");
+        assert!(
+            git_apply("huge.bin", &old, &patch, false) == new,
+            "git apply"
+        );
     }
 }
 
@@ -297,7 +314,12 @@ fn apply_edits(old: &[u8], edits: &[Edit]) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        // Integration tests have no lib.rs next to them to persist failures beside.
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn random_binary_edits_round_trip((mut old, edits) in edit_strategy()) {
         old.push(0); // binary either way

@@ -18,8 +18,10 @@ use serde::{Deserialize, Serialize};
 use crate::delta;
 use crate::model::git_blob_oid;
 
-/// Largest content a binary hunk may declare or produce (either side of a binary patch).
-pub const MAX_BINARY_BYTES: u64 = 4 << 30;
+/// Largest content a binary hunk may declare or produce (either side of a binary patch). Our
+/// own patches never come near it: detection holds at most 1 GiB of old + new content
+/// (`DetectOptions::max_content_bytes`' default).
+pub const MAX_BINARY_BYTES: u64 = 1 << 30;
 
 /// zlib (deflate) cannot expand data by more than about 1032:1 on inflation: the real ceiling
 /// of what `n` deflated bytes can produce, used to cap an allocation by what the hunk holds.

@@ -463,13 +463,17 @@ fn step(state: &State, fp: &FilePatch, exact: bool) -> Result<State, StepError> 
     };
     let content = match &fp.body {
         PatchBody::Empty => state.content().to_vec(),
-        PatchBody::Binary { new, .. } => {
+        PatchBody::Binary { forward, .. } => {
             if !exact && fp.old_mode.is_some() {
                 return Err(StepError::Mismatch(
                     "binary file changed on the host".into(),
                 ));
             }
-            new.clone()
+            // The base matched the patch's old id: a delta that does not apply to it, or a
+            // result that does not hash to the new id (checked below), is the patch's fault.
+            forward
+                .resolve(state.content())
+                .map_err(|e| StepError::Inconsistent(format!("binary delta does not apply: {e}")))?
         }
         PatchBody::Text(hunks) => {
             let Ok(text) = std::str::from_utf8(state.content()) else {

@@ -32,8 +32,13 @@
 //!   dropped): empty directories, fifos/sockets/devices, non-UTF-8 names or symlink targets.
 //! - **Binary** = NUL in the first 8000 bytes (git's rule) *or* not valid UTF-8, so every patch
 //!   is valid UTF-8 text (bundle patches and `diffBundle.diff` are strings). Binary patches
-//!   are `literal` git binary patches (zlib + base85) with both directions, as
-//!   `git diff --binary --full-index` writes; `delta` hunks are not produced nor accepted.
+//!   are git binary patches (zlib + base85) with both directions, as
+//!   `git diff --binary --full-index` writes: each direction is a `delta` hunk (a git pack
+//!   delta against the other side, from a linear-time encoder) when that deflates smaller,
+//!   else a `literal`, so a small edit of a large file is a small patch. Parsed hunks are
+//!   checked before anything is sized by them (declared sizes capped by [`MAX_BINARY_BYTES`]
+//!   and by what the data can really produce; every delta op within its source and data);
+//!   apply checks a delta's result against the `index` line's new id before writing.
 //! - **Text rendering** is byte-identical to `git diff --full-index` for unambiguous diffs
 //!   (headers, quoting of special names, tab after names with spaces, function-context
 //!   headings, `\ No newline at end of file`); hunks come from `similar`'s Myers diff.
@@ -50,6 +55,7 @@ mod apply;
 mod binary;
 mod bundle;
 mod compare;
+mod delta;
 mod detect;
 mod error;
 mod gitignore;
@@ -65,6 +71,7 @@ pub use apply::{
     apply_patch_texts, apply_patches, recover_apply, AppliedAction, AppliedFile, ApplyOptions,
     ApplyReport, RecoveryReport, HOST_CHANGED,
 };
+pub use binary::{BinaryHunk, MAX_BINARY_BYTES};
 pub use bundle::{build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_PATCH_FILES};
 pub use compare::detect_changes_by_compare;
 pub use detect::{

@@ -2,13 +2,13 @@
 //! bundle's patch files (the source of truth).
 //!
 //! Accepted: what `git diff --binary --full-index` writes for additions, deletions,
-//! modifications and mode changes (text hunks, `literal` binary hunks, C-quoted names).
-//! Refused with a clear error: renames/copies, abbreviated object ids, `delta` binary hunks,
+//! modifications and mode changes (text hunks, `literal` and `delta` binary hunks, C-quoted
+//! names). Refused with a clear error: renames/copies, abbreviated object ids,
 //! "Binary files differ" without data, and anything malformed.
 
-use crate::binary::decode_literal;
+use crate::binary::{check_sides, parse_hunks};
 use crate::error::PatchError;
-use crate::model::{git_blob_oid, unquote_git_path, GitMode, ZERO_OID};
+use crate::model::{unquote_git_path, GitMode, ZERO_OID};
 use crate::patch::{FilePatch, Hunk, HunkLine, LineKind, PatchBody};
 
 fn err(line: usize, reason: impl Into<String>) -> PatchError {
@@ -277,39 +277,10 @@ pub fn parse_patch(text: &str) -> Result<Vec<FilePatch>, PatchError> {
             }
             body = PatchBody::Text(hunks);
         } else if i < n && strip_nl(lines[i]) == "GIT binary patch" {
-            i += 1;
-            let mut datas: Vec<Vec<u8>> = Vec::new();
-            while datas.len() < 2 && i < n {
-                let l = strip_nl(lines[i]);
-                let size = if let Some(s) = l.strip_prefix("literal ") {
-                    s.parse::<usize>()
-                        .map_err(|_| err(i, "malformed 'literal' size"))?
-                } else if l.starts_with("delta ") {
-                    return Err(err(
-                        i,
-                        "delta binary hunks are not supported (only literal)",
-                    ));
-                } else {
-                    break;
-                };
-                let start = i + 1;
-                let mut end = start;
-                while end < n && !strip_nl(lines[end]).is_empty() {
-                    end += 1;
-                }
-                let data_lines: Vec<&str> = lines[start..end].iter().map(|l| strip_nl(l)).collect();
-                let data = decode_literal(&data_lines, size).map_err(|r| err(start, r))?;
-                datas.push(data);
-                i = (end + 1).min(n);
-            }
-            let mut it = datas.into_iter();
-            let new = it
-                .next()
-                .ok_or_else(|| err(i, "'GIT binary patch' without a literal hunk"))?;
-            body = PatchBody::Binary {
-                new,
-                old: it.next(),
-            };
+            let (forward, reverse, next) =
+                parse_hunks(&lines, i + 1).map_err(|(l, r)| err(l, r))?;
+            i = next;
+            body = PatchBody::Binary { forward, reverse };
         }
         let path = path.ok_or_else(|| err(header_line, "cannot determine the file name"))?;
         if path.is_empty() {
@@ -317,26 +288,17 @@ pub fn parse_patch(text: &str) -> Result<Vec<FilePatch>, PatchError> {
         }
         let had_index = oids.is_some();
         let (old_oid, new_oid) = oids.unwrap_or((None, None));
-        if let PatchBody::Binary { new, old } = &body {
+        if let PatchBody::Binary { forward, reverse } = &body {
             if !had_index {
                 return Err(err(header_line, "binary patch without an index line"));
             }
-            // A missing side (deletion's new, creation's old) is the empty blob.
-            let empty = git_blob_oid(b"");
-            if git_blob_oid(new) != *new_oid.as_ref().unwrap_or(&empty) {
-                return Err(err(
-                    header_line,
-                    "binary content does not match the index line's new id",
-                ));
-            }
-            if let Some(old) = old {
-                if git_blob_oid(old) != *old_oid.as_ref().unwrap_or(&empty) {
-                    return Err(err(
-                        header_line,
-                        "binary content does not match the index line's old id",
-                    ));
-                }
-            }
+            check_sides(
+                forward,
+                reverse.as_ref(),
+                old_oid.as_deref(),
+                new_oid.as_deref(),
+            )
+            .map_err(|r| err(header_line, r))?;
         }
         out.push(FilePatch {
             path,

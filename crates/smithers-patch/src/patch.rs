@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use similar::{Algorithm, ChangeTag, TextDiff};
 
-use crate::binary::literal_hunk;
+use crate::binary::BinaryHunk;
 use crate::detect::{ChangeKind, FileChange, FileVersion};
 use crate::model::{quote_git_path, GitMode, ZERO_OID};
 
@@ -51,9 +51,13 @@ pub enum PatchBody {
     Empty,
     /// Text hunks.
     Text(Vec<Hunk>),
-    /// A git binary patch: the full new content, and the full old content when the patch
-    /// carries the reverse hunk (git always writes it; it is optional on input).
-    Binary { new: Vec<u8>, old: Option<Vec<u8>> },
+    /// A git binary patch: the forward hunk (old → new), and the reverse hunk (new → old) when
+    /// the patch carries it (git always writes it; it is optional on input). Each is a literal
+    /// or a delta against the other side.
+    Binary {
+        forward: BinaryHunk,
+        reverse: Option<BinaryHunk>,
+    },
 }
 
 /// One `diff --git` section: a change to one path. Renames and copies are not produced (and
@@ -163,11 +167,11 @@ impl FilePatch {
                     render_hunk(h, &mut out);
                 }
             }
-            PatchBody::Binary { new, old } => {
+            PatchBody::Binary { forward, reverse } => {
                 out.push_str("GIT binary patch\n");
-                out.push_str(&literal_hunk(new));
-                if let Some(old) = old {
-                    out.push_str(&literal_hunk(old));
+                forward.render(&mut out);
+                if let Some(r) = reverse {
+                    r.render(&mut out);
                 }
             }
         }
@@ -292,8 +296,8 @@ fn body_for(old: Option<&FileVersion>, new: Option<&FileVersion>) -> PatchBody {
     let new_c: &[u8] = new.map_or(&[], |v| &v.content);
     if binary {
         return PatchBody::Binary {
-            new: new_c.to_vec(),
-            old: Some(old_c.to_vec()),
+            forward: BinaryHunk::best(old_c, new_c),
+            reverse: Some(BinaryHunk::best(new_c, old_c)),
         };
     }
     if old_c.is_empty() && new_c.is_empty() {

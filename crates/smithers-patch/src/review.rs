@@ -40,9 +40,10 @@ pub fn diff_stats(patches: &[FilePatch]) -> Vec<FileStat> {
     for p in patches {
         let (added, removed) = p.line_stats();
         let binary = match &p.body {
-            PatchBody::Binary { new, old } => {
-                Some((old.as_ref().map_or(0, |o| o.len() as u64), new.len() as u64))
-            }
+            PatchBody::Binary { forward, reverse } => Some((
+                reverse.as_ref().map_or(0, |r| r.result_len()),
+                forward.result_len(),
+            )),
             _ => None,
         };
         if let Some(s) = out.iter_mut().find(|s| s.path == p.path) {

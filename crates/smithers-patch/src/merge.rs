@@ -164,7 +164,9 @@ mod properties {
     fn text() -> impl Strategy<Value = String> {
         (
             proptest::collection::vec(
-                proptest::sample::select(vec!["a", "b", "c", "fn x() {", "}", "", " ", "é"]),
+                proptest::sample::select(vec![
+                    "a", "b", "c", "fn x() {", "}", "", " ", "é", "\r", "a\rb", "c\r",
+                ]),
                 0..40,
             ),
             any::<bool>(),

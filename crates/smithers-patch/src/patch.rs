@@ -230,11 +230,16 @@ fn heading_before(old_lines: &[&str], first: usize) -> String {
 }
 
 /// Text hunks turning `old` into `new`, with [`CONTEXT_LINES`] of context (Myers diff).
+///
+/// Lines are split at `\n` only, as git does: `similar`'s own line splitting also ends a line
+/// at a lone `\r`, which made a line `a\rb\n` two lines and rendered `a\r` as a line without
+/// final newline, a patch neither our apply nor `git apply` accepts.
 pub fn text_hunks(old: &str, new: &str) -> Vec<Hunk> {
+    let old_lines: Vec<&str> = old.split_inclusive('\n').collect();
+    let new_lines: Vec<&str> = new.split_inclusive('\n').collect();
     let diff = TextDiff::configure()
         .algorithm(Algorithm::Myers)
-        .diff_lines(old, new);
-    let old_lines: Vec<&str> = old.split_inclusive('\n').collect();
+        .diff_slices(&old_lines, &new_lines);
     let mut hunks = Vec::new();
     for group in diff.grouped_ops(CONTEXT_LINES) {
         if group.is_empty() {
@@ -402,6 +407,20 @@ mod tests {
                 "@@ -1 +1 @@\n-x\n\\ No newline at end of file\n+y\n\\ No newline at end of file\n"
             ),
             "{t}"
+        );
+    }
+
+    /// A lone CR is part of its line (git splits at `\n` only); before the fix `similar`
+    /// split there and rendered `-a\r` with a false "No newline at end of file".
+    #[test]
+    fn lone_cr_stays_inside_its_line() {
+        let t = hunks_text("a\rb\nc\n", "a\rB\nc\n");
+        assert!(t.contains("@@ -1,2 +1,2 @@\n-a\rb\n+a\rB\n c\n"), "{t:?}");
+        assert!(!t.contains("No newline"), "{t:?}");
+        let t = hunks_text("x\r", "y\r");
+        assert!(
+            t.contains("-x\r\n\\ No newline at end of file\n+y\r\n\\ No newline"),
+            "{t:?}"
         );
     }
 

@@ -1,9 +1,10 @@
 //! Atomic, conflict-checked apply of file patches to a host tree, with a crash-safe journal.
 //!
-//! 1. **Check, write nothing.** Every path is validated (plain downward path, nothing in
-//!    `.git/` or `.smithers/`), every host file is read through [`smithers_paths::Beneath`]
-//!    (openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`, or an `O_NOFOLLOW` walk: a symlinked
-//!    parent is never traversed) and compared with the blob id the change was made against.
+//! 1. **Check, write nothing.** Every path is validated (plain downward path, nothing in a
+//!    `.git` or `.smithers` directory at any depth), every host file is read through
+//!    [`smithers_paths::Beneath`] (openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`, or an
+//!    `O_NOFOLLOW` walk: a symlinked parent is never traversed) and compared with the blob id
+//!    the change was made against.
 //!    A text file the host changed meanwhile is merged (hunks relocated, see `merge.rs`);
 //!    anything that cannot be merged is a conflict. Any conflict: nothing is written and
 //!    every conflicting file is reported.
@@ -477,6 +478,13 @@ fn step(state: &State, fp: &FilePatch, exact: bool) -> Result<State, StepError> 
                         f.hunk
                     )))
                 }
+                Err(f) if f.ambiguous => {
+                    return Err(StepError::Mismatch(format!(
+                        "changed on the host and hunk {}'s context occurs more than once in the \
+                         host version (which one the change belongs to cannot be known)",
+                        f.hunk
+                    )))
+                }
                 Err(f) => {
                     return Err(StepError::Mismatch(format!(
                         "changed on the host and hunk {} does not apply to the host version",
@@ -526,14 +534,16 @@ fn validate_path(path: &str) -> Result<(), PatchError> {
     if path.starts_with('/') {
         return bad("absolute path");
     }
-    for (i, c) in path.split('/').enumerate() {
+    for c in path.split('/') {
         match c {
             "" => return bad("empty path component"),
             "." | ".." => return bad("'.' or '..' component"),
             // Case-insensitive like git's verify_path: `.GIT` is `.git` on some filesystems.
             c if c.eq_ignore_ascii_case(".git") => return bad("path inside a .git directory"),
-            c if i == 0 && c.eq_ignore_ascii_case(SMITHERS_DIR) => {
-                return bad("path inside the project's .smithers directory")
+            // At any depth: a `.smithers` below the top is what a command started in that
+            // subdirectory would take for its own state (database, bundles, journals).
+            c if c.eq_ignore_ascii_case(SMITHERS_DIR) => {
+                return bad("path inside a .smithers directory")
             }
             _ => {}
         }
@@ -615,6 +625,10 @@ fn plan_path(
                     Ok(s) => {
                         merged = true;
                         s
+                    }
+                    // Why the merge failed too (e.g. an ambiguous hunk), when it says more.
+                    Err(StepError::Mismatch(why)) if why != reason => {
+                        return Ok(Err(format!("{reason}; {why}")))
                     }
                     Err(StepError::Mismatch(_)) | Err(StepError::Inconsistent(_)) => {
                         return Ok(Err(reason))
@@ -774,7 +788,7 @@ pub fn apply_patch_texts(
 ///
 /// Conflicts fail with [`PatchError::Conflicts`] listing every conflicting file, before
 /// anything is written. Paths outside the root, through symlinks, or into `.git/` or
-/// `.smithers/` fail with [`PatchError::PathEscape`].
+/// `.smithers/` (at any depth) fail with [`PatchError::PathEscape`].
 pub fn apply_patches(
     root: &Path,
     patches: &[FilePatch],
@@ -1312,18 +1326,13 @@ mod tests {
             ".git/config",
             "sub/.GIT/hooks/x",
             ".smithers/db",
+            "x/.smithers/db",
+            "x/y/.Smithers",
             "a\0b",
         ] {
             assert!(validate_path(bad).is_err(), "{bad:?} must be refused");
         }
-        for ok in [
-            "a",
-            "a/b.rs",
-            "x/.smithers/ok",
-            ".gitignore",
-            "..x",
-            "a b/ü",
-        ] {
+        for ok in ["a", "a/b.rs", "x/.smithersrc", ".gitignore", "..x", "a b/ü"] {
             validate_path(ok).unwrap();
         }
     }

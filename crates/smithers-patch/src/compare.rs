@@ -23,8 +23,8 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::detect::{
-    birth_time, finish, join_rel, node_of, read_dir_sorted, Candidate, ChangeSet, DetectOptions,
-    IgnoreReason, Node, StaleCheck, Walker,
+    birth_time, finish, is_protected_name, join_rel, node_of, read_dir_sorted, Candidate,
+    ChangeSet, DetectOptions, IgnoreReason, Node, StaleCheck, Walker,
 };
 use crate::error::PatchError;
 use crate::gitignore::IgnoreRules;
@@ -195,10 +195,10 @@ impl Walker<'_> {
             return Ok(());
         };
         let child = join_rel(rel, name);
-        // `.git` anywhere and the top-level exclusions are never content; reported when the
+        // `.git`/`.smithers` anywhere and the top-level exclusions are never content; reported when the
         // step created or removed one.
         if (rel.is_empty() && self.opts.excluded_top_level.iter().any(|e| e == name))
-            || name == ".git"
+            || is_protected_name(name)
         {
             if lower.is_some() != copy.is_some() {
                 self.ignore(format!("{child}/"), IgnoreReason::Excluded);

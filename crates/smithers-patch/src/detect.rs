@@ -202,6 +202,15 @@ pub(crate) struct Walker<'a> {
     pub(crate) out: ChangeSet,
 }
 
+/// Whether an entry named `name` is never content at any depth: `.git` (a nested repository,
+/// `cargo new`'s fresh repo, a submodule's gitfile: git's own state) and `.smithers` (what a
+/// command run from that directory would take for its own state). ASCII case is ignored, as
+/// apply refuses these names in any case (`.GIT` is `.git` on a case-insensitive filesystem):
+/// a patch for one would make the whole accept fail.
+pub(crate) fn is_protected_name(name: &str) -> bool {
+    name.eq_ignore_ascii_case(".git") || name.eq_ignore_ascii_case(".smithers")
+}
+
 pub(crate) fn join_rel(rel: &str, name: &str) -> String {
     if rel.is_empty() {
         name.to_string()
@@ -289,9 +298,11 @@ impl<'a> Walker<'a> {
                 continue;
             };
             let child = join_rel(rel, &name);
-            // `.git` anywhere (a nested repository, `cargo new`'s fresh repo, a submodule's
-            // gitfile) is git's own state, never content: excluded like the top-level one.
-            if (rel.is_empty() && self.opts.excluded_top_level.contains(&name)) || name == ".git" {
+            // `.git` and `.smithers` anywhere are never content: excluded like the top-level
+            // ones (see `is_protected_name`).
+            if (rel.is_empty() && self.opts.excluded_top_level.contains(&name))
+                || is_protected_name(&name)
+            {
                 self.ignore(format!("{child}/"), IgnoreReason::Excluded);
                 continue;
             }
@@ -379,7 +390,7 @@ impl<'a> Walker<'a> {
                     continue;
                 };
                 let child = join_rel(rel, name);
-                if name == ".git" {
+                if is_protected_name(name) {
                     self.ignore(format!("{child}/"), IgnoreReason::Excluded);
                     continue;
                 }

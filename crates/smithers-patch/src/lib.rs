@@ -26,8 +26,8 @@
 //!   listed in [`ChangeSet::stale_base`] (lower ctime ≥ upper birth time), because their
 //!   patch's base is the host's newer version and applying it would undo the host's edit.
 //! - **`.gitignore`** is read from the merged (post-step) view plus the lower
-//!   `.git/info/exclude`; ignored paths are reported in [`ChangeSet::ignored`]. `.git`
-//!   (anywhere) and the top-level `.smithers` are always excluded.
+//!   `.git/info/exclude`; ignored paths are reported in [`ChangeSet::ignored`]. `.git` and
+//!   `.smithers` (anywhere, any ASCII case) are always excluded, and reported there too.
 //! - **Not representable in git patches** (reported in [`ChangeSet::skipped`], never silently
 //!   dropped): empty directories, fifos/sockets/devices, non-UTF-8 names or symlink targets.
 //! - **Binary** = NUL in the first 8000 bytes (git's rule) *or* not valid UTF-8, so every patch
@@ -43,7 +43,7 @@
 //!   text file is merged by relocating hunks (exact context, no fuzz); any conflict writes
 //!   nothing and names every conflicting file. Paths are confined with
 //!   `smithers_paths::Beneath` (openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`), never into
-//!   `.git/` or `.smithers/`.
+//!   a `.git` or `.smithers` directory at any depth.
 #![forbid(unsafe_code)]
 
 mod apply;

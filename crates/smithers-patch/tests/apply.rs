@@ -383,3 +383,68 @@ fn review_rendering_and_counts() {
             .sum::<usize>()
     );
 }
+
+/// Deliverable 9: the host duplicated the block the step edited; the hunk's context now fits
+/// in two places, so accept names a conflict and writes nothing instead of editing one copy.
+#[test]
+fn ambiguous_relocation_is_a_conflict_not_a_guess() {
+    let tmp = tempfile::tempdir().unwrap();
+    let block: String = (1..=7).map(|i| format!("    step {i}\n")).collect();
+    let old = format!("top\n{block}bottom\n");
+    let new = old.replace("    step 4\n", "    STEP 4\n");
+    let fps = via_text(&[change(
+        "f.txt",
+        Some((old.as_bytes(), F)),
+        Some((new.as_bytes(), F)),
+    )]);
+    let host = format!("top\n{block}middle\n{block}bottom\n");
+    std::fs::write(tmp.path().join("f.txt"), &host).unwrap();
+    let err = apply_patches(tmp.path(), &fps, &ApplyOptions::default()).unwrap_err();
+    let PatchError::Conflicts { conflicts } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    assert_eq!(conflicts[0].path, "f.txt");
+    assert!(
+        conflicts[0].reason.contains("more than once"),
+        "{conflicts:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("f.txt")).unwrap(),
+        host
+    );
+}
+
+/// Our own state directory and git's are refused at every depth, in every case spelling, on
+/// both the direct and the text path: a step must not plant `sub/.smithers/sandbox.db` (which
+/// a later command run from `sub/` would trust) nor `sub/.git/hooks/*`.
+#[test]
+fn smithers_and_git_dirs_are_refused_at_any_depth() {
+    let tmp = tempfile::tempdir().unwrap();
+    for path in [
+        ".smithers/sandbox.db",
+        "sub/.smithers/sandbox.db",
+        "a/b/.SMITHERS/x",
+        "sub/.smithers",
+        "x/.git/hooks/pre-commit",
+        "x/.Git",
+    ] {
+        let fps = file_patches(&change(path, None, Some((b"planted\n", F))));
+        let err = apply_patches(tmp.path(), &fps, &ApplyOptions::default()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ToolPathEscape, "{path}: {err}");
+        let text = render_patches(&fps);
+        let err = apply_patch_texts(tmp.path(), &[&text], &ApplyOptions::default()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ToolPathEscape, "{path}: {err}");
+    }
+    let entries: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        entries.iter().all(|n| n == ".smithers"),
+        "nothing but the apply lock may exist: {entries:?}"
+    );
+    // Names that merely contain the word are ordinary files.
+    let fps = file_patches(&change("sub/.smithersrc", None, Some((b"ok\n", F))));
+    apply_patches(tmp.path(), &fps, &ApplyOptions::default()).unwrap();
+}

@@ -182,3 +182,30 @@ fn roots_must_be_directories() {
         assert!(matches!(err, PatchError::ReadLayer { .. }), "{err}");
     }
 }
+
+/// The comparison excludes `.smithers` and `.git` at any depth (any case) like the overlay
+/// walk: listed as left out when the step made one, never a patch.
+#[test]
+fn nested_smithers_and_git_dirs_are_excluded_and_listed() {
+    let t =
+        trees("mkdir -p sub old/.git && printf 'k\\n' > sub/keep && printf 'h' > old/.git/HEAD");
+    sh(
+        &t.copy,
+        "mkdir -p sub/.smithers x/.GIT && printf 'db' > sub/.smithers/sandbox.db && \
+         printf 'h' > x/.GIT/config && printf 'changed' > old/.git/HEAD && printf 'ok\\n' > real",
+    );
+    let set = compare(&t);
+    assert_eq!(kinds(&set), [("real", ChangeKind::Added)]);
+    let ignored: Vec<(&str, IgnoreReason)> = set
+        .ignored
+        .iter()
+        .map(|i| (i.path.as_str(), i.reason))
+        .collect();
+    assert_eq!(
+        ignored,
+        [
+            ("sub/.smithers/", IgnoreReason::Excluded),
+            ("x/.GIT/", IgnoreReason::Excluded),
+        ]
+    );
+}

@@ -6,7 +6,7 @@ use similar::{Algorithm, ChangeTag, TextDiff};
 
 use crate::binary::literal_hunk;
 use crate::detect::{ChangeKind, FileChange, FileVersion};
-use crate::model::{quote_git_path, GitMode, ZERO_OID};
+use crate::model::{path_to_bytes, quote_git_path_bytes, GitMode, ZERO_OID};
 
 /// Lines of context around each hunk, git's default.
 pub const CONTEXT_LINES: usize = 3;
@@ -61,7 +61,8 @@ pub enum PatchBody {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FilePatch {
-    /// POSIX path relative to the root.
+    /// POSIX path relative to the root; a name that is not UTF-8 (or begins with `"`) is
+    /// held in git's quoted form (see [`crate::path_from_bytes`]).
     pub path: String,
     /// `None`: the file is created.
     pub old_mode: Option<GitMode>,
@@ -85,6 +86,12 @@ pub enum Operation {
 }
 
 impl FilePatch {
+    /// The raw bytes of the file name (see [`crate::path_to_bytes`]). A malformed quoted
+    /// form (not made by this crate) is taken literally; apply refuses it.
+    pub fn path_bytes(&self) -> Vec<u8> {
+        path_to_bytes(&self.path).unwrap_or_else(|| self.path.as_bytes().to_vec())
+    }
+
     /// add / modify / delete.
     pub fn operation(&self) -> Operation {
         match (self.old_mode, self.new_mode) {
@@ -113,8 +120,11 @@ impl FilePatch {
 
     /// Renders this section as git does (`git diff --binary --full-index`).
     pub fn render(&self) -> String {
-        let a = quote_git_path("a/", &self.path);
-        let b = quote_git_path("b/", &self.path);
+        // The path string may hold a name that is not UTF-8 in its quoted form; git quotes
+        // the raw bytes (with the prefix inside the quotes).
+        let name = self.path_bytes();
+        let a = quote_git_path_bytes("a/", &name);
+        let b = quote_git_path_bytes("b/", &name);
         let mut out = format!("diff --git {a} {b}\n");
         match (self.old_mode, self.new_mode) {
             (None, Some(m)) => out.push_str(&format!("new file mode {m}\n")),

@@ -12,6 +12,8 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -42,6 +44,8 @@ i=0; while [ $i -lt 300 ]; do printf 'chunk\000%03d' $i; i=$((i+1)); done > img.
 printf 'old\n' > 'with space.txt'
 printf 'inner\n' > 'dir with space/f.txt'
 printf 'é\n' > 'ünï.txt'
+printf 'latin1 name\n' > "$(printf 'caf\351.txt')"
+mkdir "$(printf 'dir\377')" && printf 'in a dir\n' > "$(printf 'dir\377/f')"
 git init -q
 git add -A
 git -c user.name=t -c user.email=t@t commit -q -m base
@@ -88,6 +92,12 @@ const EDITS: &[(&str, &str)] = &[
     ("names with spaces and unicode", "printf 'u\\n' > 'dir with space/ünï cødé.txt' && mv 'with space.txt' 'ファイル.txt'"),
     ("names git quotes", "printf 'q\\n' > 'we\"ird\\\\name\ttab' && printf 'n\\n' > 'new\nline'"),
     ("edit in a dir with a space", "printf 'changed\\n' > 'dir with space/f.txt'"),
+    ("new file with a non-UTF-8 name", "printf 'x\\n' > \"$(printf 'na\\357ve')\""),
+    ("edit a file with a non-UTF-8 name", "printf 'edited\\n' > \"$(printf 'caf\\351.txt')\""),
+    ("rename to a non-UTF-8 name", "mv notes.txt \"$(printf 'n\\366tes.txt')\""),
+    ("delete a non-UTF-8 dir", "rm -r \"$(printf 'dir\\377')\""),
+    ("new non-UTF-8 dir and file", "mkdir -p \"$(printf 'new\\344/sub\\344')\" && printf 'z\\n' > \"$(printf 'new\\344/sub\\344/f\\344')\""),
+    ("chmod +x a non-UTF-8 name", "chmod +x \"$(printf 'caf\\351.txt')\""),
     ("a typical refactor", "sed -i 's/^line 3$/line three/' src/lib/a.txt && mv src/lib/b.txt src/b.txt && printf 'mod\\n' > src/mod.rs && rm docs/api.md && chmod +x tool.py"),
 ];
 
@@ -99,10 +109,42 @@ fn have_git() -> bool {
 }
 
 /// Every non-directory below `root` except `.git/`.
-fn tree(root: &Path) -> BTreeMap<String, Snap> {
-    snapshot(root, &|r| {
-        r == ".git" || r.starts_with(".git/") || r == ".smithers"
-    })
+/// Every non-directory below `root` except `.git/` and `.smithers/`, keyed by its raw name
+/// (names need not be UTF-8 here).
+fn tree(root: &Path) -> BTreeMap<Vec<u8>, Snap> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<Vec<u8>, Snap>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p
+                .strip_prefix(root)
+                .unwrap()
+                .as_os_str()
+                .as_bytes()
+                .to_vec();
+            if rel == b".git" || rel == b".smithers" {
+                continue;
+            }
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            if md.is_dir() {
+                walk(root, &p, out);
+            } else if md.file_type().is_symlink() {
+                out.insert(rel, Snap::Symlink(std::fs::read_link(&p).unwrap()));
+            } else {
+                assert!(md.is_file(), "{}: special file in a test tree", p.display());
+                let exec = md.permissions().mode() & 0o100 != 0;
+                out.insert(
+                    rel,
+                    Snap::File {
+                        exec,
+                        content: std::fs::read(&p).unwrap(),
+                    },
+                );
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
 }
 
 fn copy_of(src: &Path, dst: &Path) {
@@ -200,17 +242,18 @@ fn every_edit_applies_like_git_and_like_the_edit_itself() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-fn diff(want: &BTreeMap<String, Snap>, got: &BTreeMap<String, Snap>) -> String {
+fn diff(want: &BTreeMap<Vec<u8>, Snap>, got: &BTreeMap<Vec<u8>, Snap>) -> String {
+    let name = |k: &[u8]| String::from_utf8_lossy(k).into_owned();
     let mut out = Vec::new();
     for (k, v) in want {
         match got.get(k) {
-            None => out.push(format!("  missing {k:?}")),
-            Some(g) if g != v => out.push(format!("  {k:?}: want {v:?}, got {g:?}")),
+            None => out.push(format!("  missing {:?}", name(k))),
+            Some(g) if g != v => out.push(format!("  {:?}: want {v:?}, got {g:?}", name(k))),
             _ => {}
         }
     }
     for k in got.keys().filter(|k| !want.contains_key(*k)) {
-        out.push(format!("  unexpected {k:?}"));
+        out.push(format!("  unexpected {:?}", name(k)));
     }
     out.join("\n")
 }

@@ -350,3 +350,94 @@ fn byte_cases_match_git_and_apply_both_ways() {
         );
     }
 }
+
+/// Names are rendered as git renders them (core.quotePath: C-quoted, octal escapes for every
+/// byte from 0x80, which keeps the patch valid UTF-8 even for a name that is not), parse back
+/// to the same bytes, and apply (ours and `git apply`) to the file with exactly that name.
+#[test]
+fn names_render_like_git_and_apply_byte_exact() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let names: &[&[u8]] = &[
+        b"caf\xe9.txt",
+        b"d\xff\xfe/inner",
+        "ünï cødé.txt".as_bytes(),
+        b"\"starts-with-quote",
+        b"tab\there",
+        b"new\nline",
+        b"back\\slash",
+        b"sp ace/x y",
+        b"ctl\x01\x7f",
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    let (lower, copy, repo, ours) = (
+        tmp.path().join("lower"),
+        tmp.path().join("copy"),
+        tmp.path().join("repo"),
+        tmp.path().join("ours"),
+    );
+    for d in [&lower, &copy, &repo, &ours] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("keep"), "k\n").unwrap();
+    }
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "base"]);
+    for d in [&copy, &repo] {
+        for n in names {
+            let p = d.join(OsStr::from_bytes(n));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, b"content\n").unwrap();
+        }
+    }
+    git(&repo, &["add", "-A"]);
+    let set = detect_changes_by_compare(&lower, &copy, &DetectOptions::default()).unwrap();
+    assert!(set.skipped.is_empty(), "{:?}", set.skipped);
+    assert_eq!(set.changes.len(), names.len());
+    let mut texts = Vec::new();
+    for c in &set.changes {
+        let raw = path_to_bytes(&c.path).unwrap();
+        assert!(names.contains(&&raw[..]), "{:?}", c.path);
+        let ours_text = render_patches(&file_patches(c));
+        let mut pathspec = b":(literal)".to_vec();
+        pathspec.extend_from_slice(&raw);
+        let out = Command::new("git")
+            .args([
+                "-c",
+                "core.quotepath=true",
+                "diff",
+                "--cached",
+                "--full-index",
+                "--",
+            ])
+            .arg(OsStr::from_bytes(&pathspec))
+            .current_dir(&repo)
+            .output()
+            .unwrap();
+        assert_eq!(
+            ours_text,
+            String::from_utf8(out.stdout).unwrap(),
+            "rendering of {:?}",
+            c.path
+        );
+        let parsed = parse_patch(&ours_text).unwrap();
+        assert_eq!(parsed[0].path, c.path);
+        texts.push(ours_text);
+    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    apply_patch_texts(&ours, &refs, &ApplyOptions::default()).unwrap();
+    git(&repo, &["reset", "-q", "--hard"]);
+    std::fs::write(tmp.path().join("all.patch"), texts.concat()).unwrap();
+    git(&repo, &["apply", "../all.patch"]);
+    for n in names {
+        for d in [&ours, &repo] {
+            assert_eq!(
+                std::fs::read(d.join(OsStr::from_bytes(n))).unwrap(),
+                b"content\n",
+                "{} in {}",
+                String::from_utf8_lossy(n),
+                d.display()
+            );
+        }
+    }
+}

@@ -233,7 +233,11 @@ fn heading_before(old_lines: &[&str], first: usize) -> String {
             while !line.is_char_boundary(end) {
                 end -= 1;
             }
-            return line[..end].trim_end().to_string();
+            // C's isspace, as xdiff trims: ASCII whitespace and \v, not Unicode spaces
+            // (a trailing no-break space stays, as in git's output).
+            return line[..end]
+                .trim_end_matches(|c: char| c.is_ascii_whitespace() || c == '\x0b')
+                .to_string();
         }
     }
     String::new()

@@ -268,6 +268,16 @@ const BYTE_CASES: &[ByteCase] = &[
         new: Some(b"x\ry"),
     },
     ByteCase {
+        name: "heading-keeps-unicode-space",
+        old: Some("head\u{a0}\n1\n2\n3\n4\n5\n6\n7\n".as_bytes()),
+        new: Some("head\u{a0}\n1\n2\n3\n4\nfive\n6\n7\n".as_bytes()),
+    },
+    ByteCase {
+        name: "heading-trims-cr-and-tab",
+        old: Some(b"head \t\r\n1\n2\n3\n4\n5\n6\n7\n"),
+        new: Some(b"head \t\r\n1\n2\n3\n4\nfive\n6\n7\n"),
+    },
+    ByteCase {
         name: "lone-cr-deleted",
         old: Some(b"q\rq"),
         new: None,

@@ -262,6 +262,39 @@ mod properties {
             prop_assert_eq!(&parsed[0], &fp);
         }
 
+        /// Any name (bytes, not necessarily UTF-8) renders to valid patch text and parses back
+        /// to the same path string, in the `diff --git` line and in the `---`/`+++` labels.
+        #[test]
+        fn every_name_round_trips_through_patch_text(
+            name in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    b'a', b' ', b'/', b'"', b'\\', b'\t', b'\n', b'\r', 0x01, 0x7f, 0x80, 0xc3,
+                    0xa9, 0xff, b'b', b'.',
+                ]),
+                1..12,
+            )
+        ) {
+            let path = crate::model::path_from_bytes(&name);
+            prop_assert_eq!(crate::model::path_to_bytes(&path), Some(name.clone()));
+            for body in [
+                PatchBody::Empty,
+                PatchBody::Text(text_hunks("", "x\n")),
+            ] {
+                let added = matches!(body, PatchBody::Text(_));
+                let fp = FilePatch {
+                    path: path.clone(),
+                    old_mode: (!added).then_some(GitMode::File),
+                    new_mode: Some(GitMode::Executable),
+                    old_oid: None,
+                    new_oid: added.then(|| crate::model::git_blob_oid(b"x\n")),
+                    body,
+                };
+                let parsed = parse_patch(&fp.render());
+                prop_assert!(parsed.is_ok(), "{:?}: {:?}", fp.render(), parsed);
+                prop_assert_eq!(&parsed.unwrap()[0].path, &path);
+            }
+        }
+
         #[test]
         fn parser_never_panics(s in "(diff --git a/x b/x\n|index |@@ -1,2 \\+1 @@\n|[-+ ]x\n|GIT binary patch\n|literal 3\n|\\\\ No newline at end of file\n|--- a/x\n|\\+\\+\\+ b/x\n|new file mode 100644\n|.{0,10}\n){0,12}") {
             let _ = parse_patch(&s);

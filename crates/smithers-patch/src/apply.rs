@@ -1,9 +1,10 @@
 //! Atomic, conflict-checked apply of file patches to a host tree, with a crash-safe journal.
 //!
-//! 1. **Check, write nothing.** Every path is validated (plain downward path, nothing in
-//!    `.git/` or `.smithers/`), every host file is read through [`smithers_paths::Beneath`]
-//!    (openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`, or an `O_NOFOLLOW` walk: a symlinked
-//!    parent is never traversed) and compared with the blob id the change was made against.
+//! 1. **Check, write nothing.** Every path is validated (plain downward path, nothing in a
+//!    `.git` or `.smithers` directory at any depth), every host file is read through
+//!    [`smithers_paths::Beneath`] (openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`, or an
+//!    `O_NOFOLLOW` walk: a symlinked parent is never traversed) and compared with the blob id
+//!    the change was made against.
 //!    A text file the host changed meanwhile is merged (hunks relocated, see `merge.rs`);
 //!    anything that cannot be merged is a conflict. Any conflict: nothing is written and
 //!    every conflicting file is reported.
@@ -18,10 +19,12 @@
 //! filesystem; a project subdirectory that is a separate mount fails at commit (EXDEV) and
 //! the whole apply is rolled back.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -30,7 +33,7 @@ use smithers_paths::{Beneath, EntryKind, PathError};
 
 use crate::error::{Conflict, PatchError};
 use crate::merge::apply_hunks;
-use crate::model::{git_blob_oid, GitMode};
+use crate::model::{git_blob_oid, path_from_bytes, path_to_bytes, GitMode};
 use crate::parse::parse_patch;
 use crate::patch::{FilePatch, PatchBody};
 
@@ -185,8 +188,34 @@ fn journal_dir(id: &str) -> String {
     format!("{APPLY_DIR}/{id}")
 }
 
-fn p(s: &str) -> &Path {
-    Path::new(s)
+/// The file system path a path string names: itself, or for a name held in git's quoted form
+/// (not UTF-8, see [`path_from_bytes`]) the raw bytes it stands for. Every patch path is
+/// checked by [`validate_path`] (which refuses a malformed quoted form) before it gets here.
+fn p(s: &str) -> Cow<'_, Path> {
+    match raw(s) {
+        Cow::Borrowed(_) => Cow::Borrowed(Path::new(s)),
+        Cow::Owned(bytes) => Cow::Owned(PathBuf::from(OsString::from_vec(bytes))),
+    }
+}
+
+/// The raw bytes a path string names (see [`p`]).
+fn raw(s: &str) -> Cow<'_, [u8]> {
+    if s.starts_with('"') {
+        if let Some(bytes) = path_to_bytes(s) {
+            return Cow::Owned(bytes);
+        }
+    }
+    Cow::Borrowed(s.as_bytes())
+}
+
+/// The path string of `dir/name` (`name` raw bytes).
+fn join_path(dir: &str, name: &[u8]) -> String {
+    let mut bytes = raw(dir).into_owned();
+    if !bytes.is_empty() {
+        bytes.push(b'/');
+    }
+    bytes.extend_from_slice(name);
+    path_from_bytes(&bytes)
 }
 
 fn path_error(path: &str, operation: &'static str, e: PathError) -> PatchError {
@@ -227,7 +256,7 @@ fn write_file_beneath(
     durability: Durability,
 ) -> Result<(), PatchError> {
     let mut f = b
-        .create_new(p(rel), 0o600)
+        .create_new(&p(rel), 0o600)
         .map_err(|e| path_error(rel, "create", e))?;
     f.write_all(content)
         .map_err(|e| io_error(rel, "write", e))?;
@@ -254,9 +283,14 @@ fn write_file_beneath(
     Ok(())
 }
 
-fn split_parent(rel: &str) -> (&str, &str) {
-    rel.rfind('/')
-        .map_or(("", rel), |i| (&rel[..i], &rel[i + 1..]))
+/// (parent path string, last name's raw bytes).
+fn split_parent(rel: &str) -> (String, OsString) {
+    let bytes = raw(rel);
+    let (dir, name) = match bytes.iter().rposition(|&c| c == b'/') {
+        Some(i) => (path_from_bytes(&bytes[..i]), &bytes[i + 1..]),
+        None => (String::new(), &bytes[..]),
+    };
+    (dir, OsString::from_vec(name.to_vec()))
 }
 
 /// A directory descriptor for `*at` calls: the (trusted) root itself, or a directory reached
@@ -265,7 +299,7 @@ fn dir_fd(b: &Beneath, root: &Path, dir: &str) -> Result<File, PatchError> {
     if dir.is_empty() {
         File::open(root).map_err(|e| io_error(".", "open root", e))
     } else {
-        b.open_read(p(dir))
+        b.open_read(&p(dir))
             .map_err(|e| path_error(dir, "open directory", e))
     }
 }
@@ -275,9 +309,9 @@ fn dir_fd(b: &Beneath, root: &Path, dir: &str) -> Result<File, PatchError> {
 fn try_link(b: &Beneath, root: &Path, src: &str, dst: &str) -> Result<bool, PatchError> {
     let (sd, sn) = split_parent(src);
     let (dd, dn) = split_parent(dst);
-    let s = dir_fd(b, root, sd)?;
-    let d = dir_fd(b, root, dd)?;
-    match rustix::fs::linkat(&s, sn, &d, dn, rustix::fs::AtFlags::empty()) {
+    let s = dir_fd(b, root, &sd)?;
+    let d = dir_fd(b, root, &dd)?;
+    match rustix::fs::linkat(&s, &sn, &d, &dn, rustix::fs::AtFlags::empty()) {
         Ok(()) => Ok(true),
         Err(
             rustix::io::Errno::XDEV
@@ -295,14 +329,14 @@ fn try_link(b: &Beneath, root: &Path, src: &str, dst: &str) -> Result<bool, Patc
 /// within one filesystem.
 fn sync_fs(b: &Beneath, dir: &str) -> Result<(), PatchError> {
     let f = b
-        .open_read(p(dir))
+        .open_read(&p(dir))
         .map_err(|e| path_error(dir, "open directory", e))?;
     rustix::fs::syncfs(&f).map_err(|e| io_error(dir, "syncfs", e.into()))
 }
 
 fn read_file_beneath(b: &Beneath, rel: &str) -> Result<(Vec<u8>, File), PatchError> {
     let mut f = b
-        .open_read(p(rel))
+        .open_read(&p(rel))
         .map_err(|e| path_error(rel, "open", e))?;
     let mut buf = Vec::new();
     f.read_to_end(&mut buf)
@@ -317,16 +351,16 @@ fn write_journal(b: &Beneath, j: &Journal) -> Result<(), PatchError> {
     let text = serde_json::to_vec_pretty(j).expect("journal serialises");
     remove_if_exists(b, &tmp)?;
     write_file_beneath(b, &tmp, &text, 0o600, None, Durability::Fsync)?;
-    b.rename(p(&tmp), p(&fin))
+    b.rename(&p(&tmp), &p(&fin))
         .map_err(|e| path_error(&fin, "rename journal", e))?;
-    b.sync_parent(p(&fin))
+    b.sync_parent(&p(&fin))
         .map_err(|e| path_error(&fin, "fsync journal directory", e))
 }
 
-/// Lists a directory beneath the root (names only, without `.`/`..`).
-fn list_dir(b: &Beneath, rel: &str) -> Result<Vec<(String, rustix::fs::FileType)>, PatchError> {
+/// Lists a directory beneath the root (raw names only, without `.`/`..`), sorted.
+fn list_dir(b: &Beneath, rel: &str) -> Result<Vec<(Vec<u8>, rustix::fs::FileType)>, PatchError> {
     let f = b
-        .open_read(p(rel))
+        .open_read(&p(rel))
         .map_err(|e| path_error(rel, "open directory", e))?;
     let dir =
         rustix::fs::Dir::read_from(&f).map_err(|e| io_error(rel, "read directory", e.into()))?;
@@ -337,13 +371,7 @@ fn list_dir(b: &Beneath, rel: &str) -> Result<Vec<(String, rustix::fs::FileType)
         if name == b"." || name == b".." {
             continue;
         }
-        let Ok(name) = std::str::from_utf8(name) else {
-            return Err(PatchError::PathEscape {
-                path: rel.to_string(),
-                reason: "directory holds a non-UTF-8 name".into(),
-            });
-        };
-        out.push((name.to_string(), entry.file_type()));
+        out.push((name.to_vec(), entry.file_type()));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
@@ -371,7 +399,7 @@ enum Host {
 }
 
 fn read_host(b: &Beneath, rel: &str) -> Result<Host, PatchError> {
-    match b.metadata(p(rel)) {
+    match b.metadata(&p(rel)) {
         Ok(None) => Ok(Host::Absent),
         Ok(Some(m)) => match m.kind {
             EntryKind::File => {
@@ -386,7 +414,7 @@ fn read_host(b: &Beneath, rel: &str) -> Result<Host, PatchError> {
             }
             EntryKind::Symlink => {
                 let t = b
-                    .read_link(p(rel))
+                    .read_link(&p(rel))
                     .map_err(|e| path_error(rel, "readlink", e))?;
                 Ok(Host::Symlink(t.as_os_str().as_bytes().to_vec()))
             }
@@ -489,6 +517,13 @@ fn step(state: &State, fp: &FilePatch, exact: bool) -> Result<State, StepError> 
                         f.hunk
                     )))
                 }
+                Err(f) if f.ambiguous => {
+                    return Err(StepError::Mismatch(format!(
+                        "changed on the host and hunk {}'s context occurs more than once in the \
+                         host version (which one the change belongs to cannot be known)",
+                        f.hunk
+                    )))
+                }
                 Err(f) => {
                     return Err(StepError::Mismatch(format!(
                         "changed on the host and hunk {} does not apply to the host version",
@@ -522,6 +557,8 @@ fn step(state: &State, fp: &FilePatch, exact: bool) -> Result<State, StepError> 
 }
 
 /// Refuses anything that is not a plain downward POSIX path, and the protected directories.
+/// Checked on the raw bytes the path string names (a quoted form, for a name that is not
+/// UTF-8, must be exactly one well-formed token).
 fn validate_path(path: &str) -> Result<(), PatchError> {
     let bad = |reason: &str| {
         Err(PatchError::PathEscape {
@@ -529,23 +566,28 @@ fn validate_path(path: &str) -> Result<(), PatchError> {
             reason: reason.to_string(),
         })
     };
-    if path.is_empty() {
+    let Some(bytes) = path_to_bytes(path) else {
+        return bad("malformed quoted path");
+    };
+    if bytes.is_empty() {
         return bad("empty path");
     }
-    if path.contains('\0') {
+    if bytes.contains(&0) {
         return bad("path contains a NUL byte");
     }
-    if path.starts_with('/') {
+    if bytes.starts_with(b"/") {
         return bad("absolute path");
     }
-    for (i, c) in path.split('/').enumerate() {
+    for c in bytes.split(|&b| b == b'/') {
         match c {
-            "" => return bad("empty path component"),
-            "." | ".." => return bad("'.' or '..' component"),
+            b"" => return bad("empty path component"),
+            b"." | b".." => return bad("'.' or '..' component"),
             // Case-insensitive like git's verify_path: `.GIT` is `.git` on some filesystems.
-            c if c.eq_ignore_ascii_case(".git") => return bad("path inside a .git directory"),
-            c if i == 0 && c.eq_ignore_ascii_case(SMITHERS_DIR) => {
-                return bad("path inside the project's .smithers directory")
+            c if c.eq_ignore_ascii_case(b".git") => return bad("path inside a .git directory"),
+            // At any depth: a `.smithers` below the top is what a command started in that
+            // subdirectory would take for its own state (database, bundles, journals).
+            c if c.eq_ignore_ascii_case(SMITHERS_DIR.as_bytes()) => {
+                return bad("path inside a .smithers directory")
             }
             _ => {}
         }
@@ -628,6 +670,10 @@ fn plan_path(
                         merged = true;
                         s
                     }
+                    // Why the merge failed too (e.g. an ambiguous hunk), when it says more.
+                    Err(StepError::Mismatch(why)) if why != reason => {
+                        return Ok(Err(format!("{reason}; {why}")))
+                    }
                     Err(StepError::Mismatch(_)) | Err(StepError::Inconsistent(_)) => {
                         return Ok(Err(reason))
                     }
@@ -673,8 +719,15 @@ fn already_applied(host: &State, fp: &FilePatch) -> bool {
     }
 }
 
-fn ancestors(path: &str) -> impl Iterator<Item = &str> {
-    path.match_indices('/').map(move |(i, _)| &path[..i])
+/// The path strings of `path`'s parent directories, top-down.
+fn ancestors(path: &str) -> Vec<String> {
+    let bytes = raw(path);
+    bytes
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| c == b'/')
+        .map(|(i, _)| path_from_bytes(&bytes[..i]))
+        .collect()
 }
 
 /// Collects a host directory's subtree: (non-directories, directories bottom-up).
@@ -685,7 +738,7 @@ fn host_subtree(
     dirs: &mut Vec<DirRecord>,
 ) -> Result<(), PatchError> {
     for (name, ft) in list_dir(b, dir)? {
-        let child = format!("{dir}/{name}");
+        let child = join_path(dir, &name);
         if ft == rustix::fs::FileType::Directory {
             host_subtree(b, &child, files, dirs)?;
         } else {
@@ -693,7 +746,7 @@ fn host_subtree(
         }
     }
     let perms = b
-        .metadata(p(dir))
+        .metadata(&p(dir))
         .map_err(|e| path_error(dir, "stat", e))?
         .map_or(0o755, |m| m.mode);
     dirs.push(DirRecord {
@@ -711,12 +764,12 @@ struct LockGuard {
 }
 
 fn lock(b: &Beneath, root: &Path) -> Result<LockGuard, PatchError> {
-    b.create_dir_all(p(SMITHERS_DIR), 0o755)
+    b.create_dir_all(&p(SMITHERS_DIR), 0o755)
         .map_err(|e| path_error(SMITHERS_DIR, "create directory", e))?;
-    let file = match b.create_new(p(LOCK_FILE), 0o644) {
+    let file = match b.create_new(&p(LOCK_FILE), 0o644) {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(EEXIST) => b
-            .open_read(p(LOCK_FILE))
+            .open_read(&p(LOCK_FILE))
             .map_err(|e| path_error(LOCK_FILE, "open lock", e))?,
         Err(e) => return Err(path_error(LOCK_FILE, "create lock", e)),
     };
@@ -786,7 +839,7 @@ pub fn apply_patch_texts(
 ///
 /// Conflicts fail with [`PatchError::Conflicts`] listing every conflicting file, before
 /// anything is written. Paths outside the root, through symlinks, or into `.git/` or
-/// `.smithers/` fail with [`PatchError::PathEscape`].
+/// `.smithers/` (at any depth) fail with [`PatchError::PathEscape`].
 pub fn apply_patches(
     root: &Path,
     patches: &[FilePatch],
@@ -843,7 +896,8 @@ pub fn apply_patches(
         match (&pl.host, &pl.want) {
             // A parent is a file or symlink on the host: fine only if this apply deletes it.
             (Host::Blocked { symlink }, want)
-                if *want != State::Absent && !ancestors(path).any(|a| deleted.contains(a)) =>
+                if *want != State::Absent
+                    && !ancestors(path).iter().any(|a| deleted.contains(a.as_str())) =>
             {
                 if *symlink {
                     return Err(PatchError::PathEscape {
@@ -953,11 +1007,11 @@ pub fn apply_patches(
         if !matches!(kind, OpKind::Delete) {
             for a in ancestors(path) {
                 let is_dir = matches!(
-                    b.metadata(p(a)),
+                    b.metadata(&p(&a)),
                     Ok(Some(m)) if m.kind == EntryKind::Dir
                 );
                 if !is_dir {
-                    created.insert(a.to_string());
+                    created.insert(a);
                 }
             }
         }
@@ -984,7 +1038,7 @@ pub fn apply_patches(
     };
 
     // 3. Stage.
-    b.create_dir_all(p(&jdir), 0o700)
+    b.create_dir_all(&p(&jdir), 0o700)
         .map_err(|e| path_error(&jdir, "create journal directory", e))?;
     // No journal is written until everything is staged: a crash before that leaves only a
     // journal-less directory under .smithers/apply, which recovery simply removes (the host
@@ -1013,7 +1067,7 @@ pub fn apply_patches(
                 match op.kind {
                     OpKind::Symlink => {
                         let target = std::ffi::OsStr::from_bytes(bytes);
-                        b.symlink(Path::new(target), p(&rel))
+                        b.symlink(Path::new(target), &p(&rel))
                             .map_err(|e| path_error(&rel, "create symlink", e))?;
                     }
                     _ => write_file_beneath(&b, &rel, bytes, *perms, *owner, Durability::Batched)?,
@@ -1045,26 +1099,26 @@ pub fn apply_patches(
             .filter(|o| matches!(o.kind, OpKind::Delete))
         {
             tick()?;
-            b.remove_file(p(&op.path))
+            b.remove_file(&p(&op.path))
                 .map_err(|e| path_error(&op.path, "delete", e))?;
         }
         // Directories emptied by the deletions above that a file now replaces.
         for op in &journal.ops {
             for d in &op.removed_dirs {
                 tick()?;
-                b.remove_dir(p(&d.path))
+                b.remove_dir(&p(&d.path))
                     .map_err(|e| path_error(&d.path, "remove directory", e))?;
             }
         }
         for d in &journal.created_dirs {
             tick()?;
-            b.create_dir_all(p(d), 0o755)
+            b.create_dir_all(&p(d), 0o755)
                 .map_err(|e| path_error(d, "create directory", e))?;
         }
         for op in &journal.ops {
             if let Some(name) = &op.staged {
                 tick()?;
-                b.rename(p(&format!("{jdir}/{name}")), p(&op.path))
+                b.rename(&p(&format!("{jdir}/{name}")), &p(&op.path))
                     .map_err(|e| path_error(&op.path, "rename into place", e))?;
             }
         }
@@ -1097,10 +1151,10 @@ fn remove_emptied_dirs(b: &Beneath, journal: &Journal) {
         .iter()
         .filter(|o| matches!(o.kind, OpKind::Delete))
     {
-        let mut parents: Vec<&str> = ancestors(&op.path).collect();
+        let mut parents = ancestors(&op.path);
         parents.reverse();
         for d in parents {
-            if b.remove_dir(p(d)).is_err() {
+            if b.remove_dir(&p(&d)).is_err() {
                 break;
             }
         }
@@ -1127,14 +1181,14 @@ fn rollback_after(b: &Beneath, journal: &Journal, primary: PatchError) -> PatchE
 }
 
 fn exists(b: &Beneath, rel: &str) -> bool {
-    matches!(b.metadata(p(rel)), Ok(Some(_)))
+    matches!(b.metadata(&p(rel)), Ok(Some(_)))
 }
 
 fn remove_if_exists(b: &Beneath, rel: &str) -> Result<(), PatchError> {
-    match b.metadata(p(rel)) {
+    match b.metadata(&p(rel)) {
         Ok(Some(m)) if m.kind == EntryKind::Dir => Ok(()),
         Ok(Some(_)) => b
-            .remove_file(p(rel))
+            .remove_file(&p(rel))
             .map_err(|e| path_error(rel, "remove", e)),
         Ok(None) => Ok(()),
         Err(e) => Err(path_error(rel, "stat", e)),
@@ -1143,9 +1197,10 @@ fn remove_if_exists(b: &Beneath, rel: &str) -> Result<(), PatchError> {
 
 fn restore_backup(b: &Beneath, journal: &Journal, op: &Op, n: usize) -> Result<(), PatchError> {
     let jdir = journal_dir(&journal.id);
-    if let Some(parent) = op.path.rfind('/').map(|i| &op.path[..i]) {
-        b.create_dir_all(p(parent), 0o755)
-            .map_err(|e| path_error(parent, "create directory", e))?;
+    let (parent, _) = split_parent(&op.path);
+    if !parent.is_empty() {
+        b.create_dir_all(&p(&parent), 0o755)
+            .map_err(|e| path_error(&parent, "create directory", e))?;
     }
     let tmp = format!("{jdir}/r{n}");
     match &op.backup {
@@ -1159,7 +1214,7 @@ fn restore_backup(b: &Beneath, journal: &Journal, op: &Op, n: usize) -> Result<(
                 return Ok(());
             }
             return b
-                .rename(p(&backup), p(&op.path))
+                .rename(&p(&backup), &p(&op.path))
                 .map_err(|e| path_error(&op.path, "restore", e));
         }
         Some(Backup::File {
@@ -1182,12 +1237,12 @@ fn restore_backup(b: &Beneath, journal: &Journal, op: &Op, n: usize) -> Result<(
         }
         Some(Backup::Symlink { target }) => {
             remove_if_exists(b, &tmp)?;
-            b.symlink(Path::new(std::ffi::OsStr::from_bytes(target)), p(&tmp))
+            b.symlink(Path::new(std::ffi::OsStr::from_bytes(target)), &p(&tmp))
                 .map_err(|e| path_error(&tmp, "create symlink", e))?;
         }
         None => return Ok(()),
     }
-    b.rename(p(&tmp), p(&op.path))
+    b.rename(&p(&tmp), &p(&op.path))
         .map_err(|e| path_error(&op.path, "restore", e))
 }
 
@@ -1212,16 +1267,16 @@ fn rollback(b: &Beneath, journal: &Journal) -> Result<(), PatchError> {
     for d in journal.created_dirs.iter().rev() {
         // Not empty (the host put something there) or already gone: leave it; C then fails
         // loudly if it blocks a restore.
-        let _ = b.remove_dir(p(d));
+        let _ = b.remove_dir(&p(d));
     }
     if prepared {
         // C. Directories removed to make room for a file (top-down).
         for op in &journal.ops {
             for d in op.removed_dirs.iter().rev() {
                 if !exists(b, &d.path) {
-                    b.create_dir_all(p(&d.path), 0o755)
+                    b.create_dir_all(&p(&d.path), 0o755)
                         .map_err(|e| path_error(&d.path, "recreate directory", e))?;
-                    b.set_mode(p(&d.path), d.perms)
+                    b.set_mode(&p(&d.path), d.perms)
                         .map_err(|e| path_error(&d.path, "chmod", e))?;
                 }
             }
@@ -1231,7 +1286,7 @@ fn rollback(b: &Beneath, journal: &Journal) -> Result<(), PatchError> {
             if !matches!(op.kind, OpKind::Delete) {
                 continue;
             }
-            match b.metadata(p(&op.path)) {
+            match b.metadata(&p(&op.path)) {
                 Ok(None) => restore_backup(b, journal, op, n)?,
                 Ok(Some(m)) if m.kind == EntryKind::Dir => {
                     return Err(PatchError::ApplyIo {
@@ -1256,12 +1311,12 @@ fn remove_journal_dir(b: &Beneath, id: &str) -> Result<(), PatchError> {
     }
     // The journal itself goes last: until then a crash leaves a recoverable state.
     for (name, _) in list_dir(b, &jdir)? {
-        if name != JOURNAL {
-            remove_if_exists(b, &format!("{jdir}/{name}"))?;
+        if name != JOURNAL.as_bytes() {
+            remove_if_exists(b, &join_path(&jdir, &name))?;
         }
     }
     remove_if_exists(b, &format!("{jdir}/{JOURNAL}"))?;
-    b.remove_dir(p(&jdir))
+    b.remove_dir(&p(&jdir))
         .map_err(|e| path_error(&jdir, "remove journal directory", e))
 }
 
@@ -1279,6 +1334,13 @@ fn recover_inner(b: &Beneath) -> Result<RecoveryReport, PatchError> {
         if ft != rustix::fs::FileType::Directory {
             continue;
         }
+        // Journal ids are ASCII (`new_id`); anything else there is not ours to act on.
+        let Ok(id) = String::from_utf8(id) else {
+            return Err(PatchError::Journal {
+                path: PathBuf::from(APPLY_DIR),
+                reason: "a directory with a non-UTF-8 name is not an apply journal".into(),
+            });
+        };
         let jpath = format!("{APPLY_DIR}/{id}/{JOURNAL}");
         if !exists(b, &jpath) {
             // Crashed before the first journal write: only staging leftovers, no host change.
@@ -1336,18 +1398,13 @@ mod tests {
             ".git/config",
             "sub/.GIT/hooks/x",
             ".smithers/db",
+            "x/.smithers/db",
+            "x/y/.Smithers",
             "a\0b",
         ] {
             assert!(validate_path(bad).is_err(), "{bad:?} must be refused");
         }
-        for ok in [
-            "a",
-            "a/b.rs",
-            "x/.smithers/ok",
-            ".gitignore",
-            "..x",
-            "a b/ü",
-        ] {
+        for ok in ["a", "a/b.rs", "x/.smithersrc", ".gitignore", "..x", "a b/ü"] {
             validate_path(ok).unwrap();
         }
     }

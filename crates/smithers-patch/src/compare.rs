@@ -13,8 +13,7 @@
 //! - an ignored (or excluded) directory present on both sides is not walked and not reported
 //!   (it may be large: `target/`, `node_modules/`); one the step created is reported;
 //! - a file the step rewrote with identical content is not reported as ignored (the overlay
-//!   cannot tell it from a real write, the comparison can);
-//! - a directory whose name is not UTF-8 and exists on both sides is not compared.
+//!   cannot tell it from a real write, the comparison can).
 
 use std::ffi::OsString;
 use std::fs::Metadata;
@@ -23,8 +22,8 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::detect::{
-    birth_time, finish, join_rel, node_of, read_dir_sorted, Candidate, ChangeSet, DetectOptions,
-    IgnoreReason, Node, StaleCheck, Walker,
+    birth_time, finish, is_protected_name, join_rel, node_of, read_dir_sorted, rules_key,
+    Candidate, ChangeSet, DetectOptions, IgnoreReason, Node, StaleCheck, Walker,
 };
 use crate::error::PatchError;
 use crate::gitignore::IgnoreRules;
@@ -33,7 +32,6 @@ use crate::overlay::lstat;
 /// Block size of the streamed content comparison.
 const BLOCK: usize = 64 * 1024;
 
-const NON_UTF8: &str = "non-UTF-8 file name (not representable as a POSIX path string)";
 const SPECIAL: &str = "special file (fifo, socket or device) is not representable in a git patch";
 
 /// Turns (project, full copy of it written by the step) into the list of changes the step
@@ -238,24 +236,12 @@ impl Walker<'_> {
         lower: Side,
         copy: Side,
     ) -> Result<(), PatchError> {
-        let Some(name) = name.to_str() else {
-            let both_dirs =
-                matches!((&lower, &copy), (Some((_, l)), Some((_, c))) if l.is_dir() && c.is_dir());
-            let same = match (&lower, &copy) {
-                (Some(l), Some(c)) => both_dirs || same_entry(l, c)?,
-                _ => false,
-            };
-            if !same {
-                let shown = copy.as_ref().or(lower.as_ref()).map(|(p, _)| p.display());
-                self.skip(shown.map(|d| d.to_string()).unwrap_or_default(), NON_UTF8);
-            }
-            return Ok(());
-        };
         let child = join_rel(rel, name);
-        // `.git` anywhere and the top-level exclusions are never content; reported when the
-        // step created or removed one.
-        if (rel.is_empty() && self.opts.excluded_top_level.iter().any(|e| e == name))
-            || name == ".git"
+        // `.git`/`.smithers` anywhere and the top-level exclusions are never content; reported
+        // when the step created or removed one.
+        let utf8 = name.to_str().unwrap_or("");
+        if (rel.is_empty() && self.opts.excluded_top_level.iter().any(|e| e == utf8))
+            || is_protected_name(utf8)
         {
             if lower.is_some() != copy.is_some() {
                 self.ignore(format!("{child}/"), IgnoreReason::Excluded);
@@ -271,7 +257,7 @@ impl Walker<'_> {
         };
         if cmd.is_dir() {
             let lower_is_dir = lower.as_ref().is_some_and(|(_, md)| md.is_dir());
-            if self.rules.is_dir_ignored(&child)? {
+            if self.rules.is_dir_ignored(&rules_key(&child))? {
                 // Not walked when it was there before: it may be huge and is never patched.
                 if !lower_is_dir {
                     self.ignore(format!("{child}/"), IgnoreReason::Gitignore);
@@ -312,7 +298,7 @@ impl Walker<'_> {
             Some(l) => same_entry(l, &copy_side)?,
             None => false,
         };
-        if self.rules.is_file_ignored(&child)? {
+        if self.rules.is_file_ignored(&rules_key(&child))? {
             if !unchanged {
                 self.ignore(child, IgnoreReason::Gitignore);
             }

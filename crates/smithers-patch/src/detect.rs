@@ -2,10 +2,13 @@
 //! the upper layer (plus the lower subtrees that the upper layer deletes or hides).
 //!
 //! What cannot be represented in a git patch is reported, never dropped silently:
-//! empty directories (git tracks files only) and special files (fifos, sockets, devices)
-//! are listed in [`ChangeSet::skipped`]; ignored and excluded paths in [`ChangeSet::ignored`].
+//! empty directories (git tracks files only), special files (fifos, sockets, devices) and
+//! symlinks whose target is not UTF-8 are listed in [`ChangeSet::skipped`]; ignored and
+//! excluded paths in [`ChangeSet::ignored`]. Names that are not UTF-8 are changes like any
+//! other, their path strings in git's quoted form ([`crate::path_from_bytes`]).
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::fs::Metadata;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -16,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::PatchError;
 use crate::gitignore::IgnoreRules;
-use crate::model::{git_blob_oid, is_binary_content, GitMode};
+use crate::model::{git_blob_oid, is_binary_content, path_from_bytes, path_to_bytes, GitMode};
 use crate::overlay::{check_upper_entry, is_whiteout, lstat};
 
 /// Options of [`detect_changes`].
@@ -90,7 +93,8 @@ pub struct FileVersion {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FileChange {
-    /// POSIX path relative to the project root.
+    /// POSIX path relative to the project root; a name that is not UTF-8 (or begins with
+    /// `"`) is held in git's quoted form (see [`crate::path_from_bytes`]).
     pub path: String,
     pub kind: ChangeKind,
     /// Before (absent for `Added`).
@@ -163,7 +167,7 @@ pub struct ChangeSet {
     /// Changed paths left out because ignored or excluded.
     pub ignored: Vec<IgnoredPath>,
     /// Entries that cannot be represented in a patch (empty directories, special files,
-    /// non-UTF-8 names or symlink targets).
+    /// symlink targets that are not UTF-8).
     pub skipped: Vec<SkippedEntry>,
     /// Modified paths whose lower (host) file changed after the step copied it up: the lower
     /// layer is the live host tree, so such a patch's base is the host's newer version and
@@ -225,11 +229,54 @@ impl Walker<'_> {
     }
 }
 
-pub(crate) fn join_rel(rel: &str, name: &str) -> String {
-    if rel.is_empty() {
-        name.to_string()
-    } else {
-        format!("{rel}/{name}")
+/// Whether an entry named `name` is never content at any depth: `.git` (a nested repository,
+/// `cargo new`'s fresh repo, a submodule's gitfile: git's own state) and `.smithers` (what a
+/// command run from that directory would take for its own state). ASCII case is ignored, as
+/// apply refuses these names in any case (`.GIT` is `.git` on a case-insensitive filesystem):
+/// a patch for one would make the whole accept fail.
+pub(crate) fn is_protected_name(name: &str) -> bool {
+    name.eq_ignore_ascii_case(".git") || name.eq_ignore_ascii_case(".smithers")
+}
+
+/// The path string of `rel/name`. A name that is not UTF-8 (or a path below one) is held in
+/// git's quoted form ([`path_from_bytes`]), so such files travel in patches like any other.
+pub(crate) fn join_rel(rel: &str, name: &OsStr) -> String {
+    let plain = !rel.starts_with('"');
+    match name.to_str() {
+        Some(n) if plain && !(rel.is_empty() && n.starts_with('"')) => {
+            if rel.is_empty() {
+                n.to_string()
+            } else {
+                format!("{rel}/{n}")
+            }
+        }
+        _ => {
+            let mut bytes = path_to_bytes(rel).unwrap_or_else(|| rel.as_bytes().to_vec());
+            if !bytes.is_empty() {
+                bytes.push(b'/');
+            }
+            bytes.extend_from_slice(name.as_bytes());
+            path_from_bytes(&bytes)
+        }
+    }
+}
+
+/// The file system path of path string `rel` below `root`.
+pub(crate) fn rel_path(root: &Path, rel: &str) -> PathBuf {
+    match path_to_bytes(rel) {
+        Some(bytes) if rel.starts_with('"') => root.join(OsStr::from_bytes(&bytes)),
+        _ => root.join(rel),
+    }
+}
+
+/// The key `.gitignore` rules are matched with: the path itself, or for a name that is not
+/// UTF-8 its lossy form (each invalid byte one U+FFFD). Patterns are UTF-8 text, so a
+/// wildcard still matches such a name; a `.gitignore` inside a directory whose name is not
+/// UTF-8 is not read (its files are then patched, which the review shows, not dropped).
+pub(crate) fn rules_key(rel: &str) -> std::borrow::Cow<'_, str> {
+    match path_to_bytes(rel) {
+        Some(bytes) if rel.starts_with('"') => String::from_utf8_lossy(&bytes).into_owned().into(),
+        _ => rel.into(),
     }
 }
 
@@ -287,7 +334,7 @@ impl<'a> Walker<'a> {
         let dir = if rel.is_empty() {
             self.upper_root.to_path_buf()
         } else {
-            self.upper_root.join(rel)
+            rel_path(self.upper_root, rel)
         };
         let entries = read_dir_sorted(&dir)?;
         if entries.is_empty() && !has_lower && !rel.is_empty() {
@@ -304,17 +351,13 @@ impl<'a> Walker<'a> {
     fn walk_upper(&mut self, rel: &str, lower_dir: Option<PathBuf>) -> Result<(), PatchError> {
         let entries = self.entries_of(rel, lower_dir.is_some())?;
         for (name, upath) in entries {
-            let Some(name) = name.to_str().map(str::to_string) else {
-                self.skip(
-                    format!("{}", upath.display()),
-                    "non-UTF-8 file name (not representable as a POSIX path string)",
-                );
-                continue;
-            };
             let child = join_rel(rel, &name);
-            // `.git` anywhere (a nested repository, `cargo new`'s fresh repo, a submodule's
-            // gitfile) is git's own state, never content: excluded like the top-level one.
-            if (rel.is_empty() && self.opts.excluded_top_level.contains(&name)) || name == ".git" {
+            // `.git` and `.smithers` anywhere are never content: excluded like the top-level
+            // ones (see `is_protected_name`).
+            let utf8 = name.to_str().unwrap_or("");
+            if (rel.is_empty() && self.opts.excluded_top_level.iter().any(|e| e == utf8))
+                || is_protected_name(utf8)
+            {
                 self.ignore(format!("{child}/"), IgnoreReason::Excluded);
                 continue;
             }
@@ -334,7 +377,7 @@ impl<'a> Walker<'a> {
             }
             if umd.is_dir() {
                 let opaque = check_upper_entry(&upath)?;
-                if self.rules.is_dir_ignored(&child)? {
+                if self.rules.is_dir_ignored(&rules_key(&child))? {
                     self.ignore(format!("{child}/"), IgnoreReason::Gitignore);
                     continue;
                 }
@@ -367,7 +410,7 @@ impl<'a> Walker<'a> {
                     self.delete_lower(&child, lp.clone(), lmd)?;
                 }
             }
-            if self.rules.is_file_ignored(&child)? {
+            if self.rules.is_file_ignored(&rules_key(&child))? {
                 self.ignore(child, IgnoreReason::Gitignore);
                 continue;
             }
@@ -389,20 +432,13 @@ impl<'a> Walker<'a> {
         md: &Metadata,
     ) -> Result<(), PatchError> {
         if md.is_dir() {
-            if self.rules.is_dir_ignored(rel)? {
+            if self.rules.is_dir_ignored(&rules_key(rel))? {
                 self.ignore(format!("{rel}/"), IgnoreReason::Gitignore);
                 return Ok(());
             }
             for (name, p) in read_dir_sorted(&path)? {
-                let Some(name) = name.to_str() else {
-                    self.skip(
-                        format!("{}", p.display()),
-                        "non-UTF-8 file name (not representable as a POSIX path string)",
-                    );
-                    continue;
-                };
-                let child = join_rel(rel, name);
-                if name == ".git" {
+                let child = join_rel(rel, &name);
+                if is_protected_name(name.to_str().unwrap_or("")) {
                     self.ignore(format!("{child}/"), IgnoreReason::Excluded);
                     continue;
                 }
@@ -419,7 +455,7 @@ impl<'a> Walker<'a> {
             );
             return Ok(());
         };
-        if self.rules.is_file_ignored(rel)? {
+        if self.rules.is_file_ignored(&rules_key(rel))? {
             self.ignore(rel.to_string(), IgnoreReason::Gitignore);
             return Ok(());
         }
@@ -553,12 +589,12 @@ pub fn detect_changes(
     let root_opaque = check_upper_entry(upper)?;
     if root_opaque {
         for (name, p) in read_dir_sorted(lower)? {
-            let Some(name) = name.to_str() else { continue };
-            if opts.excluded_top_level.iter().any(|e| e == name) {
+            let utf8 = name.to_str().unwrap_or("");
+            if opts.excluded_top_level.iter().any(|e| e == utf8) {
                 continue;
             }
             if let Some(md) = lstat(&p)? {
-                w.delete_lower(name, p, &md)?;
+                w.delete_lower(&join_rel("", &name), p, &md)?;
             }
         }
         w.walk_upper("", None)?;

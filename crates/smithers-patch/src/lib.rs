@@ -26,10 +26,15 @@
 //!   listed in [`ChangeSet::stale_base`] (lower ctime ≥ upper birth time), because their
 //!   patch's base is the host's newer version and applying it would undo the host's edit.
 //! - **`.gitignore`** is read from the merged (post-step) view plus the lower
-//!   `.git/info/exclude`; ignored paths are reported in [`ChangeSet::ignored`]. `.git`
-//!   (anywhere) and the top-level `.smithers` are always excluded.
+//!   `.git/info/exclude`; ignored paths are reported in [`ChangeSet::ignored`]. `.git` and
+//!   `.smithers` (anywhere, any ASCII case) are always excluded, and reported there too.
 //! - **Not representable in git patches** (reported in [`ChangeSet::skipped`], never silently
-//!   dropped): empty directories, fifos/sockets/devices, non-UTF-8 names or symlink targets.
+//!   dropped): empty directories, fifos/sockets/devices, symlink targets that are not UTF-8.
+//! - **Every name travels**: a name that is not UTF-8 (or begins with `"`) is held in path
+//!   strings in git's C-quoted form ([`path_from_bytes`] / [`path_to_bytes`]: one string per
+//!   byte sequence, always valid UTF-8), rendered and parsed as git quotes it
+//!   (core.quotePath), and applied to exactly those bytes. `.gitignore` rules see such a name
+//!   in its lossy form.
 //! - **Binary** = NUL in the first 8000 bytes (git's rule) *or* not valid UTF-8, so every patch
 //!   is valid UTF-8 text (bundle patches and `diffBundle.diff` are strings). Binary patches
 //!   are git binary patches (zlib + base85) with both directions, as
@@ -41,14 +46,17 @@
 //!   apply checks a delta's result against the `index` line's new id before writing.
 //! - **Text rendering** is byte-identical to `git diff --full-index` for unambiguous diffs
 //!   (headers, quoting of special names, tab after names with spaces, function-context
-//!   headings, `\ No newline at end of file`); hunks come from `similar`'s Myers diff.
+//!   headings, `\ No newline at end of file`); hunks come from `similar`'s Myers diff over
+//!   lines split at `\n` only, as git splits them (a lone `\r` is part of its line), so every
+//!   byte sequence round-trips.
 //! - **Patch order**: deletions first, then the rest, each by path, because patch files are
 //!   applied one after another and a directory may become a file (or the reverse).
 //! - **Apply** checks every file against the blob id the change was made against; a changed
-//!   text file is merged by relocating hunks (exact context, no fuzz); any conflict writes
+//!   text file is merged by relocating hunks (exact context, no fuzz, and only where the
+//!   context fits at exactly one place: an ambiguous one is a conflict); any conflict writes
 //!   nothing and names every conflicting file. Paths are confined with
 //!   `smithers_paths::Beneath` (openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`), never into
-//!   `.git/` or `.smithers/`.
+//!   a `.git` or `.smithers` directory at any depth.
 #![forbid(unsafe_code)]
 
 mod apply;
@@ -79,7 +87,10 @@ pub use detect::{
     IgnoredPath, SkippedEntry,
 };
 pub use error::{Conflict, PatchError};
-pub use model::{git_blob_oid, is_binary_content, GitMode, ZERO_OID};
+pub use model::{
+    git_blob_oid, is_binary_content, path_from_bytes, path_to_bytes, quote_git_path,
+    quote_git_path_bytes, GitMode, ZERO_OID,
+};
 pub use parse::parse_patch;
 pub use patch::{
     file_patches, render_patches, text_hunks, FilePatch, Hunk, HunkLine, LineKind, Operation,

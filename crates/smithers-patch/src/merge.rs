@@ -3,7 +3,8 @@
 //!
 //! The relocated form is what `git apply --3way` falls back to without the base blob, and what
 //! `patch` does without fuzz: each hunk's preimage (context + removed lines) must be found
-//! verbatim in the host file, nearest to where it is expected and after the previous hunk.
+//! verbatim in the host file after the previous hunk, at exactly one place: a preimage that
+//! fits at two or more places is a conflict (which copy the step edited cannot be known).
 //! Context is never reduced, so host edits within 3 lines of a sandbox edit are a conflict,
 //! exactly where diff3 would report one too.
 
@@ -14,6 +15,9 @@ use crate::patch::{Hunk, LineKind, CONTEXT_LINES};
 pub(crate) struct HunkFailure {
     /// 1-based hunk number.
     pub hunk: usize,
+    /// The hunk's preimage fits at more than one place (relocating mode): picking one would
+    /// be a guess, so it is a conflict.
+    pub ambiguous: bool,
 }
 
 fn preimage(h: &Hunk) -> Vec<&str> {
@@ -32,14 +36,17 @@ fn postimage(h: &Hunk) -> impl Iterator<Item = &str> {
 }
 
 /// Applies `hunks` to `text`. `exact`: every hunk must sit where its header says (used when
-/// the base hash matched). Otherwise each hunk may move (nearest match wins).
+/// the base hash matched). Otherwise each hunk may move to the one place it fits.
 pub(crate) fn apply_hunks(text: &str, hunks: &[Hunk], exact: bool) -> Result<String, HunkFailure> {
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let mut out: Vec<&str> = Vec::with_capacity(lines.len() + 16);
     let mut cursor = 0usize; // next unconsumed host line
     let mut offset: isize = 0; // where hunks landed relative to their headers so far
     for (i, h) in hunks.iter().enumerate() {
-        let fail = HunkFailure { hunk: i + 1 };
+        let fail = HunkFailure {
+            hunk: i + 1,
+            ambiguous: false,
+        };
         let pre = preimage(h);
         if pre.len() != h.old_len {
             return Err(fail);
@@ -80,12 +87,20 @@ pub(crate) fn apply_hunks(text: &str, hunks: &[Hunk], exact: bool) -> Result<Str
             // Nothing to anchor a pure insertion on in a file that changed: conflict.
             None
         } else {
-            // Nearest position to the expected one, looking both ways.
-            let max = lines.len().saturating_sub(pre.len());
-            (0..=max.max(expected))
-                .flat_map(|d| [expected.checked_sub(d), (d > 0).then_some(expected + d)])
-                .flatten()
-                .find(|&p| p <= max && fits(p))
+            // The one position after the previous hunk where the preimage fits. Two or more:
+            // the host file repeats this context, and which copy the step meant cannot be
+            // known (the nearest is not necessarily it), so that is a conflict, never a guess.
+            let mut places = (cursor..=lines.len().saturating_sub(pre.len())).filter(|&p| fits(p));
+            match (places.next(), places.next()) {
+                (Some(p), None) => Some(p),
+                (Some(_), Some(_)) => {
+                    return Err(HunkFailure {
+                        ambiguous: true,
+                        ..fail
+                    })
+                }
+                (None, _) => None,
+            }
         };
         let Some(pos) = found else {
             return Err(fail);
@@ -133,7 +148,38 @@ mod tests {
         let new = old.replace("line 30\n", "THIRTY\n");
         let h = text_hunks(&old, &new);
         let host = old.replace("line 29\n", "host edit\n");
-        assert_eq!(apply_hunks(&host, &h, false), Err(HunkFailure { hunk: 1 }));
+        assert_eq!(
+            apply_hunks(&host, &h, false),
+            Err(HunkFailure {
+                hunk: 1,
+                ambiguous: false
+            })
+        );
+    }
+
+    /// The host file now holds the hunk's context twice (a block duplicated after the step
+    /// began): the edit could belong to either copy, so relocation refuses instead of picking
+    /// the nearer one.
+    #[test]
+    fn ambiguous_relocation_is_a_conflict() {
+        let block = "fn f() {\n    a();\n    a2();\n    a3();\n    b();\n    c();\n    c2();\n    c3();\n}\n";
+        let old = format!("head\n{block}tail\n");
+        let new = old.replace("    b();\n", "    B();\n");
+        let h = text_hunks(&old, &new);
+        let host = format!("head\n{block}{block}tail\n");
+        assert_eq!(
+            apply_hunks(&host, &h, false),
+            Err(HunkFailure {
+                hunk: 1,
+                ambiguous: true
+            })
+        );
+        // The same context once, moved: still relocated.
+        let host = format!("new top\nhead\n{block}tail\n");
+        assert_eq!(
+            apply_hunks(&host, &h, false).unwrap(),
+            format!("new top\n{new}")
+        );
     }
 
     #[test]
@@ -164,7 +210,9 @@ mod properties {
     fn text() -> impl Strategy<Value = String> {
         (
             proptest::collection::vec(
-                proptest::sample::select(vec!["a", "b", "c", "fn x() {", "}", "", " ", "é"]),
+                proptest::sample::select(vec![
+                    "a", "b", "c", "fn x() {", "}", "", " ", "é", "\r", "a\rb", "c\r",
+                ]),
                 0..40,
             ),
             any::<bool>(),
@@ -185,8 +233,18 @@ mod properties {
         fn hunks_rebuild_new_and_round_trip_through_text(old in text(), new in text()) {
             let hunks = text_hunks(&old, &new);
             prop_assert_eq!(apply_hunks(&old, &hunks, true).unwrap(), new.clone());
-            // Relocating mode must agree when nothing moved.
-            prop_assert_eq!(apply_hunks(&old, &hunks, false).unwrap(), new.clone());
+            // Relocating mode must agree when nothing moved, unless a hunk's preimage occurs
+            // more than once in `old` (then relocation refuses to guess).
+            match apply_hunks(&old, &hunks, false) {
+                Ok(t) => prop_assert_eq!(t, new.clone()),
+                Err(f) => {
+                    prop_assert!(f.ambiguous, "{:?}", f);
+                    let pre = preimage(&hunks[f.hunk - 1]);
+                    let lines: Vec<&str> = old.split_inclusive('\n').collect();
+                    let fits = lines.windows(pre.len().max(1)).filter(|w| w[..] == pre[..]);
+                    prop_assert!(pre.is_empty() || fits.count() > 1);
+                }
+            }
             if old == new {
                 return Ok(());
             }
@@ -202,6 +260,39 @@ mod properties {
             let parsed = parse_patch(&text).unwrap();
             prop_assert_eq!(parsed.len(), 1);
             prop_assert_eq!(&parsed[0], &fp);
+        }
+
+        /// Any name (bytes, not necessarily UTF-8) renders to valid patch text and parses back
+        /// to the same path string, in the `diff --git` line and in the `---`/`+++` labels.
+        #[test]
+        fn every_name_round_trips_through_patch_text(
+            name in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    b'a', b' ', b'/', b'"', b'\\', b'\t', b'\n', b'\r', 0x01, 0x7f, 0x80, 0xc3,
+                    0xa9, 0xff, b'b', b'.',
+                ]),
+                1..12,
+            )
+        ) {
+            let path = crate::model::path_from_bytes(&name);
+            prop_assert_eq!(crate::model::path_to_bytes(&path), Some(name.clone()));
+            for body in [
+                PatchBody::Empty,
+                PatchBody::Text(text_hunks("", "x\n")),
+            ] {
+                let added = matches!(body, PatchBody::Text(_));
+                let fp = FilePatch {
+                    path: path.clone(),
+                    old_mode: (!added).then_some(GitMode::File),
+                    new_mode: Some(GitMode::Executable),
+                    old_oid: None,
+                    new_oid: added.then(|| crate::model::git_blob_oid(b"x\n")),
+                    body,
+                };
+                let parsed = parse_patch(&fp.render());
+                prop_assert!(parsed.is_ok(), "{:?}: {:?}", fp.render(), parsed);
+                prop_assert_eq!(&parsed.unwrap()[0].path, &path);
+            }
         }
 
         #[test]

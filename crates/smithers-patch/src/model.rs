@@ -92,21 +92,31 @@ pub fn is_binary_content(content: &[u8]) -> bool {
 
 /// Whether git would C-quote this path (core.quotePath=true, the default): control
 /// characters, `"`, `\` and every byte >= 0x80.
-fn needs_quoting(s: &str) -> bool {
-    s.bytes()
-        .any(|b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f || b >= 0x80)
+fn needs_quoting(s: &[u8]) -> bool {
+    s.iter()
+        .any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f || b >= 0x80)
 }
 
 /// `prefix + path` the way git prints it in `diff --git`, `---` and `+++` lines: as-is, or
-/// C-quoted (`"a/t\303\251st"`) when it holds special bytes.
+/// C-quoted (`"a/t\303\251st"`) when it holds special bytes. `path` is the literal name; for
+/// a [`FilePatch`](crate::FilePatch) path use [`quote_git_path_bytes`] with
+/// [`path_to_bytes`], which also covers names that are not UTF-8.
 pub fn quote_git_path(prefix: &str, path: &str) -> String {
-    let full = format!("{prefix}{path}");
+    quote_git_path_bytes(prefix, path.as_bytes())
+}
+
+/// [`quote_git_path`] for a name given as raw bytes (which need not be UTF-8): the result is
+/// always valid UTF-8 (bytes >= 0x80 become octal escapes).
+pub fn quote_git_path_bytes(prefix: &str, path: &[u8]) -> String {
+    let mut full = prefix.as_bytes().to_vec();
+    full.extend_from_slice(path);
     if !needs_quoting(&full) {
-        return full;
+        // Only ASCII without controls is left unquoted.
+        return String::from_utf8_lossy(&full).into_owned();
     }
     let mut out = String::with_capacity(full.len() + 8);
     out.push('"');
-    for b in full.bytes() {
+    for &b in &full {
         match b {
             0x07 => out.push_str("\\a"),
             0x08 => out.push_str("\\b"),
@@ -125,9 +135,9 @@ pub fn quote_git_path(prefix: &str, path: &str) -> String {
     out
 }
 
-/// Reverses [`quote_git_path`] for a quoted token (with its surrounding quotes). Returns the
-/// unquoted string and the number of bytes of `s` consumed, or `None` when malformed.
-pub fn unquote_git_path(s: &str) -> Option<(String, usize)> {
+/// Reverses [`quote_git_path_bytes`] for a quoted token (with its surrounding quotes): the
+/// raw bytes and the number of bytes of `s` consumed, or `None` when malformed.
+pub fn unquote_git_path_bytes(s: &str) -> Option<(Vec<u8>, usize)> {
     let bytes = s.as_bytes();
     if bytes.first() != Some(&b'"') {
         return None;
@@ -136,7 +146,7 @@ pub fn unquote_git_path(s: &str) -> Option<(String, usize)> {
     let mut i = 1;
     while i < bytes.len() {
         match bytes[i] {
-            b'"' => return String::from_utf8(out).ok().map(|o| (o, i + 1)),
+            b'"' => return Some((out, i + 1)),
             b'\\' => {
                 let c = *bytes.get(i + 1)?;
                 i += 2;
@@ -171,6 +181,29 @@ pub fn unquote_git_path(s: &str) -> Option<(String, usize)> {
     None
 }
 
+/// The `path` string of a change or patch for a name given as raw bytes. A UTF-8 name is
+/// itself, unless it begins with `"`; any other name (not UTF-8, or beginning with `"`) is
+/// held in git's C-quoted form, quotes included (`"caf\351"`). The two forms cannot collide:
+/// a quoted form always begins with `"`, and a name that does is always quoted. So every byte
+/// sequence has one string, the string is valid UTF-8 (JSON, patch text), and
+/// [`path_to_bytes`] gives the bytes back.
+pub fn path_from_bytes(name: &[u8]) -> String {
+    match std::str::from_utf8(name) {
+        Ok(s) if !s.starts_with('"') => s.to_string(),
+        _ => quote_git_path_bytes("", name),
+    }
+}
+
+/// The raw bytes a `path` string names (see [`path_from_bytes`]); `None` for a string that
+/// begins with `"` but is not exactly one well-formed quoted token.
+pub fn path_to_bytes(path: &str) -> Option<Vec<u8>> {
+    if !path.starts_with('"') {
+        return Some(path.as_bytes().to_vec());
+    }
+    let (bytes, used) = unquote_git_path_bytes(path)?;
+    (used == path.len()).then_some(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,14 +233,37 @@ mod tests {
         ] {
             let q = quote_git_path("a/", p);
             if q.starts_with('"') {
-                let (u, used) = unquote_git_path(&q).unwrap();
-                assert_eq!(u, format!("a/{p}"));
+                let (u, used) = unquote_git_path_bytes(&q).unwrap();
+                assert_eq!(u, format!("a/{p}").into_bytes());
                 assert_eq!(used, q.len());
             } else {
                 assert_eq!(q, format!("a/{p}"));
             }
         }
         assert_eq!(quote_git_path("a/", "tést"), "\"a/t\\303\\251st\"");
+    }
+
+    #[test]
+    fn path_strings_round_trip_every_name() {
+        for name in [
+            &b"plain/x.rs"[..],
+            "tést/ü".as_bytes(),
+            b"caf\xe9",
+            b"dir\xff/x",
+            b"\"starts with a quote",
+            b"tab\there\nnewline",
+            b"back\\slash",
+        ] {
+            let s = path_from_bytes(name);
+            assert_eq!(path_to_bytes(&s).as_deref(), Some(name), "{s}");
+        }
+        assert_eq!(path_from_bytes("tést".as_bytes()), "tést");
+        assert_eq!(path_from_bytes(b"caf\xe9"), "\"caf\\351\"");
+        assert_eq!(path_from_bytes(b"\"q"), "\"\\\"q\"");
+        assert_eq!(quote_git_path_bytes("a/", b"caf\xe9"), "\"a/caf\\351\"");
+        // A string beginning with a quote must be one whole quoted token.
+        assert_eq!(path_to_bytes("\"a\"b"), None);
+        assert_eq!(path_to_bytes("\"unterminated"), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use crate::binary::{check_sides, parse_hunks};
 use crate::error::PatchError;
-use crate::model::{unquote_git_path, GitMode, ZERO_OID};
+use crate::model::{path_from_bytes, unquote_git_path_bytes, GitMode, ZERO_OID};
 use crate::patch::{FilePatch, Hunk, HunkLine, LineKind, PatchBody};
 
 fn err(line: usize, reason: impl Into<String>) -> PatchError {
@@ -22,18 +22,20 @@ fn strip_nl(l: &str) -> &str {
     l.strip_suffix('\n').unwrap_or(l)
 }
 
-/// Parses one name token (quoted or not) of a `diff --git` line; returns (name, rest).
-fn take_token(s: &str) -> Option<(String, &str)> {
+/// Parses one name token (quoted or not) of a `diff --git` line; returns (name bytes, rest).
+/// A quoted name may stand for bytes that are not UTF-8 (`"a/caf\351"`).
+fn take_token(s: &str) -> Option<(Vec<u8>, &str)> {
     if s.starts_with('"') {
-        let (name, used) = unquote_git_path(s)?;
+        let (name, used) = unquote_git_path_bytes(s)?;
         Some((name, &s[used..]))
     } else {
         let end = s.find(' ').unwrap_or(s.len());
-        Some((s[..end].to_string(), &s[end..]))
+        Some((s.as_bytes()[..end].to_vec(), &s[end..]))
     }
 }
 
-/// The path named by `diff --git a/X b/X` (both names must be equal: no renames).
+/// The path (as [`path_from_bytes`] holds it) named by `diff --git a/X b/X` (both names must
+/// be equal: no renames).
 fn parse_git_header(rest: &str) -> Option<String> {
     if rest.starts_with('"') {
         let (a, r) = take_token(rest)?;
@@ -42,9 +44,9 @@ fn parse_git_header(rest: &str) -> Option<String> {
         if !r.is_empty() {
             return None;
         }
-        let a = a.strip_prefix("a/")?;
-        let b = b.strip_prefix("b/")?;
-        return (a == b).then(|| a.to_string());
+        let a = a.strip_prefix(b"a/")?;
+        let b = b.strip_prefix(b"b/")?;
+        return (a == b).then(|| path_from_bytes(a));
     }
     // Unquoted names may contain spaces: with equal names the line is "a/X b/X".
     if rest.len() < 5 || (rest.len() - 5) % 2 != 0 {
@@ -54,22 +56,23 @@ fn parse_git_header(rest: &str) -> Option<String> {
     let (a, b) = (rest.get(..2 + k)?, rest.get(2 + k..)?);
     let a = a.strip_prefix("a/")?;
     let b = b.strip_prefix(" b/")?;
-    (a == b && !a.is_empty()).then(|| a.to_string())
+    (a == b && !a.is_empty()).then(|| path_from_bytes(a.as_bytes()))
 }
 
-/// A `---`/`+++` label: `None` for /dev/null, else the name without its `a/`/`b/` prefix.
+/// A `---`/`+++` label: `None` for /dev/null, else the name without its `a/`/`b/` prefix (as
+/// [`path_from_bytes`] holds it).
 fn parse_label(s: &str, prefix: &str) -> Option<Option<String>> {
     let name = if s.starts_with('"') {
-        unquote_git_path(s)?.0
+        unquote_git_path_bytes(s)?.0
     } else {
         // Anything after a tab (git's tab after names with spaces, or a timestamp) is not
         // part of the name.
-        s.split('\t').next()?.to_string()
+        s.split('\t').next()?.as_bytes().to_vec()
     };
-    if name == "/dev/null" {
+    if name == b"/dev/null" {
         return Some(None);
     }
-    Some(Some(name.strip_prefix(prefix)?.to_string()))
+    Some(Some(path_from_bytes(name.strip_prefix(prefix.as_bytes())?)))
 }
 
 fn parse_mode(s: &str, line: usize) -> Result<GitMode, PatchError> {

@@ -6,7 +6,7 @@ use similar::{Algorithm, ChangeTag, TextDiff};
 
 use crate::binary::BinaryHunk;
 use crate::detect::{ChangeKind, FileChange, FileVersion};
-use crate::model::{quote_git_path, GitMode, ZERO_OID};
+use crate::model::{path_to_bytes, quote_git_path_bytes, GitMode, ZERO_OID};
 
 /// Lines of context around each hunk, git's default.
 pub const CONTEXT_LINES: usize = 3;
@@ -65,7 +65,8 @@ pub enum PatchBody {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FilePatch {
-    /// POSIX path relative to the root.
+    /// POSIX path relative to the root; a name that is not UTF-8 (or begins with `"`) is
+    /// held in git's quoted form (see [`crate::path_from_bytes`]).
     pub path: String,
     /// `None`: the file is created.
     pub old_mode: Option<GitMode>,
@@ -89,6 +90,12 @@ pub enum Operation {
 }
 
 impl FilePatch {
+    /// The raw bytes of the file name (see [`crate::path_to_bytes`]). A malformed quoted
+    /// form (not made by this crate) is taken literally; apply refuses it.
+    pub fn path_bytes(&self) -> Vec<u8> {
+        path_to_bytes(&self.path).unwrap_or_else(|| self.path.as_bytes().to_vec())
+    }
+
     /// add / modify / delete.
     pub fn operation(&self) -> Operation {
         match (self.old_mode, self.new_mode) {
@@ -117,8 +124,11 @@ impl FilePatch {
 
     /// Renders this section as git does (`git diff --binary --full-index`).
     pub fn render(&self) -> String {
-        let a = quote_git_path("a/", &self.path);
-        let b = quote_git_path("b/", &self.path);
+        // The path string may hold a name that is not UTF-8 in its quoted form; git quotes
+        // the raw bytes (with the prefix inside the quotes).
+        let name = self.path_bytes();
+        let a = quote_git_path_bytes("a/", &name);
+        let b = quote_git_path_bytes("b/", &name);
         let mut out = format!("diff --git {a} {b}\n");
         match (self.old_mode, self.new_mode) {
             (None, Some(m)) => out.push_str(&format!("new file mode {m}\n")),
@@ -227,18 +237,27 @@ fn heading_before(old_lines: &[&str], first: usize) -> String {
             while !line.is_char_boundary(end) {
                 end -= 1;
             }
-            return line[..end].trim_end().to_string();
+            // C's isspace, as xdiff trims: ASCII whitespace and \v, not Unicode spaces
+            // (a trailing no-break space stays, as in git's output).
+            return line[..end]
+                .trim_end_matches(|c: char| c.is_ascii_whitespace() || c == '\x0b')
+                .to_string();
         }
     }
     String::new()
 }
 
 /// Text hunks turning `old` into `new`, with [`CONTEXT_LINES`] of context (Myers diff).
+///
+/// Lines are split at `\n` only, as git does: `similar`'s own line splitting also ends a line
+/// at a lone `\r`, which made a line `a\rb\n` two lines and rendered `a\r` as a line without
+/// final newline, a patch neither our apply nor `git apply` accepts.
 pub fn text_hunks(old: &str, new: &str) -> Vec<Hunk> {
+    let old_lines: Vec<&str> = old.split_inclusive('\n').collect();
+    let new_lines: Vec<&str> = new.split_inclusive('\n').collect();
     let diff = TextDiff::configure()
         .algorithm(Algorithm::Myers)
-        .diff_lines(old, new);
-    let old_lines: Vec<&str> = old.split_inclusive('\n').collect();
+        .diff_slices(&old_lines, &new_lines);
     let mut hunks = Vec::new();
     for group in diff.grouped_ops(CONTEXT_LINES) {
         if group.is_empty() {
@@ -406,6 +425,20 @@ mod tests {
                 "@@ -1 +1 @@\n-x\n\\ No newline at end of file\n+y\n\\ No newline at end of file\n"
             ),
             "{t}"
+        );
+    }
+
+    /// A lone CR is part of its line (git splits at `\n` only); before the fix `similar`
+    /// split there and rendered `-a\r` with a false "No newline at end of file".
+    #[test]
+    fn lone_cr_stays_inside_its_line() {
+        let t = hunks_text("a\rb\nc\n", "a\rB\nc\n");
+        assert!(t.contains("@@ -1,2 +1,2 @@\n-a\rb\n+a\rB\n c\n"), "{t:?}");
+        assert!(!t.contains("No newline"), "{t:?}");
+        let t = hunks_text("x\r", "y\r");
+        assert!(
+            t.contains("-x\r\n\\ No newline at end of file\n+y\r\n\\ No newline"),
+            "{t:?}"
         );
     }
 

@@ -383,3 +383,145 @@ fn review_rendering_and_counts() {
             .sum::<usize>()
     );
 }
+
+/// Deliverable 9: the host duplicated the block the step edited; the hunk's context now fits
+/// in two places, so accept names a conflict and writes nothing instead of editing one copy.
+#[test]
+fn ambiguous_relocation_is_a_conflict_not_a_guess() {
+    let tmp = tempfile::tempdir().unwrap();
+    let block: String = (1..=7).map(|i| format!("    step {i}\n")).collect();
+    let old = format!("top\n{block}bottom\n");
+    let new = old.replace("    step 4\n", "    STEP 4\n");
+    let fps = via_text(&[change(
+        "f.txt",
+        Some((old.as_bytes(), F)),
+        Some((new.as_bytes(), F)),
+    )]);
+    let host = format!("top\n{block}middle\n{block}bottom\n");
+    std::fs::write(tmp.path().join("f.txt"), &host).unwrap();
+    let err = apply_patches(tmp.path(), &fps, &ApplyOptions::default()).unwrap_err();
+    let PatchError::Conflicts { conflicts } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    assert_eq!(conflicts[0].path, "f.txt");
+    assert!(
+        conflicts[0].reason.contains("more than once"),
+        "{conflicts:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("f.txt")).unwrap(),
+        host
+    );
+}
+
+/// Our own state directory and git's are refused at every depth, in every case spelling, on
+/// both the direct and the text path: a step must not plant `sub/.smithers/sandbox.db` (which
+/// a later command run from `sub/` would trust) nor `sub/.git/hooks/*`.
+#[test]
+fn smithers_and_git_dirs_are_refused_at_any_depth() {
+    let tmp = tempfile::tempdir().unwrap();
+    for path in [
+        ".smithers/sandbox.db",
+        "sub/.smithers/sandbox.db",
+        "a/b/.SMITHERS/x",
+        "sub/.smithers",
+        "x/.git/hooks/pre-commit",
+        "x/.Git",
+    ] {
+        let fps = file_patches(&change(path, None, Some((b"planted\n", F))));
+        let err = apply_patches(tmp.path(), &fps, &ApplyOptions::default()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ToolPathEscape, "{path}: {err}");
+        let text = render_patches(&fps);
+        let err = apply_patch_texts(tmp.path(), &[&text], &ApplyOptions::default()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ToolPathEscape, "{path}: {err}");
+    }
+    let entries: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        entries.iter().all(|n| n == ".smithers"),
+        "nothing but the apply lock may exist: {entries:?}"
+    );
+    // Names that merely contain the word are ordinary files.
+    let fps = file_patches(&change("sub/.smithersrc", None, Some((b"ok\n", F))));
+    apply_patches(tmp.path(), &fps, &ApplyOptions::default()).unwrap();
+}
+
+/// Names that are not UTF-8 (path strings in git's quoted form) are applied to exactly those
+/// bytes, through every step: a host directory holding such a file replaced by a file, a new
+/// file in a new such directory, an edit; and a crash at any commit step rolls back to the
+/// same bytes.
+#[test]
+fn non_utf8_names_apply_and_roll_back_byte_exact() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let setup = |root: &Path| {
+        std::fs::create_dir(root.join("d")).unwrap();
+        std::fs::write(root.join(OsStr::from_bytes(b"d/caf\xe9")), "in d\n").unwrap();
+        std::fs::write(root.join(OsStr::from_bytes(b"e\xff")), "old\n").unwrap();
+    };
+    let changes = [
+        change(&path_from_bytes(b"d/caf\xe9"), Some((b"in d\n", F)), None),
+        change("d", None, Some((b"now a file\n", F))),
+        change(
+            &path_from_bytes(b"e\xff"),
+            Some((b"old\n", F)),
+            Some((b"new\n", X)),
+        ),
+        change(
+            &path_from_bytes(b"n\xe4/s\xe4/f"),
+            None,
+            Some((b"deep\n", F)),
+        ),
+    ];
+    let patches = via_text(&changes);
+    let check_after = |root: &Path| {
+        assert_eq!(std::fs::read(root.join("d")).unwrap(), b"now a file\n");
+        let e = root.join(OsStr::from_bytes(b"e\xff"));
+        assert_eq!(std::fs::read(&e).unwrap(), b"new\n");
+        assert_ne!(
+            std::fs::metadata(&e).unwrap().permissions().mode() & 0o100,
+            0
+        );
+        let f = root.join(OsStr::from_bytes(b"n\xe4/s\xe4/f"));
+        assert_eq!(std::fs::read(f).unwrap(), b"deep\n");
+    };
+    let read_all = |root: &Path| {
+        let mut v = Vec::new();
+        for n in [&b"d/caf\xe9"[..], b"e\xff", b"d", b"n\xe4"] {
+            let p = root.join(OsStr::from_bytes(n));
+            v.push((
+                n.to_vec(),
+                std::fs::symlink_metadata(&p).ok().map(|m| m.is_dir()),
+                std::fs::read(&p).ok(),
+            ));
+        }
+        v
+    };
+    let mut n = 0;
+    loop {
+        let tmp = tempfile::tempdir().unwrap();
+        setup(tmp.path());
+        let before = read_all(tmp.path());
+        let opts = ApplyOptions {
+            crash_after_steps: Some(n),
+            ..Default::default()
+        };
+        match apply_patches(tmp.path(), &patches, &opts) {
+            Err(PatchError::SimulatedCrash { .. }) => {
+                recover_apply(tmp.path()).unwrap();
+                assert_eq!(read_all(tmp.path()), before, "rollback after {n} steps");
+                n += 1;
+            }
+            Ok(report) => {
+                assert_eq!(report.applied.len(), 4, "{report:?}");
+                check_after(tmp.path());
+                break;
+            }
+            Err(e) => panic!("step {n}: {e}"),
+        }
+    }
+    assert!(n >= 4, "{n} commit steps");
+}

@@ -199,3 +199,32 @@ fn host_edits_after_copy_up_are_flagged_as_stale_base() {
     }
     assert_eq!(set.stale_base, ["after.txt"]);
 }
+
+/// A step writes our state directory or git's below the top level, in any case spelling: no
+/// patch is made for it (apply would refuse it, failing the whole accept) and each is listed
+/// as left out, excluded.
+#[test]
+fn nested_smithers_and_git_dirs_are_excluded_and_listed() {
+    let l = Layers::new();
+    sh(&l.lower, "mkdir -p sub && printf 'k\\n' > sub/keep");
+    sh(
+        &l.upper,
+        "mkdir -p sub/.smithers a/b/.SMITHERS c/.Git && printf 'db' > sub/.smithers/sandbox.db && \
+         printf 'x' > a/b/.SMITHERS/x && printf 'h' > c/.Git/config && printf 'ok\\n' > a/real",
+    );
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap();
+    assert_eq!(kinds(&set), [("a/real", ChangeKind::Added)]);
+    let ignored: Vec<(&str, IgnoreReason)> = set
+        .ignored
+        .iter()
+        .map(|i| (i.path.as_str(), i.reason))
+        .collect();
+    assert_eq!(
+        ignored,
+        [
+            ("a/b/.SMITHERS/", IgnoreReason::Excluded),
+            ("c/.Git/", IgnoreReason::Excluded),
+            ("sub/.smithers/", IgnoreReason::Excluded),
+        ]
+    );
+}

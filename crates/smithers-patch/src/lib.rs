@@ -77,4 +77,8 @@ pub use patch::{
     file_patches, render_patches, text_hunks, FilePatch, Hunk, HunkLine, LineKind, Operation,
     PatchBody, CONTEXT_LINES,
 };
-pub use review::{diff_stats, render_review, total_diff_lines, FileStat, ReviewOptions};
+pub use review::{
+    diff_stats, host_hooks_dirs, hooks_paths_in_config, render_review, render_review_with,
+    review_findings, total_diff_lines, tree_relative_hooks_dir, FileStat, ReviewFindings,
+    ReviewOptions, RiskyPath,
+};

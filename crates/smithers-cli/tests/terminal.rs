@@ -111,9 +111,11 @@ fn foreign_controls(bytes: &[u8], allowed: &[&[u8]]) -> Vec<String> {
             continue;
         }
         let c1 = rest.len() >= 2 && rest[0] == 0xc2 && (0x80..=0x9f).contains(&rest[1]);
-        let bidi = ["\u{202a}", "\u{202b}", "\u{202c}", "\u{202d}", "\u{202e}", "\u{2066}"]
-            .iter()
-            .any(|b| rest.starts_with(b.as_bytes()));
+        let bidi = [
+            "\u{202a}", "\u{202b}", "\u{202c}", "\u{202d}", "\u{202e}", "\u{2066}",
+        ]
+        .iter()
+        .any(|b| rest.starts_with(b.as_bytes()));
         if c1 || bidi || matches!(rest[0], 0x07 | 0x08 | 0x7f) || rest[0] == b'\r' {
             bad.push(format!("{:?} at {i}", &rest[..rest.len().min(4)]));
         }
@@ -239,7 +241,13 @@ fn review_on_a_terminal_shows_hostile_content_inert() {
     );
     // --json stays exact JSON, with the findings and the raw bytes in `diff`.
     let out = bin()
-        .args(["review", id, "--json", "--root", root.path().to_str().unwrap()])
+        .args([
+            "review",
+            id,
+            "--json",
+            "--root",
+            root.path().to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let review: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -297,8 +305,13 @@ fn run_on_a_terminal_relays_step_output_inert_and_to_a_pipe_as_written() {
         "foreign controls {bad:?} in:\n{}",
         String::from_utf8_lossy(&bytes)
     );
-    let text = String::from_utf8_lossy(&bytes).replace("\x1b[7m", "").replace("\x1b[27m", "");
-    assert!(text.contains("live ^[]52;c;c3RlcA==^G ^[[5;7Hmoved ^[]0;title^G"), "{text}");
+    let text = String::from_utf8_lossy(&bytes)
+        .replace("\x1b[7m", "")
+        .replace("\x1b[27m", "");
+    assert!(
+        text.contains("live ^[]52;c;c3RlcA==^G ^[[5;7Hmoved ^[]0;title^G"),
+        "{text}"
+    );
     assert!(text.contains("err ^[[2J"), "{text}");
     // The review hints and summary quote the forged name.
     assert!(text.contains("\"x\\n file.txt | 1 +\""), "{text}");

@@ -141,44 +141,144 @@ const RISK_RULES: &[RiskRule] = &[
     // git runs hooks on commit, checkout, merge, push; its config names programs it runs
     // (core.hooksPath, core.fsmonitor, core.pager, ...). Patches never write `.git/` (apply
     // refuses), so this only fires if that rule is ever broken; nested repositories too.
-    RiskRule { pattern: ".git", scope: Scope::AnyDir, reason: "git metadata: git runs hooks and programs its config names" },
+    RiskRule {
+        pattern: ".git",
+        scope: Scope::AnyDir,
+        reason: "git metadata: git runs hooks and programs its config names",
+    },
     // husky points core.hooksPath at `.husky/` (on `npm install`); its scripts run on commit.
-    RiskRule { pattern: ".husky", scope: Scope::TopDir, reason: "git hooks (husky): run on commit and push" },
+    RiskRule {
+        pattern: ".husky",
+        scope: Scope::TopDir,
+        reason: "git hooks (husky): run on commit and push",
+    },
     // The conventional core.hooksPath directory.
-    RiskRule { pattern: ".githooks", scope: Scope::TopDir, reason: "git hooks directory: run on commit and push once core.hooksPath names it" },
+    RiskRule {
+        pattern: ".githooks",
+        scope: Scope::TopDir,
+        reason: "git hooks directory: run on commit and push once core.hooksPath names it",
+    },
     // The pre-commit framework and lefthook run what these list on every commit once installed.
-    RiskRule { pattern: ".pre-commit-config.yaml", scope: Scope::TopFile, reason: "pre-commit hooks: run on every commit" },
-    RiskRule { pattern: "lefthook.yml", scope: Scope::TopFile, reason: "lefthook git hooks: run on commit and push" },
-    RiskRule { pattern: ".lefthook.yml", scope: Scope::TopFile, reason: "lefthook git hooks: run on commit and push" },
+    RiskRule {
+        pattern: ".pre-commit-config.yaml",
+        scope: Scope::TopFile,
+        reason: "pre-commit hooks: run on every commit",
+    },
+    RiskRule {
+        pattern: "lefthook.yml",
+        scope: Scope::TopFile,
+        reason: "lefthook git hooks: run on commit and push",
+    },
+    RiskRule {
+        pattern: ".lefthook.yml",
+        scope: Scope::TopFile,
+        reason: "lefthook git hooks: run on commit and push",
+    },
     // An in-tree git config a setup script includes (`include.path`) can set core.hooksPath.
-    RiskRule { pattern: ".gitconfig", scope: Scope::AnyFile, reason: "git config: can name hooks and programs git runs once included" },
+    RiskRule {
+        pattern: ".gitconfig",
+        scope: Scope::AnyFile,
+        reason: "git config: can name hooks and programs git runs once included",
+    },
     // VS Code runs tasks with `runOn: folderOpen` on opening the folder; settings name the
     // executables it starts (interpreters, linters, terminal env); launch configurations run
     // a preLaunchTask. Any depth: a subfolder can be opened as a workspace.
-    RiskRule { pattern: ".vscode/tasks.json", scope: Scope::AnyFile, reason: "editor tasks: VS Code can run them on opening the folder" },
-    RiskRule { pattern: ".vscode/settings.json", scope: Scope::AnyFile, reason: "editor settings: name programs VS Code and its extensions start" },
-    RiskRule { pattern: ".vscode/launch.json", scope: Scope::AnyFile, reason: "editor launch configurations: run pre-launch tasks" },
+    RiskRule {
+        pattern: ".vscode/tasks.json",
+        scope: Scope::AnyFile,
+        reason: "editor tasks: VS Code can run them on opening the folder",
+    },
+    RiskRule {
+        pattern: ".vscode/settings.json",
+        scope: Scope::AnyFile,
+        reason: "editor settings: name programs VS Code and its extensions start",
+    },
+    RiskRule {
+        pattern: ".vscode/launch.json",
+        scope: Scope::AnyFile,
+        reason: "editor launch configurations: run pre-launch tasks",
+    },
     // JetBrains IDEs keep run configurations and startup tasks here.
-    RiskRule { pattern: ".idea", scope: Scope::AnyDir, reason: "JetBrains project settings: run configurations and startup tasks" },
+    RiskRule {
+        pattern: ".idea",
+        scope: Scope::AnyDir,
+        reason: "JetBrains project settings: run configurations and startup tasks",
+    },
     // Dev containers run postCreate/postStart commands when the folder is opened in one.
-    RiskRule { pattern: ".devcontainer", scope: Scope::TopDir, reason: "dev container: its commands run when the folder is opened" },
+    RiskRule {
+        pattern: ".devcontainer",
+        scope: Scope::TopDir,
+        reason: "dev container: its commands run when the folder is opened",
+    },
     // CI runs these on push, with the repository's secrets.
-    RiskRule { pattern: ".github/workflows", scope: Scope::TopDir, reason: "CI workflow: runs on push with the repository's secrets" },
-    RiskRule { pattern: ".github/actions", scope: Scope::TopDir, reason: "CI action used by workflows: runs on push" },
-    RiskRule { pattern: ".gitlab-ci.yml", scope: Scope::TopFile, reason: "CI pipeline: runs on push" },
-    RiskRule { pattern: ".circleci", scope: Scope::TopDir, reason: "CI pipeline: runs on push" },
-    RiskRule { pattern: ".travis.yml", scope: Scope::TopFile, reason: "CI pipeline: runs on push" },
-    RiskRule { pattern: "azure-pipelines.yml", scope: Scope::TopFile, reason: "CI pipeline: runs on push" },
-    RiskRule { pattern: "bitbucket-pipelines.yml", scope: Scope::TopFile, reason: "CI pipeline: runs on push" },
-    RiskRule { pattern: "Jenkinsfile", scope: Scope::TopFile, reason: "CI pipeline: runs on push" },
-    RiskRule { pattern: ".buildkite", scope: Scope::TopDir, reason: "CI pipeline: runs on push" },
+    RiskRule {
+        pattern: ".github/workflows",
+        scope: Scope::TopDir,
+        reason: "CI workflow: runs on push with the repository's secrets",
+    },
+    RiskRule {
+        pattern: ".github/actions",
+        scope: Scope::TopDir,
+        reason: "CI action used by workflows: runs on push",
+    },
+    RiskRule {
+        pattern: ".gitlab-ci.yml",
+        scope: Scope::TopFile,
+        reason: "CI pipeline: runs on push",
+    },
+    RiskRule {
+        pattern: ".circleci",
+        scope: Scope::TopDir,
+        reason: "CI pipeline: runs on push",
+    },
+    RiskRule {
+        pattern: ".travis.yml",
+        scope: Scope::TopFile,
+        reason: "CI pipeline: runs on push",
+    },
+    RiskRule {
+        pattern: "azure-pipelines.yml",
+        scope: Scope::TopFile,
+        reason: "CI pipeline: runs on push",
+    },
+    RiskRule {
+        pattern: "bitbucket-pipelines.yml",
+        scope: Scope::TopFile,
+        reason: "CI pipeline: runs on push",
+    },
+    RiskRule {
+        pattern: "Jenkinsfile",
+        scope: Scope::TopFile,
+        reason: "CI pipeline: runs on push",
+    },
+    RiskRule {
+        pattern: ".buildkite",
+        scope: Scope::TopDir,
+        reason: "CI pipeline: runs on push",
+    },
     // direnv runs `.envrc` on `cd` into the directory (once allowed); mise runs its hooks on
     // `cd` and, like asdf, `.tool-versions` picks which binary `node`, `python`, ... are
     // for every command run there.
-    RiskRule { pattern: ".envrc", scope: Scope::AnyFile, reason: "direnv: runs on cd into the directory" },
-    RiskRule { pattern: "mise.toml", scope: Scope::AnyFile, reason: "mise: its hooks and env run on cd into the directory" },
-    RiskRule { pattern: ".mise.toml", scope: Scope::AnyFile, reason: "mise: its hooks and env run on cd into the directory" },
-    RiskRule { pattern: ".tool-versions", scope: Scope::AnyFile, reason: "asdf/mise: picks the tool binaries every command there runs" },
+    RiskRule {
+        pattern: ".envrc",
+        scope: Scope::AnyFile,
+        reason: "direnv: runs on cd into the directory",
+    },
+    RiskRule {
+        pattern: "mise.toml",
+        scope: Scope::AnyFile,
+        reason: "mise: its hooks and env run on cd into the directory",
+    },
+    RiskRule {
+        pattern: ".mise.toml",
+        scope: Scope::AnyFile,
+        reason: "mise: its hooks and env run on cd into the directory",
+    },
+    RiskRule {
+        pattern: ".tool-versions",
+        scope: Scope::AnyFile,
+        reason: "asdf/mise: picks the tool binaries every command there runs",
+    },
 ];
 
 fn rule_matches(rule: &RiskRule, path: &str) -> bool {
@@ -339,8 +439,7 @@ fn patch_has_controls(p: &FilePatch) -> bool {
     };
     hunks.iter().any(|h| {
         has_controls(&h.heading, Inert::BODY)
-            || h
-                .lines
+            || h.lines
                 .iter()
                 .any(|l| has_controls(split_line_end(&l.text).0, Inert::BODY))
     })
@@ -360,8 +459,8 @@ pub fn review_findings(patches: &[FilePatch], host_hooks_dirs: &[String]) -> Rev
     }
     let mut findings = ReviewFindings::default();
     for p in patches {
-        let seen = |v: &[String]| v.iter().any(|x| *x == p.path);
-        if patch_has_controls(p) && !seen(&findings.control_characters) {
+        // A type change is two sections of one path: name it once.
+        if patch_has_controls(p) && !findings.control_characters.contains(&p.path) {
             findings.control_characters.push(p.path.clone());
         }
         if findings.runs_on_host.iter().any(|r| r.path == p.path) {
@@ -661,7 +760,10 @@ mod tests {
         );
         assert!(!r.lines().any(|l| l.starts_with(" file.txt")), "{r}");
         assert!(
-            r.lines().next().unwrap().ends_with(": \"x\\n file.txt | 1 +\\n\""),
+            r.lines()
+                .next()
+                .unwrap()
+                .ends_with(": \"x\\n file.txt | 1 +\\n\""),
             "{r}"
         );
     }
@@ -735,7 +837,10 @@ mod tests {
     /// A hooks directory named by core.hooksPath, in the host's config or a patched one.
     #[test]
     fn core_hooks_path_directories_are_flagged() {
-        let config = add(".gitconfig", "[user]\n\tname = x\n[core]\n\thooksPath = \"./tools/hooks/\" # ours\n");
+        let config = add(
+            ".gitconfig",
+            "[user]\n\tname = x\n[core]\n\thooksPath = \"./tools/hooks/\" # ours\n",
+        );
         let hook = add("tools/hooks/pre-commit", "#!/bin/sh\n");
         let other = add("tools/hooksmith.rs", "x\n");
         let host = add("ci/git-hooks/post-merge", "x\n");
@@ -749,7 +854,10 @@ mod tests {
         assert_eq!(got[0].0, ".gitconfig");
         assert_eq!(
             got[1],
-            ("tools/hooks/pre-commit", "git hook: in tools/hooks, which core.hooksPath names")
+            (
+                "tools/hooks/pre-commit",
+                "git hook: in tools/hooks, which core.hooksPath names"
+            )
         );
         assert_eq!(got[2].0, "ci/git-hooks/post-merge");
     }
@@ -762,7 +870,10 @@ mod tests {
         );
         assert_eq!(hooks_paths_in_config("\thooksPath=x/y\n"), ["x/y"]);
         let root = Path::new("/p/root");
-        assert_eq!(tree_relative_hooks_dir("./a/b/", None).as_deref(), Some("a/b"));
+        assert_eq!(
+            tree_relative_hooks_dir("./a/b/", None).as_deref(),
+            Some("a/b")
+        );
         assert_eq!(
             tree_relative_hooks_dir("/p/root/h", Some(root)).as_deref(),
             Some("h")
@@ -790,9 +901,20 @@ mod tests {
     /// The review quotes names exactly as the patch headers do.
     #[test]
     fn names_are_quoted_like_the_patch_headers() {
-        for name in ["a b", "t\u{e9}st", "nl\nx", "esc\x1b[2K", "q\"\\", "\u{202e}x", "del\x7f"] {
+        for name in [
+            "a b",
+            "t\u{e9}st",
+            "nl\nx",
+            "esc\x1b[2K",
+            "q\"\\",
+            "\u{202e}x",
+            "del\x7f",
+        ] {
             assert_eq!(
-                format!("\"a/{}", &smithers_terminal::quote_path(name).trim_start_matches('"')),
+                format!(
+                    "\"a/{}",
+                    &smithers_terminal::quote_path(name).trim_start_matches('"')
+                ),
                 if quote_git_path("a/", name).starts_with('"') {
                     quote_git_path("a/", name)
                 } else {

@@ -239,9 +239,15 @@ mod tests {
             ),
             ("back\x08\x08space", "back^H^Hspace"),
             ("nul\0del\x7f", "nul^@del^?"),
-            ("c1 csi \u{9b}31m osc \u{9d}", "c1 csi \\u{9b}31m osc \\u{9d}"),
+            (
+                "c1 csi \u{9b}31m osc \u{9d}",
+                "c1 csi \\u{9b}31m osc \\u{9d}",
+            ),
             ("a\u{202e}txt.exe\u{202c}", "a\\u{202e}txt.exe\\u{202c}"),
-            ("iso\u{2066}x\u{2069} mark\u{200f}", "iso\\u{2066}x\\u{2069} mark\\u{200f}"),
+            (
+                "iso\u{2066}x\u{2069} mark\u{200f}",
+                "iso\\u{2066}x\\u{2069} mark\\u{200f}",
+            ),
             ("two\nlines\tand tab", "two^Jlines^Iand tab"),
             ("plain text, é and 漢字 stay", "plain text, é and 漢字 stay"),
         ];
@@ -271,7 +277,10 @@ mod tests {
         // The only ESCs left are our own marks.
         let stripped = out.replace(MARK_ON, "").replace(MARK_OFF, "");
         assert!(!stripped.contains('\x1b'), "{stripped:?}");
-        assert_eq!(escape("\u{9b}", Inert::LINE.marked(true)), "\x1b[7m\\u{9b}\x1b[27m");
+        assert_eq!(
+            escape("\u{9b}", Inert::LINE.marked(true)),
+            "\x1b[7m\\u{9b}\x1b[27m"
+        );
     }
 
     #[test]
@@ -280,7 +289,10 @@ mod tests {
             escape_bytes(b"ok\xff\xfe then \xe2\x82 \x1b", Inert::LINE),
             "ok\\xff\\xfe then \\xe2\\x82 ^["
         );
-        assert_eq!(escape_bytes("é\u{202e}".as_bytes(), Inert::LINE), "é\\u{202e}");
+        assert_eq!(
+            escape_bytes("é\u{202e}".as_bytes(), Inert::LINE),
+            "é\\u{202e}"
+        );
         assert!(bytes_have_controls(b"\xc3", Inert::BODY));
         assert!(!bytes_have_controls("é".as_bytes(), Inert::BODY));
         let mut out = String::new();

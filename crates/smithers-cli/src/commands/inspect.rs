@@ -272,7 +272,11 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         println!("{doc}");
         return Ok(ExitCode::SUCCESS);
     }
-    println!("sandbox   {}:{}", inert(&row.run_id), inert(&row.sandbox_id));
+    println!(
+        "sandbox   {}:{}",
+        inert(&row.run_id),
+        inert(&row.sandbox_id)
+    );
     println!("runtime   {}", inert(&row.runtime));
     println!("status    {}", row.status.as_str());
     println!(

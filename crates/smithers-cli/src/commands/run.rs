@@ -405,7 +405,7 @@ impl Display {
         st.stage = hb.stage.to_string();
         match self.mode {
             Mode::Quiet => {}
-            Mode::Plain => eprintln!("[{:>7.2}s] {}", self.elapsed(), inert(&hb.stage)),
+            Mode::Plain => eprintln!("[{:>7.2}s] {}", self.elapsed(), inert(hb.stage)),
             Mode::Tty => {
                 let mut err = std::io::stderr().lock();
                 self.draw(&mut st, &mut err);
@@ -420,9 +420,15 @@ impl Display {
             Mode::Quiet => {}
             Mode::Plain => {
                 if is_err {
-                    eprintln!("{}", relayed(line, self.relay.for_tty(self.relay.stderr_tty)));
+                    eprintln!(
+                        "{}",
+                        relayed(line, self.relay.for_tty(self.relay.stderr_tty))
+                    );
                 } else {
-                    println!("{}", relayed(line, self.relay.for_tty(self.relay.stdout_tty)));
+                    println!(
+                        "{}",
+                        relayed(line, self.relay.for_tty(self.relay.stdout_tty))
+                    );
                 }
             }
             Mode::Tty => {

@@ -50,6 +50,12 @@ fn usable() -> bool {
     ok || skip("native sandboxes unavailable")
 }
 
+/// The bidi controls a terminal would reorder text by (kept here, not imported: the test
+/// checks the escaping crate rather than trusting its list).
+fn is_bidi(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
@@ -91,37 +97,46 @@ fn on_terminal(args: &[&str]) -> Vec<u8> {
 }
 
 /// The escape sequences in `bytes` that are not in `allowed`, and other terminal controls
-/// (BEL, backspace, C1 controls in UTF-8, lone CR, bidi overrides).
+/// (BEL, backspace, DEL, C1 controls, lone CR, bidi controls).
 fn foreign_controls(bytes: &[u8], allowed: &[&[u8]]) -> Vec<String> {
+    let text = std::str::from_utf8(bytes).expect("terminal output is UTF-8");
     let mut bad = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
+    let mut skip_to = 0;
+    for (i, c) in text.char_indices() {
+        if i < skip_to {
+            continue;
+        }
         let rest = &bytes[i..];
-        if rest[0] == 0x1b {
+        if c == '\x1b' {
             match allowed.iter().find(|a| rest.starts_with(a)) {
-                Some(a) => i += a.len(),
-                None => {
-                    bad.push(format!(
-                        "{:?}",
-                        String::from_utf8_lossy(&rest[..rest.len().min(12)])
-                    ));
-                    i += 1;
-                }
+                Some(a) => skip_to = i + a.len(),
+                None => bad.push(format!(
+                    "{:?} at {i}",
+                    text[i..].chars().take(12).collect::<String>()
+                )),
             }
             continue;
         }
-        let c1 = rest.len() >= 2 && rest[0] == 0xc2 && (0x80..=0x9f).contains(&rest[1]);
-        let bidi = [
-            "\u{202a}", "\u{202b}", "\u{202c}", "\u{202d}", "\u{202e}", "\u{2066}",
-        ]
-        .iter()
-        .any(|b| rest.starts_with(b.as_bytes()));
-        if c1 || bidi || matches!(rest[0], 0x07 | 0x08 | 0x7f) || rest[0] == b'\r' {
-            bad.push(format!("{:?} at {i}", &rest[..rest.len().min(4)]));
+        if matches!(c, '\x07' | '\x08' | '\x7f' | '\r' | '\u{80}'..='\u{9f}') || is_bidi(c) {
+            bad.push(format!("{c:?} at {i}"));
         }
-        i += 1;
     }
     bad
+}
+
+/// `bytes` without any occurrence of `pat`.
+fn remove_all(bytes: &[u8], pat: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i..].starts_with(pat) {
+            i += pat.len();
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 /// The review's own SGR codes and the reverse-video marks of escapes.
@@ -282,23 +297,8 @@ fn run_on_a_terminal_relays_step_output_inert_and_to_a_pipe_as_written() {
     let bytes = on_terminal(&["run", "--root", root_arg, "--", "sh", "-c", HOSTILE_STEP]);
     // The progress line's own codes: clear line, dim, reset.
     let ours: &[&[u8]] = &[b"\r\x1b[2K", b"\x1b[2m", b"\x1b[7m", b"\x1b[27m", b"\x1b[m"];
-    let without_ours = {
-        let mut v = bytes.clone();
-        // `\r\x1b[2K` is one unit: drop it before scanning for lone CRs.
-        let pat = b"\r\x1b[2K";
-        let mut i = 0;
-        let mut out = Vec::new();
-        while i < v.len() {
-            if v[i..].starts_with(pat) {
-                i += pat.len();
-            } else {
-                out.push(v[i]);
-                i += 1;
-            }
-        }
-        v = out;
-        v
-    };
+    // `\r\x1b[2K` (our status-line clear) is one unit: drop it before scanning for lone CRs.
+    let without_ours = remove_all(&bytes, b"\r\x1b[2K");
     let bad = foreign_controls(&without_ours, ours);
     assert!(
         bad.is_empty(),
@@ -313,8 +313,13 @@ fn run_on_a_terminal_relays_step_output_inert_and_to_a_pipe_as_written() {
         "{text}"
     );
     assert!(text.contains("err ^[[2J"), "{text}");
-    // The review hints and summary quote the forged name.
+    // The summary quotes the forged name and repeats the review's warnings.
     assert!(text.contains("\"x\\n file.txt | 1 +\""), "{text}");
+    assert!(
+        text.contains("warning: runs on the host: .envrc (direnv"),
+        "{text}"
+    );
+    assert!(text.contains("warning: control characters"), "{text}");
 
     // To a pipe the step's stdout is relayed as it wrote it.
     let root2 = project();

@@ -81,7 +81,7 @@ pub use patch::{
     PatchBody, CONTEXT_LINES,
 };
 pub use review::{
-    diff_stats, hooks_paths_in_config, host_hooks_dirs, render_review, render_review_with,
-    review_findings, total_diff_lines, tree_relative_hooks_dir, FileStat, ReviewFindings,
-    ReviewOptions, RiskyPath,
+    diff_stats, hooks_paths_in_config, host_hooks_dirs, render_findings, render_review,
+    render_review_with, review_findings, total_diff_lines, tree_relative_hooks_dir, FileStat,
+    ReviewFindings, ReviewOptions, RiskyPath,
 };

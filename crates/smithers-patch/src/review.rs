@@ -476,6 +476,19 @@ pub fn review_findings(patches: &[FilePatch], host_hooks_dirs: &[String]) -> Rev
     findings
 }
 
+/// The warning lines of `findings`, as the review shows them above the stat block (one per
+/// line, each ending in `\n`; empty when there is nothing to say). For other summaries of a
+/// change waiting for review (`run`'s).
+pub fn render_findings(findings: &ReviewFindings, color: bool) -> String {
+    let c = |code: &'static str| if color { code } else { "" };
+    let mut text = render_warnings(findings, &c);
+    // render_warnings ends its block with a blank line, for the stat block below it.
+    if text.ends_with("\n\n") {
+        text.pop();
+    }
+    text
+}
+
 /// The warning lines shown above the review (none when there is nothing to say).
 fn render_warnings(findings: &ReviewFindings, c: &dyn Fn(&'static str) -> &'static str) -> String {
     use smithers_terminal::quote_path;
@@ -832,6 +845,11 @@ mod tests {
             "{r}"
         );
         assert!(!r.contains("host: Makefile"), "{r}");
+        // The same lines for another summary, without the blank line before the stat block.
+        let w = render_findings(&f, false);
+        assert_eq!(w.lines().count(), flagged.len(), "{w}");
+        assert!(w.ends_with(")\n") && r.starts_with(&w), "{w}");
+        assert_eq!(render_findings(&ReviewFindings::default(), true), "");
     }
 
     /// A hooks directory named by core.hooksPath, in the host's config or a patched one.

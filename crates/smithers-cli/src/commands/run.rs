@@ -703,6 +703,12 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     "review   pending: {} patch file(s), {} changed line(s), NOT applied yet",
                     pending.patch_count, pending.total_diff_lines
                 );
+                // The review's warnings, so that nobody accepts from this summary unwarned.
+                let findings = smithers_patch::review_findings(
+                    &patches,
+                    &smithers_patch::host_hooks_dirs(&root),
+                );
+                print!("{}", smithers_patch::render_findings(&findings, false));
                 for h in &hints {
                     println!("  {}", inert(h));
                 }

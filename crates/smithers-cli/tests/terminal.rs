@@ -340,3 +340,16 @@ fn run_on_a_terminal_relays_step_output_inert_and_to_a_pipe_as_written() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `run --help` says what happens to the step's output on a terminal and in a pipe.
+#[test]
+fn run_help_documents_how_output_is_relayed() {
+    let out = bin().args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains("The step's output:"), "{help}");
+    assert!(help.contains("To a terminal, control characters"), "{help}");
+    assert!(
+        help.contains("To a pipe or a file, the\n  lines are written as the step wrote them"),
+        "{help}"
+    );
+}

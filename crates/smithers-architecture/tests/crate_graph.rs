@@ -13,6 +13,11 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "the vocabulary everyone shares depends on no one",
     ),
     (
+        "smithers-terminal",
+        &["*"],
+        "the escaping of human output is a leaf every renderer can use",
+    ),
+    (
         "smithers-paths",
         &["*-except:smithers-errors"],
         "path safety is a leaf",

@@ -38,6 +38,7 @@ enum Command {
     #[command(after_help = EXIT_CODES)]
     Bundle(commands::bundle::BundleArgs),
     /// Run one step in a sandbox through the orchestrator (rows/events in SQLite, review).
+    #[command(after_help = commands::run::OUTPUT_HELP)]
     Run(Box<commands::run::RunArgs>),
     /// Show a sandbox's change as a unified diff with per-file stats.
     Review(commands::review::ReviewArgs),

@@ -3,6 +3,12 @@
 //! Commands return `anyhow::Result`; a failure that has a stable code travels as an
 //! [`ErrorReport`] inside the `anyhow::Error` (see [`Coded::coded`]), anything else is reported
 //! as `INTERNAL` with its cause chain as the message.
+//!
+//! Everything a command prints for a person goes through `smithers_terminal` ([`inert`],
+//! [`name`]): ids, paths, reasons, messages and outputs may come from a step, a bundle or a
+//! database under the project, and reach the terminal with every control character shown
+//! escaped. JSON output is printed as serde_json writes it (JSON escapes control characters
+//! itself) and is never escaped twice.
 
 use std::process::ExitCode;
 
@@ -37,6 +43,21 @@ pub fn to_report(err: &anyhow::Error) -> ErrorReport {
     ErrorReport::new(ErrorCode::Internal, format!("{err:#}"))
 }
 
+/// One line of untrusted text made inert for a terminal (`smithers_terminal::line`).
+pub fn inert(s: &str) -> String {
+    smithers_terminal::line(s)
+}
+
+/// A file name as git shows it (`smithers_terminal::quote_path`).
+pub fn name(path: &str) -> String {
+    smithers_terminal::quote_path(path)
+}
+
+/// Whether colour and reverse-video marks may be used on a terminal (NO_COLOR unset or empty).
+pub fn color_allowed() -> bool {
+    std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 /// Prints `err` (JSON on stdout with `json`, text on stderr otherwise) and returns exit 1.
 pub fn report_error(err: &anyhow::Error, json: bool) -> ExitCode {
     let report = to_report(err);
@@ -48,16 +69,17 @@ pub fn report_error(err: &anyhow::Error, json: bool) -> ExitCode {
     ExitCode::from(EXIT_REJECTED)
 }
 
-/// `error [CODE]: message`, then one indented `key: value` line per detail.
+/// `error [CODE]: message`, then one indented `key: value` line per detail; the message and
+/// every detail inert (they may quote a step's data), one line each.
 pub fn render_text(report: &ErrorReport) -> String {
-    let mut s = format!("error [{}]: {}", report.code, report.message);
+    let mut s = format!("error [{}]: {}", report.code, inert(&report.message));
     if let Value::Object(details) = &report.details {
         for (k, v) in details {
             let v = match v {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),
             };
-            s.push_str(&format!("\n  {k}: {v}"));
+            s.push_str(&format!("\n  {}: {}", inert(k), inert(&v)));
         }
     }
     s
@@ -79,6 +101,12 @@ mod tests {
         assert_eq!(
             render_text(&r),
             "error [TOOL_PATH_ESCAPE]: Path escapes sandbox root\n  path: ../x"
+        );
+        let hostile = ErrorReport::new(ErrorCode::InvalidInput, "bad \x1b]52;c;eA==\x07 name")
+            .with_details(serde_json::json!({"path": "a\nerror [FAKE]: b\u{202e}"}));
+        assert_eq!(
+            render_text(&hostile),
+            "error [INVALID_INPUT]: bad ^[]52;c;eA==^G name\n  path: a^Jerror [FAKE]: b\\u{202e}"
         );
         let other = anyhow::anyhow!("boom").context("while testing");
         assert_eq!(to_report(&other).code, ErrorCode::Internal);

@@ -5,7 +5,10 @@
 //! for a full copy of the project, when no overlay could be mounted) → [`build_patch_files`] (one
 //! git-format patch file per changed file, grouped beyond 1000) → bundle → [`parse_patch`] →
 //! [`apply_patches`] / [`apply_patch_texts`] (all-or-nothing, journaled; [`recover_apply`]
-//! after a crash). [`render_review`] and [`total_diff_lines`] serve the review gate.
+//! after a crash). [`render_review`] and [`total_diff_lines`] serve the review gate; the
+//! review is inert (`smithers_terminal`: names quoted as git quotes them, control characters
+//! shown escaped) and [`review_findings`] names the files with control characters and the
+//! files the host runs by itself (hooks, `core.hooksPath`, editor tasks, CI, `.envrc`).
 //!
 //! This crate depends on no runtime: it sees two directories (or a root) and nothing else.
 //!
@@ -96,4 +99,8 @@ pub use patch::{
     file_patches, render_patches, text_hunks, FilePatch, Hunk, HunkLine, LineKind, Operation,
     PatchBody, CONTEXT_LINES,
 };
-pub use review::{diff_stats, render_review, total_diff_lines, FileStat, ReviewOptions};
+pub use review::{
+    diff_stats, hooks_paths_in_config, host_hooks_dirs, render_findings, render_review,
+    render_review_with, review_findings, total_diff_lines, tree_relative_hooks_dir, FileStat,
+    ReviewFindings, ReviewOptions, RiskyPath,
+};

@@ -1,4 +1,7 @@
 //! `smithers-sandbox bundle validate | write | show`.
+//!
+//! A bundle is written by an untrusted step: its run id, outputs, file names and diffBundle
+//! fields are shown inert (`crate::output::{inert, name}`) in the human summaries.
 
 use std::fs;
 use std::io::Read;
@@ -10,7 +13,7 @@ use serde_json::{json, Value};
 use smithers_bundle::{js_json, validate_bundle, write_bundle, ValidatedBundle, WriteParams};
 use smithers_errors::ErrorCode;
 
-use crate::output::{coded_error, Coded};
+use crate::output::{coded_error, inert, name, Coded};
 
 /// Arguments of `smithers-sandbox bundle`.
 #[derive(Debug, Args)]
@@ -66,15 +69,15 @@ fn validate(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
         println!("{}", js_json::to_string(&bundle.to_json()));
     } else {
         let m = &bundle.manifest;
-        println!("valid bundle: {}", dir.display());
+        println!("valid bundle: {}", inert(&dir.display().to_string()));
         println!("  status: {}", m.status.as_str());
         if let Some(r) = &m.run_id {
-            println!("  run id: {r}");
+            println!("  run id: {}", inert(r));
         }
         println!("  size: {} bytes", bundle.bundle_size_bytes);
         println!("  patch files: {}", bundle.patch_files.len());
         match &bundle.logs_path {
-            Some(p) => println!("  log: {}", p.display()),
+            Some(p) => println!("  log: {}", inert(&p.display().to_string())),
             None => println!("  log: none"),
         }
     }
@@ -124,7 +127,7 @@ fn write(dir: &Path, spec_arg: &str, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         println!(
             "wrote bundle {} ({} bytes, {} patches, {} artifacts{})",
-            written.bundle_path.display(),
+            inert(&written.bundle_path.display().to_string()),
             written.total_bytes,
             params.patches.len(),
             params.artifacts.len(),
@@ -203,8 +206,9 @@ fn artifact_list(root: &Path) -> Vec<(String, u64)> {
     out
 }
 
+/// The start of a JSON value, inert (JSON leaves C1 and bidi characters raw).
 fn preview(value: &Value, max: usize) -> String {
-    let s = js_json::to_string(value);
+    let s = inert(&js_json::to_string(value));
     if s.chars().count() <= max {
         s
     } else {
@@ -251,9 +255,15 @@ fn show(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let m = &bundle.manifest;
-    println!("Bundle     {}", bundle.bundle_path.display());
+    println!(
+        "Bundle     {}",
+        inert(&bundle.bundle_path.display().to_string())
+    );
     println!("Status     {}", m.status.as_str());
-    println!("Run id     {}", m.run_id.as_deref().unwrap_or("(none)"));
+    println!(
+        "Run id     {}",
+        inert(m.run_id.as_deref().unwrap_or("(none)"))
+    );
     println!(
         "Size       {} ({} bytes)",
         human_bytes(bundle.bundle_size_bytes),
@@ -270,7 +280,7 @@ fn show(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     for p in patches.iter().take(LIST_MAX) {
         println!(
             "  {:<48} {:>10}  +{} -{}{}",
-            p.path,
+            name(&p.path),
             human_bytes(p.bytes),
             p.added,
             p.removed,
@@ -286,7 +296,7 @@ fn show(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
         .filter(|l| !bundle.patch_files.contains(l))
         .collect();
     for m in missing.iter().take(LIST_MAX) {
-        println!("  {m:<48} (in manifest, no such patch file)");
+        println!("  {:<48} (in manifest, no such patch file)", name(m));
     }
     let total_artifacts: u64 = artifacts.iter().map(|(_, b)| b).sum();
     println!(
@@ -295,7 +305,7 @@ fn show(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
         human_bytes(total_artifacts)
     );
     for (p, b) in artifacts.iter().take(LIST_MAX) {
-        println!("  {p:<48} {:>10}", human_bytes(*b));
+        println!("  {:<48} {:>10}", name(p), human_bytes(*b));
     }
     if artifacts.len() > LIST_MAX {
         println!("  … and {} more", artifacts.len() - LIST_MAX);
@@ -309,10 +319,13 @@ fn show(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
             Ok(d) => println!(
                 "DiffBundle seq {}, base {}, {} files",
                 d.seq,
-                d.base_ref,
+                inert(&d.base_ref),
                 d.patches.len()
             ),
-            Err(e) => println!("DiffBundle (not in the documented shape: {e})"),
+            Err(e) => println!(
+                "DiffBundle (not in the documented shape: {})",
+                inert(&e.to_string())
+            ),
         }
     }
     Ok(ExitCode::SUCCESS)

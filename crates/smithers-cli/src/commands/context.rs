@@ -15,7 +15,7 @@ use smithers_orchestrator::{
 use smithers_runtime_docker::{DockerOptions, DockerRuntime};
 use smithers_store::{PatchRecord, SandboxRow, Store};
 
-use crate::output::{coded_error, Coded};
+use crate::output::{coded_error, inert, name, Coded};
 
 /// The database file under `<root>/.smithers/` when `--db` is not given. The native runtime
 /// keeps its bundles in the same directory (`.smithers/sandboxes/<run>/<sandbox>/result`), so
@@ -151,14 +151,15 @@ pub fn open_with(
     let recovered = rt.block_on(orchestrator.recover()).coded()?;
     if !quiet {
         for r in &recovered {
+            // Ids and runtime come from the database: inert.
             eprintln!(
                 "recovered orphaned sandbox {}:{} ({}): marked failed{}",
-                r.run_id,
-                r.sandbox_id,
-                r.runtime,
+                inert(&r.run_id),
+                inert(&r.sandbox_id),
+                inert(&r.runtime),
                 match &r.cleanup_error {
                     None => ", leftovers cleaned up".to_string(),
-                    Some(e) => format!(", cleanup incomplete: {e}"),
+                    Some(e) => format!(", cleanup incomplete: {}", inert(e)),
                 }
             );
         }
@@ -334,26 +335,24 @@ pub fn changes_of(bundle_path: Option<&str>, recorded: &[PatchRecord]) -> Vec<Fi
         .collect()
 }
 
-/// `git diff --stat`-like lines plus the summary line.
+/// `git diff --stat`-like lines plus the summary line; names quoted as git quotes them, so a
+/// name cannot break a line or forge one.
 pub fn stat_lines(changes: &[FileChange]) -> Vec<String> {
-    let w = changes
-        .iter()
-        .map(|c| c.path.chars().count())
-        .max()
-        .unwrap_or(0);
+    let names: Vec<String> = changes.iter().map(|c| name(&c.path)).collect();
+    let w = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
     let mut lines = Vec::new();
     let (mut ins, mut del) = (0, 0);
-    for c in changes {
+    for (c, shown) in changes.iter().zip(&names) {
         ins += c.added;
         del += c.removed;
-        let pad = w - c.path.chars().count();
+        let pad = w - shown.chars().count();
         let tag = match c.operation {
             "add" => " (new)",
             "delete" => " (deleted)",
             _ => "",
         };
         if c.binary {
-            lines.push(format!("{}{} | Bin{tag}", c.path, " ".repeat(pad)));
+            lines.push(format!("{shown}{} | Bin{tag}", " ".repeat(pad)));
         } else {
             let bar_total = (c.added + c.removed).max(1);
             let scale = |n: usize| {
@@ -364,8 +363,7 @@ pub fn stat_lines(changes: &[FileChange]) -> Vec<String> {
                 }
             };
             lines.push(format!(
-                "{}{} | {:>3} {}{}{tag}",
-                c.path,
+                "{shown}{} | {:>3} {}{}{tag}",
                 " ".repeat(pad),
                 c.added + c.removed,
                 "+".repeat(scale(c.added)),
@@ -424,5 +422,24 @@ mod tests {
         assert_eq!(lines[0], "app.py   |   2 +-");
         assert_eq!(lines[1], "NOTES.md |   2 ++ (new)");
         assert_eq!(lines[2], "2 files changed, 3 insertions(+), 1 deletion(-)");
+    }
+
+    /// A name with a newline and fake stat text is one quoted line.
+    #[test]
+    fn stat_lines_quote_forged_names() {
+        let lines = stat_lines(&[FileChange {
+            path: "x\n y.txt | 9 +++++++++\x1b[1A".into(),
+            operation: "add",
+            added: 1,
+            removed: 0,
+            binary: false,
+        }]);
+        assert_eq!(
+            lines,
+            [
+                "\"x\\n y.txt | 9 +++++++++\\033[1A\" |   1 + (new)",
+                "1 file changed, 1 insertion(+), 0 deletions(-)"
+            ]
+        );
     }
 }

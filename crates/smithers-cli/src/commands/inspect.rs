@@ -1,5 +1,9 @@
 //! `ls`, `show`, `events`, `metrics`: reading the store.
 //!
+//! Human output is made inert (`crate::output::inert`): every id, status, reason, path and
+//! event field may come from a database under the project, which is untrusted. `--json`
+//! output is exact JSON.
+//!
 //! Metrics are derived from the stored rows and events, not from a process's counters: the
 //! CLI is a new process each time, so its in-memory counters would always read zero. See
 //! [`metrics`] for exactly how each of the seven series is computed.
@@ -16,7 +20,7 @@ use smithers_store::{EventRow, SandboxRow, SandboxStatus};
 
 use super::context::{self, Ctx, StoreArgs};
 use super::review::review_json;
-use crate::output::{coded_error, Coded};
+use crate::output::{coded_error, inert, Coded};
 
 /// Arguments of `ls`.
 #[derive(Debug, Args)]
@@ -155,7 +159,10 @@ pub fn ls(args: &LsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Prints a table whose cells are made inert first (so widths are those shown).
 fn print_table<const N: usize>(rows: &[[String; N]]) {
+    let rows: Vec<[String; N]> = rows.iter().map(|r| r.clone().map(|c| inert(&c))).collect();
+    let rows = rows.as_slice();
     let mut widths = [0usize; N];
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -191,7 +198,8 @@ fn event_json(e: &EventRow) -> Value {
     Value::Object(m)
 }
 
-/// One human line: `#seq  time  Type  sandbox  key=value ...`.
+/// One human line: `#seq  time  Type  sandbox  key=value ...`, every field inert (one line
+/// per event, whatever the payload holds).
 fn event_line(e: &EventRow) -> String {
     let payload: Map<String, Value> = serde_json::from_str(&e.payload_json).unwrap_or_default();
     let secs = e.timestamp_ms.div_euclid(1000);
@@ -214,7 +222,7 @@ fn event_line(e: &EventRow) -> String {
             (_, Value::String(s)) => s.clone(),
             (_, other) => other.to_string(),
         };
-        extra.push(format!("{k}={v}"));
+        extra.push(format!("{}={}", inert(k), inert(&v)));
     }
     format!(
         "#{:<4} {:02}:{:02}:{:02}.{:03}Z  {:<28} {:<16} {}",
@@ -223,11 +231,13 @@ fn event_line(e: &EventRow) -> String {
         (tod / 60) % 60,
         tod % 60,
         ms,
-        e.event_type,
-        payload
-            .get("sandboxId")
-            .and_then(Value::as_str)
-            .unwrap_or("-"),
+        inert(&e.event_type),
+        inert(
+            payload
+                .get("sandboxId")
+                .and_then(Value::as_str)
+                .unwrap_or("-")
+        ),
         extra.join(" ")
     )
 }
@@ -262,8 +272,12 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         println!("{doc}");
         return Ok(ExitCode::SUCCESS);
     }
-    println!("sandbox   {}:{}", row.run_id, row.sandbox_id);
-    println!("runtime   {}", row.runtime);
+    println!(
+        "sandbox   {}:{}",
+        inert(&row.run_id),
+        inert(&row.sandbox_id)
+    );
+    println!("runtime   {}", inert(&row.runtime));
     println!("status    {}", row.status.as_str());
     println!(
         "times     shipped {}, completed {}, last heartbeat {}",
@@ -271,19 +285,20 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         fmt_time(row.completed_at_ms),
         fmt_time(row.heartbeat_at_ms)
     );
-    println!("bundle    {}", bundle_path.as_deref().unwrap_or("-"));
+    println!("bundle    {}", inert(bundle_path.as_deref().unwrap_or("-")));
     if let Some(o) = &outputs {
-        println!("outputs   {o}");
+        // JSON escapes C0 controls but leaves C1 and bidi characters raw.
+        println!("outputs   {}", inert(&o.to_string()));
     }
-    println!("config    {}", row.config_json);
+    println!("config    {}", inert(&row.config_json));
     match &doc["review"] {
         Value::Null => println!("review    none"),
         r => println!(
             "review    {}{} ({} patch file(s), {} changed lines)",
-            r["state"].as_str().unwrap_or("?"),
+            inert(r["state"].as_str().unwrap_or("?")),
             r["reason"]
                 .as_str()
-                .map(|s| format!(": {s}"))
+                .map(|s| format!(": {}", inert(s)))
                 .unwrap_or_default(),
             r["patchCount"],
             r["totalDiffLines"]
@@ -309,9 +324,9 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         counts
             .iter()
             .map(|(k, v)| if *v > 1 {
-                format!("{k}×{v}")
+                format!("{}×{v}", inert(k))
             } else {
-                k.to_string()
+                inert(k)
             })
             .collect::<Vec<_>>()
             .join(", ")
@@ -481,4 +496,32 @@ pub fn derive_metrics(ctx: &Ctx) -> anyhow::Result<Metrics> {
         }
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An event whose payload carries escape sequences and newlines stays one inert line.
+    #[test]
+    fn event_lines_are_inert() {
+        let e = EventRow {
+            run_id: "r".into(),
+            seq: 3,
+            event_type: "SandboxFailed\x1b[2K".into(),
+            timestamp_ms: 0,
+            payload_json: serde_json::json!({
+                "sandboxId": "s\u{202e}1",
+                "error": {"code": "X", "message": "boom\n#4    00:00:00.000Z  SandboxCompleted"},
+                "note": "\x1b]52;c;ZXZpbA==\x07",
+            })
+            .to_string(),
+        };
+        let line = event_line(&e);
+        assert!(!line.contains('\n') && !line.contains('\x1b'), "{line:?}");
+        assert!(line.contains("SandboxFailed^[[2K"), "{line}");
+        assert!(line.contains("s\\u{202e}1"), "{line}");
+        assert!(line.contains("error=X: boom^J#4"), "{line}");
+        assert!(line.contains("note=^[]52;c;ZXZpbA==^G"), "{line}");
+    }
 }

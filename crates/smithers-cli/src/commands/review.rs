@@ -1,7 +1,11 @@
 //! `review`, `accept`, `reject`: the durable review of a sandbox's patches.
 //!
 //! `review` renders the change like `git diff --stat` + `git diff` (smithers-patch's review
-//! renderer, coloured only on a terminal); `accept` applies it through the orchestrator
+//! renderer, coloured only on a terminal), made inert: names quoted as git quotes them,
+//! control characters and escape sequences shown escaped (also in a pipe: the exact bytes are
+//! the bundle's patches, and `--json`'s `diff`), with warning lines naming the files that hold
+//! them and the files the host runs by itself (hooks, editor tasks, CI, `.envrc`; `findings`
+//! under `--json`); `accept` applies it through the orchestrator
 //! (atomic and conflict-checked: on a conflict nothing is applied and every conflicting file
 //! is named); `reject` records the decision with a reason.
 
@@ -14,7 +18,7 @@ use smithers_errors::{CodedError, ErrorCode};
 use smithers_store::{ReviewRow, ReviewState, SandboxRow};
 
 use super::context::{self, Ctx, StoreArgs};
-use crate::output::{coded_error, render_text, Coded, EXIT_REJECTED};
+use crate::output::{coded_error, color_allowed, inert, name, render_text, Coded, EXIT_REJECTED};
 
 /// Arguments of `review`.
 #[derive(Debug, Args)]
@@ -72,8 +76,10 @@ fn review_of(ctx: &Ctx, row: &SandboxRow) -> anyhow::Result<ReviewRow> {
         })
 }
 
-/// The printed commands to decide a pending review.
+/// The printed commands to decide a pending review (the id shell-quoted: it may come from a
+/// database and must paste as one word).
 pub fn decision_hints(id: &str, flags: &str) -> Vec<String> {
+    let id = context::shell_quote(id);
     vec![
         format!("smithers-sandbox review {id}{flags}"),
         format!("smithers-sandbox accept {id}{flags}"),
@@ -88,6 +94,10 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let review = review_of(&ctx, &row)?;
     let patches = context::bundle_patches(std::path::Path::new(&review.bundle_path))?;
     let changes = context::changes(&patches);
+    let findings = smithers_patch::review_findings(
+        &patches,
+        &smithers_patch::host_hooks_dirs(std::path::Path::new(&review.root_dir)),
+    );
     if json_out {
         let diff = smithers_patch::render_patches(&patches);
         println!(
@@ -101,13 +111,12 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 "rootDir": review.root_dir,
                 "patches": changes.iter().map(context::FileChange::to_json).collect::<Vec<_>>(),
                 "diff": diff,
+                "findings": findings,
             })
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let color = !args.no_color
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
-        && std::io::stdout().is_terminal();
+    let color = !args.no_color && color_allowed() && std::io::stdout().is_terminal();
     let (bold, reset) = if color {
         ("\x1b[1m", "\x1b[m")
     } else {
@@ -115,18 +124,22 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     };
     println!(
         "{bold}review of {}:{}{reset} — {}, {} patch file(s), {} changed line(s)",
-        row.run_id,
-        row.sandbox_id,
-        state_text(&review),
+        inert(&row.run_id),
+        inert(&row.sandbox_id),
+        inert(&state_text(&review)),
         review.patch_count,
         review.total_diff_lines
     );
-    println!("root:   {}", review.root_dir);
-    println!("bundle: {}", review.bundle_path);
+    println!("root:   {}", inert(&review.root_dir));
+    println!("bundle: {}", inert(&review.bundle_path));
     println!();
     print!(
         "{}",
-        smithers_patch::render_review(&patches, &smithers_patch::ReviewOptions { color })
+        smithers_patch::render_review_with(
+            &patches,
+            &smithers_patch::ReviewOptions { color },
+            &findings
+        )
     );
     if review.state == ReviewState::Pending {
         let root = std::path::PathBuf::from(&review.root_dir);
@@ -136,7 +149,7 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             .into_iter()
             .skip(1)
         {
-            println!("  {h}");
+            println!("  {}", inert(&h));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -226,12 +239,15 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             } else {
                 println!(
                     "accepted {}:{}: {} patch file(s) applied to {}",
-                    row.run_id, row.sandbox_id, done.applied_patches, review.root_dir
+                    inert(&row.run_id),
+                    inert(&row.sandbox_id),
+                    done.applied_patches,
+                    inert(&review.root_dir)
                 );
                 for line in context::stat_lines(&changes) {
                     println!("  {line}");
                 }
-                println!("status: {}", done.status);
+                println!("status: {}", inert(&done.status));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -256,13 +272,13 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 if conflicts.is_empty() {
                     eprintln!("{}", render_text(&report));
                 } else {
-                    eprintln!("error [{}]: {}", report.code, report.message);
+                    eprintln!("error [{}]: {}", report.code, inert(&report.message));
                     eprintln!(
                         "nothing was applied; {} file(s) changed on the host since the sandbox started:",
                         conflicts.len()
                     );
                     for (path, reason) in &conflicts {
-                        eprintln!("  conflict: {path}: {reason}");
+                        eprintln!("  conflict: {}: {}", name(path), inert(reason));
                     }
                 }
             }
@@ -308,7 +324,11 @@ pub fn reject(args: &RejectArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     } else {
         println!(
             "rejected {}:{} ({}); nothing was applied to {}. The bundle stays at {}",
-            row.run_id, row.sandbox_id, args.reason, review.root_dir, review.bundle_path
+            inert(&row.run_id),
+            inert(&row.sandbox_id),
+            inert(&args.reason),
+            inert(&review.root_dir),
+            inert(&review.bundle_path)
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -4,7 +4,8 @@
 //!
 //! While it runs: a progress display on a terminal (stage, elapsed time, the latest output
 //! line, with the output scrolling above), plain lines otherwise, nothing but the final
-//! document under `--json`. Ctrl-C cancels the step (its whole process tree is killed; the
+//! document under `--json`. The step's output is relayed as [`OUTPUT_HELP`] says: inert on a
+//! terminal, as is to a pipe or file. Ctrl-C cancels the step (its whole process tree is killed; the
 //! sandbox ends `cancelled` with its bundle kept); a second Ctrl-C exits at once.
 
 use std::io::{IsTerminal, Write};
@@ -27,7 +28,18 @@ use smithers_runtime_native::{
 
 use super::context::{self, StoreArgs};
 use super::review::decision_hints;
-use crate::output::{coded_error, render_text, Coded, EXIT_REJECTED};
+use crate::output::{coded_error, color_allowed, inert, render_text, Coded, EXIT_REJECTED};
+
+/// How `run` relays the step's output (shown in `run --help`).
+pub const OUTPUT_HELP: &str = "\
+The step's output:
+  Each line the step writes is relayed as it comes: its stdout to our stdout, its stderr to
+  our stderr. To a terminal, control characters and escape sequences (ESC, CR, backspace, OSC,
+  C1 controls, bidi overrides) are shown as visible text (^[, ^M, \\u{9b}, ...), so a step
+  cannot redraw, retitle or write to your terminal or clipboard. To a pipe or a file, the
+  lines are written as the step wrote them (as UTF-8 text, an invalid byte replaced by U+FFFD;
+  the bundle's log keeps them too). While the progress line is shown (stderr is a terminal),
+  the step's stdout shares the terminal unless our stdout is redirected.";
 
 /// Which runtime runs the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -260,16 +272,66 @@ struct DisplayState {
 /// The live view of one step.
 struct Display {
     mode: Mode,
+    /// Where each relayed line goes and how it is written.
+    relay: Relay,
     started: Instant,
     state: Mutex<DisplayState>,
+}
+
+/// How one relayed line is written: to which of our streams, raw or inert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LineOut {
+    /// Written as the step wrote it (a pipe or a file: the user wants the bytes).
+    Raw,
+    /// Made inert (a terminal), escapes marked in reverse video when `marked`.
+    Inert { marked: bool },
+}
+
+/// Which of our streams are terminals, decided once at start.
+#[derive(Debug, Clone, Copy)]
+struct Relay {
+    stdout_tty: bool,
+    stderr_tty: bool,
+    marked: bool,
+}
+
+impl Relay {
+    fn detect() -> Relay {
+        Relay {
+            stdout_tty: std::io::stdout().is_terminal(),
+            stderr_tty: std::io::stderr().is_terminal(),
+            marked: color_allowed(),
+        }
+    }
+
+    fn for_tty(&self, tty: bool) -> LineOut {
+        if tty {
+            LineOut::Inert {
+                marked: self.marked,
+            }
+        } else {
+            LineOut::Raw
+        }
+    }
+}
+
+/// The text written for one relayed line.
+fn relayed(line: &str, how: LineOut) -> String {
+    match how {
+        LineOut::Raw => line.to_string(),
+        LineOut::Inert { marked } => {
+            smithers_terminal::escape(line, smithers_terminal::Inert::BODY.marked(marked))
+        }
+    }
 }
 
 const SPINNER: &[char] = &['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
 
 impl Display {
-    fn new(mode: Mode) -> Self {
+    fn new(mode: Mode, relay: Relay) -> Self {
         Display {
             mode,
+            relay,
             started: Instant::now(),
             state: Mutex::new(DisplayState {
                 stage: "initializing".into(),
@@ -301,9 +363,9 @@ impl Display {
         }
         let tick = (self.started.elapsed().as_millis() / 100) as usize % SPINNER.len();
         let stage = if st.cancelling {
-            "cancelling (Ctrl-C again to exit now)"
+            "cancelling (Ctrl-C again to exit now)".to_string()
         } else {
-            st.stage.as_str()
+            inert(&st.stage)
         };
         let mut line = format!(
             "{} {stage} · {:.1}s",
@@ -343,7 +405,7 @@ impl Display {
         st.stage = hb.stage.to_string();
         match self.mode {
             Mode::Quiet => {}
-            Mode::Plain => eprintln!("[{:>7.2}s] {}", self.elapsed(), hb.stage),
+            Mode::Plain => eprintln!("[{:>7.2}s] {}", self.elapsed(), inert(hb.stage)),
             Mode::Tty => {
                 let mut err = std::io::stderr().lock();
                 self.draw(&mut st, &mut err);
@@ -351,22 +413,36 @@ impl Display {
         }
     }
 
+    /// Relays one line of the step's output (see [`OUTPUT_HELP`]).
     fn output(&self, line: &str, is_err: bool) {
         let mut st = self.lock();
         match self.mode {
             Mode::Quiet => {}
             Mode::Plain => {
                 if is_err {
-                    eprintln!("{line}");
+                    eprintln!(
+                        "{}",
+                        relayed(line, self.relay.for_tty(self.relay.stderr_tty))
+                    );
                 } else {
-                    println!("{line}");
+                    println!(
+                        "{}",
+                        relayed(line, self.relay.for_tty(self.relay.stdout_tty))
+                    );
                 }
             }
             Mode::Tty => {
-                st.last_line = line.trim().to_string();
+                // The status line shows it too: one line, nothing kept, no marks (it is dim).
+                st.last_line = inert(line.trim());
                 let mut err = std::io::stderr().lock();
+                if !is_err && !self.relay.stdout_tty {
+                    // Our stdout is redirected: it gets the step's stdout as written.
+                    println!("{line}");
+                    self.draw(&mut st, &mut err);
+                    return;
+                }
                 Self::clear(&mut st, &mut err);
-                let _ = writeln!(err, "{line}");
+                let _ = writeln!(err, "{}", relayed(line, self.relay.for_tty(true)));
                 self.draw(&mut st, &mut err);
             }
         }
@@ -453,12 +529,14 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     } else {
         Mode::Plain
     };
-    let display = Arc::new(Display::new(mode));
+    let display = Arc::new(Display::new(mode, Relay::detect()));
     if mode != Mode::Quiet {
         eprintln!(
-            "sandbox {run_id}:{sandbox_id} ({}) over {}",
+            "sandbox {}:{} ({}) over {}",
+            inert(&run_id),
+            inert(&sandbox_id),
             args.runtime.kind(),
-            root.display()
+            inert(&root.display().to_string())
         );
     }
     let cancel = CancellationToken::new();
@@ -534,7 +612,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 eprintln!("{}", render_text(&report));
                 println!("status   failed");
                 if let Some(b) = bundle_path {
-                    println!("bundle   {b}");
+                    println!("bundle   {}", inert(&b));
                 }
             }
             return Ok(ExitCode::from(EXIT_REJECTED));
@@ -550,7 +628,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             } else {
                 println!("status   cancelled (nothing was applied)");
                 if let Some(b) = bundle_path {
-                    println!("bundle   {}", b.display());
+                    println!("bundle   {}", inert(&b.display().to_string()));
                 }
             }
             ExitCode::from(130)
@@ -587,7 +665,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     println!(
                         "applied  {} patch file(s) to {}",
                         done.applied_patches,
-                        root.display()
+                        inert(&root.display().to_string())
                     );
                 }
             }
@@ -625,8 +703,14 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     "review   pending: {} patch file(s), {} changed line(s), NOT applied yet",
                     pending.patch_count, pending.total_diff_lines
                 );
+                // The review's warnings, so that nobody accepts from this summary unwarned.
+                let findings = smithers_patch::review_findings(
+                    &patches,
+                    &smithers_patch::host_hooks_dirs(&root),
+                );
+                print!("{}", smithers_patch::render_findings(&findings, false));
                 for h in &hints {
-                    println!("  {h}");
+                    println!("  {}", inert(h));
                 }
             }
             status_exit(&pending.status, termination.as_deref(), exit_code)
@@ -645,15 +729,16 @@ fn print_summary(
 ) {
     let how = match (termination, exit_code) {
         (Some("exited"), Some(c)) => format!(" (exit {c})"),
-        (Some(t), _) => format!(" ({t})"),
+        (Some(t), _) => format!(" ({})", inert(t)),
         _ => String::new(),
     };
-    println!("status   {status}{how}");
+    println!("status   {}{how}", inert(status));
     match outputs {
-        Some(o) => println!("outputs  {o}"),
+        // The step's outputs as JSON, which leaves C1 and bidi characters raw: inert.
+        Some(o) => println!("outputs  {}", inert(&o.to_string())),
         None => println!("outputs  -"),
     }
-    println!("bundle   {}", bundle_path.display());
+    println!("bundle   {}", inert(&bundle_path.display().to_string()));
     if changes.is_empty() {
         println!("patches  none");
     } else {
@@ -702,6 +787,32 @@ mod tests {
         let b = new_id("sbx");
         assert!(a.starts_with("sbx-"));
         assert_ne!(a, b);
+    }
+
+    /// On a terminal a relayed line is inert; to a pipe it is the step's line as written.
+    #[test]
+    fn relayed_lines_are_inert_on_a_terminal_only() {
+        let line = "progress\x1b[2K\r\x1b]52;c;ZXZpbA==\x07\tdone \u{9b}1m";
+        assert_eq!(relayed(line, LineOut::Raw), line);
+        assert_eq!(
+            relayed(line, LineOut::Inert { marked: false }),
+            "progress^[[2K^M^[]52;c;ZXZpbA==^G\tdone \\u{9b}1m"
+        );
+        let marked = relayed(line, LineOut::Inert { marked: true });
+        let stripped = marked
+            .replace(smithers_terminal::MARK_ON, "")
+            .replace(smithers_terminal::MARK_OFF, "");
+        assert!(!stripped.contains('\x1b'), "{marked:?}");
+        let relay = Relay {
+            stdout_tty: false,
+            stderr_tty: true,
+            marked: true,
+        };
+        assert_eq!(relay.for_tty(relay.stdout_tty), LineOut::Raw);
+        assert_eq!(
+            relay.for_tty(relay.stderr_tty),
+            LineOut::Inert { marked: true }
+        );
     }
 
     #[test]

@@ -48,9 +48,10 @@ pub fn inert(s: &str) -> String {
     smithers_terminal::line(s)
 }
 
-/// A file name as git shows it (`smithers_terminal::quote_path`).
+/// A file name as git shows it (`smithers_patch::shown_path`: quoted from its bytes, a
+/// non-UTF-8 name's quoted path string not quoted twice).
 pub fn name(path: &str) -> String {
-    smithers_terminal::quote_path(path)
+    smithers_patch::shown_path(path)
 }
 
 /// Whether colour and reverse-video marks may be used on a terminal (NO_COLOR unset or empty).

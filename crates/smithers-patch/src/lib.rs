@@ -101,6 +101,6 @@ pub use patch::{
 };
 pub use review::{
     diff_stats, hooks_paths_in_config, host_hooks_dirs, render_findings, render_review,
-    render_review_with, review_findings, total_diff_lines, tree_relative_hooks_dir, FileStat,
-    ReviewFindings, ReviewOptions, RiskyPath,
+    render_review_with, review_findings, shown_path, total_diff_lines, tree_relative_hooks_dir,
+    FileStat, ReviewFindings, ReviewOptions, RiskyPath,
 };

@@ -104,14 +104,36 @@ pub struct ReviewFindings {
     pub control_characters: Vec<String>,
     /// Changed files the host runs by itself later (hooks, editor tasks, CI, `.envrc`).
     pub runs_on_host: Vec<RiskyPath>,
+    /// Paths the host changed while the step ran, which the step changed too (the bundle's
+    /// `changeNotes.hostChanged`): their diff is against the host's newer version, and accept
+    /// refuses them as conflicts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_changed: Vec<String>,
+    /// Changes of the step that no patch carries, with why (`changeNotes.leftOut`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<RiskyPath>,
+    /// Left-out entries beyond those listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub left_out_unlisted: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ReviewFindings {
     /// Nothing to warn about.
     pub fn is_empty(&self) -> bool {
-        self.control_characters.is_empty() && self.runs_on_host.is_empty()
+        self.control_characters.is_empty()
+            && self.runs_on_host.is_empty()
+            && self.host_changed.is_empty()
+            && self.left_out.is_empty()
+            && self.left_out_unlisted == 0
     }
 }
+
+/// Left-out entries shown in a human review; the rest are counted (all are in `--json`).
+const LEFT_OUT_SHOWN: usize = 20;
 
 /// Where a [`RiskRule`] matches.
 #[derive(Debug, Clone, Copy)]
@@ -490,15 +512,24 @@ pub fn render_findings(findings: &ReviewFindings, color: bool) -> String {
     text
 }
 
+/// A change's path string as git shows it: quoted (core.quotePath) from its bytes, so a
+/// name that is not UTF-8, held in its quoted form ([`crate::path_to_bytes`]), is not
+/// quoted twice.
+pub fn shown_path(path: &str) -> String {
+    match crate::model::path_to_bytes(path) {
+        Some(bytes) => smithers_terminal::quote_path_bytes(&bytes),
+        None => smithers_terminal::quote_path(path),
+    }
+}
+
 /// The warning lines shown above the review (none when there is nothing to say).
 fn render_warnings(findings: &ReviewFindings, c: &dyn Fn(&'static str) -> &'static str) -> String {
-    use smithers_terminal::quote_path;
     let mut out = String::new();
     if !findings.control_characters.is_empty() {
         let names: Vec<String> = findings
             .control_characters
             .iter()
-            .map(|p| quote_path(p))
+            .map(|p| shown_path(p))
             .collect();
         out.push_str(&format!(
             "{}warning: control characters in this change, shown escaped (^X, \\u{{..}}, \\xNN), never sent to the terminal:{} {}\n",
@@ -512,8 +543,35 @@ fn render_warnings(findings: &ReviewFindings, c: &dyn Fn(&'static str) -> &'stat
             "{}warning: runs on the host:{} {} ({})\n",
             c(WARN),
             c(RESET),
-            quote_path(&r.path),
+            shown_path(&r.path),
             smithers_terminal::line(&r.reason)
+        ));
+    }
+    if !findings.host_changed.is_empty() {
+        let names: Vec<String> = findings
+            .host_changed
+            .iter()
+            .map(|p| shown_path(p))
+            .collect();
+        out.push_str(&format!(
+            "{}warning: changed on the host meanwhile:{} {} (the host edited these while the step ran; their diff below is against the host's newer version, so accept refuses them as conflicts)\n",
+            c(WARN),
+            c(RESET),
+            names.join(", ")
+        ));
+    }
+    for l in findings.left_out.iter().take(LEFT_OUT_SHOWN) {
+        out.push_str(&format!(
+            "note: left out of the patches: {} ({})\n",
+            shown_path(&l.path),
+            smithers_terminal::line(&l.reason)
+        ));
+    }
+    let more =
+        findings.left_out.len().saturating_sub(LEFT_OUT_SHOWN) as u64 + findings.left_out_unlisted;
+    if more > 0 {
+        out.push_str(&format!(
+            "note: and {more} more left out (all of them: --json, and the bundle's log)\n"
         ));
     }
     if !out.is_empty() {
@@ -524,10 +582,7 @@ fn render_warnings(findings: &ReviewFindings, c: &dyn Fn(&'static str) -> &'stat
 
 /// The stat block and the summary line; names quoted as git quotes them.
 fn render_stats(stats: &[FileStat], c: &dyn Fn(&'static str) -> &'static str) -> String {
-    let names: Vec<String> = stats
-        .iter()
-        .map(|s| smithers_terminal::quote_path(&s.path))
-        .collect();
+    let names: Vec<String> = stats.iter().map(|s| shown_path(&s.path)).collect();
     let name_w = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
     let max_change = stats.iter().map(|s| s.added + s.removed).max().unwrap_or(0);
     let num_w = max_change.to_string().len();

@@ -290,6 +290,35 @@ pub fn bundle_patches(bundle_path: &Path) -> anyhow::Result<Vec<smithers_patch::
     Ok(out)
 }
 
+/// Adds the bundle's `changeNotes` (host-changed bases, left-out changes) to the review's
+/// findings. A bundle that no longer validates adds nothing here: reading its patches has
+/// already said why.
+pub fn add_change_notes(findings: &mut smithers_patch::ReviewFindings, bundle_path: &Path) {
+    let Ok(bundle) = BundleValidator.inspect(bundle_path) else {
+        return;
+    };
+    let notes = bundle.change_notes;
+    findings.host_changed = notes.host_changed;
+    findings.left_out = notes
+        .left_out
+        .into_iter()
+        .map(|l| smithers_patch::RiskyPath {
+            path: l.path,
+            reason: l.reason,
+        })
+        .collect();
+    findings.left_out_unlisted = notes.left_out_unlisted;
+}
+
+/// The bundle's `changeNotes` as JSON (`{}` when the bundle has none or cannot be read), for
+/// `run --json` and `show --json`: what the bundle left out, and why, is never only in a log.
+pub fn change_notes_json(bundle_path: Option<&Path>) -> Value {
+    bundle_path
+        .and_then(|p| BundleValidator.inspect(p).ok())
+        .and_then(|b| serde_json::to_value(b.change_notes).ok())
+        .unwrap_or_else(|| json!({}))
+}
+
 /// Per-file +/- statistics of parsed patches.
 pub fn changes(patches: &[smithers_patch::FilePatch]) -> Vec<FileChange> {
     let stats = smithers_patch::diff_stats(patches);

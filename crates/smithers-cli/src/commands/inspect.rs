@@ -9,6 +9,7 @@
 //! [`metrics`] for exactly how each of the seven series is computed.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -269,6 +270,7 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         doc["outputs"] = outputs.unwrap_or(Value::Null);
         doc["patches"] = Value::Array(changes.iter().map(context::FileChange::to_json).collect());
         doc["events"] = Value::Array(events.iter().map(event_json).collect());
+        doc["changeNotes"] = context::change_notes_json(bundle_path.as_deref().map(Path::new));
         println!("{doc}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -304,6 +306,11 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             r["totalDiffLines"]
         ),
     }
+    let mut findings = smithers_patch::ReviewFindings::default();
+    if let Some(b) = bundle_path.as_deref() {
+        context::add_change_notes(&mut findings, Path::new(b));
+    }
+    print!("{}", smithers_patch::render_findings(&findings, false));
     if !changes.is_empty() {
         println!("patches");
         for line in context::stat_lines(&changes) {

@@ -94,10 +94,11 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let review = review_of(&ctx, &row)?;
     let patches = context::bundle_patches(std::path::Path::new(&review.bundle_path))?;
     let changes = context::changes(&patches);
-    let findings = smithers_patch::review_findings(
+    let mut findings = smithers_patch::review_findings(
         &patches,
         &smithers_patch::host_hooks_dirs(std::path::Path::new(&review.root_dir)),
     );
+    context::add_change_notes(&mut findings, std::path::Path::new(&review.bundle_path));
     if json_out {
         let diff = smithers_patch::render_patches(&patches);
         println!(
@@ -157,7 +158,10 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
 
 fn state_text(review: &ReviewRow) -> String {
     match review.state {
-        ReviewState::Pending => "pending (nothing applied yet)".into(),
+        ReviewState::Pending => match &review.apply_error {
+            Some(e) => format!("pending: the last accept applied nothing: {e}"),
+            None => "pending (nothing applied yet)".into(),
+        },
         ReviewState::Accepted => match &review.apply_error {
             Some(e) => format!("accepted, but applying failed: {e}"),
             None => "accepted (applying)".into(),

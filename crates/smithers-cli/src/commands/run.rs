@@ -651,6 +651,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     .collect::<Vec<_>>());
                 doc["appliedPatches"] = json!(done.applied_patches);
                 doc["review"] = review_state;
+                doc["changeNotes"] = context::change_notes_json(Some(&done.bundle_path));
                 println!("{doc}");
             } else {
                 print_summary(
@@ -678,6 +679,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 doc["status"] = json!("review");
                 doc["stepStatus"] = json!(pending.status);
                 doc["bundlePath"] = json!(pending.bundle_path);
+                doc["changeNotes"] = context::change_notes_json(Some(&pending.bundle_path));
                 doc["outputs"] = pending.outputs.clone().unwrap_or(Value::Null);
                 doc["patches"] = json!(changes
                     .iter()
@@ -704,10 +706,11 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     pending.patch_count, pending.total_diff_lines
                 );
                 // The review's warnings, so that nobody accepts from this summary unwarned.
-                let findings = smithers_patch::review_findings(
+                let mut findings = smithers_patch::review_findings(
                     &patches,
                     &smithers_patch::host_hooks_dirs(&root),
                 );
+                context::add_change_notes(&mut findings, &pending.bundle_path);
                 print!("{}", smithers_patch::render_findings(&findings, false));
                 for h in &hints {
                     println!("  {}", inert(h));

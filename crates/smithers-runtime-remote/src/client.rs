@@ -278,7 +278,8 @@ impl RemoteRuntime {
             let last = attempt >= policy.max_attempts.max(1);
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, io::Error>>(8);
             let root = b.root_dir.clone();
-            let mut skip_top = vec![".smithers".to_string()];
+            // `.smithers` (a runtime's state, at any depth) is left out by pack_compressed.
+            let mut skip_top = Vec::new();
             if !self.options.include_git {
                 skip_top.push(".git".to_string());
             }
@@ -350,7 +351,11 @@ fn pack_compressed(
         .map_err(|e| io_err("start compressor", e))?;
     let options = PackOptions {
         skip_top,
+        // The host refuses `.smithers` at any depth (it is state, and a planted database
+        // there would be trusted by whatever recovers it).
+        skip_anywhere: vec![".smithers".to_string()],
         refuse_symlinks: false,
+        max_total_bytes: None,
     };
     let (encoder, _stats) = archive::pack(root, encoder, &options)?;
     let mut writer = encoder

@@ -81,7 +81,11 @@ impl Fixture {
     }
 
     fn status(&self, sandbox: &str) -> SandboxStatus {
-        self.store.get_sandbox(RUN, sandbox).unwrap().unwrap().status
+        self.store
+            .get_sandbox(RUN, sandbox)
+            .unwrap()
+            .unwrap()
+            .status
     }
 }
 
@@ -114,7 +118,11 @@ async fn a_handle_pointing_outside_the_project_is_not_cleaned_up() {
     assert!(recovered[0].marked_failed, "the slot is still freed");
     let why = recovered[0].cleanup_error.as_deref().unwrap();
     assert!(why.contains("not acted on"), "{why}");
-    assert_eq!(f.runtime.cleanup_count(), 0, "the runtime never saw the handle");
+    assert_eq!(
+        f.runtime.cleanup_count(),
+        0,
+        "the runtime never saw the handle"
+    );
     assert_eq!(f.status("sb"), SandboxStatus::Failed);
     f.victim_intact();
 }

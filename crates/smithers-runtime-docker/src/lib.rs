@@ -378,12 +378,22 @@ async fn check_labels(
     let container = match docker.inspect_container(&state.container_name, None).await {
         Ok(c) => Some(c.config.and_then(|c| c.labels).unwrap_or_default()),
         Err(e) if is_not_found(&e) => None,
-        Err(e) => return Err(spawn_err(format!("inspect container {}", state.container_name), &e)),
+        Err(e) => {
+            return Err(spawn_err(
+                format!("inspect container {}", state.container_name),
+                &e,
+            ))
+        }
     };
     let volume = match docker.inspect_volume(&state.volume_name).await {
         Ok(v) => Some(v.labels),
         Err(e) if is_not_found(&e) => None,
-        Err(e) => return Err(spawn_err(format!("inspect volume {}", state.volume_name), &e)),
+        Err(e) => {
+            return Err(spawn_err(
+                format!("inspect volume {}", state.volume_name),
+                &e,
+            ))
+        }
     };
     for (kind, labels) in [("container", container), ("volume", volume)] {
         let Some(labels) = labels else { continue };
@@ -412,7 +422,10 @@ fn labels_name_sandbox(
     ];
     for (key, value) in wanted {
         if labels.get(key).map(String::as_str) != Some(value) {
-            return Err(format!("label {key} is {:?}, not {value:?}", labels.get(key)));
+            return Err(format!(
+                "label {key} is {:?}, not {value:?}",
+                labels.get(key)
+            ));
         }
     }
     let me = hostfs::self_identity();

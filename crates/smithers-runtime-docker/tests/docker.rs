@@ -816,7 +816,9 @@ async fn remove_objects(d: &Docker, name: &str) {
             }),
         )
         .await;
-    let _ = d.remove_volume(name, None::<bollard::query_parameters::RemoveVolumeOptions>).await;
+    let _ = d
+        .remove_volume(name, None::<bollard::query_parameters::RemoveVolumeOptions>)
+        .await;
 }
 
 /// A crafted handle whose layout is exactly the derived one, naming a container and volume
@@ -836,7 +838,11 @@ async fn a_crafted_handle_does_not_remove_an_unlabelled_container() {
     let found = objects_exist(&d, &name).await;
     remove_objects(&d, &name).await;
     assert!(err.to_string().contains("not this sandbox's"), "{err}");
-    assert_eq!(found, (true, true), "an unlabelled container or volume was removed");
+    assert_eq!(
+        found,
+        (true, true),
+        "an unlabelled container or volume was removed"
+    );
 }
 
 /// A crafted handle naming some other container outright (not the derived name) is refused
@@ -856,5 +862,9 @@ async fn a_crafted_handle_naming_another_container_is_refused() {
     let found = objects_exist(&d, &name).await;
     remove_objects(&d, &name).await;
     assert!(err.to_string().contains("not the one derived"), "{err}");
-    assert_eq!(found, (true, true), "a bystander container or volume was removed");
+    assert_eq!(
+        found,
+        (true, true),
+        "a bystander container or volume was removed"
+    );
 }

@@ -112,7 +112,11 @@ pub(crate) fn confine(
     if stored.layer_dir.as_ref().is_some_and(|l| *l != layer_dir) {
         return Err(refuse(format!(
             "layer directory {} is not {}",
-            stored.layer_dir.as_deref().unwrap_or(Path::new("")).display(),
+            stored
+                .layer_dir
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display(),
             layer_dir.display()
         )));
     }
@@ -131,7 +135,9 @@ pub(crate) fn confine(
     let request_dir = confined_request_dir(handle, &handle_root, record.as_ref(), &mut left_alone);
     let backend = Backend {
         state_dir,
-        root_dir: record.as_ref().map_or(stored.root_dir.clone(), |r| r.root_dir.clone()),
+        root_dir: record
+            .as_ref()
+            .map_or(stored.root_dir.clone(), |r| r.root_dir.clone()),
         cgroups,
         layer_dir: stored.layer_dir.as_ref().map(|_| layer_dir),
         ..stored.clone()

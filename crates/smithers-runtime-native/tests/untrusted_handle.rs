@@ -115,11 +115,17 @@ async fn a_request_dir_through_a_linked_smithers_dir_is_not_removed() {
     let err = f.rt.cleanup(&handle).await.expect_err("reported");
     assert!(err.to_string().contains("left alone"), "{err}");
     assert!(f.path("victim/sandboxes/r1/s1/request/x").exists());
-    assert!(!f.state_dir().exists(), "the derived state directory still goes");
+    assert!(
+        !f.state_dir().exists(),
+        "the derived state directory still goes"
+    );
 }
 
 fn sleeper() -> Child {
-    Command::new("sleep").arg("60").spawn().expect("spawn sleep")
+    Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("spawn sleep")
 }
 
 fn alive(child: &mut Child) -> bool {
@@ -151,12 +157,19 @@ async fn a_foreign_cgroup_in_the_handle_is_not_touched() {
     let mut bystander = sleeper();
     let foreign = f.path("victim/cg");
     std::fs::create_dir(&foreign).unwrap();
-    std::fs::write(foreign.join("cgroup.procs"), format!("{}\n", bystander.id())).unwrap();
+    std::fs::write(
+        foreign.join("cgroup.procs"),
+        format!("{}\n", bystander.id()),
+    )
+    .unwrap();
     let cgroups = json!([{"path": foreign, "v2": false, "controllers": ["pids"]}]);
     let handle = f.handle(f.backend(&f.state_dir(), cgroups));
     let err = f.rt.cleanup(&handle).await.expect_err("reported");
     assert!(err.to_string().contains("left alone"), "{err}");
-    assert!(alive(&mut bystander), "a process outside our cgroups was killed");
+    assert!(
+        alive(&mut bystander),
+        "a process outside our cgroups was killed"
+    );
     assert!(foreign.join("cgroup.procs").exists());
     bystander.kill().unwrap();
     bystander.wait().unwrap();

@@ -461,7 +461,11 @@ pub fn unpack(
 fn reject_reserved(path: &Path, shown: &str, limits: &UnpackLimits) -> Result<(), ArchiveError> {
     for component in path.components() {
         if let Component::Normal(c) = component {
-            if let Some(r) = limits.reserved_names.iter().find(|r| OsStr::new(r.as_str()) == c) {
+            if let Some(r) = limits
+                .reserved_names
+                .iter()
+                .find(|r| OsStr::new(r.as_str()) == c)
+            {
                 return Err(ArchiveError::Reserved {
                     path: shown.to_string(),
                     reserved: r.clone(),
@@ -664,9 +668,7 @@ fn pack_entry<W: Write>(
     let meta = beneath
         .metadata(rel)
         .map_err(|e| path_error(e, &abs))?
-        .ok_or_else(|| {
-            ArchiveError::io("stat", &abs, io::Error::from(io::ErrorKind::NotFound))
-        })?;
+        .ok_or_else(|| ArchiveError::io("stat", &abs, io::Error::from(io::ErrorKind::NotFound)))?;
     let mut header = tar::Header::new_gnu();
     header.set_mode(meta.mode & 0o777);
     let mut is_dir = false;
@@ -938,17 +940,25 @@ mod tests {
     /// into one are refused like the top-level one.
     #[test]
     fn reserved_names_are_refused_at_any_depth_and_in_link_targets() {
-        for p in ["sub/.smithers/sandbox.db", "a/b/.smithers", "./x/.smithers/y"] {
+        for p in [
+            "sub/.smithers/sandbox.db",
+            "a/b/.smithers",
+            "./x/.smithers/y",
+        ] {
             let t = tar_with(|b| file(b, p, b"x"));
             let (d, r) = unpack_bytes(&t, &ws_limits());
-            assert!(matches!(r, Err(ArchiveError::Reserved { .. })), "{p}: {r:?}");
+            assert!(
+                matches!(r, Err(ArchiveError::Reserved { .. })),
+                "{p}: {r:?}"
+            );
             assert!(!d.path().join("sub/.smithers").exists());
         }
         let t = tar_with(|b| {
             let mut h = tar::Header::new_gnu();
             h.set_entry_type(tar::EntryType::Symlink);
             h.set_size(0);
-            b.append_link(&mut h, "state", ".smithers/sandboxes").unwrap();
+            b.append_link(&mut h, "state", ".smithers/sandboxes")
+                .unwrap();
         });
         assert!(matches!(
             unpack_bytes(&t, &ws_limits()).1,
@@ -1094,5 +1104,4 @@ mod tests {
         );
         assert!(matches!(capped, Err(ArchiveError::TooLarge { .. })));
     }
-
 }

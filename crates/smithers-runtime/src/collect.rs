@@ -94,9 +94,7 @@ pub fn base_ref(root: &Path) -> String {
         return String::new();
     };
     match head.strip_prefix("ref: ") {
-        Some(r)
-            if r.starts_with("refs/") && crate::git_ref::ref_name_problem(r).is_none() =>
-        {
+        Some(r) if r.starts_with("refs/") && crate::git_ref::ref_name_problem(r).is_none() => {
             read(&format!(".git/{r}"))
                 .filter(|id| is_object_id(id))
                 .unwrap_or_else(|| r.to_string())
@@ -433,14 +431,22 @@ mod tests {
         assert_eq!(base_ref(dir.path()), "", "an absolute ref is not read");
         std::fs::write(git.join("HEAD"), "ref: refs/heads/main\n").unwrap();
         std::os::unix::fs::symlink(&secret, git.join("refs/heads/main")).unwrap();
-        assert_eq!(base_ref(dir.path()), "refs/heads/main", "a linked ref is not read");
+        assert_eq!(
+            base_ref(dir.path()),
+            "refs/heads/main",
+            "a linked ref is not read"
+        );
         std::fs::remove_file(git.join("HEAD")).unwrap();
         std::os::unix::fs::symlink(&secret, git.join("HEAD")).unwrap();
         assert_eq!(base_ref(dir.path()), "", "a linked HEAD is not read");
         std::fs::remove_file(git.join("HEAD")).unwrap();
         std::fs::write(git.join("HEAD"), "ref: refs/heads/zero\n").unwrap();
         std::os::unix::fs::symlink("/dev/zero", git.join("refs/heads/zero")).unwrap();
-        assert_eq!(base_ref(dir.path()), "refs/heads/zero", "a device is never read");
+        assert_eq!(
+            base_ref(dir.path()),
+            "refs/heads/zero",
+            "a device is never read"
+        );
     }
 
     #[test]

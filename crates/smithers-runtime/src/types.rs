@@ -60,8 +60,7 @@ impl SandboxHandle {
             .filter(|r| r.is_absolute())
             .ok_or_else(|| refuse("sandboxRoot"))?
             .to_path_buf();
-        if self.sandbox_root != Self::derived_sandbox_root(&root, &self.run_id, &self.sandbox_id)
-        {
+        if self.sandbox_root != Self::derived_sandbox_root(&root, &self.run_id, &self.sandbox_id) {
             return Err(refuse("sandboxRoot"));
         }
         if self.request_path != self.sandbox_root.join("request") {
@@ -377,7 +376,10 @@ mod handle_tests {
         std::fs::create_dir_all(elsewhere.join("sandboxes/r1/s1/request")).unwrap();
         std::fs::create_dir_all(&proj).unwrap();
         let h = handle(proj.to_str().unwrap(), "r1", "s1");
-        assert!(h.check_project_dirs_real(&proj).is_ok(), "nothing there yet");
+        assert!(
+            h.check_project_dirs_real(&proj).is_ok(),
+            "nothing there yet"
+        );
         std::os::unix::fs::symlink(&elsewhere, proj.join(".smithers")).unwrap();
         assert!(h.check_project_dirs_real(&proj).is_err());
         std::fs::remove_file(proj.join(".smithers")).unwrap();

@@ -927,7 +927,10 @@ fn confined_bundle_path(e: &Entry, path: &std::path::Path) -> Result<(), ApiErro
             e.handle.result_path.display()
         )));
     }
-    let root = e.handle.project_root().map_err(|err| refuse(err.to_string()))?;
+    let root = e
+        .handle
+        .project_root()
+        .map_err(|err| refuse(err.to_string()))?;
     if root != e.workspace {
         return Err(refuse(format!(
             "the handle's project {} is not the sandbox's workspace",

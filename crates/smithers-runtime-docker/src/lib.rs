@@ -44,7 +44,10 @@
 //!
 //! Containers and volumes carry the labels `smithers.managed=true`, `smithers.run_id`,
 //! `smithers.sandbox_id`, the owner's pid and start time and the state directory;
-//! [`DockerRuntime::cleanup_orphans`] removes those whose owner process is gone.
+//! [`DockerRuntime::cleanup_orphans`] removes those whose owner process is gone. `cleanup`
+//! from a handle (which may come back from a crafted database in the project tree) removes
+//! only objects named as `create` derives them from the ids and project root and labelled for
+//! exactly that sandbox, after inspecting them.
 
 #![forbid(unsafe_code)]
 

@@ -34,6 +34,11 @@
 //! `.upper`. The handle's
 //! `sandbox_root` is the spec's `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/` with
 //! `request/` and the bundle in `result/`.
+//!
+//! Cleanup from a stored handle (see `owned.rs`) trusts none of its paths: the state and
+//! layer directories are recomputed from the ids, the cgroups killed and removed are those
+//! recorded in the state directory's `cleanup.json`, and a sandbox whose recorded owner is
+//! another live process is left alone.
 
 pub mod cgroup;
 mod collect;

@@ -37,7 +37,7 @@ mod error;
 mod metrics;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -285,6 +285,9 @@ pub struct RecoveredSandbox {
     pub cleaned_up: bool,
     /// Why cleanup did not happen or failed (leftovers may remain).
     pub cleanup_error: Option<String>,
+    /// Whether the row was marked `failed` (orphaned). False when the database is not ours
+    /// to act on (owned by another user): then recovery only reports.
+    pub marked_failed: bool,
 }
 
 /// The sandbox lifecycle engine. Cheap to share (`Arc`).
@@ -1359,32 +1362,39 @@ impl Orchestrator {
     /// stored handle, is marked `failed` with reason `orphaned` (SandboxFailed), and so frees
     /// its gate slot. Reviews are never touched. Safe to run from several processes at once:
     /// one of them wins each sandbox.
+    ///
+    /// The database lives in the project tree, so it is not trusted to name host objects: a
+    /// database file owned by another user is only reported on (nothing cleaned up, no row
+    /// changed); a lease from another boot is marked failed but its handle is not acted on
+    /// (its processes died with that boot, and what it names may not be ours); a handle whose
+    /// ids or directories are not the ones derived for its row is refused. The runtimes check
+    /// the rest (see their `cleanup`).
     pub async fn recover(&self) -> Result<Vec<RecoveredSandbox>, OrchestratorError> {
+        let orphans = self.store.orphaned_sandboxes()?;
+        if orphans.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(why) = self.store.foreign_owner() {
+            warn!(reason = %why, "database not ours: orphaned sandboxes only reported");
+            return Ok(orphans
+                .into_iter()
+                .map(|o| RecoveredSandbox {
+                    run_id: o.sandbox.run_id,
+                    sandbox_id: o.sandbox.sandbox_id,
+                    runtime: o.sandbox.runtime,
+                    cleaned_up: false,
+                    cleanup_error: Some(format!("not acted on: {why}")),
+                    marked_failed: false,
+                })
+                .collect());
+        }
         let mut out = Vec::new();
-        for orphan in self.store.orphaned_sandboxes()? {
+        for orphan in orphans {
             let run_id = orphan.sandbox.run_id.clone();
             let sandbox_id = orphan.sandbox.sandbox_id.clone();
             let runtime_name = orphan.sandbox.runtime.clone();
             // Kill what is left first (cleanup is idempotent), then free the slot.
-            let (cleaned_up, cleanup_error) = match &orphan.lease.handle_json {
-                None => (
-                    false,
-                    Some("no handle was stored (died before create)".to_string()),
-                ),
-                Some(json_text) => match serde_json::from_str::<SandboxHandle>(json_text) {
-                    Err(e) => (false, Some(format!("stored handle unreadable: {e}"))),
-                    Ok(handle) => match self.runtimes.get(&handle.runtime) {
-                        None => (
-                            false,
-                            Some(format!("the {} runtime is not registered", handle.runtime)),
-                        ),
-                        Some(rt) => match self.timed(rt.cleanup(&handle)).await {
-                            Ok(()) => (true, None),
-                            Err(e) => (false, Some(e.to_string())),
-                        },
-                    },
-                },
-            };
+            let (cleaned_up, cleanup_error) = self.clean_up_orphan(&orphan).await;
             if let Some(reason) = &cleanup_error {
                 warn!(run_id = %run_id, sandbox_id = %sandbox_id, reason = %reason, "orphaned sandbox not cleaned up");
             }
@@ -1422,8 +1432,83 @@ impl Orchestrator {
                 runtime: runtime_name,
                 cleaned_up,
                 cleanup_error,
+                marked_failed: true,
             });
         }
         Ok(out)
+    }
+
+    /// Cleans up one orphan through its stored handle, when the handle may be acted on:
+    /// (cleaned up, why not).
+    async fn clean_up_orphan(&self, orphan: &smithers_store::Orphan) -> (bool, Option<String>) {
+        let Some(json_text) = &orphan.lease.handle_json else {
+            return (
+                false,
+                Some("no handle was stored (died before create)".to_string()),
+            );
+        };
+        if orphan.lease.owner.boot_id != self.owner.boot_id {
+            return (
+                false,
+                Some(format!(
+                    "the lease was taken under another boot ({}), so its processes are gone and what its handle names is not acted on",
+                    orphan.lease.owner.boot_id
+                )),
+            );
+        }
+        let handle = match serde_json::from_str::<SandboxHandle>(json_text) {
+            Ok(handle) => handle,
+            Err(e) => return (false, Some(format!("stored handle unreadable: {e}"))),
+        };
+        if let Err(why) = self.check_orphan_handle(orphan, &handle) {
+            return (false, Some(format!("stored handle not acted on: {why}")));
+        }
+        let Some(rt) = self.runtimes.get(&handle.runtime) else {
+            return (
+                false,
+                Some(format!("the {} runtime is not registered", handle.runtime)),
+            );
+        };
+        match self.timed(rt.cleanup(&handle)).await {
+            Ok(()) => (true, None),
+            Err(e) => (false, Some(e.to_string())),
+        }
+    }
+
+    /// The handle must be the row's (same ids, same runtime) and its directories those
+    /// derived for it in this database's project (`<project>/.smithers/sandbox.db`).
+    fn check_orphan_handle(
+        &self,
+        orphan: &smithers_store::Orphan,
+        handle: &SandboxHandle,
+    ) -> Result<(), String> {
+        let row = &orphan.sandbox;
+        if handle.run_id != row.run_id || handle.sandbox_id != row.sandbox_id {
+            return Err(format!(
+                "it names sandbox {}/{}, not the row's {}/{}",
+                handle.run_id, handle.sandbox_id, row.run_id, row.sandbox_id
+            ));
+        }
+        if handle.runtime.as_str() != row.runtime {
+            return Err(format!(
+                "it is a {} handle on a {} row",
+                handle.runtime, row.runtime
+            ));
+        }
+        let root = handle.project_root().map_err(|e| e.to_string())?;
+        let db_dir = self.store.path().parent();
+        if let Some(project) = db_dir
+            .filter(|d| d.file_name() == Some(std::ffi::OsStr::new(".smithers")))
+            .and_then(Path::parent)
+        {
+            if root != project {
+                return Err(format!(
+                    "its directories are in {}, not in this database's project {}",
+                    root.display(),
+                    project.display()
+                ));
+            }
+        }
+        Ok(())
     }
 }

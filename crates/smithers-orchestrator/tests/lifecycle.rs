@@ -742,7 +742,7 @@ async fn recovery_cleans_up_orphans_and_frees_their_slots() {
     let handle = json!({
         "runtime": "bubblewrap", "runId": RUN, "sandboxId": "orphan",
         "sandboxRoot": sandbox_root, "requestPath": sandbox_root.join("request"),
-        "resultPath": sandbox_root.join("bundle")
+        "resultPath": sandbox_root.join("result")
     });
     h.store
         .set_handle(RUN, "orphan", &handle.to_string())

@@ -740,3 +740,131 @@ async fn disk_limit_caps_workspace_and_tmp() {
         serde_json::from_value(h.backend.clone()).unwrap();
     assert!(!state.state_dir.exists());
 }
+
+/// A handle as a crafted database would hold it: the layout `create` derives for `run`/`sb`
+/// in `project` (so only the engine objects' labels stand in the way), or with `name` in
+/// place of the derived object name.
+fn crafted_handle(rt: &DockerRuntime, project: &Path, run: &str, name: &str) -> SandboxHandle {
+    let sandbox_root = project.join(".smithers/sandboxes").join(run).join("sb1");
+    let state_dir = rt.options().state_root.join(name);
+    let layer = state_dir.join("layer");
+    let state = smithers_runtime_docker::BackendState {
+        socket: default_socket(),
+        container_name: name.to_string(),
+        volume_name: name.to_string(),
+        image: IMAGE.to_string(),
+        user: "0:0".to_string(),
+        upper: layer.join("upper"),
+        work: layer.join("work"),
+        out_dir: state_dir.join("out"),
+        artifacts_dir: state_dir.join("artifacts"),
+        state_dir,
+        layer_tmpfs: false,
+        hide_smithers_dir: true,
+        pids_cgroup: None,
+    };
+    SandboxHandle {
+        runtime: RuntimeKind::Docker,
+        run_id: run.to_string(),
+        sandbox_id: "sb1".to_string(),
+        request_path: sandbox_root.join("request"),
+        result_path: sandbox_root.join("result"),
+        sandbox_root,
+        container_id: None,
+        workspace_id: None,
+        backend: serde_json::to_value(&state).unwrap(),
+    }
+}
+
+/// An unrelated container and volume (no labels) under `name`.
+async fn unlabelled_objects(d: &Docker, name: &str) {
+    d.create_container(
+        Some(bollard::query_parameters::CreateContainerOptions {
+            name: Some(name.to_string()),
+            platform: String::new(),
+        }),
+        bollard::models::ContainerCreateBody {
+            image: Some(IMAGE.to_string()),
+            cmd: Some(vec!["true".to_string()]),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    d.create_volume(bollard::models::VolumeCreateRequest {
+        name: Some(name.to_string()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+async fn objects_exist(d: &Docker, name: &str) -> (bool, bool) {
+    (
+        d.inspect_container(name, None).await.is_ok(),
+        d.inspect_volume(name).await.is_ok(),
+    )
+}
+
+async fn remove_objects(d: &Docker, name: &str) {
+    let _ = d
+        .remove_container(
+            name,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+    let _ = d
+        .remove_volume(name, None::<bollard::query_parameters::RemoveVolumeOptions>)
+        .await;
+}
+
+/// A crafted handle whose layout is exactly the derived one, naming a container and volume
+/// that are not ours (no labels): cleanup inspects the labels and removes neither.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crafted_handle_does_not_remove_an_unlabelled_container() {
+    let Some(rt) = runtime_or_skip("unlabelled_container").await else {
+        return;
+    };
+    let project = tempfile::tempdir().unwrap();
+    let run = format!("crafted{}", std::process::id());
+    let name = smithers_runtime_docker::plan::object_name(&run, "sb1", project.path());
+    let d = engine().await;
+    unlabelled_objects(&d, &name).await;
+    let handle = crafted_handle(&rt, project.path(), &run, &name);
+    let err = rt.cleanup(&handle).await.expect_err("refused");
+    let found = objects_exist(&d, &name).await;
+    remove_objects(&d, &name).await;
+    assert!(err.to_string().contains("not this sandbox's"), "{err}");
+    assert_eq!(
+        found,
+        (true, true),
+        "an unlabelled container or volume was removed"
+    );
+}
+
+/// A crafted handle naming some other container outright (not the derived name) is refused
+/// before the engine is asked to remove anything.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crafted_handle_naming_another_container_is_refused() {
+    let Some(rt) = runtime_or_skip("other_container").await else {
+        return;
+    };
+    let project = tempfile::tempdir().unwrap();
+    let run = format!("crafted{}", std::process::id());
+    let name = format!("bystander-{}", std::process::id());
+    let d = engine().await;
+    unlabelled_objects(&d, &name).await;
+    let handle = crafted_handle(&rt, project.path(), &run, &name);
+    let err = rt.cleanup(&handle).await.expect_err("refused");
+    let found = objects_exist(&d, &name).await;
+    remove_objects(&d, &name).await;
+    assert!(err.to_string().contains("not the one derived"), "{err}");
+    assert_eq!(
+        found,
+        (true, true),
+        "a bystander container or volume was removed"
+    );
+}

@@ -87,6 +87,14 @@ fn cg_err(operation: &'static str, path: &Path, source: std::io::Error) -> Cgrou
     }
 }
 
+/// Whether `name` is one [`crate::NativeRuntime`] gives a sandbox's cgroup:
+/// `smithers-<16 lowercase hex digits>`. Cleanup from a stored handle touches no other.
+pub fn is_sandbox_cgroup_name(name: &str) -> bool {
+    name.strip_prefix("smithers-").is_some_and(|hex| {
+        hex.len() == 16 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
 /// Controllers we may use for limits and accounting.
 pub const CONTROLLERS: &[&str] = &["memory", "pids", "cpu", "cpuacct"];
 

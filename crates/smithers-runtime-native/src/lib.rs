@@ -34,12 +34,18 @@
 //! `.upper`. The handle's
 //! `sandbox_root` is the spec's `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/` with
 //! `request/` and the bundle in `result/`.
+//!
+//! Cleanup from a stored handle (see `owned.rs`) trusts none of its paths: the state and
+//! layer directories are recomputed from the ids, the cgroups killed and removed are those
+//! recorded in the state directory's `cleanup.json`, and a sandbox whose recorded owner is
+//! another live process is left alone.
 
 pub mod cgroup;
 mod collect;
 mod copy;
 mod exec;
 pub mod init;
+mod owned;
 pub mod plan;
 mod prepared_root;
 mod report;
@@ -730,6 +736,13 @@ impl NativeRuntime {
             .cgroups
             .create(&Self::cgroup_name(config), &limits)
             .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
+        // Before anything can join the cgroups: the one record cleanup from another process
+        // trusts about what it may kill (the handle comes back from the project's database).
+        let record = owned::CleanupRecord::for_self(&config.root_dir, &backend.cgroups);
+        write_private(
+            &backend.state_dir.join(owned::CLEANUP_RECORD),
+            &serde_json::to_vec(&record).unwrap_or_default(),
+        )?;
         let layer = backend.layer();
         std::fs::create_dir(&layer).map_err(io_err("create", &layer))?;
         if let Some(bytes) = c.disk_limit_bytes {
@@ -1130,7 +1143,24 @@ impl Runtime for NativeRuntime {
             Err(_) if handle.backend.is_null() => return Ok(()),
             Err(e) => return Err(e),
         };
-        cleanup_backend(&backend, &[&handle.request_path])
+        let caps = self.caps();
+        let confined = owned::confine(
+            handle,
+            &backend,
+            &caps.state_root,
+            &caps.layer_root,
+            &caps.cgroups,
+        )?;
+        let dirs: Vec<&Path> = confined.request_dir.iter().map(PathBuf::as_path).collect();
+        let cleaned = cleanup_backend(&confined.backend, &dirs);
+        if confined.left_alone.is_empty() {
+            return cleaned;
+        }
+        let left = format!("left alone: {}", confined.left_alone.join("; "));
+        Err(match cleaned {
+            Ok(()) => RuntimeError::spawn("clean up the sandbox", left),
+            Err(e) => RuntimeError::spawn("clean up the sandbox", format!("{e}; {left}")),
+        })
     }
 }
 

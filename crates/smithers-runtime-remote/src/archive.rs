@@ -15,6 +15,9 @@
 //!   text, never followed during extraction — an entry that would be written through one is
 //!   refused as an escape. A link whose target is absolute or climbs out of the root is refused
 //!   outright. Bundles allow none (the bundle format forbids symlinks).
+//! * Names in [`UnpackLimits::reserved_names`] (`.smithers` for a workspace) are refused at
+//!   any depth, as an entry's component or in a symlink's target: a `.smithers/` below the top
+//!   holds a runtime's state and database, which recovery there would trust.
 //! * Hard links are always refused: a link to a path outside the archive would alias a host
 //!   file, and we do not need them.
 //! * Character/block devices, fifos, sparse files and other special entries are refused.
@@ -27,13 +30,13 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 use smithers_errors::{CodedError, ErrorCode};
-use smithers_paths::{Beneath, PathError};
+use smithers_paths::{Beneath, EntryKind, PathError};
 
 /// Failure to pack or unpack an archive. The variants that describe the archive (not our own
 /// I/O) carry the offending entry path.
@@ -59,8 +62,9 @@ pub enum ArchiveError {
     #[error("archive entry {path:?} has unsupported type {kind}")]
     UnsupportedEntry { path: String, kind: String },
 
-    /// An entry path uses a name reserved by the destination (`.smithers/` in a workspace).
-    #[error("archive entry {path:?} is under the reserved directory {reserved}/")]
+    /// An entry path (or a symlink's target) uses a name reserved by the destination
+    /// (`.smithers` in a workspace, at any depth).
+    #[error("archive entry {path:?} uses the reserved name {reserved}")]
     Reserved { path: String, reserved: String },
 
     /// The same path appears twice, or a file where a directory was created.
@@ -166,8 +170,9 @@ pub struct UnpackLimits {
     pub max_path_bytes: usize,
     /// Store symlink entries as data (never followed); when false they are refused.
     pub allow_symlinks: bool,
-    /// First path components that may not appear (e.g. `.smithers`).
-    pub reserved_top: Vec<String>,
+    /// Path components that may not appear at any depth, nor in a symlink's target (e.g.
+    /// `.smithers`).
+    pub reserved_names: Vec<String>,
 }
 
 impl UnpackLimits {
@@ -179,7 +184,7 @@ impl UnpackLimits {
             max_entries: 4096,
             max_path_bytes: 4096,
             allow_symlinks: false,
-            reserved_top: Vec::new(),
+            reserved_names: Vec::new(),
         }
     }
 }
@@ -334,16 +339,10 @@ pub fn unpack(
                 reason: "an entry that is not a directory names the destination itself".into(),
             });
         };
-        if let Some(Component::Normal(first)) = rel.components().next() {
-            if let Some(r) = limits
-                .reserved_top
-                .iter()
-                .find(|r| OsStr::new(r.as_str()) == first)
-            {
-                return Err(ArchiveError::Reserved {
-                    path: shown,
-                    reserved: r.clone(),
-                });
+        reject_reserved(&rel, &shown, limits)?;
+        if kind == tar::EntryType::Symlink {
+            if let Some(target) = entry.link_name_bytes() {
+                reject_reserved(Path::new(OsStr::from_bytes(&target)), &shown, limits)?;
             }
         }
         let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
@@ -458,6 +457,25 @@ pub fn unpack(
     Ok(stats)
 }
 
+/// Refuses a path with a reserved name as any of its components.
+fn reject_reserved(path: &Path, shown: &str, limits: &UnpackLimits) -> Result<(), ArchiveError> {
+    for component in path.components() {
+        if let Component::Normal(c) = component {
+            if let Some(r) = limits
+                .reserved_names
+                .iter()
+                .find(|r| OsStr::new(r.as_str()) == c)
+            {
+                return Err(ArchiveError::Reserved {
+                    path: shown.to_string(),
+                    reserved: r.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 fn entry_kind_name(kind: tar::EntryType) -> &'static str {
     match kind {
         tar::EntryType::Char => "character device",
@@ -564,10 +582,15 @@ fn path_error_entry(e: PathError, shown: &str, dest: &Path) -> ArchiveError {
 /// How [`pack`] treats what it finds.
 #[derive(Debug, Clone, Default)]
 pub struct PackOptions {
-    /// Top-level names left out (e.g. `.smithers`).
+    /// Top-level names left out (e.g. `.git`).
     pub skip_top: Vec<String>,
+    /// Names left out at any depth (`.smithers`: a runtime's state, never project content,
+    /// and refused by the server's unpack wherever it appears).
+    pub skip_anywhere: Vec<String>,
     /// Refuse symlinks instead of storing them as links (bundles may hold none).
     pub refuse_symlinks: bool,
+    /// Refuse a tree whose regular files hold more bytes than this (`None`: no cap).
+    pub max_total_bytes: Option<u64>,
 }
 
 /// What [`pack`] wrote.
@@ -577,15 +600,24 @@ pub struct PackStats {
     pub bytes: u64,
     /// Sockets, fifos and devices found and left out (they are not data).
     pub skipped_special: Vec<String>,
+    /// Entries left out by [`PackOptions::skip_anywhere`] below the top level.
+    pub skipped_names: Vec<String>,
 }
 
 /// Writes `root` as a tar stream into `out` (sorted, so the same tree gives the same archive),
 /// never following a symlink. Returns the writer so the caller can finish a compressor.
+///
+/// Every entry is examined and opened through [`Beneath`] (no symlink at any component, not
+/// even one swapped in after the directory was listed), so what is read is always a file of
+/// the tree, never one a link in it names; its size, mode and time come from the opened file
+/// itself. Listing a directory goes by path, which can only yield names: each is then opened
+/// beneath the root again.
 pub fn pack<W: Write>(
     root: &Path,
     out: W,
     options: &PackOptions,
 ) -> Result<(W, PackStats), ArchiveError> {
+    let beneath = Beneath::open(root).map_err(|e| path_error(e, root))?;
     let mut builder = tar::Builder::new(out);
     builder.follow_symlinks(false);
     let mut stats = PackStats::default();
@@ -600,57 +632,20 @@ pub fn pack<W: Write>(
         names.sort();
         let mut subdirs = Vec::new();
         for name in names {
-            if rel_dir.as_os_str().is_empty()
-                && options.skip_top.iter().any(|s| OsStr::new(s) == name)
-            {
+            let top = rel_dir.as_os_str().is_empty();
+            if top && options.skip_top.iter().any(|s| OsStr::new(s) == name) {
                 continue;
             }
             let rel = rel_dir.join(&name);
-            let abs = root.join(&rel);
-            let meta =
-                std::fs::symlink_metadata(&abs).map_err(|e| ArchiveError::io("stat", &abs, e))?;
-            let ft = meta.file_type();
-            let mut header = tar::Header::new_gnu();
-            header.set_mode(meta.mode() & 0o777);
-            header.set_mtime(meta.mtime().max(0) as u64);
-            if ft.is_dir() {
-                header.set_entry_type(tar::EntryType::Directory);
-                header.set_size(0);
-                builder
-                    .append_data(&mut header, &rel, io::empty())
-                    .map_err(|e| ArchiveError::io("write archive entry", &abs, e))?;
-                subdirs.push(rel);
-            } else if ft.is_file() {
-                let file = File::open(&abs).map_err(|e| ArchiveError::io("open", &abs, e))?;
-                let size = file
-                    .metadata()
-                    .map_err(|e| ArchiveError::io("stat", &abs, e))?
-                    .len();
-                header.set_entry_type(tar::EntryType::Regular);
-                header.set_size(size);
-                builder
-                    .append_data(&mut header, &rel, ExactReader::new(file, size, &abs))
-                    .map_err(|e| ArchiveError::io("write archive entry", &abs, e))?;
-                stats.bytes += size;
-            } else if ft.is_symlink() {
-                if options.refuse_symlinks {
-                    return Err(ArchiveError::SymlinkRefused {
-                        path: rel.display().to_string(),
-                    });
+            if options.skip_anywhere.iter().any(|s| OsStr::new(s) == name) {
+                if !top {
+                    stats.skipped_names.push(rel.display().to_string());
                 }
-                let target =
-                    std::fs::read_link(&abs).map_err(|e| ArchiveError::io("read link", &abs, e))?;
-                header.set_entry_type(tar::EntryType::Symlink);
-                header.set_size(0);
-                builder
-                    .append_link(&mut header, &rel, &target)
-                    .map_err(|e| ArchiveError::io("write archive entry", &abs, e))?;
-            } else if ft.is_socket() || ft.is_fifo() || ft.is_block_device() || ft.is_char_device()
-            {
-                stats.skipped_special.push(rel.display().to_string());
                 continue;
             }
-            stats.entries += 1;
+            if pack_entry(&beneath, &mut builder, &rel, options, &mut stats)? {
+                subdirs.push(rel);
+            }
         }
         // Depth-first in sorted order: push in reverse so the first subdirectory comes next.
         stack.extend(subdirs.into_iter().rev());
@@ -659,6 +654,90 @@ pub fn pack<W: Write>(
         .into_inner()
         .map_err(|e| ArchiveError::io("finish archive", root, e))?;
     Ok((out, stats))
+}
+
+/// Appends one entry; true when it is a directory to descend into.
+fn pack_entry<W: Write>(
+    beneath: &Beneath,
+    builder: &mut tar::Builder<W>,
+    rel: &Path,
+    options: &PackOptions,
+    stats: &mut PackStats,
+) -> Result<bool, ArchiveError> {
+    let abs = beneath.root_path().join(rel);
+    let meta = beneath
+        .metadata(rel)
+        .map_err(|e| path_error(e, &abs))?
+        .ok_or_else(|| ArchiveError::io("stat", &abs, io::Error::from(io::ErrorKind::NotFound)))?;
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(meta.mode & 0o777);
+    let mut is_dir = false;
+    match meta.kind {
+        EntryKind::Dir => {
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_size(0);
+            header.set_mtime(dir_mtime(&abs));
+            builder
+                .append_data(&mut header, rel, io::empty())
+                .map_err(|e| ArchiveError::io("write archive entry", &abs, e))?;
+            is_dir = true;
+        }
+        EntryKind::File => {
+            let file = beneath.open_read(rel).map_err(|e| path_error(e, &abs))?;
+            let fmeta = file
+                .metadata()
+                .map_err(|e| ArchiveError::io("stat", &abs, e))?;
+            if !fmeta.is_file() {
+                // Swapped for something else since it was listed: not data.
+                stats.skipped_special.push(rel.display().to_string());
+                return Ok(false);
+            }
+            let size = fmeta.len();
+            if let Some(max) = options.max_total_bytes {
+                if stats.bytes.saturating_add(size) > max {
+                    return Err(ArchiveError::TooLarge {
+                        limit: "totalBytes",
+                        max,
+                    });
+                }
+            }
+            header.set_mode(fmeta.mode() & 0o777);
+            header.set_mtime(fmeta.mtime().max(0) as u64);
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_size(size);
+            builder
+                .append_data(&mut header, rel, ExactReader::new(file, size, &abs))
+                .map_err(|e| ArchiveError::io("write archive entry", &abs, e))?;
+            stats.bytes += size;
+        }
+        EntryKind::Symlink => {
+            if options.refuse_symlinks {
+                return Err(ArchiveError::SymlinkRefused {
+                    path: rel.display().to_string(),
+                });
+            }
+            let target = beneath.read_link(rel).map_err(|e| path_error(e, &abs))?;
+            header.set_entry_type(tar::EntryType::Symlink);
+            header.set_size(0);
+            header.set_mtime(0);
+            builder
+                .append_link(&mut header, rel, &target)
+                .map_err(|e| ArchiveError::io("write archive entry", &abs, e))?;
+        }
+        EntryKind::Other => {
+            stats.skipped_special.push(rel.display().to_string());
+            return Ok(false);
+        }
+    }
+    stats.entries += 1;
+    Ok(is_dir)
+}
+
+/// A directory's modification time (its metadata only; nothing is read through it).
+fn dir_mtime(abs: &Path) -> u64 {
+    std::fs::symlink_metadata(abs)
+        .map(|m| m.mtime().max(0) as u64)
+        .unwrap_or(0)
 }
 
 /// Yields exactly `size` bytes of a file whose header already promised `size`: a file that
@@ -824,7 +903,7 @@ mod tests {
             max_entries: 100,
             max_path_bytes: 4096,
             allow_symlinks: true,
-            reserved_top: vec![".smithers".into()],
+            reserved_names: vec![".smithers".into()],
         }
     }
 
@@ -855,6 +934,39 @@ mod tests {
             unpack_bytes(&t, &ws_limits()).1,
             Err(ArchiveError::Reserved { .. })
         ));
+    }
+
+    /// A `.smithers` below the top (a planted database recovery would trust) and a link
+    /// into one are refused like the top-level one.
+    #[test]
+    fn reserved_names_are_refused_at_any_depth_and_in_link_targets() {
+        for p in [
+            "sub/.smithers/sandbox.db",
+            "a/b/.smithers",
+            "./x/.smithers/y",
+        ] {
+            let t = tar_with(|b| file(b, p, b"x"));
+            let (d, r) = unpack_bytes(&t, &ws_limits());
+            assert!(
+                matches!(r, Err(ArchiveError::Reserved { .. })),
+                "{p}: {r:?}"
+            );
+            assert!(!d.path().join("sub/.smithers").exists());
+        }
+        let t = tar_with(|b| {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            b.append_link(&mut h, "state", ".smithers/sandboxes")
+                .unwrap();
+        });
+        assert!(matches!(
+            unpack_bytes(&t, &ws_limits()).1,
+            Err(ArchiveError::Reserved { .. })
+        ));
+        // Similar names are not reserved.
+        let t = tar_with(|b| file(b, "sub/.smithers-notes/x", b"x"));
+        assert!(unpack_bytes(&t, &ws_limits()).1.is_ok());
     }
 
     #[test]
@@ -930,7 +1042,7 @@ mod tests {
             enc,
             &PackOptions {
                 skip_top: vec![".smithers".into()],
-                refuse_symlinks: false,
+                ..PackOptions::default()
             },
         )
         .unwrap();
@@ -941,5 +1053,55 @@ mod tests {
         r.unwrap();
         assert_eq!(std::fs::read(d.path().join("link")).unwrap(), b"content");
         assert!(!d.path().join(".smithers").exists());
+    }
+
+    /// Pack reads only files of the tree: a link (to a host file or directory) is stored as a
+    /// link or refused, never read through; names reserved anywhere are left out and named;
+    /// the byte cap holds.
+    #[test]
+    fn pack_reads_nothing_a_link_names_and_keeps_to_its_limits() {
+        let host = tempfile::tempdir().unwrap();
+        std::fs::write(host.path().join("secret"), b"host secret").unwrap();
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("a.txt"), b"0123456789").unwrap();
+        std::os::unix::fs::symlink(host.path().join("secret"), d.path().join("f")).unwrap();
+        std::os::unix::fs::symlink(host.path(), d.path().join("dir")).unwrap();
+        std::fs::create_dir_all(d.path().join("sub/.smithers")).unwrap();
+        std::fs::write(d.path().join("sub/.smithers/sandbox.db"), b"db").unwrap();
+        let (out, stats) = pack(
+            d.path(),
+            Vec::new(),
+            &PackOptions {
+                skip_anywhere: vec![".smithers".into()],
+                ..PackOptions::default()
+            },
+        )
+        .unwrap();
+        assert!(
+            !out.windows(11).any(|w| w == b"host secret"),
+            "a linked host file was read into the archive"
+        );
+        assert_eq!(stats.bytes, 10);
+        assert_eq!(stats.skipped_names, vec!["sub/.smithers".to_string()]);
+        let refused = pack(
+            d.path(),
+            Vec::new(),
+            &PackOptions {
+                refuse_symlinks: true,
+                ..PackOptions::default()
+            },
+        );
+        assert!(matches!(refused, Err(ArchiveError::SymlinkRefused { .. })));
+        std::fs::remove_file(d.path().join("f")).unwrap();
+        std::fs::remove_file(d.path().join("dir")).unwrap();
+        let capped = pack(
+            d.path(),
+            Vec::new(),
+            &PackOptions {
+                max_total_bytes: Some(5),
+                ..PackOptions::default()
+            },
+        );
+        assert!(matches!(capped, Err(ArchiveError::TooLarge { .. })));
     }
 }

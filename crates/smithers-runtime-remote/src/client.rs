@@ -278,7 +278,8 @@ impl RemoteRuntime {
             let last = attempt >= policy.max_attempts.max(1);
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, io::Error>>(8);
             let root = b.root_dir.clone();
-            let mut skip_top = vec![".smithers".to_string()];
+            // `.smithers` (a runtime's state, at any depth) is left out by pack_compressed.
+            let mut skip_top = Vec::new();
             if !self.options.include_git {
                 skip_top.push(".git".to_string());
             }
@@ -350,7 +351,11 @@ fn pack_compressed(
         .map_err(|e| io_err("start compressor", e))?;
     let options = PackOptions {
         skip_top,
+        // The host refuses `.smithers` at any depth (it is state, and a planted database
+        // there would be trusted by whatever recovers it).
+        skip_anywhere: vec![".smithers".to_string()],
         refuse_symlinks: false,
+        max_total_bytes: None,
     };
     let (encoder, _stats) = archive::pack(root, encoder, &options)?;
     let mut writer = encoder
@@ -433,6 +438,26 @@ fn backend(handle: &SandboxHandle) -> Result<Backend, RuntimeError> {
         verb: "handle",
         reason: format!("not a codeplane handle: {e}"),
     })
+}
+
+impl RemoteRuntime {
+    /// The handle's remote state, only when it names this runtime's own host and a plain
+    /// sandbox id: a handle read back from a crafted database must not send our token to
+    /// another server, nor splice a path (`../`) into the request URL.
+    fn backend(&self, handle: &SandboxHandle) -> Result<Backend, RuntimeError> {
+        let b = backend(handle)?;
+        if b.base_url != self.options.base_url {
+            return Err(RuntimeError::InvalidControl {
+                control: "handle",
+                reason: format!(
+                    "the handle names host {:?}, not this runtime's {:?}: not contacted",
+                    b.base_url, self.options.base_url
+                ),
+            });
+        }
+        smithers_runtime::config::validate_id("hostId", &b.host_id)?;
+        Ok(b)
+    }
 }
 
 fn local_io<'a>(
@@ -759,7 +784,7 @@ impl Runtime for RemoteRuntime {
         handle: &SandboxHandle,
         request: &RequestBundle,
     ) -> Result<ShipReport, RuntimeError> {
-        let b = backend(handle)?;
+        let b = self.backend(handle)?;
         let request_json = serde_json::to_vec_pretty(&request.request)
             .map_err(|e| RuntimeError::spawn("serialise the request", e))?;
         // A local copy, as every runtime keeps one under request/.
@@ -789,7 +814,7 @@ impl Runtime for RemoteRuntime {
         cancel: CancellationToken,
         output: &dyn OutputSink,
     ) -> Result<ExecOutcome, RuntimeError> {
-        let b = backend(handle)?;
+        let b = self.backend(handle)?;
         // One key per execute call: every retry of this call carries it, so the host starts
         // the step once whatever the network does.
         let key = uuid::Uuid::new_v4().to_string();
@@ -809,7 +834,7 @@ impl Runtime for RemoteRuntime {
     }
 
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
-        let b = backend(handle)?;
+        let b = self.backend(handle)?;
         let info = self.info(&b).await?;
         let result = match (info.state, info.result) {
             (SandboxState::Completed, Some(result)) => result,
@@ -834,6 +859,10 @@ impl Runtime for RemoteRuntime {
     }
 
     async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        // The handle may come from a crafted database in the project tree: its directories
+        // must be the ones derived for its ids, through no link, before any is removed.
+        let root = handle.project_root()?;
+        handle.check_project_dirs_real(&root)?;
         // Local leftovers first: they must go even when the host is unreachable.
         let mut local_error = None;
         for leftover in [handle.request_path.clone()] {
@@ -854,7 +883,7 @@ impl Runtime for RemoteRuntime {
                 }
             }
         }
-        let b = match backend(handle) {
+        let b = match self.backend(handle) {
             Ok(b) => b,
             // A handle from a create that never reached the host: nothing remote to remove.
             Err(_) if handle.backend.is_null() => return local_error.map_or(Ok(()), Err),

@@ -434,3 +434,60 @@ async fn a_refused_workspace_is_reported_with_the_hosts_code_not_as_a_network_er
     rt.cleanup(&handle).await.unwrap();
     host.shutdown().await;
 }
+
+/// A handle read back from a crafted database (it lives in the project tree) that names
+/// another host: cleanup refuses it and never connects there, so our token never leaves for
+/// a server we were not configured with; nor does it remove a directory outside the layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crafted_handle_naming_another_host_is_not_contacted() {
+    let host = start_host().await;
+    let attacker = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let attacker_addr = attacker.local_addr().unwrap();
+    let contacted = Arc::new(AtomicBool::new(false));
+    let flag = contacted.clone();
+    let listening = tokio::spawn(async move {
+        if let Ok((mut s, _)) = attacker.accept().await {
+            flag.store(true, Ordering::SeqCst);
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+        }
+    });
+    let rt = RemoteRuntime::new(options(host.addr, TOKEN)).unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let sandbox_root = project.path().join(".smithers/sandboxes/r1/s1");
+    let handle = smithers_runtime::SandboxHandle {
+        runtime: RuntimeKind::Codeplane,
+        run_id: "r1".into(),
+        sandbox_id: "s1".into(),
+        request_path: sandbox_root.join("request"),
+        result_path: sandbox_root.join("result"),
+        sandbox_root,
+        container_id: None,
+        workspace_id: None,
+        backend: serde_json::json!({
+            "baseUrl": format!("http://{attacker_addr}"),
+            "hostId": "sbx-0000",
+            "rootDir": project.path(),
+        }),
+    };
+    let err = rt.cleanup(&handle).await.expect_err("refused");
+    assert!(err.to_string().contains("not contacted"), "{err}");
+    // A host id that would splice a path into the URL is refused too.
+    let mut spliced = handle.clone();
+    spliced.backend["baseUrl"] = serde_json::json!(format!("http://{}", host.addr));
+    spliced.backend["hostId"] = serde_json::json!("../../v1/sandboxes/x");
+    assert!(rt.cleanup(&spliced).await.is_err());
+    // And a request path outside the derived layout is never removed.
+    let victim = tempfile::tempdir().unwrap();
+    let mut outside = handle.clone();
+    outside.request_path = victim.path().to_path_buf();
+    assert!(rt.cleanup(&outside).await.is_err());
+    assert!(victim.path().exists());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !contacted.load(Ordering::SeqCst),
+        "cleanup connected to the host a crafted handle named"
+    );
+    listening.abort();
+    host.shutdown().await;
+}

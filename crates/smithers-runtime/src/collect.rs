@@ -81,20 +81,42 @@ pub fn bundle_status(outcome: Option<&ExecOutcome>, result_rejected: bool) -> Bu
 }
 
 /// The commit the project is at, for the diff bundle's `baseRef` (empty when not a git repo).
-/// Only `.git/HEAD` and the ref it names are read; a ref with `..` is not followed.
+/// The project is untrusted (on a server it is a client's upload): only `.git/HEAD` and the
+/// ref it names are read, each through no link and size-capped, and the ref only when it is
+/// a valid git ref name under `refs/` (an absolute or climbing "ref" would name any host file
+/// and put its first line in the bundle). A ref file that holds no object id is not used.
 pub fn base_ref(root: &Path) -> String {
-    let git = root.join(".git");
-    let Ok(head) = std::fs::read_to_string(git.join("HEAD")) else {
+    const MAX_REF_FILE: u64 = 4096;
+    let Ok(beneath) = smithers_paths::Beneath::open(root) else {
         return String::new();
     };
-    let head = head.trim();
-    match head.strip_prefix("ref: ") {
-        Some(r) if !r.contains("..") => std::fs::read_to_string(git.join(r))
+    let read = |rel: &str| {
+        beneath
+            .read_regular(Path::new(rel), MAX_REF_FILE)
+            .ok()
+            .flatten()
+            .and_then(|b| String::from_utf8(b).ok())
             .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| r.to_string()),
-        Some(r) => r.to_string(),
-        None => head.to_string(),
+    };
+    let Some(head) = read(".git/HEAD") else {
+        return String::new();
+    };
+    match head.strip_prefix("ref: ") {
+        Some(r) if r.starts_with("refs/") && crate::git_ref::ref_name_problem(r).is_none() => {
+            read(&format!(".git/{r}"))
+                .filter(|id| is_object_id(id))
+                .unwrap_or_else(|| r.to_string())
+        }
+        // Not a ref we may follow: named as such, never read.
+        Some(_) => String::new(),
+        None if is_object_id(&head) => head,
+        None => String::new(),
     }
+}
+
+/// A git object id: 40 (SHA-1) or 64 (SHA-256) hex digits.
+fn is_object_id(s: &str) -> bool {
+    matches!(s.len(), 40 | 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// The status, patches and `diffBundle` of a sandbox whose workspace was `project` (never
@@ -434,12 +456,47 @@ mod tests {
         std::fs::write(git.join("HEAD"), "ref: refs/heads/main\n").unwrap();
         // A ref not written yet (fresh repository): the ref name itself.
         assert_eq!(base_ref(dir.path()), "refs/heads/main");
-        std::fs::write(git.join("refs/heads/main"), "abc123\n").unwrap();
-        assert_eq!(base_ref(dir.path()), "abc123");
+        let id = "0123456789abcdef0123456789abcdef01234567";
+        std::fs::write(git.join("refs/heads/main"), format!("{id}\n")).unwrap();
+        assert_eq!(base_ref(dir.path()), id);
         std::fs::write(git.join("HEAD"), "ref: ../../etc/passwd\n").unwrap();
-        assert_eq!(base_ref(dir.path()), "../../etc/passwd");
-        std::fs::write(git.join("HEAD"), "deadbeef\n").unwrap();
-        assert_eq!(base_ref(dir.path()), "deadbeef");
+        assert_eq!(base_ref(dir.path()), "");
+        std::fs::write(git.join("HEAD"), format!("{id}\n")).unwrap();
+        assert_eq!(base_ref(dir.path()), id);
+        std::fs::write(git.join("HEAD"), "not an id\n").unwrap();
+        assert_eq!(base_ref(dir.path()), "");
+    }
+
+    /// The project is a client's upload on a server: its HEAD must not make us read a host
+    /// file (absolute "ref", a link, a device) into the bundle's baseRef.
+    #[test]
+    fn base_ref_reads_no_host_file_a_project_names() {
+        let host = tempfile::tempdir().unwrap();
+        let secret = host.path().join("secret");
+        std::fs::write(&secret, "0123456789abcdef0123456789abcdef01234567\n").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let git = dir.path().join(".git");
+        std::fs::create_dir_all(git.join("refs/heads")).unwrap();
+        std::fs::write(git.join("HEAD"), format!("ref: {}\n", secret.display())).unwrap();
+        assert_eq!(base_ref(dir.path()), "", "an absolute ref is not read");
+        std::fs::write(git.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+        std::os::unix::fs::symlink(&secret, git.join("refs/heads/main")).unwrap();
+        assert_eq!(
+            base_ref(dir.path()),
+            "refs/heads/main",
+            "a linked ref is not read"
+        );
+        std::fs::remove_file(git.join("HEAD")).unwrap();
+        std::os::unix::fs::symlink(&secret, git.join("HEAD")).unwrap();
+        assert_eq!(base_ref(dir.path()), "", "a linked HEAD is not read");
+        std::fs::remove_file(git.join("HEAD")).unwrap();
+        std::fs::write(git.join("HEAD"), "ref: refs/heads/zero\n").unwrap();
+        std::os::unix::fs::symlink("/dev/zero", git.join("refs/heads/zero")).unwrap();
+        assert_eq!(
+            base_ref(dir.path()),
+            "refs/heads/zero",
+            "a device is never read"
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub mod conformance;
 #[cfg(feature = "suites")]
 pub mod containment;
 pub mod error;
+pub mod git_ref;
 pub mod types;
 
 use async_trait::async_trait;

@@ -1,13 +1,14 @@
 //! The data that flows through the five verbs. All plain, serialisable data: a handle is
 //! stored in the database so a new process can find and clean up what a dead one left.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::config::RuntimeKind;
+use crate::error::RuntimeError;
 
 /// What `create` returns and every later verb takes. Local layout:
 /// `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/{request,result}`.
@@ -31,6 +32,87 @@ pub struct SandboxHandle {
     /// layer location, remote ids). Opaque to everyone but the backend.
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub backend: Value,
+}
+
+impl SandboxHandle {
+    /// The project root this handle's directories belong to, checked, for cleaning up from a
+    /// handle read back from the database (which lives in the project tree, so a cloned
+    /// repository can ship a crafted one): the ids are valid ids, `sandbox_root` is exactly
+    /// `<root>/.smithers/sandboxes/<runId>/<sandboxId>` and `request_path` / `result_path`
+    /// are its `request` / `result`. Anything else names a host directory no runtime made for
+    /// these ids, and is refused before anything is removed.
+    pub fn project_root(&self) -> Result<PathBuf, RuntimeError> {
+        crate::config::validate_id("runId", &self.run_id).map_err(untrusted_handle)?;
+        crate::config::validate_id("sandboxId", &self.sandbox_id).map_err(untrusted_handle)?;
+        let refuse = |what: &str| {
+            untrusted_handle(RuntimeError::InvalidControl {
+                control: "handle",
+                reason: format!(
+                    "its {what} is not the directory this runtime derives for {}/{}",
+                    self.run_id, self.sandbox_id
+                ),
+            })
+        };
+        let root = self
+            .sandbox_root
+            .ancestors()
+            .nth(4)
+            .filter(|r| r.is_absolute())
+            .ok_or_else(|| refuse("sandboxRoot"))?
+            .to_path_buf();
+        if self.sandbox_root != Self::derived_sandbox_root(&root, &self.run_id, &self.sandbox_id) {
+            return Err(refuse("sandboxRoot"));
+        }
+        if self.request_path != self.sandbox_root.join("request") {
+            return Err(refuse("requestPath"));
+        }
+        if self.result_path != self.sandbox_root.join("result") {
+            return Err(refuse("resultPath"));
+        }
+        Ok(root)
+    }
+
+    /// `<root>/.smithers/sandboxes/<runId>/<sandboxId>`: where every local runtime keeps a
+    /// sandbox's request and result.
+    pub fn derived_sandbox_root(root: &Path, run_id: &str, sandbox_id: &str) -> PathBuf {
+        root.join(".smithers")
+            .join("sandboxes")
+            .join(run_id)
+            .join(sandbox_id)
+    }
+
+    /// Refuses when any directory from `<root>/.smithers` down to the sandbox root is a
+    /// symlink (or not a directory): removing "the request directory" through a planted
+    /// `.smithers -> /home/user` link would remove a directory elsewhere. A missing one is
+    /// fine (nothing left to remove there).
+    pub fn check_project_dirs_real(&self, root: &Path) -> Result<(), RuntimeError> {
+        let mut dir = root.to_path_buf();
+        for part in [".smithers", "sandboxes", &self.run_id, &self.sandbox_id] {
+            dir.push(part);
+            match std::fs::symlink_metadata(&dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(RuntimeError::InvalidControl {
+                        control: "handle",
+                        reason: format!(
+                            "{} is not a directory (a link?); the sandbox's project directories are left alone",
+                            dir.display()
+                        ),
+                    })
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(RuntimeError::io("inspect", &dir, e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn untrusted_handle(e: RuntimeError) -> RuntimeError {
+    RuntimeError::InvalidControl {
+        control: "handle",
+        reason: format!("the stored handle is not trusted to name host objects: {e}"),
+    }
 }
 
 /// What `ship` makes available inside the sandbox: the request JSON at
@@ -238,5 +320,71 @@ mod duration_ms {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+#[cfg(test)]
+mod handle_tests {
+    use super::*;
+
+    fn handle(root: &str, run: &str, sandbox: &str) -> SandboxHandle {
+        let sandbox_root = SandboxHandle::derived_sandbox_root(Path::new(root), run, sandbox);
+        SandboxHandle {
+            runtime: RuntimeKind::Bubblewrap,
+            run_id: run.into(),
+            sandbox_id: sandbox.into(),
+            request_path: sandbox_root.join("request"),
+            result_path: sandbox_root.join("result"),
+            sandbox_root,
+            container_id: None,
+            workspace_id: None,
+            backend: Value::Null,
+        }
+    }
+
+    #[test]
+    fn project_root_is_derived_and_crafted_layouts_are_refused() {
+        let h = handle("/p/proj", "r1", "s1");
+        assert_eq!(h.project_root().unwrap(), PathBuf::from("/p/proj"));
+
+        let mut outside = h.clone();
+        outside.request_path = PathBuf::from("/home/someone/important");
+        assert!(outside.project_root().is_err(), "request path elsewhere");
+
+        let mut other_root = h.clone();
+        other_root.sandbox_root = PathBuf::from("/home/someone/x/y/z/w");
+        assert!(other_root.project_root().is_err(), "not under .smithers");
+
+        let mut ids = h.clone();
+        ids.run_id = "..".into();
+        assert!(ids.project_root().is_err(), "invalid id");
+
+        let dots = handle("/p/proj", "r1", "s1");
+        let mut dots = dots;
+        dots.sandbox_root = PathBuf::from("/p/proj/.smithers/sandboxes/r1/../s1");
+        assert!(dots.project_root().is_err(), "a .. in the stored path");
+
+        assert!(handle("relative", "r1", "s1").project_root().is_err());
+    }
+
+    #[test]
+    fn a_linked_smithers_dir_is_refused() {
+        let tmp = std::env::temp_dir().join(format!("smithers-handle-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let proj = tmp.join("proj");
+        let elsewhere = tmp.join("elsewhere");
+        std::fs::create_dir_all(elsewhere.join("sandboxes/r1/s1/request")).unwrap();
+        std::fs::create_dir_all(&proj).unwrap();
+        let h = handle(proj.to_str().unwrap(), "r1", "s1");
+        assert!(
+            h.check_project_dirs_real(&proj).is_ok(),
+            "nothing there yet"
+        );
+        std::os::unix::fs::symlink(&elsewhere, proj.join(".smithers")).unwrap();
+        assert!(h.check_project_dirs_real(&proj).is_err());
+        std::fs::remove_file(proj.join(".smithers")).unwrap();
+        std::fs::create_dir_all(proj.join(".smithers/sandboxes/r1/s1")).unwrap();
+        assert!(h.check_project_dirs_real(&proj).is_ok());
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }

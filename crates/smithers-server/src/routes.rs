@@ -371,7 +371,7 @@ pub(crate) async fn upload_workspace(
         max_entries: limits.max_workspace_entries,
         max_path_bytes: limits.max_path_bytes,
         allow_symlinks: true,
-        reserved_top: vec![".smithers".into()],
+        reserved_names: vec![".smithers".into()],
     };
     // If this handler is dropped (deadline, client gone), the blocking side stops between
     // chunks and cleans up its staging directory; it never swaps a half-wanted tree in.
@@ -884,12 +884,15 @@ pub(crate) async fn bundle(State(state): St, Path(id): Path<String>) -> Result<R
             ))
         }
     };
+    confined_bundle_path(&e, &path)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, io::Error>>(8);
     let fail_tx = tx.clone();
     tokio::task::spawn_blocking(move || {
+        // Read through no link, within the bundle format's size (see `archive::pack`).
         let options = PackOptions {
-            skip_top: Vec::new(),
             refuse_symlinks: true,
+            max_total_bytes: Some(UnpackLimits::bundle().max_total_bytes),
+            ..PackOptions::default()
         };
         match archive::pack(&path, ChannelWriter::new(tx), &options) {
             Ok((mut writer, _)) => {
@@ -910,6 +913,38 @@ pub(crate) async fn bundle(State(state): St, Path(id): Path<String>) -> Result<R
         HeaderValue::from_static("application/x-tar"),
     );
     Ok(resp)
+}
+
+/// The bundle the server streams is the one at the handle's own result path, reached from
+/// the sandbox's workspace through real directories only: the workspace holds a client's
+/// upload, and a link on the way would make the server pack some other host directory.
+fn confined_bundle_path(e: &Entry, path: &std::path::Path) -> Result<(), ApiError> {
+    let refuse = |why: String| ApiError::internal(format!("bundle not served: {why}"));
+    if path != e.handle.result_path {
+        return Err(refuse(format!(
+            "{} is not the sandbox's result path {}",
+            path.display(),
+            e.handle.result_path.display()
+        )));
+    }
+    let root = e
+        .handle
+        .project_root()
+        .map_err(|err| refuse(err.to_string()))?;
+    if root != e.workspace {
+        return Err(refuse(format!(
+            "the handle's project {} is not the sandbox's workspace",
+            root.display()
+        )));
+    }
+    e.handle
+        .check_project_dirs_real(&root)
+        .map_err(|err| refuse(err.to_string()))?;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(refuse(format!("{} is not a directory", path.display()))),
+        Err(err) => Err(refuse(format!("{}: {err}", path.display()))),
+    }
 }
 
 pub(crate) async fn delete(State(state): St, Path(id): Path<String>) -> Result<Response, ApiError> {

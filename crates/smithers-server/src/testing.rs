@@ -247,8 +247,15 @@ impl Runtime for HostProcessRuntime {
                 (Termination::Exited, Some(_)) => Termination::Signaled,
                 (t, _) => t,
             };
-            let ran_result = std::fs::read(&result_file)
+            // The step wrote it (on the host: this double isolates nothing): read through no
+            // link and size-capped, as a real runtime reads a step's result.
+            let ran_result = smithers_paths::Beneath::open(&handle.sandbox_root)
                 .ok()
+                .and_then(|b| {
+                    b.read_regular(std::path::Path::new("result.json"), 1 << 20)
+                        .ok()
+                })
+                .flatten()
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
                 .or_else(|| serde_json::from_str::<Value>(text.trim()).ok());
             let outcome = ExecOutcome {

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{GateScope, StoreError};
 pub use field::Field;
-pub use owner::{Liveness, OwnerIdentity};
+pub use owner::{effective_uid, Liveness, OwnerIdentity};
 pub use redact::{redact_config, RedactedConfig, REDACTED};
 pub use schema::SCHEMA_VERSION;
 
@@ -541,6 +541,27 @@ impl Store {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Why this database must not be trusted to name host objects, or `None`: it lives in
+    /// the project tree (`<project>/.smithers/sandbox.db`), so a cloned repository can ship
+    /// one, and a file owned by another user than this process's effective uid was not made
+    /// by us. Also `Some` when the owner cannot be told (fail closed).
+    pub fn foreign_owner(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let me = match owner::effective_uid() {
+            Some(uid) => uid,
+            None => return Some("this process's uid cannot be read from /proc".into()),
+        };
+        match std::fs::metadata(&self.path) {
+            Ok(m) if m.uid() == me => None,
+            Ok(m) => Some(format!(
+                "{} is owned by uid {}, not by this process's uid {me}",
+                self.path.display(),
+                m.uid()
+            )),
+            Err(e) => Some(format!("{}: {e}", self.path.display())),
+        }
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {

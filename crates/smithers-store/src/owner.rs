@@ -72,6 +72,17 @@ impl OwnerIdentity {
     }
 }
 
+/// This process's effective uid, from `/proc/self/status` (`Uid:` real, effective, saved,
+/// fs), or `None` where `/proc` cannot tell it.
+pub fn effective_uid() -> Option<u32> {
+    parse_effective_uid(&fs::read_to_string("/proc/self/status").ok()?)
+}
+
+fn parse_effective_uid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn read_trimmed(path: &str) -> Option<String> {
     fs::read_to_string(path).ok().map(|s| s.trim().to_string())
 }
@@ -110,6 +121,20 @@ mod tests {
             "1234 (a) b (c) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100";
         assert_eq!(parse_stat(stat), Some(('S', 987654)));
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn effective_uid_is_the_second_uid_field() {
+        assert_eq!(
+            parse_effective_uid("Name:\tx\nUid:\t1000\t0\t0\t0\nGid:\t1\t1\t1\t1\n"),
+            Some(0)
+        );
+        assert_eq!(parse_effective_uid("Name: x\n"), None);
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let made = dir.path().join("f");
+        fs::write(&made, "").unwrap();
+        assert_eq!(effective_uid(), Some(fs::metadata(&made).unwrap().uid()));
     }
 
     #[test]

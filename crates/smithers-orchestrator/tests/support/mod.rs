@@ -95,7 +95,7 @@ impl Runtime for HostProcessTestRuntime {
             run_id: config.run_id.clone(),
             sandbox_id: config.sandbox_id.clone(),
             request_path: root.join("request"),
-            result_path: root.join("bundle"),
+            result_path: root.join("result"),
             sandbox_root: root,
             container_id: None,
             workspace_id: None,

@@ -1,0 +1,260 @@
+//! What cleanup from a stored handle may touch. A handle comes back from the database, which
+//! lives in the project tree (`<project>/.smithers/sandbox.db`): a cloned repository can ship
+//! a crafted one, and recovery runs before every command. So nothing in the handle names a
+//! host object by itself:
+//!
+//! - the state and layer directories are recomputed from the (validated) ids under this
+//!   runtime's own roots; a handle whose stored paths differ is refused outright;
+//! - cgroups (and so the processes killed through them) are only those `create` recorded in
+//!   the sandbox's own state directory ([`CleanupRecord`], in our private state root), below
+//!   one of this process's own cgroup parents;
+//! - a sandbox whose recorded owner is another live process is not ours to clean up (a
+//!   crafted database naming a live sandbox's ids from another project);
+//! - the request directory in the project is removed only when it is where the record's
+//!   project root puts it, through no symlink.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use smithers_runtime::{RuntimeError, SandboxHandle};
+
+use crate::cgroup::{CgroupHost, SandboxCgroups};
+use crate::Backend;
+
+/// Name of the record in a sandbox's state directory.
+pub(crate) const CLEANUP_RECORD: &str = "cleanup.json";
+
+/// Written by `create` into the sandbox's state directory (mode 0600 in a 0700 root owned by
+/// us), read back by cleanup from any process: the only source of what may be killed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct CleanupRecord {
+    pub owner_pid: u32,
+    /// `/proc/<pid>/stat` field 22, so a reused pid is not taken for the owner.
+    pub owner_start: u64,
+    pub boot_id: String,
+    pub root_dir: PathBuf,
+    pub cgroups: SandboxCgroups,
+}
+
+impl CleanupRecord {
+    pub(crate) fn for_self(root_dir: &Path, cgroups: &SandboxCgroups) -> CleanupRecord {
+        let pid = std::process::id();
+        CleanupRecord {
+            owner_pid: pid,
+            owner_start: process_start(pid).unwrap_or(0),
+            boot_id: boot_id().unwrap_or_default(),
+            root_dir: root_dir.to_path_buf(),
+            cgroups: cgroups.clone(),
+        }
+    }
+
+    /// The owner is another process still running (same boot, same pid and start time).
+    fn owned_by_another_live_process(&self) -> bool {
+        let me = std::process::id();
+        if self.owner_pid == me && process_start(me) == Some(self.owner_start) {
+            return false;
+        }
+        boot_id().as_deref() == Some(self.boot_id.as_str())
+            && process_start(self.owner_pid) == Some(self.owner_start)
+    }
+}
+
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Field 22 of `/proc/<pid>/stat`, counted from the last `)` (the command may hold any byte).
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// What cleanup from a handle may do: the backend with every path recomputed, the request
+/// directory when it may go, and what was left alone (named, so nothing is dropped silently).
+#[derive(Debug)]
+pub(crate) struct Confined {
+    pub backend: Backend,
+    pub request_dir: Option<PathBuf>,
+    pub left_alone: Vec<String>,
+}
+
+fn refuse(reason: String) -> RuntimeError {
+    RuntimeError::InvalidControl {
+        control: "handle",
+        reason: format!("the stored handle is not trusted to name host objects: {reason}"),
+    }
+}
+
+/// Rebuilds the backend of `handle` from what this runtime derives and recorded itself.
+pub(crate) fn confine(
+    handle: &SandboxHandle,
+    stored: &Backend,
+    state_root: &Path,
+    layer_root: &Path,
+    host: &CgroupHost,
+) -> Result<Confined, RuntimeError> {
+    // Validates the ids and the project-side layout (request/result under .smithers).
+    let handle_root = handle.project_root()?;
+    let name = format!("{}+{}", handle.run_id, handle.sandbox_id);
+    let state_dir = state_root.join(&name);
+    if stored.state_dir != state_dir {
+        return Err(refuse(format!(
+            "state directory {} is not {}",
+            stored.state_dir.display(),
+            state_dir.display()
+        )));
+    }
+    let layer_dir = layer_root.join(&name);
+    if stored.layer_dir.as_ref().is_some_and(|l| *l != layer_dir) {
+        return Err(refuse(format!(
+            "layer directory {} is not {}",
+            stored
+                .layer_dir
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display(),
+            layer_dir.display()
+        )));
+    }
+    let record = read_record(&state_dir)?;
+    if record
+        .as_ref()
+        .is_some_and(CleanupRecord::owned_by_another_live_process)
+    {
+        return Err(refuse(format!(
+            "sandbox {name} belongs to another running process (pid {})",
+            record.as_ref().map_or(0, |r| r.owner_pid)
+        )));
+    }
+    let mut left_alone = Vec::new();
+    let cgroups = confined_cgroups(stored, record.as_ref(), host, &mut left_alone);
+    let request_dir = confined_request_dir(handle, &handle_root, record.as_ref(), &mut left_alone);
+    let backend = Backend {
+        state_dir,
+        root_dir: record
+            .as_ref()
+            .map_or(stored.root_dir.clone(), |r| r.root_dir.clone()),
+        cgroups,
+        layer_dir: stored.layer_dir.as_ref().map(|_| layer_dir),
+        ..stored.clone()
+    };
+    Ok(Confined {
+        backend,
+        request_dir,
+        left_alone,
+    })
+}
+
+/// The record, read without following a link and size-capped; `None` when the state
+/// directory or the record is gone (then nothing recorded may be killed).
+fn read_record(state_dir: &Path) -> Result<Option<CleanupRecord>, RuntimeError> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    match std::fs::symlink_metadata(state_dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(RuntimeError::io("inspect", state_dir, e)),
+        Ok(m) if !m.is_dir() || m.uid() != rustix_euid() => {
+            return Err(refuse(format!(
+                "{} is not a directory of ours",
+                state_dir.display()
+            )))
+        }
+        Ok(_) => {}
+    }
+    let path = state_dir.join(CLEANUP_RECORD);
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(RuntimeError::io("read", &path, e)),
+    };
+    let mut text = Vec::new();
+    file.take(64 * 1024)
+        .read_to_end(&mut text)
+        .map_err(|e| RuntimeError::io("read", &path, e))?;
+    serde_json::from_slice(&text)
+        .map(Some)
+        .map_err(|e| refuse(format!("{}: {e}", path.display())))
+}
+
+fn rustix_euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The recorded cgroups that sit directly below one of our own cgroup parents with a name
+/// we make; the handle's own list is never used. A cgroup the handle names beyond those is
+/// named in `left_alone` when it exists.
+fn confined_cgroups(
+    stored: &Backend,
+    record: Option<&CleanupRecord>,
+    host: &CgroupHost,
+    left_alone: &mut Vec<String>,
+) -> SandboxCgroups {
+    let parents: Vec<&Path> = host
+        .v1
+        .values()
+        .map(PathBuf::as_path)
+        .chain(host.v2.as_deref())
+        .collect();
+    let ours = |p: &Path| {
+        p.parent().is_some_and(|parent| parents.contains(&parent))
+            && p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(crate::cgroup::is_sandbox_cgroup_name)
+    };
+    let recorded = record.map(|r| r.cgroups.dirs.clone()).unwrap_or_default();
+    let dirs = recorded.iter().filter(|d| ours(&d.path)).cloned().collect();
+    for d in &stored.cgroups.dirs {
+        let confirmed = recorded.iter().any(|r| r.path == d.path) && ours(&d.path);
+        if !confirmed && d.path.exists() {
+            left_alone.push(format!(
+                "cgroup {} (not one this runtime recorded for the sandbox under its own cgroup)",
+                d.path.display()
+            ));
+        }
+    }
+    SandboxCgroups { dirs }
+}
+
+/// The request directory, when the record's project root and the handle agree on it and no
+/// directory on the way is a link.
+fn confined_request_dir(
+    handle: &SandboxHandle,
+    handle_root: &Path,
+    record: Option<&CleanupRecord>,
+    left_alone: &mut Vec<String>,
+) -> Option<PathBuf> {
+    let exists = std::fs::symlink_metadata(&handle.request_path).is_ok();
+    let Some(record) = record else {
+        if exists {
+            left_alone.push(format!(
+                "{} (no record of the sandbox in this runtime's state)",
+                handle.request_path.display()
+            ));
+        }
+        return None;
+    };
+    if record.root_dir != handle_root {
+        if exists {
+            left_alone.push(format!(
+                "{} (the sandbox was made for {})",
+                handle.request_path.display(),
+                record.root_dir.display()
+            ));
+        }
+        return None;
+    }
+    if let Err(e) = handle.check_project_dirs_real(handle_root) {
+        left_alone.push(e.to_string());
+        return None;
+    }
+    Some(handle.request_path.clone())
+}

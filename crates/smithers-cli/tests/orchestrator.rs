@@ -267,8 +267,24 @@ fn accept_with_a_conflict_names_the_file_and_applies_nothing() {
     assert!(err.contains("conflict: app.py"), "{err}");
     assert_eq!(read(root.join("app.py")), host);
     assert!(!root.join("NOTES.md").exists(), "partial apply");
+    // The review is still pending: a retry fails the same way (nothing written)...
     let out = cli(root, &["accept", "--json", sid]);
     assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json_of(&out)["review"], "pending");
+    assert_eq!(read(root.join("app.py")), host);
+    // ...and one asking for conflict markers resolves it: both versions of the line are in
+    // app.py between markers, and the rest of the change is applied.
+    let out = cli(root, &["accept", "--json", "--conflict-markers", sid]);
+    let doc = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{doc}");
+    assert_eq!(doc["conflictMarkers"], serde_json::json!(["app.py"]));
+    let merged = read(root.join("app.py"));
+    assert!(
+        merged.contains("<<<<<<< host\n") && merged.contains(">>>>>>> sandbox\n"),
+        "{merged}"
+    );
+    assert!(merged.contains("Hi, "), "the host's line is kept: {merged}");
+    assert!(root.join("NOTES.md").exists(), "the rest is applied");
 }
 
 #[test]

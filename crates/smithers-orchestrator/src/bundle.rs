@@ -165,6 +165,21 @@ pub trait PatchApplier: Send + Sync + std::fmt::Debug {
     /// Applies every patch of `bundle` to `root_dir`, or nothing.
     fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport>;
 
+    /// [`PatchApplier::apply`], writing text conflicts with conflict markers instead of
+    /// refusing them (on request, to resolve a conflicted review by hand). Returns the paths
+    /// written with markers. The default cannot write markers and refuses.
+    fn apply_marking_conflicts(
+        &self,
+        root_dir: &Path,
+        bundle: &InspectedBundle,
+    ) -> Result<Vec<String>, ErrorReport> {
+        let _ = (root_dir, bundle);
+        Err(ErrorReport::new(
+            ErrorCode::InvalidInput,
+            "this patch applier cannot write conflict markers",
+        ))
+    }
+
     /// Describes each file a bundle's patches touch, for the review record. The default reads
     /// the git headers of the patch files (`diff --git`, `new file mode`, `deleted file
     /// mode`, `index <base>..<new>`).
@@ -250,6 +265,30 @@ impl PatchApplier for AtomicPatchApplier {
         };
         smithers_patch::apply_patch_texts(root_dir, &refs, &opts)
             .map(|_| ())
+            .map_err(|e| e.report())
+    }
+
+    fn apply_marking_conflicts(
+        &self,
+        root_dir: &Path,
+        bundle: &InspectedBundle,
+    ) -> Result<Vec<String>, ErrorReport> {
+        use smithers_errors::CodedError;
+        let texts = Self::texts(bundle)?;
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let opts = smithers_patch::ApplyOptions {
+            host_changed: bundle.change_notes.host_changed.iter().cloned().collect(),
+            conflict_markers: true,
+            ..Default::default()
+        };
+        smithers_patch::apply_patch_texts(root_dir, &refs, &opts)
+            .map(|r| {
+                r.applied
+                    .into_iter()
+                    .filter(|a| a.conflict_markers)
+                    .map(|a| a.path)
+                    .collect()
+            })
             .map_err(|e| e.report())
     }
 

@@ -250,6 +250,8 @@ pub struct CompletedSandbox {
     pub bundle_path: PathBuf,
     /// Patches applied to the root directory.
     pub applied_patches: u64,
+    /// Files written with conflict markers (an accept that asked for them), to resolve by hand.
+    pub conflict_markers: Vec<String>,
 }
 
 /// A sandbox whose patches wait for a decision.
@@ -930,6 +932,7 @@ impl Orchestrator {
             outputs: bundle.outputs,
             bundle_path: bundle.bundle_path,
             applied_patches: applied,
+            conflict_markers: Vec::new(),
         }))
     }
 
@@ -1170,6 +1173,20 @@ impl Orchestrator {
         run_id: &str,
         sandbox_id: &str,
     ) -> Result<CompletedSandbox, OrchestratorError> {
+        self.accept_with(run_id, sandbox_id, false).await
+    }
+
+    /// [`Orchestrator::accept`]; with `conflict_markers`, text conflicts (a host edit next to
+    /// the step's, a file the host changed while the step ran) are written with conflict
+    /// markers for a person to resolve instead of refusing the accept
+    /// ([`CompletedSandbox::conflict_markers`] names them). Conflicts markers cannot express
+    /// still refuse it, all or nothing.
+    pub async fn accept_with(
+        &self,
+        run_id: &str,
+        sandbox_id: &str,
+        conflict_markers: bool,
+    ) -> Result<CompletedSandbox, OrchestratorError> {
         self.pending_review(run_id, sandbox_id)?;
         // Compare-and-set: of two people accepting at once, one proceeds.
         let review = self.claim_review(run_id, sandbox_id, ReviewState::Accepted, None)?;
@@ -1203,15 +1220,20 @@ impl Orchestrator {
                 Ok(bundle)
             })
             .and_then(|bundle| {
-                self.applier
-                    .apply(std::path::Path::new(&review.root_dir), &bundle)
+                let root = std::path::Path::new(&review.root_dir);
+                let applied = if conflict_markers {
+                    self.applier.apply_marking_conflicts(root, &bundle)
+                } else {
+                    self.applier.apply(root, &bundle).map(|()| Vec::new())
+                };
+                applied
                     .map_err(|report| OrchestratorError::Apply {
                         sandbox_id: sandbox_id.to_string(),
                         report: Box::new(report),
                     })
-                    .map(|()| bundle)
+                    .map(|marked| (bundle, marked))
             });
-        let bundle = match applied {
+        let (bundle, marked) = match applied {
             Ok(b) => b,
             Err(err) => {
                 self.reopen_review(run_id, sandbox_id, &err);
@@ -1226,11 +1248,15 @@ impl Orchestrator {
             None,
             now_ms(),
         )?;
+        let mut accepted = vec![("patchCount", json!(review.patch_count))];
+        if !marked.is_empty() {
+            accepted.push(("conflictMarkers", json!(marked)));
+        }
         self.emit(
             "SandboxDiffAccepted",
             run_id,
             sandbox_id,
-            vec![("patchCount", json!(review.patch_count))],
+            accepted,
             now_ms(),
         )?;
         let completed_at = now_ms();
@@ -1260,6 +1286,7 @@ impl Orchestrator {
             outputs: bundle.outputs,
             bundle_path: bundle.bundle_path,
             applied_patches: review.patch_count,
+            conflict_markers: marked,
         })
     }
 

@@ -59,6 +59,13 @@ pub struct ApplyOptions {
     /// not against what the step saw, so applying them would undo the host's edit. Each is a
     /// conflict unless the host already holds the patched result.
     pub host_changed: BTreeSet<String>,
+    /// Resolve text conflicts by writing conflict markers instead of refusing: a modified text
+    /// file whose hunks do not apply to the host's version gets a `<<<<<<< host` /
+    /// `=======` / `>>>>>>> sandbox` block where each failing hunk was expected, and a
+    /// host-changed file gets a block for each difference between the host's version and the
+    /// step's. Conflicts that markers cannot express (binary files, symlinks, files deleted
+    /// or created on one side, directories) still refuse the whole apply.
+    pub conflict_markers: bool,
     /// Test hook: stop (as a crash would: no rollback, journal left behind) after this many
     /// commit steps (deletions, directory removals/creations, renames).
     #[doc(hidden)]
@@ -91,6 +98,14 @@ pub struct AppliedFile {
     pub action: AppliedAction,
     /// The host had changed the file; the sandbox's hunks were merged onto the host version.
     pub merged: bool,
+    /// Written with conflict markers (`<<<<<<< host` / `=======` / `>>>>>>> sandbox`, as
+    /// asked for with [`ApplyOptions::conflict_markers`]): a person resolves the blocks.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub conflict_markers: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// The result of a successful [`apply_patches`].
@@ -600,6 +615,8 @@ struct Planned {
     want: State,
     merged: bool,
     action: AppliedAction,
+    /// Written with conflict markers.
+    marked: bool,
 }
 
 fn host_state(h: &Host) -> State {
@@ -634,6 +651,7 @@ fn plan_path(
                 want: State::Absent,
                 merged: false,
                 action: AppliedAction::Deleted,
+                marked: false,
             }));
         }
         if first.old_mode.is_some() {
@@ -660,6 +678,7 @@ fn plan_path(
                         host,
                         merged: false,
                         action: AppliedAction::Modified,
+                        marked: false,
                     }));
                 }
                 if i != 0 {
@@ -697,7 +716,54 @@ fn plan_path(
         want: state,
         merged,
         action,
+        marked: false,
     }))
+}
+
+/// The plan of a conflicting text file written with conflict markers, when markers can say
+/// it: one patch modifying a regular UTF-8 text file that is a regular UTF-8 text file on the
+/// host. `host_changed`: the patch's base is the host's version as of collect, not what the
+/// step saw, so the step's whole version is set against the host's, difference by
+/// difference; otherwise the hunks that fit are applied and each one that does not becomes a
+/// block. `None`: markers cannot express this conflict (the caller refuses it).
+fn plan_with_markers(host: &Host, patches: &[&FilePatch], host_changed: bool) -> Option<Planned> {
+    let [fp] = patches else { return None };
+    let (Some(om), Some(nm)) = (fp.old_mode, fp.new_mode) else {
+        return None;
+    };
+    if om.is_symlink() || nm.is_symlink() {
+        return None;
+    }
+    let PatchBody::Text(hunks) = &fp.body else {
+        return None;
+    };
+    let Host::File { content, perms, .. } = host else {
+        return None;
+    };
+    let text = std::str::from_utf8(content).ok()?;
+    let exact = host_changed
+        .then(|| step(&host_state(host), fp, true).ok())
+        .flatten();
+    let (marked, blocks) = match exact {
+        Some(State::File {
+            content: theirs, ..
+        }) => {
+            let theirs = String::from_utf8(theirs).ok()?;
+            crate::merge::mark_differences(text, &theirs)
+        }
+        _ => crate::merge::apply_hunks_marking(text, hunks),
+    };
+    Some(Planned {
+        host: host.clone(),
+        want: State::File {
+            content: marked.into_bytes(),
+            // The host's mode: which side's mode wins is part of what the person resolves.
+            mode: GitMode::from_regular_permissions(*perms),
+        },
+        merged: true,
+        action: AppliedAction::Modified,
+        marked: blocks > 0,
+    })
 }
 
 /// Whether the host already holds what the patch produces.
@@ -867,10 +933,19 @@ pub fn apply_patches(
                 .last()
                 .is_some_and(|last| already_applied(&host_state(&host), last));
             if !done {
-                conflicts.push(Conflict {
-                    path: path.to_string(),
-                    reason: HOST_CHANGED.into(),
-                });
+                match opts
+                    .conflict_markers
+                    .then(|| plan_with_markers(&host, list, true))
+                    .flatten()
+                {
+                    Some(pl) => {
+                        plans.insert(path.to_string(), pl);
+                    }
+                    None => conflicts.push(Conflict {
+                        path: path.to_string(),
+                        reason: HOST_CHANGED.into(),
+                    }),
+                }
                 continue;
             }
         }
@@ -878,10 +953,22 @@ pub fn apply_patches(
             Ok(pl) => {
                 plans.insert(path.to_string(), pl);
             }
-            Err(reason) => conflicts.push(Conflict {
-                path: path.to_string(),
-                reason,
-            }),
+            Err(reason) => {
+                let marked = if opts.conflict_markers {
+                    plan_with_markers(&read_host(&b, path)?, list, false)
+                } else {
+                    None
+                };
+                match marked {
+                    Some(pl) => {
+                        plans.insert(path.to_string(), pl);
+                    }
+                    None => conflicts.push(Conflict {
+                        path: path.to_string(),
+                        reason,
+                    }),
+                }
+            }
         }
     }
     let deleted: BTreeSet<&str> = plans
@@ -965,6 +1052,7 @@ pub fn apply_patches(
             path: path.clone(),
             action: pl.action,
             merged: pl.merged,
+            conflict_markers: pl.marked,
         });
         let (backup, backup_bytes) = match &pl.host {
             Host::File {

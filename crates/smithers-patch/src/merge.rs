@@ -38,8 +38,101 @@ fn postimage(h: &Hunk) -> impl Iterator<Item = &str> {
 /// Applies `hunks` to `text`. `exact`: every hunk must sit where its header says (used when
 /// the base hash matched). Otherwise each hunk may move to the one place it fits.
 pub(crate) fn apply_hunks(text: &str, hunks: &[Hunk], exact: bool) -> Result<String, HunkFailure> {
+    apply_hunks_inner(text, hunks, exact, false).map(|(t, _)| t)
+}
+
+/// The start of a conflict block: the host's lines follow.
+pub(crate) const MARK_HOST: &str = "<<<<<<< host\n";
+/// Between the host's lines and the sandbox's.
+pub(crate) const MARK_SPLIT: &str = "=======\n";
+/// The end of a conflict block, after the sandbox's lines.
+pub(crate) const MARK_SANDBOX: &str = ">>>>>>> sandbox\n";
+
+/// Relocates `hunks` onto `text` like [`apply_hunks`] (not exact), but a hunk that fits
+/// nowhere (or in more than one place) becomes a conflict block in git's marker style at the
+/// place it was expected: the host's lines there, then the sandbox's version of them. Returns
+/// the text and how many blocks were written. Nothing of either side is lost; a person
+/// resolves the blocks.
+pub(crate) fn apply_hunks_marking(text: &str, hunks: &[Hunk]) -> (String, usize) {
+    apply_hunks_inner(text, hunks, false, true).unwrap_or_else(|_| (text.to_string(), 0))
+}
+
+/// Two-way conflict blocks between `host` and `sandbox` (whose common base is lost): lines the
+/// two share are kept, each run where they differ becomes one block. The count of blocks.
+pub(crate) fn mark_differences(host: &str, sandbox: &str) -> (String, usize) {
+    let hunks = crate::patch::text_hunks(host, sandbox);
+    let lines: Vec<&str> = host.split_inclusive('\n').collect();
+    let mut out = String::with_capacity(host.len() + sandbox.len());
+    let mut cursor = 0usize;
+    let mut blocks = 0usize;
+    for h in &hunks {
+        let start = if h.old_len == 0 {
+            h.old_start
+        } else {
+            h.old_start.saturating_sub(1)
+        };
+        for l in &lines[cursor.min(lines.len())..start.min(lines.len())] {
+            out.push_str(l);
+        }
+        cursor = start;
+        let mut i = 0;
+        while i < h.lines.len() {
+            if h.lines[i].kind == LineKind::Context {
+                out.push_str(&h.lines[i].text);
+                cursor += 1;
+                i += 1;
+                continue;
+            }
+            let (mut ours, mut theirs) = (String::new(), String::new());
+            while i < h.lines.len() && h.lines[i].kind != LineKind::Context {
+                match h.lines[i].kind {
+                    LineKind::Remove => {
+                        ours.push_str(&h.lines[i].text);
+                        cursor += 1;
+                    }
+                    _ => theirs.push_str(&h.lines[i].text),
+                }
+                i += 1;
+            }
+            push_block(&mut out, &ours, &theirs);
+            blocks += 1;
+        }
+    }
+    for l in &lines[cursor.min(lines.len())..] {
+        out.push_str(l);
+    }
+    (out, blocks)
+}
+
+/// One conflict block; a side whose last line has no newline gets one, so that the markers
+/// stay on lines of their own.
+fn push_block(out: &mut String, host: &str, sandbox: &str) {
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(MARK_HOST);
+    out.push_str(host);
+    if !host.is_empty() && !host.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(MARK_SPLIT);
+    out.push_str(sandbox);
+    if !sandbox.is_empty() && !sandbox.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(MARK_SANDBOX);
+}
+
+fn apply_hunks_inner(
+    text: &str,
+    hunks: &[Hunk],
+    exact: bool,
+    mark: bool,
+) -> Result<(String, usize), HunkFailure> {
+    use std::borrow::Cow;
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
-    let mut out: Vec<&str> = Vec::with_capacity(lines.len() + 16);
+    let mut out: Vec<Cow<'_, str>> = Vec::with_capacity(lines.len() + 16);
+    let mut blocks = 0usize;
     let mut cursor = 0usize; // next unconsumed host line
     let mut offset: isize = 0; // where hunks landed relative to their headers so far
     for (i, h) in hunks.iter().enumerate() {
@@ -93,25 +186,47 @@ pub(crate) fn apply_hunks(text: &str, hunks: &[Hunk], exact: bool) -> Result<Str
             let mut places = (cursor..=lines.len().saturating_sub(pre.len())).filter(|&p| fits(p));
             match (places.next(), places.next()) {
                 (Some(p), None) => Some(p),
-                (Some(_), Some(_)) => {
+                (Some(_), Some(_)) if !mark => {
                     return Err(HunkFailure {
                         ambiguous: true,
                         ..fail
                     })
                 }
+                (Some(_), Some(_)) => None,
                 (None, _) => None,
             }
         };
         let Some(pos) = found else {
-            return Err(fail);
+            if !mark {
+                return Err(fail);
+            }
+            // A conflict block where the hunk was expected: the host's lines there (as many
+            // as the hunk would have replaced), then the sandbox's version.
+            let pos = expected.clamp(cursor, lines.len());
+            let end = (pos + pre.len()).min(lines.len());
+            out.extend(lines[cursor..pos].iter().map(|l| Cow::Borrowed(*l)));
+            // A host line before the block without its newline (the file's last) gets one.
+            let mut block = match out.last() {
+                Some(l) if !l.ends_with('\n') => "\n".to_string(),
+                _ => String::new(),
+            };
+            push_block(
+                &mut block,
+                &lines[pos..end].concat(),
+                &postimage(h).collect::<String>(),
+            );
+            out.push(Cow::Owned(block));
+            blocks += 1;
+            cursor = end;
+            continue;
         };
-        out.extend_from_slice(&lines[cursor..pos]);
-        out.extend(postimage(h));
+        out.extend(lines[cursor..pos].iter().map(|l| Cow::Borrowed(*l)));
+        out.extend(postimage(h).map(Cow::Borrowed));
         cursor = pos + pre.len();
         offset = pos as isize - nominal as isize;
     }
-    out.extend_from_slice(&lines[cursor..]);
-    Ok(out.concat())
+    out.extend(lines[cursor..].iter().map(|l| Cow::Borrowed(*l)));
+    Ok((out.concat(), blocks))
 }
 
 #[cfg(test)]

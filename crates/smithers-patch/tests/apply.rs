@@ -525,3 +525,118 @@ fn non_utf8_names_apply_and_roll_back_byte_exact() {
     }
     assert!(n >= 4, "{n} commit steps");
 }
+
+/// A conflicted accept can be resolved on request: the conflicting text file gets a conflict
+/// block (both sides kept), the rest of the change applies, and the report names the file.
+/// Without the option nothing is written; a binary conflict is never "resolved" by markers.
+#[test]
+fn conflict_markers_on_request_keep_both_sides() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let base = numbered(12);
+    let step = base.replace("line 6\n", "STEP SIX\n");
+    let host = base.replace("line 6\n", "HOST SIX\n");
+    std::fs::write(root.join("f.txt"), &host).unwrap();
+    std::fs::write(root.join("other.txt"), "o\n").unwrap();
+    let patches = via_text(&[
+        change(
+            "f.txt",
+            Some((base.as_bytes(), GitMode::File)),
+            Some((step.as_bytes(), GitMode::File)),
+        ),
+        change(
+            "other.txt",
+            Some((b"o\n", GitMode::File)),
+            Some((b"o2\n", GitMode::File)),
+        ),
+    ]);
+    assert!(matches!(
+        apply_patches(root, &patches, &ApplyOptions::default()),
+        Err(PatchError::Conflicts { .. })
+    ));
+    assert_eq!(std::fs::read_to_string(root.join("f.txt")).unwrap(), host);
+    let opts = ApplyOptions {
+        conflict_markers: true,
+        ..Default::default()
+    };
+    let report = apply_patches(root, &patches, &opts).unwrap();
+    let marked: Vec<&str> = report
+        .applied
+        .iter()
+        .filter(|a| a.conflict_markers)
+        .map(|a| a.path.as_str())
+        .collect();
+    assert_eq!(marked, ["f.txt"]);
+    let got = std::fs::read_to_string(root.join("f.txt")).unwrap();
+    assert!(
+        got.contains("<<<<<<< host\n")
+            && got.contains("=======\n")
+            && got.contains(">>>>>>> sandbox\n"),
+        "{got}"
+    );
+    assert!(
+        got.contains("HOST SIX\n") && got.contains("STEP SIX\n"),
+        "{got}"
+    );
+    assert!(
+        got.starts_with("line 1\n") && got.ends_with("line 12\n"),
+        "{got}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("other.txt")).unwrap(),
+        "o2\n"
+    );
+
+    // A binary conflict cannot be marked: the whole apply is refused, as before.
+    let t2 = tempfile::tempdir().unwrap();
+    std::fs::write(t2.path().join("b.bin"), b"\0host").unwrap();
+    let bin = via_text(&[change(
+        "b.bin",
+        Some((b"\0base", GitMode::File)),
+        Some((b"\0step", GitMode::File)),
+    )]);
+    assert!(matches!(
+        apply_patches(t2.path(), &bin, &opts),
+        Err(PatchError::Conflicts { .. })
+    ));
+    assert_eq!(std::fs::read(t2.path().join("b.bin")).unwrap(), b"\0host");
+}
+
+/// A file the host changed while the step ran (base lost) is refused; with markers, every
+/// difference between the host's version and the step's becomes a block, and lines they
+/// share stay as they are.
+#[test]
+fn host_changed_files_are_refused_or_marked() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    // The patch was made against the host's version as of collect (which already holds the
+    // host's edit of line 9): applied, it would silently undo that edit.
+    let host = numbered(10).replace("line 9\n", "HOST NINE\n");
+    let step = numbered(10).replace("line 2\n", "STEP TWO\n");
+    std::fs::write(root.join("ten.txt"), &host).unwrap();
+    let patches = via_text(&[change(
+        "ten.txt",
+        Some((host.as_bytes(), GitMode::File)),
+        Some((step.as_bytes(), GitMode::File)),
+    )]);
+    let mut opts = ApplyOptions::default();
+    opts.host_changed.insert("ten.txt".into());
+    match apply_patches(root, &patches, &opts) {
+        Err(PatchError::Conflicts { conflicts }) => {
+            assert_eq!(conflicts[0].path, "ten.txt");
+            assert_eq!(conflicts[0].reason, HOST_CHANGED);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(std::fs::read_to_string(root.join("ten.txt")).unwrap(), host);
+    opts.conflict_markers = true;
+    let report = apply_patches(root, &patches, &opts).unwrap();
+    assert!(report.applied[0].conflict_markers);
+    let got = std::fs::read_to_string(root.join("ten.txt")).unwrap();
+    assert_eq!(
+        got,
+        "line 1\n<<<<<<< host\nline 2\n=======\nSTEP TWO\n>>>>>>> sandbox\n\
+         line 3\nline 4\nline 5\nline 6\nline 7\nline 8\n\
+         <<<<<<< host\nHOST NINE\n=======\nline 9\n>>>>>>> sandbox\nline 10\n"
+    );
+}

@@ -38,6 +38,12 @@ pub struct ReviewArgs {
 pub struct AcceptArgs {
     /// `<sandboxId>` or `<runId>:<sandboxId>`.
     pub id: String,
+    /// Resolve text conflicts by writing conflict markers (`<<<<<<< host` / `=======` /
+    /// `>>>>>>> sandbox`) into the files instead of refusing the accept; the files so written
+    /// are listed, to be resolved by hand. Binary, symlink and file/directory conflicts still
+    /// refuse the whole accept.
+    #[arg(long)]
+    pub conflict_markers: bool,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -219,9 +225,11 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         Some(&review.bundle_path),
         &ctx.store().patches(&row.run_id, &row.sandbox_id).coded()?,
     );
-    let result = ctx
-        .rt
-        .block_on(ctx.orchestrator.accept(&row.run_id, &row.sandbox_id));
+    let result = ctx.rt.block_on(ctx.orchestrator.accept_with(
+        &row.run_id,
+        &row.sandbox_id,
+        args.conflict_markers,
+    ));
     let patches_json: Vec<Value> = changes.iter().map(context::FileChange::to_json).collect();
     match result {
         Ok(done) => {
@@ -238,6 +246,7 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                         "bundlePath": done.bundle_path,
                         "outputs": done.outputs,
                         "patches": patches_json,
+                        "conflictMarkers": done.conflict_markers,
                     })
                 );
             } else {
@@ -250,6 +259,14 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 );
                 for line in context::stat_lines(&changes) {
                     println!("  {line}");
+                }
+                if !done.conflict_markers.is_empty() {
+                    println!(
+                        "written with conflict markers (resolve the <<<<<<< host / ======= / >>>>>>> sandbox blocks):"
+                    );
+                    for p in &done.conflict_markers {
+                        println!("  {}", name(p));
+                    }
                 }
                 println!("status: {}", inert(&done.status));
             }
@@ -265,7 +282,7 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                         "runId": row.run_id,
                         "sandboxId": row.sandbox_id,
                         "status": "failed",
-                        "review": "accepted",
+                        "review": "pending",
                         "applied": false,
                         "conflicts": conflicts.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect::<Vec<_>>(),
                         "patches": patches_json,
@@ -284,6 +301,9 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     for (path, reason) in &conflicts {
                         eprintln!("  conflict: {}: {}", name(path), inert(reason));
                     }
+                    eprintln!(
+                        "the review is still pending: fix the files and accept again, accept with --conflict-markers to resolve them by hand, or reject"
+                    );
                 }
             }
             Ok(ExitCode::from(EXIT_REJECTED))

@@ -349,7 +349,7 @@ export class SandboxHostClient {
   async uploadWorkspace(
     id: string,
     rootDir: string,
-    options: { skipTop: string[]; gzipLevel?: number; signal?: AbortSignal; onProgress?: (stats: PackStats) => void },
+    options: { skipTop: string[]; skipAnywhere?: string[]; gzipLevel?: number; signal?: AbortSignal; onProgress?: (stats: PackStats) => void },
   ): Promise<WorkspaceUploaded & { pack: PackStats }> {
     let stats: PackStats = { entries: 0, bytes: 0, skippedSpecial: [] };
     let packError: unknown = undefined;
@@ -360,7 +360,7 @@ export class SandboxHostClient {
       packError = undefined;
       const gzip = createGzip({ level: options.gzipLevel ?? 1 });
       const current = stats;
-      const packed = packTree(rootDir, { skipTop: options.skipTop }, current);
+      const packed = packTree(rootDir, { skipTop: options.skipTop, skipAnywhere: options.skipAnywhere }, current);
       const onProgress = options.onProgress;
       const chunks = onProgress
         ? (async function* () {

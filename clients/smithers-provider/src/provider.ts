@@ -243,7 +243,9 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
     // Packing a large tree takes a while: keep the task's heartbeat alive meanwhile.
     let lastUploadBeat = Date.now();
     const uploaded = await client.uploadWorkspace(hostId, request.rootDir, {
-      skipTop: options.includeGit === false ? [".smithers", ".git"] : [".smithers"],
+      skipTop: options.includeGit === false ? [".git"] : [],
+      // The host refuses `.smithers` at any depth in an upload (it is never workspace content).
+      skipAnywhere: [".smithers"],
       ...(options.gzipLevel !== undefined ? { gzipLevel: options.gzipLevel } : {}),
       ...(signal ? { signal } : {}),
       onProgress: (stats) => {

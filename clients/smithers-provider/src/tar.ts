@@ -6,8 +6,8 @@
  * ustar entries, one chunk at a time, so a tree of any size is never held in memory. Names that
  * do not fit ustar's name/prefix fields get a PAX `path`/`linkpath` record, which the host's
  * reader (the Rust `tar` crate) honours. Symlinks travel as links and are never followed;
- * sockets, fifos and devices are not data and are left out; chosen top-level names (`.smithers`)
- * are skipped. Paths are handled as bytes, so names that are not UTF-8 survive.
+ * sockets, fifos and devices are not data and are left out; chosen names are skipped (`.smithers` at
+ * any depth, `.git` at the top when asked). Paths are handled as bytes, so names that are not UTF-8 survive.
  *
  * Reading (`unpackTar`): the result bundle comes from the network and is untrusted. It is
  * unpacked into a fresh staging directory under these rules: no absolute path, no `..`, no NUL
@@ -32,8 +32,10 @@ const SLASH = Buffer.from("/");
 // Writing
 
 export type PackOptions = {
-  /** Top-level names left out (e.g. `.smithers`). */
+  /** Top-level names left out (e.g. `.git` when it is not shipped). */
   skipTop?: string[];
+  /** Names left out at any depth (`.smithers`: the host refuses it anywhere in an upload). */
+  skipAnywhere?: string[];
 };
 
 export type PackStats = {
@@ -207,6 +209,7 @@ function* readExactly(fd: number, size: number, path: Buffer): Generator<Buffer>
 export async function* packTree(root: string, options: PackOptions, stats: PackStats): AsyncGenerator<Buffer> {
   const rootBytes = Buffer.from(root);
   const skip = new Set((options.skipTop ?? []).map((s) => Buffer.from(s).toString("latin1")));
+  const skipAnywhere = new Set((options.skipAnywhere ?? []).map((s) => Buffer.from(s).toString("latin1")));
   const stack: Buffer[] = [Buffer.alloc(0)];
   while (stack.length > 0) {
     const relDir = stack.pop()!;
@@ -214,7 +217,7 @@ export async function* packTree(root: string, options: PackOptions, stats: PackS
     const names = readdirSync(absDir, { encoding: "buffer" }).sort(Buffer.compare);
     const subdirs: Buffer[] = [];
     for (const name of names) {
-      if (relDir.length === 0 && skip.has(name.toString("latin1"))) {
+      if ((relDir.length === 0 && skip.has(name.toString("latin1"))) || skipAnywhere.has(name.toString("latin1"))) {
         continue;
       }
       const rel = relDir.length === 0 ? name : Buffer.concat([relDir, SLASH, name]);

@@ -130,8 +130,10 @@ test("a packed tree unpacks to the same files: long names, non-UTF-8 names, empt
   await writeFile(Buffer.from(`${tree}/\xff\xfe-latin`, "latin1"), "bytes");
   await mkdir(join(tree, ".smithers"));
   await writeFile(join(tree, ".smithers", "sandbox.db"), "state");
+  await mkdir(join(tree, "sub", ".smithers"), { recursive: true });
+  await writeFile(join(tree, "sub", ".smithers", "sandbox.db"), "planted state");
   const stats: PackStats = { entries: 0, bytes: 0, skippedSpecial: [] };
-  const archive = await collect(packTree(tree, { skipTop: [".smithers"] }, stats));
+  const archive = await collect(packTree(tree, { skipAnywhere: [".smithers"] }, stats));
   assert.equal(archive.length % 512, 0);
   assert.ok(archive.subarray(archive.length - 1024).every((b) => b === 0), "ends with the end marker");
   assert.equal(stats.bytes, big.length + 4 + 5);
@@ -145,6 +147,7 @@ test("a packed tree unpacks to the same files: long names, non-UTF-8 names, empt
   assert.equal(await readFile(join(out, "empty"), "utf8"), "");
   assert.equal(await readFile(Buffer.from(`${out}/\xff\xfe-latin`, "latin1"), "utf8"), "bytes");
   assert.ok(!(await readdir(out)).includes(".smithers"), ".smithers/ was skipped");
+  assert.ok(!(await readdir(join(out, "sub"))).includes(".smithers"), "a nested .smithers/ was skipped too");
 
   // GNU tar, when present, reads the same archive (PAX names included).
   const gnu = spawnSync("tar", ["-tf", "-"], { input: archive });

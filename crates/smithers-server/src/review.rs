@@ -112,13 +112,22 @@ pub(crate) async fn get_one(
     ))
 }
 
+/// The query of an accept: `?conflictMarkers=true` resolves text conflicts with markers.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct AcceptQuery {
+    #[serde(default)]
+    conflict_markers: bool,
+}
+
 pub(crate) async fn accept(
     State(state): St,
     Path((run_id, sandbox_id)): Path<(String, String)>,
+    Query(query): Query<AcceptQuery>,
 ) -> Result<Response, ApiError> {
     let orch = orchestrator(&state)?;
     let done = orch
-        .accept(&run_id, &sandbox_id)
+        .accept_with(&run_id, &sandbox_id, query.conflict_markers)
         .await
         .map_err(|e| orchestrator_error(&e))?;
     Ok(json_response(
@@ -128,6 +137,7 @@ pub(crate) async fn accept(
             "outputs": done.outputs,
             "bundlePath": done.bundle_path,
             "appliedPatches": done.applied_patches,
+            "conflictMarkers": done.conflict_markers,
         }),
     ))
 }

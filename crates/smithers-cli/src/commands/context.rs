@@ -153,13 +153,19 @@ pub fn open_with(
         for r in &recovered {
             // Ids and runtime come from the database: inert.
             eprintln!(
-                "recovered orphaned sandbox {}:{} ({}): marked failed{}",
+                "{} orphaned sandbox {}:{} ({}){}",
+                if r.marked_failed {
+                    "recovered"
+                } else {
+                    "found (database not ours to act on: reported only)"
+                },
                 inert(&r.run_id),
                 inert(&r.sandbox_id),
                 inert(&r.runtime),
                 match &r.cleanup_error {
-                    None => ", leftovers cleaned up".to_string(),
-                    Some(e) => format!(", cleanup incomplete: {}", inert(e)),
+                    None if r.marked_failed => ": marked failed, leftovers cleaned up".to_string(),
+                    None => String::new(),
+                    Some(e) => format!(": cleanup not done: {}", inert(e)),
                 }
             );
         }
@@ -184,6 +190,7 @@ pub fn recovered_json(recovered: &[RecoveredSandbox]) -> Value {
                     "runtime": r.runtime,
                     "cleanedUp": r.cleaned_up,
                     "cleanupError": r.cleanup_error,
+                    "markedFailed": r.marked_failed,
                 })
             })
             .collect(),

@@ -27,9 +27,15 @@
 //!   birth.
 //! - **Live lower layer**: the host can edit a file the step has copied up; such paths are
 //!   listed in [`ChangeSet::stale_base`] (lower ctime ≥ upper birth time), because their
-//!   patch's base is the host's newer version and applying it would undo the host's edit.
+//!   patch's base is the host's newer version and applying it would undo the host's edit;
+//!   [`ApplyOptions::host_changed`] makes apply refuse them as conflicts (or, with
+//!   [`ApplyOptions::conflict_markers`], write both versions between markers). For a full
+//!   copy, [`DetectOptions::copy_finished`] tells the host's own edits (a copy entry older than
+//!   the copy's completion was not touched by the step) from the step's.
 //! - **`.gitignore`** is read from the merged (post-step) view plus the lower
-//!   `.git/info/exclude`; ignored paths are reported in [`ChangeSet::ignored`]. `.git` and
+//!   `.git/info/exclude`, and applies to untracked paths only (the lower tree's git index is
+//!   read: a tracked file matching a rule is still a change); ignored paths are reported in
+//!   [`ChangeSet::ignored`]. `.git` and
 //!   `.smithers` (anywhere, any ASCII case) are always excluded, and reported there too.
 //! - **Not representable in git patches** (reported in [`ChangeSet::skipped`], never silently
 //!   dropped): empty directories, fifos/sockets/devices, symlink targets that are not UTF-8.

@@ -187,7 +187,7 @@ pub(crate) fn enforcement(
         row(
             n::NETWORK,
             Enforced,
-            "new network namespace with only loopback; Landlock also denies TCP bind/connect",
+            "the boundary is the sandbox's own network namespace: only its own loopback (TCP and UDP work on it), the host's loopback and every outside address unreachable",
             None,
         )
     } else {
@@ -371,7 +371,7 @@ pub(crate) fn probe(
         (Ok(()), Ok(())) => row(
             n::NETWORK,
             Enforced,
-            "no network by default (own namespace, loopback only)",
+            "no network by default: the boundary is the sandbox's own network namespace (only its own loopback)",
             None,
         ),
         (Ok(()), Err(e)) => row(

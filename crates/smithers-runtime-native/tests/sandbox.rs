@@ -866,3 +866,53 @@ async fn loopback_inside_works_and_the_hosts_stays_unreachable() {
     }
     sb.done().await;
 }
+
+/// Deliverable 2 of issue 13: output caps count events too. A million empty lines (under the
+/// default maxOutputBytes of 1 MiB) become a bounded number of events, recorded as a
+/// truncation that names the line cap; a normal step next to it is unaffected.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_million_newlines_are_capped_in_events() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let controls = Controls {
+        timeout_ms: Some(60_000),
+        ..Controls::default()
+    };
+    assert!(controls.max_output_bytes > 1_000_000, "the byte cap must not be what stops it");
+    let sb = Sandbox::new(rt.clone(), controls).await;
+    let (outcome, lines) = sb
+        .run("head -c 1000000 /dev/zero | tr '\\0' '\\n'; echo done >&2")
+        .await;
+    assert_eq!(outcome.termination, Termination::Output, "{outcome:?}");
+    assert!(outcome.stdout_truncated);
+    assert!(!outcome.stderr_truncated);
+    let events = lines.stdout().len();
+    assert!(
+        events > 0 && events <= 100_000,
+        "{events} stdout events from a million newlines"
+    );
+    let report = sb.rt.collect(&sb.handle).await.expect("collect");
+    let log = std::fs::read_to_string(report.bundle_path.join("logs/stream.ndjson")).unwrap();
+    let records: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let cut: Vec<_> = records
+        .iter()
+        .filter(|r| r["type"] == "outputTruncated")
+        .collect();
+    assert_eq!(cut.len(), 1, "{cut:?}");
+    assert_eq!(cut[0]["stream"], "stdout");
+    assert_eq!(cut[0]["cap"], "events");
+    let exit = records.last().unwrap();
+    assert_eq!(exit["termination"], "output");
+    assert_eq!(exit["stdoutTruncated"], true);
+
+    let (outcome, lines) = sb.run("seq 1 1000").await;
+    assert_eq!(outcome.termination, Termination::Exited);
+    assert!(!outcome.stdout_truncated);
+    assert_eq!(lines.stdout().len(), 1000);
+    sb.done().await;
+}

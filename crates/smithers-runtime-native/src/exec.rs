@@ -95,8 +95,7 @@ impl Pump<'_> {
     fn emit(&self, stream: Stream, line: &[u8]) {
         let ts = now_ms();
         let line = String::from_utf8_lossy(line).into_owned();
-        let record =
-            json!({"type": stream.as_str(), "timestampMs": ts, "line": line}).to_string();
+        let record = json!({"type": stream.as_str(), "timestampMs": ts, "line": line}).to_string();
         self.push_log(record);
         self.sink.event(match stream {
             Stream::Stdout => OutputEvent::Stdout {

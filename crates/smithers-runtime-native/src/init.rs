@@ -1226,8 +1226,8 @@ fn capset_zero() -> SysResult<()> {
 
 fn apply_landlock(plan: &LandlockPlan) -> Result<&'static str, String> {
     use landlock::{
-        Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+        Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+        RulesetCreatedAttr, RulesetStatus, Scope, ABI,
     };
     let abi = ABI::V6;
     let err = |e: &dyn std::fmt::Display| e.to_string();

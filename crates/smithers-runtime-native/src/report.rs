@@ -304,7 +304,11 @@ pub(crate) fn enforcement(
     p.push(row(
         n::OUTPUT,
         Enforced,
-        format!("{} per stream", human_bytes(c.max_output_bytes)),
+        format!(
+            "{} and {} lines per stream",
+            human_bytes(c.max_output_bytes),
+            crate::exec::MAX_OUTPUT_EVENTS
+        ),
         None,
     ));
     p.push(match workspace {
@@ -471,7 +475,7 @@ pub(crate) fn probe(
     p.push(row(
         n::OUTPUT,
         Enforced,
-        "per-stream cap, truncation recorded",
+        "per-stream caps on bytes (maxOutputBytes) and lines, truncation recorded with the cap named",
         None,
     ));
     let overlay_fix = "use a kernel >= 5.11 with overlayfs; keep the state root on a filesystem overlayfs accepts as upper layer (ext4, xfs, tmpfs)";

@@ -850,8 +850,14 @@ async fn loopback_inside_works_and_the_hosts_stays_unreachable() {
     let stdout = lines.stdout();
     let res: serde_json::Value =
         serde_json::from_str(stdout.last().expect("probe output")).unwrap();
-    assert_eq!(res["tcp"], "ping-tcp", "TCP on the sandbox's loopback: {res}");
-    assert_eq!(res["udp"], "ping-udp", "UDP on the sandbox's loopback: {res}");
+    assert_eq!(
+        res["tcp"], "ping-tcp",
+        "TCP on the sandbox's loopback: {res}"
+    );
+    assert_eq!(
+        res["udp"], "ping-udp",
+        "UDP on the sandbox's loopback: {res}"
+    );
     assert_eq!(res["host"], "refused", "the host's loopback: {res}");
     assert!(
         listener.accept().is_err(),
@@ -880,7 +886,10 @@ async fn a_million_newlines_are_capped_in_events() {
         timeout_ms: Some(60_000),
         ..Controls::default()
     };
-    assert!(controls.max_output_bytes > 1_000_000, "the byte cap must not be what stops it");
+    assert!(
+        controls.max_output_bytes > 1_000_000,
+        "the byte cap must not be what stops it"
+    );
     let sb = Sandbox::new(rt.clone(), controls).await;
     let (outcome, lines) = sb
         .run("head -c 1000000 /dev/zero | tr '\\0' '\\n'; echo done >&2")
@@ -888,6 +897,8 @@ async fn a_million_newlines_are_capped_in_events() {
     assert_eq!(outcome.termination, Termination::Output, "{outcome:?}");
     assert!(outcome.stdout_truncated);
     assert!(!outcome.stderr_truncated);
+    let row = outcome.enforcement.get("output").expect("output row");
+    assert!(row.detail.contains("100000 lines per stream"), "{row:?}");
     let events = lines.stdout().len();
     assert!(
         events > 0 && events <= 100_000,

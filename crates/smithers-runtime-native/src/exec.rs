@@ -38,10 +38,38 @@ enum Stream {
     Stderr,
 }
 
+/// Most output events (lines) kept per stream. `maxOutputBytes` alone does not bound them: a
+/// megabyte of newlines would be a million events, each a log record held until the bundle is
+/// written and an event for every follower (an SSE message in `serve`). 100k lines is far more
+/// than a person reads and keeps the log of one stream to a few MB.
+pub(crate) const MAX_OUTPUT_EVENTS: u64 = 100_000;
+
+/// Which per-stream cap cut a stream off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OutputCap {
+    /// `maxOutputBytes`.
+    Bytes,
+    /// [`MAX_OUTPUT_EVENTS`].
+    Events,
+}
+
+impl OutputCap {
+    fn as_str(self) -> &'static str {
+        match self {
+            OutputCap::Bytes => "bytes",
+            OutputCap::Events => "events",
+        }
+    }
+}
+
 #[derive(Default)]
 struct Captured {
     total: u64,
     truncated: bool,
+    /// The cap that truncated the stream (set with `truncated`).
+    cap: Option<OutputCap>,
+    /// Events emitted (lines, the last possibly without its newline).
+    events: u64,
     /// Kept stdout bytes (for a result printed as stdout).
     kept: Vec<u8>,
 }
@@ -51,20 +79,24 @@ struct Pump<'a> {
     log: &'a Mutex<Vec<String>>,
     over: &'a Notify,
     max: u64,
+    max_events: u64,
+}
+
+impl Stream {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
 }
 
 impl Pump<'_> {
     fn emit(&self, stream: Stream, line: &[u8]) {
         let ts = now_ms();
         let line = String::from_utf8_lossy(line).into_owned();
-        let kind = match stream {
-            Stream::Stdout => "stdout",
-            Stream::Stderr => "stderr",
-        };
-        let record = json!({"type": kind, "timestampMs": ts, "line": line}).to_string();
-        if let Ok(mut log) = self.log.lock() {
-            log.push(record);
-        }
+        let record = json!({"type": stream.as_str(), "timestampMs": ts, "line": line}).to_string();
+        self.push_log(record);
         self.sink.event(match stream {
             Stream::Stdout => OutputEvent::Stdout {
                 line,
@@ -75,6 +107,65 @@ impl Pump<'_> {
                 timestamp_ms: ts,
             },
         });
+    }
+
+    fn push_log(&self, record: String) {
+        if let Ok(mut log) = self.log.lock() {
+            log.push(record);
+        }
+    }
+
+    /// Records the first cap `stream` hits: in the log (which cap, its limit), in `cap`, and
+    /// to the control task, which ends the step as [`Termination::Output`].
+    fn truncate(&self, stream: Stream, cap: &mut Captured, which: OutputCap) {
+        if cap.truncated {
+            return;
+        }
+        cap.truncated = true;
+        cap.cap = Some(which);
+        let limit = match which {
+            OutputCap::Bytes => self.max,
+            OutputCap::Events => self.max_events,
+        };
+        let name = match which {
+            OutputCap::Bytes => "maxOutputBytes",
+            OutputCap::Events => "the per-stream line limit",
+        };
+        self.push_log(
+            json!({
+                "type": "outputTruncated",
+                "timestampMs": now_ms(),
+                "stream": stream.as_str(),
+                "cap": which.as_str(),
+                "limit": limit,
+                "message": format!("{} cut off at {name} ({limit} {})", stream.as_str(), which.as_str()),
+            })
+            .to_string(),
+        );
+        self.over.notify_one();
+    }
+
+    /// Emits the complete lines of `pending` (at most the events left under the cap) and
+    /// drops them from it. Returns false when the event cap was reached.
+    fn emit_lines(&self, stream: Stream, cap: &mut Captured, pending: &mut Vec<u8>) -> bool {
+        let mut start = 0;
+        let mut room = true;
+        while let Some(pos) = pending[start..].iter().position(|b| *b == b'\n') {
+            if cap.events >= self.max_events {
+                room = false;
+                break;
+            }
+            self.emit(stream, &pending[start..start + pos]);
+            cap.events += 1;
+            start += pos + 1;
+        }
+        if room {
+            pending.drain(..start);
+        } else {
+            // Past the event cap nothing more is emitted: what is left goes too.
+            pending.clear();
+        }
+        room
     }
 
     async fn run<R: AsyncRead + Unpin>(&self, mut reader: R, stream: Stream) -> Captured {
@@ -88,29 +179,34 @@ impl Pump<'_> {
                 Ok(n) => n,
             };
             cap.total += n as u64;
+            // Past a cap we keep reading (so the writer never blocks on a full pipe) but
+            // drop the bytes: host memory stays bounded by the caps.
+            if cap.truncated {
+                continue;
+            }
             let room = self.max.saturating_sub(kept);
             let take = (n as u64).min(room) as usize;
-            if take < n && !cap.truncated {
-                cap.truncated = true;
-                self.over.notify_one();
+            if take < n {
+                self.truncate(stream, &mut cap, OutputCap::Bytes);
             }
-            // Past the cap we keep reading (so the writer never blocks on a full pipe) but
-            // drop the bytes: host memory stays bounded by the cap.
             let chunk = &buf[..take];
             kept += take as u64;
             if stream == Stream::Stdout {
                 cap.kept.extend_from_slice(chunk);
             }
             pending.extend_from_slice(chunk);
-            let mut start = 0;
-            while let Some(pos) = pending[start..].iter().position(|b| *b == b'\n') {
-                self.emit(stream, &pending[start..start + pos]);
-                start += pos + 1;
+            if !self.emit_lines(stream, &mut cap, &mut pending) {
+                self.truncate(stream, &mut cap, OutputCap::Events);
             }
-            pending.drain(..start);
         }
+        // The last line, cut off or without its newline, is one more event if there is room.
         if !pending.is_empty() {
-            self.emit(stream, &pending);
+            if cap.events < self.max_events {
+                self.emit(stream, &pending);
+                cap.events += 1;
+            } else {
+                self.truncate(stream, &mut cap, OutputCap::Events);
+            }
         }
         cap
     }
@@ -201,9 +297,15 @@ fn step_result(result_file: &Path, out: &Captured) -> (Option<Value>, Option<Str
         return (None, None);
     }
     if out.truncated {
+        let cap = match out.cap {
+            Some(OutputCap::Events) => format!("the per-stream line limit ({MAX_OUTPUT_EVENTS})"),
+            Some(OutputCap::Bytes) | None => "maxOutputBytes".to_string(),
+        };
         return (
             None,
-            Some("the result JSON on stdout exceeds maxOutputBytes and was truncated".into()),
+            Some(format!(
+                "the result JSON on stdout exceeds {cap} and was truncated"
+            )),
         );
     }
     match result_json(&out.kept) {
@@ -470,6 +572,7 @@ pub(crate) async fn execute(
         log: &log,
         over: &over,
         max: controls.max_output_bytes,
+        max_events: MAX_OUTPUT_EVENTS,
     };
     let status_fut = async {
         let mut events = Vec::new();
@@ -685,4 +788,112 @@ fn persist(
     crate::write_private(&backend.log_file(), text.as_bytes())?;
     let outcome_bytes = serde_json::to_vec(outcome).unwrap_or_default();
     crate::write_private(&backend.outcome_file(), &outcome_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[derive(Default)]
+    struct Count(AtomicU64);
+
+    impl OutputSink for Count {
+        fn event(&self, _: OutputEvent) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Pumps `input` as stdout under a cap of `max` bytes; returns what was captured, the
+    /// events the sink saw and the log.
+    async fn pump(input: &[u8], max: u64) -> (Captured, u64, Vec<Value>) {
+        let sink = Count::default();
+        let log = Mutex::new(Vec::new());
+        let over = Notify::new();
+        let pump = Pump {
+            sink: &sink,
+            log: &log,
+            over: &over,
+            max,
+            max_events: MAX_OUTPUT_EVENTS,
+        };
+        let cap = pump.run(input, Stream::Stdout).await;
+        let log = log
+            .into_inner()
+            .unwrap()
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (cap, sink.0.load(Ordering::Relaxed), log)
+    }
+
+    fn truncation_records(log: &[Value]) -> Vec<&Value> {
+        log.iter()
+            .filter(|r| r["type"] == "outputTruncated")
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_million_newlines_are_capped_in_events_and_the_cap_is_named() {
+        let flood = vec![b'\n'; 1_000_000];
+        // Under the byte cap: only the event cap can stop it.
+        let (cap, events, log) = pump(&flood, 2 << 20).await;
+        assert!(cap.truncated);
+        assert_eq!(cap.cap, Some(OutputCap::Events));
+        assert_eq!(cap.total, 1_000_000, "every byte is still read");
+        assert_eq!(events, MAX_OUTPUT_EVENTS);
+        assert_eq!(cap.events, MAX_OUTPUT_EVENTS);
+        let lines = log.iter().filter(|r| r["type"] == "stdout").count() as u64;
+        assert_eq!(lines, MAX_OUTPUT_EVENTS);
+        let records = truncation_records(&log);
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(records[0]["cap"], "events");
+        assert_eq!(records[0]["stream"], "stdout");
+        assert_eq!(records[0]["limit"], MAX_OUTPUT_EVENTS);
+        assert!(cap.kept.len() as u64 <= 2 << 20);
+    }
+
+    #[tokio::test]
+    async fn the_byte_cap_is_named_as_bytes() {
+        let flood = vec![b'x'; 10_000];
+        let (cap, events, log) = pump(&flood, 1000).await;
+        assert!(cap.truncated);
+        assert_eq!(cap.cap, Some(OutputCap::Bytes));
+        // The cut-off line is still one event.
+        assert_eq!(events, 1);
+        let records = truncation_records(&log);
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0]["cap"], "bytes");
+        assert_eq!(records[0]["limit"], 1000);
+    }
+
+    #[tokio::test]
+    async fn output_under_both_caps_is_unaffected() {
+        // Exactly the event cap, then a last line without its newline would be one too many;
+        // exactly MAX_OUTPUT_EVENTS lines are all kept.
+        let mut input = Vec::new();
+        for i in 0..MAX_OUTPUT_EVENTS {
+            input.extend_from_slice(format!("{}\n", i % 10).as_bytes());
+        }
+        let (cap, events, log) = pump(&input, 1 << 20).await;
+        assert!(!cap.truncated, "{:?}", cap.cap);
+        assert_eq!(events, MAX_OUTPUT_EVENTS);
+        assert!(truncation_records(&log).is_empty());
+        assert_eq!(cap.kept, input);
+
+        let (cap, events, _) = pump(b"hello\nworld", 1 << 20).await;
+        assert!(!cap.truncated);
+        assert_eq!(events, 2);
+    }
+
+    #[tokio::test]
+    async fn one_line_past_the_event_cap_truncates() {
+        let mut input = vec![b'\n'; MAX_OUTPUT_EVENTS as usize];
+        input.extend_from_slice(b"tail");
+        let (cap, events, log) = pump(&input, 1 << 20).await;
+        assert!(cap.truncated);
+        assert_eq!(cap.cap, Some(OutputCap::Events));
+        assert_eq!(events, MAX_OUTPUT_EVENTS);
+        assert_eq!(truncation_records(&log).len(), 1);
+    }
 }

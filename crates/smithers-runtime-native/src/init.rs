@@ -1226,8 +1226,8 @@ fn capset_zero() -> SysResult<()> {
 
 fn apply_landlock(plan: &LandlockPlan) -> Result<&'static str, String> {
     use landlock::{
-        Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+        Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+        RulesetCreatedAttr, RulesetStatus, Scope, ABI,
     };
     let abi = ABI::V6;
     let err = |e: &dyn std::fmt::Display| e.to_string();
@@ -1235,11 +1235,7 @@ fn apply_landlock(plan: &LandlockPlan) -> Result<&'static str, String> {
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(abi))
         .map_err(|e| err(&e))?;
-    if plan.deny_tcp {
-        ruleset = ruleset
-            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
-            .map_err(|e| err(&e))?;
-    }
+    // No AccessNet is handled: the network namespace is the boundary (see LandlockPlan).
     if plan.scope {
         ruleset = ruleset
             .scope(Scope::AbstractUnixSocket | Scope::Signal)
@@ -1548,7 +1544,6 @@ fn run_probe(scratch: &Path) -> i32 {
         read_dirs: vec![PathBuf::from("/")],
         write_dirs: vec![PathBuf::from("/tmp")],
         write_files: vec![],
-        deny_tcp: true,
         scope: true,
     });
     out.insert(

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when the init and the runtime would disagree on the plan's meaning.
-pub const PLAN_VERSION: u32 = 5;
+pub const PLAN_VERSION: u32 = 6;
 
 /// Where the sandbox sees things. Part of the contract with steps.
 pub mod paths {
@@ -245,14 +245,15 @@ pub fn split_prepared(ops: Vec<MountOp>) -> (Vec<MountOp>, Vec<MountOp>) {
 }
 
 /// The Landlock ruleset: read everywhere visible, write only below `write_dirs` and to
-/// `write_files`; TCP bind/connect denied when the network is off.
+/// `write_files`. It handles no network access: without `allowNetwork` the boundary is the
+/// sandbox's own network namespace (only `lo`), so a step may use TCP and UDP on its own
+/// loopback; Landlock's TCP rules would deny exactly that, and exist only from Linux 6.7.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LandlockPlan {
     pub read_dirs: Vec<PathBuf>,
     pub write_dirs: Vec<PathBuf>,
     pub write_files: Vec<PathBuf>,
-    pub deny_tcp: bool,
     /// Scope signals and abstract unix sockets to the sandbox (Landlock ABI 6).
     pub scope: bool,
 }
@@ -711,10 +712,7 @@ pub fn environment(
 }
 
 /// Landlock: everything visible is readable; writes only where the step is meant to write.
-pub fn landlock_plan(
-    allow_network: bool,
-    volumes: &[smithers_runtime::VolumeMount],
-) -> LandlockPlan {
+pub fn landlock_plan(volumes: &[smithers_runtime::VolumeMount]) -> LandlockPlan {
     let mut write_dirs = vec![
         p(paths::WORKSPACE),
         p(paths::RESULT),
@@ -736,7 +734,6 @@ pub fn landlock_plan(
             .iter()
             .map(|d| Path::new("/dev").join(d))
             .collect(),
-        deny_tcp: !allow_network,
         scope: true,
     }
 }
@@ -754,7 +751,7 @@ pub fn compile(input: &PlanInput<'_>) -> InitPlan {
         new_root: input.layout.new_root.clone(),
         root: RootFs::Tmpfs,
         mounts: mount_plan(input),
-        landlock: landlock_plan(input.allow_network, input.volumes),
+        landlock: landlock_plan(input.volumes),
         seccomp: input.seccomp.clone(),
         exec: ExecSpec {
             argv: input.argv.to_vec(),
@@ -1101,13 +1098,18 @@ mod tests {
     }
 
     #[test]
-    fn network_and_landlock_follow_allow_network() {
+    fn network_is_the_namespace_and_landlock_scopes_only_files() {
         let closed = plan_with(WorkspaceFacts::default(), false);
-        assert!(closed.landlock.deny_tcp);
         assert!(Prelude::new(1000, 1000, CgroupJoin::default(), false).unshare_net);
         let open = plan_with(WorkspaceFacts::default(), true);
-        assert!(!open.landlock.deny_tcp);
         assert!(!Prelude::new(1000, 1000, CgroupJoin::default(), true).unshare_net);
+        // Without the network the boundary is the namespace: no Landlock network rule, which
+        // would deny TCP on the sandbox's own loopback.
+        for plan in [&closed, &open] {
+            let ruleset = serde_json::to_value(&plan.landlock).unwrap().to_string();
+            assert!(!ruleset.to_ascii_lowercase().contains("tcp"), "{ruleset}");
+        }
+        assert_eq!(closed.landlock, open.landlock);
         for dir in ["/workspace", "/result", "/tmp"] {
             assert!(closed.landlock.write_dirs.contains(&p(dir)));
         }

@@ -187,7 +187,7 @@ pub(crate) fn enforcement(
         row(
             n::NETWORK,
             Enforced,
-            "new network namespace with only loopback; Landlock also denies TCP bind/connect",
+            "the boundary is the sandbox's own network namespace: only its own loopback (TCP and UDP work on it), the host's loopback and every outside address unreachable",
             None,
         )
     } else {
@@ -304,7 +304,11 @@ pub(crate) fn enforcement(
     p.push(row(
         n::OUTPUT,
         Enforced,
-        format!("{} per stream", human_bytes(c.max_output_bytes)),
+        format!(
+            "{} and {} lines per stream",
+            human_bytes(c.max_output_bytes),
+            crate::exec::MAX_OUTPUT_EVENTS
+        ),
         None,
     ));
     p.push(match workspace {
@@ -371,7 +375,7 @@ pub(crate) fn probe(
         (Ok(()), Ok(())) => row(
             n::NETWORK,
             Enforced,
-            "no network by default (own namespace, loopback only)",
+            "no network by default: the boundary is the sandbox's own network namespace (only its own loopback)",
             None,
         ),
         (Ok(()), Err(e)) => row(
@@ -471,7 +475,7 @@ pub(crate) fn probe(
     p.push(row(
         n::OUTPUT,
         Enforced,
-        "per-stream cap, truncation recorded",
+        "per-stream caps on bytes (maxOutputBytes) and lines, truncation recorded with the cap named",
         None,
     ));
     let overlay_fix = "use a kernel >= 5.11 with overlayfs; keep the state root on a filesystem overlayfs accepts as upper layer (ext4, xfs, tmpfs)";

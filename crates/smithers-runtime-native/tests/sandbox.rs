@@ -794,3 +794,136 @@ async fn a_prepared_root_looks_like_a_root_built_per_sandbox() {
         sb.done().await;
     }
 }
+
+/// Inside the sandbox: a TCP server and a UDP socket on its own 127.0.0.1, each reached by a
+/// client in the same step; and a connection to `host_port` on 127.0.0.1, which from inside
+/// is the sandbox's own loopback, where nothing listens. One JSON line of results.
+const LOOPBACK_PROBE: &str = r#"
+import json, socket, sys
+res = {}
+srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+try:
+    srv.bind(("127.0.0.1", 0)); srv.listen(1)
+    cli = socket.create_connection(srv.getsockname(), timeout=5)
+    conn, _ = srv.accept()
+    cli.sendall(b"ping-tcp"); res["tcp"] = conn.recv(64).decode()
+except OSError as e:
+    res["tcp"] = "error: %s" % e
+try:
+    u1 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u1.bind(("127.0.0.1", 0))
+    u2 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u2.settimeout(5)
+    u2.sendto(b"ping-udp", u1.getsockname()); u1.settimeout(5)
+    res["udp"] = u1.recv(64).decode()
+except OSError as e:
+    res["udp"] = "error: %s" % e
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+    res["host"] = "connected"
+except OSError as e:
+    res["host"] = "refused" if isinstance(e, ConnectionRefusedError) else "error: %s" % e
+print(json.dumps(res))
+"#;
+
+/// Deliverable 3 of issue 13: without allowNetwork, loopback inside works for TCP and UDP (a
+/// test suite may start a local server), while a server on the host's 127.0.0.1 stays
+/// unreachable; the network row says the namespace is the boundary and claims no TCP rule.
+#[tokio::test(flavor = "multi_thread")]
+async fn loopback_inside_works_and_the_hosts_stays_unreachable() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !requires(python.exists(), "/usr/bin/python3 (for the socket probe)") {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let (outcome, lines) = sb
+        .run(&format!(
+            "cat > /tmp/probe.py <<'PROBE'\n{LOOPBACK_PROBE}\nPROBE\n/usr/bin/python3 /tmp/probe.py {port}"
+        ))
+        .await;
+    assert_eq!(outcome.exit_code, Some(0), "{outcome:?}");
+    let stdout = lines.stdout();
+    let res: serde_json::Value =
+        serde_json::from_str(stdout.last().expect("probe output")).unwrap();
+    assert_eq!(
+        res["tcp"], "ping-tcp",
+        "TCP on the sandbox's loopback: {res}"
+    );
+    assert_eq!(
+        res["udp"], "ping-udp",
+        "UDP on the sandbox's loopback: {res}"
+    );
+    assert_eq!(res["host"], "refused", "the host's loopback: {res}");
+    assert!(
+        listener.accept().is_err(),
+        "a connection from inside the sandbox reached the host listener"
+    );
+    let network = outcome.enforcement.get("network").expect("network row");
+    assert_eq!(network.status, ProtectionStatus::Enforced, "{network:?}");
+    assert!(network.detail.contains("network namespace"), "{network:?}");
+    for row in ["network", "landlock"] {
+        let detail = &outcome.enforcement.get(row).expect("row").detail;
+        assert!(!detail.contains("TCP bind"), "{row}: {detail}");
+    }
+    sb.done().await;
+}
+
+/// Deliverable 2 of issue 13: output caps count events too. A million empty lines (under the
+/// default maxOutputBytes of 1 MiB) become a bounded number of events, recorded as a
+/// truncation that names the line cap; a normal step next to it is unaffected.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_million_newlines_are_capped_in_events() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let controls = Controls {
+        timeout_ms: Some(60_000),
+        ..Controls::default()
+    };
+    assert!(
+        controls.max_output_bytes > 1_000_000,
+        "the byte cap must not be what stops it"
+    );
+    let sb = Sandbox::new(rt.clone(), controls).await;
+    let (outcome, lines) = sb
+        .run("head -c 1000000 /dev/zero | tr '\\0' '\\n'; echo done >&2")
+        .await;
+    assert_eq!(outcome.termination, Termination::Output, "{outcome:?}");
+    assert!(outcome.stdout_truncated);
+    assert!(!outcome.stderr_truncated);
+    let row = outcome.enforcement.get("output").expect("output row");
+    assert!(row.detail.contains("100000 lines per stream"), "{row:?}");
+    let events = lines.stdout().len();
+    assert!(
+        events > 0 && events <= 100_000,
+        "{events} stdout events from a million newlines"
+    );
+    let report = sb.rt.collect(&sb.handle).await.expect("collect");
+    let log = std::fs::read_to_string(report.bundle_path.join("logs/stream.ndjson")).unwrap();
+    let records: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let cut: Vec<_> = records
+        .iter()
+        .filter(|r| r["type"] == "outputTruncated")
+        .collect();
+    assert_eq!(cut.len(), 1, "{cut:?}");
+    assert_eq!(cut[0]["stream"], "stdout");
+    assert_eq!(cut[0]["cap"], "events");
+    let exit = records.last().unwrap();
+    assert_eq!(exit["termination"], "output");
+    assert_eq!(exit["stdoutTruncated"], true);
+
+    let (outcome, lines) = sb.run("seq 1 1000").await;
+    assert_eq!(outcome.termination, Termination::Exited);
+    assert!(!outcome.stdout_truncated);
+    assert_eq!(lines.stdout().len(), 1000);
+    sb.done().await;
+}

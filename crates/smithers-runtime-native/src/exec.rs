@@ -465,7 +465,34 @@ pub(crate) async fn execute(
             reason: "the command is empty".into(),
         });
     }
+    // A C string ends at its first NUL: the init would silently run a shorter command (or
+    // an environment entry without its tail), so such input is refused here, whole.
+    if let Some(i) = command.argv.iter().position(|a| a.contains('\0')) {
+        return Err(RuntimeError::InvalidControl {
+            control: "command",
+            reason: format!("argument {i} contains a NUL byte, which a command line cannot carry"),
+        });
+    }
+    if let Some((k, _)) = controls
+        .env
+        .iter()
+        .find(|(k, v)| k.contains('\0') || v.contains('\0') || k.contains('='))
+    {
+        return Err(RuntimeError::InvalidControl {
+            control: "env",
+            reason: format!(
+                "variable {:?} has a NUL byte or '=' in its name, or a NUL byte in its value",
+                k.replace('\0', "\\0")
+            ),
+        });
+    }
     if let Some(cwd) = &command.cwd {
+        if cwd.contains('\0') {
+            return Err(RuntimeError::InvalidControl {
+                control: "cwd",
+                reason: "contains a NUL byte".into(),
+            });
+        }
         if !cwd.starts_with('/') {
             return Err(RuntimeError::InvalidControl {
                 control: "cwd",

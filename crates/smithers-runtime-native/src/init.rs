@@ -55,6 +55,20 @@ pub fn main() -> ! {
 
 /// Runs the init with its arguments (without the program name); returns the exit code.
 pub fn run(args: &[String]) -> i32 {
+    // The init forks and then runs arbitrary Rust code in the children, which is sound only
+    // in a single-threaded process (another thread could hold the allocator's lock, or any
+    // other, at the fork). It is started as its own program (or dispatched before anything
+    // else in the CLI), so a second thread here is a bug: refuse rather than risk it.
+    match sys::thread_count() {
+        Some(1) => {}
+        n => {
+            eprintln!(
+                "smithers-sandbox-init: must run single-threaded, but this process has {} threads",
+                n.map_or("an unknown number of".to_string(), |n| n.to_string())
+            );
+            return 2;
+        }
+    }
     match args.first().map(String::as_str) {
         None => run_sandbox(),
         Some("--zygote") => crate::zygote::serve(run_sandbox),
@@ -281,12 +295,10 @@ fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> StageResult<libc
             close_opt(cgroups.v2_procs);
         }
         let netns = netns_pair.map(|((_, theirs), _)| theirs);
-        let code = match parse_plan(plan) {
+        sys::child_exit(|| match parse_plan(plan) {
             Ok(plan) => pid1(&plan, &cgroups.v1_tasks, joined[0], netns),
             Err(message) => report_plan_error(message),
-        };
-        // SAFETY: _exit is always safe; we must not run P0's atexit state in the child.
-        unsafe { libc::_exit(code) };
+        });
     }
     if let Some(((ours, theirs), proc_self)) = netns_pair {
         drop(theirs);
@@ -1408,25 +1420,50 @@ impl PreparedExec {
         unsafe {
             let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
             let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
-            libc::posix_spawnattr_init(&mut attr);
-            libc::posix_spawn_file_actions_init(&mut actions);
+            // Each set-up call's result is checked: a failed one (ENOMEM, EINVAL) would start
+            // the command with P1's own stdin, signal state or session, so it is refused.
+            let e = libc::posix_spawnattr_init(&mut attr);
+            if e != 0 {
+                return Err(self.failure(126, "cannot prepare the start of", e));
+            }
+            let e = libc::posix_spawn_file_actions_init(&mut actions);
+            if e != 0 {
+                libc::posix_spawnattr_destroy(&mut attr);
+                return Err(self.failure(126, "cannot prepare the start of", e));
+            }
             let mut all: libc::sigset_t = std::mem::zeroed();
             let mut none: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::sigemptyset(&mut none);
-            libc::posix_spawnattr_setsigdefault(&mut attr, &all);
-            libc::posix_spawnattr_setsigmask(&mut attr, &none);
             let flags = libc::POSIX_SPAWN_SETSID
                 | libc::POSIX_SPAWN_SETSIGDEF as libc::c_short
                 | libc::POSIX_SPAWN_SETSIGMASK as libc::c_short;
-            libc::posix_spawnattr_setflags(&mut attr, flags);
-            libc::posix_spawn_file_actions_addopen(
-                &mut actions,
-                0,
-                c"/dev/null".as_ptr(),
-                libc::O_RDWR,
-                0,
-            );
+            let setup = [
+                // sigfillset/sigemptyset return -1 (errno), the posix_spawn calls an error number.
+                if libc::sigfillset(&mut all) < 0 {
+                    sys::errno()
+                } else {
+                    0
+                },
+                if libc::sigemptyset(&mut none) < 0 {
+                    sys::errno()
+                } else {
+                    0
+                },
+                libc::posix_spawnattr_setsigdefault(&mut attr, &all),
+                libc::posix_spawnattr_setsigmask(&mut attr, &none),
+                libc::posix_spawnattr_setflags(&mut attr, flags),
+                libc::posix_spawn_file_actions_addopen(
+                    &mut actions,
+                    0,
+                    c"/dev/null".as_ptr(),
+                    libc::O_RDWR,
+                    0,
+                ),
+            ];
+            if let Some(&e) = setup.iter().find(|&&e| e != 0) {
+                libc::posix_spawn_file_actions_destroy(&mut actions);
+                libc::posix_spawnattr_destroy(&mut attr);
+                return Err(self.failure(126, "cannot prepare the start of", e));
+            }
             // The PATH search of execvp: a candidate that is not there is skipped, one that
             // cannot be executed is remembered; the last such error decides 126 over 127.
             let mut last = libc::ENOENT;
@@ -1611,16 +1648,21 @@ fn probe_proc(scratch: &Path) -> SysResult<()> {
         return sys::fail("fork");
     }
     if pid == 0 {
-        let ok = sys::mount(
-            Some(c"proc"),
-            &target,
-            Some(c"proc"),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            None,
-        )
-        .is_ok();
-        // SAFETY: _exit is always safe.
-        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        sys::child_exit(|| {
+            let ok = sys::mount(
+                Some(c"proc"),
+                &target,
+                Some(c"proc"),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                None,
+            )
+            .is_ok();
+            if ok {
+                0
+            } else {
+                1
+            }
+        });
     }
     let mut status = 0;
     // SAFETY: valid out-pointer, our child.

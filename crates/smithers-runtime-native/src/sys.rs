@@ -60,6 +60,26 @@ pub fn cpath(path: &Path) -> CString {
     CString::new(&bytes[..end]).unwrap_or_default()
 }
 
+/// Runs `body` in a child made by `fork`/`clone` and ends the child with its code, never
+/// returning: a panic in the child must not unwind into the frames it shares (as copies) with
+/// its parent and run the parent's code there, so it is caught and the child exits 101.
+pub fn child_exit(body: impl FnOnce() -> i32) -> ! {
+    let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or(101);
+    // SAFETY: _exit is always safe; the child must not run the parent's atexit handlers or
+    // flush buffers that the parent also holds.
+    unsafe { libc::_exit(code) }
+}
+
+/// How many threads this process has (`Threads:` of `/proc/self/status`); `None` when it
+/// cannot be read.
+pub fn thread_count() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
 pub fn cstring(s: &str) -> CString {
     let end = s.bytes().position(|b| b == 0).unwrap_or(s.len());
     CString::new(&s.as_bytes()[..end]).unwrap_or_default()
@@ -205,4 +225,18 @@ pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> SysResult<()> {
     // SAFETY: kill(2) takes plain integers.
     let ret = unsafe { libc::kill(pid, sig) };
     check(ret, || format!("kill {pid}")).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The init's single-thread check reads a real count: a second thread is seen.
+    #[test]
+    fn thread_count_sees_a_second_thread() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || rx.recv());
+        // This thread and the one just started, at least (the harness may run others).
+        assert!(super::thread_count().expect("readable /proc/self/status") >= 2);
+        tx.send(()).unwrap();
+        t.join().unwrap().unwrap();
+    }
 }

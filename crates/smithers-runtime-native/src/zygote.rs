@@ -173,7 +173,7 @@ pub(crate) fn serve(run_sandbox: fn() -> i32) -> i32 {
                     }
                     libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
                 }
-                std::process::exit(run_sandbox());
+                crate::sys::child_exit(run_sandbox);
             }
             if pid < 0 {
                 -std::io::Error::last_os_error()

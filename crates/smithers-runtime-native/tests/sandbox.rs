@@ -927,3 +927,35 @@ async fn a_million_newlines_are_capped_in_events() {
     assert_eq!(lines.stdout().len(), 1000);
     sb.done().await;
 }
+
+/// A NUL byte cannot travel in a C string: the init would run a shorter command than asked
+/// (`rm -rf /workspace/x\0` ends at the NUL). Such a command is refused whole, before anything
+/// starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_with_a_nul_byte_is_refused() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let lines = Lines::default();
+    let err = sb
+        .rt
+        .execute(
+            &sb.handle,
+            &StepCommand {
+                argv: vec!["/bin/echo".into(), "visible\0hidden".into()],
+                cwd: None,
+            },
+            CancellationToken::new(),
+            &lines,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("NUL"), "{err}");
+    assert!(lines.stdout().is_empty(), "nothing ran");
+    let (outcome, out) = sb.run("echo still fine").await;
+    assert_eq!(outcome.exit_code, Some(0));
+    assert_eq!(out.stdout(), ["still fine"]);
+    sb.done().await;
+}

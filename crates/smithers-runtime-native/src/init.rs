@@ -179,6 +179,10 @@ fn report_plan_error(message: String) -> i32 {
 }
 
 fn run_sandbox() -> i32 {
+    // The sandbox, not the host's own processes, is what the OOM killer should take first
+    // when memory runs out (with or without a memory limit): every sandbox process inherits
+    // this. Raising one's own score needs no privilege; if /proc is not there it stays as is.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
     let mut control = ControlReader::default();
     let prelude = match control.prelude() {
         Ok(p) => p,

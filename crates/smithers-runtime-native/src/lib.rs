@@ -364,11 +364,21 @@ impl Backend {
     fn new_root(&self) -> PathBuf {
         self.state_dir.join("root")
     }
+    /// `/result`, and below the output directory (the result file): in the size-capped layer
+    /// when there is a disk limit, so that `--disk` caps what a step leaves there too (on the
+    /// state root, a tmpfs without a size of its own, a step could fill the host's memory).
     fn artifacts(&self) -> PathBuf {
-        self.state_dir.join("artifacts")
+        self.capped_dir("artifacts")
     }
     fn out(&self) -> PathBuf {
-        self.state_dir.join("out")
+        self.capped_dir("out")
+    }
+    fn capped_dir(&self, name: &str) -> PathBuf {
+        if self.layer_tmpfs {
+            self.layer().join(name)
+        } else {
+            self.state_dir.join(name)
+        }
     }
     fn config_file(&self) -> PathBuf {
         self.state_dir.join("config.json")

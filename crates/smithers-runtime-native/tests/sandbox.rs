@@ -191,6 +191,10 @@ async fn echo_and_exit_codes() {
     assert!(outcome.enforcement.is_enforced("network"));
     assert!(outcome.enforcement.is_enforced("seccomp"));
 
+    // Sandbox processes are the OOM killer's first choice.
+    let (_, lines) = sb.run("cat /proc/self/oom_score_adj").await;
+    assert_eq!(lines.stdout(), ["1000"]);
+
     let (outcome, _) = sb.run("exit 3").await;
     assert_eq!(outcome.termination, Termination::Exited);
     assert_eq!(outcome.exit_code, Some(3));
@@ -626,10 +630,29 @@ async fn disk_limit_caps_the_upper_layer() {
         disk_limit_bytes: Some(8 << 20),
         ..Controls::default()
     };
-    let sb = Sandbox::new(rt.clone(), controls).await;
+    let sb = Sandbox::new(rt.clone(), controls.clone()).await;
     let (outcome, _) = sb.run("head -c 20000000 /dev/zero > /workspace/big").await;
     assert_eq!(outcome.termination, Termination::Disk, "{outcome:?}");
     sb.done().await;
+    // /result and the output directory count against the same limit (they used to sit on
+    // the state root's tmpfs, where a step could write gigabytes whatever --disk said).
+    for target in ["/result/big", "/run/smithers/out/big"] {
+        let sb = Sandbox::new(rt.clone(), controls.clone()).await;
+        let (outcome, _) = sb
+            .run(&format!("head -c 20000000 /dev/zero > {target}"))
+            .await;
+        assert!(
+            outcome.usage.disk_bytes.unwrap_or(0) <= 8 << 20,
+            "{target}: {:?}",
+            outcome.usage
+        );
+        assert_eq!(
+            outcome.termination,
+            Termination::Disk,
+            "{target}: {outcome:?}"
+        );
+        sb.done().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -71,6 +71,7 @@ mod detect;
 mod error;
 mod gitignore;
 mod gitindex;
+mod limit;
 mod merge;
 mod model;
 mod overlay;
@@ -83,13 +84,17 @@ pub use apply::{
     ApplyReport, RecoveryReport, HOST_CHANGED,
 };
 pub use binary::{BinaryHunk, MAX_BINARY_BYTES};
-pub use bundle::{build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_PATCH_FILES};
+pub use bundle::{
+    build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_BINARY_CONTENT_BYTES,
+    MAX_PATCH_FILES,
+};
 pub use compare::detect_changes_by_compare;
 pub use detect::{
     detect_changes, ChangeKind, ChangeSet, DetectOptions, FileChange, FileVersion, IgnoreReason,
     IgnoredPath, SkippedEntry,
 };
 pub use error::{Conflict, PatchError};
+pub use limit::leave_out_largest;
 pub use model::{
     git_blob_oid, is_binary_content, path_from_bytes, path_to_bytes, quote_git_path,
     quote_git_path_bytes, GitMode, ZERO_OID,

@@ -382,6 +382,18 @@ impl Backend {
     fn log_file(&self) -> PathBuf {
         self.state_dir.join("stream.ndjson")
     }
+    /// Present when collect left changes of the step out for a size limit: cleanup then
+    /// keeps the workspace layer (see [`keep_layer`]).
+    fn keep_layer_marker(&self) -> PathBuf {
+        self.state_dir.join("keep-layer")
+    }
+    /// The tree holding the step's writes: the overlay's upper directory, or the copy.
+    fn written_layer(&self) -> PathBuf {
+        match self.workspace {
+            WorkspaceState::Overlay => self.upper(),
+            WorkspaceState::Copy { .. } => self.copy(),
+        }
+    }
     /// What ship's copy copied (copy mode), for the log's workspace record.
     fn copy_report_file(&self) -> PathBuf {
         self.state_dir.join("copy-report.json")
@@ -692,7 +704,7 @@ impl NativeRuntime {
             .prepare(config, &caps, &mut backend, &request_path)
             .await;
         if let Err(e) = result {
-            let _ = cleanup_backend(&backend, &[]);
+            let _ = cleanup_backend(&backend, &[], None);
             return Err(e);
         }
         Ok(SandboxHandle {
@@ -946,13 +958,21 @@ where
 
 /// Everything `cleanup` does, also used to roll back a failed `create`; `handle_dirs` are the
 /// handle's directories in the project that go too.
-fn cleanup_backend(backend: &Backend, handle_dirs: &[&Path]) -> Result<(), RuntimeError> {
+fn cleanup_backend(
+    backend: &Backend,
+    handle_dirs: &[&Path],
+    kept_layer: Option<&Path>,
+) -> Result<(), RuntimeError> {
     let mut problems = Vec::new();
     // Nothing may be removed from under a live sandbox.
     if backend.cgroups.populated() {
         backend
             .cgroups
             .kill_and_wait(std::time::Duration::from_secs(5));
+    }
+    // Before the layer's tmpfs goes: the step's writes that the bundle could not carry.
+    if backend.keep_layer_marker().exists() {
+        keep_layer(backend, kept_layer)?;
     }
     // Only our own sandbox's mounts: the layer tmpfs (and, defensively, a root left mounted by
     // a crashed init would be in its own mount namespace, gone with it).
@@ -1021,6 +1041,46 @@ fn cleanup_backend(backend: &Backend, handle_dirs: &[&Path]) -> Result<(), Runti
             problems.join("; "),
         ))
     }
+}
+
+/// Moves the step's written layer (the overlay's upper directory, or the copy) to
+/// `kept_layer`, the sandbox's `kept-layer` directory that cleanup derived from the ids, so
+/// that the changes collect left out for a size limit are not lost: a rename where both are
+/// on one file system, else a copy (modes, times and links kept; what a copy cannot make,
+/// such as the overlay's whiteouts, is listed in `kept-layer.txt` beside it) and then the
+/// layer is removed with the rest. Fails closed: with no trusted place to keep it, or when
+/// the copy fails, cleanup stops before anything is removed.
+fn keep_layer(backend: &Backend, kept_layer: Option<&Path>) -> Result<(), RuntimeError> {
+    let Some(dest) = kept_layer else {
+        return Err(RuntimeError::spawn(
+            "keep the workspace layer",
+            "changes were left out of the bundle for a size limit, and the sandbox's project directory is not one cleanup may write (see the other problems); the layer is left where it is",
+        ));
+    };
+    let src = backend.written_layer();
+    if std::fs::symlink_metadata(dest).is_ok() {
+        remove_tree(dest).map_err(|e| RuntimeError::io("replace the kept layer", dest, e))?;
+    }
+    if let Some(parent) = dest.parent() {
+        std::fs::create_dir_all(parent).map_err(io_err("create", parent))?;
+    }
+    match std::fs::rename(&src, dest) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            let report = copy::copy_project(&src, dest)?;
+            if !report.left_out.is_empty() {
+                let list = dest.with_extension("txt");
+                let text = format!(
+                    "not copied from the workspace layer (not regular files, links or directories):\n{}\n",
+                    report.left_out.join("\n")
+                );
+                std::fs::write(&list, text).map_err(io_err("write", &list))?;
+            }
+        }
+        Err(e) => return Err(RuntimeError::io("keep the workspace layer", &src, e)),
+    }
+    let marker = backend.keep_layer_marker();
+    std::fs::remove_file(&marker).map_err(io_err("remove", &marker))
 }
 
 /// The default state root: a directory on a tmpfs, so that the few small files and
@@ -1152,7 +1212,7 @@ impl Runtime for NativeRuntime {
             &caps.cgroups,
         )?;
         let dirs: Vec<&Path> = confined.request_dir.iter().map(PathBuf::as_path).collect();
-        let cleaned = cleanup_backend(&confined.backend, &dirs);
+        let cleaned = cleanup_backend(&confined.backend, &dirs, confined.kept_layer.as_deref());
         if confined.left_alone.is_empty() {
             return cleaned;
         }

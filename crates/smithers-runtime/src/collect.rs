@@ -305,6 +305,23 @@ pub struct CollectOptions {
     pub detect: Option<DetectOptions>,
 }
 
+/// Environment variable that lowers the bound on changed content held at collect
+/// (`DetectOptions::max_content_bytes`, default 1 GiB), in bytes: for tests and for hosts
+/// with little memory. It can only lower the bound; a value that is not a number is ignored.
+pub const MAX_CHANGE_BYTES_ENV: &str = "SMITHERS_SANDBOX_MAX_CHANGE_BYTES";
+
+/// The default [`DetectOptions`], with [`MAX_CHANGE_BYTES_ENV`] applied.
+pub fn detect_options_from_env() -> DetectOptions {
+    let mut opts = DetectOptions::default();
+    if let Some(n) = std::env::var(MAX_CHANGE_BYTES_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        opts.max_content_bytes = opts.max_content_bytes.min(n);
+    }
+    opts
+}
+
 /// What [`write_workspace_bundle_with`] did.
 #[derive(Debug, Clone)]
 pub struct WorkspaceCollect {

@@ -3,7 +3,9 @@
 //!
 //! Pipeline: [`detect_changes`] (walks only the upper layer; or [`detect_changes_by_compare`]
 //! for a full copy of the project, when no overlay could be mounted) → [`build_patch_files`] (one
-//! git-format patch file per changed file, grouped beyond 1000) → bundle → [`parse_patch`] →
+//! git-format patch file per changed file, grouped beyond 1000; past the changed-content
+//! bound the largest changes are left out, named in [`ChangeSet::over_limit`], and the rest
+//! kept: [`leave_out_largest`]) → bundle → [`parse_patch`] →
 //! [`apply_patches`] / [`apply_patch_texts`] (all-or-nothing, journaled; [`recover_apply`]
 //! after a crash). [`render_review`] and [`total_diff_lines`] serve the review gate; the
 //! review is inert (`smithers_terminal`: names quoted as git quotes them, control characters

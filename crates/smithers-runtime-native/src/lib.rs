@@ -33,7 +33,11 @@
 //! directory (or holds `copy/`), with the upper directory beside it as its name plus
 //! `.upper`. The handle's
 //! `sandbox_root` is the spec's `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/` with
-//! `request/` and the bundle in `result/`.
+//! `request/` and the bundle in `result/`. When collect had to leave changes of the step out
+//! of the bundle for a size limit, it marks the layer kept (`keep-layer` in the state
+//! directory) and cleanup moves the written layer (the upper directory, or the copy) to that
+//! directory's `kept-layer/` instead of removing it; accepting or rejecting the review
+//! removes it (see `smithers_runtime::kept_layer`).
 //!
 //! Cleanup from a stored handle (see `owned.rs`) trusts none of its paths: the state and
 //! layer directories are recomputed from the ids, the cgroups killed and removed are those

@@ -2,6 +2,12 @@
 //! shares (behind the `collect` feature): the bundle status rule, and the workspace changes
 //! turned into bundle patches plus the `diffBundle`. The native and the docker runtime call
 //! [`workspace_bundle`], so the same workspace gives byte-identical patches whichever ran it.
+//!
+//! Nothing fails a step for its size: a change over the changed-content bound, or whose
+//! patch does not fit the bundle, is left out (largest first, [`fit_patches`]), named with
+//! its reason in `changeNotes.leftOut` and the log, and the rest is kept;
+//! [`write_workspace_bundle_with`] tells the backend to keep its workspace layer then
+//! (`changeNotes.keptLayer`, see [`crate::kept_layer`]).
 
 use std::path::Path;
 
@@ -365,6 +371,7 @@ pub fn write_workspace_bundle_with(
             .kept_layer
             .as_ref()
             .map(|p| p.to_string_lossy().into_owned());
+        note_where_kept(&mut bundle, options.kept_layer.as_deref());
     }
     let budget = patch_budget.saturating_sub(bundle.patch_bytes);
     let (artifacts, skipped) = collect_artifacts(from.artifacts, SANDBOX_MAX_PATCH_FILES, budget);
@@ -448,6 +455,29 @@ pub fn write_workspace_bundle_with(
         },
         keep_layer,
     })
+}
+
+/// Each change left out for a limit says, in its `leftOut` reason (which the review shows),
+/// where its content is: in the kept layer, or lost when the backend keeps none.
+fn note_where_kept(bundle: &mut WorkspaceBundle, kept_layer: Option<&Path>) {
+    let tail = match kept_layer {
+        Some(p) => format!(
+            "; the step's file is in the workspace layer kept at {} until the review is decided",
+            p.display()
+        ),
+        None => "; this runtime keeps no workspace layer, so its content is not kept".to_string(),
+    };
+    let over: std::collections::BTreeSet<&str> = bundle
+        .changes
+        .over_limit
+        .iter()
+        .map(|s| s.path.as_str())
+        .collect();
+    for l in &mut bundle.notes.left_out {
+        if over.contains(l.path.as_str()) {
+            l.reason.push_str(&tail);
+        }
+    }
 }
 
 /// Cuts `notes` so that their log records fit `max` bytes (a margin of 100 bytes per record
@@ -843,6 +873,11 @@ mod tests {
         assert_eq!(notes.left_out.len(), 1, "{notes:?}");
         assert_eq!(notes.left_out[0].path, "huge.bin");
         assert!(notes.left_out[0].reason.contains("65536 bytes"));
+        assert!(
+            notes.left_out[0].reason.contains("kept at"),
+            "{}",
+            notes.left_out[0].reason
+        );
         assert_eq!(notes.kept_layer.as_deref(), Some(&*kept.to_string_lossy()));
         let log = std::fs::read_to_string(&log).unwrap();
         assert!(log.contains("change left out: huge.bin"), "{log}");

@@ -1062,8 +1062,20 @@ fn keep_layer(backend: &Backend, kept_layer: Option<&Path>) -> Result<(), Runtim
         ));
     };
     let src = backend.written_layer();
+    let marker = backend.keep_layer_marker();
+    if std::fs::symlink_metadata(&src).is_err() {
+        // Moved already (a cleanup stopped after the move): the kept layer is in place.
+        return std::fs::remove_file(&marker).map_err(io_err("remove", &marker));
+    }
+    // An earlier kept layer of these ids (a second collect and cleanup) is replaced.
     if std::fs::symlink_metadata(dest).is_ok() {
         remove_tree(dest).map_err(|e| RuntimeError::io("replace the kept layer", dest, e))?;
+    }
+    let list = dest.with_file_name(smithers_runtime::kept_layer::KEPT_LAYER_NOTES);
+    if let Err(e) = std::fs::remove_file(&list) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(RuntimeError::io("replace the kept layer", &list, e));
+        }
     }
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent).map_err(io_err("create", parent))?;
@@ -1073,7 +1085,6 @@ fn keep_layer(backend: &Backend, kept_layer: Option<&Path>) -> Result<(), Runtim
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
             let report = copy::copy_project(&src, dest)?;
             if !report.left_out.is_empty() {
-                let list = dest.with_extension("txt");
                 let text = format!(
                     "not copied from the workspace layer (not regular files, links or directories):\n{}\n",
                     report.left_out.join("\n")
@@ -1083,7 +1094,6 @@ fn keep_layer(backend: &Backend, kept_layer: Option<&Path>) -> Result<(), Runtim
         }
         Err(e) => return Err(RuntimeError::io("keep the workspace layer", &src, e)),
     }
-    let marker = backend.keep_layer_marker();
     std::fs::remove_file(&marker).map_err(io_err("remove", &marker))
 }
 
@@ -1297,5 +1307,73 @@ mod tests {
             serde_json::json!({"mode": "copy", "reason": "why"})
         );
         assert_eq!(serde_json::from_value::<Backend>(v).unwrap(), copy);
+    }
+
+    /// Cleanup keeps a layer marked kept: moved across file systems (the state directory on
+    /// /dev/shm, the project on another) by a copy that keeps contents, links and fifos, then
+    /// the rest is removed; without a trusted place it fails before removing anything.
+    #[test]
+    fn cleanup_keeps_a_marked_layer_across_file_systems() {
+        let shm = Path::new("/dev/shm");
+        let project = tempfile::tempdir().unwrap();
+        if !sys::is_tmpfs(shm) || sys::is_tmpfs(project.path()) {
+            println!("SKIP no tmpfs at /dev/shm beside a disk-backed $TMPDIR");
+            return;
+        }
+        let state = tempfile::tempdir_in(shm).unwrap();
+        let backend = Backend {
+            state_dir: state.path().join("r+s"),
+            root_dir: project.path().to_path_buf(),
+            layer_tmpfs: false,
+            layer_dir: None,
+            flat_layer: false,
+            cgroups: SandboxCgroups::default(),
+            workspace: WorkspaceState::Overlay,
+        };
+        let upper = backend.upper();
+        std::fs::create_dir_all(upper.join("d")).unwrap();
+        std::fs::write(upper.join("d/big.bin"), vec![7u8; 5000]).unwrap();
+        std::os::unix::fs::symlink("d/big.bin", upper.join("link")).unwrap();
+        let fifo = upper.join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        std::fs::write(backend.keep_layer_marker(), b"").unwrap();
+        // No trusted place: nothing is removed.
+        let err = cleanup_backend(&backend, &[], None).unwrap_err();
+        assert!(err.to_string().contains("left where it is"), "{err}");
+        assert!(upper.join("d/big.bin").is_file() && backend.state_dir.is_dir());
+        let kept = smithers_runtime::kept_layer::kept_layer_path(project.path(), "r", "s").unwrap();
+        cleanup_backend(&backend, &[], Some(&kept)).unwrap();
+        assert_eq!(
+            std::fs::read(kept.join("d/big.bin")).unwrap(),
+            vec![7u8; 5000]
+        );
+        assert_eq!(
+            std::fs::read_link(kept.join("link")).unwrap(),
+            Path::new("d/big.bin")
+        );
+        // A fifo is made again; only device nodes (the overlay's whiteouts), which need
+        // privilege, would be listed beside the kept layer.
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(kept.join("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        assert!(!kept
+            .with_file_name(smithers_runtime::kept_layer::KEPT_LAYER_NOTES)
+            .exists());
+        assert!(!backend.state_dir.exists() && !upper.exists());
+        // Without the marker, the layer is removed as before.
+        std::fs::create_dir_all(upper.join("d")).unwrap();
+        std::fs::write(upper.join("d/x"), b"x").unwrap();
+        cleanup_backend(&backend, &[], Some(&kept)).unwrap();
+        assert!(!upper.exists());
+        assert!(
+            kept.join("d/big.bin").is_file(),
+            "an unmarked cleanup leaves it alone"
+        );
     }
 }

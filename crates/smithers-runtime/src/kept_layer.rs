@@ -14,6 +14,9 @@ use crate::{RuntimeError, SandboxHandle};
 /// The kept layer's directory name in the sandbox's project directory.
 pub const KEPT_LAYER_DIR: &str = "kept-layer";
 
+/// Beside it, what a copy of the layer (across file systems) could not make, if anything.
+pub const KEPT_LAYER_NOTES: &str = "kept-layer.txt";
+
 /// `<root>/.smithers/sandboxes/<runId>/<sandboxId>/kept-layer`, after validating the ids.
 pub fn kept_layer_path(
     root: &Path,
@@ -36,6 +39,13 @@ pub fn remove_kept_layer(
 ) -> Result<bool, RuntimeError> {
     let path = kept_layer_path(root, run_id, sandbox_id)?;
     check_dirs_real(root, run_id, sandbox_id)?;
+    let notes = path.with_file_name(KEPT_LAYER_NOTES);
+    match std::fs::remove_file(&notes) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(RuntimeError::io("remove the kept layer's notes", &notes, e))
+        }
+        _ => {}
+    }
     match std::fs::symlink_metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(RuntimeError::io("inspect the kept layer", &path, e)),
@@ -114,9 +124,15 @@ mod tests {
         std::fs::write(kept.join("sub/locked/big.bin"), b"x").unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(kept.join("sub"), std::fs::Permissions::from_mode(0o000)).unwrap();
+        let notes = kept.with_file_name(KEPT_LAYER_NOTES);
+        std::fs::write(&notes, "whiteout\n").unwrap();
+        std::fs::write(kept.with_file_name("other"), "stays").unwrap();
         assert!(remove_kept_layer(&root, "run", "sbx").unwrap());
-        assert!(!kept.exists());
-        assert!(kept.parent().unwrap().is_dir(), "only the kept layer goes");
+        assert!(!kept.exists() && !notes.exists());
+        assert!(
+            kept.with_file_name("other").is_file(),
+            "only the kept layer goes"
+        );
         assert!(
             !remove_kept_layer(&root, "run", "sbx").unwrap(),
             "nothing left"

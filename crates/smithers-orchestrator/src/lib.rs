@@ -1164,7 +1164,8 @@ impl Orchestrator {
     /// SandboxDiffAccepted and SandboxCompleted. If the bundle changed or applying fails
     /// (a conflict, a read-only or full disk), nothing is applied, the review is `pending`
     /// again with the error recorded, and SandboxDiffApplyFailed {error} is emitted: the
-    /// accept can be retried once the cause is fixed, or the review rejected.
+    /// accept can be retried once the cause is fixed, or the review rejected. Once applied, a
+    /// workspace layer the backend kept (changes left out for a size limit) is removed.
     pub async fn accept(
         &self,
         run_id: &str,
@@ -1266,7 +1267,8 @@ impl Orchestrator {
 
     /// Rejects a pending review: nothing is applied; SandboxDiffRejected {reason}, then the
     /// sandbox fails (row `failed`, SandboxFailed with INVALID_INPUT) since its changes were
-    /// refused. The bundle stays on disk.
+    /// refused. The bundle stays on disk; a kept workspace layer goes (see
+    /// `remove_kept_layer`).
     pub async fn reject(
         &self,
         run_id: &str,

@@ -159,6 +159,14 @@ pub struct ChangeNotes {
     /// [`ChangeNotes::MAX_LISTED`] so that README.md stays small).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub left_out_unlisted: u64,
+    /// Where the step's workspace layer (the overlay's upper directory, or the copy) is kept
+    /// because changes of the step were left out for a size limit: the left-out files are
+    /// there, so nothing is lost. It is the sandbox's own directory
+    /// `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/kept-layer`, removed when the review
+    /// is accepted or rejected. Informational: what is removed is always that path derived
+    /// from the ids, never this string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_layer: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -171,7 +179,10 @@ impl ChangeNotes {
 
     /// Nothing to say.
     pub fn is_empty(&self) -> bool {
-        self.host_changed.is_empty() && self.left_out.is_empty() && self.left_out_unlisted == 0
+        self.host_changed.is_empty()
+            && self.left_out.is_empty()
+            && self.left_out_unlisted == 0
+            && self.kept_layer.is_none()
     }
 
     /// Adds a left-out entry, counting it past [`ChangeNotes::MAX_LISTED`].

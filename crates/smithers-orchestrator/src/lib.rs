@@ -51,7 +51,7 @@ use smithers_store::{
     parse_limit, parse_max_concurrent, AdmitRequest, Field, NewEvent, NewReview, OwnerIdentity,
     PatchRecord, RedactedConfig, ReviewState, SandboxStatus, SandboxUpsert, Store, StoreError,
 };
-use tracing::warn;
+use tracing::{info, warn};
 
 pub use bundle::{
     bundle_digest, describe_patch_text, diff_line_count, AtomicPatchApplier, BundleInspector,
@@ -1167,7 +1167,8 @@ impl Orchestrator {
     /// SandboxDiffAccepted and SandboxCompleted. If the bundle changed or applying fails
     /// (a conflict, a read-only or full disk), nothing is applied, the review is `pending`
     /// again with the error recorded, and SandboxDiffApplyFailed {error} is emitted: the
-    /// accept can be retried once the cause is fixed, or the review rejected.
+    /// accept can be retried once the cause is fixed, or the review rejected. Once applied, a
+    /// workspace layer the backend kept (changes left out for a size limit) is removed.
     pub async fn accept(
         &self,
         run_id: &str,
@@ -1281,6 +1282,7 @@ impl Orchestrator {
         self.metrics
             .sandbox_completed(&runtime_name, &review.bundle_status);
         self.metrics.observe_duration_ms(review.duration_ms);
+        self.remove_kept_layer(run_id, sandbox_id, &review.root_dir);
         Ok(CompletedSandbox {
             status: review.bundle_status,
             outputs: bundle.outputs,
@@ -1292,7 +1294,8 @@ impl Orchestrator {
 
     /// Rejects a pending review: nothing is applied; SandboxDiffRejected {reason}, then the
     /// sandbox fails (row `failed`, SandboxFailed with INVALID_INPUT) since its changes were
-    /// refused. The bundle stays on disk.
+    /// refused. The bundle stays on disk; a kept workspace layer goes (see
+    /// `remove_kept_layer`).
     pub async fn reject(
         &self,
         run_id: &str,
@@ -1319,7 +1322,39 @@ impl Orchestrator {
             reason: reason.to_string(),
         };
         self.fail_reviewed(run_id, sandbox_id, &runtime_name, &err);
+        self.remove_kept_layer(run_id, sandbox_id, &review.root_dir);
         Ok(())
+    }
+
+    /// Once a review is decided, the workspace layer a backend kept for changes left out for
+    /// a size limit (`<root>/.smithers/sandboxes/<runId>/<sandboxId>/kept-layer`) has served
+    /// its purpose: it is removed. The path is derived from the ids, and the root is the
+    /// review's only when it is this database's project (a database in a project names no
+    /// other); a failure is logged, the decision stands.
+    fn remove_kept_layer(&self, run_id: &str, sandbox_id: &str, root_dir: &str) {
+        let root = Path::new(root_dir);
+        if let Some(project) = self.database_project() {
+            if project != root {
+                warn!(run_id, sandbox_id, root_dir, "the review names another project than this database's; its kept layer, if any, is left alone");
+                return;
+            }
+        }
+        match smithers_runtime::kept_layer::remove_kept_layer(root, run_id, sandbox_id) {
+            Ok(true) => info!(run_id, sandbox_id, "kept workspace layer removed"),
+            Ok(false) => {}
+            Err(e) => {
+                warn!(run_id, sandbox_id, error = %e, "removing the kept workspace layer failed")
+            }
+        }
+    }
+
+    /// The project whose `.smithers/` holds this database, when it is there.
+    fn database_project(&self) -> Option<&Path> {
+        self.store
+            .path()
+            .parent()
+            .filter(|d| d.file_name() == Some(std::ffi::OsStr::new(".smithers")))
+            .and_then(Path::parent)
     }
 
     /// After a failed accept: the error is recorded, the review is `pending` again (nothing

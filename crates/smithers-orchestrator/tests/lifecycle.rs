@@ -1222,3 +1222,31 @@ async fn fifty_parallel_starts_never_exceed_a_limit_of_five() {
         "the limit was never reached: the test proved nothing"
     );
 }
+
+/// The workspace layer a backend kept (changes left out for a size limit) goes when the
+/// review is decided, rejected or accepted; while it is pending it stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decided_review_removes_the_kept_layer() {
+    let h = harness();
+    for (sandbox, accept) in [("sb-reject", false), ("sb-accept", true)] {
+        let req = h.request(
+            sandbox,
+            &format!("{ADD_WORLD_PATCH}\n{}", write_result("finished")),
+        );
+        let out = h.orch.execute(&req, &h.ctx()).await.unwrap();
+        assert!(matches!(out, SandboxOutcome::AwaitingReview(_)));
+        let kept = smithers_runtime::kept_layer::kept_layer_path(&h.root, RUN, sandbox).unwrap();
+        std::fs::create_dir_all(kept.join("sub")).unwrap();
+        std::fs::write(kept.join("sub/big.bin"), vec![0u8; 4096]).unwrap();
+        if accept {
+            h.orch.accept(RUN, sandbox).await.unwrap();
+        } else {
+            h.orch.reject(RUN, sandbox, "no").await.unwrap();
+        }
+        assert!(!kept.exists(), "{sandbox}: the kept layer is gone");
+        assert!(
+            kept.parent().unwrap().join("result/README.md").is_file(),
+            "{sandbox}: the bundle stays"
+        );
+    }
+}

@@ -15,6 +15,13 @@ pub const MAX_PATCH_FILES: usize = 1000;
 /// 1024-character bundle path limit whatever the changed path's length.
 const MAX_SLUG_CHARS: usize = 120;
 
+/// Largest new binary content carried base64 in a `diffBundle` entry's `binaryContent`.
+/// Above it the entry has none (the patch file and the entry's `diff` still carry the change,
+/// as a git binary patch) and [`PatchFiles::binary_content_left_out`] names it: README.md,
+/// where the `diffBundle` lives, must stay within its 5 MiB limit, and a whole large file as
+/// base64 would take it over (then the whole `diffBundle` would be dropped).
+pub const MAX_BINARY_CONTENT_BYTES: u64 = 1 << 20;
+
 /// One patch file of the bundle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -49,6 +56,10 @@ pub struct PatchFiles {
     pub files: Vec<PatchFile>,
     /// One entry per changed path.
     pub diff_bundle: Vec<DiffBundleEntry>,
+    /// Binary files whose `binaryContent` was left out of their `diffBundle` entry (path,
+    /// new size in bytes), being over [`MAX_BINARY_CONTENT_BYTES`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub binary_content_left_out: Vec<(String, u64)>,
 }
 
 impl PatchFiles {
@@ -162,11 +173,16 @@ pub fn build_patch_files(set: &ChangeSet) -> PatchFiles {
                 ChangeKind::Deleted => Operation::Delete,
                 _ => Operation::Modify,
             };
-            let binary_content = c
-                .new
-                .as_ref()
-                .filter(|v| v.is_binary)
-                .map(|v| base64::engine::general_purpose::STANDARD.encode(&v.content));
+            let binary = c.new.as_ref().filter(|v| v.is_binary);
+            let binary_content = match binary {
+                Some(v) if v.content.len() as u64 > MAX_BINARY_CONTENT_BYTES => {
+                    out.binary_content_left_out
+                        .push((c.path.clone(), v.content.len() as u64));
+                    None
+                }
+                Some(v) => Some(base64::engine::general_purpose::STANDARD.encode(&v.content)),
+                None => None,
+            };
             out.diff_bundle.push(DiffBundleEntry {
                 path: c.path.clone(),
                 operation,
@@ -219,6 +235,59 @@ mod tests {
         assert_eq!(p.files[0].bundle_path, "patches/0001-a_b__.txt.patch");
         assert_eq!(p.files[1].bundle_path, "patches/0002-src_main.rs.patch");
         assert_eq!(p, build_patch_files(&set));
+    }
+
+    fn binary_added(path: &str, len: usize) -> FileChange {
+        let content = vec![0u8; len];
+        FileChange {
+            path: path.into(),
+            kind: ChangeKind::Added,
+            old: None,
+            new: Some(FileVersion {
+                mode: GitMode::File,
+                oid: git_blob_oid(&content),
+                size: len as u64,
+                symlink_target: None,
+                is_binary: true,
+                content,
+            }),
+        }
+    }
+
+    /// binaryContent (the whole new file as base64, in README.md) is carried up to the bound
+    /// and left out, named, above it; the patch file carries the change either way.
+    #[test]
+    fn binary_content_is_bounded() {
+        let at = MAX_BINARY_CONTENT_BYTES as usize;
+        let set = ChangeSet {
+            changes: vec![binary_added("at.bin", at), binary_added("over.bin", at + 1)],
+            ..Default::default()
+        };
+        let p = build_patch_files(&set);
+        assert_eq!(p.diff_bundle.len(), 2);
+        let at_entry = &p.diff_bundle[0];
+        assert_eq!(at_entry.path, "at.bin");
+        let b64 = at_entry.binary_content.as_deref().expect("carried");
+        assert_eq!(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap()
+                .len(),
+            at
+        );
+        let over = &p.diff_bundle[1];
+        assert_eq!(over.path, "over.bin");
+        assert!(over.binary_content.is_none());
+        assert!(
+            over.diff.contains("GIT binary patch"),
+            "{}",
+            &over.diff[..200]
+        );
+        assert_eq!(
+            p.binary_content_left_out,
+            [("over.bin".to_string(), at as u64 + 1)]
+        );
+        assert_eq!(p.files.len(), 2);
     }
 
     #[test]

@@ -31,7 +31,9 @@ pub struct DetectOptions {
     /// entry at any depth is always excluded too.
     pub excluded_top_level: Vec<String>,
     /// Bound on the changed content held in memory (old + new bytes of every change).
-    /// Default 1 GiB; exceeding it fails with the largest contributors named.
+    /// Default 1 GiB. Past it the largest changes are left out, one by one, until the rest
+    /// fits; each is named in [`ChangeSet::over_limit`] with its size and the limit. The rest
+    /// of the change set is kept: one huge change never costs the step's other edits.
     pub max_content_bytes: u64,
     /// For [`detect_changes_by_compare`](crate::detect_changes_by_compare): the instant (a
     /// ctime, `(seconds, nanoseconds)`) at which the copy was complete, before the step could
@@ -179,6 +181,13 @@ pub struct ChangeSet {
     /// False when the upper filesystem reports no birth times, so `stale_base` could not be
     /// computed (it is then empty, not "all clear").
     pub stale_base_checked: bool,
+    /// Changes left out because keeping them would pass a size limit
+    /// ([`DetectOptions::max_content_bytes`] here; the bundle writer adds those over the
+    /// bundle size limit), each with a reason naming the limit and the sizes. Unlike
+    /// `skipped`, these are the step's real edits that a patch could carry: a caller should
+    /// keep the step's workspace layer so that they are not lost.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub over_limit: Vec<SkippedEntry>,
     /// What a reviewer should know about how the changes were found (for example that the
     /// git index could not be read, so tracked files matching `.gitignore` were ignored).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -648,8 +657,16 @@ pub(crate) fn finish(
         StaleCheck::CopyUp => true,
         StaleCheck::Since(since) => since.is_some(),
     };
+    let too_large = over_content_limit(&cands, opts.max_content_bytes);
     let mut total: u64 = 0;
     for (path, c) in cands {
+        if let Some(bytes) = too_large.get(&path) {
+            out.over_limit.push(SkippedEntry {
+                reason: content_limit_reason(*bytes, opts.max_content_bytes),
+                path,
+            });
+            continue;
+        }
         let old = match &c.old {
             Some(n) => match load(n)? {
                 Loaded::Version(v) => Some(v),
@@ -711,24 +728,50 @@ pub(crate) fn finish(
             old,
             new,
         };
-        total += change.content_bytes();
-        out.changes.push(change);
-        if total > opts.max_content_bytes {
-            let mut largest: Vec<(String, u64)> = out
-                .changes
-                .iter()
-                .map(|c| (c.path.clone(), c.content_bytes()))
-                .collect();
-            largest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            largest.truncate(10);
-            return Err(PatchError::ChangeSetTooLarge {
-                total_bytes: total,
-                limit_bytes: opts.max_content_bytes,
-                largest,
+        let bytes = change.content_bytes();
+        // The sizes were taken before the contents were read: a file that grew since (the
+        // host's side is live) is left out here rather than passing the bound.
+        if total.saturating_add(bytes) > opts.max_content_bytes {
+            out.stale_base.retain(|p| p != &change.path);
+            out.over_limit.push(SkippedEntry {
+                reason: content_limit_reason(bytes, opts.max_content_bytes),
+                path: change.path,
             });
+            continue;
         }
+        total += bytes;
+        out.changes.push(change);
     }
     out.ignored.sort_by(|a, b| a.path.cmp(&b.path));
     out.skipped.sort_by(|a, b| a.path.cmp(&b.path));
+    out.over_limit.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
+}
+
+/// The candidates to leave out so that the changed content fits `limit`, with their sizes
+/// (old + new bytes, from `lstat`, before anything is read): largest first, no more than
+/// needed ([`crate::leave_out_largest`]).
+fn over_content_limit(cands: &BTreeMap<String, Candidate>, limit: u64) -> BTreeMap<String, u64> {
+    let sized: Vec<(&String, u64)> = cands
+        .iter()
+        .map(|(path, c)| {
+            let side = |n: &Option<Node>| {
+                n.as_ref()
+                    .and_then(|n| std::fs::symlink_metadata(node_path(n)).ok())
+                    .map_or(0, |m| m.len())
+            };
+            (path, side(&c.old).saturating_add(side(&c.new)))
+        })
+        .collect();
+    let sizes: Vec<u64> = sized.iter().map(|(_, n)| *n).collect();
+    crate::leave_out_largest(&sizes, limit)
+        .into_iter()
+        .map(|i| (sized[i].0.clone(), sized[i].1))
+        .collect()
+}
+
+fn content_limit_reason(bytes: u64, limit: u64) -> String {
+    format!(
+        "over a size limit: its {bytes} bytes of content (before and after) do not fit the {limit}-byte bound on changed content (max_content_bytes); left out, largest first, so that the rest of the change is kept"
+    )
 }

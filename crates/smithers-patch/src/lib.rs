@@ -3,7 +3,9 @@
 //!
 //! Pipeline: [`detect_changes`] (walks only the upper layer; or [`detect_changes_by_compare`]
 //! for a full copy of the project, when no overlay could be mounted) → [`build_patch_files`] (one
-//! git-format patch file per changed file, grouped beyond 1000) → bundle → [`parse_patch`] →
+//! git-format patch file per changed file, grouped beyond 1000; past the changed-content
+//! bound the largest changes are left out, named in [`ChangeSet::over_limit`], and the rest
+//! kept: [`leave_out_largest`]) → bundle → [`parse_patch`] →
 //! [`apply_patches`] / [`apply_patch_texts`] (all-or-nothing, journaled; [`recover_apply`]
 //! after a crash). [`render_review`] and [`total_diff_lines`] serve the review gate; the
 //! review is inert (`smithers_terminal`: names quoted as git quotes them, control characters
@@ -77,6 +79,7 @@ mod detect;
 mod error;
 mod gitignore;
 mod gitindex;
+mod limit;
 mod merge;
 mod model;
 mod overlay;
@@ -89,13 +92,17 @@ pub use apply::{
     ApplyReport, RecoveryReport, HOST_CHANGED,
 };
 pub use binary::{BinaryHunk, MAX_BINARY_BYTES};
-pub use bundle::{build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_PATCH_FILES};
+pub use bundle::{
+    build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_BINARY_CONTENT_BYTES,
+    MAX_PATCH_FILES,
+};
 pub use compare::detect_changes_by_compare;
 pub use detect::{
     detect_changes, ChangeKind, ChangeSet, DetectOptions, FileChange, FileVersion, IgnoreReason,
     IgnoredPath, SkippedEntry,
 };
 pub use error::{Conflict, PatchError};
+pub use limit::leave_out_largest;
 pub use model::{
     git_blob_oid, is_binary_content, path_from_bytes, path_to_bytes, quote_git_path,
     quote_git_path_bytes, GitMode, ZERO_OID,

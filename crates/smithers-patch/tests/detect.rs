@@ -7,7 +7,6 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 
 use common::*;
-use smithers_errors::{CodedError, ErrorCode};
 use smithers_patch::*;
 
 fn kinds(set: &ChangeSet) -> Vec<(&str, ChangeKind)> {
@@ -92,8 +91,10 @@ fn opaque_directory_in_user_xattr_form() {
     assert_eq!(set.changes[0].old.as_ref().unwrap().content, b"a\n");
 }
 
+/// A change set over the content bound keeps everything that fits: the largest change is
+/// left out (named, with its size and the limit), the small edit stays.
 #[test]
-fn oversized_change_sets_name_their_largest_files() {
+fn oversized_changes_are_left_out_and_the_rest_is_kept() {
     let l = Layers::new();
     std::fs::write(l.upper.join("big"), vec![b'x'; 4096]).unwrap();
     std::fs::write(l.upper.join("small"), b"s").unwrap();
@@ -101,11 +102,20 @@ fn oversized_change_sets_name_their_largest_files() {
         max_content_bytes: 1000,
         ..Default::default()
     };
-    let err = detect_changes(&l.lower, &l.upper, &opts).unwrap_err();
-    assert_eq!(err.code(), ErrorCode::InvalidInput);
-    let d = err.details();
-    assert_eq!(d["largest"][0]["path"], "big");
-    assert_eq!(d["largest"][0]["bytes"], 4096);
+    let set = detect_changes(&l.lower, &l.upper, &opts).unwrap();
+    assert_eq!(kinds(&set), [("small", ChangeKind::Added)]);
+    assert_eq!(set.over_limit.len(), 1, "{:?}", set.over_limit);
+    assert_eq!(set.over_limit[0].path, "big");
+    let reason = &set.over_limit[0].reason;
+    assert!(
+        reason.contains("4096 bytes") && reason.contains("1000-byte"),
+        "{reason}"
+    );
+    assert!(reason.contains("max_content_bytes"), "{reason}");
+    // Within the bound nothing is left out.
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap();
+    assert_eq!(set.changes.len(), 2);
+    assert!(set.over_limit.is_empty());
 }
 
 #[test]

@@ -5,7 +5,10 @@
 //! is untrusted: no symlink is followed, sizes are bounded. No sandbox process but the exiting
 //! init exists any more when collect runs (execute returns only then), so nothing races us.
 
-use smithers_runtime::collect::{write_workspace_bundle, BundleSources, WorkspaceLayer};
+use smithers_runtime::collect::{
+    detect_options_from_env, write_workspace_bundle_with, BundleSources, CollectOptions,
+    WorkspaceLayer,
+};
 use smithers_runtime::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle};
 
 use crate::{ctime, Backend, WorkspaceState};
@@ -41,7 +44,17 @@ pub(crate) fn collect(
         crate::remove_tree(&handle.result_path)
             .map_err(|e| RuntimeError::io("replace the previous bundle", &handle.result_path, e))?;
     }
-    write_workspace_bundle(
+    // Where the layer is kept if changes are left out for a limit: derived from the ids
+    // (cleanup moves it there; see `keep_layer` in lib.rs).
+    let kept_layer = handle.project_root().ok().and_then(|root| {
+        smithers_runtime::kept_layer::kept_layer_path(&root, &handle.run_id, &handle.sandbox_id)
+            .ok()
+    });
+    let options = CollectOptions {
+        kept_layer,
+        detect: Some(detect_options_from_env()),
+    };
+    let done = write_workspace_bundle_with(
         handle,
         BundleSources {
             project: &backend.root_dir,
@@ -52,5 +65,19 @@ pub(crate) fn collect(
             log: &backend.log_file(),
             notes: &[],
         },
-    )
+        &options,
+    )?;
+    // The marker tells cleanup (maybe in another process) to keep the layer; it is in the
+    // state directory, which cleanup derives from the ids and checks is ours. A second
+    // collect that left nothing out takes it away again.
+    let marker = backend.keep_layer_marker();
+    if done.keep_layer {
+        std::fs::write(&marker, b"")
+            .map_err(|e| RuntimeError::io("mark the layer kept", &marker, e))?;
+    } else if let Err(e) = std::fs::remove_file(&marker) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(RuntimeError::io("unmark the layer kept", &marker, e));
+        }
+    }
+    Ok(done.report)
 }

@@ -33,7 +33,11 @@
 //! directory (or holds `copy/`), with the upper directory beside it as its name plus
 //! `.upper`. The handle's
 //! `sandbox_root` is the spec's `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/` with
-//! `request/` and the bundle in `result/`.
+//! `request/` and the bundle in `result/`. When collect had to leave changes of the step out
+//! of the bundle for a size limit, it marks the layer kept (`keep-layer` in the state
+//! directory) and cleanup moves the written layer (the upper directory, or the copy) to that
+//! directory's `kept-layer/` instead of removing it; accepting or rejecting the review
+//! removes it (see `smithers_runtime::kept_layer`).
 //!
 //! Cleanup from a stored handle (see `owned.rs`) trusts none of its paths: the state and
 //! layer directories are recomputed from the ids, the cgroups killed and removed are those
@@ -392,6 +396,18 @@ impl Backend {
     fn log_file(&self) -> PathBuf {
         self.state_dir.join("stream.ndjson")
     }
+    /// Present when collect left changes of the step out for a size limit: cleanup then
+    /// keeps the workspace layer (see [`keep_layer`]).
+    fn keep_layer_marker(&self) -> PathBuf {
+        self.state_dir.join("keep-layer")
+    }
+    /// The tree holding the step's writes: the overlay's upper directory, or the copy.
+    fn written_layer(&self) -> PathBuf {
+        match self.workspace {
+            WorkspaceState::Overlay => self.upper(),
+            WorkspaceState::Copy { .. } => self.copy(),
+        }
+    }
     /// What ship's copy copied (copy mode), for the log's workspace record.
     fn copy_report_file(&self) -> PathBuf {
         self.state_dir.join("copy-report.json")
@@ -702,7 +718,7 @@ impl NativeRuntime {
             .prepare(config, &caps, &mut backend, &request_path)
             .await;
         if let Err(e) = result {
-            let _ = cleanup_backend(&backend, &[]);
+            let _ = cleanup_backend(&backend, &[], None);
             return Err(e);
         }
         Ok(SandboxHandle {
@@ -956,13 +972,21 @@ where
 
 /// Everything `cleanup` does, also used to roll back a failed `create`; `handle_dirs` are the
 /// handle's directories in the project that go too.
-fn cleanup_backend(backend: &Backend, handle_dirs: &[&Path]) -> Result<(), RuntimeError> {
+fn cleanup_backend(
+    backend: &Backend,
+    handle_dirs: &[&Path],
+    kept_layer: Option<&Path>,
+) -> Result<(), RuntimeError> {
     let mut problems = Vec::new();
     // Nothing may be removed from under a live sandbox.
     if backend.cgroups.populated() {
         backend
             .cgroups
             .kill_and_wait(std::time::Duration::from_secs(5));
+    }
+    // Before the layer's tmpfs goes: the step's writes that the bundle could not carry.
+    if backend.keep_layer_marker().exists() {
+        keep_layer(backend, kept_layer)?;
     }
     // Only our own sandbox's mounts: the layer tmpfs (and, defensively, a root left mounted by
     // a crashed init would be in its own mount namespace, gone with it).
@@ -1031,6 +1055,56 @@ fn cleanup_backend(backend: &Backend, handle_dirs: &[&Path]) -> Result<(), Runti
             problems.join("; "),
         ))
     }
+}
+
+/// Moves the step's written layer (the overlay's upper directory, or the copy) to
+/// `kept_layer`, the sandbox's `kept-layer` directory that cleanup derived from the ids, so
+/// that the changes collect left out for a size limit are not lost: a rename where both are
+/// on one file system, else a copy (modes, times and links kept; what a copy cannot make,
+/// such as the overlay's whiteouts, is listed in `kept-layer.txt` beside it) and then the
+/// layer is removed with the rest. Fails closed: with no trusted place to keep it, or when
+/// the copy fails, cleanup stops before anything is removed.
+fn keep_layer(backend: &Backend, kept_layer: Option<&Path>) -> Result<(), RuntimeError> {
+    let Some(dest) = kept_layer else {
+        return Err(RuntimeError::spawn(
+            "keep the workspace layer",
+            "changes were left out of the bundle for a size limit, and the sandbox's project directory is not one cleanup may write (see the other problems); the layer is left where it is",
+        ));
+    };
+    let src = backend.written_layer();
+    let marker = backend.keep_layer_marker();
+    if std::fs::symlink_metadata(&src).is_err() {
+        // Moved already (a cleanup stopped after the move): the kept layer is in place.
+        return std::fs::remove_file(&marker).map_err(io_err("remove", &marker));
+    }
+    // An earlier kept layer of these ids (a second collect and cleanup) is replaced.
+    if std::fs::symlink_metadata(dest).is_ok() {
+        remove_tree(dest).map_err(|e| RuntimeError::io("replace the kept layer", dest, e))?;
+    }
+    let list = dest.with_file_name(smithers_runtime::kept_layer::KEPT_LAYER_NOTES);
+    if let Err(e) = std::fs::remove_file(&list) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(RuntimeError::io("replace the kept layer", &list, e));
+        }
+    }
+    if let Some(parent) = dest.parent() {
+        std::fs::create_dir_all(parent).map_err(io_err("create", parent))?;
+    }
+    match std::fs::rename(&src, dest) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            let report = copy::copy_project(&src, dest)?;
+            if !report.left_out.is_empty() {
+                let text = format!(
+                    "not copied from the workspace layer (not regular files, links or directories):\n{}\n",
+                    report.left_out.join("\n")
+                );
+                std::fs::write(&list, text).map_err(io_err("write", &list))?;
+            }
+        }
+        Err(e) => return Err(RuntimeError::io("keep the workspace layer", &src, e)),
+    }
+    std::fs::remove_file(&marker).map_err(io_err("remove", &marker))
 }
 
 /// The default state root: a directory on a tmpfs, so that the few small files and
@@ -1162,7 +1236,7 @@ impl Runtime for NativeRuntime {
             &caps.cgroups,
         )?;
         let dirs: Vec<&Path> = confined.request_dir.iter().map(PathBuf::as_path).collect();
-        let cleaned = cleanup_backend(&confined.backend, &dirs);
+        let cleaned = cleanup_backend(&confined.backend, &dirs, confined.kept_layer.as_deref());
         if confined.left_alone.is_empty() {
             return cleaned;
         }
@@ -1243,5 +1317,73 @@ mod tests {
             serde_json::json!({"mode": "copy", "reason": "why"})
         );
         assert_eq!(serde_json::from_value::<Backend>(v).unwrap(), copy);
+    }
+
+    /// Cleanup keeps a layer marked kept: moved across file systems (the state directory on
+    /// /dev/shm, the project on another) by a copy that keeps contents, links and fifos, then
+    /// the rest is removed; without a trusted place it fails before removing anything.
+    #[test]
+    fn cleanup_keeps_a_marked_layer_across_file_systems() {
+        let shm = Path::new("/dev/shm");
+        let project = tempfile::tempdir().unwrap();
+        if !sys::is_tmpfs(shm) || sys::is_tmpfs(project.path()) {
+            println!("SKIP no tmpfs at /dev/shm beside a disk-backed $TMPDIR");
+            return;
+        }
+        let state = tempfile::tempdir_in(shm).unwrap();
+        let backend = Backend {
+            state_dir: state.path().join("r+s"),
+            root_dir: project.path().to_path_buf(),
+            layer_tmpfs: false,
+            layer_dir: None,
+            flat_layer: false,
+            cgroups: SandboxCgroups::default(),
+            workspace: WorkspaceState::Overlay,
+        };
+        let upper = backend.upper();
+        std::fs::create_dir_all(upper.join("d")).unwrap();
+        std::fs::write(upper.join("d/big.bin"), vec![7u8; 5000]).unwrap();
+        std::os::unix::fs::symlink("d/big.bin", upper.join("link")).unwrap();
+        let fifo = upper.join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        std::fs::write(backend.keep_layer_marker(), b"").unwrap();
+        // No trusted place: nothing is removed.
+        let err = cleanup_backend(&backend, &[], None).unwrap_err();
+        assert!(err.to_string().contains("left where it is"), "{err}");
+        assert!(upper.join("d/big.bin").is_file() && backend.state_dir.is_dir());
+        let kept = smithers_runtime::kept_layer::kept_layer_path(project.path(), "r", "s").unwrap();
+        cleanup_backend(&backend, &[], Some(&kept)).unwrap();
+        assert_eq!(
+            std::fs::read(kept.join("d/big.bin")).unwrap(),
+            vec![7u8; 5000]
+        );
+        assert_eq!(
+            std::fs::read_link(kept.join("link")).unwrap(),
+            Path::new("d/big.bin")
+        );
+        // A fifo is made again; only device nodes (the overlay's whiteouts), which need
+        // privilege, would be listed beside the kept layer.
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(kept.join("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        assert!(!kept
+            .with_file_name(smithers_runtime::kept_layer::KEPT_LAYER_NOTES)
+            .exists());
+        assert!(!backend.state_dir.exists() && !upper.exists());
+        // Without the marker, the layer is removed as before.
+        std::fs::create_dir_all(upper.join("d")).unwrap();
+        std::fs::write(upper.join("d/x"), b"x").unwrap();
+        cleanup_backend(&backend, &[], Some(&kept)).unwrap();
+        assert!(!upper.exists());
+        assert!(
+            kept.join("d/big.bin").is_file(),
+            "an unmarked cleanup leaves it alone"
+        );
     }
 }

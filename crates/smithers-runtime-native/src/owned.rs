@@ -79,6 +79,10 @@ fn process_start(pid: u32) -> Option<u64> {
 pub(crate) struct Confined {
     pub backend: Backend,
     pub request_dir: Option<PathBuf>,
+    /// Where a kept workspace layer goes: the sandbox's `kept-layer` in the project, derived
+    /// from the ids, and only when the request directory may be removed (same checks: the
+    /// record names this project, no link on the way); else `None`.
+    pub kept_layer: Option<PathBuf>,
     pub left_alone: Vec<String>,
 }
 
@@ -142,9 +146,18 @@ pub(crate) fn confine(
         layer_dir: stored.layer_dir.as_ref().map(|_| layer_dir),
         ..stored.clone()
     };
+    let kept_layer = request_dir.as_ref().and_then(|_| {
+        smithers_runtime::kept_layer::kept_layer_path(
+            &handle_root,
+            &handle.run_id,
+            &handle.sandbox_id,
+        )
+        .ok()
+    });
     Ok(Confined {
         backend,
         request_dir,
+        kept_layer,
         left_alone,
     })
 }

@@ -2,17 +2,23 @@
 //! shares (behind the `collect` feature): the bundle status rule, and the workspace changes
 //! turned into bundle patches plus the `diffBundle`. The native and the docker runtime call
 //! [`workspace_bundle`], so the same workspace gives byte-identical patches whichever ran it.
+//!
+//! Nothing fails a step for its size: a change over the changed-content bound, or whose
+//! patch does not fit the bundle, is left out (largest first, [`fit_patches`]), named with
+//! its reason in `changeNotes.leftOut` and the log, and the rest is kept;
+//! [`write_workspace_bundle_with`] tells the backend to keep its workspace layer then
+//! (`changeNotes.keptLayer`, see [`crate::kept_layer`]).
 
 use std::path::Path;
 
 use serde_json::Value;
 use smithers_bundle::{
     write_bundle, BundleFile, BundleStatus, ChangeNotes, DiffBundle, DiffOperation, DiffPatch,
-    WriteParams, SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES,
+    WriteParams, SANDBOX_MAX_BUNDLE_BYTES, SANDBOX_MAX_PATCH_FILES, SANDBOX_MAX_README_BYTES,
 };
 use smithers_patch::{
-    build_patch_files, detect_changes, detect_changes_by_compare, ChangeSet, DetectOptions,
-    IgnoreReason, Operation,
+    build_patch_files, detect_changes, detect_changes_by_compare, leave_out_largest, ChangeSet,
+    DetectOptions, IgnoreReason, Operation, SkippedEntry,
 };
 
 use crate::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle, Termination};
@@ -48,6 +54,9 @@ pub struct WorkspaceBundle {
     pub changes: ChangeSet,
     /// README.md's `changeNotes`: host-changed bases and what was left out.
     pub notes: ChangeNotes,
+    /// Binary files whose `diffBundle` entry carries no `binaryContent` (path, bytes): over
+    /// `smithers_patch::MAX_BINARY_CONTENT_BYTES`. Their patch files carry the change.
+    pub binary_content_left_out: Vec<(String, u64)>,
 }
 
 /// The bundle status: cancelled when cancelled; else the step's own word (`status` of its
@@ -128,7 +137,24 @@ pub fn workspace_bundle(
     outcome: Option<&ExecOutcome>,
     result_rejected: bool,
 ) -> Result<WorkspaceBundle, RuntimeError> {
-    let mut opts = DetectOptions::default();
+    workspace_bundle_with(
+        project,
+        layer,
+        outcome,
+        result_rejected,
+        DetectOptions::default(),
+    )
+}
+
+/// [`workspace_bundle`] with explicit detection options (a caller or a test may bound the
+/// changed content lower; `copy_finished` is set here from `layer`).
+pub fn workspace_bundle_with(
+    project: &Path,
+    layer: WorkspaceLayer<'_>,
+    outcome: Option<&ExecOutcome>,
+    result_rejected: bool,
+    mut opts: DetectOptions,
+) -> Result<WorkspaceBundle, RuntimeError> {
     let changes = match layer {
         WorkspaceLayer::Upper(upper) => detect_changes(project, upper, &opts),
         WorkspaceLayer::Copy { tree, finished } => {
@@ -137,6 +163,15 @@ pub fn workspace_bundle(
         }
     }
     .map_err(|e| RuntimeError::inner("detect the workspace changes", &e))?;
+    Ok(render_changes(
+        project,
+        changes,
+        bundle_status(outcome, result_rejected),
+    ))
+}
+
+/// The patches, `diffBundle` and notes of a change set.
+fn render_changes(project: &Path, changes: ChangeSet, status: BundleStatus) -> WorkspaceBundle {
     let rendered = build_patch_files(&changes);
     let notes = change_notes(&changes);
     let patches = rendered
@@ -167,14 +202,50 @@ pub fn workspace_bundle(
             })
             .collect(),
     });
-    Ok(WorkspaceBundle {
-        status: bundle_status(outcome, result_rejected),
+    WorkspaceBundle {
+        status,
         patches,
         diff_bundle,
         patch_bytes: rendered.total_bytes(),
         notes,
+        binary_content_left_out: rendered.binary_content_left_out,
         changes,
-    })
+    }
+}
+
+/// Makes the patches fit `budget` bytes: while they do not, the changes with the largest
+/// patches are left out ([`leave_out_largest`]), each moved to `changes.over_limit` with the
+/// limit and its size, and the rest is rendered again. Everything else is kept.
+pub fn fit_patches(project: &Path, bundle: WorkspaceBundle, budget: u64) -> WorkspaceBundle {
+    if bundle.patch_bytes <= budget {
+        return bundle;
+    }
+    // Each change's patch text is its diffBundle entry's diff (a patch file is the
+    // concatenation of its members' diffs), so these sizes add up to the patch bytes.
+    let rendered = build_patch_files(&bundle.changes);
+    let sizes: Vec<u64> = rendered
+        .diff_bundle
+        .iter()
+        .map(|d| d.diff.len() as u64)
+        .collect();
+    let out: std::collections::BTreeMap<String, u64> = leave_out_largest(&sizes, budget)
+        .into_iter()
+        .map(|i| (rendered.diff_bundle[i].path.clone(), sizes[i]))
+        .collect();
+    let status = bundle.status;
+    let mut changes = bundle.changes;
+    changes.changes.retain(|c| !out.contains_key(&c.path));
+    changes.stale_base.retain(|p| !out.contains_key(p));
+    changes
+        .over_limit
+        .extend(out.into_iter().map(|(path, bytes)| SkippedEntry {
+            reason: format!(
+                "over a size limit: its {bytes}-byte patch does not fit the result bundle's {SANDBOX_MAX_BUNDLE_BYTES}-byte limit (SANDBOX_MAX_BUNDLE_BYTES; {budget} bytes were left for patches); left out, largest first, so that the rest of the change is kept"
+            ),
+            path,
+        }));
+    changes.over_limit.sort_by(|a, b| a.path.cmp(&b.path));
+    render_changes(project, changes, status)
 }
 
 /// What the bundle's README.md says beyond the patches: the paths whose base the host
@@ -191,7 +262,7 @@ pub fn change_notes(changes: &ChangeSet) -> ChangeNotes {
         };
         notes.leave_out(i.path.clone(), reason);
     }
-    for s in &changes.skipped {
+    for s in changes.skipped.iter().chain(&changes.over_limit) {
         notes.leave_out(s.path.clone(), s.reason.clone());
     }
     notes
@@ -214,17 +285,95 @@ pub struct BundleSources<'a> {
     pub notes: &'a [String],
 }
 
+/// Room kept in the bundle for the notes appended to the log at collect; the notes are cut
+/// to fit it (what they would have named is in README.md's `changeNotes` too).
+const NOTES_RESERVE: u64 = 2 << 20;
+
 /// Writes the result bundle of a copy-on-write backend's sandbox at `handle.result_path`
-/// (which the caller has cleared of an earlier bundle): status and patches from
-/// [`workspace_bundle`], the step's outputs, its artifacts (within the bundle's limits) and
-/// the log. What cannot go in (an artifact over a limit or not a regular file, a change no
-/// patch can carry) is noted at the end of the log, never silently dropped.
+/// (which the caller has cleared of an earlier bundle): see [`write_workspace_bundle_with`];
+/// this backend keeps no workspace layer after cleanup.
 pub fn write_workspace_bundle(
     handle: &SandboxHandle,
     from: BundleSources<'_>,
 ) -> Result<CollectReport, RuntimeError> {
-    let bundle = workspace_bundle(from.project, from.layer, from.outcome, from.result_rejected)?;
-    let budget = SANDBOX_MAX_BUNDLE_BYTES.saturating_sub(bundle.patch_bytes);
+    write_workspace_bundle_with(handle, from, &CollectOptions::default()).map(|w| w.report)
+}
+
+/// How [`write_workspace_bundle_with`] collects.
+#[derive(Debug, Clone, Default)]
+pub struct CollectOptions {
+    /// Where the backend will keep the step's workspace layer, past cleanup, when changes
+    /// of the step were left out for a size limit (said in `changeNotes.keptLayer`); `None`:
+    /// this backend keeps none, and the log says that the left-out content is lost.
+    pub kept_layer: Option<std::path::PathBuf>,
+    /// Change detection options (default: [`DetectOptions::default`]); a test may bound the
+    /// changed content lower than the default 1 GiB.
+    pub detect: Option<DetectOptions>,
+}
+
+/// Environment variable that lowers the bound on changed content held at collect
+/// (`DetectOptions::max_content_bytes`, default 1 GiB), in bytes: for tests and for hosts
+/// with little memory. It can only lower the bound; a value that is not a number is ignored.
+pub const MAX_CHANGE_BYTES_ENV: &str = "SMITHERS_SANDBOX_MAX_CHANGE_BYTES";
+
+/// The default [`DetectOptions`], with [`MAX_CHANGE_BYTES_ENV`] applied.
+pub fn detect_options_from_env() -> DetectOptions {
+    let mut opts = DetectOptions::default();
+    if let Some(n) = std::env::var(MAX_CHANGE_BYTES_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        opts.max_content_bytes = opts.max_content_bytes.min(n);
+    }
+    opts
+}
+
+/// What [`write_workspace_bundle_with`] did.
+#[derive(Debug, Clone)]
+pub struct WorkspaceCollect {
+    pub report: CollectReport,
+    /// Changes of the step were left out for a size limit: the backend must keep the layer
+    /// (at `CollectOptions::kept_layer`, as the bundle says) when it cleans up.
+    pub keep_layer: bool,
+}
+
+/// Writes the result bundle: status and patches from [`workspace_bundle_with`], the step's
+/// outputs, its artifacts (within the bundle's limits) and the log. Nothing fails the step
+/// for its size: changes over the content bound, or whose patches do not fit the bundle
+/// (largest first, [`fit_patches`]), are left out and named in `changeNotes.leftOut` and in
+/// the log, and the rest is kept; artifacts get what is left of the bundle's budget. What
+/// cannot go in (an artifact over a limit or not a regular file, a change no patch can carry)
+/// is noted at the end of the log, never silently dropped.
+pub fn write_workspace_bundle_with(
+    handle: &SandboxHandle,
+    from: BundleSources<'_>,
+    options: &CollectOptions,
+) -> Result<WorkspaceCollect, RuntimeError> {
+    let opts = options.detect.clone().unwrap_or_default();
+    let bundle = workspace_bundle_with(
+        from.project,
+        from.layer,
+        from.outcome,
+        from.result_rejected,
+        opts,
+    )?;
+    // README.md at its largest, the log as it is and the notes still to come are held back;
+    // the patches get the rest, the artifacts what the patches leave.
+    let log_len = std::fs::metadata(from.log).map_or(0, |m| m.len());
+    let patch_budget = SANDBOX_MAX_BUNDLE_BYTES
+        .saturating_sub(SANDBOX_MAX_README_BYTES)
+        .saturating_sub(log_len)
+        .saturating_sub(NOTES_RESERVE);
+    let mut bundle = fit_patches(from.project, bundle, patch_budget);
+    let keep_layer = !bundle.changes.over_limit.is_empty();
+    if keep_layer {
+        bundle.notes.kept_layer = options
+            .kept_layer
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned());
+        note_where_kept(&mut bundle, options.kept_layer.as_deref());
+    }
+    let budget = patch_budget.saturating_sub(bundle.patch_bytes);
     let (artifacts, skipped) = collect_artifacts(from.artifacts, SANDBOX_MAX_PATCH_FILES, budget);
     let mut notes: Vec<String> = from.notes.to_vec();
     notes.extend(
@@ -241,6 +390,33 @@ pub fn write_workspace_bundle(
     notes.extend(
         bundle
             .changes
+            .over_limit
+            .iter()
+            .map(|s| format!("change left out: {}: {}", s.path, s.reason)),
+    );
+    if keep_layer {
+        notes.push(match &options.kept_layer {
+            Some(p) => format!(
+                "the step's workspace layer, with the changes left out for a size limit, is kept at {} until the review is accepted or rejected",
+                p.display()
+            ),
+            None => "this runtime keeps no workspace layer: the content of the changes left out for a size limit is lost at cleanup".to_string(),
+        });
+    }
+    notes.extend(
+        bundle
+            .binary_content_left_out
+            .iter()
+            .map(|(path, bytes)| {
+                format!(
+                    "diffBundle: binaryContent of {path} left out ({bytes} bytes, over {} bytes); its patch carries the change",
+                    smithers_patch::MAX_BINARY_CONTENT_BYTES
+                )
+            }),
+    );
+    notes.extend(
+        bundle
+            .changes
             .ignored
             .iter()
             .map(|i| format!("change left out ({:?}): {}", i.reason, i.path)),
@@ -249,6 +425,7 @@ pub fn write_workspace_bundle(
         format!("changed on the host while the step ran (accept refuses it as a conflict): {p}")
     }));
     notes.extend(bundle.changes.notes.iter().cloned());
+    bound_notes(&mut notes, NOTES_RESERVE);
     if !notes.is_empty() {
         append_notes(from.log, &notes)?;
     }
@@ -265,16 +442,65 @@ pub fn write_workspace_bundle(
     params.diff_bundle = bundle.diff_bundle;
     params.change_notes = bundle.notes;
     write_bundle(&params).map_err(|e| RuntimeError::inner("write the result bundle", &e))?;
-    Ok(CollectReport {
-        bundle_path: handle.result_path.clone(),
-        patch_count,
-        ignored_paths: bundle
-            .changes
-            .ignored
-            .iter()
-            .map(|i| i.path.clone())
-            .collect(),
+    Ok(WorkspaceCollect {
+        report: CollectReport {
+            bundle_path: handle.result_path.clone(),
+            patch_count,
+            ignored_paths: bundle
+                .changes
+                .ignored
+                .iter()
+                .map(|i| i.path.clone())
+                .collect(),
+        },
+        keep_layer,
     })
+}
+
+/// Each change left out for a limit says, in its `leftOut` reason (which the review shows),
+/// where its content is: in the kept layer, or lost when the backend keeps none.
+fn note_where_kept(bundle: &mut WorkspaceBundle, kept_layer: Option<&Path>) {
+    let tail = match kept_layer {
+        Some(p) => format!(
+            "; the step's file is in the workspace layer kept at {} until the review is decided",
+            p.display()
+        ),
+        None => "; this runtime keeps no workspace layer, so its content is not kept".to_string(),
+    };
+    let over: std::collections::BTreeSet<&str> = bundle
+        .changes
+        .over_limit
+        .iter()
+        .map(|s| s.path.as_str())
+        .collect();
+    for l in &mut bundle.notes.left_out {
+        if over.contains(l.path.as_str()) {
+            l.reason.push_str(&tail);
+        }
+    }
+}
+
+/// Cuts `notes` so that their log records fit `max` bytes (a margin of 100 bytes per record
+/// for the JSON around the message), the last kept one saying how many more there were.
+fn bound_notes(notes: &mut Vec<String>, max: u64) {
+    const RECORD: u64 = 100;
+    let mut used = 0u64;
+    let mut keep = notes.len();
+    for (i, n) in notes.iter().enumerate() {
+        // Room for this note and for the closing one.
+        used += n.len() as u64 * 2 + RECORD; // escaping can double a message's bytes
+        if used + 2 * RECORD > max {
+            keep = i;
+            break;
+        }
+    }
+    if keep < notes.len() {
+        let more = notes.len() - keep;
+        notes.truncate(keep);
+        notes.push(format!(
+            "{more} more notes not listed (to keep the bundle within its size limit); README.md's changeNotes names what was left out"
+        ));
+    }
 }
 
 fn append_notes(log: &Path, notes: &[String]) -> Result<(), RuntimeError> {
@@ -560,5 +786,134 @@ mod tests {
         let b = workspace_bundle(&lower, WorkspaceLayer::Upper(&same), None, false).unwrap();
         assert!(b.patches.is_empty() && b.diff_bundle.is_none());
         assert_eq!(b.status, BundleStatus::Failed);
+    }
+
+    fn layers() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let (lower, upper) = (dir.path().join("lower"), dir.path().join("upper"));
+        std::fs::create_dir_all(&lower).unwrap();
+        std::fs::create_dir_all(&upper).unwrap();
+        // The small edit is a new file: a modification's host-changed check compares
+        // timestamps that a coarse clock can make equal when both are written at once.
+        std::fs::write(lower.join("keep.txt"), "one\n").unwrap();
+        std::fs::write(upper.join("a.txt"), "two\n").unwrap();
+        (dir, lower, upper)
+    }
+
+    /// Patches that do not fit the bundle's budget: the largest is left out (named with the
+    /// limit and its size), the small text edit is kept and rendered again.
+    #[test]
+    fn fit_patches_leaves_out_the_largest_and_keeps_the_rest() {
+        let (_dir, lower, upper) = layers();
+        std::fs::write(upper.join("big.txt"), "x\n".repeat(50_000)).unwrap();
+        let ok = outcome(Termination::Exited, Some(0), None);
+        let b = workspace_bundle(&lower, WorkspaceLayer::Upper(&upper), Some(&ok), false).unwrap();
+        assert_eq!(b.patches.len(), 2);
+        let small = fit_patches(&lower, b.clone(), b.patch_bytes);
+        assert_eq!(small.patches, b.patches, "what fits is left alone");
+        let fitted = fit_patches(&lower, b, 10_000);
+        assert_eq!(fitted.patches.len(), 1);
+        let text = String::from_utf8(fitted.patches[0].content.clone()).unwrap();
+        assert!(text.contains("+two"), "{text}");
+        assert!(fitted.patch_bytes <= 10_000);
+        let left: Vec<&str> = fitted
+            .notes
+            .left_out
+            .iter()
+            .map(|l| l.path.as_str())
+            .collect();
+        assert_eq!(left, ["big.txt"]);
+        let reason = &fitted.notes.left_out[0].reason;
+        assert!(reason.contains("SANDBOX_MAX_BUNDLE_BYTES"), "{reason}");
+        let diff = fitted.diff_bundle.expect("the kept edit's diffBundle");
+        assert_eq!(diff.patches.len(), 1);
+        assert_eq!(diff.patches[0].path, "a.txt");
+    }
+
+    /// A change over the content bound is left out of a written bundle that still validates,
+    /// with the small edit's patch; the notes say where the layer is kept (when the backend
+    /// keeps one) and the log names what was left out.
+    #[test]
+    fn a_change_over_a_limit_keeps_the_rest_of_the_bundle() {
+        let (dir, lower, upper) = layers();
+        std::fs::write(upper.join("huge.bin"), vec![0u8; 64 * 1024]).unwrap();
+        let root = dir.path().join("sandbox");
+        let handle = SandboxHandle {
+            runtime: crate::RuntimeKind::Bubblewrap,
+            run_id: "r".into(),
+            sandbox_id: "s".into(),
+            sandbox_root: root.clone(),
+            request_path: root.join("request"),
+            result_path: root.join("result"),
+            container_id: None,
+            workspace_id: None,
+            backend: Value::Null,
+        };
+        let log = dir.path().join("stream.ndjson");
+        let ok = outcome(Termination::Exited, Some(0), None);
+        let sources = BundleSources {
+            project: &lower,
+            layer: WorkspaceLayer::Upper(&upper),
+            outcome: Some(&ok),
+            result_rejected: false,
+            artifacts: &dir.path().join("no-artifacts"),
+            log: &log,
+            notes: &[],
+        };
+        let kept = root.join("kept-layer");
+        let options = CollectOptions {
+            kept_layer: Some(kept.clone()),
+            detect: Some(DetectOptions {
+                max_content_bytes: 1024,
+                ..DetectOptions::default()
+            }),
+        };
+        let done = write_workspace_bundle_with(&handle, sources, &options).unwrap();
+        assert!(done.keep_layer);
+        assert_eq!(done.report.patch_count, 1);
+        let valid = smithers_bundle::validate_bundle(&handle.result_path).unwrap();
+        assert_eq!(valid.patch_files.len(), 1);
+        let notes = &valid.change_notes;
+        assert_eq!(notes.left_out.len(), 1, "{notes:?}");
+        assert_eq!(notes.left_out[0].path, "huge.bin");
+        assert!(notes.left_out[0].reason.contains("65536 bytes"));
+        assert!(
+            notes.left_out[0].reason.contains("kept at"),
+            "{}",
+            notes.left_out[0].reason
+        );
+        assert_eq!(notes.kept_layer.as_deref(), Some(&*kept.to_string_lossy()));
+        let log = std::fs::read_to_string(&log).unwrap();
+        assert!(log.contains("change left out: huge.bin"), "{log}");
+        assert!(log.contains("is kept at"), "{log}");
+        // Within the limits nothing is left out and no layer is kept.
+        std::fs::remove_dir_all(&handle.result_path).unwrap();
+        let sources = BundleSources { ..sources };
+        let done = write_workspace_bundle_with(
+            &handle,
+            sources,
+            &CollectOptions {
+                kept_layer: Some(kept),
+                detect: None,
+            },
+        )
+        .unwrap();
+        assert!(!done.keep_layer);
+        let valid = smithers_bundle::validate_bundle(&handle.result_path).unwrap();
+        assert_eq!(valid.patch_files.len(), 2);
+        assert!(valid.change_notes.is_empty(), "{:?}", valid.change_notes);
+    }
+
+    #[test]
+    fn notes_are_bounded() {
+        let mut notes: Vec<String> = (0..100).map(|i| format!("{i:0>100}")).collect();
+        bound_notes(&mut notes, 10_000);
+        assert!(notes.len() < 100);
+        let total: usize = notes.iter().map(|n| n.len() * 2 + 100).sum();
+        assert!(total <= 10_000, "{total}");
+        assert!(notes.last().unwrap().contains("more notes not listed"));
+        let mut few = vec!["a".to_string()];
+        bound_notes(&mut few, 10_000);
+        assert_eq!(few, ["a"]);
     }
 }

@@ -36,6 +36,7 @@ pub mod conformance;
 pub mod containment;
 pub mod error;
 pub mod git_ref;
+pub mod kept_layer;
 pub mod types;
 
 use async_trait::async_trait;

@@ -62,6 +62,7 @@ async fn list_read_and_reject_a_pending_review() {
     let server = SandboxServer::new(
         ServerConfig {
             token: Some(common::TOKEN.into()),
+            tokens: Vec::new(),
             data_dir: data.path().join("host"),
             limits: common::small_limits(),
             shutdown_grace: Duration::from_secs(5),

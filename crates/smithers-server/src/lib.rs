@@ -15,12 +15,19 @@
 //!
 //! # Safety and robustness
 //!
-//! * Bearer token (`SMITHERS_SANDBOX_TOKEN`) on `/v1/*` but the OpenAPI document, compared in
-//!   constant time; without a token the server refuses to listen anywhere but loopback.
+//! * Bearer tokens on `/v1/*` but the OpenAPI document (`SMITHERS_SANDBOX_TOKEN`, and named
+//!   ones in `SMITHERS_SANDBOX_TOKENS` or [`ServerConfig::tokens`]), compared in constant time;
+//!   without a token the server refuses to listen anywhere but loopback. A sandbox belongs to
+//!   the token that created it: to any other token it does not exist (404).
+//! * The operator's ceilings ([`Ceilings`]): network only when allowed, resource limits,
+//!   timeout and output cap at most the ceiling (an unasked timeout or output cap gets it),
+//!   a cap on sandboxes held in all and per token, and idle sandboxes expiring
+//!   ([`Limits::idle_expiry`]).
 //! * Connection limits (`conn`): a cap on connections served at once (the rest wait in the
 //!   accept backlog), a deadline for a request head and for an idle connection (slowloris),
 //!   `TCP_NODELAY`.
-//! * Body limits (JSON, upload on the wire, unpacked bytes, entries, path length), a deadline
+//! * Body limits (JSON, upload on the wire, unpacked bytes, decoded bytes, entries, path
+//!   length), checked while the upload streams in, a deadline
 //!   per request, archive rules of [`smithers_runtime_remote::archive`]; every refusal is a
 //!   documented status with a `{code, message, details}` body.
 //! * Graceful shutdown: stop accepting, let running steps finish for a grace period, then

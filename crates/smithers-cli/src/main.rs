@@ -57,7 +57,8 @@ enum Command {
     /// Show which protections the native runtime can enforce on this host.
     Doctor(commands::doctor::DoctorArgs),
     /// Serve sandboxes to remote clients over HTTP (the codeplane runtime's server).
-    Serve(commands::serve::ServeArgs),
+    // Boxed: its many operator flags would make every other variant as large.
+    Serve(Box<commands::serve::ServeArgs>),
 }
 
 fn run(cli: &Cli) -> anyhow::Result<ExitCode> {

@@ -103,3 +103,89 @@ fn refuses_a_public_address_without_a_token() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.to_lowercase().contains("token"), "{err}");
 }
+
+fn request(addr: &str, method: &str, path: &str, token: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// The operator's flags reach the server: a tokens file scopes sandboxes to their token, and
+/// by default a client's allowNetwork is refused, as is a memory limit above --max-memory.
+#[test]
+fn serve_applies_operator_ceilings_and_token_scopes() {
+    let data = tempfile::tempdir().unwrap();
+    let alice = "alice-token-0123456789abcdef";
+    let bob = "bob-token-0123456789abcdef00";
+    let tokens = data.path().join("tokens");
+    std::fs::write(&tokens, format!("# clients\nalice:{alice}\nbob:{bob}\n")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_smithers-sandbox"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--max-memory", "1g"])
+        .arg("--tokens-file")
+        .arg(&tokens)
+        .arg("--data-dir")
+        .arg(data.path().join("data"))
+        .env_remove("SMITHERS_SANDBOX_TOKEN")
+        .env_remove("SMITHERS_SANDBOX_TOKENS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut addr = None;
+    let mut seen = String::new();
+    for _ in 0..20 {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        seen.push_str(&line);
+        if let Some(rest) = line.split("serving on http://").nth(1) {
+            addr = Some(rest.split_whitespace().next().unwrap().to_string());
+            break;
+        }
+    }
+    let addr = addr.unwrap_or_else(|| panic!("no address printed: {seen}"));
+    let create = |token: &str, id: &str, controls: &str| {
+        request(
+            &addr,
+            "POST",
+            "/v1/sandboxes",
+            token,
+            &format!(r#"{{"runId":"run-1","sandboxId":"{id}","controls":{controls}}}"#),
+        )
+    };
+    let net = create(alice, "net", r#"{"allowNetwork":true}"#);
+    assert!(net.starts_with("HTTP/1.1 403"), "{net}");
+    assert!(net.contains("--allow-network"), "{net}");
+    let big = create(alice, "big", r#"{"memoryLimitBytes":2147483648}"#);
+    assert!(big.starts_with("HTTP/1.1 422"), "{big}");
+    assert!(big.contains("--max-memory"), "{big}");
+    let ok = create(alice, "ok", "{}");
+    assert!(ok.starts_with("HTTP/1.1 201"), "{ok}");
+    let id = ok
+        .split("\"id\":\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_else(|| panic!("no id in {ok}"))
+        .to_string();
+    let theirs = get(&addr, &format!("/v1/sandboxes/{id}"), Some(bob));
+    assert!(theirs.starts_with("HTTP/1.1 404"), "{theirs}");
+    let listed = get(&addr, "/v1/sandboxes", Some(bob));
+    assert!(listed.ends_with("[]"), "{listed}");
+    let mine = get(&addr, &format!("/v1/sandboxes/{id}"), Some(alice));
+    assert!(mine.starts_with("HTTP/1.1 200"), "{mine}");
+    let gone = request(&addr, "DELETE", &format!("/v1/sandboxes/{id}"), alice, "");
+    assert!(gone.starts_with("HTTP/1.1 204"), "{gone}");
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}

@@ -253,6 +253,12 @@ pub fn decompress<'a, R: Read + 'a>(reader: R) -> Result<Box<dyn Read + 'a>, Arc
 /// those) or the data being bad.
 fn classify_read_error(e: io::Error) -> ArchiveError {
     if let Some(inner) = e.get_ref() {
+        if let Some(over) = inner.downcast_ref::<DecodedBudgetExceeded>() {
+            return ArchiveError::TooLarge {
+                limit: "decodedBytes",
+                max: over.0,
+            };
+        }
         if inner.is::<StreamFailure>() {
             return ArchiveError::Stream {
                 source: io::Error::other(inner.to_string()),
@@ -289,6 +295,53 @@ impl<R: Read> Read for MarkStreamErrors<R> {
     }
 }
 
+/// Bytes of tar framing allowed per entry beyond its content: its header block and padding,
+/// and extension headers (pax, GNU long names) carrying its path and link target.
+fn framing_per_entry(limits: &UnpackLimits) -> u64 {
+    16 * 1024 + 2 * limits.max_path_bytes as u64
+}
+
+/// The decoded stream exceeded what the archive's entries may take; carries the budget.
+#[derive(Debug)]
+struct DecodedBudgetExceeded(u64);
+
+impl std::fmt::Display for DecodedBudgetExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the decompressed archive exceeds {} bytes", self.0)
+    }
+}
+
+impl std::error::Error for DecodedBudgetExceeded {}
+
+/// Counts the bytes the decompressor produces and fails the read past the allowance the
+/// unpack loop keeps current (content limit plus framing for the entries seen so far, and a
+/// few more). The content limit alone would not bound what the tar reader decodes and skips
+/// (data of a directory entry, a huge pax header read into memory, bytes after the end), so a
+/// compression bomb is cut off here whatever shape it has.
+struct DecodedBudget<R> {
+    inner: R,
+    read: u64,
+    allowed: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: Read> Read for DecodedBudget<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let allowed = self.allowed.get();
+        if self.read >= allowed {
+            // One byte more than allowed tells "exactly at the budget" from "past it".
+            let mut probe = [0u8; 1];
+            if self.inner.read(&mut probe)? == 0 {
+                return Ok(0);
+            }
+            return Err(io::Error::other(DecodedBudgetExceeded(allowed)));
+        }
+        let room = (allowed - self.read).min(buf.len() as u64) as usize;
+        let n = self.inner.read(&mut buf[..room])?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
 /// Unpacks a (possibly compressed) tar stream into `dest`, an existing empty directory, under
 /// the rules of the module documentation. `cancelled` is polled between entries and chunks.
 /// On error `dest` may hold part of the archive: the caller removes it (it is a staging
@@ -300,7 +353,18 @@ pub fn unpack(
     cancelled: &dyn Fn() -> bool,
 ) -> Result<UnpackStats, ArchiveError> {
     let beneath = Beneath::open(dest).map_err(|e| path_error(e, dest))?;
-    let decoded = decompress(MarkStreamErrors(reader))?;
+    let framing = framing_per_entry(limits);
+    let budget = |entries: u64| {
+        limits
+            .max_total_bytes
+            .saturating_add(entries.saturating_add(4).saturating_mul(framing))
+    };
+    let allowed = std::rc::Rc::new(std::cell::Cell::new(budget(0)));
+    let decoded = DecodedBudget {
+        inner: decompress(MarkStreamErrors(reader))?,
+        read: 0,
+        allowed: allowed.clone(),
+    };
     let mut archive = tar::Archive::new(decoded);
     let mut stats = UnpackStats::default();
     let entries = archive.entries().map_err(classify_read_error)?;
@@ -309,6 +373,7 @@ pub fn unpack(
             return Err(ArchiveError::Cancelled);
         }
         let mut entry = entry.map_err(classify_read_error)?;
+        allowed.set(budget(stats.entries + 1));
         let kind = entry.header().entry_type();
         // Extension headers the tar reader did not fold into the next entry carry no file.
         if matches!(kind, tar::EntryType::XGlobalHeader) {
@@ -905,6 +970,39 @@ mod tests {
             allow_symlinks: true,
             reserved_names: vec![".smithers".into()],
         }
+    }
+
+    /// A gzip of a tar whose one directory entry claims `size` bytes of zeros: the tar reader
+    /// skips a directory's data, so only the decoded-bytes budget stops it.
+    fn gz_directory_with_data(size: u64) -> Vec<u8> {
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let mut b = tar::Builder::new(gz);
+        let mut h = tar::Header::new_gnu();
+        h.set_path("d/").unwrap();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(size);
+        h.set_cksum();
+        b.append(&h, io::repeat(0).take(size)).unwrap();
+        b.into_inner().unwrap().finish().unwrap()
+    }
+
+    #[test]
+    fn decoded_bytes_are_capped_whatever_the_entries_claim() {
+        let limits = ws_limits();
+        let bomb = gz_directory_with_data(16 << 20);
+        assert!(bomb.len() < 64 * 1024, "a small upload: {}", bomb.len());
+        let (_dir, r) = unpack_bytes(&bomb, &limits);
+        match r {
+            Err(ArchiveError::TooLarge { limit, max }) => {
+                assert_eq!(limit, "decodedBytes");
+                assert!(max < 2 << 20, "cut off near the content limit: {max}");
+            }
+            other => panic!("a 16 MiB directory body must be refused, got {other:?}"),
+        }
+        // Within the budget the same shape still unpacks (the framing allowance is real).
+        let (_dir, r) = unpack_bytes(&gz_directory_with_data(4096), &limits);
+        r.unwrap();
     }
 
     #[test]

@@ -34,6 +34,7 @@ async fn start_host() -> Host {
     let server = SandboxServer::new(
         ServerConfig {
             token: Some(TOKEN.into()),
+            tokens: Vec::new(),
             data_dir: data.path().to_path_buf(),
             limits: Limits::default(),
             shutdown_grace: Duration::from_secs(10),

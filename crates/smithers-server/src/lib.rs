@@ -15,12 +15,19 @@
 //!
 //! # Safety and robustness
 //!
-//! * Bearer token (`SMITHERS_SANDBOX_TOKEN`) on `/v1/*` but the OpenAPI document, compared in
-//!   constant time; without a token the server refuses to listen anywhere but loopback.
+//! * Bearer tokens on `/v1/*` but the OpenAPI document (`SMITHERS_SANDBOX_TOKEN`, and named
+//!   ones in `SMITHERS_SANDBOX_TOKENS` or [`ServerConfig::tokens`]), compared in constant time;
+//!   without a token the server refuses to listen anywhere but loopback. A sandbox belongs to
+//!   the token that created it: to any other token it does not exist (404).
+//! * The operator's ceilings ([`Ceilings`]): network only when allowed, resource limits,
+//!   timeout and output cap at most the ceiling (an unasked timeout or output cap gets it),
+//!   a cap on sandboxes held in all and per token, and idle sandboxes expiring
+//!   ([`Limits::idle_expiry`]).
 //! * Connection limits (`conn`): a cap on connections served at once (the rest wait in the
 //!   accept backlog), a deadline for a request head and for an idle connection (slowloris),
 //!   `TCP_NODELAY`.
-//! * Body limits (JSON, upload on the wire, unpacked bytes, entries, path length), a deadline
+//! * Body limits (JSON, upload on the wire, unpacked bytes, decoded bytes, entries, path
+//!   length), checked while the upload streams in, a deadline
 //!   per request, archive rules of [`smithers_runtime_remote::archive`]; every refusal is a
 //!   documented status with a `{code, message, details}` body.
 //! * Graceful shutdown: stop accepting, let running steps finish for a grace period, then
@@ -32,6 +39,7 @@
 mod conn;
 mod error;
 mod metrics;
+mod policy;
 mod review;
 mod routes;
 mod state;
@@ -48,19 +56,24 @@ use std::time::Duration;
 
 use axum::routing::{get, post, put};
 use axum::Router;
-use sha2::{Digest, Sha256};
 use smithers_runtime::{CancellationToken, Runtime};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 pub use error::{ApiError, ServerError};
 pub use metrics::Metrics;
+pub use policy::{parse_tokens, Ceilings, ClientToken, DEFAULT_TOKEN_NAME};
 
 /// The OpenAPI 3 document of this API, as checked in at `openapi/smithers-sandbox.yaml`.
 pub const OPENAPI_YAML: &str = include_str!("../../../openapi/smithers-sandbox.yaml");
 
-/// Environment variable holding the bearer token clients must present.
+/// Environment variable holding the bearer token clients must present (named
+/// [`DEFAULT_TOKEN_NAME`]).
 pub const ENV_TOKEN: &str = "SMITHERS_SANDBOX_TOKEN";
+
+/// Environment variable holding several client tokens as `name:token` pairs (separated by
+/// commas or whitespace); each client sees only the sandboxes its token created.
+pub const ENV_TOKENS: &str = "SMITHERS_SANDBOX_TOKENS";
 
 /// Minimum token length: a short token is guessable over the network.
 pub const MIN_TOKEN_LENGTH: usize = 16;
@@ -99,6 +112,17 @@ pub struct Limits {
     /// backlog (not refused, not answered 503) until a served one ends; with the header
     /// timeout, stalled connections free their slot within that time.
     pub max_connections: usize,
+    /// The operator's ceilings on every sandbox's controls (network, resources, timeout,
+    /// output).
+    pub ceilings: Ceilings,
+    /// Most sandboxes held at once (any state, until deleted or expired), over all tokens.
+    pub max_sandboxes: usize,
+    /// Most sandboxes one token holds at once.
+    pub max_sandboxes_per_token: usize,
+    /// A sandbox that is not running and that no request touched for this long (created and
+    /// never executed, or finished and never downloaded or deleted) is cleaned up. `None`
+    /// keeps such sandboxes until deleted.
+    pub idle_expiry: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -106,8 +130,8 @@ impl Default for Limits {
         Limits {
             max_json_bytes: 1024 * 1024,
             max_upload_bytes: 1024 * 1024 * 1024,
-            max_workspace_bytes: 4 * 1024 * 1024 * 1024,
-            max_workspace_entries: 500_000,
+            max_workspace_bytes: 1024 * 1024 * 1024,
+            max_workspace_entries: 100_000,
             max_path_bytes: 4096,
             request_timeout: Duration::from_secs(60),
             upload_timeout: Duration::from_secs(30 * 60),
@@ -115,6 +139,10 @@ impl Default for Limits {
             orphan_timeout: Some(Duration::from_secs(120)),
             header_read_timeout: Duration::from_secs(10),
             max_connections: 1024,
+            ceilings: Ceilings::default(),
+            max_sandboxes: 256,
+            max_sandboxes_per_token: 32,
+            idle_expiry: Some(Duration::from_secs(3600)),
         }
     }
 }
@@ -122,8 +150,12 @@ impl Default for Limits {
 /// How the server runs.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Bearer token; `None` is only allowed on a loopback address.
+    /// Bearer token (named [`DEFAULT_TOKEN_NAME`]); with no token at all (this nor
+    /// `tokens`) the server only listens on a loopback address.
     pub token: Option<String>,
+    /// More client tokens, each named; a sandbox belongs to the token that created it and is
+    /// invisible (404) to the others.
+    pub tokens: Vec<ClientToken>,
     /// Where workspaces and runtime state live (`<data_dir>/sandboxes/<id>/workspace`).
     pub data_dir: PathBuf,
     pub limits: Limits,
@@ -132,14 +164,31 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// Token from `SMITHERS_SANDBOX_TOKEN` (unset or empty → none), default limits, 30 s grace.
-    pub fn from_env(data_dir: impl Into<PathBuf>) -> Self {
-        ServerConfig {
+    /// Tokens from `SMITHERS_SANDBOX_TOKEN` (unset or empty → none) and
+    /// `SMITHERS_SANDBOX_TOKENS`, default limits, 30 s grace.
+    pub fn from_env(data_dir: impl Into<PathBuf>) -> Result<Self, ServerError> {
+        let tokens = match std::env::var(ENV_TOKENS) {
+            Ok(text) => parse_tokens(&text).map_err(|reason| ServerError::InvalidToken {
+                reason: format!("{ENV_TOKENS}: {reason}"),
+            })?,
+            Err(_) => Vec::new(),
+        };
+        Ok(ServerConfig {
             token: std::env::var(ENV_TOKEN).ok().filter(|t| !t.is_empty()),
+            tokens,
             data_dir: data_dir.into(),
             limits: Limits::default(),
             shutdown_grace: Duration::from_secs(30),
-        }
+        })
+    }
+
+    /// Every configured token, the single one first under [`DEFAULT_TOKEN_NAME`].
+    fn all_tokens(&self) -> Vec<ClientToken> {
+        let single = self
+            .token
+            .iter()
+            .map(|t| ClientToken::new(DEFAULT_TOKEN_NAME, t.clone()));
+        single.chain(self.tokens.iter().cloned()).collect()
     }
 }
 
@@ -152,29 +201,20 @@ pub struct SandboxServer {
 impl SandboxServer {
     /// Prepares the data directory and checks the token.
     pub fn new(config: ServerConfig, runtime: Arc<dyn Runtime>) -> Result<Self, ServerError> {
-        if let Some(token) = &config.token {
-            if token.trim().len() < MIN_TOKEN_LENGTH {
-                return Err(ServerError::InvalidToken {
-                    reason: format!("it must be at least {MIN_TOKEN_LENGTH} characters"),
-                });
-            }
-        }
+        let tokens = policy::TokenSet::new(&config.all_tokens(), MIN_TOKEN_LENGTH)
+            .map_err(|reason| ServerError::InvalidToken { reason })?;
         let sandboxes = config.data_dir.join("sandboxes");
         std::fs::create_dir_all(&sandboxes).map_err(|source| ServerError::DataDir {
             operation: "create",
             path: sandboxes.display().to_string(),
             source,
         })?;
-        let token_digest = config
-            .token
-            .as_ref()
-            .map(|t| Sha256::digest(t.trim().as_bytes()).into());
         Ok(SandboxServer {
             state: Arc::new(state::AppState {
                 runtime,
                 orchestrator: None,
                 config,
-                token_digest,
+                tokens,
                 sandboxes: Mutex::new(HashMap::new()),
                 metrics: Metrics::default(),
                 draining: AtomicBool::new(false),
@@ -262,7 +302,7 @@ impl SandboxServer {
         let addr = listener
             .local_addr()
             .map_err(|source| ServerError::Serve { source })?;
-        check_exposure(self.state.config.token.is_some(), addr)?;
+        check_exposure(!self.state.tokens.is_empty(), addr)?;
         let trigger = CancellationToken::new();
         let fire = trigger.clone();
         let watcher = tokio::spawn(async move {
@@ -270,6 +310,12 @@ impl SandboxServer {
             fire.cancel();
         });
         let drainer = tokio::spawn(drain(self.state.clone(), trigger.clone()));
+        let reaper = self
+            .state
+            .config
+            .limits
+            .idle_expiry
+            .map(|expiry| tokio::spawn(routes::expire_idle(self.state.clone(), expiry)));
         let app = self.router();
         conn::serve(listener, app, self.state.clone(), trigger.clone()).await;
         // Serving returns once shutdown was triggered and every connection ended; the
@@ -277,6 +323,9 @@ impl SandboxServer {
         trigger.cancel();
         let _ = drainer.await;
         watcher.abort();
+        if let Some(reaper) = reaper {
+            reaper.abort();
+        }
         Ok(())
     }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
@@ -17,9 +17,24 @@ use smithers_store::ReviewState;
 
 use crate::error::ApiError;
 use crate::routes::{json_response, read_json};
-use crate::state::AppState;
+use crate::state::{AppState, Owner};
 
 type St = State<Arc<AppState>>;
+
+/// The reviews are of the steps this host's orchestrator ran, not of a client's hosted
+/// sandboxes, so they are the operator's: only the `default` token (or anyone on a server
+/// without tokens) may read or decide them. A named client token gets 404, as for a route
+/// it cannot see.
+fn operator_only(owner: &Owner) -> Result<(), ApiError> {
+    if owner.0.is_empty() || owner.0 == crate::DEFAULT_TOKEN_NAME {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        ErrorCode::InvalidInput,
+        "no such route",
+    ))
+}
 
 fn orchestrator(state: &AppState) -> Result<&Arc<Orchestrator>, ApiError> {
     state.orchestrator.as_ref().ok_or_else(|| {
@@ -65,8 +80,10 @@ pub(crate) struct ListQuery {
 
 pub(crate) async fn list(
     State(state): St,
+    Extension(owner): Extension<Owner>,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
+    operator_only(&owner)?;
     let orch = orchestrator(&state)?;
     let filter = match q.state.as_deref() {
         None => None,
@@ -87,8 +104,10 @@ pub(crate) async fn list(
 
 pub(crate) async fn get_one(
     State(state): St,
+    Extension(owner): Extension<Owner>,
     Path((run_id, sandbox_id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
+    operator_only(&owner)?;
     let orch = orchestrator(&state)?;
     let review = orch
         .store()
@@ -122,9 +141,11 @@ pub(crate) struct AcceptQuery {
 
 pub(crate) async fn accept(
     State(state): St,
+    Extension(owner): Extension<Owner>,
     Path((run_id, sandbox_id)): Path<(String, String)>,
     Query(query): Query<AcceptQuery>,
 ) -> Result<Response, ApiError> {
+    operator_only(&owner)?;
     let orch = orchestrator(&state)?;
     let done = orch
         .accept_with(&run_id, &sandbox_id, query.conflict_markers)
@@ -151,9 +172,11 @@ pub(crate) struct RejectBody {
 
 pub(crate) async fn reject(
     State(state): St,
+    Extension(owner): Extension<Owner>,
     Path((run_id, sandbox_id)): Path<(String, String)>,
     body: Body,
 ) -> Result<Response, ApiError> {
+    operator_only(&owner)?;
     let body: RejectBody = read_json(body, state.config.limits.max_json_bytes).await?;
     let orch = orchestrator(&state)?;
     let reason = body

@@ -9,14 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Extension, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use smithers_errors::{CodedError, ErrorCode};
 use smithers_runtime::{CancellationToken, RequestBundle, SandboxConfig, StepCommand, Termination};
 use smithers_runtime_remote::archive::{
@@ -26,10 +25,9 @@ use smithers_runtime_remote::wire::{
     CreateSandbox, ExecuteAccepted, ResultInfo, SandboxState, Shipped, WireEvent,
     WorkspaceUploaded, IDEMPOTENCY_KEY_HEADER, IDEMPOTENCY_KEY_MAX_LENGTH,
 };
-use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
-use crate::state::{lock, now_ms, AppState, Entry, EventLog, Inner, LogSink};
+use crate::state::{lock, now_ms, AppState, Entry, EventLog, Inner, LogSink, Owner};
 
 type St = State<Arc<AppState>>;
 
@@ -62,8 +60,14 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-fn entry(state: &AppState, id: &str) -> Result<Arc<Entry>, ApiError> {
-    state.get(id).ok_or_else(|| ApiError::not_found(id))
+/// The caller's sandbox `id` (404 for another token's, exactly as for an unknown id), its
+/// idle time started again.
+fn entry(state: &AppState, id: &str, owner: &Owner) -> Result<Arc<Entry>, ApiError> {
+    let e = state
+        .get(id, owner)
+        .ok_or_else(|| ApiError::not_found(id))?;
+    e.touch();
+    Ok(e)
 }
 
 pub(crate) fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
@@ -86,9 +90,11 @@ fn random_hex(bytes: usize) -> Result<String, ApiError> {
 // Middleware
 
 /// Bearer-token check on `/v1/*` (constant-time, on SHA-256 digests so the length of the
-/// token does not leak either).
-pub(crate) async fn auth(State(state): St, req: Request, next: Next) -> Response {
-    if let Some(expected) = &state.token_digest {
+/// token does not leak either); the token's name becomes the request's [`Owner`].
+pub(crate) async fn auth(State(state): St, mut req: Request, next: Next) -> Response {
+    let owner = if state.tokens.is_empty() {
+        String::new()
+    } else {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -108,17 +114,20 @@ pub(crate) async fn auth(State(state): St, req: Request, next: Next) -> Response
             .details(json!({ "auth": "missing" }))
             .into_response();
         };
-        let digest: [u8; 32] = Sha256::digest(given.trim().as_bytes()).into();
-        if !bool::from(digest.ct_eq(expected)) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                ErrorCode::InvalidInput,
-                "wrong bearer token",
-            )
-            .details(json!({ "auth": "invalid" }))
-            .into_response();
+        match state.tokens.authenticate(given) {
+            Some(name) => name.to_string(),
+            None => {
+                return ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    ErrorCode::InvalidInput,
+                    "wrong bearer token",
+                )
+                .details(json!({ "auth": "invalid" }))
+                .into_response()
+            }
         }
-    }
+    };
+    req.extensions_mut().insert(Owner(owner));
     next.run(req).await
 }
 
@@ -190,10 +199,11 @@ pub(crate) async fn probe(State(state): St) -> Response {
     json_response(StatusCode::OK, &state.runtime.probe().await)
 }
 
-pub(crate) async fn list(State(state): St) -> Response {
+pub(crate) async fn list(State(state): St, Extension(owner): Extension<Owner>) -> Response {
     let kind = state.runtime.kind();
     let mut all: Vec<_> = lock(&state.sandboxes)
         .values()
+        .filter(|e| e.owner == owner.0)
         .map(|e| e.info(kind))
         .collect();
     all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
@@ -202,14 +212,88 @@ pub(crate) async fn list(State(state): St) -> Response {
 
 pub(crate) async fn get_one(
     State(state): St,
+    Extension(owner): Extension<Owner>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let e = entry(&state, &id)?;
+    let e = entry(&state, &id, &owner)?;
     Ok(json_response(StatusCode::OK, &e.info(state.runtime.kind())))
 }
 
-pub(crate) async fn create(State(state): St, body: Body) -> Result<Response, ApiError> {
-    let req: CreateSandbox = read_json(body, state.config.limits.max_json_bytes).await?;
+/// Whether the create body's `controls` names `key` (serde fills in some defaults; a default
+/// is not something the client asked for).
+fn asks(body: &Value, key: &str) -> bool {
+    body.get("controls")
+        .and_then(Value::as_object)
+        .is_some_and(|c| c.contains_key(key))
+}
+
+/// Refuses a sandbox beyond the operator's caps: in all, and per token. Called under the
+/// sandboxes lock where it decides (the cheap early check is advisory).
+fn check_caps(
+    all: &std::collections::HashMap<String, Arc<Entry>>,
+    limits: &crate::Limits,
+    owner: &Owner,
+) -> Result<(), ApiError> {
+    let refuse = |message: String, limit: &str, max: usize| {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::InvalidInput,
+            message,
+        )
+        .details(
+            json!({ "limit": limit, "max": max, "fix": "delete sandboxes you no longer need" }),
+        )
+    };
+    if all.len() >= limits.max_sandboxes {
+        return Err(refuse(
+            format!(
+                "this host holds its maximum of {} sandboxes (set by the operator with `serve --max-sandboxes`)",
+                limits.max_sandboxes
+            ),
+            "sandboxes",
+            limits.max_sandboxes,
+        ));
+    }
+    let mine = all.values().filter(|e| e.owner == owner.0).count();
+    if mine >= limits.max_sandboxes_per_token {
+        return Err(refuse(
+            format!(
+                "this token holds its maximum of {} sandboxes (set by the operator with `serve --max-sandboxes-per-token`)",
+                limits.max_sandboxes_per_token
+            ),
+            "sandboxesPerToken",
+            limits.max_sandboxes_per_token,
+        ));
+    }
+    Ok(())
+}
+
+fn duplicate(
+    all: &std::collections::HashMap<String, Arc<Entry>>,
+    run_id: &str,
+    sandbox_id: &str,
+) -> Option<ApiError> {
+    all.values()
+        .any(|e| e.run_id == run_id && e.sandbox_id == sandbox_id)
+        .then(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::InvalidInput,
+                format!("sandbox {run_id}:{sandbox_id} already exists on this host"),
+            )
+            .details(json!({ "runId": run_id, "sandboxId": sandbox_id }))
+        })
+}
+
+pub(crate) async fn create(
+    State(state): St,
+    Extension(owner): Extension<Owner>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let raw: Value = read_json(body, state.config.limits.max_json_bytes).await?;
+    let asked_output = asks(&raw, "maxOutputBytes");
+    let mut req: CreateSandbox = serde_json::from_value(raw)
+        .map_err(|e| ApiError::malformed(format!("malformed JSON body: {e}")))?;
     if state.draining.load(Ordering::Relaxed) {
         return Err(ApiError::draining());
     }
@@ -223,6 +307,11 @@ pub(crate) async fn create(State(state): St, body: Body) -> Result<Response, Api
             },
         ));
     }
+    state
+        .config
+        .limits
+        .ceilings
+        .apply(&mut req.controls, asked_output)?;
     let id = format!("sbx-{}", random_hex(16)?);
     let dir = state.config.data_dir.join("sandboxes").join(&id);
     let workspace = dir.join("workspace");
@@ -237,20 +326,10 @@ pub(crate) async fn create(State(state): St, body: Body) -> Result<Response, Api
     config.validate().map_err(|e| ApiError::runtime(&e))?;
     {
         let all = lock(&state.sandboxes);
-        if all
-            .values()
-            .any(|e| e.run_id == req.run_id && e.sandbox_id == req.sandbox_id)
-        {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                ErrorCode::InvalidInput,
-                format!(
-                    "sandbox {}:{} already exists on this host",
-                    req.run_id, req.sandbox_id
-                ),
-            )
-            .details(json!({ "runId": req.run_id, "sandboxId": req.sandbox_id })));
+        if let Some(err) = duplicate(&all, &req.run_id, &req.sandbox_id) {
+            return Err(err);
         }
+        check_caps(&all, &state.config.limits, &owner)?;
     }
     tokio::fs::create_dir_all(&workspace)
         .await
@@ -267,6 +346,8 @@ pub(crate) async fn create(State(state): St, body: Body) -> Result<Response, Api
         run_id: req.run_id,
         sandbox_id: req.sandbox_id,
         created_at_ms: now_ms(),
+        owner: owner.0.clone(),
+        last_active_ms: AtomicU64::new(now_ms()),
         dir,
         workspace,
         handle,
@@ -287,28 +368,23 @@ pub(crate) async fn create(State(state): St, body: Body) -> Result<Response, Api
     entry.events.push(WireEvent::State {
         state: SandboxState::Created,
     });
-    // Lost a race with an identical create: undo ours.
-    let inserted = {
+    // Decided again under the lock we insert with: a concurrent create may have taken the
+    // name or the last slot meanwhile; then ours is undone.
+    let refused = {
         let mut all = lock(&state.sandboxes);
-        let duplicate = all
-            .values()
-            .any(|e| e.run_id == entry.run_id && e.sandbox_id == entry.sandbox_id);
-        if !duplicate {
+        let refused = duplicate(&all, &entry.run_id, &entry.sandbox_id)
+            .map(Err)
+            .unwrap_or_else(|| check_caps(&all, &state.config.limits, &owner))
+            .err();
+        if refused.is_none() {
             all.insert(id, entry.clone());
         }
-        !duplicate
+        refused
     };
-    if !inserted {
+    if let Some(err) = refused {
         let _ = state.runtime.cleanup(&entry.handle).await;
         let _ = tokio::fs::remove_dir_all(&entry.dir).await;
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::InvalidInput,
-            format!(
-                "sandbox {}:{} already exists on this host",
-                entry.run_id, entry.sandbox_id
-            ),
-        ));
+        return Err(err);
     }
     state.metrics.sandbox_created(state.runtime.kind().as_str());
     Ok(json_response(
@@ -319,11 +395,12 @@ pub(crate) async fn create(State(state): St, body: Body) -> Result<Response, Api
 
 pub(crate) async fn upload_workspace(
     State(state): St,
+    Extension(owner): Extension<Owner>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let e = entry(&state, &id)?;
+    let e = entry(&state, &id, &owner)?;
     let limits = &state.config.limits;
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
@@ -484,10 +561,11 @@ fn swap_into_place(
 
 pub(crate) async fn put_request(
     State(state): St,
+    Extension(owner): Extension<Owner>,
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let e = entry(&state, &id)?;
+    let e = entry(&state, &id, &owner)?;
     let request: Value = read_json(body, state.config.limits.max_json_bytes).await?;
     let _op = e.op.lock().await;
     let (current, previous) = {
@@ -544,11 +622,12 @@ pub(crate) async fn put_request(
 
 pub(crate) async fn execute(
     State(state): St,
+    Extension(owner): Extension<Owner>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let e = entry(&state, &id)?;
+    let e = entry(&state, &id, &owner)?;
     let command: StepCommand = read_json(body, state.config.limits.max_json_bytes).await?;
     let key = match headers.get(IDEMPOTENCY_KEY_HEADER) {
         None => None,
@@ -668,6 +747,8 @@ async fn run_step(
         },
         Err(err) => Err(err),
     };
+    // The idle expiry of a finished sandbox counts from its end, not from its execute.
+    e.touch();
     match finished {
         Ok((outcome, report, size)) => {
             let status = match outcome.termination {
@@ -727,8 +808,12 @@ async fn orphan_watchdog(e: Arc<Entry>, cancel: CancellationToken, limit: Durati
     }
 }
 
-pub(crate) async fn cancel(State(state): St, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let e = entry(&state, &id)?;
+pub(crate) async fn cancel(
+    State(state): St,
+    Extension(owner): Extension<Owner>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let e = entry(&state, &id, &owner)?;
     let status = {
         let mut inner = lock(&e.inner);
         match inner.state {
@@ -759,11 +844,12 @@ pub(crate) struct EventsQuery {
 
 pub(crate) async fn events(
     State(state): St,
+    Extension(owner): Extension<Owner>,
     Path(id): Path<String>,
     Query(query): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let e = entry(&state, &id)?;
+    let e = entry(&state, &id, &owner)?;
     let parse = |what: &str, v: &str| {
         v.trim().parse::<u64>().map_err(|_| {
             ApiError::malformed(format!("{what} must be a non-negative integer, got {v:?}"))
@@ -869,8 +955,12 @@ impl Drop for Follower {
     }
 }
 
-pub(crate) async fn bundle(State(state): St, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let e = entry(&state, &id)?;
+pub(crate) async fn bundle(
+    State(state): St,
+    Extension(owner): Extension<Owner>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let e = entry(&state, &id, &owner)?;
     let (current, path) = {
         let inner = lock(&e.inner);
         (inner.state, inner.bundle_path.clone())
@@ -947,11 +1037,22 @@ fn confined_bundle_path(e: &Entry, path: &std::path::Path) -> Result<(), ApiErro
     }
 }
 
-pub(crate) async fn delete(State(state): St, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let Some(e) = state.get(&id) else {
-        // Idempotent: already gone (or never here) is success.
-        return Ok(StatusCode::NO_CONTENT.into_response());
-    };
+pub(crate) async fn delete(
+    State(state): St,
+    Extension(owner): Extension<Owner>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    // Idempotent: already gone, never here or another token's (which must look the same)
+    // is success, and another token's sandbox is left alone.
+    if let Some(e) = state.get(&id, &owner) {
+        remove(&state, &e).await?;
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Cancels what still runs of the sandbox, waits for it, cleans it up in the runtime and
+/// removes its directory and its entry.
+async fn remove(state: &AppState, e: &Arc<Entry>) -> Result<(), ApiError> {
     let _op = e.op.lock().await;
     let running = {
         let mut inner = lock(&e.inner);
@@ -998,8 +1099,48 @@ pub(crate) async fn delete(State(state): St, Path(id): Path<String>) -> Result<R
             }
         })
         .map_err(|err| ApiError::internal(format!("remove {}: {err}", dir.display())))?;
-    lock(&state.sandboxes).remove(&id);
-    Ok(StatusCode::NO_CONTENT.into_response())
+    lock(&state.sandboxes).remove(&e.id);
+    Ok(())
+}
+
+/// Removes the sandboxes idle for `expiry` (see `Limits::idle_expiry`): not running, no
+/// request for that long. Running steps are bounded by their timeout and the orphan watchdog
+/// instead. A removal that fails is retried on the next round.
+pub(crate) async fn expire_idle(state: Arc<AppState>, expiry: Duration) {
+    let tick = (expiry / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
+    loop {
+        tokio::time::sleep(tick).await;
+        let expiry_ms = expiry.as_millis() as u64;
+        let idle: Vec<Arc<Entry>> = lock(&state.sandboxes)
+            .values()
+            .filter(|e| {
+                e.state() != SandboxState::Running
+                    && now_ms().saturating_sub(e.last_active_ms.load(Ordering::SeqCst)) >= expiry_ms
+            })
+            .cloned()
+            .collect();
+        for e in idle {
+            // Touched (or started) while we were collecting: not idle any more.
+            let idle_ms = now_ms().saturating_sub(e.last_active_ms.load(Ordering::SeqCst));
+            if e.state() == SandboxState::Running || idle_ms < expiry_ms {
+                continue;
+            }
+            match remove(&state, &e).await {
+                Ok(()) => eprintln!(
+                    "smithers-server: sandbox {} ({}:{}) of token {:?} expired after {} ms idle; removed",
+                    e.id,
+                    e.run_id,
+                    e.sandbox_id,
+                    e.owner,
+                    expiry.as_millis()
+                ),
+                Err(err) => eprintln!(
+                    "smithers-server: expiring idle sandbox {}: {}",
+                    e.id, err.report.message
+                ),
+            }
+        }
+    }
 }
 
 /// Any other path: a JSON 404, like every other error.

@@ -33,8 +33,8 @@ pub(crate) struct AppState {
     /// Serves the review endpoints when attached.
     pub orchestrator: Option<Arc<smithers_orchestrator::Orchestrator>>,
     pub config: ServerConfig,
-    /// SHA-256 of the token, compared in constant time.
-    pub token_digest: Option<[u8; 32]>,
+    /// The client tokens (digests), compared in constant time.
+    pub tokens: crate::policy::TokenSet,
     pub sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     pub metrics: Metrics,
     /// Set once shutdown began: no new sandboxes or executions.
@@ -46,10 +46,20 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    pub fn get(&self, id: &str) -> Option<Arc<Entry>> {
-        lock(&self.sandboxes).get(id).cloned()
+    /// The sandbox `id` if `owner` created it: another token's sandbox is as absent as one
+    /// that never existed.
+    pub fn get(&self, id: &str, owner: &Owner) -> Option<Arc<Entry>> {
+        lock(&self.sandboxes)
+            .get(id)
+            .filter(|e| e.owner == owner.0)
+            .cloned()
     }
 }
+
+/// The name of the token a request authenticated with (empty on a server without tokens),
+/// put in the request's extensions by the auth middleware.
+#[derive(Debug, Clone)]
+pub(crate) struct Owner(pub String);
 
 /// Mutable part of an entry.
 #[derive(Debug)]
@@ -70,6 +80,10 @@ pub(crate) struct Entry {
     pub run_id: String,
     pub sandbox_id: String,
     pub created_at_ms: u64,
+    /// The name of the token that created it (never the secret): only that token sees it.
+    pub owner: String,
+    /// When a request last touched it (or its step ended): the idle expiry counts from here.
+    pub last_active_ms: AtomicU64,
     /// `<data>/sandboxes/<id>`: everything the host keeps for it.
     pub dir: PathBuf,
     /// `<dir>/workspace`: the runtime's rootDir.
@@ -104,6 +118,12 @@ impl Entry {
 
     pub fn state(&self) -> SandboxState {
         lock(&self.inner).state
+    }
+
+    /// Records activity: the idle expiry starts again.
+    pub fn touch(&self) {
+        self.last_active_ms
+            .store(now_ms(), std::sync::atomic::Ordering::SeqCst);
     }
 }
 

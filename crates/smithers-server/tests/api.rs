@@ -687,6 +687,7 @@ async fn refuses_to_listen_openly_without_a_token() {
     let dir = tempfile::tempdir().unwrap();
     let config = smithers_server::ServerConfig {
         token: Some("short".into()),
+        tokens: Vec::new(),
         data_dir: dir.path().to_path_buf(),
         limits: small_limits(),
         shutdown_grace: Duration::from_secs(1),

@@ -9,7 +9,10 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use smithers_orchestrator::{AtomicPatchApplier, Orchestrator, Settings};
 use smithers_server::testing::HostProcessRuntime;
-use smithers_server::{SandboxServer, ServerConfig};
+use smithers_server::{ClientToken, SandboxServer, ServerConfig};
+
+/// A named client token: the host's reviews are not its to see or decide.
+const CLIENT_TOKEN: &str = "client-token-0123456789abcdef";
 use smithers_store::{NewReview, RedactedConfig, SandboxStatus, SandboxUpsert, Store};
 
 #[tokio::test]
@@ -62,6 +65,7 @@ async fn list_read_and_reject_a_pending_review() {
     let server = SandboxServer::new(
         ServerConfig {
             token: Some(common::TOKEN.into()),
+            tokens: vec![ClientToken::new("client", CLIENT_TOKEN)],
             data_dir: data.path().join("host"),
             limits: common::small_limits(),
             shutdown_grace: Duration::from_secs(5),
@@ -83,6 +87,21 @@ async fn list_read_and_reject_a_pending_review() {
             .bearer_auth(common::TOKEN)
     };
 
+    for (m, p) in [
+        (Method::GET, "/v1/reviews"),
+        (Method::GET, "/v1/runs/run-r/sandboxes/sbx-r/review"),
+        (Method::POST, "/v1/runs/run-r/sandboxes/sbx-r/review/accept"),
+        (Method::POST, "/v1/runs/run-r/sandboxes/sbx-r/review/reject"),
+    ] {
+        let r = http
+            .request(m.clone(), format!("{base}{p}"))
+            .bearer_auth(CLIENT_TOKEN)
+            .json(&json!({"reason": "not mine"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{m} {p} as a client token");
+    }
     let list: Vec<Value> = req(Method::GET, "/v1/reviews?state=pending")
         .send()
         .await

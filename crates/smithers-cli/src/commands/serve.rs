@@ -20,7 +20,20 @@ token. Clients authenticate with `Authorization: Bearer $SMITHERS_SANDBOX_TOKEN`
 token the server refuses to listen anywhere but a loopback address. SIGTERM or Ctrl-C drains:
 no new steps, running ones get 30 s to finish and are then cancelled (with their bundles).
 At most --max-connections connections are served at once (more wait in the accept backlog),
-and one without a request in progress for --header-timeout-ms is closed.";
+and one without a request in progress for --header-timeout-ms is closed.
+
+Several clients: SMITHERS_SANDBOX_TOKENS=\"alice:<token>,bob:<token>\" or --tokens-file (one
+name:token a line, # comments), besides SMITHERS_SANDBOX_TOKEN (named \"default\"). A sandbox
+belongs to the token that created it; to any other token it does not exist (404).
+
+Ceilings (a client asking more is refused, naming the flag; a step asking no timeout gets
+--max-timeout, one asking no output cap gets 1 MiB or --max-output if smaller): no network
+unless --allow-network (ports only those given with --allow-port), --max-memory 8g,
+--max-cpus 4, --max-pids 4096, --max-disk 16g, --max-timeout 1h, --max-output 16m per stream;
+--max-sandboxes 256 held at once, --max-sandboxes-per-token 32; a sandbox not running that no
+request touched for --idle-expiry 1h is removed; uploads at most --max-upload 1g on the wire,
+--max-workspace 1g unpacked and --max-workspace-entries 100000 entries, checked while they
+stream in. A ceiling of 0 (or --max-timeout 0) is refused: there is no \"unlimited\".";
 
 /// Arguments of `serve`.
 #[derive(Debug, clap::Args)]
@@ -48,6 +61,106 @@ pub struct ServeArgs {
     /// Most connections served at once; further ones wait in the accept backlog.
     #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_connections: u64,
+    /// A file of client tokens, one `name:token` a line (`#` starts a comment); added to
+    /// SMITHERS_SANDBOX_TOKEN and SMITHERS_SANDBOX_TOKENS.
+    #[arg(long, value_name = "FILE")]
+    tokens_file: Option<PathBuf>,
+    /// Let clients ask for allowNetwork (the host's network). Off by default: such a create
+    /// is refused (403).
+    #[arg(long)]
+    allow_network: bool,
+    /// A host port clients with network may publish (repeatable; needs --allow-network).
+    #[arg(long = "allow-port", value_name = "PORT", requires = "allow_network")]
+    allow_ports: Vec<u16>,
+    /// Largest memory limit a client may ask, e.g. 8g.
+    #[arg(long, value_name = "SIZE", default_value = "8g")]
+    max_memory: String,
+    /// Largest CPU limit a client may ask, in cores.
+    #[arg(long, value_name = "CORES", default_value = "4")]
+    max_cpus: String,
+    /// Largest process/thread limit a client may ask.
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    max_pids: u32,
+    /// Largest disk limit a client may ask, e.g. 16g.
+    #[arg(long, value_name = "SIZE", default_value = "16g")]
+    max_disk: String,
+    /// Longest timeout a client may ask; also the timeout of a step that asks none.
+    #[arg(long, value_name = "DURATION", default_value = "1h")]
+    max_timeout: String,
+    /// Largest output cap per stream a client may ask, e.g. 16m.
+    #[arg(long, value_name = "SIZE", default_value = "16m")]
+    max_output: String,
+    /// Most sandboxes held at once, over all tokens.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_sandboxes: u64,
+    /// Most sandboxes one token holds at once.
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_sandboxes_per_token: u64,
+    /// Remove a sandbox that is not running and that no request touched for this long
+    /// (created and never run, or finished and never downloaded or deleted); 0 never does.
+    #[arg(long, value_name = "DURATION", default_value = "1h")]
+    idle_expiry: String,
+    /// Largest workspace upload on the wire (compressed), e.g. 1g.
+    #[arg(long, value_name = "SIZE", default_value = "1g")]
+    max_upload: String,
+    /// Largest unpacked workspace (bytes of its files), e.g. 1g.
+    #[arg(long, value_name = "SIZE", default_value = "1g")]
+    max_workspace: String,
+    /// Most entries in a workspace upload.
+    #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_workspace_entries: u64,
+}
+
+fn size(flag: &str, text: &str) -> anyhow::Result<u64> {
+    smithers_runtime::parse_memory_limit(text)
+        .map_err(|e| anyhow::anyhow!("--{flag} {text:?}: {e}"))
+        .and_then(|v| {
+            if v == 0 {
+                anyhow::bail!("--{flag} must be greater than zero")
+            }
+            Ok(v)
+        })
+}
+
+fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
+    super::run::parse_duration_ms(text)
+        .map(Duration::from_millis)
+        .ok_or_else(|| anyhow::anyhow!("invalid --{flag} {text:?} (e.g. 30s, 10m, 1h)"))
+}
+
+/// The operator's ceilings and caps from the flags.
+fn apply_ceilings(args: &ServeArgs, config: &mut ServerConfig) -> anyhow::Result<()> {
+    let limits = &mut config.limits;
+    let c = &mut limits.ceilings;
+    c.allow_network = args.allow_network;
+    c.allowed_ports = args.allow_ports.clone();
+    c.max_memory_bytes = Some(size("max-memory", &args.max_memory)?);
+    c.max_cpus = Some(
+        smithers_runtime::parse_cpu_limit(&args.max_cpus)
+            .map_err(|e| anyhow::anyhow!("--max-cpus {:?}: {e}", args.max_cpus))?,
+    );
+    c.max_pids = Some(args.max_pids);
+    c.max_disk_bytes = Some(size("max-disk", &args.max_disk)?);
+    c.max_timeout = duration("max-timeout", &args.max_timeout)?;
+    if c.max_timeout.is_zero() {
+        anyhow::bail!("--max-timeout must be greater than zero");
+    }
+    c.max_output_bytes = size("max-output", &args.max_output)?;
+    limits.max_sandboxes = args.max_sandboxes as usize;
+    limits.max_sandboxes_per_token = args.max_sandboxes_per_token as usize;
+    let idle = duration("idle-expiry", &args.idle_expiry)?;
+    limits.idle_expiry = (!idle.is_zero()).then_some(idle);
+    limits.max_upload_bytes = size("max-upload", &args.max_upload)?;
+    limits.max_workspace_bytes = size("max-workspace", &args.max_workspace)?;
+    limits.max_workspace_entries = args.max_workspace_entries;
+    if let Some(path) = &args.tokens_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --tokens-file {}", path.display()))?;
+        let tokens = smithers_server::parse_tokens(&text)
+            .map_err(|e| anyhow::anyhow!("--tokens-file {}: {e}", path.display()))?;
+        config.tokens.extend(tokens);
+    }
+    Ok(())
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -57,7 +170,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
     let orchestrator = Arc::new(context::orchestrator(&data_dir.join("sandbox.db"))?);
     let native = Arc::new(super::run::native_runtime()?);
-    let mut config = ServerConfig::from_env(&data_dir);
+    let mut config = ServerConfig::from_env(&data_dir).coded()?;
+    apply_ceilings(args, &mut config)?;
     config.limits.orphan_timeout =
         (args.orphan_timeout_ms > 0).then(|| Duration::from_millis(args.orphan_timeout_ms));
     config.limits.sse_keepalive = Duration::from_millis(args.keepalive_ms);

@@ -33,14 +33,21 @@ pub fn small_limits() -> Limits {
 }
 
 pub async fn start_with(limits: Limits, grace: Duration) -> Host {
-    let data = tempfile::tempdir().unwrap();
-    let runtime = Arc::new(HostProcessRuntime::new());
-    let config = ServerConfig {
+    start_config(|data| ServerConfig {
         token: Some(TOKEN.to_string()),
-        data_dir: data.path().to_path_buf(),
+        tokens: Vec::new(),
+        data_dir: data.to_path_buf(),
         limits,
         shutdown_grace: grace,
-    };
+    })
+    .await
+}
+
+/// A server with the configuration `config` makes for its data directory.
+pub async fn start_config(config: impl FnOnce(&std::path::Path) -> ServerConfig) -> Host {
+    let data = tempfile::tempdir().unwrap();
+    let runtime = Arc::new(HostProcessRuntime::new());
+    let config = config(data.path());
     let server = SandboxServer::new(config, runtime.clone()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -1282,7 +1282,9 @@ impl Orchestrator {
         self.metrics
             .sandbox_completed(&runtime_name, &review.bundle_status);
         self.metrics.observe_duration_ms(review.duration_ms);
-        self.remove_kept_layer(run_id, sandbox_id, &review.root_dir);
+        // A kept layer holds the changes the patches left out: accepting applied none of
+        // them, so it stays (named in changeNotes.keptLayer) until the sandbox is rejected
+        // or cleaned up; deleting it here would lose the step's only copy.
         Ok(CompletedSandbox {
             status: review.bundle_status,
             outputs: bundle.outputs,

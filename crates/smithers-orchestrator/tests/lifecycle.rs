@@ -1224,7 +1224,8 @@ async fn fifty_parallel_starts_never_exceed_a_limit_of_five() {
 }
 
 /// The workspace layer a backend kept (changes left out for a size limit) goes when the
-/// review is decided, rejected or accepted; while it is pending it stays.
+/// review is rejected; accepting applies none of what it holds, so it stays then (and while
+/// the review is pending).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decided_review_removes_the_kept_layer() {
     let h = harness();
@@ -1243,7 +1244,11 @@ async fn a_decided_review_removes_the_kept_layer() {
         } else {
             h.orch.reject(RUN, sandbox, "no").await.unwrap();
         }
-        assert!(!kept.exists(), "{sandbox}: the kept layer is gone");
+        assert_eq!(
+            kept.exists(),
+            accept,
+            "{sandbox}: kept after accept, gone after reject"
+        );
         assert!(
             kept.parent().unwrap().join("result/README.md").is_file(),
             "{sandbox}: the bundle stays"

@@ -741,17 +741,19 @@ fn plan_with_markers(host: &Host, patches: &[&FilePatch], host_changed: bool) ->
         return None;
     };
     let text = std::str::from_utf8(content).ok()?;
-    let exact = host_changed
-        .then(|| step(&host_state(host), fp, true).ok())
-        .flatten();
-    let (marked, blocks) = match exact {
-        Some(State::File {
-            content: theirs, ..
-        }) => {
-            let theirs = String::from_utf8(theirs).ok()?;
-            crate::merge::mark_differences(text, &theirs)
+    let (marked, blocks) = if host_changed {
+        // The hunks were made against the host's version as of collect: relocated onto a
+        // newer one they would put back what the host had edited. Only when the host still
+        // holds that version is the step's whole version known, and set against it; else it
+        // stays a conflict.
+        match step(&host_state(host), fp, true).ok()? {
+            State::File {
+                content: theirs, ..
+            } => crate::merge::mark_differences(text, &String::from_utf8(theirs).ok()?),
+            _ => return None,
         }
-        _ => crate::merge::apply_hunks_marking(text, hunks),
+    } else {
+        crate::merge::apply_hunks_marking(text, hunks)?
     };
     Some(Planned {
         host: host.clone(),

@@ -53,8 +53,9 @@ pub(crate) const MARK_SANDBOX: &str = ">>>>>>> sandbox\n";
 /// place it was expected: the host's lines there, then the sandbox's version of them. Returns
 /// the text and how many blocks were written. Nothing of either side is lost; a person
 /// resolves the blocks.
-pub(crate) fn apply_hunks_marking(text: &str, hunks: &[Hunk]) -> (String, usize) {
-    apply_hunks_inner(text, hunks, false, true).unwrap_or_else(|_| (text.to_string(), 0))
+pub(crate) fn apply_hunks_marking(text: &str, hunks: &[Hunk]) -> Option<(String, usize)> {
+    // `None`: hunks inconsistent in themselves (never from parsed patch text): a conflict.
+    apply_hunks_inner(text, hunks, false, true).ok()
 }
 
 /// Two-way conflict blocks between `host` and `sandbox` (whose common base is lost): lines the
@@ -168,12 +169,17 @@ fn apply_hunks_inner(
         let match_end = trailing == 0;
         let fits = |pos: usize| {
             pos >= cursor
-                && pos + pre.len() <= lines.len()
+                && pos
+                    .checked_add(pre.len())
+                    .is_some_and(|end| end <= lines.len())
                 && lines[pos..pos + pre.len()] == pre[..]
                 && (!match_beginning || pos == 0)
                 && (!match_end || pos + pre.len() == lines.len())
         };
-        let expected = (nominal as isize + offset).max(0) as usize;
+        // Header numbers come from the patch text: saturating arithmetic, never a wrap.
+        let expected = (isize::try_from(nominal).unwrap_or(isize::MAX))
+            .saturating_add(offset)
+            .max(0) as usize;
         let found = if exact {
             (nominal == expected && fits(nominal)).then_some(nominal)
         } else if pre.is_empty() && !lines.is_empty() && !match_end && leading == 0 {
@@ -223,7 +229,7 @@ fn apply_hunks_inner(
         out.extend(lines[cursor..pos].iter().map(|l| Cow::Borrowed(*l)));
         out.extend(postimage(h).map(Cow::Borrowed));
         cursor = pos + pre.len();
-        offset = pos as isize - nominal as isize;
+        offset = (pos as isize).saturating_sub(isize::try_from(nominal).unwrap_or(isize::MAX));
     }
     out.extend(lines[cursor..].iter().map(|l| Cow::Borrowed(*l)));
     Ok((out.concat(), blocks))
@@ -236,6 +242,19 @@ mod tests {
 
     fn numbered(n: usize) -> String {
         (1..=n).map(|i| format!("line {i}\n")).collect()
+    }
+
+    /// Header numbers are the patch's: absurd ones are a failed hunk, never an overflow.
+    #[test]
+    fn absurd_hunk_positions_fail_without_overflow() {
+        let old = numbered(5);
+        let new = old.replace("line 3\n", "THREE\n");
+        let mut h = text_hunks(&old, &new);
+        h[0].old_start = usize::MAX - 1;
+        assert!(apply_hunks(&old, &h, true).is_err());
+        // Relocation finds the one real place (the context is unique).
+        assert_eq!(apply_hunks(&old, &h, false).unwrap(), new);
+        assert!(apply_hunks_marking(&old, &h).is_some());
     }
 
     #[test]

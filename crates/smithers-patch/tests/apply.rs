@@ -630,6 +630,19 @@ fn host_changed_files_are_refused_or_marked() {
     }
     assert_eq!(std::fs::read_to_string(root.join("ten.txt")).unwrap(), host);
     opts.conflict_markers = true;
+    // Changed again on the host after collect: the hunks (made against the collect-time
+    // version) would revert line 9 if relocated, so even with markers it is a conflict.
+    let again = format!("{host}line 11\n");
+    std::fs::write(root.join("ten.txt"), &again).unwrap();
+    assert!(matches!(
+        apply_patches(root, &patches, &opts),
+        Err(PatchError::Conflicts { .. })
+    ));
+    assert_eq!(
+        std::fs::read_to_string(root.join("ten.txt")).unwrap(),
+        again
+    );
+    std::fs::write(root.join("ten.txt"), &host).unwrap();
     let report = apply_patches(root, &patches, &opts).unwrap();
     assert!(report.applied[0].conflict_markers);
     let got = std::fs::read_to_string(root.join("ten.txt")).unwrap();

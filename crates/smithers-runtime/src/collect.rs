@@ -397,7 +397,7 @@ pub fn write_workspace_bundle_with(
     if keep_layer {
         notes.push(match &options.kept_layer {
             Some(p) => format!(
-                "the step's workspace layer, with the changes left out for a size limit, is kept at {} until the review is accepted or rejected",
+                "the step's workspace layer, with the changes left out for a size limit, is kept at {} (accept applies none of it; reject removes it)",
                 p.display()
             ),
             None => "this runtime keeps no workspace layer: the content of the changes left out for a size limit is lost at cleanup".to_string(),
@@ -462,7 +462,7 @@ pub fn write_workspace_bundle_with(
 fn note_where_kept(bundle: &mut WorkspaceBundle, kept_layer: Option<&Path>) {
     let tail = match kept_layer {
         Some(p) => format!(
-            "; the step's file is in the workspace layer kept at {} until the review is decided",
+            "; the step's file is in the workspace layer kept at {} (accept applies none of it; reject removes it)",
             p.display()
         ),
         None => "; this runtime keeps no workspace layer, so its content is not kept".to_string(),

@@ -1,7 +1,7 @@
 //! The kept workspace layer: when changes of a step were left out of its bundle for a size
 //! limit, the backend keeps the step's workspace layer (the overlay's upper directory, or the
 //! copy) at `<rootDir>/.smithers/sandboxes/<runId>/<sandboxId>/kept-layer` past cleanup, so
-//! nothing the step wrote is lost; it goes when the review is accepted or rejected.
+//! nothing the step wrote is lost; it goes when the review is rejected (accept applies none of it, so it stays).
 //!
 //! The path is always derived here from the project root and the validated ids, never read
 //! from a database, a handle or a bundle (a crafted one must not name a host directory to

@@ -104,8 +104,8 @@ fn object_id_len(git: &Path) -> usize {
 }
 
 /// The paths of the entries of an index file (stage 0 and conflict stages alike; a path in
-/// conflict is tracked). Paths that are not UTF-8 are left out: they cannot match a change
-/// path, which is UTF-8.
+/// conflict is tracked), as change path strings ([`crate::model::path_from_bytes`]: a name
+/// that is not UTF-8 in git's quoted form, as detection names it).
 pub(crate) fn parse_index(b: &[u8], id_len: usize) -> Result<Vec<String>, String> {
     let bad = |what: &str| format!(".git/index is malformed: {what}");
     if b.len() < 12 || &b[..4] != b"DIRC" {
@@ -169,10 +169,26 @@ pub(crate) fn parse_index(b: &[u8], id_len: usize) -> Result<Vec<String>, String
             }
             name
         };
-        if let Ok(s) = std::str::from_utf8(&name) {
-            out.push(s.to_string());
-        }
+        out.push(crate::model::path_from_bytes(&name));
         prev = name;
+    }
+    // Extensions follow the entries (then the trailing checksum). A split index keeps most
+    // entries in another file (`link`) and a sparse one folds directories into one entry
+    // (`sdir`): read as they are, their files would look untracked, so they are refused and
+    // the caller says tracked files could not be told apart.
+    while pos + 8 + id_len <= b.len() {
+        let sig = &b[pos..pos + 4];
+        let size = u32::from_be_bytes([b[pos + 4], b[pos + 5], b[pos + 6], b[pos + 7]]) as usize;
+        if sig == b"link" || sig == b"sdir" {
+            return Err(format!(
+                ".git/index is a {} index, which is not read",
+                if sig == b"link" { "split" } else { "sparse" }
+            ));
+        }
+        pos = match pos.checked_add(8).and_then(|p| p.checked_add(size)) {
+            Some(p) => p,
+            None => break,
+        };
     }
     Ok(out)
 }
@@ -235,6 +251,25 @@ mod tests {
             );
             assert!(tr.dirs.contains("a") && tr.dirs.contains("a/b"));
         }
+    }
+
+    /// A split index (most entries in a shared file) is refused, not read as if complete.
+    #[test]
+    fn split_indexes_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        if !git(root, &["init", "-q"]) {
+            if std::env::var_os("CI").is_some() {
+                panic!("git is needed for this test under CI");
+            }
+            eprintln!("SKIP git not found");
+            return;
+        }
+        std::fs::write(root.join("a"), "a").unwrap();
+        assert!(git(root, &["add", "a"]));
+        assert!(git(root, &["update-index", "--split-index"]));
+        let err = read_tracked(root).unwrap_err();
+        assert!(err.contains("split"), "{err}");
     }
 
     #[test]

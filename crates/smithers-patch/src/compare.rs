@@ -58,10 +58,10 @@ pub fn detect_changes_by_compare(
     w.walk_compare("", Some(lower.to_path_buf()))?;
     w.note_index_problem();
     let mut cands = std::mem::take(&mut w.cands);
-    if let (Some(began), Some(finished)) = (since, opts.copy_finished) {
+    if let Some(manifest) = &opts.copy_manifest {
         w.out
             .stale_base
-            .extend(drop_host_only(&mut cands, began, finished));
+            .extend(drop_host_only(&mut cands, manifest));
     }
     let mut out = finish(cands, w.out, opts, StaleCheck::Since(since))?;
     out.stale_base.sort();
@@ -69,35 +69,38 @@ pub fn detect_changes_by_compare(
     Ok(out)
 }
 
-/// Takes out of `cands` the differences the host made while the step ran (the copy was begun
-/// at `began`, its copy root's birth, and complete at `finished`), so that accept never undoes
-/// them; returns the paths the host deleted while the step changed them (their base is lost).
+/// Takes out of `cands` the differences the host made while the step ran, so that accept
+/// never undoes them, by the copy's manifest of what it held when complete; returns the
+/// paths the host deleted while the step changed them (their base is lost).
 ///
-/// - A copy entry whose ctime is before `finished` was not touched by the step: any
-///   difference is the host's (an edit, a deletion, a replacement).
-/// - A lower entry born at or after `began` and absent from the copy was created by the host
-///   after the copy took its listing: not a deletion by the step.
-/// - A copy entry born before `finished` (the copy made it) but changed later, whose lower
-///   entry is gone: the host deleted a file the step changed.
+/// - A copy entry with the inode and ctime the copy gave it was not touched by the step (any
+///   write, chmod, rename or link changes its ctime): a difference there is the host's.
+/// - A project path the copy never had, gone from the copy, was made by the host after the
+///   copy (or moved there by it): not a deletion by the step.
+/// - A copy entry at a path the copy had, changed by the step, whose project entry is gone:
+///   the host deleted a file the step changed; a path the copy never had that both the host
+///   and the step made: the host's file would be overwritten. Both are host-changed.
 ///
-/// Time stamps come from the coarse clock, so ties are resolved towards "the step did it":
-/// a change is never dropped because of a tie, at worst the host's edit is flagged.
+/// A path the step renamed or moved (its inode now at another path) is the step's change on
+/// both sides: a deletion where it was, an addition where it is.
 fn drop_host_only(
     cands: &mut std::collections::BTreeMap<String, Candidate>,
-    began: (i64, u32),
-    finished: (i64, u32),
+    manifest: &crate::CopyManifest,
 ) -> Vec<String> {
     let mut host_deleted = Vec::new();
     cands.retain(|path, c| {
-        let new = c.new.as_ref().map(node_path);
-        let old = c.old.as_ref().map(node_path);
-        match (old, new) {
-            (_, Some(n)) if !crate::detect::changed_since(n, finished) => false,
-            (Some(o), None) => !born_since(o, began),
-            (None, Some(n)) => {
-                if birth_time(n).is_some_and(|b| b < finished) {
-                    host_deleted.push(path.clone());
-                }
+        let recorded = manifest.get(path);
+        if let Some(n) = c.new.as_ref().map(node_path) {
+            if recorded.is_some() && recorded == identity(n) {
+                return false;
+            }
+        }
+        match (&c.old, &c.new) {
+            (Some(_), None) => recorded.is_some(),
+            // The host deleted a file the copy had and the step changed; or both made a path
+            // the copy never had: either way the step's side has no base the host still has.
+            (None, Some(_)) | (Some(_), Some(_)) if recorded.is_some() == c.old.is_none() => {
+                host_deleted.push(path.clone());
                 true
             }
             _ => true,
@@ -112,9 +115,14 @@ fn node_path(n: &Node) -> &Path {
     }
 }
 
-/// Whether `path` was born at or after `since` (unknown: no).
-fn born_since(path: &Path, since: (i64, u32)) -> bool {
-    birth_time(path).is_some_and(|b| b >= since)
+/// The inode and ctime of `path` (not followed).
+fn identity(path: &Path) -> Option<crate::CopyIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::symlink_metadata(path).ok()?;
+    Some(crate::CopyIdentity {
+        ino: md.ino(),
+        ctime: (md.ctime(), md.ctime_nsec() as u32),
+    })
 }
 
 /// One side of an entry: its path and lstat.

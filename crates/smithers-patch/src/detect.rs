@@ -35,12 +35,13 @@ pub struct DetectOptions {
     /// fits; each is named in [`ChangeSet::over_limit`] with its size and the limit. The rest
     /// of the change set is kept: one huge change never costs the step's other edits.
     pub max_content_bytes: u64,
-    /// For [`detect_changes_by_compare`](crate::detect_changes_by_compare): the instant (a
-    /// ctime, `(seconds, nanoseconds)`) at which the copy was complete, before the step could
-    /// write it. A copy entry whose ctime is earlier is as the copy made it, so a difference
-    /// there is the host's edit made while the step ran, not the step's: it is not a change.
-    /// `None`: every difference counts (and the host's edits would be taken for the step's).
-    pub copy_finished: Option<(i64, u32)>,
+    /// For [`detect_changes_by_compare`](crate::detect_changes_by_compare): what the copy
+    /// held when it was complete ([`CopyManifest`](crate::CopyManifest)). A copy entry that
+    /// still has the inode and ctime the copy gave it was not touched by the step, so a
+    /// difference there is the host's edit made while the step ran, not a change; a project
+    /// path the copy never had was made by the host. `None`: every difference counts (a host
+    /// edit then shows as a change, which the stale-base check flags).
+    pub copy_manifest: Option<std::sync::Arc<crate::CopyManifest>>,
 }
 
 impl Default for DetectOptions {
@@ -49,7 +50,7 @@ impl Default for DetectOptions {
             respect_gitignore: true,
             excluded_top_level: vec![".git".to_string(), ".smithers".to_string()],
             max_content_bytes: 1 << 30,
-            copy_finished: None,
+            copy_manifest: None,
         }
     }
 }

@@ -32,8 +32,8 @@
 //!   patch's base is the host's newer version and applying it would undo the host's edit;
 //!   [`ApplyOptions::host_changed`] makes apply refuse them as conflicts (or, with
 //!   [`ApplyOptions::conflict_markers`], write both versions between markers). For a full
-//!   copy, [`DetectOptions::copy_finished`] tells the host's own edits (a copy entry older than
-//!   the copy's completion was not touched by the step) from the step's.
+//!   copy, [`DetectOptions::copy_manifest`] tells the host's own edits (a copy entry with the
+//!   inode and ctime the copy gave it was not touched by the step) from the step's.
 //! - **`.gitignore`** is read from the merged (post-step) view plus the lower
 //!   `.git/info/exclude`, and applies to untracked paths only (the lower tree's git index is
 //!   read: a tracked file matching a rule is still a change); ignored paths are reported in
@@ -80,6 +80,7 @@ mod error;
 mod gitignore;
 mod gitindex;
 mod limit;
+mod manifest;
 mod merge;
 mod model;
 mod overlay;
@@ -103,6 +104,7 @@ pub use detect::{
 };
 pub use error::{Conflict, PatchError};
 pub use limit::leave_out_largest;
+pub use manifest::{CopyIdentity, CopyManifest, CopyManifestWriter, MAX_MANIFEST_BYTES};
 pub use model::{
     git_blob_oid, is_binary_content, path_from_bytes, path_to_bytes, quote_git_path,
     quote_git_path_bytes, GitMode, ZERO_OID,

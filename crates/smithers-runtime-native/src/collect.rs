@@ -11,7 +11,7 @@ use smithers_runtime::collect::{
 };
 use smithers_runtime::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle};
 
-use crate::{ctime, Backend, WorkspaceState};
+use crate::{Backend, WorkspaceState};
 
 pub(crate) fn collect(
     backend: &Backend,
@@ -30,13 +30,12 @@ pub(crate) fn collect(
     // `resultRejected` record names the limit); it is never reported as finished.
     let rejected = backend.result_problem_file().exists();
     let (upper, copy) = (backend.upper(), backend.copy());
+    let manifest = backend.copy_manifest_file();
     let layer = match backend.workspace {
         WorkspaceState::Overlay => WorkspaceLayer::Upper(&upper),
         WorkspaceState::Copy { .. } => WorkspaceLayer::Copy {
             tree: &copy,
-            // copy-report.json is written once the copy is complete and before the step
-            // starts, outside the sandbox: its ctime marks when the step could first write.
-            finished: ctime(&backend.copy_report_file()),
+            manifest: Some(&manifest),
         },
     };
     // A second collect replaces the first bundle.

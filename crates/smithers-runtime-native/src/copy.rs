@@ -93,7 +93,11 @@ fn kept_mode(md: &Metadata) -> u32 {
 }
 
 /// Copies the project `src` into `dst` (which must not exist). See the module docs.
-pub(crate) fn copy_project(src: &Path, dst: &Path) -> Result<CopyReport, RuntimeError> {
+pub(crate) fn copy_project(
+    src: &Path,
+    dst: &Path,
+    mut manifest: Option<&mut smithers_patch::CopyManifestWriter>,
+) -> Result<CopyReport, RuntimeError> {
     let mut report = CopyReport::default();
     let root_md = std::fs::metadata(src).map_err(io("read the project", src))?;
     std::fs::create_dir(dst).map_err(io("create the workspace copy", dst))?;
@@ -111,7 +115,14 @@ pub(crate) fn copy_project(src: &Path, dst: &Path) -> Result<CopyReport, Runtime
                 .map_err(io("create the workspace copy", &target))?;
             continue;
         }
-        copy_entry(&path, &md, &target, Path::new(&name), &mut report)?;
+        copy_entry(
+            &path,
+            &md,
+            &target,
+            Path::new(&name),
+            &mut report,
+            manifest.as_deref_mut(),
+        )?;
     }
     finish_dir(dst, &root_md)?;
     Ok(report)
@@ -150,6 +161,7 @@ fn copy_entry(
     dst: &Path,
     rel: &Path,
     report: &mut CopyReport,
+    mut manifest: Option<&mut smithers_patch::CopyManifestWriter>,
 ) -> Result<(), RuntimeError> {
     let ft = md.file_type();
     if ft.is_dir() {
@@ -163,7 +175,14 @@ fn copy_entry(
         };
         for (name, path) in entries {
             let Some(cmd) = lstat(&path)? else { continue };
-            copy_entry(&path, &cmd, &dst.join(&name), &rel.join(&name), report)?;
+            copy_entry(
+                &path,
+                &cmd,
+                &dst.join(&name),
+                &rel.join(&name),
+                report,
+                manifest.as_deref_mut(),
+            )?;
         }
         return finish_dir(dst, md);
     }
@@ -175,7 +194,9 @@ fn copy_entry(
         };
         std::os::unix::fs::symlink(&target, dst)
             .map_err(io("create in the workspace copy", dst))?;
-        return set_times_nofollow(dst, md);
+        set_times_nofollow(dst, md)?;
+        let made = std::fs::symlink_metadata(dst).map_err(io("read the workspace copy", dst))?;
+        return record(manifest, rel, &made, dst);
     }
     if ft.is_file() {
         let mut from = match std::fs::OpenOptions::new()
@@ -207,7 +228,9 @@ fn copy_entry(
         to.set_permissions(std::fs::Permissions::from_mode(kept_mode(&now)))
             .map_err(io("set the mode in the workspace copy", dst))?;
         set_file_times(&to, &now, dst)?;
-        return Ok(());
+        // The entry as the copy leaves it: its times are set, nothing else will touch it.
+        let made = to.metadata().map_err(io("read the workspace copy", dst))?;
+        return record(manifest, rel, &made, dst);
     }
     if ft.is_fifo() || ft.is_socket() {
         let kind = if ft.is_fifo() {
@@ -234,6 +257,29 @@ fn copy_entry(
         rel.display()
     ));
     Ok(())
+}
+
+/// Adds a copied file or symlink to the manifest with the inode and ctime the copy left it
+/// with (see `smithers_patch::CopyManifest`).
+fn record(
+    manifest: Option<&mut smithers_patch::CopyManifestWriter>,
+    rel: &Path,
+    made: &Metadata,
+    dst: &Path,
+) -> Result<(), RuntimeError> {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(manifest) = manifest else {
+        return Ok(());
+    };
+    manifest
+        .add(
+            rel.as_os_str().as_bytes(),
+            smithers_patch::CopyIdentity {
+                ino: made.ino(),
+                ctime: (made.ctime(), made.ctime_nsec() as u32),
+            },
+        )
+        .map_err(io("write the copy manifest", dst))
 }
 
 fn set_file_times(f: &File, md: &Metadata, path: &Path) -> Result<(), RuntimeError> {
@@ -282,7 +328,7 @@ mod tests {
              touch -d '2001-02-03 04:05:06' sub/f && chmod 4755 sub/f",
         );
         let dst = tmp.path().join("copy");
-        let report = copy_project(&src, &dst).unwrap();
+        let report = copy_project(&src, &dst, None).unwrap();
         assert!(report.left_out.is_empty(), "{:?}", report.left_out);
         // .smithers and .git: empty stand-ins only.
         assert_eq!(std::fs::read_dir(dst.join(".smithers")).unwrap().count(), 0);
@@ -329,7 +375,7 @@ mod tests {
         if unsafe { libc::geteuid() } == 0 {
             sh(&src, "mknod null c 1 3");
             let again = tmp.path().join("copy2");
-            let report = copy_project(&src, &again).unwrap();
+            let report = copy_project(&src, &again, None).unwrap();
             assert_eq!(report.left_out.len(), 1, "{:?}", report.left_out);
             assert!(report.left_out[0].starts_with("null: device node"));
             assert!(std::fs::symlink_metadata(again.join("null")).is_err());
@@ -337,7 +383,7 @@ mod tests {
                 .unwrap();
         }
         // A second copy into an existing directory is refused, not merged.
-        assert!(copy_project(&src, &dst).is_err());
+        assert!(copy_project(&src, &dst, None).is_err());
         // Writable again, so that tempdir can remove both trees without root.
         for d in [&src, &dst] {
             std::fs::set_permissions(d.join("ro"), std::fs::Permissions::from_mode(0o755)).unwrap();

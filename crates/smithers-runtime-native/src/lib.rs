@@ -412,6 +412,11 @@ impl Backend {
     fn copy_report_file(&self) -> PathBuf {
         self.state_dir.join("copy-report.json")
     }
+    /// What the copy held when complete (`smithers_patch::CopyManifest`), for collect to
+    /// tell the host's edits from the step's.
+    fn copy_manifest_file(&self) -> PathBuf {
+        self.state_dir.join("copy-manifest.bin")
+    }
 }
 
 fn io_err<'a>(
@@ -821,9 +826,15 @@ async fn ship_copy(backend: &Backend) -> Result<(), RuntimeError> {
     }
     let partial = backend.layer().join("copy.partial");
     let root = backend.root_dir.clone();
+    let manifest_file = backend.copy_manifest_file();
     let task = tokio::task::spawn_blocking(move || {
         remove_tree(&partial).map_err(io_err("remove a partial workspace copy", &partial))?;
-        let report = copy::copy_project(&root, &partial)?;
+        let mut manifest = smithers_patch::CopyManifestWriter::create(&manifest_file)
+            .map_err(io_err("write the copy manifest", &manifest_file))?;
+        let report = copy::copy_project(&root, &partial, Some(&mut manifest))?;
+        manifest
+            .finish()
+            .map_err(io_err("write the copy manifest", &manifest_file))?;
         std::fs::rename(&partial, &copy).map_err(io_err("finish the workspace copy", &copy))?;
         Ok::<_, RuntimeError>(report)
     });
@@ -835,31 +846,7 @@ async fn ship_copy(backend: &Backend) -> Result<(), RuntimeError> {
         "copiedBytes": report.bytes,
         "leftOut": report.left_out,
     });
-    let report_file = backend.copy_report_file();
-    write_private(&report_file, record.to_string().as_bytes())?;
-    // The report's ctime tells collect when the step could first write the copy: a copy
-    // entry older than that is as the copy made it. File times come from a coarse clock (a
-    // tick is several ms, longer than copying a small project), so the report is touched
-    // until its ctime is past the copy's last one; then "older" is exact.
-    let copy_done = ctime(&backend.copy());
-    for _ in 0..200 {
-        match (copy_done, ctime(&report_file)) {
-            (Some(done), Some(marker)) if marker > done => break,
-            (None, _) | (_, None) => break,
-            _ => {
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                write_private(&report_file, record.to_string().as_bytes())?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The ctime of `path` (not followed), `(seconds, nanoseconds)`.
-pub(crate) fn ctime(path: &Path) -> Option<(i64, u32)> {
-    use std::os::unix::fs::MetadataExt;
-    let md = std::fs::symlink_metadata(path).ok()?;
-    Some((md.ctime(), md.ctime_nsec() as u32))
+    write_private(&backend.copy_report_file(), record.to_string().as_bytes())
 }
 
 /// The config as `create` accepted it, kept in the state dir (it may hold env secrets, so it
@@ -1093,7 +1080,7 @@ fn keep_layer(backend: &Backend, kept_layer: Option<&Path>) -> Result<(), Runtim
     match std::fs::rename(&src, dest) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            let report = copy::copy_project(&src, dest)?;
+            let report = copy::copy_project(&src, dest, None)?;
             if !report.left_out.is_empty() {
                 let text = format!(
                     "not copied from the workspace layer (not regular files, links or directories):\n{}\n",

@@ -66,6 +66,10 @@ for i in 1 2 3 4 5 6 7 8 9 10; do echo "line $i"; done > ten.txt
 printf 'a\nb\nc\n' > untouched.txt
 printf 'doomed\n' > host_del.txt
 printf 'same\n' > both_same.txt
+mkdir src hostdir
+printf 'x\n' > src/x.txt
+printf 'r\n' > rename_me.txt
+printf 'h\n' > hostdir/h.txt
 "#;
 
 /// The step's edits, then `edited`, then a pause in which the host edits.
@@ -74,6 +78,8 @@ sed -i 's/^line 1$/STEP ONE/' ten.txt
 printf 'step changed it\n' > host_del.txt
 printf 'agreed\n' > both_same.txt
 printf 'mine\n' > step_new.txt
+mv src lib
+mv rename_me.txt renamed.txt
 echo edited
 sleep 2
 "#;
@@ -88,6 +94,7 @@ printf 'd\n' >> untouched.txt
 printf 'created by the host\n' > host_new.txt
 rm host_del.txt
 printf 'agreed\n' > both_same.txt
+mv hostdir hostmoved
 "#,
     );
 }
@@ -224,32 +231,41 @@ async fn host_edits_are_never_reverted(mode: WorkspaceMode) {
     assert!(read(project.path(), "ten.txt").contains("HOST NINE"));
     assert!(read(project.path(), "untouched.txt").ends_with("c\nd\n"));
 
-    // Without ten.txt, the rest applies and keeps every host edit.
+    // Without the host-changed files, the rest applies and keeps every host edit. (Copy
+    // mode also knows host_del.txt: deleted on the host while the step changed it.)
+    if mode == WorkspaceMode::Copy {
+        assert!(
+            notes.host_changed.iter().any(|p| p == "host_del.txt"),
+            "{notes:?}"
+        );
+    }
     let rest: Vec<String> = out
         .patches
         .iter()
-        .filter(|p| !p.contains("a/ten.txt"))
+        .filter(|p| {
+            !notes
+                .host_changed
+                .iter()
+                .any(|h| p.contains(&format!("a/{h} ")))
+        })
         .cloned()
         .collect();
     let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
-    match smithers_patch::apply_patch_texts(project.path(), &rest, &opts) {
-        Ok(_) => {}
-        // host_del.txt: deleted on the host while the step changed it (copy mode knows).
-        Err(smithers_patch::PatchError::Conflicts { conflicts }) => {
-            assert!(
-                conflicts.iter().all(|c| c.path == "host_del.txt"),
-                "{conflicts:?}"
-            );
-            assert_eq!(mode, WorkspaceMode::Copy);
-        }
-        Err(e) => panic!("{e}"),
-    }
+    smithers_patch::apply_patch_texts(project.path(), &rest, &opts).expect("the rest applies");
     assert!(read(project.path(), "untouched.txt").ends_with("c\nd\n"));
     assert_eq!(
         read(project.path(), "host_new.txt"),
         "created by the host\n"
     );
     assert_eq!(read(project.path(), "both_same.txt"), "agreed\n");
+    assert_eq!(read(project.path(), "step_new.txt"), "mine\n");
+    // The step's renames (a directory and a file) arrive whole; the host's rename stays.
+    assert_eq!(read(project.path(), "lib/x.txt"), "x\n");
+    assert!(!project.path().join("src").exists());
+    assert_eq!(read(project.path(), "renamed.txt"), "r\n");
+    assert!(!project.path().join("rename_me.txt").exists());
+    assert_eq!(read(project.path(), "hostmoved/h.txt"), "h\n");
+    assert!(!project.path().join("hostdir").exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -32,10 +32,12 @@ pub enum WorkspaceLayer<'a> {
     /// mounted): both trees are compared, with the same result an overlay would give.
     Copy {
         tree: &'a Path,
-        /// When the copy was complete, before the step could write it (a ctime): a copy entry
-        /// older than that was not touched by the step, so its difference from the project is
-        /// the host's edit and not a change (see `DetectOptions::copy_finished`).
-        finished: Option<(i64, u32)>,
+        /// The copy's manifest (`smithers_patch::CopyManifest`, written by ship): a copy entry
+        /// it lists with the same inode and ctime was not touched by the step, so its
+        /// difference from the project is the host's edit and not a change (see
+        /// `DetectOptions::copy_manifest`). `None`, or a manifest that cannot be read (said in
+        /// the change set's notes): every difference counts.
+        manifest: Option<&'a Path>,
     },
 }
 
@@ -147,7 +149,7 @@ pub fn workspace_bundle(
 }
 
 /// [`workspace_bundle`] with explicit detection options (a caller or a test may bound the
-/// changed content lower; `copy_finished` is set here from `layer`).
+/// changed content lower; `copy_manifest` is set here from `layer`).
 pub fn workspace_bundle_with(
     project: &Path,
     layer: WorkspaceLayer<'_>,
@@ -157,9 +159,20 @@ pub fn workspace_bundle_with(
 ) -> Result<WorkspaceBundle, RuntimeError> {
     let changes = match layer {
         WorkspaceLayer::Upper(upper) => detect_changes(project, upper, &opts),
-        WorkspaceLayer::Copy { tree, finished } => {
-            opts.copy_finished = finished;
-            detect_changes_by_compare(project, tree, &opts)
+        WorkspaceLayer::Copy { tree, manifest } => {
+            let mut unread = None;
+            if let Some(path) = manifest {
+                match smithers_patch::CopyManifest::read(path) {
+                    Ok(m) => opts.copy_manifest = Some(std::sync::Arc::new(m)),
+                    Err(e) => unread = Some(format!(
+                        "the copy's manifest could not be read ({e}): the host's edits made while the step ran may show as changes (flagged as changed on the host)"
+                    )),
+                }
+            }
+            detect_changes_by_compare(project, tree, &opts).map(|mut c| {
+                c.notes.extend(unread);
+                c
+            })
         }
     }
     .map_err(|e| RuntimeError::inner("detect the workspace changes", &e))?;
@@ -772,7 +785,7 @@ mod tests {
             &lower,
             WorkspaceLayer::Copy {
                 tree: &copy,
-                finished: None,
+                manifest: None,
             },
             Some(&ok),
             false,

@@ -91,34 +91,99 @@ fn read_patch(bundle: &Path, rel: &str) -> Result<String, ErrorReport> {
 /// Accept recomputes it and refuses a bundle that changed since (what is applied is exactly
 /// what was reviewed). Artifacts and the log are not applied, so they are not covered.
 pub fn bundle_digest(bundle: &InspectedBundle) -> Result<String, ErrorReport> {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    let mut add = |name: &str, bytes: &[u8]| {
-        h.update((name.len() as u64).to_be_bytes());
-        h.update(name.as_bytes());
-        h.update((bytes.len() as u64).to_be_bytes());
-        h.update(bytes);
-    };
-    for rel in std::iter::once("README.md").chain(bundle.patch_files.iter().map(String::as_str)) {
-        // The validator confined these paths to the bundle and refused symlinks; README.md
-        // is within 5 MiB and the patches within the bundle's size limit.
-        let path = bundle.bundle_path.join(rel);
-        let bytes = std::fs::read(&path).map_err(|e| {
-            ErrorReport::new(
-                ErrorCode::SandboxExecutionFailed,
-                format!("cannot read {} of the bundle: {e}", path.display()),
-            )
-        })?;
-        add(rel, &bytes);
-    }
-    let digest = h.finalize();
-    Ok(format!(
-        "sha256:{}",
-        digest
+    BundleBytes::read(bundle).map(|b| b.digest())
+}
+
+/// README.md and the patch files of a bundle, read once (no link followed, sizes bounded),
+/// so that what is hashed is exactly what is parsed and applied.
+#[derive(Debug)]
+pub struct BundleBytes {
+    pub readme: Vec<u8>,
+    /// (bundle-relative path, bytes), in the bundle's patch order.
+    pub patches: Vec<(String, Vec<u8>)>,
+}
+
+impl BundleBytes {
+    /// Reads README.md and every patch file of `bundle`.
+    pub fn read(bundle: &InspectedBundle) -> Result<BundleBytes, ErrorReport> {
+        let readme = read_bounded(
+            &bundle.bundle_path,
+            "README.md",
+            smithers_bundle::SANDBOX_MAX_README_BYTES,
+        )?;
+        let patches = bundle
+            .patch_files
             .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    ))
+            .map(|rel| {
+                read_bounded(
+                    &bundle.bundle_path,
+                    rel,
+                    smithers_bundle::SANDBOX_MAX_BUNDLE_BYTES,
+                )
+                .map(|b| (rel.clone(), b))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(BundleBytes { readme, patches })
+    }
+
+    /// The digest a review records (see [`bundle_digest`]).
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        let mut add = |name: &str, bytes: &[u8]| {
+            h.update((name.len() as u64).to_be_bytes());
+            h.update(name.as_bytes());
+            h.update((bytes.len() as u64).to_be_bytes());
+            h.update(bytes);
+        };
+        add("README.md", &self.readme);
+        for (rel, bytes) in &self.patches {
+            add(rel, bytes);
+        }
+        let digest = h.finalize();
+        format!(
+            "sha256:{}",
+            digest
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        )
+    }
+}
+
+/// A regular file of the bundle, opened without following a link, at most `max` bytes.
+fn read_bounded(bundle: &Path, rel: &str, max: u64) -> Result<Vec<u8>, ErrorReport> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = bundle.join(rel);
+    let fail = |e: std::io::Error| {
+        ErrorReport::new(
+            ErrorCode::SandboxExecutionFailed,
+            format!("cannot read {} of the bundle: {e}", path.display()),
+        )
+        .with_details(serde_json::json!({ "path": rel }))
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_o_nofollow_nonblock())
+        .open(&path)
+        .map_err(fail)?;
+    if !f.metadata().map_err(fail)?.is_file() {
+        return Err(fail(std::io::Error::other("not a regular file")));
+    }
+    let mut bytes = Vec::new();
+    f.take(max + 1).read_to_end(&mut bytes).map_err(fail)?;
+    if bytes.len() as u64 > max {
+        return Err(fail(std::io::Error::other(format!(
+            "larger than {max} bytes"
+        ))));
+    }
+    Ok(bytes)
+}
+
+/// `O_NOFOLLOW | O_NONBLOCK` (a fifo planted in place of a file is not waited on).
+fn libc_o_nofollow_nonblock() -> i32 {
+    libc::O_NOFOLLOW | libc::O_NONBLOCK
 }
 
 /// Counts changed lines of a unified diff the way the JavaScript `unifiedDiffLineCount` does.
@@ -164,6 +229,28 @@ impl BundleInspector for BundleValidator {
 pub trait PatchApplier: Send + Sync + std::fmt::Debug {
     /// Applies every patch of `bundle` to `root_dir`, or nothing.
     fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport>;
+
+    /// Applies the bundle only if it is byte for byte the reviewed one (`digest`, recorded
+    /// when the review opened), with conflict markers on request; the paths written with
+    /// markers. The default checks the digest, then applies (a second read of the files);
+    /// [`AtomicPatchApplier`] hashes and applies the very same bytes.
+    fn apply_reviewed(
+        &self,
+        root_dir: &Path,
+        bundle: &InspectedBundle,
+        digest: &str,
+        conflict_markers: bool,
+    ) -> Result<Vec<String>, ErrorReport> {
+        let found = bundle_digest(bundle)?;
+        if found != digest {
+            return Err(changed_since_review(digest, &found));
+        }
+        if conflict_markers {
+            self.apply_marking_conflicts(root_dir, bundle)
+        } else {
+            self.apply(root_dir, bundle).map(|()| Vec::new())
+        }
+    }
 
     /// [`PatchApplier::apply`], writing text conflicts with conflict markers instead of
     /// refusing them (on request, to resolve a conflicted review by hand). Returns the paths
@@ -254,7 +341,90 @@ impl AtomicPatchApplier {
     }
 }
 
+/// The error of a bundle that is not the reviewed one.
+fn changed_since_review(recorded: &str, found: &str) -> ErrorReport {
+    ErrorReport::new(
+        ErrorCode::ToolPatchFailed,
+        "the bundle changed since it was reviewed; nothing was applied",
+    )
+    .with_details(serde_json::json!({ "recordedDigest": recorded, "foundDigest": found }))
+}
+
+impl AtomicPatchApplier {
+    /// The patch texts and host-changed paths from bytes read once: the patch files, or
+    /// (only when there are none) the `diffBundle` of that README.md.
+    fn reviewed_texts(
+        bytes: &BundleBytes,
+    ) -> Result<(Vec<String>, std::collections::BTreeSet<String>), ErrorReport> {
+        use smithers_errors::CodedError;
+        let notes = smithers_bundle::parse_change_notes(&bytes.readme).map_err(|e| e.report())?;
+        let host_changed = notes.host_changed.into_iter().collect();
+        let texts = if bytes.patches.is_empty() {
+            let manifest =
+                smithers_bundle::parse_manifest(&bytes.readme).map_err(|e| e.report())?;
+            let as_bundle = InspectedBundle {
+                bundle_path: PathBuf::new(),
+                status: String::new(),
+                outputs: None,
+                run_id: None,
+                bundle_size_bytes: 0,
+                patch_files: Vec::new(),
+                diff_bundle: manifest.diff_bundle,
+                change_notes: Default::default(),
+            };
+            Self::texts(&as_bundle)?
+        } else {
+            bytes
+                .patches
+                .iter()
+                .map(|(rel, b)| {
+                    // Never apply a lossily decoded patch: it would write altered bytes.
+                    String::from_utf8(b.clone()).map_err(|_| {
+                        ErrorReport::new(
+                            ErrorCode::ToolPatchFailed,
+                            format!("patch file {rel} is not valid UTF-8"),
+                        )
+                        .with_details(serde_json::json!({ "path": rel }))
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        Ok((texts, host_changed))
+    }
+}
+
 impl PatchApplier for AtomicPatchApplier {
+    fn apply_reviewed(
+        &self,
+        root_dir: &Path,
+        bundle: &InspectedBundle,
+        digest: &str,
+        conflict_markers: bool,
+    ) -> Result<Vec<String>, ErrorReport> {
+        use smithers_errors::CodedError;
+        let bytes = BundleBytes::read(bundle)?;
+        let found = bytes.digest();
+        if found != digest {
+            return Err(changed_since_review(digest, &found));
+        }
+        let (texts, host_changed) = Self::reviewed_texts(&bytes)?;
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let opts = smithers_patch::ApplyOptions {
+            host_changed,
+            conflict_markers,
+            ..Default::default()
+        };
+        smithers_patch::apply_patch_texts(root_dir, &refs, &opts)
+            .map(|r| {
+                r.applied
+                    .into_iter()
+                    .filter(|a| a.conflict_markers)
+                    .map(|a| a.path)
+                    .collect()
+            })
+            .map_err(|e| e.report())
+    }
+
     fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport> {
         use smithers_errors::CodedError;
         let texts = Self::texts(bundle)?;

@@ -1218,16 +1218,14 @@ impl Orchestrator {
                         found,
                     });
                 }
-                Ok(bundle)
+                Ok((bundle, recorded))
             })
-            .and_then(|bundle| {
+            .and_then(|(bundle, recorded)| {
                 let root = std::path::Path::new(&review.root_dir);
-                let applied = if conflict_markers {
-                    self.applier.apply_marking_conflicts(root, &bundle)
-                } else {
-                    self.applier.apply(root, &bundle).map(|()| Vec::new())
-                };
-                applied
+                // The applier checks the digest again on the bytes it applies: a file swapped
+                // between the check above and the apply is never applied.
+                self.applier
+                    .apply_reviewed(root, &bundle, &recorded, conflict_markers)
                     .map_err(|report| OrchestratorError::Apply {
                         sandbox_id: sandbox_id.to_string(),
                         report: Box::new(report),

@@ -922,6 +922,19 @@ async fn a_bundle_changed_after_review_is_never_applied() {
         h.store.get_review(RUN, "sb").unwrap().unwrap().state,
         ReviewState::Pending
     );
+    // The applier itself hashes the bytes it applies: given the swapped bundle and the
+    // recorded digest (as after a swap between the orchestrator's check and the apply), it
+    // applies nothing.
+    let inspected = BundleValidator.inspect(&pending.bundle_path).unwrap();
+    let digest = recorded.bundle_digest.clone().unwrap();
+    let err = AtomicPatchApplier
+        .apply_reviewed(&h.root, &inspected, &digest, false)
+        .unwrap_err();
+    assert!(
+        err.message.contains("changed since it was reviewed"),
+        "{err}"
+    );
+    assert_eq!(hello(&h), "hello\n", "nothing applied");
     // Put back, the reviewed bytes are accepted.
     std::fs::write(&patch, &text).unwrap();
     h.orch.accept(RUN, "sb").await.unwrap();

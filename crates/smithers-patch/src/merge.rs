@@ -134,6 +134,15 @@ fn apply_hunks_inner(
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let mut out: Vec<Cow<'_, str>> = Vec::with_capacity(lines.len() + 16);
     let mut blocks = 0usize;
+    // Where each distinct line occurs (built once, only when hunks must be relocated): a
+    // hunk's candidate places are those of its first preimage line, so relocating costs the
+    // occurrences of that line, not a scan of the file per hunk.
+    let mut occurrences: std::collections::HashMap<&str, Vec<usize>> = Default::default();
+    if !exact {
+        for (i, l) in lines.iter().enumerate() {
+            occurrences.entry(l).or_default().push(i);
+        }
+    }
     let mut cursor = 0usize; // next unconsumed host line
     let mut offset: isize = 0; // where hunks landed relative to their headers so far
     for (i, h) in hunks.iter().enumerate() {
@@ -189,7 +198,16 @@ fn apply_hunks_inner(
             // The one position after the previous hunk where the preimage fits. Two or more:
             // the host file repeats this context, and which copy the step meant cannot be
             // known (the nearest is not necessarily it), so that is a conflict, never a guess.
-            let mut places = (cursor..=lines.len().saturating_sub(pre.len())).filter(|&p| fits(p));
+            let candidates: Box<dyn Iterator<Item = usize>> = match pre.first() {
+                Some(first) => {
+                    let at = occurrences.get(first).map_or(&[][..], Vec::as_slice);
+                    let from = at.partition_point(|&p| p < cursor);
+                    Box::new(at[from..].iter().copied())
+                }
+                // A pure insertion fits only where its anchors say (file start or end).
+                None => Box::new(cursor..=lines.len()),
+            };
+            let mut places = candidates.filter(|&p| fits(p));
             match (places.next(), places.next()) {
                 (Some(p), None) => Some(p),
                 (Some(_), Some(_)) if !mark => {

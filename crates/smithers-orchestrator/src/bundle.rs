@@ -351,6 +351,32 @@ fn changed_since_review(recorded: &str, found: &str) -> ErrorReport {
 }
 
 impl AtomicPatchApplier {
+    /// Applies patch texts all or nothing (`smithers_patch::apply_patch_texts`); the paths
+    /// written with conflict markers (only with `conflict_markers`).
+    fn apply_texts(
+        root_dir: &Path,
+        texts: &[String],
+        host_changed: std::collections::BTreeSet<String>,
+        conflict_markers: bool,
+    ) -> Result<Vec<String>, ErrorReport> {
+        use smithers_errors::CodedError;
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let opts = smithers_patch::ApplyOptions {
+            host_changed,
+            conflict_markers,
+            ..Default::default()
+        };
+        smithers_patch::apply_patch_texts(root_dir, &refs, &opts)
+            .map(|r| {
+                r.applied
+                    .into_iter()
+                    .filter(|a| a.conflict_markers)
+                    .map(|a| a.path)
+                    .collect()
+            })
+            .map_err(|e| e.report())
+    }
+
     /// The patch texts and host-changed paths from bytes read once: the patch files, or
     /// (only when there are none) the `diffBundle` of that README.md.
     fn reviewed_texts(
@@ -401,41 +427,18 @@ impl PatchApplier for AtomicPatchApplier {
         digest: &str,
         conflict_markers: bool,
     ) -> Result<Vec<String>, ErrorReport> {
-        use smithers_errors::CodedError;
         let bytes = BundleBytes::read(bundle)?;
         let found = bytes.digest();
         if found != digest {
             return Err(changed_since_review(digest, &found));
         }
         let (texts, host_changed) = Self::reviewed_texts(&bytes)?;
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let opts = smithers_patch::ApplyOptions {
-            host_changed,
-            conflict_markers,
-            ..Default::default()
-        };
-        smithers_patch::apply_patch_texts(root_dir, &refs, &opts)
-            .map(|r| {
-                r.applied
-                    .into_iter()
-                    .filter(|a| a.conflict_markers)
-                    .map(|a| a.path)
-                    .collect()
-            })
-            .map_err(|e| e.report())
+        Self::apply_texts(root_dir, &texts, host_changed, conflict_markers)
     }
 
     fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport> {
-        use smithers_errors::CodedError;
-        let texts = Self::texts(bundle)?;
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let opts = smithers_patch::ApplyOptions {
-            host_changed: bundle.change_notes.host_changed.iter().cloned().collect(),
-            ..Default::default()
-        };
-        smithers_patch::apply_patch_texts(root_dir, &refs, &opts)
-            .map(|_| ())
-            .map_err(|e| e.report())
+        let host_changed = bundle.change_notes.host_changed.iter().cloned().collect();
+        Self::apply_texts(root_dir, &Self::texts(bundle)?, host_changed, false).map(|_| ())
     }
 
     fn apply_marking_conflicts(
@@ -443,23 +446,8 @@ impl PatchApplier for AtomicPatchApplier {
         root_dir: &Path,
         bundle: &InspectedBundle,
     ) -> Result<Vec<String>, ErrorReport> {
-        use smithers_errors::CodedError;
-        let texts = Self::texts(bundle)?;
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let opts = smithers_patch::ApplyOptions {
-            host_changed: bundle.change_notes.host_changed.iter().cloned().collect(),
-            conflict_markers: true,
-            ..Default::default()
-        };
-        smithers_patch::apply_patch_texts(root_dir, &refs, &opts)
-            .map(|r| {
-                r.applied
-                    .into_iter()
-                    .filter(|a| a.conflict_markers)
-                    .map(|a| a.path)
-                    .collect()
-            })
-            .map_err(|e| e.report())
+        let host_changed = bundle.change_notes.host_changed.iter().cloned().collect();
+        Self::apply_texts(root_dir, &Self::texts(bundle)?, host_changed, true)
     }
 
     fn describe(&self, bundle: &InspectedBundle) -> Result<Vec<PatchRecord>, ErrorReport> {

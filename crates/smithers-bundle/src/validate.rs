@@ -24,8 +24,8 @@ pub fn validate_bundle(bundle_path: impl AsRef<Path>) -> Result<ValidatedBundle,
     let bundle_path = bundle_path.as_ref();
     let readme_path = resolve_in(bundle_path, "README.md")?;
     let raw = read_readme(bundle_path, &readme_path)?;
-    let manifest = parse_manifest(&raw)?;
-    let change_notes = parse_change_notes(&raw)?;
+    let (manifest, notes) = parse_readme(&raw)?;
+    let change_notes = change_notes_of(notes)?;
 
     let walked = walk(bundle_path)?;
     if walked.total_bytes > SANDBOX_MAX_BUNDLE_BYTES {
@@ -78,7 +78,11 @@ pub fn parse_change_notes(raw: &[u8]) -> Result<ChangeNotes, BundleError> {
     let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(js_trim(&text)) else {
         return Ok(ChangeNotes::default());
     };
-    match map.shift_remove("changeNotes") {
+    change_notes_of(map.shift_remove("changeNotes"))
+}
+
+fn change_notes_of(value: Option<Value>) -> Result<ChangeNotes, BundleError> {
+    match value {
         None => Ok(ChangeNotes::default()),
         Some(v) => serde_json::from_value(v).map_err(|e| BundleError::ReadmeInvalidJson {
             reason: format!("changeNotes: {e}"),
@@ -153,6 +157,12 @@ fn read_readme(bundle_path: &Path, readme: &Path) -> Result<Vec<u8>, BundleError
 ///
 /// Never panics on any input (property-tested).
 pub fn parse_manifest(raw: &[u8]) -> Result<Manifest, BundleError> {
+    parse_readme(raw).map(|(manifest, _)| manifest)
+}
+
+/// [`parse_manifest`], also returning README.md's `changeNotes` value (our key, which the
+/// manifest leaves out as JavaScript does), so that validation parses the JSON once.
+fn parse_readme(raw: &[u8]) -> Result<(Manifest, Option<Value>), BundleError> {
     let text = String::from_utf8_lossy(raw);
     let trimmed = js_trim(&text);
     if trimmed.is_empty() {
@@ -195,13 +205,17 @@ pub fn parse_manifest(raw: &[u8]) -> Result<Manifest, BundleError> {
         Some(v @ (Value::Object(_) | Value::Array(_))) => Some(v),
         _ => None,
     };
-    Ok(Manifest {
-        outputs,
-        status,
-        run_id,
-        patches,
-        diff_bundle,
-    })
+    let change_notes = map.shift_remove("changeNotes");
+    Ok((
+        Manifest {
+            outputs,
+            status,
+            run_id,
+            patches,
+            diff_bundle,
+        },
+        change_notes,
+    ))
 }
 
 /// Step 5: `patch_path` must resolve strictly inside `<bundle>/patches`, compared by path

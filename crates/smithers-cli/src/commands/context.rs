@@ -284,6 +284,13 @@ impl FileChange {
 /// The parsed patches of a bundle (validated first: a bundle waiting on disk may have been
 /// tampered with), in bundle order.
 pub fn bundle_patches(bundle_path: &Path) -> anyhow::Result<Vec<smithers_patch::FilePatch>> {
+    bundle_contents(bundle_path).map(|(patches, _)| patches)
+}
+
+/// [`bundle_patches`] and the bundle's `changeNotes`, from one validation.
+pub fn bundle_contents(
+    bundle_path: &Path,
+) -> anyhow::Result<(Vec<smithers_patch::FilePatch>, smithers_bundle::ChangeNotes)> {
     let bundle = BundleValidator
         .inspect(bundle_path)
         .map_err(anyhow::Error::new)?;
@@ -294,36 +301,40 @@ pub fn bundle_patches(bundle_path: &Path) -> anyhow::Result<Vec<smithers_patch::
         let text = String::from_utf8_lossy(&bytes);
         out.extend(smithers_patch::parse_patch(&text).coded()?);
     }
-    Ok(out)
+    Ok((out, bundle.change_notes))
+}
+
+/// The bundle's `changeNotes`; empty when the bundle has none or no longer validates
+/// (reading its patches says why).
+pub fn bundle_notes(bundle_path: &Path) -> smithers_bundle::ChangeNotes {
+    BundleValidator
+        .inspect(bundle_path)
+        .map(|b| b.change_notes)
+        .unwrap_or_default()
 }
 
 /// Adds the bundle's `changeNotes` (host-changed bases, left-out changes) to the review's
-/// findings. A bundle that no longer validates adds nothing here: reading its patches has
-/// already said why.
-pub fn add_change_notes(findings: &mut smithers_patch::ReviewFindings, bundle_path: &Path) {
-    let Ok(bundle) = BundleValidator.inspect(bundle_path) else {
-        return;
-    };
-    let notes = bundle.change_notes;
-    findings.host_changed = notes.host_changed;
+/// findings.
+pub fn add_change_notes(
+    findings: &mut smithers_patch::ReviewFindings,
+    notes: &smithers_bundle::ChangeNotes,
+) {
+    findings.host_changed = notes.host_changed.clone();
     findings.left_out = notes
         .left_out
-        .into_iter()
+        .iter()
         .map(|l| smithers_patch::RiskyPath {
-            path: l.path,
-            reason: l.reason,
+            path: l.path.clone(),
+            reason: l.reason.clone(),
         })
         .collect();
     findings.left_out_unlisted = notes.left_out_unlisted;
 }
 
-/// The bundle's `changeNotes` as JSON (`{}` when the bundle has none or cannot be read), for
-/// `run --json` and `show --json`: what the bundle left out, and why, is never only in a log.
-pub fn change_notes_json(bundle_path: Option<&Path>) -> Value {
-    bundle_path
-        .and_then(|p| BundleValidator.inspect(p).ok())
-        .and_then(|b| serde_json::to_value(b.change_notes).ok())
-        .unwrap_or_else(|| json!({}))
+/// The bundle's `changeNotes` as JSON, for `run --json` and `show --json`: what the bundle
+/// left out, and why, is never only in a log.
+pub fn change_notes_json(notes: &smithers_bundle::ChangeNotes) -> Value {
+    serde_json::to_value(notes).unwrap_or_else(|_| json!({}))
 }
 
 /// Per-file +/- statistics of parsed patches.

@@ -265,12 +265,16 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let recorded = ctx.store().patches(&row.run_id, &row.sandbox_id).coded()?;
     let changes = context::changes_of(bundle_path.as_deref(), &recorded);
     let config: Value = serde_json::from_str(&row.config_json).unwrap_or(Value::Null);
+    let notes = bundle_path
+        .as_deref()
+        .map(|b| context::bundle_notes(Path::new(b)))
+        .unwrap_or_default();
     if json_out {
         doc["config"] = config;
         doc["outputs"] = outputs.unwrap_or(Value::Null);
         doc["patches"] = Value::Array(changes.iter().map(context::FileChange::to_json).collect());
         doc["events"] = Value::Array(events.iter().map(event_json).collect());
-        doc["changeNotes"] = context::change_notes_json(bundle_path.as_deref().map(Path::new));
+        doc["changeNotes"] = context::change_notes_json(&notes);
         println!("{doc}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -307,9 +311,7 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         ),
     }
     let mut findings = smithers_patch::ReviewFindings::default();
-    if let Some(b) = bundle_path.as_deref() {
-        context::add_change_notes(&mut findings, Path::new(b));
-    }
+    context::add_change_notes(&mut findings, &notes);
     print!("{}", smithers_patch::render_findings(&findings, false));
     if !changes.is_empty() {
         println!("patches");

@@ -98,13 +98,13 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let ctx = context::open(&args.store, json_out)?;
     let row = context::resolve(&ctx, &args.id)?;
     let review = review_of(&ctx, &row)?;
-    let patches = context::bundle_patches(std::path::Path::new(&review.bundle_path))?;
+    let (patches, notes) = context::bundle_contents(std::path::Path::new(&review.bundle_path))?;
     let changes = context::changes(&patches);
     let mut findings = smithers_patch::review_findings(
         &patches,
         &smithers_patch::host_hooks_dirs(std::path::Path::new(&review.root_dir)),
     );
-    context::add_change_notes(&mut findings, std::path::Path::new(&review.bundle_path));
+    context::add_change_notes(&mut findings, &notes);
     if json_out {
         let diff = smithers_patch::render_patches(&patches);
         println!(

@@ -634,7 +634,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             ExitCode::from(130)
         }
         Ok(SandboxOutcome::Completed(done)) => {
-            let patches = context::bundle_patches(&done.bundle_path).unwrap_or_default();
+            let (patches, notes) = context::bundle_contents(&done.bundle_path).unwrap_or_default();
             let changes = context::changes(&patches);
             let review_state = if args.auto_accept && done.applied_patches > 0 {
                 json!("applied")
@@ -651,7 +651,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     .collect::<Vec<_>>());
                 doc["appliedPatches"] = json!(done.applied_patches);
                 doc["review"] = review_state;
-                doc["changeNotes"] = context::change_notes_json(Some(&done.bundle_path));
+                doc["changeNotes"] = context::change_notes_json(&notes);
                 println!("{doc}");
             } else {
                 print_summary(
@@ -673,13 +673,14 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             status_exit(&done.status, termination.as_deref(), exit_code)
         }
         Ok(SandboxOutcome::AwaitingReview(pending)) => {
-            let patches = context::bundle_patches(&pending.bundle_path).unwrap_or_default();
+            let (patches, notes) =
+                context::bundle_contents(&pending.bundle_path).unwrap_or_default();
             let changes = context::changes(&patches);
             if json_out {
                 doc["status"] = json!("review");
                 doc["stepStatus"] = json!(pending.status);
                 doc["bundlePath"] = json!(pending.bundle_path);
-                doc["changeNotes"] = context::change_notes_json(Some(&pending.bundle_path));
+                doc["changeNotes"] = context::change_notes_json(&notes);
                 doc["outputs"] = pending.outputs.clone().unwrap_or(Value::Null);
                 doc["patches"] = json!(changes
                     .iter()
@@ -710,7 +711,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     &patches,
                     &smithers_patch::host_hooks_dirs(&root),
                 );
-                context::add_change_notes(&mut findings, &pending.bundle_path);
+                context::add_change_notes(&mut findings, &notes);
                 print!("{}", smithers_patch::render_findings(&findings, false));
                 for h in &hints {
                     println!("  {}", inert(h));

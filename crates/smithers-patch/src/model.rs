@@ -92,11 +92,6 @@ pub fn is_binary_content(content: &[u8]) -> bool {
 
 /// Whether git would C-quote this path (core.quotePath=true, the default): control
 /// characters, `"`, `\` and every byte >= 0x80.
-fn needs_quoting(s: &[u8]) -> bool {
-    s.iter()
-        .any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f || b >= 0x80)
-}
-
 /// `prefix + path` the way git prints it in `diff --git`, `---` and `+++` lines: as-is, or
 /// C-quoted (`"a/t\303\251st"`) when it holds special bytes. `path` is the literal name; for
 /// a [`FilePatch`](crate::FilePatch) path use [`quote_git_path_bytes`] with
@@ -108,31 +103,10 @@ pub fn quote_git_path(prefix: &str, path: &str) -> String {
 /// [`quote_git_path`] for a name given as raw bytes (which need not be UTF-8): the result is
 /// always valid UTF-8 (bytes >= 0x80 become octal escapes).
 pub fn quote_git_path_bytes(prefix: &str, path: &[u8]) -> String {
+    // git's core.quotePath quoting, the one the review shows names with too.
     let mut full = prefix.as_bytes().to_vec();
     full.extend_from_slice(path);
-    if !needs_quoting(&full) {
-        // Only ASCII without controls is left unquoted.
-        return String::from_utf8_lossy(&full).into_owned();
-    }
-    let mut out = String::with_capacity(full.len() + 8);
-    out.push('"');
-    for &b in &full {
-        match b {
-            0x07 => out.push_str("\\a"),
-            0x08 => out.push_str("\\b"),
-            b'\t' => out.push_str("\\t"),
-            b'\n' => out.push_str("\\n"),
-            0x0b => out.push_str("\\v"),
-            0x0c => out.push_str("\\f"),
-            b'\r' => out.push_str("\\r"),
-            b'"' => out.push_str("\\\""),
-            b'\\' => out.push_str("\\\\"),
-            b if !(0x20..0x7f).contains(&b) => out.push_str(&format!("\\{b:03o}")),
-            b => out.push(b as char),
-        }
-    }
-    out.push('"');
-    out
+    smithers_terminal::quote_path_bytes(&full)
 }
 
 /// Reverses [`quote_git_path_bytes`] for a quoted token (with its surrounding quotes): the

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use crate::patch::{FilePatch, LineKind, PatchBody};
@@ -41,6 +42,9 @@ pub fn total_diff_lines(patch_text: &str) -> usize {
 /// Statistics per path (the sections of a type change are merged), in input order.
 pub fn diff_stats(patches: &[FilePatch]) -> Vec<FileStat> {
     let mut out: Vec<FileStat> = Vec::new();
+    // A path's stats are found through this index, not by a search of `out`: with a search,
+    // 40k changed files took 12 s here (quadratic), now linear.
+    let mut index: HashMap<&str, usize> = HashMap::new();
     for p in patches {
         let (added, removed) = p.line_stats();
         let binary = match &p.body {
@@ -50,7 +54,7 @@ pub fn diff_stats(patches: &[FilePatch]) -> Vec<FileStat> {
             )),
             _ => None,
         };
-        if let Some(s) = out.iter_mut().find(|s| s.path == p.path) {
+        if let Some(s) = index.get(p.path.as_str()).map(|&i| &mut out[i]) {
             s.added += added;
             s.removed += removed;
             s.binary = match (s.binary, binary) {
@@ -58,6 +62,7 @@ pub fn diff_stats(patches: &[FilePatch]) -> Vec<FileStat> {
                 (a, b) => a.or(b),
             };
         } else {
+            index.insert(p.path.as_str(), out.len());
             out.push(FileStat {
                 path: p.path.clone(),
                 added,
@@ -481,12 +486,15 @@ pub fn review_findings(patches: &[FilePatch], host_hooks_dirs: &[String]) -> Rev
         );
     }
     let mut findings = ReviewFindings::default();
+    // Paths already named, so that a type change (two sections of one path) is named once;
+    // sets, not searches of the lists: a step can make every one of 100k files a finding.
+    let mut with_controls: HashSet<&str> = HashSet::new();
+    let mut judged: HashSet<&str> = HashSet::new();
     for p in patches {
-        // A type change is two sections of one path: name it once.
-        if patch_has_controls(p) && !findings.control_characters.contains(&p.path) {
+        if patch_has_controls(p) && with_controls.insert(p.path.as_str()) {
             findings.control_characters.push(p.path.clone());
         }
-        if findings.runs_on_host.iter().any(|r| r.path == p.path) {
+        if !judged.insert(p.path.as_str()) {
             continue;
         }
         if let Some(reason) = risk_of(&p.path, &hooks) {

@@ -140,6 +140,7 @@ fn apply_bench() -> String {
                 symlink_target: None,
                 is_binary: false,
                 content: c.as_bytes().to_vec(),
+                encoded: None,
             };
             FileChange {
                 path: format!("d{:02}/f{i:04}.txt", i / 100),

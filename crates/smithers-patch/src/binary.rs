@@ -9,6 +9,7 @@
 //! the deflated data can really inflate to before anything is allocated by it.
 
 use std::io::{Read, Write};
+use std::sync::Arc;
 
 use flate2::read::ZlibDecoder;
 use flate2::write::ZlibEncoder;
@@ -36,6 +37,18 @@ pub enum BinaryHunk {
     /// `delta`: a git pack delta to apply to the other side's content. A parsed one has had its
     /// ops checked against its own header (see [`crate::delta::check`]).
     Delta(Vec<u8>),
+    /// `literal` of a file too large to hold ([`crate::STREAM_THRESHOLD_BYTES`]): its data
+    /// lines, deflated and encoded while the file was read once.
+    Encoded(EncodedLiteral),
+}
+
+/// A `literal` hunk made from a file read once and never held whole: the file's size, and its
+/// deflated content as the hunk's base85 lines (the blank line that ends the hunk included).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EncodedLiteral {
+    pub size: u64,
+    pub lines: Arc<str>,
 }
 
 impl BinaryHunk {
@@ -66,6 +79,7 @@ impl BinaryHunk {
         match self {
             BinaryHunk::Literal(d) => d.len() as u64,
             BinaryHunk::Delta(d) => delta::check(d, MAX_BINARY_BYTES).map_or(0, |s| s.target),
+            BinaryHunk::Encoded(e) => e.size,
         }
     }
 
@@ -74,6 +88,10 @@ impl BinaryHunk {
         match self {
             BinaryHunk::Literal(d) => Ok(d.clone()),
             BinaryHunk::Delta(d) => delta::apply(base, d, MAX_BINARY_BYTES),
+            BinaryHunk::Encoded(e) => {
+                let lines: Vec<&str> = e.lines.lines().filter(|l| !l.is_empty()).collect();
+                decode_data(&lines, e.size)
+            }
         }
     }
 
@@ -82,6 +100,11 @@ impl BinaryHunk {
         let (kind, data) = match self {
             BinaryHunk::Literal(d) => ("literal", d),
             BinaryHunk::Delta(d) => ("delta", d),
+            BinaryHunk::Encoded(e) => {
+                out.push_str(&format!("literal {}\n", e.size));
+                out.push_str(&e.lines);
+                return;
+            }
         };
         out.push_str(&format!("{kind} {}\n", data.len()));
         encode_lines(&deflate(data), out);
@@ -146,17 +169,139 @@ fn decode_85(text: &[u8], len: usize) -> Option<Vec<u8>> {
 /// that ends a hunk.
 fn encode_lines(deflated: &[u8], out: &mut String) {
     for line in deflated.chunks(LINE_BYTES) {
-        let n = line.len();
-        let c = if n <= 26 {
-            b'A' + n as u8 - 1
-        } else {
-            b'a' + (n - 27) as u8
-        };
-        out.push(c as char);
-        encode_85(line, out);
-        out.push('\n');
+        push_line(line, out);
     }
     out.push('\n');
+}
+
+/// One base85 data line: its length character, the digits, a newline.
+fn push_line(line: &[u8], out: &mut String) {
+    let n = line.len();
+    let c = if n <= 26 {
+        b'A' + n as u8 - 1
+    } else {
+        b'a' + (n - 27) as u8
+    };
+    out.push(c as char);
+    encode_85(line, out);
+    out.push('\n');
+}
+
+/// What [`encode_streamed`] made of a file.
+#[derive(Debug)]
+pub(crate) enum Streamed {
+    /// The file's git blob id and its literal hunk.
+    Done {
+        oid: String,
+        literal: EncodedLiteral,
+    },
+    /// The encoded hunk passed `cap` bytes after this many bytes of the file were read.
+    OverCap { read: u64 },
+    /// The file did not hold `size` bytes when read (it changed meanwhile).
+    SizeChanged { read: u64 },
+}
+
+/// The sink of the deflater: base85 lines appended as each 52 bytes come, refusing to grow
+/// past its cap (so a file whose hunk cannot fit costs no more than the cap).
+struct LineSink {
+    out: String,
+    pending: [u8; LINE_BYTES],
+    filled: usize,
+    cap: usize,
+    over: bool,
+}
+
+impl Write for LineSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.over {
+            return Err(std::io::Error::other("over the cap"));
+        }
+        for &b in buf {
+            self.pending[self.filled] = b;
+            self.filled += 1;
+            if self.filled == LINE_BYTES {
+                push_line(&self.pending, &mut self.out);
+                self.filled = 0;
+            }
+        }
+        if self.out.len() > self.cap {
+            self.over = true;
+            return Err(std::io::Error::other("over the cap"));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads `file` (which should hold `size` bytes) once, in fixed-size chunks, into its git blob
+/// id and its `literal` hunk lines, without ever holding more than `cap` bytes of lines: the
+/// memory a huge file costs is the cap, not its size. The lines are exactly what
+/// [`BinaryHunk::Literal`] of the same bytes renders.
+pub(crate) fn encode_streamed(
+    mut file: impl Read,
+    size: u64,
+    cap: u64,
+) -> std::io::Result<Streamed> {
+    use sha1::{Digest, Sha1};
+    let mut hash = Sha1::new();
+    hash.update(format!("blob {size}\0").as_bytes());
+    let sink = LineSink {
+        out: String::new(),
+        pending: [0; LINE_BYTES],
+        filled: 0,
+        cap: usize::try_from(cap).unwrap_or(usize::MAX),
+        over: false,
+    };
+    let mut enc = ZlibEncoder::new(sink, Compression::fast());
+    let mut buf = vec![0u8; 1 << 16];
+    let mut read: u64 = 0;
+    loop {
+        let n = match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        read += n as u64;
+        if read > size {
+            return Ok(Streamed::SizeChanged { read });
+        }
+        hash.update(&buf[..n]);
+        if enc.write_all(&buf[..n]).is_err() {
+            if enc.get_ref().over {
+                return Ok(Streamed::OverCap { read });
+            }
+            return Err(std::io::Error::other("deflating a changed file"));
+        }
+    }
+    if read != size {
+        return Ok(Streamed::SizeChanged { read });
+    }
+    let mut sink = match enc.finish() {
+        Ok(sink) => sink,
+        Err(_) => return Ok(Streamed::OverCap { read }),
+    };
+    if sink.filled > 0 {
+        let filled = sink.filled;
+        let pending = sink.pending;
+        push_line(&pending[..filled], &mut sink.out);
+    }
+    sink.out.push('\n');
+    if sink.out.len() as u64 > cap {
+        return Ok(Streamed::OverCap { read });
+    }
+    let digest = hash.finalize();
+    let oid = digest.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Streamed::Done {
+        oid,
+        literal: EncodedLiteral {
+            size,
+            lines: Arc::from(sink.out),
+        },
+    })
 }
 
 /// One `literal <n>` hunk: the header, the base85 lines, and the blank line that ends it.
@@ -273,7 +418,8 @@ pub(crate) fn check_sides(
     let empty = git_blob_oid(b"");
     let literal_ok = |h: &BinaryHunk, id: Option<&str>| match h {
         BinaryHunk::Literal(d) => git_blob_oid(d) == id.unwrap_or(&empty),
-        BinaryHunk::Delta(_) => true,
+        // Hashed from the same read that made it; a parsed patch never holds one.
+        BinaryHunk::Delta(_) | BinaryHunk::Encoded(_) => true,
     };
     if !literal_ok(forward, new_oid) {
         return Err("binary content does not match the index line's new id".into());
@@ -289,7 +435,7 @@ pub(crate) fn check_sides(
     }
     let source_len = |h: &BinaryHunk| match h {
         BinaryHunk::Delta(d) => delta::check(d, MAX_BINARY_BYTES).ok().map(|s| s.source),
-        BinaryHunk::Literal(_) => None,
+        BinaryHunk::Literal(_) | BinaryHunk::Encoded(_) => None,
     };
     if let Some(s) = source_len(forward) {
         let other = match reverse {
@@ -322,6 +468,43 @@ mod tests {
     fn empty_literal_matches_git() {
         // What git prints for an empty side of a binary patch.
         assert_eq!(literal_hunk(b""), "literal 0\nHcmV?d00001\n\n");
+    }
+
+    #[test]
+    fn streamed_encoding_is_the_literal_hunk() {
+        // Several chunks of the reader, compressible and not, and a last short line.
+        let mut data: Vec<u8> = (0..300_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        data.extend((0..70_003u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8));
+        let size = data.len() as u64;
+        let Streamed::Done { oid, literal, .. } =
+            encode_streamed(&data[..], size, u64::MAX).unwrap()
+        else {
+            panic!("not encoded");
+        };
+        assert_eq!(oid, git_blob_oid(&data));
+        let mut streamed = String::new();
+        BinaryHunk::Encoded(literal.clone()).render(&mut streamed);
+        assert_eq!(streamed, literal_hunk(&data));
+        assert_eq!(BinaryHunk::Encoded(literal).resolve(&[]).unwrap(), data);
+        // A cap below the hunk stops the reading early; a file that is not the size it was
+        // said to be is named as changed.
+        let noise: Vec<u8> = (0..4_000_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect();
+        match encode_streamed(&noise[..], noise.len() as u64, 1000).unwrap() {
+            Streamed::OverCap { read } => assert!(read < noise.len() as u64 / 2, "{read}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            encode_streamed(&data[..], size - 1, u64::MAX).unwrap(),
+            Streamed::SizeChanged { .. }
+        ));
+        assert!(matches!(
+            encode_streamed(&data[..], size + 1, u64::MAX).unwrap(),
+            Streamed::SizeChanged { .. }
+        ));
     }
 
     #[test]

@@ -175,9 +175,9 @@ pub fn build_patch_files(set: &ChangeSet) -> PatchFiles {
             };
             let binary = c.new.as_ref().filter(|v| v.is_binary);
             let binary_content = match binary {
-                Some(v) if v.content.len() as u64 > MAX_BINARY_CONTENT_BYTES => {
-                    out.binary_content_left_out
-                        .push((c.path.clone(), v.content.len() as u64));
+                // A streamed file (never held) is over the bound by construction.
+                Some(v) if v.size > MAX_BINARY_CONTENT_BYTES || v.encoded.is_some() => {
+                    out.binary_content_left_out.push((c.path.clone(), v.size));
                     None
                 }
                 Some(v) => Some(base64::engine::general_purpose::STANDARD.encode(&v.content)),
@@ -218,6 +218,7 @@ mod tests {
                 symlink_target: None,
                 is_binary: false,
                 content,
+                encoded: None,
             }),
         }
     }
@@ -250,6 +251,7 @@ mod tests {
                 symlink_target: None,
                 is_binary: true,
                 content,
+                encoded: None,
             }),
         }
     }

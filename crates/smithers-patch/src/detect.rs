@@ -42,7 +42,23 @@ pub struct DetectOptions {
     /// path the copy never had was made by the host. `None`: every difference counts (a host
     /// edit then shows as a change, which the stale-base check flags).
     pub copy_manifest: Option<std::sync::Arc<crate::CopyManifest>>,
+    /// Largest `literal` hunk a file over [`STREAM_THRESHOLD_BYTES`] may become (default
+    /// [`DEFAULT_MAX_STREAMED_HUNK_BYTES`], the spec's bundle size limit: a hunk over it can be
+    /// in no bundle). Such a file is read once, in chunks, straight into its hunk; past the
+    /// bound it is left out ([`ChangeSet::over_limit`]) having cost no more memory than this.
+    pub max_streamed_hunk_bytes: u64,
 }
+
+/// A regular file larger than this is never held whole: it is hashed and deflated into a
+/// binary `literal` hunk as it is read, so the host's memory does not grow with its size.
+/// Such a file is carried as a binary patch even if it is text, as git treats files over
+/// `core.bigFileThreshold` (no text diff, no delta: each side is a literal). Below it a
+/// change holds both sides (at most 64 MiB) so that a small edit of a large file stays a
+/// small text or delta patch.
+pub const STREAM_THRESHOLD_BYTES: u64 = 32 << 20;
+
+/// The default of [`DetectOptions::max_streamed_hunk_bytes`]: SANDBOX_MAX_BUNDLE_BYTES.
+pub const DEFAULT_MAX_STREAMED_HUNK_BYTES: u64 = 100 << 20;
 
 impl Default for DetectOptions {
     fn default() -> Self {
@@ -51,6 +67,7 @@ impl Default for DetectOptions {
             excluded_top_level: vec![".git".to_string(), ".smithers".to_string()],
             max_content_bytes: 1 << 30,
             copy_manifest: None,
+            max_streamed_hunk_bytes: DEFAULT_MAX_STREAMED_HUNK_BYTES,
         }
     }
 }
@@ -90,6 +107,10 @@ pub struct FileVersion {
     /// patch always matches the hashes above even if the live lower tree changes later.
     #[serde(skip)]
     pub content: Vec<u8>,
+    /// For a file over [`STREAM_THRESHOLD_BYTES`]: its `literal` hunk, made while the file was
+    /// read once (so it matches `oid`); `content` is then empty and `is_binary` true.
+    #[serde(skip)]
+    pub encoded: Option<crate::EncodedLiteral>,
 }
 
 /// One changed path.
@@ -128,10 +149,12 @@ impl FileChange {
         self.old.as_ref().is_some_and(|v| v.is_binary)
             || self.new.as_ref().is_some_and(|v| v.is_binary)
     }
-    /// Bytes of content held for this change.
+    /// Bytes held in memory for this change (contents, or the hunks of streamed files).
     pub fn content_bytes(&self) -> u64 {
-        self.old.as_ref().map_or(0, |v| v.content.len() as u64)
-            + self.new.as_ref().map_or(0, |v| v.content.len() as u64)
+        let held = |v: &FileVersion| {
+            v.content.len() as u64 + v.encoded.as_ref().map_or(0, |e| e.lines.len() as u64)
+        };
+        self.old.as_ref().map_or(0, held) + self.new.as_ref().map_or(0, held)
     }
 }
 
@@ -474,32 +497,51 @@ impl<'a> Walker<'a> {
     }
 }
 
-/// Reads a regular file without following a symlink swapped in at the last component.
-pub(crate) fn read_regular(path: &Path) -> Result<Vec<u8>, PatchError> {
-    let err = |source| PatchError::ReadLayer {
+fn read_err(path: &Path) -> impl Fn(std::io::Error) -> PatchError + '_ {
+    move |source| PatchError::ReadLayer {
         path: path.to_path_buf(),
         source,
-    };
-    let mut f = std::fs::OpenOptions::new()
+    }
+}
+
+/// Opens a regular file for reading, never through a symlink at the last component.
+fn open_regular(path: &Path) -> Result<std::fs::File, PatchError> {
+    std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
-        .map_err(err)?;
-    let mut buf = Vec::new();
-    f.read_to_end(&mut buf).map_err(err)?;
-    Ok(buf)
+        .map_err(read_err(path))
 }
 
 enum Loaded {
     Version(FileVersion),
     /// Not representable; the reason.
     Skip(&'static str),
+    /// A real edit that a size limit keeps out of the patches; the reason.
+    OverLimit(String),
 }
 
-fn load(node: &Node) -> Result<Loaded, PatchError> {
+fn load(node: &Node, opts: &DetectOptions) -> Result<Loaded, PatchError> {
     match node {
         Node::File { path, mode } => {
-            let content = read_regular(path)?;
+            let mut f = open_regular(path)?;
+            let size = f.metadata().map_err(read_err(path))?.len();
+            if size > STREAM_THRESHOLD_BYTES {
+                return load_streamed(f, path, *mode, size, opts.max_streamed_hunk_bytes);
+            }
+            // The size bounds the read too: a file that grew since its fstat is read no
+            // further than the threshold allows, and then taken as changed meanwhile.
+            let mut content = Vec::with_capacity(size as usize);
+            (&mut f)
+                .take(STREAM_THRESHOLD_BYTES + 1)
+                .read_to_end(&mut content)
+                .map_err(read_err(path))?;
+            if content.len() as u64 > STREAM_THRESHOLD_BYTES {
+                return Ok(Loaded::OverLimit(changed_while_read(
+                    size,
+                    content.len() as u64,
+                )));
+            }
             Ok(Loaded::Version(FileVersion {
                 mode: *mode,
                 oid: git_blob_oid(&content),
@@ -507,6 +549,7 @@ fn load(node: &Node) -> Result<Loaded, PatchError> {
                 symlink_target: None,
                 is_binary: is_binary_content(&content),
                 content,
+                encoded: None,
             }))
         }
         Node::Symlink { path } => {
@@ -527,9 +570,43 @@ fn load(node: &Node) -> Result<Loaded, PatchError> {
                 symlink_target: Some(t.to_string()),
                 is_binary: false,
                 content,
+                encoded: None,
             }))
         }
     }
+}
+
+fn changed_while_read(size: u64, read: u64) -> String {
+    format!(
+        "changed while it was read ({size} bytes when looked at, {read} or more when read); left out, as a size limit would, so that the rest of the change is kept"
+    )
+}
+
+/// A file over [`STREAM_THRESHOLD_BYTES`]: hashed and turned into its literal hunk in one
+/// read, holding no more than `cap` bytes.
+fn load_streamed(
+    file: std::fs::File,
+    path: &Path,
+    mode: GitMode,
+    size: u64,
+    cap: u64,
+) -> Result<Loaded, PatchError> {
+    use crate::binary::{encode_streamed, Streamed};
+    Ok(match encode_streamed(file, size, cap).map_err(read_err(path))? {
+        Streamed::Done { oid, literal } => Loaded::Version(FileVersion {
+            mode,
+            oid,
+            size,
+            symlink_target: None,
+            is_binary: true,
+            content: Vec::new(),
+            encoded: Some(literal),
+        }),
+        Streamed::OverCap { read } => Loaded::OverLimit(format!(
+            "over a size limit: its binary patch passed {cap} bytes (the most a patch may be; SANDBOX_MAX_BUNDLE_BYTES) after {read} of its {size} bytes were read; left out so that the rest of the change is kept"
+        )),
+        Streamed::SizeChanged { read } => Loaded::OverLimit(changed_while_read(size, read)),
+    })
 }
 
 /// Whether the lower entry changed (ctime) after the upper entry was created (birth time).
@@ -668,32 +745,34 @@ pub(crate) fn finish(
             });
             continue;
         }
-        let old = match &c.old {
-            Some(n) => match load(n)? {
-                Loaded::Version(v) => Some(v),
+        let mut sides = [None, None];
+        let mut left_out = false;
+        for (side, node) in sides.iter_mut().zip([&c.old, &c.new]) {
+            let Some(node) = node else { continue };
+            match load(node, opts)? {
+                Loaded::Version(v) => *side = Some(v),
                 Loaded::Skip(r) => {
                     out.skipped.push(SkippedEntry {
                         path: path.clone(),
                         reason: r.to_string(),
                     });
-                    continue;
+                    left_out = true;
+                    break;
                 }
-            },
-            None => None,
-        };
-        let new = match &c.new {
-            Some(n) => match load(n)? {
-                Loaded::Version(v) => Some(v),
-                Loaded::Skip(r) => {
-                    out.skipped.push(SkippedEntry {
+                Loaded::OverLimit(reason) => {
+                    out.over_limit.push(SkippedEntry {
                         path: path.clone(),
-                        reason: r.to_string(),
+                        reason,
                     });
-                    continue;
+                    left_out = true;
+                    break;
                 }
-            },
-            None => None,
-        };
+            }
+        }
+        if left_out {
+            continue;
+        }
+        let [old, new] = sides;
         let kind = match (&old, &new) {
             (None, None) => continue,
             (None, Some(_)) => ChangeKind::Added,

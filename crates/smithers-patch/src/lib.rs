@@ -92,7 +92,7 @@ pub use apply::{
     apply_patch_texts, apply_patches, recover_apply, AppliedAction, AppliedFile, ApplyOptions,
     ApplyReport, RecoveryReport, HOST_CHANGED,
 };
-pub use binary::{BinaryHunk, MAX_BINARY_BYTES};
+pub use binary::{BinaryHunk, EncodedLiteral, MAX_BINARY_BYTES};
 pub use bundle::{
     build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_BINARY_CONTENT_BYTES,
     MAX_PATCH_FILES,
@@ -100,7 +100,7 @@ pub use bundle::{
 pub use compare::detect_changes_by_compare;
 pub use detect::{
     detect_changes, ChangeKind, ChangeSet, DetectOptions, FileChange, FileVersion, IgnoreReason,
-    IgnoredPath, SkippedEntry,
+    IgnoredPath, SkippedEntry, DEFAULT_MAX_STREAMED_HUNK_BYTES, STREAM_THRESHOLD_BYTES,
 };
 pub use error::{Conflict, PatchError};
 pub use limit::leave_out_largest;

@@ -310,6 +310,21 @@ fn as_text(v: &FileVersion) -> &str {
 }
 
 fn body_for(old: Option<&FileVersion>, new: Option<&FileVersion>) -> PatchBody {
+    if old.is_some_and(|v| v.encoded.is_some()) || new.is_some_and(|v| v.encoded.is_some()) {
+        // A side too large to hold was made into its literal hunk when it was read: literals
+        // both ways (a delta would need both contents in memory).
+        let literal = |v: Option<&FileVersion>| match v {
+            Some(FileVersion {
+                encoded: Some(e), ..
+            }) => BinaryHunk::Encoded(e.clone()),
+            Some(v) => BinaryHunk::Literal(v.content.clone()),
+            None => BinaryHunk::Literal(Vec::new()),
+        };
+        return PatchBody::Binary {
+            forward: literal(new),
+            reverse: Some(literal(old)),
+        };
+    }
     let binary = old.is_some_and(|v| v.is_binary) || new.is_some_and(|v| v.is_binary);
     let old_c: &[u8] = old.map_or(&[], |v| &v.content);
     let new_c: &[u8] = new.map_or(&[], |v| &v.content);

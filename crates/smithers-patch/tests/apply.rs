@@ -20,6 +20,7 @@ fn version(content: &[u8], mode: GitMode) -> FileVersion {
             .then(|| String::from_utf8(content.to_vec()).unwrap()),
         is_binary: !mode.is_symlink() && is_binary_content(content),
         content: content.to_vec(),
+        encoded: None,
     }
 }
 

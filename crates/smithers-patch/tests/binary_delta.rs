@@ -34,6 +34,7 @@ fn version(content: &[u8]) -> FileVersion {
         symlink_target: None,
         is_binary: is_binary_content(content),
         content: content.to_vec(),
+        encoded: None,
     }
 }
 

@@ -114,7 +114,8 @@ unsafe fn child<const N: usize>(
         install_nanos: 0,
         results: [0; N],
     };
-    // SAFETY (this block): raw prctl calls on a valid program; no allocation, no unwinding.
+    // SAFETY: raw prctl calls on a valid program, a write of a plain struct; no allocation,
+    // no unwinding.
     unsafe {
         report.install = ret(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as libc::c_long);
         if report.install == 0 && fprog.len == 0 {

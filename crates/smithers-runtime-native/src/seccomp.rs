@@ -47,6 +47,10 @@ use crate::plan::BpfInstruction;
 /// Syscall numbers the `libc` crate does not name (yet). Since Linux 5.1 every architecture
 /// numbers its new syscalls alike, from 424 up, so one number serves x86_64 and aarch64.
 #[allow(non_upper_case_globals)]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code, unused_macros)
+)]
 mod nr {
     pub use libc::*;
     pub const SYS_fchmodat2: c_long = 452;
@@ -81,6 +85,10 @@ mod nr {
 pub const NEWEST_KNOWN: u32 = nr::SYS_listns as u32;
 
 /// `(name, number)` pairs from `SYS_<name>` constants of [`nr`].
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code, unused_macros)
+)]
 macro_rules! syscalls {
     ($($sys:ident),* $(,)?) => {
         [$((&stringify!($sys)[4..], nr::$sys as i64)),*]
@@ -90,6 +98,7 @@ macro_rules! syscalls {
 /// Allowed whatever their arguments: files and directories, memory, processes and threads,
 /// signals, time, IPC (the sandbox has its own IPC namespace), sockets once made, and the
 /// calls a process uses to restrict itself further (seccomp, Landlock, prctl).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[rustfmt::skip] // a table: one name per line would hide its grouping
 fn plain_allowed() -> Vec<(&'static str, i64)> {
     let mut list = syscalls![
@@ -219,6 +228,7 @@ pub fn allowed_syscalls() -> Vec<(&'static str, i64)> {
 /// The dangerous syscalls, by name (for tests and documentation) and number. The allow-list
 /// already refuses them with EPERM, like everything it does not name; listing them keeps any
 /// of them from being allowed by mistake (`compile` fails if one is).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[rustfmt::skip] // a table: one name per line would hide its grouping
 pub fn denied_syscalls() -> Vec<(&'static str, i64)> {
     // Only x86_64 adds to it.
@@ -252,6 +262,19 @@ pub fn denied_syscalls() -> Vec<(&'static str, i64)> {
         SYS_iopl, SYS_ioperm, SYS_modify_ldt, SYS_uselib, SYS_ustat, SYS_sysfs, SYS__sysctl,
     ]);
     list
+}
+
+/// Elsewhere the lists were not checked against the syscall table: nothing is listed, and
+/// [`compile`] refuses the architecture (the runtime then refuses to run sandboxes).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn plain_allowed() -> Vec<(&'static str, i64)> {
+    Vec::new()
+}
+
+/// See the other [`plain_allowed`]: nothing is listed here.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub fn denied_syscalls() -> Vec<(&'static str, i64)> {
+    Vec::new()
 }
 
 /// Namespace flags a `clone` may not carry (all in the low 32 bits, the only ones the kernel
@@ -590,7 +613,7 @@ pub fn compile() -> Result<Vec<BpfInstruction>, SeccompCompileError> {
     Ok(program)
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
 mod tests {
     use super::*;
 

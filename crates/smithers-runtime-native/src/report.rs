@@ -218,17 +218,14 @@ pub(crate) fn enforcement(
     ));
     let confirmed = |key: &str| ready.map(|r| r[key].clone());
     p.push(match confirmed("seccomp") {
-        Some(Value::Bool(true)) => row(
+        Some(Value::Bool(true)) => row(n::SECCOMP, Enforced, crate::seccomp::summary(), None),
+        Some(_) => row(n::SECCOMP, Unavailable, "no filter was installed", None),
+        None => row(
             n::SECCOMP,
             Enforced,
-            format!(
-                "{} syscalls denied (EPERM), clone with namespace flags denied, clone3 -> ENOSYS, TIOCSTI denied",
-                crate::seccomp::denied_syscalls().len()
-            ),
+            "installed before the command starts (the run ended before the init confirmed)",
             None,
         ),
-        Some(_) => row(n::SECCOMP, Unavailable, "no filter was installed", None),
-        None => row(n::SECCOMP, Enforced, "installed before the command starts (the run ended before the init confirmed)", None),
     });
     let landlock = ready
         .and_then(|r| r["landlock"].as_str())
@@ -405,15 +402,7 @@ pub(crate) fn probe(
         Err(e) => row(n::DEVICES, Unavailable, e, None),
     });
     p.push(match (&caps.seccomp, ok("seccomp")) {
-        (Ok(_), Ok(())) => row(
-            n::SECCOMP,
-            Enforced,
-            format!(
-                "{} syscalls denied, namespace clones denied",
-                crate::seccomp::denied_syscalls().len()
-            ),
-            None,
-        ),
+        (Ok(_), Ok(())) => row(n::SECCOMP, Enforced, crate::seccomp::summary(), None),
         (Err(e), _) => row(n::SECCOMP, Unavailable, e.clone(), None),
         (_, Err(e)) => row(
             n::SECCOMP,

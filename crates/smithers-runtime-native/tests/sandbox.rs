@@ -982,3 +982,78 @@ async fn a_command_with_a_nul_byte_is_refused() {
     assert_eq!(out.stdout(), ["still fine"]);
     sb.done().await;
 }
+
+/// The seccomp allow-list inside a real sandbox: what a test suite does works (threads,
+/// subprocesses, asyncio, a TCP server and client on the sandbox's loopback, a UNIX socket
+/// pair, netlink route for getaddrinfo), what the filter refuses is refused with its errno,
+/// and the report says it is an allow-list.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_seccomp_allow_list_holds_inside_a_sandbox() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        println!("SKIP /usr/bin/python3 is not installed");
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let script = r#"
+import asyncio, ctypes, errno, socket, subprocess, threading
+def tryit(name, f):
+    try:
+        f()
+        print(name, "ok")
+    except OSError as e:
+        print(name, errno.errorcode.get(e.errno, e.errno))
+def tcp():
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0)); srv.listen(1)
+    cli = socket.create_connection(srv.getsockname())
+    conn, _ = srv.accept(); cli.sendall(b"x"); assert conn.recv(1) == b"x"
+def thread():
+    t = threading.Thread(target=lambda: None); t.start(); t.join()
+async def main():
+    p = await asyncio.create_subprocess_exec("/bin/true"); await p.wait()
+tryit("thread", thread)
+tryit("subprocess", lambda: subprocess.run(["/bin/sh", "-c", "exit 0"], check=True))
+tryit("asyncio", lambda: asyncio.run(main()))
+tryit("tcp", tcp)
+tryit("socketpair", lambda: socket.socketpair())
+tryit("netlink_route", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close())
+tryit("getaddrinfo", lambda: socket.getaddrinfo("localhost", 80))
+tryit("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
+tryit("vsock", lambda: socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM))
+tryit("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+tryit("netlink_audit", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 9))
+libc = ctypes.CDLL(None, use_errno=True)
+def unshare():
+    if libc.unshare(0x10000000) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+tryit("unshare", unshare)
+"#;
+    let (outcome, lines) = sb.run(&format!("/usr/bin/python3 -c '{script}'")).await;
+    assert_eq!(outcome.exit_code, Some(0), "{:?}", lines.0.lock().unwrap());
+    let want = [
+        "thread ok",
+        "subprocess ok",
+        "asyncio ok",
+        "tcp ok",
+        "socketpair ok",
+        "netlink_route ok",
+        "getaddrinfo ok",
+        "packet EAFNOSUPPORT",
+        "vsock EAFNOSUPPORT",
+        "raw EPERM",
+        "netlink_audit EPROTONOSUPPORT",
+        "unshare EPERM",
+    ];
+    assert_eq!(lines.stdout(), want);
+    let seccomp = outcome.enforcement.get("seccomp").expect("a seccomp row");
+    assert!(
+        seccomp.detail.starts_with("allow-list of"),
+        "{}",
+        seccomp.detail
+    );
+    sb.done().await;
+}

@@ -4,6 +4,8 @@
 //! cargo run --release -p smithers-bench -- cold-start          # scenario 1
 //! cargo run --release -p smithers-bench -- workspace-scaling   # scenario 2
 //! cargo run --release -p smithers-bench -- throughput          # scenario 3
+//! cargo run --release -p smithers-bench -- whole-cli           # scenario 6
+//! cargo run --release -p smithers-bench -- change-cost         # scenario 8
 //! cargo run --release -p smithers-bench -- all
 //! ```
 //!
@@ -15,6 +17,7 @@ mod measure;
 mod report;
 mod roundtrip;
 mod throughput;
+mod whole_cli;
 mod workspace;
 
 use std::path::PathBuf;
@@ -53,6 +56,11 @@ enum Scenario {
     WorkspaceScaling,
     /// 3: N = 1, 10, 100 steps in parallel through the orchestrator with the SQLite store.
     Throughput,
+    /// 6: `smithers-sandbox run -- true` as a user runs it against bare bwrap, whole processes.
+    WholeCli,
+    /// 8: the cost after the step of 1k/10k/100k changed files and huge or sparse files,
+    /// time and peak memory, against `git add -A && git diff --cached --binary`.
+    ChangeCost,
     /// Every scenario above.
     All,
 }
@@ -63,6 +71,21 @@ fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&cli.scratch)?;
     match cli.scenario {
         Scenario::ColdStart => cold_start(&cli),
+        Scenario::WholeCli => {
+            // 300 rounds: as scenario 1, whose ratio moved by ±5% with fewer.
+            let body = whole_cli::whole_cli(&cli.scratch, cli.rounds.unwrap_or(300), BWRAP_ARGS)?;
+            finish(&cli, "Scenario 6: the whole CLI", "whole-cli", &body, &[])
+        }
+        Scenario::ChangeCost => {
+            let body = whole_cli::change_cost(&cli.scratch, cli.rounds.unwrap_or(3))?;
+            finish(
+                &cli,
+                "Scenario 8: cost of what a step changed",
+                "change-cost",
+                &body,
+                &[],
+            )
+        }
         Scenario::WorkspaceScaling => workspace_scaling(&cli),
         Scenario::Throughput => {
             let (body, series) = throughput::run(&cli.scratch, cli.rounds)?;
@@ -359,10 +382,12 @@ fn finish(cli: &Cli, title: &str, slug: &str, body: &str, series: &[Series]) -> 
             (s.name.clone(), s.median().as_secs_f64() * 1000.0, ours)
         })
         .collect();
-    std::fs::write(
-        cli.out.join(format!("{slug}.svg")),
-        bar_chart_svg(&format!("{title} (p50)"), "ms", &bars),
-    )?;
+    if !bars.is_empty() {
+        std::fs::write(
+            cli.out.join(format!("{slug}.svg")),
+            bar_chart_svg(&format!("{title} (p50)"), "ms", &bars),
+        )?;
+    }
     write_section(&cli.out.join("RESULTS.md"), title, body)?;
     println!("## {title}\n\n{body}");
     Ok(())

@@ -229,16 +229,21 @@ async fn health_answers_while_a_review_decision_waits_for_the_store() {
     let reject = {
         let (http, base) = (http.clone(), base.clone());
         tokio::spawn(async move {
-            http.post(format!("{base}/v1/runs/run-w/sandboxes/sbx-w/review/reject"))
-                .bearer_auth(common::TOKEN)
-                .json(&json!({"reason": "stuck"}))
-                .send()
-                .await
+            http.post(format!(
+                "{base}/v1/runs/run-w/sandboxes/sbx-w/review/reject"
+            ))
+            .bearer_auth(common::TOKEN)
+            .json(&json!({"reason": "stuck"}))
+            .send()
+            .await
         })
     };
     // Let the decision reach its store call and wait there for the lock.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!reject.is_finished(), "the decision did not wait for the lock");
+    assert!(
+        !reject.is_finished(),
+        "the decision did not wait for the lock"
+    );
     let asked = std::time::Instant::now();
     let health = http.get(format!("{base}/health")).send().await.unwrap();
     let took = asked.elapsed();

@@ -670,7 +670,15 @@ fn skip_or_fail(reason: &str) {
 }
 
 fn start_server() -> Result<Server, String> {
-    start_server_with(Vec::new())
+    let server = start_server_with(Vec::new())?;
+    // This server's directories are the ones whose mounts count (the first set wins: the
+    // health test's server does not set them).
+    let roots = [server.data.path(), server.tmp.path(), server.runtime.path()]
+        .iter()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()))
+        .collect();
+    let _ = SERVER_ROOTS.set(roots);
+    Ok(server)
 }
 
 /// [`start_server`] with more environment for the server.
@@ -698,11 +706,6 @@ fn start_server_with(extra_env: Vec<(String, String)>) -> Result<Server, String>
         .chain(extra_env)
         .collect(),
     })?;
-    let roots = [data.path(), tmp.path(), runtime.path()]
-        .iter()
-        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()))
-        .collect();
-    let _ = SERVER_ROOTS.set(roots);
     Ok(Server {
         child,
         data,

@@ -23,6 +23,11 @@
 //!   mounts, child processes, its data and state directories and the sandbox cgroups.
 //!
 //! `SMITHERS_LOAD_WRITE_RESULTS=1` also writes the figures into `bench/RESULTS.md`.
+//!
+//! `health_answers_while_cleanups_are_stuck` (issue 13): `/health` is polled while the 20
+//! clients run steps and sandboxes are stuck in cleanup for 12 s (held there by the debug
+//! build's `SMITHERS_SANDBOX_TEST_CLEANUP_STALL`, see the native runtime); every answer must
+//! come within 2 s, and the maximum latency is printed.
 
 mod support;
 
@@ -665,6 +670,19 @@ fn skip_or_fail(reason: &str) {
 }
 
 fn start_server() -> Result<Server, String> {
+    let server = start_server_with(Vec::new())?;
+    // This server's directories are the ones whose mounts count (the first set wins: the
+    // health test's server does not set them).
+    let roots = [server.data.path(), server.tmp.path(), server.runtime.path()]
+        .iter()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()))
+        .collect();
+    let _ = SERVER_ROOTS.set(roots);
+    Ok(server)
+}
+
+/// [`start_server`] with more environment for the server.
+fn start_server_with(extra_env: Vec<(String, String)>) -> Result<Server, String> {
     let data = tempfile::tempdir().map_err(|e| e.to_string())?;
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     // The native runtime keeps per-sandbox state in a tmpfs runtime directory and workspace
@@ -677,19 +695,17 @@ fn start_server() -> Result<Server, String> {
         token: TOKEN.into(),
         data_dir: data.path().to_path_buf(),
         args: Vec::new(),
-        env: vec![
+        env: [
             ("TMPDIR".into(), tmp.path().display().to_string()),
             (
                 "XDG_RUNTIME_DIR".into(),
                 runtime.path().display().to_string(),
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(extra_env)
+        .collect(),
     })?;
-    let roots = [data.path(), tmp.path(), runtime.path()]
-        .iter()
-        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()))
-        .collect();
-    let _ = SERVER_ROOTS.set(roots);
     Ok(Server {
         child,
         data,
@@ -698,8 +714,13 @@ fn start_server() -> Result<Server, String> {
     })
 }
 
+/// The tests of this file one at a time: each reads host-wide state (sandbox cgroups) that
+/// the other's server would change, and each loads the machine on its own.
+static SERIAL: Mutex<()> = Mutex::new(());
+
 #[test]
 fn two_hundred_steps_from_twenty_clients() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1150,4 +1171,188 @@ fn write_results(table: &str) {
         },
     };
     let _ = std::fs::write(&path, new);
+}
+
+/// How long each stuck cleanup is held (in the server's blocking part of the native
+/// runtime's cleanup).
+const STALL: Duration = Duration::from_secs(12);
+/// Sandboxes stuck in cleanup at once: as many as `serve` has async workers (2, see
+/// `context::async_runtime`), so that a cleanup run on the workers (as before issue 13)
+/// holds all of them and `/health` stalls for the whole stuck period; with one, the other
+/// worker would still answer and this test would check nothing.
+const STUCK: usize = 2;
+/// Loose bound on each `/health` answer while cleanups are stuck: it takes milliseconds;
+/// stalled, it took the whole stuck period.
+const HEALTH_BOUND: Duration = Duration::from_secs(2);
+/// Steps per client while the cleanups are stuck.
+const STEPS_WHILE_STUCK: usize = 3;
+
+#[test]
+fn health_answers_while_cleanups_are_stuck() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let stall = format!("stuck-:{}", STALL.as_millis());
+    let server =
+        match start_server_with(vec![("SMITHERS_SANDBOX_TEST_CLEANUP_STALL".into(), stall)]) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+    let outcome = rt.block_on(async {
+        tokio::time::timeout(DEADLINE, health_while_stuck(&server))
+            .await
+            .unwrap_or_else(|_| Err(StepError::Failed(format!("not done within {DEADLINE:?}"))))
+    });
+    match outcome {
+        Ok(()) => {}
+        Err(StepError::Unavailable(reason)) => skip_or_fail(&reason),
+        Err(StepError::Failed(msg)) => {
+            panic!(
+                "health test failed: {msg}\n--- server stderr ---\n{}",
+                server.child.stderr()
+            )
+        }
+    }
+    let mut server = server;
+    let status = server.child.stop();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "the server did not drain and exit cleanly: {}",
+        server.child.stderr()
+    );
+}
+
+/// A sandbox created on the host and then cleaned up, its cleanup held for [`STALL`] by the
+/// server's stall hook (its id starts with `stuck-`). Returns how long the cleanup took.
+async fn stuck_cleanup(base: String, index: usize) -> Result<Duration, StepError> {
+    let runtime = RemoteRuntime::new(RemoteOptions::new(&base, TOKEN)).expect("client");
+    let project = project(100 + index);
+    let config = SandboxConfig {
+        run_id: "health-stuck".into(),
+        sandbox_id: format!("stuck-{index}"),
+        runtime: RuntimeKind::Codeplane,
+        root_dir: project.path().to_path_buf(),
+        image: None,
+        controls: controls(0),
+    };
+    let handle = runtime.create(&config).await.map_err(fail("create"))?;
+    let started = Instant::now();
+    runtime.cleanup(&handle).await.map_err(fail("cleanup"))?;
+    Ok(started.elapsed())
+}
+
+async fn health_while_stuck(server: &Server) -> Result<(), StepError> {
+    let base = server.child.url();
+    let http = reqwest::Client::new();
+    let clients: Vec<Arc<Client>> = (0..CLIENTS)
+        .map(|i| Arc::new(Client::new(i, &base)))
+        .collect();
+    let stuck: Vec<_> = (0..STUCK)
+        .map(|i| tokio::spawn(stuck_cleanup(base.clone(), i)))
+        .collect();
+    let steps = {
+        let clients = clients.clone();
+        tokio::spawn(async move { phase(&clients, "health", 0..STEPS_WHILE_STUCK).await })
+    };
+    // Polled until the stuck cleanups and the steps are all done; the samples taken while a
+    // stuck cleanup is still going are the ones that count.
+    let mut while_stuck: Vec<Duration> = Vec::new();
+    let mut all: Vec<Duration> = Vec::new();
+    let polling_started = Instant::now();
+    loop {
+        let stuck_now = stuck.iter().any(|t| !t.is_finished());
+        if !stuck_now && steps.is_finished() {
+            break;
+        }
+        let asked = Instant::now();
+        let answer = http
+            .get(format!("{base}/health"))
+            .timeout(STALL * 2)
+            .send()
+            .await
+            .map_err(|e| StepError::Failed(format!("/health: {e}")))?;
+        let took = asked.elapsed();
+        if answer.status() != reqwest::StatusCode::OK {
+            return Err(StepError::Failed(format!(
+                "/health answered HTTP {}",
+                answer.status()
+            )));
+        }
+        all.push(took);
+        if stuck_now && stuck.iter().any(|t| !t.is_finished()) {
+            while_stuck.push(took);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut cleanup_took = Vec::new();
+    for t in stuck {
+        cleanup_took.push(
+            t.await
+                .map_err(|e| StepError::Failed(format!("stuck cleanup task: {e}")))??,
+        );
+    }
+    let records = steps
+        .await
+        .map_err(|e| StepError::Failed(format!("steps task: {e}")))??;
+    let max = |v: &[Duration]| v.iter().max().copied().unwrap_or_default();
+    say(&format!(
+        "health while stuck: {} steps from {CLIENTS} clients and {STUCK} cleanups held {:?} \
+         (took {:?}); /health polled {} times ({} while a cleanup was stuck): max latency \
+         {:?} while stuck, {:?} overall, over {:?}",
+        records.len(),
+        STALL,
+        cleanup_took,
+        all.len(),
+        while_stuck.len(),
+        max(&while_stuck),
+        max(&all),
+        polling_started.elapsed()
+    ));
+    if records.len() != CLIENTS * STEPS_WHILE_STUCK {
+        return Err(StepError::Failed(format!(
+            "{} steps came back, {} were run",
+            records.len(),
+            CLIENTS * STEPS_WHILE_STUCK
+        )));
+    }
+    // The hook really held the cleanups (else this would check nothing) ...
+    if let Some(short) = cleanup_took.iter().find(|t| **t < STALL) {
+        return Err(StepError::Failed(format!(
+            "a stuck cleanup took only {short:?}: the stall hook did not hold it (a release build?)"
+        )));
+    }
+    // ... /health was asked meanwhile (a stalled server answers once, at the end) ...
+    if while_stuck.len() < 5 {
+        return Err(StepError::Failed(format!(
+            "/health was answered only {} times while cleanups were stuck for {STALL:?}",
+            while_stuck.len()
+        )));
+    }
+    // ... and answered promptly every time.
+    if let Some(slow) = all.iter().find(|t| **t > HEALTH_BOUND) {
+        return Err(StepError::Failed(format!(
+            "/health took {slow:?} (bound {HEALTH_BOUND:?}) while cleanups were stuck"
+        )));
+    }
+    // Nothing is left on the host.
+    let listed: Vec<Value> = http
+        .get(format!("{base}/v1/sandboxes"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .map_err(|e| StepError::Failed(e.to_string()))?
+        .json()
+        .await
+        .map_err(|e| StepError::Failed(e.to_string()))?;
+    if !listed.is_empty() {
+        return Err(StepError::Failed(format!(
+            "the server still lists {} sandboxes",
+            listed.len()
+        )));
+    }
+    Ok(())
 }

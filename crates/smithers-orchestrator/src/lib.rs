@@ -3,9 +3,11 @@
 //! gate, durable reviews, cancellation, crash recovery and metrics that do not leak.
 //!
 //! The orchestrator sees runtimes only through [`smithers_runtime::Runtime`]; it writes rows
-//! and events through [`smithers_store::Store`]. Store calls are synchronous SQLite calls of
-//! a few milliseconds; they run on the calling task (a multi-threaded tokio runtime is
-//! assumed, as for any short blocking call).
+//! and events through [`smithers_store::Store`]. Store calls are synchronous SQLite calls,
+//! usually of a few milliseconds but up to the store's busy timeout while another writer
+//! holds the lock; they, bundle validation and patch apply run through `off_worker`, which
+//! on a multi-threaded tokio runtime hands the calling worker's other tasks to another
+//! thread meanwhile (`block_in_place`), so none of them stalls other tasks.
 //!
 //! # Events of one sandbox, in order
 //!
@@ -58,6 +60,21 @@ pub use bundle::{
     BundleValidator, InspectedBundle, PatchApplier,
 };
 pub use error::{error_to_json, OrchestratorError};
+
+/// Runs a blocking call (SQLite, bundle validation, patch apply) without holding an async
+/// worker: on a multi-threaded runtime (the CLI's and `serve`'s) through
+/// `tokio::task::block_in_place`, which hands this worker's other tasks to another thread
+/// while `call` runs, so a store call waiting for another writer's lock, or an apply
+/// writing a large tree, stalls no other task (HTTP handlers, event streams, heartbeats). On
+/// a current-thread runtime (where `block_in_place` panics) or outside any runtime it runs
+/// inline: there nothing else could run on another thread anyway.
+fn off_worker<T>(call: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(call),
+        _ => call(),
+    }
+}
 pub use metrics::{HistogramSnapshot, Metrics};
 
 /// What a shipped step runs when no command is given (the JavaScript default).
@@ -441,11 +458,13 @@ impl Orchestrator {
         }
         m.insert("timestampMs".into(), json!(timestamp_ms));
         let payload = Value::Object(m).to_string();
-        self.store.insert_event(&NewEvent {
-            run_id,
-            timestamp_ms,
-            event_type,
-            payload_json: &payload,
+        off_worker(|| {
+            self.store.insert_event(&NewEvent {
+                run_id,
+                timestamp_ms,
+                event_type,
+                payload_json: &payload,
+            })
         })
     }
 
@@ -503,15 +522,17 @@ impl Orchestrator {
         let created_at_ms = now_ms();
 
         // Step 2: the atomic gate, which also writes the `pending` row and our lease.
-        let admitted = self.store.try_admit(&AdmitRequest {
-            run_id: req.run_id.clone(),
-            sandbox_id: req.sandbox_id.clone(),
-            runtime: runtime_name.to_string(),
-            config: config.clone(),
-            per_run_max: self.settings.per_run_max,
-            host_max: self.settings.host_max,
-            owner: self.owner.clone(),
-            now_ms: created_at_ms,
+        let admitted = off_worker(|| {
+            self.store.try_admit(&AdmitRequest {
+                run_id: req.run_id.clone(),
+                sandbox_id: req.sandbox_id.clone(),
+                runtime: runtime_name.to_string(),
+                config: config.clone(),
+                per_run_max: self.settings.per_run_max,
+                host_max: self.settings.host_max,
+                owner: self.owner.clone(),
+                now_ms: created_at_ms,
+            })
         });
         if let Err(e) = admitted {
             return Err(self.refused(req, ctx, runtime_name, &config, e));
@@ -561,10 +582,10 @@ impl Orchestrator {
             Ok(SandboxOutcome::Cancelled { .. }) => "cancelled".into(),
             Err(_) => "failed".into(),
         };
-        if let Err(e) = self
-            .store
-            .release_lease(&req.run_id, sid, now_ms(), &reason)
-        {
+        if let Err(e) = off_worker(|| {
+            self.store
+                .release_lease(&req.run_id, sid, now_ms(), &reason)
+        }) {
             warn!(run_id = %req.run_id, sandbox_id = sid, error = %e, "sandbox lease release failed");
         }
         result
@@ -590,10 +611,10 @@ impl Orchestrator {
         );
         if ours_to_record {
             let now = now_ms();
-            if let Err(be) = self
-                .store
-                .record_refused(&req.run_id, sid, runtime_name, config, now)
-            {
+            if let Err(be) = off_worker(|| {
+                self.store
+                    .record_refused(&req.run_id, sid, runtime_name, config, now)
+            }) {
                 warn!(run_id = %req.run_id, sandbox_id = sid, error = %be, "sandbox failure upsert failed");
             }
             if let Err(be) = self.emit(
@@ -672,7 +693,7 @@ impl Orchestrator {
                 sandbox_id: sid.to_string(),
                 source,
             })?;
-        self.store.set_handle(run_id, sid, &handle_json)?;
+        off_worker(|| self.store.set_handle(run_id, sid, &handle_json))?;
         if ctx.cancel.is_cancelled() {
             return Err(Stop::Cancelled);
         }
@@ -704,17 +725,19 @@ impl Orchestrator {
         Self::heartbeat(ctx, sid, "shipped", 25, vec![]);
         let shipped_at = now_ms();
         progress.shipped_at_ms = Some(shipped_at);
-        self.store.upsert_sandbox(&SandboxUpsert {
-            runtime: Some(runtime_name.to_string()),
-            remote_run_id: Field::Null,
-            workspace_id: Field::from_option(handle.workspace_id.clone()),
-            container_id: Field::from_option(handle.container_id.clone()),
-            status: Some(SandboxStatus::Shipped),
-            shipped_at_ms: Field::Value(shipped_at),
-            heartbeat_at_ms: Field::Value(shipped_at),
-            completed_at_ms: Field::Null,
-            bundle_path: Field::Null,
-            ..SandboxUpsert::key(run_id, sid)
+        off_worker(|| {
+            self.store.upsert_sandbox(&SandboxUpsert {
+                runtime: Some(runtime_name.to_string()),
+                remote_run_id: Field::Null,
+                workspace_id: Field::from_option(handle.workspace_id.clone()),
+                container_id: Field::from_option(handle.container_id.clone()),
+                status: Some(SandboxStatus::Shipped),
+                shipped_at_ms: Field::Value(shipped_at),
+                heartbeat_at_ms: Field::Value(shipped_at),
+                completed_at_ms: Field::Null,
+                bundle_path: Field::Null,
+                ..SandboxUpsert::key(run_id, sid)
+            })
         })?;
 
         // Step 5: execute.
@@ -734,7 +757,7 @@ impl Orchestrator {
             ],
         );
         let hb_at = now_ms();
-        self.store.heartbeat_sandbox(run_id, sid, hb_at)?;
+        off_worker(|| self.store.heartbeat_sandbox(run_id, sid, hb_at))?;
         self.emit(
             "SandboxHeartbeat",
             run_id,
@@ -762,11 +785,11 @@ impl Orchestrator {
             }
         };
         progress.bundle_path = Some(collected.bundle_path.clone());
-        let bundle = self
-            .inspector
-            .inspect(&collected.bundle_path)
-            .map_err(|report| OrchestratorError::Bundle {
-                report: Box::new(report),
+        let bundle =
+            off_worker(|| self.inspector.inspect(&collected.bundle_path)).map_err(|report| {
+                OrchestratorError::Bundle {
+                    report: Box::new(report),
+                }
             })?;
         let patch_count = bundle.patch_count();
         Self::heartbeat(
@@ -847,32 +870,35 @@ impl Orchestrator {
                 }
                 .into());
             } else {
-                let patches =
-                    self.applier
-                        .describe(&bundle)
-                        .map_err(|report| OrchestratorError::Bundle {
-                            report: Box::new(report),
-                        })?;
-                self.store.open_review(
-                    &NewReview {
-                        run_id: run_id.to_string(),
-                        sandbox_id: sid.to_string(),
-                        root_dir: req.root_dir.to_string_lossy().into_owned(),
-                        bundle_path: bundle.bundle_path.to_string_lossy().into_owned(),
-                        bundle_status: status.clone(),
-                        remote_run_id: bundle.run_id.clone(),
-                        patch_count,
-                        total_diff_lines,
-                        duration_ms,
-                        requested_at_ms: now_ms(),
-                        bundle_digest: bundle_digest(&bundle).map_err(|report| {
-                            OrchestratorError::Bundle {
-                                report: Box::new(report),
-                            }
-                        })?,
-                    },
-                    &patches,
-                )?;
+                let patches = off_worker(|| self.applier.describe(&bundle)).map_err(|report| {
+                    OrchestratorError::Bundle {
+                        report: Box::new(report),
+                    }
+                })?;
+                // The digest the accept must find again (it reads the whole bundle).
+                let digest = off_worker(|| bundle_digest(&bundle)).map_err(|report| {
+                    OrchestratorError::Bundle {
+                        report: Box::new(report),
+                    }
+                })?;
+                off_worker(|| {
+                    self.store.open_review(
+                        &NewReview {
+                            run_id: run_id.to_string(),
+                            sandbox_id: sid.to_string(),
+                            root_dir: req.root_dir.to_string_lossy().into_owned(),
+                            bundle_path: bundle.bundle_path.to_string_lossy().into_owned(),
+                            bundle_status: status.clone(),
+                            remote_run_id: bundle.run_id.clone(),
+                            patch_count,
+                            total_diff_lines,
+                            duration_ms,
+                            requested_at_ms: now_ms(),
+                            bundle_digest: digest,
+                        },
+                        &patches,
+                    )
+                })?;
                 Self::heartbeat(
                     ctx,
                     sid,
@@ -900,17 +926,19 @@ impl Orchestrator {
 
         // Step 8.
         let completed_at = now_ms();
-        self.store.upsert_sandbox(&SandboxUpsert {
-            runtime: Some(runtime_name.to_string()),
-            remote_run_id: Field::from_option(bundle.run_id.clone()),
-            workspace_id: Field::from_option(handle.workspace_id.clone()),
-            container_id: Field::from_option(handle.container_id.clone()),
-            status: Some(SandboxStatus::parse(&status)),
-            heartbeat_at_ms: Field::Value(completed_at),
-            shipped_at_ms: Field::from_option(progress.shipped_at_ms),
-            completed_at_ms: Field::Value(completed_at),
-            bundle_path: Field::Value(bundle.bundle_path.to_string_lossy().into_owned()),
-            ..SandboxUpsert::key(run_id, sid)
+        off_worker(|| {
+            self.store.upsert_sandbox(&SandboxUpsert {
+                runtime: Some(runtime_name.to_string()),
+                remote_run_id: Field::from_option(bundle.run_id.clone()),
+                workspace_id: Field::from_option(handle.workspace_id.clone()),
+                container_id: Field::from_option(handle.container_id.clone()),
+                status: Some(SandboxStatus::parse(&status)),
+                heartbeat_at_ms: Field::Value(completed_at),
+                shipped_at_ms: Field::from_option(progress.shipped_at_ms),
+                completed_at_ms: Field::Value(completed_at),
+                bundle_path: Field::Value(bundle.bundle_path.to_string_lossy().into_owned()),
+                ..SandboxUpsert::key(run_id, sid)
+            })
         })?;
         self.emit(
             "SandboxCompleted",
@@ -957,7 +985,7 @@ impl Orchestrator {
         let hb_ctx = ctx.clone();
         let pump = tokio::spawn(async move {
             while let Some(step_progress) = rx.recv().await {
-                if let Err(e) = store.heartbeat_sandbox(&run_id, &sid, now_ms()) {
+                if let Err(e) = off_worker(|| store.heartbeat_sandbox(&run_id, &sid, now_ms())) {
                     warn!(run_id = %run_id, sandbox_id = %sid, error = %e, "sandbox heartbeat persistence failed");
                 }
                 Orchestrator::heartbeat(
@@ -991,12 +1019,12 @@ impl Orchestrator {
         req: &SandboxRequest,
         bundle: &InspectedBundle,
     ) -> Result<(), OrchestratorError> {
-        self.applier
-            .apply(&req.root_dir, bundle)
-            .map_err(|report| OrchestratorError::Apply {
+        off_worker(|| self.applier.apply(&req.root_dir, bundle)).map_err(|report| {
+            OrchestratorError::Apply {
                 sandbox_id: req.sandbox_id.clone(),
                 report: Box::new(report),
-            })
+            }
+        })
     }
 
     /// Step 9: best-effort failure bookkeeping; every secondary failure is logged, the
@@ -1012,22 +1040,24 @@ impl Orchestrator {
         let sid = req.sandbox_id.as_str();
         let now = now_ms();
         let handle = progress.handle.as_ref();
-        if let Err(e) = self.store.upsert_sandbox(&SandboxUpsert {
-            runtime: Some(runtime_name.to_string()),
-            workspace_id: Field::from_option(handle.and_then(|h| h.workspace_id.clone())),
-            container_id: Field::from_option(handle.and_then(|h| h.container_id.clone())),
-            status: Some(SandboxStatus::Failed),
-            heartbeat_at_ms: Field::Value(now),
-            // The real ship time, or none (0.16 wrote the creation time here).
-            shipped_at_ms: Field::from_option(progress.shipped_at_ms),
-            completed_at_ms: Field::Value(now),
-            bundle_path: Field::from_option(
-                progress
-                    .bundle_path
-                    .as_ref()
-                    .map(|p| p.to_string_lossy().into_owned()),
-            ),
-            ..SandboxUpsert::key(&req.run_id, sid)
+        if let Err(e) = off_worker(|| {
+            self.store.upsert_sandbox(&SandboxUpsert {
+                runtime: Some(runtime_name.to_string()),
+                workspace_id: Field::from_option(handle.and_then(|h| h.workspace_id.clone())),
+                container_id: Field::from_option(handle.and_then(|h| h.container_id.clone())),
+                status: Some(SandboxStatus::Failed),
+                heartbeat_at_ms: Field::Value(now),
+                // The real ship time, or none (0.16 wrote the creation time here).
+                shipped_at_ms: Field::from_option(progress.shipped_at_ms),
+                completed_at_ms: Field::Value(now),
+                bundle_path: Field::from_option(
+                    progress
+                        .bundle_path
+                        .as_ref()
+                        .map(|p| p.to_string_lossy().into_owned()),
+                ),
+                ..SandboxUpsert::key(&req.run_id, sid)
+            })
         }) {
             warn!(run_id = %req.run_id, sandbox_id = sid, error = %e, "sandbox failure upsert failed");
         }
@@ -1063,17 +1093,19 @@ impl Orchestrator {
         let sid = req.sandbox_id.as_str();
         let now = now_ms();
         let bundle_path = progress.bundle_path.clone();
-        if let Err(e) = self.store.upsert_sandbox(&SandboxUpsert {
-            status: Some(SandboxStatus::Cancelled),
-            heartbeat_at_ms: Field::Value(now),
-            shipped_at_ms: Field::from_option(progress.shipped_at_ms),
-            completed_at_ms: Field::Value(now),
-            bundle_path: Field::from_option(
-                bundle_path
-                    .as_ref()
-                    .map(|p| p.to_string_lossy().into_owned()),
-            ),
-            ..SandboxUpsert::key(&req.run_id, sid)
+        if let Err(e) = off_worker(|| {
+            self.store.upsert_sandbox(&SandboxUpsert {
+                status: Some(SandboxStatus::Cancelled),
+                heartbeat_at_ms: Field::Value(now),
+                shipped_at_ms: Field::from_option(progress.shipped_at_ms),
+                completed_at_ms: Field::Value(now),
+                bundle_path: Field::from_option(
+                    bundle_path
+                        .as_ref()
+                        .map(|p| p.to_string_lossy().into_owned()),
+                ),
+                ..SandboxUpsert::key(&req.run_id, sid)
+            })
         }) {
             warn!(run_id = %req.run_id, sandbox_id = sid, error = %e, "sandbox cancel upsert failed");
         }
@@ -1125,7 +1157,7 @@ impl Orchestrator {
         run_id: &str,
         sandbox_id: &str,
     ) -> Result<smithers_store::ReviewRow, OrchestratorError> {
-        match self.store.get_review(run_id, sandbox_id)? {
+        match off_worker(|| self.store.get_review(run_id, sandbox_id))? {
             Some(r) if r.state == ReviewState::Pending => Ok(r),
             _ => Err(OrchestratorError::NoPendingReview {
                 run_id: run_id.to_string(),
@@ -1141,8 +1173,8 @@ impl Orchestrator {
         to: ReviewState,
         reason: Option<&str>,
     ) -> Result<smithers_store::ReviewRow, OrchestratorError> {
-        self.store
-            .transition_review(
+        off_worker(|| {
+            self.store.transition_review(
                 run_id,
                 sandbox_id,
                 ReviewState::Pending,
@@ -1150,15 +1182,16 @@ impl Orchestrator {
                 reason,
                 now_ms(),
             )
-            .map_err(|e| match e {
-                StoreError::ReviewTransition { .. } | StoreError::SandboxNotFound { .. } => {
-                    OrchestratorError::NoPendingReview {
-                        run_id: run_id.to_string(),
-                        sandbox_id: sandbox_id.to_string(),
-                    }
+        })
+        .map_err(|e| match e {
+            StoreError::ReviewTransition { .. } | StoreError::SandboxNotFound { .. } => {
+                OrchestratorError::NoPendingReview {
+                    run_id: run_id.to_string(),
+                    sandbox_id: sandbox_id.to_string(),
                 }
-                other => other.into(),
-            })
+            }
+            other => other.into(),
+        })
     }
 
     /// Accepts a pending review: the bundle is validated again (it waited on disk) and must
@@ -1191,47 +1224,49 @@ impl Orchestrator {
         self.pending_review(run_id, sandbox_id)?;
         // Compare-and-set: of two people accepting at once, one proceeds.
         let review = self.claim_review(run_id, sandbox_id, ReviewState::Accepted, None)?;
-        let runtime_name = self
-            .store
-            .get_sandbox(run_id, sandbox_id)?
+        let runtime_name = off_worker(|| self.store.get_sandbox(run_id, sandbox_id))?
             .map(|r| r.runtime)
             .unwrap_or_default();
-        let applied = self
-            .inspector
-            .inspect(std::path::Path::new(&review.bundle_path))
-            .map_err(|report| OrchestratorError::Bundle {
-                report: Box::new(report),
-            })
-            .and_then(|bundle| {
-                let found = bundle_digest(&bundle).map_err(|report| OrchestratorError::Bundle {
+        // Validating the bundle again and applying it (file reads, writes and fsyncs of the
+        // project) is blocking work: off the async workers.
+        let applied = off_worker(|| {
+            self.inspector
+                .inspect(std::path::Path::new(&review.bundle_path))
+                .map_err(|report| OrchestratorError::Bundle {
                     report: Box::new(report),
-                })?;
-                let recorded = review.bundle_digest.clone().unwrap_or_default();
-                if found != recorded {
-                    return Err(OrchestratorError::BundleChanged {
-                        sandbox_id: sandbox_id.to_string(),
-                        recorded: if recorded.is_empty() {
-                            "none".into()
-                        } else {
-                            recorded
-                        },
-                        found,
-                    });
-                }
-                Ok((bundle, recorded))
-            })
-            .and_then(|(bundle, recorded)| {
-                let root = std::path::Path::new(&review.root_dir);
-                // The applier checks the digest again on the bytes it applies: a file swapped
-                // between the check above and the apply is never applied.
-                self.applier
-                    .apply_reviewed(root, &bundle, &recorded, conflict_markers)
-                    .map_err(|report| OrchestratorError::Apply {
-                        sandbox_id: sandbox_id.to_string(),
-                        report: Box::new(report),
-                    })
-                    .map(|marked| (bundle, marked))
-            });
+                })
+                .and_then(|bundle| {
+                    let found =
+                        bundle_digest(&bundle).map_err(|report| OrchestratorError::Bundle {
+                            report: Box::new(report),
+                        })?;
+                    let recorded = review.bundle_digest.clone().unwrap_or_default();
+                    if found != recorded {
+                        return Err(OrchestratorError::BundleChanged {
+                            sandbox_id: sandbox_id.to_string(),
+                            recorded: if recorded.is_empty() {
+                                "none".into()
+                            } else {
+                                recorded
+                            },
+                            found,
+                        });
+                    }
+                    Ok((bundle, recorded))
+                })
+                .and_then(|(bundle, recorded)| {
+                    let root = std::path::Path::new(&review.root_dir);
+                    // The applier checks the digest again on the bytes it applies: a file swapped
+                    // between the check above and the apply is never applied.
+                    self.applier
+                        .apply_reviewed(root, &bundle, &recorded, conflict_markers)
+                        .map_err(|report| OrchestratorError::Apply {
+                            sandbox_id: sandbox_id.to_string(),
+                            report: Box::new(report),
+                        })
+                        .map(|marked| (bundle, marked))
+                })
+        });
         let (bundle, marked) = match applied {
             Ok(b) => b,
             Err(err) => {
@@ -1239,14 +1274,16 @@ impl Orchestrator {
                 return Err(err);
             }
         };
-        self.store.transition_review(
-            run_id,
-            sandbox_id,
-            ReviewState::Accepted,
-            ReviewState::Applied,
-            None,
-            now_ms(),
-        )?;
+        off_worker(|| {
+            self.store.transition_review(
+                run_id,
+                sandbox_id,
+                ReviewState::Accepted,
+                ReviewState::Applied,
+                None,
+                now_ms(),
+            )
+        })?;
         let mut accepted = vec![("patchCount", json!(review.patch_count))];
         if !marked.is_empty() {
             accepted.push(("conflictMarkers", json!(marked)));
@@ -1259,11 +1296,13 @@ impl Orchestrator {
             now_ms(),
         )?;
         let completed_at = now_ms();
-        self.store.upsert_sandbox(&SandboxUpsert {
-            status: Some(SandboxStatus::parse(&review.bundle_status)),
-            heartbeat_at_ms: Field::Value(completed_at),
-            completed_at_ms: Field::Value(completed_at),
-            ..SandboxUpsert::key(run_id, sandbox_id)
+        off_worker(|| {
+            self.store.upsert_sandbox(&SandboxUpsert {
+                status: Some(SandboxStatus::parse(&review.bundle_status)),
+                heartbeat_at_ms: Field::Value(completed_at),
+                completed_at_ms: Field::Value(completed_at),
+                ..SandboxUpsert::key(run_id, sandbox_id)
+            })
         })?;
         self.emit(
             "SandboxCompleted",
@@ -1304,9 +1343,7 @@ impl Orchestrator {
     ) -> Result<(), OrchestratorError> {
         self.pending_review(run_id, sandbox_id)?;
         let review = self.claim_review(run_id, sandbox_id, ReviewState::Rejected, Some(reason))?;
-        let runtime_name = self
-            .store
-            .get_sandbox(run_id, sandbox_id)?
+        let runtime_name = off_worker(|| self.store.get_sandbox(run_id, sandbox_id))?
             .map(|r| r.runtime)
             .unwrap_or_default();
         self.emit(
@@ -1339,7 +1376,9 @@ impl Orchestrator {
                 return;
             }
         }
-        match smithers_runtime::kept_layer::remove_kept_layer(root, run_id, sandbox_id) {
+        match off_worker(|| {
+            smithers_runtime::kept_layer::remove_kept_layer(root, run_id, sandbox_id)
+        }) {
             Ok(true) => info!(run_id, sandbox_id, "kept workspace layer removed"),
             Ok(false) => {}
             Err(e) => {
@@ -1361,20 +1400,22 @@ impl Orchestrator {
     /// was applied) and SandboxDiffApplyFailed says why. Failures to record are logged: the
     /// apply error is what the caller gets.
     fn reopen_review(&self, run_id: &str, sandbox_id: &str, err: &OrchestratorError) {
-        if let Err(e) = self
-            .store
-            .record_apply_error(run_id, sandbox_id, &err.to_string())
-        {
+        if let Err(e) = off_worker(|| {
+            self.store
+                .record_apply_error(run_id, sandbox_id, &err.to_string())
+        }) {
             warn!(run_id, sandbox_id, error = %e, "recording the apply error failed");
         }
-        if let Err(e) = self.store.transition_review(
-            run_id,
-            sandbox_id,
-            ReviewState::Accepted,
-            ReviewState::Pending,
-            None,
-            now_ms(),
-        ) {
+        if let Err(e) = off_worker(|| {
+            self.store.transition_review(
+                run_id,
+                sandbox_id,
+                ReviewState::Accepted,
+                ReviewState::Pending,
+                None,
+                now_ms(),
+            )
+        }) {
             warn!(run_id, sandbox_id, error = %e, "reopening the review failed");
         }
         if let Err(e) = self.emit(
@@ -1396,11 +1437,13 @@ impl Orchestrator {
         err: &OrchestratorError,
     ) {
         let now = now_ms();
-        if let Err(e) = self.store.upsert_sandbox(&SandboxUpsert {
-            status: Some(SandboxStatus::Failed),
-            heartbeat_at_ms: Field::Value(now),
-            completed_at_ms: Field::Value(now),
-            ..SandboxUpsert::key(run_id, sandbox_id)
+        if let Err(e) = off_worker(|| {
+            self.store.upsert_sandbox(&SandboxUpsert {
+                status: Some(SandboxStatus::Failed),
+                heartbeat_at_ms: Field::Value(now),
+                completed_at_ms: Field::Value(now),
+                ..SandboxUpsert::key(run_id, sandbox_id)
+            })
         }) {
             warn!(run_id, sandbox_id, error = %e, "sandbox failure upsert failed");
         }
@@ -1432,7 +1475,7 @@ impl Orchestrator {
     /// ids or directories are not the ones derived for its row is refused. The runtimes check
     /// the rest (see their `cleanup`).
     pub async fn recover(&self) -> Result<Vec<RecoveredSandbox>, OrchestratorError> {
-        let orphans = self.store.orphaned_sandboxes()?;
+        let orphans = off_worker(|| self.store.orphaned_sandboxes())?;
         if orphans.is_empty() {
             return Ok(Vec::new());
         }
@@ -1461,7 +1504,7 @@ impl Orchestrator {
                 warn!(run_id = %run_id, sandbox_id = %sandbox_id, reason = %reason, "orphaned sandbox not cleaned up");
             }
             let now = now_ms();
-            if !self.store.mark_orphan_failed(&orphan, now)? {
+            if !off_worker(|| self.store.mark_orphan_failed(&orphan, now))? {
                 continue;
             }
             let report = smithers_errors::ErrorReport::new(

@@ -1268,3 +1268,54 @@ async fn a_decided_review_removes_the_kept_layer() {
         );
     }
 }
+
+/// A store call waiting for the database's write lock (held here by another connection, as
+/// another process would) does not hold the async worker it was called on: with ONE worker,
+/// a task beside the waiting step still runs. Before, the step's admission (SQLite's busy
+/// wait, up to 30 s) held that worker and the task ran not once until the lock was released.
+#[test]
+fn a_store_call_waiting_for_the_lock_does_not_hold_the_worker() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let h = Arc::new(harness());
+    let other = rusqlite::Connection::open(&h.db).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let step = {
+        let h = h.clone();
+        rt.spawn(async move {
+            let req = h.request("sb", &write_result("finished"));
+            h.orch.execute(&req, &h.ctx()).await
+        })
+    };
+    let ticks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let ticker = {
+        let ticks = ticks.clone();
+        rt.spawn(async move {
+            loop {
+                ticks.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+    };
+    // This thread is not a worker: it waits with the step stuck at its admission.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = ticks.load(Ordering::SeqCst);
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let after = ticks.load(Ordering::SeqCst);
+    other.execute_batch("COMMIT").unwrap();
+    let out = rt.block_on(step).unwrap().unwrap();
+    ticker.abort();
+    println!("ticks while the step waited for the lock: {before} then {after}");
+    // Loose: about 50 ticks fit in that second; one shows the worker was free.
+    assert!(
+        after > before,
+        "no other task ran while a store call waited for the lock"
+    );
+    let SandboxOutcome::Completed(done) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(done.status, "finished");
+}

@@ -710,14 +710,20 @@ impl Runtime for DockerRuntime {
         let live = self
             .live_get(&state.container_name)
             .ok_or_else(|| not_live("collect"))?;
-        collect::collect(
-            handle,
-            &state,
-            &live.root_dir,
-            live.outcome.as_ref(),
-            live.result_rejected,
-            &live.log_notes,
-        )
+        // The bundle is written from the host side (the layer walked, patches made, files
+        // fsync'd): on a blocking thread, not an async worker.
+        let handle = handle.clone();
+        blocking("collect the sandbox's bundle", move || {
+            collect::collect(
+                &handle,
+                &state,
+                &live.root_dir,
+                live.outcome.as_ref(),
+                live.result_rejected,
+                &live.log_notes,
+            )
+        })
+        .await?
     }
 
     async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
@@ -750,32 +756,69 @@ impl Runtime for DockerRuntime {
                 }
                 Err(e) => errors.push(e),
             }
-            // Only touch the layer when the engine objects are gone: an overlay still
-            // mounted over it must not lose its upper layer under a running step.
-            if errors.is_empty() {
-                if state.layer_tmpfs {
-                    keep(hostfs::unmount(&state.state_dir.join("layer")), &mut errors);
-                }
-                keep(hostfs::remove_tree(&state.state_dir), &mut errors);
-                if let Some(rel) = &state.pids_cgroup {
-                    keep(
-                        cgroup::remove(rel).map_err(|e| RuntimeError::spawn("remove cgroup", e)),
-                        &mut errors,
-                    );
-                }
-            }
-            keep(hostfs::remove_tree(&state.out_dir), &mut errors);
+            // The host side (an unmount, whole trees removed, the cgroup) on a blocking thread.
+            let (owned, engine_ok) = (state.clone(), errors.is_empty());
+            let host_errors = blocking("clean up the sandbox", move || {
+                remove_host_state(&owned, engine_ok)
+            })
+            .await?;
+            errors.extend(host_errors);
             if let Ok(mut map) = self.live.lock() {
                 map.remove(&state.container_name);
             }
         }
-        keep(hostfs::remove_tree(&handle.request_path), &mut errors);
-        // The sandbox root itself goes when only the bundle (or nothing) is left in it.
-        let _ = std::fs::remove_dir(&handle.sandbox_root);
+        let (request, sandbox_root) = (handle.request_path.clone(), handle.sandbox_root.clone());
+        let removed = blocking("clean up the sandbox", move || {
+            let removed = hostfs::remove_tree(&request);
+            // The sandbox root itself goes when only the bundle (or nothing) is left in it.
+            let _ = std::fs::remove_dir(&sandbox_root);
+            removed
+        })
+        .await?;
+        keep(removed, &mut errors);
         match errors.into_iter().next() {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// What cleanup removes on the host once the engine objects are handled: with them gone
+/// (`engine_ok`), the layer (unmounted first when a tmpfs), the state directory and the pids
+/// cgroup; in any case the output directory. Returns the failures, in that order.
+fn remove_host_state(state: &BackendState, engine_ok: bool) -> Vec<RuntimeError> {
+    let mut errors = Vec::new();
+    // Only touch the layer when the engine objects are gone: an overlay still mounted over
+    // it must not lose its upper layer under a running step.
+    if engine_ok {
+        if state.layer_tmpfs {
+            errors.extend(hostfs::unmount(&state.state_dir.join("layer")).err());
+        }
+        errors.extend(hostfs::remove_tree(&state.state_dir).err());
+        if let Some(rel) = &state.pids_cgroup {
+            errors.extend(
+                cgroup::remove(rel)
+                    .map_err(|e| RuntimeError::spawn("remove cgroup", e))
+                    .err(),
+            );
+        }
+    }
+    errors.extend(hostfs::remove_tree(&state.out_dir).err());
+    errors
+}
+
+/// Runs blocking host work of a verb on tokio's blocking pool, so that no async worker waits
+/// on the disk. A panic there stays a panic of the verb; `operation` names the failure when
+/// the runtime is shutting down and the job cannot run.
+async fn blocking<T, F>(operation: &'static str, job: F) -> Result<T, RuntimeError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    match tokio::task::spawn_blocking(job).await {
+        Ok(value) => Ok(value),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(RuntimeError::spawn(operation, e)),
     }
 }
 

@@ -351,21 +351,36 @@ impl ForkedInit {
     }
 }
 
+/// The runtime's zygote, if started: shared with the blocking thread that waits for its
+/// answer (the lock is held across that wait, so one thread talks to it at a time).
+pub(crate) type ZygoteSlot = std::sync::Arc<std::sync::Mutex<Option<Zygote>>>;
+
 /// Starts the init with `control` as its fd 0 and fresh pipes as its stdout and stderr:
 /// forked by the runtime's zygote where there is one (replaced once if it failed), else
-/// spawned from the binary.
-fn spawn_init(
-    zygote: Option<&std::sync::Mutex<Option<Zygote>>>,
+/// spawned from the binary. The zygote is asked on a blocking thread: its answer is a
+/// blocking receive (up to its timeout, and a replacement zygote's start) under its lock.
+async fn spawn_init(
+    zygote: Option<&ZygoteSlot>,
     init: &InitCommand,
     control: std::os::unix::net::UnixStream,
 ) -> Result<SpawnedInit, RuntimeError> {
-    if let Some(zygote) = zygote {
-        if let Some(forked) = fork_from_zygote(zygote, init, &control) {
-            // The init has its own copy now; ours must go so that EOF means "init gone".
-            drop(control);
-            return forked.into_spawned();
+    let control = match zygote {
+        Some(zygote) => {
+            let (zygote, program) = (zygote.clone(), init.clone());
+            let (forked, control) = crate::blocking("start the sandbox init", move || {
+                let forked = fork_from_zygote(&zygote, &program, &control);
+                (forked, control)
+            })
+            .await?;
+            if let Some(forked) = forked {
+                // The init has its own copy now; ours must go so that EOF means "init gone".
+                drop(control);
+                return forked.into_spawned();
+            }
+            control
         }
-    }
+        None => control,
+    };
     let mut cmd = tokio::process::Command::new(&init.program);
     cmd.args(&init.args)
         .env_clear()
@@ -437,7 +452,7 @@ fn fork_from_zygote(
 
 pub(crate) async fn execute(
     caps: &HostCaps,
-    zygote: Option<&std::sync::Mutex<Option<Zygote>>>,
+    zygote: Option<&ZygoteSlot>,
     backend: &Backend,
     handle: &SandboxHandle,
     command: &StepCommand,
@@ -557,7 +572,7 @@ pub(crate) async fn execute(
             .map_err(|e| spawn_err(format!("sending the prelude: {e}")))?;
     }
     let started = Instant::now();
-    let spawned = spawn_init(zygote, init, theirs)?;
+    let spawned = spawn_init(zygote, init, theirs).await?;
     let tmp_bytes = controls.disk_limit_bytes.unwrap_or(plan::DEFAULT_TMP_BYTES);
     let mut plan = plan::compile(&PlanInput {
         layout: &layout,
@@ -575,8 +590,16 @@ pub(crate) async fn execute(
     });
     if caps.prepared_root {
         let (files, mounts) = plan::split_prepared(std::mem::take(&mut plan.mounts));
-        let source = crate::prepared_root::ensure(&caps.state_root, &files, &mounts)
-            .map_err(|e| RuntimeError::io("prepare the sandbox root in", &caps.state_root, e))?;
+        // Usually one stamp of an existing root; making one (and sweeping old ones) is a
+        // tree of file operations: on a blocking thread either way.
+        let state_root = caps.state_root.clone();
+        let (source, mounts) = crate::blocking("prepare the sandbox root", move || {
+            let made = crate::prepared_root::ensure(&state_root, &files, &mounts)
+                .map_err(|e| RuntimeError::io("prepare the sandbox root in", &state_root, e));
+            (made, mounts)
+        })
+        .await?;
+        let source = source?;
         plan.mounts = mounts;
         plan.root = plan::RootFs::Prepared { source };
     }
@@ -671,7 +694,12 @@ pub(crate) async fn execute(
     // pid namespace, but be sure), kill it now. After one, the init alone is left, exiting.
     let exit = events.iter().find(|e| e["event"] == "exit");
     if exit.is_none() && cgroups.populated() {
-        cgroups.kill_and_wait(KILL_GRACE);
+        // A kill that waits (up to KILL_GRACE) for the cgroups to empty: off the workers.
+        let cgroups = cgroups.clone();
+        crate::blocking("kill what is left of the sandbox", move || {
+            cgroups.kill_and_wait(KILL_GRACE)
+        })
+        .await?;
     }
     let stats = cgroups.stats();
 

@@ -255,8 +255,9 @@ pub struct NativeRuntime {
     probe: tokio::sync::OnceCell<EnforcementReport>,
     /// Whether overlayfs works here, decided once per runtime (see `overlay_check`).
     overlay: tokio::sync::OnceCell<report::OverlayCheck>,
-    /// The zygote, started at the first execute (with `NativeOptions::zygote`).
-    zygote: std::sync::Mutex<Option<zygote::Zygote>>,
+    /// The zygote, started at the first execute (with `NativeOptions::zygote`). Shared with
+    /// the blocking thread that talks to it (see `exec::spawn_init`).
+    zygote: exec::ZygoteSlot,
 }
 
 /// The workspace a sandbox got (decided at create, kept in the handle).
@@ -440,7 +441,7 @@ impl NativeRuntime {
             findings: tokio::sync::OnceCell::new(),
             probe: tokio::sync::OnceCell::new(),
             overlay: tokio::sync::OnceCell::new(),
-            zygote: std::sync::Mutex::new(None),
+            zygote: exec::ZygoteSlot::default(),
         }
     }
 
@@ -674,145 +675,167 @@ impl NativeRuntime {
                 decide_workspace(mode, check)?
             }
         };
-        let root_dir = &config.root_dir;
-        match std::fs::metadata(root_dir) {
-            Ok(m) if m.is_dir() => {}
-            _ => {
-                return Err(RuntimeError::InvalidControl {
-                    control: "rootDir",
-                    reason: format!("{} is not a directory", root_dir.display()),
-                })
-            }
-        }
-        let sandbox_root = root_dir
-            .join(".smithers")
-            .join("sandboxes")
-            .join(&config.run_id)
-            .join(&config.sandbox_id);
-        let request_path = sandbox_root.join("request");
-        let result_path = sandbox_root.join("result");
-
-        std::fs::create_dir_all(&caps.state_root)
-            .map_err(io_err("create state directory", &caps.state_root))?;
-        restrict_mode(&caps.state_root)?;
-        let state_dir = caps.state_root.join(Self::dir_name(config));
-        match std::fs::create_dir(&state_dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(RuntimeError::OutOfOrder {
-                    verb: "create",
-                    reason: format!(
-                        "sandbox {} already exists (state at {}); clean it up first",
-                        config.entity_id(),
-                        state_dir.display()
-                    ),
-                })
-            }
-            Err(e) => return Err(RuntimeError::io("create state directory", &state_dir, e)),
-        }
-        let mut backend = Backend {
-            state_dir,
-            root_dir: root_dir.clone(),
-            layer_tmpfs: false,
-            layer_dir: None,
-            flat_layer: false,
-            cgroups: SandboxCgroups::default(),
-            workspace,
-        };
-        let result = self
-            .prepare(config, &caps, &mut backend, &request_path)
-            .await;
-        if let Err(e) = result {
-            let _ = cleanup_backend(&backend, &[], None);
-            return Err(e);
-        }
-        Ok(SandboxHandle {
-            runtime: RuntimeKind::Bubblewrap,
-            run_id: config.run_id.clone(),
-            sandbox_id: config.sandbox_id.clone(),
-            sandbox_root,
-            request_path,
-            result_path,
-            container_id: None,
-            workspace_id: None,
-            backend: serde_json::to_value(&backend).unwrap_or_default(),
+        // The rest is file system work (directories, cgroups, a tmpfs mount): on a blocking
+        // thread, so that no async worker waits on the disk.
+        let config = config.clone();
+        let default_pids = self.options.default_pids_limit;
+        blocking("create the sandbox", move || {
+            create_on_disk(&config, &caps, workspace, default_pids)
         })
+        .await?
     }
+}
 
-    async fn prepare(
-        &self,
-        config: &SandboxConfig,
-        caps: &HostCaps,
-        backend: &mut Backend,
-        request_path: &Path,
-    ) -> Result<(), RuntimeError> {
-        let c = &config.controls;
-        if c.disk_limit_bytes.is_none() && caps.layer_root != caps.state_root {
-            std::fs::create_dir_all(&caps.layer_root)
-                .map_err(io_err("create layer directory", &caps.layer_root))?;
-            restrict_mode(&caps.layer_root)?;
-            backend.layer_dir = Some(caps.layer_root.join(Self::dir_name(config)));
-            backend.flat_layer = true;
+/// What `create` does once the controls and the workspace mode are decided: the state and
+/// layer directories, the cgroups, the config; undone when any of it fails.
+fn create_on_disk(
+    config: &SandboxConfig,
+    caps: &HostCaps,
+    workspace: WorkspaceState,
+    default_pids_limit: Option<u32>,
+) -> Result<SandboxHandle, RuntimeError> {
+    let root_dir = &config.root_dir;
+    match std::fs::metadata(root_dir) {
+        Ok(m) if m.is_dir() => {}
+        _ => {
+            return Err(RuntimeError::InvalidControl {
+                control: "rootDir",
+                reason: format!("{} is not a directory", root_dir.display()),
+            })
         }
-        let mut pids = c.pids_limit;
-        if pids.is_none() && caps.cgroups.source("pids").is_some() {
-            pids = self.options.default_pids_limit;
-        }
-        let limits = CgroupLimits {
-            memory_bytes: c.memory_limit_bytes,
-            pids,
-            cpus: c.cpu_limit,
-        };
-        backend.cgroups = caps
-            .cgroups
-            .create(&Self::cgroup_name(config), &limits)
-            .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
-        // Before anything can join the cgroups: the one record cleanup from another process
-        // trusts about what it may kill (the handle comes back from the project's database).
-        let record = owned::CleanupRecord::for_self(&config.root_dir, &backend.cgroups);
-        write_private(
-            &backend.state_dir.join(owned::CLEANUP_RECORD),
-            &serde_json::to_vec(&record).unwrap_or_default(),
-        )?;
-        let layer = backend.layer();
-        std::fs::create_dir(&layer).map_err(io_err("create", &layer))?;
-        if let Some(bytes) = c.disk_limit_bytes {
-            let data = sys::cstring(&format!("size={bytes},mode=0700"));
-            sys::mount(
-                Some(c"tmpfs"),
-                &layer,
-                Some(c"tmpfs"),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                Some(&data),
-            )
-            .map_err(|e| RuntimeError::spawn("mount the size-capped upper layer", e))?;
-            backend.layer_tmpfs = true;
-        }
-        // The copy (copy mode) is made by ship; overlay needs its upper and work directories.
-        let overlay_dirs = match backend.workspace {
-            // (A flat layer is the work directory: made above.)
-            WorkspaceState::Overlay => [backend.upper(), backend.work()]
-                .into_iter()
-                .filter(|d| *d != layer)
-                .collect(),
-            WorkspaceState::Copy { .. } => vec![],
-        };
-        for dir in
-            overlay_dirs
-                .into_iter()
-                .chain([backend.new_root(), backend.artifacts(), backend.out()])
-        {
-            std::fs::create_dir(&dir).map_err(io_err("create", &dir))?;
-        }
-        std::fs::create_dir_all(request_path).map_err(io_err("create", request_path))?;
-        let stored = StoredConfig {
-            config: config.clone(),
-            effective_pids_limit: pids,
-        };
-        let path = backend.config_file();
-        write_private(&path, &serde_json::to_vec(&stored).unwrap_or_default())?;
-        Ok(())
     }
+    let sandbox_root = root_dir
+        .join(".smithers")
+        .join("sandboxes")
+        .join(&config.run_id)
+        .join(&config.sandbox_id);
+    let request_path = sandbox_root.join("request");
+    let result_path = sandbox_root.join("result");
+
+    std::fs::create_dir_all(&caps.state_root)
+        .map_err(io_err("create state directory", &caps.state_root))?;
+    restrict_mode(&caps.state_root)?;
+    let state_dir = caps.state_root.join(NativeRuntime::dir_name(config));
+    match std::fs::create_dir(&state_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(RuntimeError::OutOfOrder {
+                verb: "create",
+                reason: format!(
+                    "sandbox {} already exists (state at {}); clean it up first",
+                    config.entity_id(),
+                    state_dir.display()
+                ),
+            })
+        }
+        Err(e) => return Err(RuntimeError::io("create state directory", &state_dir, e)),
+    }
+    let mut backend = Backend {
+        state_dir,
+        root_dir: root_dir.clone(),
+        layer_tmpfs: false,
+        layer_dir: None,
+        flat_layer: false,
+        cgroups: SandboxCgroups::default(),
+        workspace,
+    };
+    let result = prepare(
+        config,
+        caps,
+        &mut backend,
+        &request_path,
+        default_pids_limit,
+    );
+    if let Err(e) = result {
+        let _ = cleanup_backend(&backend, &[], None);
+        return Err(e);
+    }
+    Ok(SandboxHandle {
+        runtime: RuntimeKind::Bubblewrap,
+        run_id: config.run_id.clone(),
+        sandbox_id: config.sandbox_id.clone(),
+        sandbox_root,
+        request_path,
+        result_path,
+        container_id: None,
+        workspace_id: None,
+        backend: serde_json::to_value(&backend).unwrap_or_default(),
+    })
+}
+
+fn prepare(
+    config: &SandboxConfig,
+    caps: &HostCaps,
+    backend: &mut Backend,
+    request_path: &Path,
+    default_pids_limit: Option<u32>,
+) -> Result<(), RuntimeError> {
+    let c = &config.controls;
+    if c.disk_limit_bytes.is_none() && caps.layer_root != caps.state_root {
+        std::fs::create_dir_all(&caps.layer_root)
+            .map_err(io_err("create layer directory", &caps.layer_root))?;
+        restrict_mode(&caps.layer_root)?;
+        backend.layer_dir = Some(caps.layer_root.join(NativeRuntime::dir_name(config)));
+        backend.flat_layer = true;
+    }
+    let mut pids = c.pids_limit;
+    if pids.is_none() && caps.cgroups.source("pids").is_some() {
+        pids = default_pids_limit;
+    }
+    let limits = CgroupLimits {
+        memory_bytes: c.memory_limit_bytes,
+        pids,
+        cpus: c.cpu_limit,
+    };
+    backend.cgroups = caps
+        .cgroups
+        .create(&NativeRuntime::cgroup_name(config), &limits)
+        .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
+    // Before anything can join the cgroups: the one record cleanup from another process
+    // trusts about what it may kill (the handle comes back from the project's database).
+    let record = owned::CleanupRecord::for_self(&config.root_dir, &backend.cgroups);
+    write_private(
+        &backend.state_dir.join(owned::CLEANUP_RECORD),
+        &serde_json::to_vec(&record).unwrap_or_default(),
+    )?;
+    let layer = backend.layer();
+    std::fs::create_dir(&layer).map_err(io_err("create", &layer))?;
+    if let Some(bytes) = c.disk_limit_bytes {
+        let data = sys::cstring(&format!("size={bytes},mode=0700"));
+        sys::mount(
+            Some(c"tmpfs"),
+            &layer,
+            Some(c"tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(&data),
+        )
+        .map_err(|e| RuntimeError::spawn("mount the size-capped upper layer", e))?;
+        backend.layer_tmpfs = true;
+    }
+    // The copy (copy mode) is made by ship; overlay needs its upper and work directories.
+    let overlay_dirs = match backend.workspace {
+        // (A flat layer is the work directory: made above.)
+        WorkspaceState::Overlay => [backend.upper(), backend.work()]
+            .into_iter()
+            .filter(|d| *d != layer)
+            .collect(),
+        WorkspaceState::Copy { .. } => vec![],
+    };
+    for dir in
+        overlay_dirs
+            .into_iter()
+            .chain([backend.new_root(), backend.artifacts(), backend.out()])
+    {
+        std::fs::create_dir(&dir).map_err(io_err("create", &dir))?;
+    }
+    std::fs::create_dir_all(request_path).map_err(io_err("create", request_path))?;
+    let stored = StoredConfig {
+        config: config.clone(),
+        effective_pids_limit: pids,
+    };
+    let path = backend.config_file();
+    write_private(&path, &serde_json::to_vec(&stored).unwrap_or_default())?;
+    Ok(())
 }
 
 /// Makes the workspace copy of copy mode (in a blocking task: it reads the whole project)
@@ -1204,7 +1227,11 @@ impl Runtime for NativeRuntime {
 
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
         let backend = Backend::from_handle(handle, "collect")?;
-        collect::collect(&backend, handle)
+        let handle = handle.clone();
+        blocking("collect the sandbox's bundle", move || {
+            collect::collect(&backend, &handle)
+        })
+        .await?
     }
 
     async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
@@ -1215,24 +1242,84 @@ impl Runtime for NativeRuntime {
             Err(e) => return Err(e),
         };
         let caps = self.caps();
-        let confined = owned::confine(
-            handle,
-            &backend,
-            &caps.state_root,
-            &caps.layer_root,
-            &caps.cgroups,
-        )?;
-        let dirs: Vec<&Path> = confined.request_dir.iter().map(PathBuf::as_path).collect();
-        let cleaned = cleanup_backend(&confined.backend, &dirs, confined.kept_layer.as_deref());
-        if confined.left_alone.is_empty() {
-            return cleaned;
-        }
-        let left = format!("left alone: {}", confined.left_alone.join("; "));
-        Err(match cleaned {
-            Ok(()) => RuntimeError::spawn("clean up the sandbox", left),
-            Err(e) => RuntimeError::spawn("clean up the sandbox", format!("{e}; {left}")),
+        let handle = handle.clone();
+        // Kills that wait for the cgroups to empty, removals that retry while they are busy,
+        // whole trees removed: on a blocking thread (see `blocking`).
+        blocking("clean up the sandbox", move || {
+            cleanup_confined(&handle, &backend, &caps)
         })
+        .await?
     }
+}
+
+/// `cleanup` once the handle is read: confines it to what is ours (see `owned::confine`),
+/// then removes everything the sandbox had.
+fn cleanup_confined(
+    handle: &SandboxHandle,
+    backend: &Backend,
+    caps: &HostCaps,
+) -> Result<(), RuntimeError> {
+    test_stall::cleanup(&handle.sandbox_id);
+    let confined = owned::confine(
+        handle,
+        backend,
+        &caps.state_root,
+        &caps.layer_root,
+        &caps.cgroups,
+    )?;
+    let dirs: Vec<&Path> = confined.request_dir.iter().map(PathBuf::as_path).collect();
+    let cleaned = cleanup_backend(&confined.backend, &dirs, confined.kept_layer.as_deref());
+    if confined.left_alone.is_empty() {
+        return cleaned;
+    }
+    let left = format!("left alone: {}", confined.left_alone.join("; "));
+    Err(match cleaned {
+        Ok(()) => RuntimeError::spawn("clean up the sandbox", left),
+        Err(e) => RuntimeError::spawn("clean up the sandbox", format!("{e}; {left}")),
+    })
+}
+
+/// Runs the blocking part of a verb (file system walks, fsyncs, the zygote's answer, the
+/// sleep loops of cgroup kills and busy removals) on tokio's blocking pool, so that no async
+/// worker waits on it: in `serve`, one slow sandbox must not stall the HTTP, event and
+/// watchdog tasks of every other. A panic there is a panic of the verb, as it was inline;
+/// `operation` names the failure when the runtime is shutting down and the job cannot run.
+pub(crate) async fn blocking<T, F>(operation: &'static str, job: F) -> Result<T, RuntimeError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    match tokio::task::spawn_blocking(job).await {
+        Ok(value) => Ok(value),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(RuntimeError::spawn(operation, e)),
+    }
+}
+
+/// A test hook, compiled into debug builds only: `SMITHERS_SANDBOX_TEST_CLEANUP_STALL=
+/// <prefix>:<ms>` makes the cleanup of every sandbox whose id starts with `<prefix>` sleep
+/// `<ms>` first, in the blocking part, as a cleanup waiting on a busy cgroup or mount does.
+/// The load test uses it to hold cleanups stuck while it checks that `serve` still answers
+/// (nothing the kernel offers keeps a cleanup waiting that long on demand: SIGKILL and
+/// lazy unmounts win within milliseconds). Release builds ignore the variable.
+mod test_stall {
+    #[cfg(debug_assertions)]
+    pub(crate) fn cleanup(sandbox_id: &str) {
+        let Ok(spec) = std::env::var("SMITHERS_SANDBOX_TEST_CLEANUP_STALL") else {
+            return;
+        };
+        let Some((prefix, ms)) = spec.rsplit_once(':') else {
+            return;
+        };
+        if let (false, Ok(ms)) = (prefix.is_empty(), ms.parse::<u64>()) {
+            if sandbox_id.starts_with(prefix) {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            }
+        }
+    }
+
+    #[cfg(not(debug_assertions))]
+    pub(crate) fn cleanup(_: &str) {}
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Durable review over HTTP: list reviews, read one with its patches, accept (apply) or reject.
 //! These sit on the [`smithers_orchestrator::Orchestrator`] of this host (the one that ran the
 //! steps and recorded their reviews), attached with [`crate::SandboxServer::with_orchestrator`];
-//! without one they answer 503.
+//! without one they answer 503. Each runs on a blocking thread (see `off_workers`): applying
+//! a bundle reads, writes and fsyncs the project, and a store call may wait for another
+//! writer's lock.
 
 use std::sync::Arc;
 
@@ -66,6 +68,25 @@ fn orchestrator_error(err: &OrchestratorError) -> ApiError {
     }
 }
 
+/// Runs `job` (the orchestrator's part of a review request) on tokio's blocking pool, so the
+/// HTTP workers go on serving every other request (`/health`, event streams) while a bundle
+/// is validated and applied or a store call waits for a lock. Async orchestrator calls are
+/// driven there with `Handle::block_on`. A panic stays a panic of the handler.
+async fn off_workers<T, F>(job: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce(&tokio::runtime::Handle) -> T + Send + 'static,
+{
+    let handle = tokio::runtime::Handle::current();
+    match tokio::task::spawn_blocking(move || job(&handle)).await {
+        Ok(value) => Ok(value),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(ApiError::internal(format!(
+            "the review job did not run: {e}"
+        ))),
+    }
+}
+
 fn store_error(err: &smithers_store::StoreError) -> ApiError {
     ApiError {
         status: StatusCode::INTERNAL_SERVER_ERROR,
@@ -95,9 +116,9 @@ pub(crate) async fn list(
             })?,
         ),
     };
-    let rows = orch
-        .store()
-        .list_reviews(filter)
+    let orch = orch.clone();
+    let rows = off_workers(move |_| orch.store().list_reviews(filter))
+        .await?
         .map_err(|e| store_error(&e))?;
     Ok(json_response(StatusCode::OK, &rows))
 }
@@ -109,22 +130,27 @@ pub(crate) async fn get_one(
 ) -> Result<Response, ApiError> {
     operator_only(&owner)?;
     let orch = orchestrator(&state)?;
-    let review = orch
-        .store()
-        .get_review(&run_id, &sandbox_id)
+    let (review, patches) = {
+        let (orch, run_id, sandbox_id) = (orch.clone(), run_id.clone(), sandbox_id.clone());
+        off_workers(move |_| {
+            let review = orch.store().get_review(&run_id, &sandbox_id)?;
+            let patches = match review {
+                Some(_) => orch.store().patches(&run_id, &sandbox_id)?,
+                None => Vec::new(),
+            };
+            Ok::<_, smithers_store::StoreError>((review, patches))
+        })
+        .await?
         .map_err(|e| store_error(&e))?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                ErrorCode::InvalidInput,
-                format!("no review for {run_id}:{sandbox_id}"),
-            )
-            .details(json!({ "runId": run_id, "sandboxId": sandbox_id }))
-        })?;
-    let patches = orch
-        .store()
-        .patches(&run_id, &sandbox_id)
-        .map_err(|e| store_error(&e))?;
+    };
+    let review = review.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            ErrorCode::InvalidInput,
+            format!("no review for {run_id}:{sandbox_id}"),
+        )
+        .details(json!({ "runId": run_id, "sandboxId": sandbox_id }))
+    })?;
     Ok(json_response(
         StatusCode::OK,
         &json!({ "review": review, "patches": patches }),
@@ -147,9 +173,10 @@ pub(crate) async fn accept(
 ) -> Result<Response, ApiError> {
     operator_only(&owner)?;
     let orch = orchestrator(&state)?;
-    let done = orch
-        .accept_with(&run_id, &sandbox_id, query.conflict_markers)
-        .await
+    let orch = orch.clone();
+    let markers = query.conflict_markers;
+    let done = off_workers(move |rt| rt.block_on(orch.accept_with(&run_id, &sandbox_id, markers)))
+        .await?
         .map_err(|e| orchestrator_error(&e))?;
     Ok(json_response(
         StatusCode::OK,
@@ -182,9 +209,17 @@ pub(crate) async fn reject(
     let reason = body
         .reason
         .unwrap_or_else(|| "rejected over HTTP".to_string());
-    orch.reject(&run_id, &sandbox_id, &reason)
-        .await
-        .map_err(|e| orchestrator_error(&e))?;
+    {
+        let (orch, run_id, sandbox_id, reason) = (
+            orch.clone(),
+            run_id.clone(),
+            sandbox_id.clone(),
+            reason.clone(),
+        );
+        off_workers(move |rt| rt.block_on(orch.reject(&run_id, &sandbox_id, &reason)))
+            .await?
+            .map_err(|e| orchestrator_error(&e))?;
+    }
     Ok(json_response(
         StatusCode::OK,
         &json!({ "runId": run_id, "sandboxId": sandbox_id, "state": "rejected", "reason": reason }),

@@ -166,3 +166,98 @@ async fn list_read_and_reject_a_pending_review() {
     let _ = stop.send(());
     served.await.unwrap().unwrap();
 }
+
+/// A review decision whose store call waits for the database's write lock (held by another
+/// connection, as another process would) runs on a blocking thread: on a runtime with ONE
+/// thread, `/health` still answers meanwhile. Before, the handler ran the decision on that
+/// thread and `/health` waited for the store's busy timeout (30 s).
+#[tokio::test]
+async fn health_answers_while_a_review_decision_waits_for_the_store() {
+    let data = tempfile::tempdir().unwrap();
+    let db = data.path().join("smithers.db");
+    let store = Arc::new(Store::open(&db).unwrap());
+    let project = tempfile::tempdir().unwrap();
+    store
+        .upsert_sandbox(&SandboxUpsert {
+            config: Some(RedactedConfig::new(&json!({}))),
+            status: Some(SandboxStatus::Review),
+            ..SandboxUpsert::key("run-w", "sbx-w")
+        })
+        .unwrap();
+    store
+        .open_review(
+            &NewReview {
+                run_id: "run-w".into(),
+                sandbox_id: "sbx-w".into(),
+                root_dir: project.path().display().to_string(),
+                bundle_path: data.path().join("bundle").display().to_string(),
+                bundle_status: "finished".into(),
+                remote_run_id: None,
+                patch_count: 0,
+                total_diff_lines: 0,
+                duration_ms: 5.0,
+                requested_at_ms: 1,
+                bundle_digest: "sha256:none".into(),
+            },
+            &[],
+        )
+        .unwrap();
+    let orch = Orchestrator::new(store, Arc::new(AtomicPatchApplier), Settings::default()).unwrap();
+    let server = SandboxServer::new(
+        ServerConfig {
+            token: Some(common::TOKEN.into()),
+            tokens: Vec::new(),
+            data_dir: data.path().join("host"),
+            limits: common::small_limits(),
+            shutdown_grace: Duration::from_secs(5),
+        },
+        Arc::new(HostProcessRuntime::new()),
+    )
+    .unwrap()
+    .with_orchestrator(Arc::new(orch))
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(server.serve(listener, async move {
+        let _ = rx.await;
+    }));
+    let http = reqwest::Client::new();
+
+    let other = rusqlite::Connection::open(&db).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let reject = {
+        let (http, base) = (http.clone(), base.clone());
+        tokio::spawn(async move {
+            http.post(format!(
+                "{base}/v1/runs/run-w/sandboxes/sbx-w/review/reject"
+            ))
+            .bearer_auth(common::TOKEN)
+            .json(&json!({"reason": "stuck"}))
+            .send()
+            .await
+        })
+    };
+    // Let the decision reach its store call and wait there for the lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !reject.is_finished(),
+        "the decision did not wait for the lock"
+    );
+    let asked = std::time::Instant::now();
+    let health = http.get(format!("{base}/health")).send().await.unwrap();
+    let took = asked.elapsed();
+    assert_eq!(health.status(), 200);
+    assert!(!reject.is_finished(), "the lock is still held");
+    other.execute_batch("COMMIT").unwrap();
+    let rejected = reject.await.unwrap().unwrap();
+    assert_eq!(rejected.status(), 200);
+    println!("/health took {took:?} while a review decision waited for the store");
+    // Loose: it answers in milliseconds; stalled, it took the store's 30 s busy timeout.
+    assert!(
+        took < Duration::from_secs(5),
+        "/health waited {took:?} for a review decision"
+    );
+    let _ = stop.send(());
+    served.await.unwrap().unwrap();
+}

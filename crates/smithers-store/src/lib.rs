@@ -6,10 +6,13 @@
 //! - The atomic concurrency gate ([`Store::try_admit`]): count and insert in ONE `BEGIN
 //!   IMMEDIATE` transaction, so N parallel starts never exceed the limit.
 //!
-//! A [`Store`] owns one connection behind a mutex; it is `Send + Sync` and meant to be shared
-//! in an `Arc`. Several processes (or several `Store`s) may use the same file at once: every
-//! write that reads before it writes runs in an IMMEDIATE transaction, and `busy_timeout`
-//! makes the others wait instead of failing.
+//! A [`Store`] keeps a small pool of connections: each call takes one of its own (opening
+//! another when all are in use) and gives it back, so callers on different threads do not
+//! wait for each other's calls: WAL lets readers go on beside a writer, and a write waiting
+//! for another one's lock holds only its own connection. It is `Send + Sync` and meant to be
+//! shared in an `Arc`. Several processes (or several `Store`s, or several connections of one)
+//! may use the same file at once: every write that reads before it writes runs in an
+//! IMMEDIATE transaction, and `busy_timeout` makes the others wait instead of failing.
 #![forbid(unsafe_code)]
 
 mod error;
@@ -18,8 +21,9 @@ mod owner;
 mod redact;
 mod schema;
 
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rusqlite::types::Value as SqlValue;
@@ -500,11 +504,73 @@ pub struct PatchRecord {
     pub patch_path: String,
 }
 
-/// The store: one SQLite connection to one database file.
+/// Connections kept for reuse when idle; more are opened while that many are in use at
+/// once, and closed when given back to a full pool.
+const IDLE_CONNECTIONS: usize = 8;
+
+/// The store: a pool of SQLite connections to one database file.
 #[derive(Debug)]
 pub struct Store {
-    conn: Mutex<Connection>,
+    /// Idle connections, each set up by [`connect`].
+    idle: Mutex<Vec<Connection>>,
     path: PathBuf,
+}
+
+/// A connection taken from the pool for one call; given back when dropped. A transaction
+/// is dropped (rolled back if not committed) before its connection, so what is given back
+/// never holds one.
+struct Pooled<'a> {
+    store: &'a Store,
+    conn: Option<Connection>,
+}
+
+impl Deref for Pooled<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+            .as_ref()
+            .expect("a pooled connection is held until drop")
+    }
+}
+
+impl DerefMut for Pooled<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        self.conn
+            .as_mut()
+            .expect("a pooled connection is held until drop")
+    }
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        // A connection left inside a transaction (it cannot be, see above) is not reused.
+        if !conn.is_autocommit() {
+            return;
+        }
+        let mut idle = self.store.idle();
+        if idle.len() < IDLE_CONNECTIONS {
+            idle.push(conn);
+        }
+    }
+}
+
+/// Opens one connection to `path` with the settings every connection of a store has:
+/// `busy_timeout` (first, so that a connection opened while another holds a lock waits
+/// instead of failing), foreign keys on, `synchronous = NORMAL`. The WAL journal mode is the
+/// file's, set once by [`Store::open`].
+fn connect(path: &Path) -> Result<Connection> {
+    let open_err = |source| StoreError::Open {
+        path: path.display().to_string(),
+        source,
+    };
+    let conn = Connection::open(path).map_err(open_err)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
+    conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
+        .map_err(open_err)?;
+    Ok(conn)
 }
 
 impl Store {
@@ -516,10 +582,7 @@ impl Store {
             path: path.display().to_string(),
             source,
         };
-        let mut conn = Connection::open(&path).map_err(open_err)?;
-        // busy_timeout first, so that switching to WAL while another process holds a lock
-        // waits instead of failing.
-        conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
+        let mut conn = connect(&path)?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
             .map_err(open_err)?;
@@ -529,11 +592,9 @@ impl Store {
                 "journal_mode is {mode}, WAL could not be enabled"
             ))));
         }
-        conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
-            .map_err(open_err)?;
         schema::migrate(&mut conn)?;
         Ok(Store {
-            conn: Mutex::new(conn),
+            idle: Mutex::new(vec![conn]),
             path,
         })
     }
@@ -564,15 +625,28 @@ impl Store {
         }
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock cannot leave SQLite state half-written (a dropped
-        // Transaction rolls back), so a poisoned lock is safe to reuse.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Connection>> {
+        // The lock is held only to push or pop a connection, never across a call, so a
+        // poisoned one (a panic in push or pop) holds nothing half-done.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A connection for one call: an idle one, or a new one when all are in use.
+    fn conn(&self) -> Result<Pooled<'_>> {
+        let idle = self.idle().pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => connect(&self.path)?,
+        };
+        Ok(Pooled {
+            store: self,
+            conn: Some(conn),
+        })
     }
 
     /// `PRAGMA user_version` of the file.
     pub fn schema_version(&self) -> Result<u32> {
-        self.conn()
+        self.conn()?
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(StoreError::query("schema_version"))
     }
@@ -580,7 +654,7 @@ impl Store {
     /// Upserts a sandbox row: present fields are written (a [`Field::Null`] clears the
     /// column), absent ones are left as they are (or take the column default on insert).
     pub fn upsert_sandbox(&self, row: &SandboxUpsert) -> Result<()> {
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("upsert_sandbox"))?;
@@ -590,7 +664,7 @@ impl Store {
 
     /// One sandbox row.
     pub fn get_sandbox(&self, run_id: &str, sandbox_id: &str) -> Result<Option<SandboxRow>> {
-        self.conn()
+        self.conn()?
             .query_row(
                 &format!(
                     "SELECT {SANDBOX_COLUMNS} FROM _smithers_sandboxes WHERE run_id = ?1 AND sandbox_id = ?2"
@@ -604,7 +678,7 @@ impl Store {
 
     /// Every sandbox of a run, by sandbox id.
     pub fn list_sandboxes(&self, run_id: &str) -> Result<Vec<SandboxRow>> {
-        let conn = self.conn();
+        let conn = self.conn()?;
         let mut stmt = conn
             .prepare(&format!(
                 "SELECT {SANDBOX_COLUMNS} FROM _smithers_sandboxes WHERE run_id = ?1 ORDER BY sandbox_id"
@@ -621,7 +695,7 @@ impl Store {
     /// never moving the time backwards. Returns whether a row was updated.
     pub fn heartbeat_sandbox(&self, run_id: &str, sandbox_id: &str, at_ms: i64) -> Result<bool> {
         let n = self
-            .conn()
+            .conn()?
             .execute(
                 "UPDATE _smithers_sandboxes SET heartbeat_at_ms = ?3
                  WHERE run_id = ?1 AND sandbox_id = ?2
@@ -639,7 +713,7 @@ impl Store {
     /// payload_json) again writes nothing and returns the existing seq.
     pub fn insert_event(&self, event: &NewEvent<'_>) -> Result<i64> {
         let op = StoreError::query("insert_event");
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("insert_event"))?;
@@ -697,7 +771,7 @@ impl Store {
 
     /// Events of a run with `seq >= from_seq`, in seq order.
     pub fn events_since(&self, run_id: &str, from_seq: i64) -> Result<Vec<EventRow>> {
-        let conn = self.conn();
+        let conn = self.conn()?;
         let mut stmt = conn
             .prepare_cached(
                 "SELECT run_id, seq, timestamp_ms, type, payload_json FROM _smithers_events
@@ -742,7 +816,7 @@ impl Store {
 
     /// Number of sandboxes holding a gate slot, in one run or (None) in the whole database.
     pub fn count_active(&self, run_id: Option<&str>) -> Result<u64> {
-        count_active_on(&self.conn(), run_id)
+        count_active_on(&*self.conn()?, run_id)
     }
 
     /// The atomic concurrency gate. In ONE `BEGIN IMMEDIATE` transaction: refuse if this
@@ -752,7 +826,7 @@ impl Store {
     /// processes cannot interleave between the count and the insert, because IMMEDIATE takes
     /// the write lock before the count.
     pub fn try_admit(&self, req: &AdmitRequest) -> Result<Admitted> {
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("try_admit"))?;
@@ -852,7 +926,7 @@ impl Store {
         config: &RedactedConfig,
         now_ms: i64,
     ) -> Result<bool> {
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("record_refused"))?;
@@ -891,7 +965,7 @@ impl Store {
     /// what this one leaves behind if it dies.
     pub fn set_handle(&self, run_id: &str, sandbox_id: &str, handle_json: &str) -> Result<()> {
         let n = self
-            .conn()
+            .conn()?
             .execute(
                 "UPDATE _smithers_sandbox_leases SET handle_json = ?3
                  WHERE run_id = ?1 AND sandbox_id = ?2",
@@ -916,7 +990,7 @@ impl Store {
         at_ms: i64,
         reason: &str,
     ) -> Result<()> {
-        self.conn()
+        self.conn()?
             .execute(
                 "UPDATE _smithers_sandbox_leases SET released_at_ms = ?3, release_reason = ?4
                  WHERE run_id = ?1 AND sandbox_id = ?2 AND released_at_ms IS NULL",
@@ -928,7 +1002,7 @@ impl Store {
 
     /// The lease of a sandbox.
     pub fn lease(&self, run_id: &str, sandbox_id: &str) -> Result<Option<Lease>> {
-        self.conn()
+        self.conn()?
             .query_row(
                 &format!("SELECT {LEASE_COLUMNS} FROM _smithers_sandbox_leases l WHERE run_id = ?1 AND sandbox_id = ?2"),
                 params![run_id, sandbox_id],
@@ -943,7 +1017,7 @@ impl Store {
     /// `Unknown` and never returned; rows without a lease (written by the JavaScript package)
     /// are not ours to judge and are not returned either. Rows in `review` are never orphans.
     pub fn orphaned_sandboxes(&self) -> Result<Vec<Orphan>> {
-        let conn = self.conn();
+        let conn = self.conn()?;
         let sandbox_cols = SANDBOX_COLUMNS
             .split(", ")
             .map(|c| format!("s.{c}"))
@@ -982,7 +1056,7 @@ impl Store {
     /// owner. Returns false when someone else got there first (two processes recovering at
     /// once: exactly one wins and emits the event).
     pub fn mark_orphan_failed(&self, orphan: &Orphan, now_ms: i64) -> Result<bool> {
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("mark_orphan_failed"))?;
@@ -1023,7 +1097,7 @@ impl Store {
     /// Opens a durable review: in one transaction the review row (`pending`), its patches and
     /// the sandbox row's status `review` (bundle path set) are written.
     pub fn open_review(&self, review: &NewReview, patches: &[PatchRecord]) -> Result<()> {
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("open_review"))?;
@@ -1088,7 +1162,7 @@ impl Store {
 
     /// The review of a sandbox.
     pub fn get_review(&self, run_id: &str, sandbox_id: &str) -> Result<Option<ReviewRow>> {
-        self.conn()
+        self.conn()?
             .query_row(
                 &format!(
                     "SELECT {REVIEW_COLUMNS} FROM _smithers_sandbox_reviews WHERE run_id = ?1 AND sandbox_id = ?2"
@@ -1102,7 +1176,7 @@ impl Store {
 
     /// Reviews, optionally only those in one state, oldest request first.
     pub fn list_reviews(&self, state: Option<ReviewState>) -> Result<Vec<ReviewRow>> {
-        let conn = self.conn();
+        let conn = self.conn()?;
         let mut stmt = conn
             .prepare(&format!(
                 "SELECT {REVIEW_COLUMNS} FROM _smithers_sandbox_reviews
@@ -1118,7 +1192,7 @@ impl Store {
 
     /// The recorded patches of a sandbox, in bundle order.
     pub fn patches(&self, run_id: &str, sandbox_id: &str) -> Result<Vec<PatchRecord>> {
-        let conn = self.conn();
+        let conn = self.conn()?;
         let mut stmt = conn
             .prepare(
                 "SELECT path, operation, base_hash, new_hash, patch_path
@@ -1182,7 +1256,7 @@ impl Store {
             "decided_at_ms"
         };
         let n = self
-            .conn()
+            .conn()?
             .execute(
                 &format!(
                     "UPDATE _smithers_sandbox_reviews
@@ -1215,7 +1289,7 @@ impl Store {
 
     /// Records why applying an accepted review failed.
     pub fn record_apply_error(&self, run_id: &str, sandbox_id: &str, error: &str) -> Result<()> {
-        self.conn()
+        self.conn()?
             .execute(
                 "UPDATE _smithers_sandbox_reviews SET apply_error = ?3
                  WHERE run_id = ?1 AND sandbox_id = ?2",

@@ -628,3 +628,77 @@ fn store_error_reports_code_message_details() {
     assert_eq!(report.code, ErrorCode::Internal);
     assert!(report.details["path"].as_str().unwrap().ends_with("x.db"));
 }
+
+/// One `Store` shared by threads (its pool, not one `Store` per thread as above): the gate is
+/// still one IMMEDIATE transaction, on whichever connection a call gets.
+#[test]
+fn gate_holds_on_one_shared_store_under_contention() {
+    const CONTENDERS: usize = 40;
+    const LIMIT: u32 = 3;
+    let (_d, path) = temp_db();
+    let store = Arc::new(Store::open(&path).unwrap());
+    let barrier = Arc::new(Barrier::new(CONTENDERS));
+    let handles: Vec<_> = (0..CONTENDERS)
+        .map(|i| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                store.try_admit(&admit_req("run", &format!("sb-{i}"), LIMIT, 1000))
+            })
+        })
+        .collect();
+    let admitted = handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .filter(|r| r.is_ok())
+        .count();
+    let rows = store.list_sandboxes("run").unwrap();
+    assert_eq!(admitted, LIMIT as usize);
+    assert_eq!(rows.len(), LIMIT as usize, "refused starts wrote nothing");
+}
+
+/// A call waiting for the database's write lock (another process holds it: here a raw
+/// connection in an open IMMEDIATE transaction) holds only its own connection: a read on
+/// another thread of the same `Store` answers meanwhile (WAL readers do not wait for writers).
+/// With one connection behind a mutex, the read waited for the write, which waited up to
+/// `BUSY_TIMEOUT` for the lock.
+#[test]
+fn a_write_waiting_for_the_lock_does_not_hold_readers() {
+    let (_d, path) = temp_db();
+    let store = Arc::new(Store::open(&path).unwrap());
+    store
+        .try_admit(&admit_req("run", "sb-1", 10, 1000))
+        .unwrap();
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+
+    let writer = {
+        let store = store.clone();
+        thread::spawn(move || store.heartbeat_sandbox("run", "sb-1", 2_000))
+    };
+    // Let the writer take its connection and start waiting for the lock.
+    thread::sleep(Duration::from_millis(300));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = {
+        let store = store.clone();
+        thread::spawn(move || {
+            let _ = tx.send(store.get_sandbox("run", "sb-1"));
+        })
+    };
+    // Loose: the read takes a millisecond; the write waits until the lock is released below.
+    let read = rx.recv_timeout(Duration::from_secs(10));
+    other.execute_batch("COMMIT").unwrap();
+    let read = read.expect("the read waited for the write holding the lock");
+    let row = read.unwrap().expect("row");
+    assert_eq!(row.sandbox_id, "sb-1");
+    reader.join().unwrap();
+    assert!(writer.join().unwrap().unwrap(), "the write went through");
+    assert_eq!(
+        store
+            .get_sandbox("run", "sb-1")
+            .unwrap()
+            .unwrap()
+            .heartbeat_at_ms,
+        Some(2_000)
+    );
+}

@@ -40,7 +40,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::plan::{
-    InitPlan, LandlockPlan, MountAttrs, MountOp, Prelude, RootFs, TargetKind, PLAN_VERSION,
+    InitPlan, LandlockPlan, MountAttrs, MountOp, Prelude, ProbeInput, RootFs, TargetKind,
+    PLAN_VERSION,
 };
 use crate::sys::{self, cpath, cstring, SysError, SysResult};
 
@@ -1520,7 +1521,8 @@ fn outcome(r: SysResult<()>) -> Value {
     }
 }
 
-/// Tries every mechanism once in throwaway namespaces and prints the findings as JSON on stdout.
+/// Tries every mechanism once in throwaway namespaces and prints the findings as JSON on stdout;
+/// the seccomp program it tries is the runtime's, read from stdin ([`ProbeInput`]).
 /// Everything it mounts lives in its own mount namespace and vanishes with it; the scratch
 /// directory is the caller's to remove.
 fn run_probe(scratch: &Path) -> i32 {
@@ -1594,13 +1596,39 @@ fn run_probe(scratch: &Path) -> i32 {
             Err(e) => json!({"ok": false, "detail": e}),
         },
     );
-    let seccomp = match crate::seccomp::compile() {
-        Ok(program) => outcome(install_seccomp(&program)),
-        Err(e) => json!({"ok": false, "detail": e.to_string()}),
+    let seccomp = match probe_input() {
+        Ok(ProbeInput {
+            seccomp: Some(program),
+            ..
+        }) => outcome(install_seccomp(&program)),
+        Ok(ProbeInput { seccomp: None, .. }) => {
+            json!({"ok": false, "detail": "not tried: the runtime has no seccomp program"})
+        }
+        Err(detail) => json!({"ok": false, "detail": detail}),
     };
     out.insert("seccomp".into(), seccomp);
     println!("{}", Value::Object(out));
     0
+}
+
+/// The probe's input (see [`ProbeInput`]), read from stdin to its end.
+fn probe_input() -> Result<ProbeInput, String> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(64 << 20)
+        .read_to_end(&mut text)
+        .map_err(|e| format!("reading the probe's input: {e}"))?;
+    let input: ProbeInput = serde_json::from_slice(&text)
+        .map_err(|e| format!("the probe's input is not valid: {e}"))?;
+    if input.version != PLAN_VERSION {
+        return Err(format!(
+            "probe input version {} but this init speaks {PLAN_VERSION} (another build)",
+            input.version
+        ));
+    }
+    Ok(input)
 }
 
 fn probe_overlay(scratch: &Path) -> SysResult<()> {

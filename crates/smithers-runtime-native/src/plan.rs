@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 pub use smithers_sandbox_init::plan::{
     BpfInstruction, CgroupJoin, ExecSpec, InitPlan, LandlockPlan, MountAttrs, MountOp, Prelude,
-    RootFs, TargetKind, PLAN_VERSION, ROOT_TMPFS_BYTES,
+    ProbeInput, RootFs, TargetKind, PLAN_VERSION, ROOT_TMPFS_BYTES,
 };
 
 /// Where the sandbox sees things. Part of the contract with steps.

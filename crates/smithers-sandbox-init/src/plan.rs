@@ -266,3 +266,13 @@ pub struct InitPlan {
     pub seccomp: Vec<BpfInstruction>,
     pub exec: ExecSpec,
 }
+
+/// What the host probe (`--probe <scratch>`) reads on its stdin, one JSON value: the seccomp
+/// program to try installing, compiled by the runtime (the init has no compiler of its own);
+/// `None` when the runtime could not compile one, which the probe reports as not tried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeInput {
+    pub version: u32,
+    pub seccomp: Option<Vec<BpfInstruction>>,
+}

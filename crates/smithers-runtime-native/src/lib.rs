@@ -48,13 +48,11 @@ pub mod cgroup;
 mod collect;
 mod copy;
 mod exec;
-pub mod init;
 mod owned;
 pub mod plan;
 mod prepared_root;
 mod report;
 pub mod seccomp;
-mod sys;
 mod zygote;
 
 use std::collections::BTreeMap;
@@ -75,8 +73,10 @@ pub use report::protection_names;
 
 const RUNTIME: &str = "bubblewrap";
 
+/// The init's syscall wrappers, which the runtime uses too (mounts, statvfs).
+pub(crate) use smithers_sandbox_init::sys;
 /// Environment variable naming the init executable.
-pub const INIT_ENV: &str = "SMITHERS_SANDBOX_INIT";
+pub use smithers_sandbox_init::INIT_ENV;
 /// File name of the init executable looked up next to the current executable.
 pub const INIT_BIN: &str = "smithers-sandbox-init";
 /// Hidden first argument with which `smithers-sandbox` runs as the init.
@@ -99,7 +99,7 @@ impl InitCommand {
     }
 
     /// The current executable run with [`INIT_SUBCOMMAND`] (for a CLI that dispatches to
-    /// [`init::run`]).
+    /// [`smithers_sandbox_init::run`]).
     pub fn current_exe_subcommand() -> std::io::Result<InitCommand> {
         Ok(InitCommand {
             program: std::env::current_exe()?,

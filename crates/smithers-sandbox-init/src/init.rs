@@ -1,7 +1,7 @@
 //! The in-sandbox init: a small, single-threaded program (no tokio, no threads) that executes a
 //! [`Prelude`] and an [`InitPlan`]. It runs as a separate process so that nothing is forked from the runtime's
 //! multithreaded process. P0 is either executed from the binary or, by default, forked from
-//! the runtime's zygote (the same binary in `--zygote` mode, see `crate::zygote`), which hands
+//! the runtime's zygote (the same binary in `--zygote` mode, see [`crate::zygote`]), which hands
 //! it the same three descriptors: from there on both are identical.
 //!
 //! Process tree and protocol:
@@ -914,7 +914,7 @@ fn overlay_escape(path: &Path) -> String {
 
 /// Makes the mount point of a mount op in the root being built (see
 /// [`MountOp::mount_point`]); nothing for other ops.
-pub(crate) fn make_mount_point(op: &MountOp, root: &Path) -> SysResult<()> {
+pub fn make_mount_point(op: &MountOp, root: &Path) -> SysResult<()> {
     match op.mount_point() {
         Some((path, TargetKind::Dir, mode)) => mkdir_p(&join(root, path), mode),
         Some((path, TargetKind::File, _)) => touch(&join(root, path)),
@@ -924,8 +924,8 @@ pub(crate) fn make_mount_point(op: &MountOp, root: &Path) -> SysResult<()> {
 
 /// Carries out one op of the plan in the root being built at `root`. `prepared`: the root is
 /// a prepared one ([`crate::plan::RootFs::Prepared`]), whose mount points exist. Also used by
-/// the runtime to make a prepared root's files (`crate::prepared_root`).
-pub(crate) fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
+/// the runtime to make a prepared root's files (its `prepared_root`).
+pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
     if let MountOp::Bind {
         source,
         optional: true,

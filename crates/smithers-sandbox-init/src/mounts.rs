@@ -2,7 +2,11 @@
 //! runtime uses to make a prepared root's files and mount points, so that a prepared root and
 //! a tmpfs root cannot differ.
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{FileType, Mode, OFlags};
+use rustix::io::Errno;
 
 use crate::plan::{MountAttrs, MountOp, TargetKind};
 use crate::sys::{self, cpath, cstring, SysError, SysResult};
@@ -16,26 +20,20 @@ pub(crate) fn join(root: &Path, inner: &Path) -> PathBuf {
 /// each mkdir cost about a hundred syscalls per sandbox). EEXIST is taken as done: something
 /// else in the way fails the mount or file operation that follows, with its own error.
 pub(crate) fn mkdir_p(path: &Path, mode: u32) -> SysResult<()> {
-    let c = cpath(path);
-    // SAFETY: `c` is a valid C string.
-    let ret = unsafe { libc::mkdir(c.as_ptr(), mode) };
-    if ret == 0 {
-        return Ok(());
-    }
-    match sys::errno() {
-        libc::EEXIST => Ok(()),
-        libc::ENOENT => {
+    let mode = Mode::from_raw_mode(mode);
+    let failed = || format!("mkdir {}", path.display());
+    match rustix::fs::mkdir(path, mode) {
+        Ok(()) | Err(Errno::EXIST) => Ok(()),
+        Err(Errno::NOENT) => {
             if let Some(parent) = path.parent() {
                 mkdir_p(parent, 0o755)?;
             }
-            // SAFETY: as above.
-            let ret = unsafe { libc::mkdir(c.as_ptr(), mode) };
-            if ret < 0 && sys::errno() != libc::EEXIST {
-                return sys::fail(format!("mkdir {}", path.display()));
+            match rustix::fs::mkdir(path, mode) {
+                Ok(()) | Err(Errno::EXIST) => Ok(()),
+                other => sys::rx(other, failed),
             }
-            Ok(())
         }
-        _ => sys::fail(format!("mkdir {}", path.display())),
+        other => sys::rx(other, failed),
     }
 }
 
@@ -43,19 +41,13 @@ pub(crate) fn touch(path: &Path) -> SysResult<()> {
     if let Some(parent) = path.parent() {
         mkdir_p(parent, 0o755)?;
     }
-    let c = cpath(path);
-    // SAFETY: `c` is a valid C string; the fd is closed right away.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-            0o644,
-        )
-    };
-    sys::check(fd, || format!("create {}", path.display()))?;
-    // SAFETY: fd was just opened and is owned here.
-    unsafe { libc::close(fd) };
-    Ok(())
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    // Closed when dropped: only its existence matters.
+    sys::rx(
+        rustix::fs::open(path, flags, Mode::from_raw_mode(0o644)),
+        || format!("create {}", path.display()),
+    )
+    .map(drop)
 }
 
 fn attr_bits(a: MountAttrs) -> u64 {
@@ -80,72 +72,45 @@ fn attr_bits(a: MountAttrs) -> u64 {
 /// syscalls on one descriptor each, about half of what `std::fs` spends on a copy: P1 makes
 /// a dozen of these for `/etc` on the path to the step's start.
 fn copy_small_file(source: &Path, dest: &Path, max: u64) -> SysResult<()> {
-    let fail = |op: &str| SysError {
-        op: format!("{op} {}", dest.display()),
-        errno: sys::errno(),
-    };
-    let src_c = cpath(source);
-    // SAFETY: valid C string; the descriptor is closed before returning.
-    let src = unsafe { libc::open(src_c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if src < 0 {
+    let Some((content, mode)) = read_small_file(source, max) else {
         return Ok(());
+    };
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC;
+    let dst = sys::rx(
+        rustix::fs::open(dest, flags, Mode::from_raw_mode(mode)),
+        || format!("create {}", dest.display()),
+    )?;
+    sys::write_all_fd(dst.as_raw_fd(), &content)?;
+    // The umask may have narrowed the mode at creation; say it exactly.
+    sys::rx(rustix::fs::fchmod(&dst, Mode::from_raw_mode(mode)), || {
+        format!("chmod {}", dest.display())
+    })
+}
+
+/// The content and permission bits (0o755 at most) of a regular file of at most `max` bytes;
+/// `None` when it is missing, of another kind, or larger (even if it grew while being read).
+fn read_small_file(source: &Path, max: u64) -> Option<(Vec<u8>, u32)> {
+    let src = rustix::fs::open(source, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    let st = rustix::fs::fstat(&src).ok()?;
+    let size = u64::try_from(st.st_size).ok()?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || size > max {
+        return None;
     }
-    let content = (|| {
-        // SAFETY: `stat` is plain old data; zeroed is a valid value.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is a valid out-pointer for fstat on our descriptor.
-        let stat = unsafe { libc::fstat(src, &mut st) };
-        if stat < 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size as u64 > max {
+    let mut buf = vec![0u8; size as usize + 1];
+    let mut len = 0;
+    loop {
+        match rustix::io::read(&src, &mut buf[len..]) {
+            Err(Errno::INTR) => continue,
+            Ok(0) | Err(_) => break,
+            Ok(n) => len += n,
+        }
+        if len == buf.len() {
+            // Grew past its size since the fstat: over the limit, skip it.
             return None;
         }
-        let mut buf = vec![0u8; st.st_size as usize + 1];
-        let mut len = 0;
-        loop {
-            // SAFETY: reading into the unused tail of `buf`.
-            let n = unsafe { libc::read(src, buf[len..].as_mut_ptr().cast(), buf.len() - len) };
-            if n < 0 && sys::errno() == libc::EINTR {
-                continue;
-            }
-            if n <= 0 {
-                break;
-            }
-            len += n as usize;
-            if len == buf.len() {
-                // Grew past its size since the fstat: over the limit, skip it.
-                return None;
-            }
-        }
-        buf.truncate(len);
-        Some((buf, st.st_mode & 0o755))
-    })();
-    // SAFETY: our descriptor.
-    unsafe { libc::close(src) };
-    let Some((content, mode)) = content else {
-        return Ok(());
-    };
-    let dst_c = cpath(dest);
-    // SAFETY: valid C string; the descriptor is closed below.
-    let dst = unsafe {
-        libc::open(
-            dst_c.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-            mode,
-        )
-    };
-    if dst < 0 {
-        return Err(fail("create"));
     }
-    let written = sys::write_all_fd(dst, &content);
-    // The umask may have narrowed the mode at creation; say it exactly.
-    // SAFETY: fchmod on our descriptor.
-    let moded = unsafe { libc::fchmod(dst, mode) };
-    // SAFETY: our descriptor, not used after.
-    unsafe { libc::close(dst) };
-    written?;
-    if moded < 0 {
-        return Err(fail("chmod"));
-    }
-    Ok(())
+    buf.truncate(len);
+    Some((buf, st.st_mode & 0o755))
 }
 
 fn mount_flags(a: MountAttrs) -> libc::c_ulong {

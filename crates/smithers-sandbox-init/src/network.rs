@@ -4,6 +4,8 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use rustix::fs::{Mode, OFlags};
+
 use crate::control::report_error;
 use crate::sys::{self, SysError, SysResult};
 
@@ -14,21 +16,21 @@ pub(crate) fn send_network_namespace(sock: &OwnedFd, proc_self: &OwnedFd) {
     // the namespace, and P0 (root of the sandbox's user namespace) may configure it.
     let made = sys::unshare(libc::CLONE_NEWNET, "network namespace").and_then(|()| {
         lo_up()?;
-        // SAFETY: openat(2) below our own /proc entry; the fd is closed below.
-        let fd = unsafe {
-            libc::openat(
-                proc_self.as_raw_fd(),
-                c"ns/net".as_ptr(),
-                libc::O_RDONLY | libc::O_CLOEXEC,
-            )
-        };
-        sys::check(fd, || "open /proc/self/ns/net".to_string())
+        sys::rx(
+            rustix::fs::openat(
+                proc_self,
+                "ns/net",
+                OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            ),
+            || "open /proc/self/ns/net".to_string(),
+        )
     });
     match made {
+        // Ours is closed when dropped; P1 has its own copy once sent.
         Ok(fd) => {
-            let sent = crate::zygote::send_fds(sock.as_raw_fd(), &[fd]);
-            // SAFETY: our descriptor; P1 has its own copy once sent.
-            unsafe { libc::close(fd) };
+            let sent = crate::zygote::send_fds(sock.as_raw_fd(), &[fd.as_raw_fd()]);
+            drop(fd);
             // P1 gone (EPIPE: it failed first, and reported why) is not news.
             let failed = sent.err().filter(|e| e.raw_os_error() != Some(libc::EPIPE));
             if let Some(e) = failed {

@@ -43,7 +43,7 @@ pub(crate) fn pid1(
         }
     };
     report(ready);
-    let pid = match PreparedExec::new(plan).spawn() {
+    let pid = match PreparedExec::new(plan).and_then(|exec| exec.spawn()) {
         Ok(pid) => pid,
         // The command could not start: what a shell would print and exit with.
         Err((code, message)) => {
@@ -148,10 +148,15 @@ pub(crate) fn setup(
     for op in &plan.mounts {
         stage("mount", apply(op, root, prepared))?;
     }
-    let hostname = cstring(&plan.hostname);
-    // SAFETY: `hostname` is valid for the given length.
-    let ret = unsafe { libc::sethostname(hostname.as_ptr(), plan.hostname.len()) };
-    stage("hostname", sys::check(ret, || "sethostname".to_string()))?;
+    // The name's bytes as they are, with their length (a C string made of it would end at a
+    // NUL and be read past its end).
+    stage(
+        "hostname",
+        sys::rx(
+            rustix::system::sethostname(plan.hostname.as_bytes()),
+            || "sethostname".to_string(),
+        ),
+    )?;
     stage("pivot_root", pivot(root))?;
     stage("cgroup", await_cgroups(joined))?;
     // As late as can be, still with the capabilities setns needs: P0 makes the namespace
@@ -163,18 +168,13 @@ pub(crate) fn setup(
 }
 
 fn pivot(root: &Path) -> SysResult<()> {
-    let c = cpath(root);
-    // SAFETY: valid C string.
-    sys::check(unsafe { libc::chdir(c.as_ptr()) }, || {
+    sys::rx(rustix::process::chdir(root), || {
         format!("chdir {}", root.display())
     })?;
-    // SAFETY: pivot_root(".", ".") stacks the old root on the new one; both are valid strings.
-    let ret = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
-    sys::check_long(ret, || "pivot_root".to_string())?;
-    sys::umount2(Path::new("."), libc::MNT_DETACH)?;
-    // SAFETY: valid C string.
-    sys::check(unsafe { libc::chdir(c"/".as_ptr()) }, || {
-        "chdir /".to_string()
+    // pivot_root(".", ".") stacks the old root on the new one, which the unmount then drops.
+    sys::rx(rustix::process::pivot_root(".", "."), || {
+        "pivot_root".to_string()
     })?;
-    Ok(())
+    sys::umount2(Path::new("."), libc::MNT_DETACH)?;
+    sys::rx(rustix::process::chdir("/"), || "chdir /".to_string())
 }

@@ -9,7 +9,7 @@ use crate::mounts::{apply, mkdir_p, touch};
 use crate::network::lo_up;
 use crate::plan::{LandlockPlan, MountAttrs, MountOp, ProbeInput, PLAN_VERSION};
 use crate::privileges::{apply_landlock, install_seccomp};
-use crate::sys::{self, cpath, SysError, SysResult};
+use crate::sys::{self, SysError, SysResult};
 
 fn outcome(r: SysResult<()>) -> Value {
     match r {
@@ -24,8 +24,10 @@ fn outcome(r: SysResult<()>) -> Value {
 /// directory is the caller's to remove.
 pub(crate) fn run_probe(scratch: &Path) -> i32 {
     let mut out = serde_json::Map::new();
-    // SAFETY: getuid/getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let (uid, gid) = (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    );
     let user = sys::unshare(libc::CLONE_NEWUSER, "user namespace").and_then(|()| {
         sys::write_file(Path::new("/proc/self/setgroups"), b"deny")?;
         sys::write_file(
@@ -153,9 +155,7 @@ fn probe_overlay(scratch: &Path) -> SysResult<()> {
         false,
     )?;
     // Deleting a lower directory is what fails (EIO) without userxattr.
-    let sub = cpath(&dirs[3].join("sub"));
-    // SAFETY: valid C string.
-    sys::check(unsafe { libc::rmdir(sub.as_ptr()) }, || {
+    sys::rx(rustix::fs::rmdir(dirs[3].join("sub")), || {
         "rmdir through overlay".to_string()
     })?;
     touch(&dirs[3].join("written"))?;
@@ -193,9 +193,8 @@ fn probe_proc(scratch: &Path) -> SysResult<()> {
             }
         });
     }
-    let mut status = 0;
-    // SAFETY: valid out-pointer, our child.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
+    // A failed wait must not read as success (a status of 0 would).
+    let (_, status) = sys::wait_child(pid, 0)?;
     if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
         Ok(())
     } else {

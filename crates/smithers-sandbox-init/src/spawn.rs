@@ -1,9 +1,10 @@
 //! Starting the command (P2) from P1 with `posix_spawn`, every set-up call checked.
 
 use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
 
 use crate::plan::InitPlan;
-use crate::sys::{self, cpath, cstring};
+use crate::sys;
 
 /// The command, prepared in P1.
 pub(crate) struct PreparedExec {
@@ -15,25 +16,43 @@ pub(crate) struct PreparedExec {
 }
 
 impl PreparedExec {
-    pub(crate) fn new(plan: &InitPlan) -> PreparedExec {
+    /// The command of `plan`, or the exit code and message of one that cannot be carried: a
+    /// NUL byte in an argument, a variable, the working directory or the search path would
+    /// end its C string early and start another command than the plan's (the runtime refuses
+    /// those before; the init does not rely on it).
+    pub(crate) fn new(plan: &InitPlan) -> Result<PreparedExec, (i32, String)> {
         let argv0 = plan.exec.argv.first().cloned().unwrap_or_default();
-        let candidates = if argv0.contains('/') {
-            vec![cstring(&argv0)]
-        } else {
-            plan.exec
-                .search_path
-                .split(':')
-                .filter(|d| !d.is_empty())
-                .map(|d| cstring(&format!("{}/{argv0}", d.trim_end_matches('/'))))
-                .collect()
+        let refuse = |what: String| {
+            let message =
+                format!("smithers-sandbox: cannot start {argv0}: {what} contains a NUL byte\n");
+            (126, message)
         };
-        PreparedExec {
+        let c = |s: &[u8], what: &dyn Fn() -> String| CString::new(s).map_err(|_| refuse(what()));
+        let argv = (plan.exec.argv.iter().enumerate())
+            .map(|(i, a)| c(a.as_bytes(), &|| format!("argument {i}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let env = (plan.exec.env.iter())
+            .map(|e| c(e.as_bytes(), &|| "an environment variable".to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cwd = c(plan.exec.cwd.as_os_str().as_bytes(), &|| {
+            "the working directory".to_string()
+        })?;
+        let candidates = if argv0.contains('/') {
+            vec![argv[0].clone()]
+        } else {
+            (plan.exec.search_path.split(':'))
+                .filter(|d| !d.is_empty())
+                .map(|d| format!("{}/{argv0}", d.trim_end_matches('/')))
+                .map(|p| c(p.as_bytes(), &|| "the search path".to_string()))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        Ok(PreparedExec {
             candidates,
-            argv: plan.exec.argv.iter().map(|a| cstring(a)).collect(),
-            env: plan.exec.env.iter().map(|e| cstring(e)).collect(),
-            cwd: cpath(&plan.exec.cwd),
+            argv,
+            env,
+            cwd,
             argv0,
-        }
+        })
     }
 
     /// The message and exit code of a command that could not start, as a shell gives them.
@@ -67,15 +86,26 @@ impl PreparedExec {
         // SAFETY: close_range on our own descriptor table, only setting flags.
         let marked = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 4u32) };
         if marked < 0 {
-            if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
-                for fd in dir
-                    .flatten()
-                    .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                {
-                    if fd > 2 {
-                        // SAFETY: fcntl on a descriptor number; a stale one fails harmlessly.
-                        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-                    }
+            // One at a time: a descriptor left open would reach the command, so a failure to
+            // list or mark them refuses the start.
+            let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+                return Err(self.failure(126, "cannot close the descriptors for", sys::errno()));
+            };
+            let fds: Vec<libc::c_int> = dir
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter(|fd| *fd > 2)
+                .collect();
+            for fd in fds {
+                // SAFETY: fcntl on a descriptor number; the listing's own, closed since,
+                // fails with EBADF.
+                let ret = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+                if ret < 0 && sys::errno() != libc::EBADF {
+                    return Err(self.failure(
+                        126,
+                        "cannot close the descriptors for",
+                        sys::errno(),
+                    ));
                 }
             }
         }
@@ -174,5 +204,61 @@ impl PreparedExec {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::PreparedExec;
+    use crate::plan::{ExecSpec, InitPlan, LandlockPlan, RootFs};
+
+    fn plan(argv: &[&str], env: &[&str], cwd: &str) -> InitPlan {
+        InitPlan {
+            version: crate::plan::PLAN_VERSION,
+            hostname: "h".into(),
+            new_root: PathBuf::from("/nowhere"),
+            root: RootFs::Tmpfs,
+            mounts: vec![],
+            landlock: LandlockPlan {
+                read_dirs: vec![],
+                write_dirs: vec![],
+                write_files: vec![],
+                scope: false,
+            },
+            seccomp: vec![],
+            exec: ExecSpec {
+                argv: argv.iter().map(|s| s.to_string()).collect(),
+                env: env.iter().map(|s| s.to_string()).collect(),
+                cwd: PathBuf::from(cwd),
+                search_path: "/usr/bin:/bin".into(),
+            },
+        }
+    }
+
+    /// A NUL would end the C string early: `rm -rf /\0tmp` must not become `rm -rf /`.
+    #[test]
+    fn a_nul_anywhere_in_the_command_is_refused_not_truncated() {
+        for (argv, env, cwd, what) in [
+            (&["rm", "-rf", "/\0tmp"][..], &[][..], "/w", "argument 2"),
+            (&["tr\0ue"][..], &[][..], "/w", "argument 0"),
+            (&["true"][..], &["A=1\0B"][..], "/w", "environment variable"),
+            (&["true"][..], &[][..], "/w\0x", "working directory"),
+        ] {
+            let Err((code, message)) = PreparedExec::new(&plan(argv, env, cwd)) else {
+                panic!("{argv:?} {env:?} {cwd:?} was accepted");
+            };
+            assert_eq!(code, 126);
+            assert!(message.contains(what), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_plain_command_is_prepared_with_its_search_path() {
+        let exec = PreparedExec::new(&plan(&["ls", "-l"], &["A=1"], "/w")).unwrap();
+        assert_eq!(exec.argv.len(), 2);
+        assert_eq!(exec.candidates.len(), 2);
+        assert_eq!(exec.candidates[0].to_str().unwrap(), "/usr/bin/ls");
     }
 }

@@ -127,13 +127,15 @@ pub fn recv_fds(sock: RawFd) -> std::io::Result<Option<Vec<OwnedFd>>> {
 /// runs. Returns the exit code.
 pub fn serve(run_sandbox: fn() -> i32) -> i32 {
     // SAFETY: plain signal disposition change; the zygote's children are reaped by the
-    // kernel, so none is left a zombie. close_range drops whatever inheritable descriptors the
-    // runtime's process had (a jobserver pipe, say): the zygote outlives many sandboxes and
-    // must not keep someone else's pipe open.
-    unsafe {
-        libc::signal(libc::SIGCHLD, libc::SIG_IGN);
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+    // kernel, so none is left a zombie. Without it they would be: refuse to serve.
+    if unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) } == libc::SIG_ERR {
+        return 1;
     }
+    // SAFETY: close_range drops whatever inheritable descriptors the runtime's process had (a
+    // jobserver pipe, say): the zygote outlives many sandboxes and must not keep someone
+    // else's pipe open. Best effort (Linux 5.9): a sandbox's P1 marks every descriptor but
+    // 0-2 close-on-exec before the command starts, whatever it inherited.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
     loop {
         let fds = match recv_fds(0) {
             Ok(None) => return 0,
@@ -150,12 +152,15 @@ pub fn serve(run_sandbox: fn() -> i32) -> i32 {
                 // descriptors as 0-2, drop everything else the zygote had (its socket among
                 // them), then run the init as if freshly executed.
                 unsafe {
-                    libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+                    if libc::signal(libc::SIGCHLD, libc::SIG_DFL) == libc::SIG_ERR {
+                        libc::_exit(127);
+                    }
                     for (target, fd) in fds.iter().enumerate() {
                         if libc::dup2(fd.as_raw_fd(), target as libc::c_int) < 0 {
                             libc::_exit(127);
                         }
                     }
+                    // Best effort, as above.
                     libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
                 }
                 crate::sys::child_exit(run_sandbox);

@@ -3,8 +3,9 @@
 //!
 //! * [`plan`] compiles the policy purely (mount list, environment, Landlock rules); [`seccomp`]
 //!   compiles the syscall filter. Both are unit-tested without root.
-//! * [`init`] is the in-sandbox init (a separate, single-threaded executable:
-//!   `smithers-sandbox-init`, or `smithers-sandbox __sandbox-init`), which executes the plan.
+//! * The in-sandbox init, which executes the plan, is its own crate, [`smithers_sandbox_init`]
+//!   (a separate, single-threaded executable: `smithers-sandbox-init`, built by this crate as a
+//!   thin binary, or `smithers-sandbox __sandbox-init`); it owns the plan's types.
 //! * [`cgroup`] is cgroups v1 and v2 behind one interface.
 //! * [`NativeRuntime`] implements [`smithers_runtime::Runtime`].
 //!

@@ -279,6 +279,8 @@ mod tests {
     /// P0's fallback without a pidfd: a running child is not ended, an exited one is, and
     /// the check does not reap it (the real wait that follows still gets its status).
     #[test]
+    // The child is reaped by `wait_child`, which is what is tested, not by `Child::wait`.
+    #[allow(clippy::zombie_processes)]
     fn child_ended_sees_the_end_without_reaping() {
         let mut child = std::process::Command::new("sleep")
             .arg("30")

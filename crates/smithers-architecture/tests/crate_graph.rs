@@ -81,6 +81,33 @@ const RULES: &[(&str, &[&str], &str)] = &[
         &["smithers-runtime-*", "smithers-server", "smithers-cli"],
         "the lifecycle sees runtimes only through the trait",
     ),
+    (
+        "smithers-sandbox-init",
+        &["*"],
+        "the init is a security boundary of its own: it knows nothing of the runtime that starts it",
+    ),
+];
+
+/// The only crates the init may name as dependencies: no async runtime, nothing of ours.
+const INIT_ALLOWED: &[&str] = &[
+    "libc",
+    "serde",
+    "serde_json",
+    "landlock",
+    "rustix",
+    "thiserror",
+];
+
+/// What may never be among the init's dependencies, direct or not (its tests included: they
+/// stay single-threaded and synchronous too).
+const INIT_FORBIDDEN: &[&str] = &[
+    "tokio",
+    "tokio-*",
+    "async-*",
+    "futures",
+    "futures-*",
+    "mio",
+    "smithers-*",
 ];
 
 fn matches(pattern: &str, name: &str) -> bool {
@@ -173,4 +200,88 @@ fn the_rules_do_bite() {
     assert!(matches("smithers-runtime-*", "smithers-runtime-native"));
     assert!(!matches("smithers-runtime-*", "smithers-runtime"));
     assert!(matches("smithers-store", "smithers-store"));
+    // The init's list catches what it is meant to.
+    assert!(INIT_FORBIDDEN.iter().any(|f| matches(f, "tokio")));
+    assert!(INIT_FORBIDDEN.iter().any(|f| matches(f, "tokio-util")));
+    assert!(INIT_FORBIDDEN
+        .iter()
+        .any(|f| matches(f, "smithers-runtime-native")));
+    assert!(!INIT_FORBIDDEN.iter().any(|f| matches(f, "libc")));
+}
+
+fn manifest(krate: &str) -> toml::Table {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(krate)
+        .join("Cargo.toml");
+    toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+#[test]
+fn the_init_names_only_its_allowed_dependencies() {
+    let doc = manifest("smithers-sandbox-init");
+    let mut named = Vec::new();
+    for key in ["dependencies", "build-dependencies", "dev-dependencies"] {
+        if let Some(t) = doc.get(key).and_then(|v| v.as_table()) {
+            named.extend(t.keys().cloned());
+        }
+    }
+    assert!(
+        doc.get("target").is_none(),
+        "no target-specific dependencies"
+    );
+    let extra: Vec<_> = named
+        .iter()
+        .filter(|d| !INIT_ALLOWED.contains(&d.as_str()))
+        .collect();
+    assert!(
+        named.iter().any(|d| d == "libc"),
+        "manifest not read: {named:?}"
+    );
+    assert!(
+        extra.is_empty(),
+        "smithers-sandbox-init depends on {extra:?}"
+    );
+}
+
+/// Every package the init depends on, directly or not, from the workspace's Cargo.lock.
+fn init_closure() -> BTreeSet<String> {
+    let lock = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock");
+    let lock: toml::Table = toml::from_str(&std::fs::read_to_string(lock).unwrap()).unwrap();
+    let packages = lock["package"].as_array().unwrap();
+    let deps_of = |name: &str, version: Option<&str>| -> Vec<String> {
+        packages
+            .iter()
+            .filter(|p| p["name"].as_str() == Some(name))
+            .filter(|p| version.is_none_or(|v| p["version"].as_str() == Some(v)))
+            .flat_map(|p| p.get("dependencies").and_then(|d| d.as_array()).cloned())
+            .flatten()
+            .filter_map(|d| d.as_str().map(str::to_string))
+            .collect()
+    };
+    let mut seen = BTreeSet::new();
+    let mut todo = vec!["smithers-sandbox-init".to_string()];
+    while let Some(dep) = todo.pop() {
+        if !seen.insert(dep.clone()) {
+            continue;
+        }
+        let mut parts = dep.split(' ');
+        let name = parts.next().unwrap();
+        todo.extend(deps_of(name, parts.next()));
+    }
+    seen.into_iter()
+        .map(|d| d.split(' ').next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn nothing_async_reaches_the_init() {
+    let closure = init_closure();
+    assert!(closure.contains("libc"), "lock not read: {closure:?}");
+    let bad: Vec<_> = closure
+        .iter()
+        .filter(|d| *d != "smithers-sandbox-init")
+        .filter(|d| INIT_FORBIDDEN.iter().any(|f| matches(f, d)))
+        .collect();
+    assert!(bad.is_empty(), "smithers-sandbox-init reaches {bad:?}");
 }

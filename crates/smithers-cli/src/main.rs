@@ -86,7 +86,7 @@ fn main() -> ExitCode {
         ))
     {
         let args: Vec<String> = std::env::args().skip(2).collect();
-        return ExitCode::from(smithers_runtime_native::init::run(&args).clamp(0, 255) as u8);
+        return ExitCode::from(smithers_sandbox_init::run(&args).clamp(0, 255) as u8);
     }
     let cli = Cli::parse();
     match run(&cli) {

@@ -630,7 +630,7 @@ pub(crate) async fn execute(
         while let Ok(Some(line)) = lines.next_line().await {
             if let Ok(v) = serde_json::from_str::<Value>(&line) {
                 // `exit` is the last word: every other sandbox process is gone by then (see
-                // crate::init); the init's own exit and the namespaces' teardown go on
+                // smithers_sandbox_init); the init's own exit and the namespaces' teardown go on
                 // without us.
                 let last = v["event"] == "exit";
                 events.push(v);

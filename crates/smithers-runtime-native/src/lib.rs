@@ -3,8 +3,9 @@
 //!
 //! * [`plan`] compiles the policy purely (mount list, environment, Landlock rules); [`seccomp`]
 //!   compiles the syscall filter. Both are unit-tested without root.
-//! * [`init`] is the in-sandbox init (a separate, single-threaded executable:
-//!   `smithers-sandbox-init`, or `smithers-sandbox __sandbox-init`), which executes the plan.
+//! * The in-sandbox init, which executes the plan, is its own crate, [`smithers_sandbox_init`]
+//!   (a separate, single-threaded executable: `smithers-sandbox-init`, built by this crate as a
+//!   thin binary, or `smithers-sandbox __sandbox-init`); it owns the plan's types.
 //! * [`cgroup`] is cgroups v1 and v2 behind one interface.
 //! * [`NativeRuntime`] implements [`smithers_runtime::Runtime`].
 //!
@@ -48,13 +49,11 @@ pub mod cgroup;
 mod collect;
 mod copy;
 mod exec;
-pub mod init;
 mod owned;
 pub mod plan;
 mod prepared_root;
 mod report;
 pub mod seccomp;
-mod sys;
 mod zygote;
 
 use std::collections::BTreeMap;
@@ -75,8 +74,10 @@ pub use report::protection_names;
 
 const RUNTIME: &str = "bubblewrap";
 
+/// The init's syscall wrappers, which the runtime uses too (mounts, statvfs).
+pub(crate) use smithers_sandbox_init::sys;
 /// Environment variable naming the init executable.
-pub const INIT_ENV: &str = "SMITHERS_SANDBOX_INIT";
+pub use smithers_sandbox_init::INIT_ENV;
 /// File name of the init executable looked up next to the current executable.
 pub const INIT_BIN: &str = "smithers-sandbox-init";
 /// Hidden first argument with which `smithers-sandbox` runs as the init.
@@ -99,7 +100,7 @@ impl InitCommand {
     }
 
     /// The current executable run with [`INIT_SUBCOMMAND`] (for a CLI that dispatches to
-    /// [`init::run`]).
+    /// [`smithers_sandbox_init::run`]).
     pub fn current_exe_subcommand() -> std::io::Result<InitCommand> {
         Ok(InitCommand {
             program: std::env::current_exe()?,

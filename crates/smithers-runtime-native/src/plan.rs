@@ -1,16 +1,17 @@
 //! The sandbox policy compiled **purely** into a plan: the mount list, the environment, the
 //! Landlock rules and the seccomp program. Nothing here touches the system, so every rule is
-//! unit-tested without root; the in-sandbox init ([`crate::init`]) only executes the plan.
+//! unit-tested without root; the in-sandbox init (`smithers-sandbox-init`, which owns the plan's
+//! types, re-exported here) only executes the plan.
 //!
 //! The plan travels to the init as one line of JSON over its stdin socket.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-/// Bumped when the init and the runtime would disagree on the plan's meaning.
-pub const PLAN_VERSION: u32 = 6;
+pub use smithers_sandbox_init::plan::{
+    BpfInstruction, CgroupJoin, ExecSpec, InitPlan, LandlockPlan, MountAttrs, MountOp, Prelude,
+    ProbeInput, RootFs, TargetKind, PLAN_VERSION, ROOT_TMPFS_BYTES,
+};
 
 /// Where the sandbox sees things. Part of the contract with steps.
 pub mod paths {
@@ -78,270 +79,14 @@ pub const ENV_PASSTHROUGH: &[&str] = &["LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ
 /// `PATH` when the step does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Size of the tmpfs the new root is built on ([`RootFs::Tmpfs`]): it only holds directories,
-/// mount points, symlinks and the `/etc` copies, and is remounted read-only before the
-/// command starts.
-pub const ROOT_TMPFS_BYTES: u64 = 1 << 20;
-
 /// Default size cap of the sandbox's `/tmp` (and `/dev/shm`) when no disk limit is given.
 pub const DEFAULT_TMP_BYTES: u64 = 512 << 20;
-
-/// Mount attributes applied with `mount_setattr` (or a remount where that is missing).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MountAttrs {
-    pub readonly: bool,
-    pub nosuid: bool,
-    pub nodev: bool,
-    pub noexec: bool,
-}
-
-impl MountAttrs {
-    /// Read-only, no setuid, no devices: the system directories.
-    pub const RO: MountAttrs = MountAttrs {
-        readonly: true,
-        nosuid: true,
-        nodev: true,
-        noexec: false,
-    };
-    /// Writable, no setuid, no devices: workspace, /tmp, /result.
-    pub const RW: MountAttrs = MountAttrs {
-        readonly: false,
-        nosuid: true,
-        nodev: true,
-        noexec: false,
-    };
-    /// A device node: no attribute change (nosuid/noexec mean nothing on a character device,
-    /// and skipping the call saves a mount operation per node).
-    pub const DEVICE: MountAttrs = MountAttrs {
-        readonly: false,
-        nosuid: false,
-        nodev: false,
-        noexec: false,
-    };
-}
-
-/// What to create at a bind target before binding onto it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum TargetKind {
-    Dir,
-    File,
-}
-
-/// One step of building the sandbox's root. Every `path` is a path **inside** the sandbox
-/// (absolute); the init prefixes it with the new root's host path before `pivot_root`.
-/// `source`, `lower`, `upper` and `work` are host paths.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", tag = "op")]
-pub enum MountOp {
-    Dir {
-        path: PathBuf,
-        mode: u32,
-    },
-    Symlink {
-        path: PathBuf,
-        target: PathBuf,
-    },
-    Tmpfs {
-        path: PathBuf,
-        size_bytes: u64,
-        mode: u32,
-        attrs: MountAttrs,
-    },
-    Bind {
-        source: PathBuf,
-        path: PathBuf,
-        kind: TargetKind,
-        attrs: MountAttrs,
-        /// Skip silently when the source vanished since the host was inspected.
-        optional: bool,
-    },
-    /// Copies a small host file into the new root (cheaper than a bind mount; the root is made
-    /// read-only afterwards). Skipped when the source vanished or exceeds `max_bytes`.
-    CopyFile {
-        source: PathBuf,
-        path: PathBuf,
-        max_bytes: u64,
-    },
-    /// Binds a path of the new root onto itself to change its attributes (`.git`, `/proc/sys`).
-    Rebind {
-        path: PathBuf,
-        attrs: MountAttrs,
-        optional: bool,
-    },
-    Overlay {
-        lower: PathBuf,
-        upper: PathBuf,
-        work: PathBuf,
-        path: PathBuf,
-        attrs: MountAttrs,
-    },
-    /// Hides a host path below a read-only empty tmpfs (the project's `.smithers/`).
-    MaskDir {
-        path: PathBuf,
-    },
-    Proc {
-        path: PathBuf,
-    },
-    Devpts {
-        path: PathBuf,
-    },
-    /// Applies attributes to an existing mount without recursion (the root tmpfs, `/dev`).
-    Setattr {
-        path: PathBuf,
-        attrs: MountAttrs,
-    },
-}
-
-impl MountOp {
-    /// What the init creates in the new root before this mount (its mount point), with the
-    /// mode of a directory; `None` for an op that creates nothing or only mounts on a path
-    /// that exists inside another mount (`Rebind`, `MaskDir`, `Setattr`), and for the file
-    /// operations (`Dir`, `Symlink`, `CopyFile`), which are their own content.
-    pub fn mount_point(&self) -> Option<(&Path, TargetKind, u32)> {
-        match self {
-            MountOp::Bind { path, kind, .. } => Some((path, *kind, 0o755)),
-            MountOp::Tmpfs { path, .. }
-            | MountOp::Overlay { path, .. }
-            | MountOp::Devpts { path } => Some((path, TargetKind::Dir, 0o755)),
-            MountOp::Proc { path } => Some((path, TargetKind::Dir, 0o555)),
-            MountOp::Dir { .. }
-            | MountOp::Symlink { .. }
-            | MountOp::CopyFile { .. }
-            | MountOp::Rebind { .. }
-            | MountOp::MaskDir { .. }
-            | MountOp::Setattr { .. } => None,
-        }
-    }
-
-    /// Whether the op only writes files into the new root (no mount).
-    fn is_file_op(&self) -> bool {
-        matches!(
-            self,
-            MountOp::Dir { .. } | MountOp::Symlink { .. } | MountOp::CopyFile { .. }
-        )
-    }
-}
-
-/// What the sandbox's root is, before the mounts of the plan go on it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", tag = "kind")]
-pub enum RootFs {
-    /// A fresh tmpfs on which the init carries out every op of the plan.
-    Tmpfs,
-    /// A host directory the runtime prepared ahead with the plan's file operations and every
-    /// mount point (see [`split_prepared`] and `crate::prepared_root`), bound at the new
-    /// root: the init only mounts. Shared by sandboxes, never written by one: it is bound
-    /// read-only like the tmpfs root it stands for, by the plan's last op.
-    Prepared { source: PathBuf },
-}
 
 /// Splits a plan compiled with [`PlanInput::prepared_root`] into what a prepared root holds
 /// (the file operations) and what the init still does (the mounts, whose mount points the
 /// prepared root holds too: see [`MountOp::mount_point`]).
 pub fn split_prepared(ops: Vec<MountOp>) -> (Vec<MountOp>, Vec<MountOp>) {
     ops.into_iter().partition(MountOp::is_file_op)
-}
-
-/// The Landlock ruleset: read everywhere visible, write only below `write_dirs` and to
-/// `write_files`. It handles no network access: without `allowNetwork` the boundary is the
-/// sandbox's own network namespace (only `lo`), so a step may use TCP and UDP on its own
-/// loopback; Landlock's TCP rules would deny exactly that, and exist only from Linux 6.7.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LandlockPlan {
-    pub read_dirs: Vec<PathBuf>,
-    pub write_dirs: Vec<PathBuf>,
-    pub write_files: Vec<PathBuf>,
-    /// Scope signals and abstract unix sockets to the sandbox (Landlock ABI 6).
-    pub scope: bool,
-}
-
-/// One BPF instruction, as the kernel's `struct sock_filter`.
-pub type BpfInstruction = (u16, u8, u8, u32);
-
-/// What the command is and how it starts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecSpec {
-    pub argv: Vec<String>,
-    /// `KEY=VALUE` strings, already filtered.
-    pub env: Vec<String>,
-    pub cwd: PathBuf,
-    /// The `PATH` used to find `argv[0]` (the init does the search itself, because
-    /// `execvpe` would search the init's own environment).
-    pub search_path: String,
-}
-
-/// How P1 enters the sandbox's cgroups without the cost of a cgroup migration.
-///
-/// Writing a pid to `cgroup.procs` takes the kernel's global threadgroup rwsem for writing,
-/// which waits for an RCU grace period: 5–15 ms on this project's machines, the largest single
-/// cost of a cold start. Two paths avoid it: a single-threaded process moving *itself* through
-/// a v1 `tasks` file (pid `0`) skips that lock, and `clone3(CLONE_INTO_CGROUP)` places a new
-/// v2 child directly (read side only). The `cgroup.procs` write is the fallback for kernels
-/// without `clone3` (before 5.7).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CgroupJoin {
-    /// v1 `tasks` files P1 writes `0` into, first thing after the fork.
-    pub v1_tasks: Vec<PathBuf>,
-    /// The v2 directory P1 is cloned into (`clone3(CLONE_INTO_CGROUP)`), else moved into by P0.
-    pub v2_dir: Option<PathBuf>,
-}
-
-/// What the init's P0 needs: the user namespace's maps, the cgroups to open and whether to
-/// make a network namespace. It is the first line the init reads; the plan, which P0 passes
-/// on to P1 unparsed, follows.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Prelude {
-    pub version: u32,
-    /// Host ids the sandbox's user and group map to (one-line maps).
-    pub host_uid: u32,
-    pub host_gid: u32,
-    /// The ids the step sees.
-    pub sandbox_uid: u32,
-    pub sandbox_gid: u32,
-    /// The sandbox's cgroups, which P1 (and so every sandbox process) is born into.
-    pub cgroups: CgroupJoin,
-    /// A new network namespace (only `lo`); false shares the host's network.
-    pub unshare_net: bool,
-}
-
-impl Prelude {
-    pub fn new(host_uid: u32, host_gid: u32, cgroups: CgroupJoin, allow_network: bool) -> Prelude {
-        Prelude {
-            version: PLAN_VERSION,
-            host_uid,
-            host_gid,
-            // The host uid appears as root inside: the step owns what the host user owns (the
-            // project), and nothing more, because caps are dropped and the view is read-only
-            // outside the writable mounts. See the crate docs for the reasoning.
-            sandbox_uid: 0,
-            sandbox_gid: 0,
-            cgroups,
-            unshare_net: !allow_network,
-        }
-    }
-}
-
-/// Everything else the init needs, as one serialisable value (the second line it reads).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct InitPlan {
-    pub version: u32,
-    pub hostname: String,
-    /// Empty host directory the new root is mounted on.
-    pub new_root: PathBuf,
-    /// What is mounted there.
-    pub root: RootFs,
-    pub mounts: Vec<MountOp>,
-    pub landlock: LandlockPlan,
-    /// The seccomp program, installed after everything else (empty: none).
-    pub seccomp: Vec<BpfInstruction>,
-    pub exec: ExecSpec,
 }
 
 /// What the host looks like at a path, as far as the plan cares.

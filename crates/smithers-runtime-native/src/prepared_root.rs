@@ -201,10 +201,10 @@ fn build(dir: &Path, files: &[MountOp], mounts: &[MountOp]) -> std::io::Result<(
     std::fs::DirBuilder::new().mode(0o755).create(dir)?;
     let sys_err = |e: crate::sys::SysError| std::io::Error::other(e.to_string());
     for op in files {
-        crate::init::apply(op, dir, false).map_err(sys_err)?;
+        smithers_sandbox_init::apply(op, dir, false).map_err(sys_err)?;
     }
     for op in mounts {
-        crate::init::make_mount_point(op, dir).map_err(sys_err)?;
+        smithers_sandbox_init::make_mount_point(op, dir).map_err(sys_err)?;
     }
     // The root directory itself as the tmpfs root is (`mode=0755`), whatever the umask.
     use std::os::unix::fs::PermissionsExt;

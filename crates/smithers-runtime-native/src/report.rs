@@ -494,21 +494,61 @@ async fn run_probe(caps: &HostCaps, init: &crate::InitCommand) -> Result<Value, 
         PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::create_dir(&scratch).map_err(|e| format!("probe scratch: {e}"))?;
-    let result = tokio::process::Command::new(&init.program)
-        .args(&init.args)
-        .arg("--probe")
-        .arg(&scratch)
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await;
+    let result = probe_process(init, &scratch, &probe_input(caps)).await;
     let _ = crate::remove_tree(&scratch);
     let output = result.map_err(|e| format!("running {}: {e}", init.program.display()))?;
-    serde_json::from_slice(&output.stdout).map_err(|e| {
+    let mut findings: Value = serde_json::from_slice(&output.stdout).map_err(|e| {
         format!(
             "the probe printed no report ({e}); stderr: {}",
             String::from_utf8_lossy(&output.stderr).trim()
         )
-    })
+    })?;
+    // The probe could not try a program the runtime does not have: say why there is none.
+    if let (Err(e), Some(map)) = (&caps.seccomp, findings.as_object_mut()) {
+        map.insert(
+            "seccomp".into(),
+            serde_json::json!({"ok": false, "detail": e}),
+        );
+    }
+    Ok(findings)
+}
+
+/// The probe's stdin: the runtime's own seccomp program, which the probe tries to install
+/// (the init has no compiler).
+fn probe_input(caps: &HostCaps) -> Vec<u8> {
+    let input = crate::plan::ProbeInput {
+        version: crate::plan::PLAN_VERSION,
+        seccomp: caps.seccomp.as_ref().ok().cloned(),
+    };
+    serde_json::to_vec(&input).unwrap_or_default()
+}
+
+/// Runs `init --probe scratch` with `input` on its stdin; its output.
+async fn probe_process(
+    init: &crate::InitCommand,
+    scratch: &std::path::Path,
+    input: &[u8],
+) -> std::io::Result<std::process::Output> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(&init.program)
+        .args(&init.args)
+        .arg("--probe")
+        .arg(scratch)
+        .env_clear()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdin = child.stdin.take();
+    // Written while the output is read: neither side can fill a pipe and wait on the other.
+    let write = async move {
+        if let Some(stdin) = stdin.as_mut() {
+            // A probe that exits without reading says why on stdout or stderr.
+            let _ = stdin.write_all(input).await;
+        }
+        drop(stdin);
+    };
+    let ((), output) = tokio::join!(write, child.wait_with_output());
+    output
 }

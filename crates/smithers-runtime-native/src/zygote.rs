@@ -6,7 +6,8 @@
 //! own. It receives, over a `SOCK_SEQPACKET` socket (its fd 0), the three descriptors a fresh
 //! init would have been spawned with (control socket, stdout and stderr pipes), forks, and
 //! the child installs them as fds 0, 1 and 2 and runs exactly what a freshly executed init
-//! runs ([`crate::init`]'s sandbox mode). The zygote answers with the child's pid. Children
+//! runs (`smithers_sandbox_init`'s sandbox mode, whose `zygote` module is the zygote's side;
+//! this one is the runtime's). The zygote answers with the child's pid. Children
 //! are reaped by the kernel (SIGCHLD ignored in the zygote, restored in the child).
 //!
 //! Lifetimes: the zygote exits when the runtime's end of its socket closes (the runtime was
@@ -14,184 +15,16 @@
 //! its own control socket, as before. A zygote that fails is replaced; when none can be had,
 //! the runtime spawns the init directly.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+use smithers_sandbox_init::zygote::{send_fds, seqpacket_pair};
 
 use crate::InitCommand;
 
 /// How long the runtime waits for the zygote's answer before giving up on it.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A connected `SOCK_SEQPACKET` pair, both ends close-on-exec.
-pub(crate) fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` is a valid array of two ints for socketpair to fill.
-    let ret = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: socketpair returned two new descriptors that nothing else owns.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// Room for the control message carrying up to three descriptors.
-const CMSG_SPACE_3: usize = 64;
-
-/// Sends one byte with `fds` (one to three) attached (SCM_RIGHTS).
-pub(crate) fn send_fds(sock: RawFd, fds: &[RawFd]) -> std::io::Result<()> {
-    assert!(
-        (1..=3).contains(&fds.len()),
-        "send_fds carries one to three descriptors"
-    );
-    let mut byte = [b'f'];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut control = [0u8; CMSG_SPACE_3];
-    let payload = std::mem::size_of_val(fds) as libc::c_uint;
-    // SAFETY: msghdr is plain old data; zeroed is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE only computes a size.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(payload) } as usize;
-    // SAFETY: `msg` points at `control`, which is large enough for one cmsghdr with up to
-    // three ints (CMSG_SPACE_3 >= CMSG_SPACE(12)); the macros stay within it.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
-        std::ptr::copy_nonoverlapping(
-            fds.as_ptr(),
-            libc::CMSG_DATA(cmsg).cast::<RawFd>(),
-            fds.len(),
-        );
-    }
-    loop {
-        // SAFETY: `msg` and everything it points to are valid for the call.
-        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-        if n >= 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-/// Receives one message; `None` at end of file. The descriptors are close-on-exec.
-pub(crate) fn recv_fds(sock: RawFd) -> std::io::Result<Option<Vec<OwnedFd>>> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut control = [0u8; CMSG_SPACE_3];
-    // SAFETY: msghdr is plain old data; zeroed is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = control.len();
-    let n = loop {
-        // SAFETY: `msg` and everything it points to are valid for the call.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    };
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled `control` up to msg_controllen; the macros walk only that.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-                let len = (*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize;
-                for i in 0..len / std::mem::size_of::<RawFd>() {
-                    // Each received descriptor is new in this process and ours to own.
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    if n == 0 && fds.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(fds))
-}
-
-/// The zygote's loop (`smithers-sandbox-init --zygote`); `run_sandbox` is what a fresh init
-/// runs. Returns the exit code.
-pub(crate) fn serve(run_sandbox: fn() -> i32) -> i32 {
-    // SAFETY: plain signal disposition change; the zygote's children are reaped by the
-    // kernel, so none is left a zombie. close_range drops whatever inheritable descriptors the
-    // runtime's process had (a jobserver pipe, say): the zygote outlives many sandboxes and
-    // must not keep someone else's pipe open.
-    unsafe {
-        libc::signal(libc::SIGCHLD, libc::SIG_IGN);
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-    }
-    loop {
-        let fds = match recv_fds(0) {
-            Ok(None) => return 0,
-            Ok(Some(fds)) => fds,
-            Err(_) => return 1,
-        };
-        let reply: i32 = if fds.len() != 3 {
-            -libc::EINVAL
-        } else {
-            // SAFETY: the zygote is single-threaded, so the child may run arbitrary code.
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                // SAFETY: in the child: restore SIGCHLD (P0 waits for P1), install the three
-                // descriptors as 0-2, drop everything else the zygote had (its socket among
-                // them), then run the init as if freshly executed.
-                unsafe {
-                    libc::signal(libc::SIGCHLD, libc::SIG_DFL);
-                    for (target, fd) in fds.iter().enumerate() {
-                        if libc::dup2(fd.as_raw_fd(), target as libc::c_int) < 0 {
-                            libc::_exit(127);
-                        }
-                    }
-                    libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                }
-                crate::sys::child_exit(run_sandbox);
-            }
-            if pid < 0 {
-                -std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EAGAIN)
-            } else {
-                pid
-            }
-        };
-        drop(fds);
-        let bytes = reply.to_ne_bytes();
-        // SAFETY: `bytes` is a valid buffer of its length.
-        let sent = unsafe { libc::send(0, bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
-        if sent < 0 {
-            return 1;
-        }
-    }
-}
 
 /// The runtime's handle on its zygote.
 #[derive(Debug)]

@@ -25,6 +25,14 @@ impl std::fmt::Display for SysError {
 
 pub type SysResult<T> = Result<T, SysError>;
 
+/// A rustix result as a [`SysResult`], naming the operation.
+pub fn rx<T>(r: rustix::io::Result<T>, op: impl FnOnce() -> String) -> SysResult<T> {
+    r.map_err(|e| SysError {
+        op: op(),
+        errno: e.raw_os_error(),
+    })
+}
+
 pub fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
@@ -171,10 +179,10 @@ pub fn statvfs(path: &Path) -> SysResult<libc::statvfs> {
 }
 
 pub fn umount2(path: &Path, flags: libc::c_int) -> SysResult<()> {
-    let c = cpath(path);
-    // SAFETY: `c` is a valid C string for the duration of the call.
-    let ret = unsafe { libc::umount2(c.as_ptr(), flags) };
-    check(ret, || format!("umount {}", path.display())).map(|_| ())
+    let flags = rustix::mount::UnmountFlags::from_bits_retain(flags as u32);
+    rx(rustix::mount::unmount(path, flags), || {
+        format!("umount {}", path.display())
+    })
 }
 
 pub fn unshare(flags: libc::c_int, what: &str) -> SysResult<()> {
@@ -208,21 +216,49 @@ pub fn write_all_fd(fd: libc::c_int, mut data: &[u8]) -> SysResult<()> {
 
 /// Writes a whole file (no O_CREAT: used for /proc and cgroup control files).
 pub fn write_file(path: &Path, data: &[u8]) -> SysResult<()> {
-    let c = cpath(path);
-    // SAFETY: `c` is a valid C string; the returned fd is closed below.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-    check(fd, || format!("open {}", path.display()))?;
-    let result = write_all_fd(fd, data).map_err(|e| SysError {
+    use rustix::fs::{Mode, OFlags};
+    use std::os::fd::AsRawFd;
+    let fd = rx(
+        rustix::fs::open(path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty()),
+        || format!("open {}", path.display()),
+    )?;
+    write_all_fd(fd.as_raw_fd(), data).map_err(|e| SysError {
         op: format!("write {}", path.display()),
         errno: e.errno,
-    });
-    // SAFETY: `fd` was opened above and is owned here.
-    unsafe { libc::close(fd) };
-    result
+    })
+}
+
+/// `waitpid(pid, flags)` retried on EINTR: the pid it reaped and its status.
+pub fn wait_child(pid: libc::pid_t, flags: libc::c_int) -> SysResult<(libc::pid_t, libc::c_int)> {
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is a valid out-pointer for the call.
+        let r = unsafe { libc::waitpid(pid, &mut status, flags) };
+        if r >= 0 {
+            return Ok((r, status));
+        }
+        if errno() != libc::EINTR {
+            return fail(format!("wait for {pid}"));
+        }
+    }
+}
+
+/// Whether the child `pid` has ended, without reaping it (`waitid` with `WNOWAIT`); an error
+/// (no such child) counts as ended.
+pub fn child_ended(pid: libc::pid_t) -> bool {
+    // SAFETY: siginfo_t is plain old data; all-zero is valid and means "no child changed".
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
+    // SAFETY: `info` is a valid out-pointer; waitid only writes it.
+    let ret = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags) };
+    // SAFETY: si_pid reads the union field waitid fills (zero when nothing ended).
+    ret < 0 || unsafe { info.si_pid() } != 0
 }
 
 pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> SysResult<()> {
-    // SAFETY: kill(2) takes plain integers.
+    // SAFETY: kill(2) takes plain integers (rustix's kill wants a positive pid and one of its
+    // own signal values; the init kills pids it got from fork and only with SIGKILL, but -1
+    // and raw numbers must stay expressible).
     let ret = unsafe { libc::kill(pid, sig) };
     check(ret, || format!("kill {pid}")).map(|_| ())
 }
@@ -238,5 +274,41 @@ mod tests {
         assert!(super::thread_count().expect("readable /proc/self/status") >= 2);
         tx.send(()).unwrap();
         t.join().unwrap().unwrap();
+    }
+
+    /// P0's fallback without a pidfd: a running child is not ended, an exited one is, and
+    /// the check does not reap it (the real wait that follows still gets its status).
+    #[test]
+    // The child is reaped by `wait_child`, which is what is tested, not by `Child::wait`.
+    #[allow(clippy::zombie_processes)]
+    fn child_ended_sees_the_end_without_reaping() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as libc::pid_t;
+        assert!(!super::child_ended(pid));
+        child.kill().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !super::child_ended(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the killed child never ended"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (reaped, status) = super::wait_child(pid, 0).expect("still reapable");
+        assert_eq!(reaped, pid);
+        assert!(libc::WIFSIGNALED(status));
+        assert_eq!(libc::WTERMSIG(status), libc::SIGKILL);
+    }
+
+    /// A failed wait is an error, never a status of 0 (which reads as "exited 0").
+    #[test]
+    fn wait_child_fails_for_no_child() {
+        assert_eq!(
+            super::wait_child(1, libc::WNOHANG).unwrap_err().errno,
+            libc::ECHILD
+        );
     }
 }

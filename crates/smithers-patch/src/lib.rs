@@ -104,6 +104,12 @@ pub use detect::{
 };
 pub use error::{Conflict, PatchError};
 pub use limit::leave_out_largest;
+
+/// The paths a `.git/index` file's bytes list (SHA-256 ids when `sha256`): the reader change
+/// detection uses, public for its fuzz target (`fuzz/fuzz_targets/git_index.rs`).
+pub fn parse_git_index(bytes: &[u8], sha256: bool) -> Result<Vec<String>, String> {
+    gitindex::parse_index(bytes, if sha256 { 32 } else { 20 })
+}
 pub use manifest::{CopyIdentity, CopyManifest, CopyManifestWriter, MAX_MANIFEST_BYTES};
 pub use model::{
     git_blob_oid, is_binary_content, path_from_bytes, path_to_bytes, quote_git_path,

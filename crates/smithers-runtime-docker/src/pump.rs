@@ -20,11 +20,20 @@ use crate::now_ms;
 /// A line longer than this is emitted in pieces, so one endless line cannot grow a buffer.
 const MAX_LINE_BYTES: usize = 64 * 1024;
 
+/// Most output events (lines) kept per stream, as the native runtime keeps: the byte cap
+/// alone does not bound them (a megabyte of newlines is a million events, each a log record
+/// and a message to every follower).
+pub(crate) const MAX_OUTPUT_EVENTS: u64 = 100_000;
+
 #[derive(Debug, Default)]
 struct StreamState {
     total: u64,
     kept: u64,
     truncated: bool,
+    /// Events emitted so far.
+    events: u64,
+    /// The event cap was hit (and said in the log).
+    events_capped: bool,
     partial: Vec<u8>,
 }
 
@@ -130,21 +139,72 @@ impl Pump {
             Which::Err => &mut self.err,
         };
         st.partial.extend_from_slice(keep);
-        let mut lines: Vec<Vec<u8>> = Vec::new();
-        while let Some(pos) = st.partial.iter().position(|b| *b == b'\n') {
-            let rest = st.partial.split_off(pos + 1);
-            let mut line = std::mem::replace(&mut st.partial, rest);
-            line.pop();
-            lines.push(line);
-        }
-        while st.partial.len() >= MAX_LINE_BYTES {
-            let rest = st.partial.split_off(MAX_LINE_BYTES);
-            lines.push(std::mem::replace(&mut st.partial, rest));
+        // Complete lines are cut from the front in one pass (never a copy of the rest per
+        // line, which made a chunk of newlines quadratic); endless lines in pieces.
+        let pending = std::mem::take(&mut st.partial);
+        let mut start = 0;
+        let mut lines: Vec<&[u8]> = Vec::new();
+        loop {
+            let rest = &pending[start..];
+            match rest.iter().position(|b| *b == b'\n') {
+                Some(pos) if pos <= MAX_LINE_BYTES => {
+                    lines.push(&rest[..pos]);
+                    start += pos + 1;
+                }
+                _ if rest.len() >= MAX_LINE_BYTES => {
+                    lines.push(&rest[..MAX_LINE_BYTES]);
+                    start += MAX_LINE_BYTES;
+                }
+                _ => break,
+            }
         }
         for line in lines {
-            self.emit(which, &line, sink)?;
+            self.emit_counted(which, line, sink)?;
         }
+        let st = match which {
+            Which::Out => &mut self.out,
+            Which::Err => &mut self.err,
+        };
+        st.partial = pending[start..].to_vec();
         Ok(())
+    }
+
+    /// Emits `line` unless the stream's event cap is reached; the first line over it is
+    /// recorded as an `outputTruncated` log record (the native runtime's shape) and marks the
+    /// stream truncated.
+    fn emit_counted(
+        &mut self,
+        which: Which,
+        line: &[u8],
+        sink: &dyn OutputSink,
+    ) -> Result<(), RuntimeError> {
+        let st = match which {
+            Which::Out => &mut self.out,
+            Which::Err => &mut self.err,
+        };
+        if st.events < MAX_OUTPUT_EVENTS {
+            st.events += 1;
+            return self.emit(which, line, sink);
+        }
+        if st.events_capped {
+            return Ok(());
+        }
+        st.events_capped = true;
+        st.truncated = true;
+        let stream = match which {
+            Which::Out => "stdout",
+            Which::Err => "stderr",
+        };
+        let rec = json!({
+            "type": "outputTruncated",
+            "timestampMs": now_ms(),
+            "stream": stream,
+            "cap": "events",
+            "limit": MAX_OUTPUT_EVENTS,
+            "message": format!("{stream} cut off at the per-stream line limit ({MAX_OUTPUT_EVENTS} events)"),
+        });
+        serde_json::to_writer(&mut self.log, &rec).map_err(|e| self.io(e.into()))?;
+        self.log.write_all(b"\n").map_err(|e| self.io(e))
     }
 
     /// Adds a runtime note to stderr (e.g. the engine's reason a command could not start).
@@ -206,7 +266,7 @@ impl Pump {
             };
             if !st.partial.is_empty() {
                 let line = std::mem::take(&mut st.partial);
-                self.emit(which, &line, sink)?;
+                self.emit_counted(which, &line, sink)?;
             }
         }
         self.log.flush().map_err(|e| self.io(e))?;
@@ -291,5 +351,39 @@ mod tests {
         for l in text.lines() {
             serde_json::from_str::<serde_json::Value>(l).unwrap();
         }
+    }
+
+    /// A flood of newlines under the byte cap is cut at the event cap, said once in the log,
+    /// in one linear pass (the old splitting copied the rest of the chunk per line).
+    #[test]
+    fn a_newline_flood_is_capped_in_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log.ndjson");
+        let sink = Collect::default();
+        let mut p = Pump::new(&log, 10 << 20).unwrap();
+        let flood = vec![b'\n'; 1_000_000];
+        for chunk in flood.chunks(256 << 10) {
+            p.feed(Which::Out, chunk, &sink).unwrap();
+        }
+        p.feed(Which::Err, b"still here\n", &sink).unwrap();
+        let r = p.finish(&sink).unwrap();
+        assert_eq!(r.stdout_bytes, 1_000_000);
+        assert!(r.stdout_truncated && !r.stderr_truncated);
+        let events = sink.0.lock().unwrap();
+        let out = events
+            .iter()
+            .filter(|e| matches!(e, OutputEvent::Stdout { .. }))
+            .count();
+        assert_eq!(out as u64, MAX_OUTPUT_EVENTS);
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, OutputEvent::Stderr { line, .. } if line == "still here")));
+        let text = std::fs::read_to_string(&log).unwrap();
+        let cut: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("outputTruncated"))
+            .collect();
+        assert_eq!(cut.len(), 1, "{cut:?}");
+        assert_eq!(text.lines().count() as u64, MAX_OUTPUT_EVENTS + 2);
     }
 }

@@ -197,6 +197,11 @@ pub struct NativeOptions {
     /// The pids limit applied when the config sets none (fork bombs are contained by
     /// default). Applied only where the pids controller exists; reported either way.
     pub default_pids_limit: Option<u32>,
+    /// The memory limit applied when the config sets none, so that a step that allocates
+    /// without bound meets its own cgroup's OOM killer rather than the host's. Applied only
+    /// where the memory controller exists; reported either way. Default
+    /// [`default_memory_limit`]: half the host's RAM, at most 8 GiB.
+    pub default_memory_limit: Option<u64>,
     /// How `/workspace` presents the project (default [`WorkspaceMode::Auto`]).
     pub workspace: WorkspaceMode,
     /// Fork each sandbox's init from a pre-started one (a "zygote", see the `zygote`
@@ -211,6 +216,21 @@ pub struct NativeOptions {
     pub prepared_root: bool,
 }
 
+/// Half the host's RAM (`MemTotal` of `/proc/meminfo`), at most 8 GiB: the memory limit of a
+/// step that sets none. `None` when the host's RAM cannot be read.
+pub fn default_memory_limit() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some((kib * 1024 / 2).min(8 << 30))
+}
+
 impl Default for NativeOptions {
     fn default() -> Self {
         NativeOptions {
@@ -218,6 +238,7 @@ impl Default for NativeOptions {
             state_root: None,
             layer_root: None,
             default_pids_limit: Some(4096),
+            default_memory_limit: default_memory_limit(),
             workspace: WorkspaceMode::Auto,
             zygote: true,
             prepared_root: true,
@@ -679,9 +700,12 @@ impl NativeRuntime {
         // The rest is file system work (directories, cgroups, a tmpfs mount): on a blocking
         // thread, so that no async worker waits on the disk.
         let config = config.clone();
-        let default_pids = self.options.default_pids_limit;
+        let defaults = Defaults {
+            pids: self.options.default_pids_limit,
+            memory: self.options.default_memory_limit,
+        };
         blocking("create the sandbox", move || {
-            create_on_disk(&config, &caps, workspace, default_pids)
+            create_on_disk(&config, &caps, workspace, defaults)
         })
         .await?
     }
@@ -693,7 +717,7 @@ fn create_on_disk(
     config: &SandboxConfig,
     caps: &HostCaps,
     workspace: WorkspaceState,
-    default_pids_limit: Option<u32>,
+    defaults: Defaults,
 ) -> Result<SandboxHandle, RuntimeError> {
     let root_dir = &config.root_dir;
     match std::fs::metadata(root_dir) {
@@ -740,13 +764,7 @@ fn create_on_disk(
         cgroups: SandboxCgroups::default(),
         workspace,
     };
-    let result = prepare(
-        config,
-        caps,
-        &mut backend,
-        &request_path,
-        default_pids_limit,
-    );
+    let result = prepare(config, caps, &mut backend, &request_path, defaults);
     if let Err(e) = result {
         let _ = cleanup_backend(&backend, &[], None);
         return Err(e);
@@ -769,7 +787,7 @@ fn prepare(
     caps: &HostCaps,
     backend: &mut Backend,
     request_path: &Path,
-    default_pids_limit: Option<u32>,
+    defaults: Defaults,
 ) -> Result<(), RuntimeError> {
     let c = &config.controls;
     if c.disk_limit_bytes.is_none() && caps.layer_root != caps.state_root {
@@ -781,10 +799,14 @@ fn prepare(
     }
     let mut pids = c.pids_limit;
     if pids.is_none() && caps.cgroups.source("pids").is_some() {
-        pids = default_pids_limit;
+        pids = defaults.pids;
+    }
+    let mut memory = c.memory_limit_bytes;
+    if memory.is_none() && caps.cgroups.source("memory").is_some() {
+        memory = defaults.memory;
     }
     let limits = CgroupLimits {
-        memory_bytes: c.memory_limit_bytes,
+        memory_bytes: memory,
         pids,
         cpus: c.cpu_limit,
     };
@@ -833,6 +855,7 @@ fn prepare(
     let stored = StoredConfig {
         config: config.clone(),
         effective_pids_limit: pids,
+        effective_memory_limit: memory,
     };
     let path = backend.config_file();
     write_private(&path, &serde_json::to_vec(&stored).unwrap_or_default())?;
@@ -880,6 +903,17 @@ async fn ship_copy(backend: &Backend) -> Result<(), RuntimeError> {
 struct StoredConfig {
     config: SandboxConfig,
     effective_pids_limit: Option<u32>,
+    /// The memory limit in force: the config's, or the runtime's default
+    /// ([`NativeOptions::default_memory_limit`]) where the memory controller exists.
+    #[serde(default)]
+    effective_memory_limit: Option<u64>,
+}
+
+/// The limits a sandbox gets when its config sets none.
+#[derive(Debug, Clone, Copy)]
+struct Defaults {
+    pids: Option<u32>,
+    memory: Option<u64>,
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<(), RuntimeError> {

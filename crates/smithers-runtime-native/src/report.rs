@@ -247,12 +247,26 @@ pub(crate) fn enforcement(
         "bounding, ambient, effective, permitted and inheritable sets empty; securebits locked",
         None,
     ));
-    p.push(limit_row(
-        n::MEMORY,
-        c.memory_limit_bytes.map(human_bytes),
-        cgroups.has("memory"),
-        "no memory limit set",
-    ));
+    p.push(
+        match (stored.effective_memory_limit, cgroups.has("memory")) {
+            (Some(max), true) if c.memory_limit_bytes.is_none() => row(
+                n::MEMORY,
+                Enforced,
+                format!("{} (runtime default)", human_bytes(max)),
+                None,
+            ),
+            (_, has_memory) => limit_row(
+                n::MEMORY,
+                c.memory_limit_bytes.map(human_bytes),
+                has_memory,
+                if has_memory {
+                    "no memory limit set"
+                } else {
+                    "no memory controller: no limit, not even the runtime's default"
+                },
+            ),
+        },
+    );
     p.push(match (stored.effective_pids_limit, cgroups.has("pids")) {
         (Some(max), true) if c.pids_limit.is_none() => {
             row(n::PIDS, Enforced, format!("{max} (runtime default)"), None)

@@ -564,6 +564,36 @@ async fn memory_hog_is_killed_by_the_memory_limit() {
     sb.done().await;
 }
 
+/// A step that sets no memory limit gets the runtime's default, and the report says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_step_without_a_memory_limit_gets_the_default() {
+    let rt = Arc::new(runtime_with(NativeOptions {
+        default_memory_limit: Some(64 << 20),
+        ..NativeOptions::default()
+    }));
+    if !usable(&rt).await {
+        return;
+    }
+    if !requires(
+        rt.probe().await.is_enforced("memory"),
+        "no memory cgroup controller",
+    ) {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let (outcome, _) = sb
+        .run("head -c 1000000000 /dev/zero | tail -c 500000000 > /dev/null")
+        .await;
+    assert_eq!(outcome.termination, Termination::Memory, "{outcome:?}");
+    let memory = outcome.enforcement.get("memory").unwrap();
+    assert_eq!(memory.status, ProtectionStatus::Enforced, "{memory:?}");
+    assert!(memory.detail.contains("runtime default"), "{memory:?}");
+    sb.done().await;
+    // The default is half the host's RAM, at most 8 GiB.
+    let default = smithers_runtime_native::default_memory_limit().unwrap();
+    assert!(default > 0 && default <= 8 << 30, "{default}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn fork_bomb_is_capped_by_the_pids_limit() {
     let rt = shared();

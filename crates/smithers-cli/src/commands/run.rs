@@ -230,8 +230,24 @@ pub fn native_runtime_with(workspace: WorkspaceMode) -> anyhow::Result<NativeRun
     Ok(NativeRuntime::new(NativeOptions {
         init: Some(init),
         workspace,
+        default_memory_limit: default_memory_from_env()?,
         ..NativeOptions::default()
     }))
+}
+
+/// Environment variable by which a host's operator sets the memory limit of a step that
+/// asks for none (`4g`, `512m`; `none` for no default): by default half the host's RAM, at
+/// most 8 GiB.
+pub const DEFAULT_MEMORY_ENV: &str = "SMITHERS_SANDBOX_DEFAULT_MEMORY";
+
+fn default_memory_from_env() -> anyhow::Result<Option<u64>> {
+    match std::env::var(DEFAULT_MEMORY_ENV) {
+        Err(_) => Ok(smithers_runtime_native::default_memory_limit()),
+        Ok(v) if v.trim() == "none" => Ok(None),
+        Ok(v) => Ok(Some(parse_memory_limit(v.trim()).map_err(|e| {
+            invalid(format!("${DEFAULT_MEMORY_ENV} must be a size or none: {e}"))
+        })?)),
+    }
 }
 
 /// A new id: a prefix, the time in ms (sortable), then bits of the sub-millisecond clock mixed

@@ -38,6 +38,53 @@ enum Stream {
     Stderr,
 }
 
+/// The host-disk guard of a step whose workspace layer is on the host's disk (no `--disk`):
+/// resolves once the layer's file system has less free space than the floor, which is the
+/// runtime's reserve or half of what was free at the start, whichever is smaller (so a disk
+/// already low at the start still leaves the step some room). Checked every
+/// [`DISK_CHECK_INTERVAL`]: one `statvfs`, whatever the step writes.
+struct DiskGuard {
+    layer: Option<std::path::PathBuf>,
+    floor: u64,
+}
+
+const DISK_CHECK_INTERVAL: Duration = Duration::from_millis(200);
+
+impl DiskGuard {
+    fn new(backend: &Backend, reserve: u64) -> DiskGuard {
+        let layer = (!backend.layer_tmpfs && reserve > 0).then(|| backend.layer());
+        let free = |p: &std::path::Path| {
+            crate::sys::statvfs(p)
+                .ok()
+                .map(|st| st.f_bavail.saturating_mul(st.f_frsize))
+        };
+        match layer.as_deref().and_then(free) {
+            Some(at_start) => DiskGuard {
+                layer,
+                floor: reserve.min(at_start / 2),
+            },
+            None => DiskGuard {
+                layer: None,
+                floor: 0,
+            },
+        }
+    }
+
+    async fn exhausted(&self) {
+        let Some(layer) = &self.layer else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(DISK_CHECK_INTERVAL).await;
+            if let Ok(st) = crate::sys::statvfs(layer) {
+                if st.f_bavail.saturating_mul(st.f_frsize) < self.floor {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// Most output events (lines) kept per stream. `maxOutputBytes` alone does not bound them: a
 /// megabyte of newlines would be a million events, each a log record held until the bundle is
 /// written and an event for every follower (an SSE message in `serve`). 100k lines is far more
@@ -643,6 +690,7 @@ pub(crate) async fn execute(
         events
     };
     let deadline = controls.timeout().map(|t| tokio::time::Instant::now() + t);
+    let disk_guard = DiskGuard::new(backend, caps.disk_reserve);
     let cgroups = &backend.cgroups;
     let control_fut = async {
         let reason = tokio::select! {
@@ -655,6 +703,7 @@ pub(crate) async fn execute(
             } => Some(Termination::Timeout),
             _ = cancel.cancelled() => Some(Termination::Cancelled),
             _ = over.notified() => Some(Termination::Output),
+            _ = disk_guard.exhausted() => Some(Termination::Disk),
         };
         if reason.is_some() {
             // P0 SIGKILLs pid 1 of the sandbox; the pid namespace dies with it.
@@ -726,6 +775,7 @@ pub(crate) async fn execute(
     let termination = match reason {
         Some(Termination::Cancelled) => Termination::Cancelled,
         Some(Termination::Timeout) => Termination::Timeout,
+        Some(Termination::Disk) => Termination::Disk,
         _ if stats.oom_kills > 0 => Termination::Memory,
         Some(Termination::Output) => Termination::Output,
         _ if disk_full && failed => Termination::Disk,

@@ -202,6 +202,12 @@ pub struct NativeOptions {
     /// where the memory controller exists; reported either way. Default
     /// [`default_memory_limit`]: half the host's RAM, at most 8 GiB.
     pub default_memory_limit: Option<u64>,
+    /// Free space kept on the file system of a disk-backed workspace layer (a step without
+    /// `--disk`): the step is killed (termination `disk`) once less than this is left, or
+    /// less than half what was free when it started, whichever is smaller, so a step cannot
+    /// fill the host's disk and its result still has room to be written. Default 1 GiB;
+    /// `0` turns the guard off.
+    pub disk_reserve_bytes: u64,
     /// How `/workspace` presents the project (default [`WorkspaceMode::Auto`]).
     pub workspace: WorkspaceMode,
     /// Fork each sandbox's init from a pre-started one (a "zygote", see the `zygote`
@@ -215,6 +221,9 @@ pub struct NativeOptions {
     /// Default: true.
     pub prepared_root: bool,
 }
+
+/// The default of [`NativeOptions::disk_reserve_bytes`].
+pub const DEFAULT_DISK_RESERVE_BYTES: u64 = 1 << 30;
 
 /// Half the host's RAM (`MemTotal` of `/proc/meminfo`), at most 8 GiB: the memory limit of a
 /// step that sets none. `None` when the host's RAM cannot be read.
@@ -239,6 +248,7 @@ impl Default for NativeOptions {
             layer_root: None,
             default_pids_limit: Some(4096),
             default_memory_limit: default_memory_limit(),
+            disk_reserve_bytes: DEFAULT_DISK_RESERVE_BYTES,
             workspace: WorkspaceMode::Auto,
             zygote: true,
             prepared_root: true,
@@ -263,6 +273,8 @@ struct HostCaps {
     state_root: PathBuf,
     /// Where workspace layers go without a disk limit (see `NativeOptions::layer_root`).
     layer_root: PathBuf,
+    /// `NativeOptions::disk_reserve_bytes`.
+    disk_reserve: u64,
     host_env: BTreeMap<String, String>,
 }
 
@@ -565,6 +577,7 @@ impl NativeRuntime {
             prepared_root: self.options.prepared_root,
             state_root,
             layer_root,
+            disk_reserve: self.options.disk_reserve_bytes,
             host_env: std::env::vars().collect(),
         }
     }

@@ -301,10 +301,17 @@ pub(crate) fn enforcement(
         None => row(
             n::DISK,
             Disabled,
-            format!(
-                "no disk limit set: the upper layer is on host disk; /tmp capped at {}",
-                human_bytes(tmp)
-            ),
+            match caps.disk_reserve {
+                0 => format!(
+                    "no disk limit set: the upper layer is on host disk, unguarded; /tmp capped at {}",
+                    human_bytes(tmp)
+                ),
+                reserve => format!(
+                    "no disk limit set: the upper layer is on host disk, the step killed when less than {} (or half what was free at its start) is left there; /tmp capped at {}",
+                    human_bytes(reserve),
+                    human_bytes(tmp)
+                ),
+            },
             None,
         ),
     });

@@ -685,6 +685,54 @@ async fn disk_limit_caps_the_upper_layer() {
     }
 }
 
+/// Without `--disk` the layer is on the host's disk: a step that fills it is stopped while a
+/// reserve is left (here a 96 MiB tmpfs stands for the host's disk, a 32 MiB reserve).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_step_cannot_fill_the_host_disk_without_a_disk_limit() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !requires(
+        root,
+        "mounting the small file system that stands for the host's disk needs root",
+    ) {
+        return;
+    }
+    let disk = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=96m", "smithers-test-disk"])
+        .arg(disk.path())
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let rt = Arc::new(runtime_with(NativeOptions {
+        layer_root: Some(disk.path().join("layers")),
+        disk_reserve_bytes: 32 << 20,
+        ..NativeOptions::default()
+    }));
+    let outcome = if usable(&rt).await {
+        let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+        // Writes past the floor, then waits: only the guard can end it as `disk`.
+        let (outcome, _) = sb
+            .run("head -c 200000000 /dev/zero > /workspace/big; sleep 60")
+            .await;
+        sb.done().await;
+        Some(outcome)
+    } else {
+        None
+    };
+    let _ = std::process::Command::new("umount")
+        .arg(disk.path())
+        .status();
+    let Some(outcome) = outcome else { return };
+    assert_eq!(outcome.termination, Termination::Disk, "{outcome:?}");
+    assert!(outcome.duration < Duration::from_secs(30), "{outcome:?}");
+    let disk_row = outcome.enforcement.get("disk").unwrap();
+    assert!(
+        disk_row.detail.contains("killed when less than"),
+        "{disk_row:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn unsupported_controls_are_refused() {
     let rt = shared();

@@ -231,8 +231,23 @@ pub fn native_runtime_with(workspace: WorkspaceMode) -> anyhow::Result<NativeRun
         init: Some(init),
         workspace,
         default_memory_limit: default_memory_from_env()?,
+        disk_reserve_bytes: disk_reserve_from_env()?,
         ..NativeOptions::default()
     }))
+}
+
+/// Environment variable by which a host's operator sets the free space a step without
+/// `--disk` must leave on the disk of its workspace layer (`2g`; `0` turns the guard off):
+/// 1 GiB by default.
+pub const DISK_RESERVE_ENV: &str = "SMITHERS_SANDBOX_DISK_RESERVE";
+
+fn disk_reserve_from_env() -> anyhow::Result<u64> {
+    match std::env::var(DISK_RESERVE_ENV) {
+        Err(_) => Ok(smithers_runtime_native::DEFAULT_DISK_RESERVE_BYTES),
+        Ok(v) if v.trim() == "0" => Ok(0),
+        Ok(v) => parse_memory_limit(v.trim())
+            .map_err(|e| invalid(format!("${DISK_RESERVE_ENV} must be a size or 0: {e}"))),
+    }
 }
 
 /// Environment variable by which a host's operator sets the memory limit of a step that

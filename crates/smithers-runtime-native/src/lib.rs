@@ -446,38 +446,6 @@ impl NativeRuntime {
         }
     }
 
-    /// Starts the zygote now when this runtime uses one and none runs yet, so that a caller
-    /// that knows it will execute soon (the CLI's `run`) overlaps the zygote's start (the
-    /// exec, loading and relocation of the init binary: ~2 ms, the zygote's own time) with
-    /// its own work (opening its store) instead of paying it inside the first execute. Only
-    /// the spawn is waited for here. Best effort: a zygote that cannot be started now is
-    /// tried again by the first execute, as without this call.
-    pub fn prestart_zygote(&self) {
-        if !self.options.zygote {
-            return;
-        }
-        let init = match &self.options.init {
-            Some(init) => init.clone(),
-            None => match InitCommand::locate() {
-                Ok(init) => init,
-                Err(_) => return,
-            },
-        };
-        let mut slot = self.zygote.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = zygote::Zygote::start(&init).ok();
-        }
-    }
-
-    /// Whether a zygote is running for this runtime (tests of [`Self::prestart_zygote`]).
-    #[cfg(test)]
-    fn has_zygote(&self) -> bool {
-        self.zygote
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
-    }
-
     fn caps(&self) -> Arc<HostCaps> {
         self.caps.get_or_init(|| Arc::new(self.detect())).clone()
     }
@@ -1359,41 +1327,6 @@ mod test_stall {
 mod tests {
     use super::*;
     use report::OverlayCheck;
-
-    /// A stand-in zygote: `sh -c 'cat >/dev/null' --zygote` lives until its socket (stdin)
-    /// closes, as the real one does, so the runtime's drop reaps it.
-    fn stand_in_init() -> InitCommand {
-        InitCommand {
-            program: "/bin/sh".into(),
-            args: vec!["-c".into(), "cat >/dev/null".into()],
-        }
-    }
-
-    #[test]
-    fn prestart_starts_the_zygote_once_and_only_when_zygotes_are_on() {
-        let on = NativeRuntime::new(NativeOptions {
-            init: Some(stand_in_init()),
-            ..NativeOptions::default()
-        });
-        assert!(
-            !on.has_zygote(),
-            "nothing runs before the first execute or prestart"
-        );
-        on.prestart_zygote();
-        assert!(on.has_zygote());
-        let first = on.zygote.lock().unwrap().as_ref().map(|z| z.pid());
-        on.prestart_zygote();
-        let second = on.zygote.lock().unwrap().as_ref().map(|z| z.pid());
-        assert_eq!(first, second, "a running zygote is kept, not replaced");
-
-        let off = NativeRuntime::new(NativeOptions {
-            init: Some(stand_in_init()),
-            zygote: false,
-            ..NativeOptions::default()
-        });
-        off.prestart_zygote();
-        assert!(!off.has_zygote(), "zygote: false starts none");
-    }
 
     #[test]
     fn workspace_mode_decision() {

@@ -65,12 +65,6 @@ impl Zygote {
         })
     }
 
-    /// The zygote's pid (tests tell one zygote from its replacement by it).
-    #[cfg(test)]
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Forks an init whose fds 0, 1 and 2 are `fds`; returns its pid.
     pub(crate) fn fork(&self, fds: &[RawFd; 3]) -> std::io::Result<libc::pid_t> {
         let sock = self

@@ -507,8 +507,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             "--runtime docker needs --image IMG (a local image)".to_string(),
         ));
     }
-    let native_step = args.runtime == RuntimeChoice::Bubblewrap;
-    let ctx = context::open_with(&args.store, json_out, args.workspace.mode(), native_step)?;
+    let ctx = context::open_with(&args.store, json_out, args.workspace.mode())?;
     let run_id = args.run_id.clone().unwrap_or_else(|| new_id("run"));
     let sandbox_id = args.sandbox_id.clone().unwrap_or_else(|| new_id("sbx"));
     let mut req = SandboxRequest::new(&run_id, &sandbox_id, &root);

@@ -702,3 +702,21 @@ fn a_write_waiting_for_the_lock_does_not_hold_readers() {
         Some(2_000)
     );
 }
+
+/// Closing a store does not checkpoint (two fsyncs, the WAL's unlink and its re-creation at
+/// the next open, on every short CLI process): the WAL is kept, fsync'd at drop, and what it
+/// holds is read back by the next store.
+#[test]
+fn close_keeps_the_synced_wal_and_the_next_open_reads_it() {
+    let (_d, path) = temp_db();
+    let wal = path.with_file_name("smithers.db-wal");
+    let store = Store::open(&path).unwrap();
+    store.sync_wal().unwrap();
+    store.try_admit(&admit_req("r", "s", 10, 10)).unwrap();
+    store.sync_wal().unwrap();
+    drop(store);
+    let kept = std::fs::metadata(&wal).expect("the WAL is kept at close");
+    assert!(kept.len() > 0, "the committed frames are in the WAL");
+    let again = Store::open(&path).unwrap();
+    assert!(again.get_sandbox("r", "s").unwrap().is_some());
+}

@@ -606,6 +606,14 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         r
     });
     display.finish();
+    // The step's rows are committed but, with `synchronous = NORMAL`, not yet synced: make
+    // them durable before reporting (the store's drop does it too, but cannot say it failed).
+    if let Err(e) = ctx.store().sync_wal() {
+        eprintln!(
+            "warning: the store's last changes may not survive a power loss: {}",
+            inert(&e.to_string())
+        );
+    }
     let (termination, exit_code) = {
         let st = display.lock();
         (st.termination.clone(), st.exit_code)

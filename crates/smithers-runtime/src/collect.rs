@@ -187,39 +187,45 @@ pub fn workspace_bundle_with(
 fn render_changes(project: &Path, changes: ChangeSet, status: BundleStatus) -> WorkspaceBundle {
     let rendered = build_patch_files(&changes);
     let notes = change_notes(&changes);
+    let patch_bytes = rendered.total_bytes();
+    let has_diff_bundle = !rendered.diff_bundle.is_empty();
+    // Moved, not cloned: with 100k changed files each copy of the patch texts is tens of MB.
     let patches = rendered
         .files
-        .iter()
-        .map(|f| BundleFile::new(f.bundle_path.clone(), f.content.clone()))
+        .into_iter()
+        .map(|f| BundleFile::new(f.bundle_path, f.content))
         .collect();
-    let diff_bundle = (!rendered.diff_bundle.is_empty()).then(|| DiffBundle {
+    // A JavaScript consumer applies the diffBundle without our hostChanged check: a patch
+    // whose base is lost would undo the host's edit there, so it is left out (named in
+    // changeNotes.hostChanged) and only our accept, which refuses it, sees it in the patch
+    // files.
+    let host_changed: std::collections::HashSet<&str> =
+        notes.host_changed.iter().map(String::as_str).collect();
+    let entries: Vec<DiffPatch> = rendered
+        .diff_bundle
+        .into_iter()
+        .filter(|d| !host_changed.contains(d.path.as_str()))
+        .map(|d| DiffPatch {
+            path: d.path,
+            operation: match d.operation {
+                Operation::Add => DiffOperation::Add,
+                Operation::Modify => DiffOperation::Modify,
+                Operation::Delete => DiffOperation::Delete,
+            },
+            diff: d.diff,
+            binary_content: d.binary_content,
+        })
+        .collect();
+    let diff_bundle = has_diff_bundle.then(|| DiffBundle {
         seq: 0,
         base_ref: base_ref(project),
-        patches: rendered
-            .diff_bundle
-            .iter()
-            // A JavaScript consumer applies the diffBundle without our hostChanged check:
-            // a patch whose base is lost would undo the host's edit there, so it is left out
-            // (named in changeNotes.hostChanged) and only our accept, which refuses it, sees
-            // it in the patch files.
-            .filter(|d| !notes.host_changed.contains(&d.path))
-            .map(|d| DiffPatch {
-                path: d.path.clone(),
-                operation: match d.operation {
-                    Operation::Add => DiffOperation::Add,
-                    Operation::Modify => DiffOperation::Modify,
-                    Operation::Delete => DiffOperation::Delete,
-                },
-                diff: d.diff.clone(),
-                binary_content: d.binary_content.clone(),
-            })
-            .collect(),
+        patches: entries,
     });
     WorkspaceBundle {
         status,
         patches,
         diff_bundle,
-        patch_bytes: rendered.total_bytes(),
+        patch_bytes,
         notes,
         binary_content_left_out: rendered.binary_content_left_out,
         changes,

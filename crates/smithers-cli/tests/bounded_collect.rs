@@ -8,40 +8,14 @@
 //! within 6× the time), which the quadratic code this replaced (15×) failed.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_smithers-sandbox"));
-    c.env_remove("SMITHERS_DB").env("NO_COLOR", "1");
-    c
-}
+mod support;
 
-fn skip(reason: &str) -> bool {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("cannot run: {reason}");
-    }
-    println!("SKIP {reason}");
-    false
-}
-
-/// Native sandboxes (user, mount and pid namespaces) are enforced here.
-fn usable() -> bool {
-    let out = bin().args(["doctor", "--json"]).output().unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    let ok = ["user-namespace", "mount-namespace", "pid-namespace"]
-        .iter()
-        .all(|name| {
-            report["protections"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|p| p["name"] == **name && p["status"] == "enforced")
-        });
-    ok || skip("native sandboxes unavailable")
-}
+use support::native::{bin, sandboxes_usable as usable};
 
 /// A project outside any git repository, with `files` (name, size) written.
 fn project(files: &[(&str, u64)]) -> tempfile::TempDir {

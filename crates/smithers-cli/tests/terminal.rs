@@ -12,23 +12,9 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-fn bin_path() -> &'static str {
-    env!("CARGO_BIN_EXE_smithers-sandbox")
-}
+mod support;
 
-fn bin() -> Command {
-    let mut c = Command::new(bin_path());
-    c.env_remove("SMITHERS_DB").env("NO_COLOR", "1");
-    c
-}
-
-fn skip(reason: &str) -> bool {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("cannot run: {reason}");
-    }
-    println!("SKIP {reason}");
-    false
-}
+use support::native::{bin, bin_path, sandboxes_usable, skip};
 
 /// Native sandboxes and `script` are available.
 fn usable() -> bool {
@@ -36,18 +22,7 @@ fn usable() -> bool {
     if !script.is_ok_and(|o| o.status.success()) {
         return skip("util-linux `script` not found");
     }
-    let out = bin().args(["doctor", "--json"]).output().unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    let ok = ["user-namespace", "mount-namespace", "pid-namespace"]
-        .iter()
-        .all(|name| {
-            report["protections"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|p| p["name"] == **name && p["status"] == "enforced")
-        });
-    ok || skip("native sandboxes unavailable")
+    sandboxes_usable()
 }
 
 /// The bidi controls a terminal would reorder text by (kept here, not imported: the test

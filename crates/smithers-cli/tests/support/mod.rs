@@ -2,4 +2,5 @@
 //! module and uses a part of it, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod native;
 pub mod serve;

@@ -1,0 +1,43 @@
+//! Running the CLI binary against native sandboxes, with the CI-aware skip every such test
+//! uses.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The binary under test.
+pub fn bin_path() -> &'static str {
+    env!("CARGO_BIN_EXE_smithers-sandbox")
+}
+
+/// The binary, with no inherited database and no colour.
+pub fn bin() -> Command {
+    let mut c = Command::new(bin_path());
+    c.env_remove("SMITHERS_DB").env("NO_COLOR", "1");
+    c
+}
+
+/// Prints `SKIP <reason>` and returns false; under `CI=true` a missing capability fails.
+pub fn skip(reason: &str) -> bool {
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("cannot run: {reason}");
+    }
+    println!("SKIP {reason}");
+    false
+}
+
+/// Native sandboxes (user, mount and pid namespaces) are enforced here, per `doctor`.
+pub fn sandboxes_usable() -> bool {
+    let out = bin().args(["doctor", "--json"]).output().unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let ok = ["user-namespace", "mount-namespace", "pid-namespace"]
+        .iter()
+        .all(|name| {
+            report["protections"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|p| p["name"] == **name && p["status"] == "enforced")
+        });
+    ok || skip("native sandboxes unavailable")
+}

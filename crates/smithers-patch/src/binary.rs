@@ -293,8 +293,7 @@ pub(crate) fn encode_streamed(
     if sink.out.len() as u64 > cap {
         return Ok(Streamed::OverCap { read });
     }
-    let digest = hash.finalize();
-    let oid = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let oid = crate::model::hex(&hash.finalize());
     Ok(Streamed::Done {
         oid,
         literal: EncodedLiteral {

@@ -72,9 +72,13 @@ pub fn git_blob_oid(content: &[u8]) -> String {
     let mut h = Sha1::new();
     h.update(format!("blob {}\0", content.len()).as_bytes());
     h.update(content);
-    let digest = h.finalize();
-    let mut out = String::with_capacity(40);
-    for b in digest.iter() {
+    hex(&h.finalize())
+}
+
+/// Lower-case hex of a digest, as git writes object ids.
+pub(crate) fn hex(digest: &[u8]) -> String {
+    let mut out = String::with_capacity(digest.len() * 2);
+    for b in digest {
         out.push_str(&format!("{b:02x}"));
     }
     out

@@ -754,6 +754,8 @@ impl Orchestrator {
             vec![
                 ("termination", json!(outcome.termination.as_str())),
                 ("exitCode", json!(outcome.exit_code)),
+                // What held for this step (a limit this host could not give is named here).
+                ("enforcement", json!(outcome.enforcement)),
             ],
         );
         let hb_at = now_ms();

@@ -286,8 +286,13 @@ impl Pump {
         self.log.write_all(b"\n").map_err(|e| self.io(e))
     }
 
-    /// The last log record: how the command ended (the local runtime's shape).
+    /// The last log records: what held (the enforcement report), then how the command ended
+    /// (the local runtime's shape).
     pub fn write_exit(&mut self, o: &ExecOutcome) -> Result<(), RuntimeError> {
+        let report =
+            json!({"type": "enforcement", "timestampMs": now_ms(), "report": o.enforcement});
+        serde_json::to_writer(&mut self.log, &report).map_err(|e| self.io(e.into()))?;
+        self.log.write_all(b"\n").map_err(|e| self.io(e))?;
         let rec = json!({
             "type": "exit",
             "timestampMs": now_ms(),

@@ -8,6 +8,21 @@
 //! Hybrid hosts (v1 controllers plus a v2 tree with only core files, like this project's
 //! machines) use the v1 controllers for limits and the v2 tree for `cgroup.kill` and
 //! `cgroup.events`. Pure v2 hosts use one directory for everything.
+//!
+//! What exists is not what this process may use: [`CgroupHost::detect`] keeps only the
+//! hierarchies this process can create cgroups in (an ordinary user's cgroup belongs to root
+//! unless it was delegated, a container's cgroup file system is read-only) and records, for
+//! every controller it drops, why and the fix ([`CgroupHost::unusable`]). A sandbox then runs
+//! without that controller: the pid namespace, not a cgroup, kills its tree, and a limit that
+//! needs it is refused.
+//!
+//! On v2 a cgroup's controllers reach its children only through its `cgroup.subtree_control`,
+//! which the kernel refuses to change while the cgroup holds processes (the
+//! no-internal-processes rule; every systemd service and scope holds its own). So, as container
+//! engines do, the runtime first moves itself into a leaf of its own cgroup
+//! ([`SUPERVISOR_LEAF`]) and then enables the controllers; sandboxes are created beside that
+//! leaf. When other processes stay behind in the cgroup, the controllers are unusable and the
+//! fix says how to give the runtime a cgroup of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -33,7 +48,24 @@ pub struct CgroupHost {
     pub v2: Option<PathBuf>,
     /// Controllers available in the v2 tree at our node (from `cgroup.controllers`).
     pub v2_controllers: BTreeSet<String>,
+    /// Controllers (and `core`, the v2 kill and events files) that this host has or might
+    /// have but this process cannot use, with why and the fix. Filled by `detect`.
+    pub unusable: BTreeMap<String, Unusable>,
 }
+
+/// Why a controller cannot be used by this process, and what would make it usable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unusable {
+    pub reason: String,
+    pub fix: String,
+}
+
+/// The v2 leaf the runtime moves itself into before enabling controllers in its own cgroup
+/// (see the module docs). A process already in a leaf of this name uses the leaf's parent.
+pub const SUPERVISOR_LEAF: &str = "smithers-supervisor";
+
+/// The fix for a cgroup this process may not write: a delegated one from systemd.
+const DELEGATE_FIX: &str = "run the runtime in a delegated cgroup: systemd-run --user --scope -p Delegate=yes smithers-sandbox ... (as root: systemd-run --scope -p Delegate=yes ...)";
 
 /// Which mechanism provides a controller on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,17 +131,141 @@ pub fn is_sandbox_cgroup_name(name: &str) -> bool {
 pub const CONTROLLERS: &[&str] = &["memory", "pids", "cpu", "cpuacct"];
 
 impl CgroupHost {
-    /// Reads `/proc/self/mountinfo` and `/proc/self/cgroup`.
+    /// Reads `/proc/self/mountinfo` and `/proc/self/cgroup`, then keeps what this process
+    /// can use (see the module docs): on pure v2 this may move the process into
+    /// [`SUPERVISOR_LEAF`] and enable controllers in its own cgroup.
     pub fn detect() -> CgroupHost {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let mut host = CgroupHost::parse(&mountinfo, &own);
-        if let Some(v2) = &host.v2 {
-            if let Ok(text) = std::fs::read_to_string(v2.join("cgroup.controllers")) {
-                host.v2_controllers = text.split_whitespace().map(str::to_string).collect();
+        host.keep_usable(&own);
+        host
+    }
+
+    /// Drops the hierarchies this process cannot create cgroups in, recording why.
+    fn keep_usable(&mut self, own_cgroup: &str) {
+        let v1: Vec<(String, PathBuf)> = std::mem::take(&mut self.v1).into_iter().collect();
+        for (ctrl, dir) in v1 {
+            match writable(&dir, &["tasks"]) {
+                Ok(()) => {
+                    self.v1.insert(ctrl, dir);
+                }
+                Err(why) => {
+                    self.unusable.insert(
+                        ctrl.clone(),
+                        Unusable {
+                            reason: format!("the v1 {ctrl} cgroup {}: {why}", dir.display()),
+                            fix: fix_for(&why),
+                        },
+                    );
+                }
             }
         }
-        host
+        let Some(mut dir) = self.v2.take() else {
+            return;
+        };
+        // A runtime (ours, or the process that started us) already moved into the leaf:
+        // sandboxes go beside it, under its parent.
+        let in_leaf = dir.file_name().is_some_and(|n| n == SUPERVISOR_LEAF);
+        if in_leaf {
+            dir.pop();
+        }
+        if let Err(why) = writable(&dir, &["cgroup.procs", "cgroup.subtree_control"]) {
+            let unusable = Unusable {
+                reason: format!("the v2 cgroup {}: {why}", dir.display()),
+                fix: fix_for(&why),
+            };
+            self.unusable.insert("core".into(), unusable.clone());
+            for ctrl in ["memory", "pids", "cpu"] {
+                self.unusable
+                    .entry(ctrl.into())
+                    .or_insert_with(|| unusable.clone());
+            }
+            return;
+        }
+        let read_set = |file: &str| -> BTreeSet<String> {
+            std::fs::read_to_string(dir.join(file))
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        };
+        let available = read_set("cgroup.controllers");
+        let mut enabled = read_set("cgroup.subtree_control");
+        let wanted: Vec<&str> = ["memory", "pids", "cpu"]
+            .into_iter()
+            .filter(|c| !self.v1.contains_key(*c) && !self.unusable.contains_key(*c))
+            .collect();
+        for ctrl in &wanted {
+            if !available.contains(*ctrl) {
+                self.unusable.insert(
+                    ctrl.to_string(),
+                    Unusable {
+                        reason: format!(
+                            "the {ctrl} controller is not delegated to the v2 cgroup {} (its parent's cgroup.subtree_control lacks it)",
+                            dir.display()
+                        ),
+                        fix: DELEGATE_FIX.into(),
+                    },
+                );
+            }
+        }
+        let missing: Vec<&str> = wanted
+            .iter()
+            .copied()
+            .filter(|c| available.contains(*c) && !enabled.contains(*c))
+            .collect();
+        if !missing.is_empty() {
+            // The root cgroup (of the hierarchy or of our cgroup namespace) may hold processes
+            // and still have controllers enabled; any other cgroup must be emptied first.
+            let at_root = own_cgroup.lines().any(|l| l == "0::/");
+            let moved = at_root || in_leaf || enter_leaf(&dir).is_ok();
+            for ctrl in missing {
+                match enable(&dir, ctrl) {
+                    Ok(()) => {
+                        enabled.insert(ctrl.to_string());
+                    }
+                    Err(e) => {
+                        let busy = e.raw_os_error() == Some(libc::EBUSY);
+                        self.unusable.insert(
+                            ctrl.to_string(),
+                            Unusable {
+                                reason: if busy {
+                                    format!(
+                                        "enabling {ctrl} in {}/cgroup.subtree_control: the cgroup holds other processes (the kernel's no-internal-processes rule){}",
+                                        dir.display(),
+                                        if moved { ", after this process moved into its own leaf" } else { "" }
+                                    )
+                                } else {
+                                    format!(
+                                        "enabling {ctrl} in {}/cgroup.subtree_control: {e}",
+                                        dir.display()
+                                    )
+                                },
+                                fix: if busy {
+                                    "give the runtime a cgroup of its own: systemd-run --scope -p Delegate=yes smithers-sandbox ... (as an ordinary user: systemd-run --user --scope -p Delegate=yes ...), or a systemd service of its own".into()
+                                } else {
+                                    DELEGATE_FIX.into()
+                                },
+                            },
+                        );
+                    }
+                }
+            }
+            if moved
+                && !at_root
+                && !in_leaf
+                && enabled.is_disjoint(&wanted.iter().map(|c| c.to_string()).collect())
+            {
+                // Nothing gained: leave the process where it was.
+                let _ = std::fs::write(dir.join("cgroup.procs"), "0");
+            }
+        }
+        self.v2_controllers = enabled
+            .into_iter()
+            .filter(|c| available.contains(c))
+            .collect();
+        self.v2 = Some(dir);
     }
 
     /// Pure part of [`CgroupHost::detect`].
@@ -193,6 +349,19 @@ impl CgroupHost {
         }
     }
 
+    /// Why `controller` is not available to this process, and the fix.
+    pub fn why_unusable(&self, controller: &str) -> Unusable {
+        let key = if controller == "cpuacct" {
+            "cpu"
+        } else {
+            controller
+        };
+        self.unusable.get(key).cloned().unwrap_or_else(|| Unusable {
+            reason: format!("this kernel offers no {key} cgroup controller to this process"),
+            fix: "use a kernel with the controller (CONFIG_MEMCG, CONFIG_CGROUP_PIDS, CONFIG_CGROUP_SCHED) and a cgroup hierarchy that has it".into(),
+        })
+    }
+
     /// Creates the sandbox's cgroups, applies the limits, returns the directories (the init
     /// joins them through their `cgroup.procs`). On failure nothing is left behind.
     pub fn create(&self, name: &str, limits: &CgroupLimits) -> Result<SandboxCgroups, CgroupError> {
@@ -258,21 +427,7 @@ impl CgroupHost {
         limits: &CgroupLimits,
     ) -> Result<(), CgroupError> {
         for dir in &cgroups.dirs {
-            if dir.v2 && dir.controllers.iter().any(|c| c != "core") {
-                // Controllers must be enabled in the parent's subtree_control for the child
-                // to get their files. Enabling is idempotent.
-                if let Some(parent) = dir.path.parent() {
-                    let enable: Vec<String> = dir
-                        .controllers
-                        .iter()
-                        .filter(|c| *c != "core" && *c != "cpuacct")
-                        .map(|c| format!("+{c}"))
-                        .collect();
-                    let file = parent.join("cgroup.subtree_control");
-                    std::fs::write(&file, enable.join(" "))
-                        .map_err(|e| cg_err("enable controllers in", &file, e))?;
-                }
-            }
+            // v2 controllers were enabled in the parent's subtree_control by `detect`.
             std::fs::create_dir(&dir.path).map_err(|e| cg_err("create cgroup", &dir.path, e))?;
             let has = |c: &str| dir.controllers.iter().any(|x| x == c);
             let write = |file: &str, value: String| -> Result<(), CgroupError> {
@@ -310,6 +465,53 @@ impl CgroupHost {
         }
         Ok(())
     }
+}
+
+/// Whether this process may create a cgroup in `dir` and write the named files of it (what
+/// systemd's `Delegate=yes` hands over: the directory and these files, chowned).
+fn writable(dir: &Path, files: &[&str]) -> Result<(), std::io::Error> {
+    access_write(dir)?;
+    for file in files {
+        access_write(&dir.join(file))?;
+    }
+    Ok(())
+}
+
+fn access_write(path: &Path) -> Result<(), std::io::Error> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a valid NUL-terminated path; faccessat only reads it.
+    let rc = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The fix for a cgroup directory this process cannot write.
+fn fix_for(why: &std::io::Error) -> String {
+    if why.raw_os_error() == Some(libc::EROFS) {
+        "the cgroup file system is mounted read-only (a container?): give the container a writable cgroup of its own (docker run --cgroupns=private with a read-write /sys/fs/cgroup, or --privileged)".into()
+    } else {
+        DELEGATE_FIX.into()
+    }
+}
+
+/// Moves this process (all its threads) into `dir/SUPERVISOR_LEAF`.
+fn enter_leaf(dir: &Path) -> std::io::Result<()> {
+    let leaf = dir.join(SUPERVISOR_LEAF);
+    match std::fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // "0" names the writing process: the whole thread group moves.
+    std::fs::write(leaf.join("cgroup.procs"), "0")
+}
+
+fn enable(dir: &Path, ctrl: &str) -> std::io::Result<()> {
+    std::fs::write(dir.join("cgroup.subtree_control"), format!("+{ctrl}"))
 }
 
 fn unescape(s: &str) -> String {

@@ -860,7 +860,13 @@ fn prelude(caps: &HostCaps, backend: &Backend, allow_network: bool) -> plan::Pre
     )
 }
 
-/// Writes the NDJSON log (lines, then the exit record) and the outcome for `collect`.
+/// The log record of a step's enforcement report (the same shape in every runtime's log).
+pub(crate) fn enforcement_record(report: &smithers_runtime::EnforcementReport) -> Value {
+    json!({"type": "enforcement", "timestampMs": now_ms(), "report": report})
+}
+
+/// Writes the NDJSON log (lines, the enforcement record, then the exit record) and the
+/// outcome for `collect`.
 fn persist(
     backend: &Backend,
     outcome: &ExecOutcome,
@@ -887,6 +893,9 @@ fn persist(
         "stderrTruncated": outcome.stderr_truncated,
         "usage": outcome.usage,
     });
+    // What held for this step, next to how it ended: a limit unavailable on this host (an
+    // ordinary user's, a container's) is named in the bundle, not only in `doctor`.
+    lines.push(enforcement_record(&outcome.enforcement).to_string());
     lines.push(exit.to_string());
     let mut text = lines.join("\n");
     text.push('\n');

@@ -626,10 +626,12 @@ impl NativeRuntime {
             ("cpuLimit", "cpu", c.cpu_limit.is_some()),
         ] {
             if wanted && caps.cgroups.source(ctrl).is_none() {
+                let why = caps.cgroups.why_unusable(ctrl);
                 return Err(Self::refuse(
                     control,
                     format!(
-                        "no {ctrl} cgroup controller is available to this process (v1 hierarchy or delegated v2 controller); run under a cgroup with {ctrl} delegated, e.g. systemd-run --user -p Delegate=yes --scope"
+                        "no {ctrl} cgroup controller is available to this process: {}; fix: {}",
+                        why.reason, why.fix
                     ),
                 ));
             }

@@ -255,15 +255,19 @@ pub(crate) fn enforcement(
                 format!("{} (runtime default)", human_bytes(max)),
                 None,
             ),
+            // Without a controller not even the runtime's default holds: unavailable, not
+            // merely "not asked for".
+            (_, false) if c.memory_limit_bytes.is_none() => row(
+                n::MEMORY,
+                Unavailable,
+                "no memory controller: no limit, not even the runtime's default",
+                Some("see `smithers-sandbox doctor` for why and the fix"),
+            ),
             (_, has_memory) => limit_row(
                 n::MEMORY,
                 c.memory_limit_bytes.map(human_bytes),
                 has_memory,
-                if has_memory {
-                    "no memory limit set"
-                } else {
-                    "no memory controller: no limit, not even the runtime's default"
-                },
+                "no memory limit set",
             ),
         },
     );
@@ -276,7 +280,7 @@ pub(crate) fn enforcement(
             n::PIDS,
             Unavailable,
             "no pids controller: fork bombs are not capped",
-            Some("run under a cgroup with the pids controller"),
+            Some("see `smithers-sandbox doctor` for why and the fix"),
         ),
         (None, true) => row(n::PIDS, Disabled, "no pids limit set", None),
     });
@@ -466,9 +470,30 @@ pub(crate) fn probe(
     });
     for (name, ctrl) in [(n::MEMORY, "memory"), (n::PIDS, "pids"), (n::CPU, "cpu")] {
         p.push(match caps.cgroups.source(ctrl) {
-            Some(crate::cgroup::ControllerSource::V1(path)) => row(name, Enforced, format!("cgroup v1 at {}", path.display()), None),
-            Some(crate::cgroup::ControllerSource::V2(path)) => row(name, Enforced, format!("cgroup v2 at {}", path.display()), None),
-            None => row(name, Unavailable, format!("no {ctrl} controller available to this process"), Some("run under a cgroup with the controller delegated (systemd-run --user -p Delegate=yes --scope ...)")),
+            Some(crate::cgroup::ControllerSource::V1(path)) => row(
+                name,
+                Enforced,
+                format!("cgroup v1 at {}", path.display()),
+                None,
+            ),
+            Some(crate::cgroup::ControllerSource::V2(path)) => row(
+                name,
+                Enforced,
+                format!("cgroup v2 at {}", path.display()),
+                None,
+            ),
+            None => {
+                let why = caps.cgroups.why_unusable(ctrl);
+                row(
+                    name,
+                    Unavailable,
+                    format!(
+                        "no {ctrl} limit possible (a step asking for one is refused): {}",
+                        why.reason
+                    ),
+                    Some(&why.fix),
+                )
+            }
         });
     }
     p.push(if caps.host_mounts {

@@ -295,6 +295,8 @@ struct DisplayState {
     last_line: String,
     termination: Option<String>,
     exit_code: Option<i64>,
+    /// The step's enforcement report, from the `child-finished` heartbeat.
+    enforcement: Option<Value>,
     cancelling: bool,
     status_drawn: bool,
     done: bool,
@@ -429,6 +431,7 @@ impl Display {
                 .and_then(Value::as_str)
                 .map(str::to_string);
             st.exit_code = hb.data.get("exitCode").and_then(Value::as_i64);
+            st.enforcement = hb.data.get("enforcement").cloned();
         }
         if st.stage == hb.stage {
             return;
@@ -614,9 +617,9 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             inert(&e.to_string())
         );
     }
-    let (termination, exit_code) = {
+    let (termination, exit_code, enforcement) = {
         let st = display.lock();
-        (st.termination.clone(), st.exit_code)
+        (st.termination.clone(), st.exit_code, st.enforcement.clone())
     };
     let hints = decision_hints(&sandbox_id, &args.store.hint_flags(&root));
     let base = json!({
@@ -628,6 +631,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         "termination": termination,
         "exitCode": exit_code,
         "recovered": context::recovered_json(&ctx.recovered),
+        "enforcement": enforcement,
     });
     let mut doc = base;
     let code = match result {
@@ -700,6 +704,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     done.outputs.as_ref(),
                     &done.bundle_path,
                     &changes,
+                    enforcement.as_ref(),
                 );
                 if done.applied_patches > 0 {
                     println!(
@@ -740,6 +745,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     pending.outputs.as_ref(),
                     &pending.bundle_path,
                     &changes,
+                    enforcement.as_ref(),
                 );
                 println!(
                     "review   pending: {} patch file(s), {} changed line(s), NOT applied yet",
@@ -769,6 +775,7 @@ fn print_summary(
     outputs: Option<&Value>,
     bundle_path: &std::path::Path,
     changes: &[context::FileChange],
+    enforcement: Option<&Value>,
 ) {
     let how = match (termination, exit_code) {
         (Some("exited"), Some(c)) => format!(" (exit {c})"),
@@ -776,6 +783,9 @@ fn print_summary(
         _ => String::new(),
     };
     println!("status   {}{how}", inert(status));
+    for line in not_held(enforcement) {
+        println!("not held {line}");
+    }
     match outputs {
         // The step's outputs as JSON, which leaves C1 and bidi characters raw: inert.
         Some(o) => println!("outputs  {}", inert(&o.to_string())),
@@ -790,6 +800,26 @@ fn print_summary(
             println!("  {line}");
         }
     }
+}
+
+/// The protections of a step's enforcement report that did not hold (unavailable or
+/// degraded), one line each: a limit this host could not give is said where the step's
+/// result is, not only in `doctor`.
+fn not_held(enforcement: Option<&Value>) -> Vec<String> {
+    let rows = enforcement
+        .and_then(|r| r["protections"].as_array())
+        .into_iter()
+        .flatten();
+    rows.filter(|p| p["status"] == "unavailable" || p["status"] == "degraded")
+        .map(|p| {
+            inert(&format!(
+                "{} ({}): {}",
+                p["name"].as_str().unwrap_or("?"),
+                p["status"].as_str().unwrap_or("?"),
+                p["detail"].as_str().unwrap_or("")
+            ))
+        })
+        .collect()
 }
 
 /// 0 for a finished step; the step's own exit code when it failed with one; 124 for a

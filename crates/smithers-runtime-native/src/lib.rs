@@ -49,6 +49,7 @@ pub mod cgroup;
 mod collect;
 mod copy;
 mod exec;
+pub mod host_diag;
 mod owned;
 pub mod plan;
 mod prepared_root;
@@ -263,7 +264,8 @@ struct HostCaps {
     facts: HostFacts,
     cgroups: CgroupHost,
     seccomp: Result<Vec<BpfInstruction>, String>,
-    userns: Result<(), String>,
+    /// Why user namespaces are refused, and the fix.
+    userns: Result<(), (String, String)>,
     uid: u32,
     gid: u32,
     /// Whether we may mount a size-capped tmpfs on the host for the upper layer.
@@ -582,6 +584,37 @@ impl NativeRuntime {
         }
     }
 
+    /// Refuses, with the probe's failure and the fix for this host, when the init's probe
+    /// could not make the user namespace or a fresh `/proc`.
+    async fn refuse_unless_probe_succeeded(&self, caps: &HostCaps) -> Result<(), RuntimeError> {
+        let findings = self.findings().await;
+        let failed = |key: &str| -> Option<String> {
+            match findings {
+                Err(e) => Some(e.clone()),
+                Ok(v) if v[key]["ok"] == serde_json::Value::Bool(true) => None,
+                Ok(v) => Some(v[key]["detail"].as_str().unwrap_or("failed").to_string()),
+            }
+        };
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if let Some(why) = failed("user") {
+            return Err(RuntimeError::Unavailable {
+                runtime: RUNTIME,
+                reason: format!("the user namespace could not be created: {why}"),
+                fix: Some(host_diag::userns_fix(caps.uid, &mountinfo)),
+            });
+        }
+        if let Some(why) = failed("proc") {
+            return Err(RuntimeError::Unavailable {
+                runtime: RUNTIME,
+                reason: format!(
+                    "a fresh /proc could not be mounted in the sandbox's pid namespace: {why}"
+                ),
+                fix: Some(host_diag::proc_fix(&mountinfo)),
+            });
+        }
+        Ok(())
+    }
+
     fn refuse(control: &'static str, reason: impl Into<String>) -> RuntimeError {
         RuntimeError::ControlUnsupported {
             runtime: RUNTIME,
@@ -682,14 +715,18 @@ impl NativeRuntime {
                 )),
             });
         }
-        if let Err(reason) = &caps.userns {
+        if let Err((reason, fix)) = &caps.userns {
             return Err(RuntimeError::Unavailable {
                 runtime: RUNTIME,
                 reason: reason.clone(),
-                fix: Some(
-                    "enable user namespaces: sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 where it exists)".into(),
-                ),
+                fix: Some(fix.clone()),
             });
+        }
+        // In a container the engine's default confinement (seccomp, masked /proc) refuses
+        // what the sandbox needs, and nothing cheap shows it: the init's probe tries (once
+        // per runtime), and a refusal names the engine's flags instead of failing at execute.
+        if host_diag::container_engine().is_some() {
+            self.refuse_unless_probe_succeeded(&caps).await?;
         }
         if let Err(reason) = &caps.seccomp {
             return Err(RuntimeError::Unavailable {

@@ -61,26 +61,14 @@ fn human_bytes(b: u64) -> String {
 }
 
 /// Cheap check that user namespaces are allowed (sysctls only; the probe really tries).
-pub(crate) fn userns_available(uid: u32) -> Result<(), String> {
-    let read = |p: &str| -> Option<i64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
-    if read("/proc/sys/user/max_user_namespaces") == Some(0) {
-        return Err("user namespaces are disabled (user.max_user_namespaces = 0)".into());
+/// Why user namespaces are refused here before anything is tried, and the fix (see
+/// [`crate::host_diag::userns_refusal`]).
+pub(crate) fn userns_available(uid: u32) -> Result<(), (String, String)> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    match crate::host_diag::userns_refusal(uid, &mountinfo) {
+        Some(refusal) => Err(refusal),
+        None => Ok(()),
     }
-    if uid != 0 {
-        if read("/proc/sys/kernel/unprivileged_userns_clone") == Some(0) {
-            return Err(
-                "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)"
-                    .into(),
-            );
-        }
-        if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1) {
-            return Err("AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1)".into());
-        }
-    }
-    if !std::path::Path::new("/proc/self/ns/user").exists() {
-        return Err("the kernel has no user namespaces".into());
-    }
-    Ok(())
 }
 
 fn limit_row(
@@ -374,7 +362,8 @@ pub(crate) fn probe(
             Ok(v) => Err(v[key]["detail"].as_str().unwrap_or("failed").to_string()),
         }
     };
-    let userns_fix = "enable user namespaces: sysctl -w user.max_user_namespaces=15000 (kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0 where they exist)";
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let userns_fix = &crate::host_diag::userns_fix(caps.uid, &mountinfo);
     let ns_row = |name: &str, key: &str, detail: &str| match ok(key) {
         Ok(()) => row(name, Enforced, detail, None),
         Err(e) => row(name, Unavailable, e, Some(userns_fix)),
@@ -419,7 +408,7 @@ pub(crate) fn probe(
             n::FILESYSTEM,
             Unavailable,
             format!("cannot mount /proc in a new pid namespace: {e}"),
-            Some("make sure /proc is not partly over-mounted (e.g. by a container engine)"),
+            Some(&crate::host_diag::proc_fix(&mountinfo)),
         ),
     });
     p.push(match ok("mount") {

@@ -51,6 +51,7 @@ mod copy;
 mod exec;
 pub mod host_diag;
 mod owned;
+mod ownership;
 pub mod plan;
 mod prepared_root;
 mod report;
@@ -343,6 +344,38 @@ fn decide_workspace(
         // Usable, or the probe did not get as far as trying (then execute reports what
         // really fails, as before this check existed).
         (_, OverlayCheck::Usable | OverlayCheck::Unknown(_)) => Ok(WorkspaceState::Overlay),
+    }
+}
+
+/// How a copy workspace chosen for other owners' files starts its reason.
+pub(crate) const FOREIGN_OWNERS: &str = "files of other owners in the project";
+
+/// An overlay only over a tree whose every entry is the runtime's (see [`ownership`]):
+/// otherwise `auto` takes a copy, saying why, and `overlay` is refused.
+fn check_ownership(
+    mode: WorkspaceMode,
+    workspace: WorkspaceState,
+    root: &Path,
+    caps: &HostCaps,
+) -> Result<WorkspaceState, RuntimeError> {
+    if workspace != WorkspaceState::Overlay {
+        return Ok(workspace);
+    }
+    let Some(foreign) = ownership::first_foreign(root, caps.uid, caps.gid) else {
+        return Ok(workspace);
+    };
+    let why = foreign.describe(caps.uid, caps.gid);
+    match mode {
+        WorkspaceMode::Overlay => Err(RuntimeError::Unavailable {
+            runtime: RUNTIME,
+            reason: format!("the overlay workspace was requested but {why}"),
+            fix: Some(format!(
+                "use workspace mode auto or copy (--workspace, ${WORKSPACE_ENV}), which copies the project (the copy is the runtime's), or run the runtime as the tree's owner"
+            )),
+        }),
+        _ => Ok(WorkspaceState::Copy {
+            reason: format!("{FOREIGN_OWNERS}: {why}"),
+        }),
     }
 }
 
@@ -756,7 +789,9 @@ impl NativeRuntime {
             pids: self.options.default_pids_limit,
             memory: self.options.default_memory_limit,
         };
+        let mode = self.options.workspace;
         blocking("create the sandbox", move || {
+            let workspace = check_ownership(mode, workspace, &config.root_dir, &caps)?;
             create_on_disk(&config, &caps, workspace, defaults)
         })
         .await?

@@ -125,7 +125,11 @@ fn copy_row(reason: &str) -> Protection {
         format!(
             "workspace mode copy: {reason}; the project was copied into the sandbox's state directory at ship and is compared with the untouched project at collect (the project is never written; .smithers hidden, .git bound read-only)"
         ),
-        Some("for copy-on-write (no copy, ship cost independent of the project size): a kernel >= 5.11 with overlayfs in user namespaces, a state root on ext4, xfs or tmpfs, workspace mode auto or overlay"),
+        Some(if reason.starts_with(crate::FOREIGN_OWNERS) {
+            "for copy-on-write (no copy, ship cost independent of the project size): run the runtime as the tree's owner, or give the tree to the runtime's user (chown -R)"
+        } else {
+            "for copy-on-write (no copy, ship cost independent of the project size): a kernel >= 5.11 with overlayfs in user namespaces, a state root on ext4, xfs or tmpfs, workspace mode auto or overlay"
+        }),
     )
 }
 

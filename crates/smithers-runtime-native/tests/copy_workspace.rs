@@ -514,3 +514,61 @@ async fn auto_goes_by_the_remembered_overlay_check() {
     let row = ran.outcome.enforcement.get("workspace-cow").unwrap();
     assert_eq!(row.status, ProtectionStatus::Enforced, "{row:?}");
 }
+
+/// A tree with files of another owner (root on a user's checkout): an overlay could not
+/// copy them up for writing inside the user namespace, so `auto` takes a copy and says why,
+/// the step's writes to those files all come back as patches, and an explicit `overlay`
+/// is refused naming the file.
+#[tokio::test(flavor = "multi_thread")]
+async fn files_of_another_owner_switch_auto_to_a_copy_and_are_written() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid != 0 {
+        // As an ordinary user the tree is one's own (chown to another uid needs root).
+        skip_or_fail("giving files to another uid needs root");
+        return;
+    }
+    let auto_rt = runtime(WorkspaceMode::Auto, None);
+    if !usable(&auto_rt).await {
+        return;
+    }
+    let project = new_project();
+    sh(project.path(), "chown -R 1234:1234 src data.bin");
+
+    let overlay_rt = runtime(WorkspaceMode::Overlay, None);
+    let config = SandboxConfig {
+        run_id: format!("owners-{}", std::process::id()),
+        sandbox_id: "sb-overlay".into(),
+        runtime: RuntimeKind::Bubblewrap,
+        root_dir: project.path().to_path_buf(),
+        image: None,
+        controls: Controls::default(),
+    };
+    let refused = overlay_rt
+        .create(&config)
+        .await
+        .expect_err("overlay refused");
+    let text = format!("{refused}");
+    assert!(text.contains("belongs to uid 1234"), "{text}");
+
+    let ran = run_step(&auto_rt, project).await;
+    assert_eq!(
+        ran.outcome.termination,
+        Termination::Exited,
+        "{:?}",
+        ran.outcome
+    );
+    assert_eq!(ran.outcome.exit_code, Some(0), "{}", ran.stdout);
+    let row = ran.outcome.enforcement.get("workspace-cow").unwrap();
+    assert_eq!(row.status, ProtectionStatus::Degraded, "{row:?}");
+    assert!(row.detail.contains("files of other owners"), "{row:?}");
+    assert!(row.detail.contains("uid 1234"), "{row:?}");
+    let all: String = ran.patches.iter().map(|(_, p)| p.as_str()).collect();
+    for path in ["src/main.rs", "data.bin", "src/new.rs"] {
+        assert!(
+            all.contains(&format!("b/{path}")),
+            "the write to {path} came back: {all}"
+        );
+    }
+    assert!(all.contains("changed"), "{all}");
+}

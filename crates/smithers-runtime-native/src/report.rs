@@ -71,6 +71,53 @@ pub(crate) fn userns_available(uid: u32) -> Result<(), (String, String)> {
     }
 }
 
+/// The newest Landlock ABI whose rights the init asks for (`privileges::apply_landlock`).
+const LANDLOCK_ABI_USED: i64 = 6;
+
+const LANDLOCK_FIX: &str =
+    "use a kernel with Landlock ABI 6 or newer (Linux 6.12+) for every right the sandbox asks for";
+
+/// Landlock rights by the ABI that brought them, and what their absence costs here, given
+/// the layers that do not depend on Landlock (read-only mounts, the sandbox's own network,
+/// pid and IPC namespaces, the seccomp filter).
+const LANDLOCK_RIGHTS: &[(i64, &str, &str)] = &[
+    (2, "refer (rename and link across directories)", "Landlock then refuses every rename or link across directories in the sandbox, /workspace included: build tools that move files between directories fail (EXDEV)"),
+    (3, "truncate", "truncation is not checked by Landlock; every path outside the writable directories is on a read-only mount, so nothing outside them can be truncated anyway"),
+    (4, "TCP bind and connect rules", "none: the sandbox's network namespace is the boundary (the runtime uses no TCP rules)"),
+    (5, "ioctl on device files", "ioctls on the minimal /dev's devices are not checked by Landlock; the seccomp filter still denies TIOCSTI and TIOCLINUX"),
+    (6, "scoping of abstract unix sockets and signals", "none beyond Landlock: abstract sockets are per network namespace and signals cannot cross the sandbox's pid namespace"),
+];
+
+/// "ABI n", and for each right the kernel lacks, what it costs.
+pub(crate) fn landlock_abi_detail(abi: i64) -> String {
+    let missing: Vec<String> = LANDLOCK_RIGHTS
+        .iter()
+        .filter(|(since, _, _)| *since > abi)
+        .map(|(since, right, cost)| format!("no {right} (ABI {since}): {cost}"))
+        .collect();
+    if missing.is_empty() {
+        format!("ABI {abi}")
+    } else {
+        format!("ABI {abi}; {}", missing.join("; "))
+    }
+}
+
+/// The kernel's Landlock ABI (0 when Landlock is off).
+pub(crate) fn landlock_abi() -> i64 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_ulong = 1;
+    // SAFETY: with a NULL attribute, size 0 and the VERSION flag the call only returns the
+    // ABI version; it reads and writes no memory of ours.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    abi.max(0)
+}
+
 fn limit_row(
     name: &str,
     requested: Option<String>,
@@ -228,7 +275,7 @@ pub(crate) fn enforcement(
         .to_string();
     p.push(match landlock.as_deref() {
         Some("enforced") => row(n::LANDLOCK, Enforced, "writes only below /workspace, /result, /tmp and the out dir; signals and abstract sockets scoped", None),
-        Some("degraded") => row(n::LANDLOCK, Degraded, "the kernel enforces only part of the ruleset (older Landlock ABI)", Some("use a kernel with Landlock ABI 6 or newer")),
+        Some("degraded") => row(n::LANDLOCK, Degraded, format!("the kernel enforces only part of the ruleset: {}", landlock_abi_detail(landlock_abi())), Some(LANDLOCK_FIX)),
         Some(_) => row(n::LANDLOCK, Unavailable, format!("not enforced by this kernel {landlock_detail}").trim().to_string(), Some("boot with lsm=...,landlock")),
         None => row(n::LANDLOCK, Degraded, "the run ended before the init confirmed Landlock", None),
     });
@@ -434,12 +481,17 @@ pub(crate) fn probe(
         .ok()
         .and_then(|v| v["landlockAbi"].as_i64());
     p.push(match (ok("landlock"), abi) {
-        (Ok(()), Some(abi)) => row(n::LANDLOCK, Enforced, format!("ABI {abi}"), None),
-        (Err(_), Some(abi)) => row(
+        (Ok(()), Some(abi)) if abi >= LANDLOCK_ABI_USED => {
+            row(n::LANDLOCK, Enforced, landlock_abi_detail(abi), None)
+        }
+        (_, Some(abi)) => row(
             n::LANDLOCK,
             Degraded,
-            format!("ABI {abi}: only part of the ruleset is enforced"),
-            Some("use a kernel with Landlock ABI 6 or newer"),
+            format!(
+                "only part of the ruleset is enforced: {}",
+                landlock_abi_detail(abi)
+            ),
+            Some(LANDLOCK_FIX),
         ),
         (_, None) => row(
             n::LANDLOCK,
@@ -590,4 +642,23 @@ async fn probe_process(
     };
     let ((), output) = tokio::join!(write, child.wait_with_output());
     output
+}
+
+#[cfg(test)]
+mod landlock_tests {
+    use super::*;
+
+    #[test]
+    fn each_missing_landlock_right_is_named_with_its_cost() {
+        // Debian 12's 6.1 kernel has ABI 2.
+        let detail = landlock_abi_detail(2);
+        assert!(detail.starts_with("ABI 2;"), "{detail}");
+        assert!(detail.contains("no truncate (ABI 3)"), "{detail}");
+        assert!(
+            detail.contains("no TCP bind and connect rules (ABI 4)"),
+            "{detail}"
+        );
+        assert!(!detail.contains("refer"), "ABI 2 has refer: {detail}");
+        assert_eq!(landlock_abi_detail(7), "ABI 7");
+    }
 }

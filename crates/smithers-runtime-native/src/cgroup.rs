@@ -68,7 +68,7 @@ pub const SUPERVISOR_LEAF: &str = "smithers-supervisor";
 pub const NO_SYSTEMD_SCOPE_ENV: &str = "SMITHERS_SANDBOX_NO_SYSTEMD_SCOPE";
 
 /// The fix for a cgroup this process may not write: a delegated one from systemd.
-const DELEGATE_FIX: &str = "run the runtime in a delegated cgroup: systemd-run --user --scope -p Delegate=yes smithers-sandbox ... (as root: systemd-run --scope -p Delegate=yes ...)";
+pub const DELEGATE_FIX: &str = "run the runtime in a delegated cgroup: systemd-run --user --scope -p Delegate=yes smithers-sandbox ... (as root: systemd-run --scope -p Delegate=yes ...)";
 
 /// Which mechanism provides a controller on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]

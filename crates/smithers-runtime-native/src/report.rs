@@ -71,6 +71,27 @@ pub(crate) fn userns_available(uid: u32) -> Result<(), (String, String)> {
     }
 }
 
+/// Makes (and removes) a sandbox's cgroups with a memory, pids and cpu limit wherever this
+/// host has the controller: what `doctor` reports is what a step with limits then gets.
+fn cgroup_trial(host: &crate::cgroup::CgroupHost) -> Result<(), String> {
+    let limits = crate::cgroup::CgroupLimits {
+        memory_bytes: host.source("memory").map(|_| 1 << 30),
+        pids: host.source("pids").map(|_| 4096),
+        cpus: host.source("cpu").map(|_| 1.0),
+    };
+    let name = format!(
+        "smithers-{:016x}",
+        u64::from(std::process::id()) << 20 | 0xd0c
+    );
+    let made = host.create(&name, &limits).map_err(|e| e.to_string())?;
+    let left = made.remove(std::time::Duration::from_secs(1));
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("made, but could not be removed: {left:?}"))
+    }
+}
+
 /// The newest Landlock ABI whose rights the init asks for (`privileges::apply_landlock`).
 const LANDLOCK_ABI_USED: i64 = 6;
 
@@ -513,7 +534,18 @@ pub(crate) fn probe(
         ),
         Err(e) => row(n::CAPABILITIES, Unavailable, e, Some(userns_fix)),
     });
+    // Tried, not read: a sandbox's cgroups made with a limit of each kind, then removed.
+    let trial = cgroup_trial(&caps.cgroups);
     for (name, ctrl) in [(n::MEMORY, "memory"), (n::PIDS, "pids"), (n::CPU, "cpu")] {
+        if let (Some(_), Err(e)) = (caps.cgroups.source(ctrl), &trial) {
+            p.push(row(
+                name,
+                Unavailable,
+                format!("making a sandbox cgroup with {ctrl} limited failed: {e}"),
+                Some(crate::cgroup::DELEGATE_FIX),
+            ));
+            continue;
+        }
         p.push(match caps.cgroups.source(ctrl) {
             Some(crate::cgroup::ControllerSource::V1(path)) => row(
                 name,

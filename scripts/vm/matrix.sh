@@ -13,7 +13,8 @@
 # known-fail row that passes is pointed out, so the file can be updated). A row missing from
 # the file is expected to pass.
 #
-# Knobs: SMITHERS_VM_SUITES (default "conformance containment conformance_copy
+# Knobs: SMITHERS_VM_CARGO_SCOPE=workspace (take the executables from `cargo test --workspace
+# --no-run`, which scripts/test has just built, instead of building -p ones), SMITHERS_VM_SUITES (default "conformance containment conformance_copy
 # containment_copy"), SMITHERS_VM_TEST_FILTER, SMITHERS_VM_TEST_THREADS, and run.sh's
 # SMITHERS_VM_TIMEOUT / _MEM / _SMP.
 set -euo pipefail
@@ -31,7 +32,8 @@ fi
 out="${SMITHERS_VM_OUT:-$repo/target/vm-matrix}"
 mkdir -p "$out"
 
-# The executables cargo reports for a build, as "name=path" (no jq needed).
+# The executables cargo reports for a build, as "bin:name=path" (a binary) and
+# "test:crate-dir/name=path" (an integration-test harness); no jq needed.
 executables() { # cargo args...
   cargo "$@" --message-format=json 2>"$out/build.err" | python3 -c '
 import json, sys
@@ -40,22 +42,37 @@ for line in sys.stdin:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["target"]["name"] + "=" + m["executable"])
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    kinds, test = m["target"]["kind"], m["profile"]["test"]
+    if "bin" in kinds and not test:
+        print("bin:" + m["target"]["name"] + "=" + m["executable"])
+    elif "test" in kinds and test:
+        crate = m["manifest_path"].split("/")[-2]
+        print("test:" + crate + "/" + m["target"]["name"] + "=" + m["executable"])
 ' || { cat "$out/build.err" >&2; return 1; }
 }
 
 echo "==> vm matrix: building the CLI, smithers-attack and the native runtime's test executables"
 t=$(date +%s.%N)
-bins="$(executables build -p smithers-cli -p smithers-attack)"
-tests="$(executables test -p smithers-runtime-native --no-run)"
-cli="$(sed -n 's/^smithers-sandbox=//p' <<<"$bins")"
-attack="$(sed -n 's/^smithers-attack=//p' <<<"$bins")"
+if [ "${SMITHERS_VM_CARGO_SCOPE:-}" = workspace ]; then
+  # After `cargo test --workspace` (scripts/test) this builds nothing: the same features.
+  built="$(executables test --workspace --no-run)"
+  # cargo test builds a package's binaries only for its own integration tests.
+  grep -q '^bin:smithers-attack=' <<<"$built" || built="$built
+$(executables build -p smithers-attack)"
+else
+  built="$(executables build -p smithers-cli -p smithers-attack)
+$(executables test -p smithers-runtime-native --no-run)"
+fi
+cli="$(sed -n 's/^bin:smithers-sandbox=//p' <<<"$built" | head -n1)"
+attack="$(sed -n 's/^bin:smithers-attack=//p' <<<"$built" | head -n1)"
 [ -x "$cli" ] && [ -x "$attack" ] || { echo "matrix: no smithers-sandbox/smithers-attack built" >&2; exit 1; }
 suite_list=""
 for s in ${SMITHERS_VM_SUITES:-conformance containment conformance_copy containment_copy}; do
-  exe="$(sed -n "s/^$s=//p" <<<"$tests" | head -n1)"
-  [ -x "$exe" ] || { echo "matrix: test executable $s not built" >&2; exit 1; }
+  # Only the native runtime's suites (the docker and codeplane ones share these names).
+  exe="$(sed -n "s|^test:smithers-runtime-native/$s=||p" <<<"$built" | head -n1)"
+  [ -x "$exe" ] || { echo "matrix: the native runtime's test executable $s was not built" >&2; exit 1; }
   suite_list="$suite_list $s=$exe"
 done
 echo "    built in $(since "$t") s"
@@ -102,7 +119,7 @@ done
 
 echo
 echo "==> vm matrix (prepare $t_prepare s, total $(since "$t_start") s)"
-printf '%-15s %-15s %-8s %-34s %-18s %-11s %7s\n' row kernel cgroup user checks result time
+printf '%-15s %-15s %-8s %7s  %-26s %-28s %s\n' row kernel cgroup time checks result user
 for row in "${rows[@]}"; do
   IFS='|' read -r _ _ kernel mode user < <(grep -m1 '^VMROW|' "$out/$row.log" || echo "VMROW|$row|?|?|?")
   checks="$(grep -E '^VMCHECK\|' "$out/$row.log" |
@@ -120,7 +137,7 @@ for row in "${rows[@]}"; do
   elif [ "$expected" != pass ]; then
     verdict="pass (listed $expected: update scripts/vm/expected)"
   fi
-  printf '%-15s %-15s %-8s %-34s %-18s %-11s %7s\n' "$row" "$kernel" "$mode" "${user:0:34}" \
-    "$checks" "$verdict" "${row_time[$row]}"
+  printf '%-15s %-15s %-8s %7s  %-26s %-28s %s\n' "$row" "$kernel" "$mode" "${row_time[$row]}" \
+    "$checks" "$verdict" "$user"
 done
 exit $gate_failed

@@ -100,10 +100,12 @@ add_module() {
 }
 
 build_initramfs() {
-  local dir="$1" kver="$2" out="$1/initramfs.cpio.gz"
+  local dir="$1" kver="$2" pkg="$3" out="$1/initramfs.cpio.gz"
   local stamp
   stamp="$(cat "$here/initramfs-init.sh" | sha256sum | cut -c1-16)"
   [ -f "$out" ] && [ "$(cat "$dir/initramfs.stamp" 2>/dev/null)" = "$stamp" ] && return 0
+  # The modules were pruned after the last build (see below): unpack the package again.
+  [ -d "$dir/pkg/lib/modules/$kver" ] || { rm -f "$dir/pkg/.unpacked"; fetch_kernel "$dir" "$pkg"; }
   say "initramfs for $kver"
   initrd_tree="$dir/initrd"
   rm -rf "$initrd_tree"
@@ -125,6 +127,8 @@ build_initramfs() {
   mv "$out.tmp" "$out"
   echo "$stamp" >"$dir/initramfs.stamp"
   say "modules, in load order: $(tr '\n' ' ' <"$initrd_tree/modules/order")"
+  # The package's ~400 MB of modules are not needed any more: keep the kernel image only.
+  rm -rf "$dir/pkg/lib" "$initrd_tree"
 }
 
 # KVM hangs on hosts without nested virtualization: use it only if a probe boot ends.
@@ -133,9 +137,9 @@ probe_accel() {
   [ -f "$dir/accel" ] && return 0
   local accel=tcg
   if [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
-    say "probing KVM (a boot that must power off within 30 s)"
+    say "probing KVM (a boot that must power off within 15 s)"
     local log="$dir/kvm-probe.log"
-    if timeout --kill-after=5 30 qemu-system-x86_64 -machine accel=kvm -cpu host -m 256 \
+    if timeout --kill-after=5 15 qemu-system-x86_64 -machine accel=kvm -cpu host -m 256 \
       -nographic -no-reboot -kernel "$dir/pkg/boot/vmlinuz-$kver" \
       -initrd "$dir/initramfs.cpio.gz" \
       -append "console=ttyS0 quiet panic=-1 smithers.probe=1" >"$log" 2>&1 </dev/null &&
@@ -156,9 +160,8 @@ main() {
   mkdir -p "$dir"
   fetch_kernel "$dir" "$pkg"
   [ -f "$dir/pkg/boot/vmlinuz-$kver" ] || die "no /boot/vmlinuz-$kver in $pkg"
-  build_initramfs "$dir" "$kver"
+  build_initramfs "$dir" "$kver" "$pkg"
   probe_accel "$dir" "$kver"
-  ln -sfn "$kver" "$cache_root/current"
   echo "$dir"
 }
 

@@ -13,7 +13,7 @@
 # known-fail row that passes is pointed out, so the file can be updated). A row missing from
 # the file is expected to pass.
 #
-# Knobs: SMITHERS_VM_CARGO_SCOPE=workspace (take the executables from `cargo test --workspace
+# Knobs: SMITHERS_VM_EXPECTED (another expectations file), SMITHERS_VM_CARGO_SCOPE=workspace (take the executables from `cargo test --workspace
 # --no-run`, which scripts/test has just built, instead of building -p ones), SMITHERS_VM_SUITES (default "conformance containment conformance_copy
 # containment_copy"), SMITHERS_VM_TEST_FILTER, SMITHERS_VM_TEST_THREADS, and run.sh's
 # SMITHERS_VM_TIMEOUT / _MEM / _SMP.
@@ -83,9 +83,11 @@ t=$(date +%s.%N)
 t_prepare="$(since "$t")"
 echo "    prepare: $t_prepare s"
 
+expected_file="${SMITHERS_VM_EXPECTED:-$here/expected}"
+[ -f "$expected_file" ] || { echo "matrix: no expectations file $expected_file" >&2; exit 1; }
 expected_of() { # row
   local e
-  e="$(awk -v r="$1" '$1 == r { print $2; exit }' "$here/expected" 2>/dev/null)"
+  e="$(awk -v r="$1" '$1 == r { print $2; exit }' "$expected_file")"
   echo "${e:-pass}"
 }
 

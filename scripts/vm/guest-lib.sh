@@ -119,13 +119,32 @@ as_user() {
     env -i PATH="$PATH" HOME="/tmp/home-$VM_UID" TMPDIR="/tmp/tmp-$VM_UID" \
     XDG_RUNTIME_DIR="/run/user/$VM_UID" USER=cloudsdk LOGNAME=cloudsdk LANG=C.UTF-8 \
     CI="${CI:-}" SMITHERS_ATTACK_BIN="${SMITHERS_ATTACK_BIN:-}" \
-    VM_MOVE_TO="$([ "$VM_USER_MODE" = delegated ] && echo "$VM_USER_CGROUP")" \
-    bash -c '[ -z "$VM_MOVE_TO" ] || echo $$ >"$VM_MOVE_TO/cgroup.procs" || exit 97
+    VM_MOVE_TO="$([ "$VM_USER_MODE" = delegated ] && next_unit "$VM_USER_CGROUP")" \
+    bash -c '[ -z "$VM_MOVE_TO" ] || { mkdir "$VM_MOVE_TO" && echo $$ >"$VM_MOVE_TO/cgroup.procs"; } || exit 97
              unset VM_MOVE_TO; exec "$@"' _ "$@"
 }
 
-# as_root CMD...: the row's own shell (in whatever cgroup the row moved it to).
-as_root() { "$@"; }
+# A fresh unit's cgroup path beside $1 (foo.service -> foo-N.service): each command gets one,
+# as each start of a service or each `systemd-run --scope` does. (A runtime that enabled
+# controllers in its cgroup's subtree_control has made it a cgroup no process may join.)
+next_unit() {
+  # (Called in a command substitution, so no counter: the time in ns is unique enough here.)
+  local ext="${1##*.}"
+  echo "${1%.*}-$(date +%s%N).$ext"
+}
+
+# as_root CMD...: from the row's own shell, or, when the row set VM_ROOT_CGROUP, as the only
+# process of a fresh cgroup beside it (what a systemd service's main process is).
+as_root() {
+  if [ -n "${VM_ROOT_CGROUP:-}" ]; then
+    local unit
+    unit="$(next_unit "$VM_ROOT_CGROUP")"
+    mkdir "$unit"
+    bash -c 'echo $$ >"$1/cgroup.procs" && exec "${@:2}"' _ "$unit" "$@"
+  else
+    "$@"
+  fi
+}
 
 # run_as WHO CMD... (WHO: root or user)
 run_as() {
@@ -226,7 +245,11 @@ check_memory_matches_doctor() { # who
   status="$(json_field "/tmp/doctor-$who.json" '[p["status"] for p in j["protections"] if p["name"]=="memory"][0]')"
   proj="$(new_project "$who")"
   out="/tmp/mem-$who.json"
-  echo "--- run --memory 64m as $who (doctor says memory: ${status:-?})"
+  echo "--- run --memory 64m as $who (doctor says memory: ${status:-?}; the row expects ${VM_EXPECT_MEMORY:-either})"
+  if [ -n "${VM_EXPECT_MEMORY:-}" ] && [ "$status" != "$VM_EXPECT_MEMORY" ]; then
+    record memory-64m fail "$t" "doctor says memory ${status:-?}, this row must give ${VM_EXPECT_MEMORY}"
+    return
+  fi
   rc=0
   run_as "$who" "$cli" --json run --root "$proj" --memory 64m -- true >"$out" 2>&1 || rc=$?
   cat "$out"
@@ -245,8 +268,10 @@ check_memory_matches_doctor() { # who
       record memory-64m fail "$t" "doctor: enforced, but dd of 128M under 64m: exit $rc $(head -c 200 "$out")"
     fi
   else
-    if [ "$rc" -ne 0 ]; then
-      record memory-64m refused-as-expected "$t" "doctor: ${status:-?}; run refused: $(head -c 240 "$out")"
+    if [ "$rc" -ne 0 ] && grep -q 'cannot enforce memoryLimit' "$out" && grep -q 'fix: ' "$out"; then
+      record memory-64m refused-as-expected "$t" "doctor: ${status:-?}; run refused with the fix: $(grep -o 'fix: [^"]*' "$out" | head -c 200)"
+    elif [ "$rc" -ne 0 ]; then
+      record memory-64m fail "$t" "doctor: ${status:-?}; run refused without naming memoryLimit and a fix: $(head -c 240 "$out")"
     else
       record memory-64m fail "$t" "doctor: ${status:-?}, yet run --memory 64m was accepted"
     fi

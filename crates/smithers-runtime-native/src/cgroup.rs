@@ -136,8 +136,17 @@ pub const CONTROLLERS: &[&str] = &["memory", "pids", "cpu", "cpuacct"];
 impl CgroupHost {
     /// Reads `/proc/self/mountinfo` and `/proc/self/cgroup`, then keeps what this process
     /// can use (see the module docs): on pure v2 this may move the process into
-    /// [`SUPERVISOR_LEAF`] and enable controllers in its own cgroup.
+    /// [`SUPERVISOR_LEAF`] (or a systemd scope) and enable controllers in its own cgroup.
+    ///
+    /// Once per process: moving the process is process-wide, and two runtimes of one process
+    /// (the tests make many) moving it at once would race each other's forks, which inherit
+    /// the cgroup the process is in at that instant.
     pub fn detect() -> CgroupHost {
+        static HOST: std::sync::OnceLock<CgroupHost> = std::sync::OnceLock::new();
+        HOST.get_or_init(CgroupHost::detect_now).clone()
+    }
+
+    fn detect_now() -> CgroupHost {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let mut host = CgroupHost::parse(&mountinfo, &own);

@@ -93,8 +93,15 @@ pub(crate) fn fork_into(v2_dir: Option<libc::c_int>) -> SysResult<(libc::pid_t, 
         if ret >= 0 {
             return Ok((ret as libc::pid_t, true));
         }
-        // ENOSYS/E2BIG (no clone3 or no cgroup field) and any refusal to place the child: fall
-        // back to fork and a `cgroup.procs` write, which reports its own error if it fails.
+        // Only a kernel without clone3 or its cgroup field (ENOSYS, E2BIG, EINVAL) falls back
+        // to fork and a `cgroup.procs` write. A refusal to place the child comes after the
+        // kernel allocated its pid: for the first process of a new pid namespace that failure
+        // leaves the namespace unable to take any process (the fallback fork would fail with
+        // a misleading ENOMEM), so the refusal itself is the error.
+        let errno = sys::errno();
+        if !matches!(errno, libc::ENOSYS | libc::E2BIG | libc::EINVAL) {
+            return sys::fail("clone into the sandbox's cgroup");
+        }
     }
     // SAFETY: the init is single-threaded, so the child may keep running arbitrary Rust code.
     let pid = unsafe { libc::fork() };

@@ -3,6 +3,7 @@
 # init): the runtime may make its cgroups right under the root, which holds processes but is
 # exempt from the no-internal-processes rule.
 . "$(dirname "$0")/../guest-lib.sh"
+VM_EXPECT_MEMORY=enforced
 row_header "root, root cgroup ($(cut -d: -f3 /proc/self/cgroup))"
 standard_checks root
 row_end

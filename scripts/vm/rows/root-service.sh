@@ -1,10 +1,14 @@
 #!/bin/bash
-# Root in a systemd service without delegation (system.slice/smithers-test.service): the
-# service's cgroup holds the process, and its ancestors have memory, pids and cpu enabled. A
-# cgroup v2 child with controllers needs the runtime to move itself into a leaf first (the
-# no-internal-processes rule), as container engines do.
+# Root as a systemd service's main process, without delegation (system.slice/
+# smithers-test.service, memory, pids and cpu enabled in its ancestors): the service's cgroup
+# holds the runtime itself, so before enabling controllers for its sandboxes the runtime must
+# move itself into a leaf (the no-internal-processes rule), as container engines do. Each
+# command is the cgroup's only process, as a service's main process is.
 . "$(dirname "$0")/../guest-lib.sh"
-move_self_into "$CG/system.slice/smithers-test.service" || { echo "cannot set up the service cgroup"; exit 3; }
-row_header "root, $(cut -d: -f3 /proc/self/cgroup)"
+VM_EXPECT_MEMORY=enforced
+VM_ROOT_CGROUP="$CG/system.slice/smithers-test.service"
+mkdir -p "$VM_ROOT_CGROUP"
+enable_controllers_down_to "$VM_ROOT_CGROUP" || { echo "cannot set up the service cgroup"; exit 3; }
+row_header "root, ${VM_ROOT_CGROUP#"$CG"} (the runtime its only process)"
 standard_checks root
 row_end

@@ -9,10 +9,10 @@ sysctl -w kernel.unprivileged_userns_clone=0
 row_header "uid $VM_UID, root-owned ${VM_USER_CGROUP#"$CG"}, unprivileged_userns_clone=0"
 
 refused_with_fix() { # check-name exit-code output-file what
-  if [ "$2" -ne 0 ] && grep -q 'unprivileged_userns_clone' "$3"; then
+  if [ "$2" -ne 0 ] && grep -q 'sysctl -w kernel.unprivileged_userns_clone=1' "$3"; then
     record "$1" refused-as-expected "$t" "$4 exit $2, names the sysctl: $(grep -m1 unprivileged_userns_clone "$3" | sed "s/^ *//")"
   elif [ "$2" -ne 0 ]; then
-    record "$1" fail "$t" "$4 refused (exit $2) but does not name kernel.unprivileged_userns_clone"
+    record "$1" fail "$t" "$4 refused (exit $2) but does not name the fix sysctl -w kernel.unprivileged_userns_clone=1"
   else
     record "$1" fail "$t" "$4 exit 0: not refused"
   fi

@@ -114,7 +114,8 @@ setup_user_dirs() {
 as_user() {
   local entry="$VM_USER_CGROUP"
   [ "$VM_USER_MODE" = delegated ] && entry="$VM_USER_INIT"
-  bash -c 'echo $$ >"$1/cgroup.procs" && exec "${@:2}"' _ "$entry" \
+  # (systemd: the process stays where root's service is; the runtime asks systemd for a scope.)
+  bash -c '[ -z "$1" ] || echo $$ >"$1/cgroup.procs" || exit 96; exec "${@:2}"' _ "$entry" \
     setpriv --reuid=$VM_UID --regid=$VM_UID --clear-groups \
     env -i PATH="$PATH" HOME="/tmp/home-$VM_UID" TMPDIR="/tmp/tmp-$VM_UID" \
     XDG_RUNTIME_DIR="/run/user/$VM_UID" USER=cloudsdk LOGNAME=cloudsdk LANG=C.UTF-8 \

@@ -13,6 +13,28 @@ hostname smithers-vm 2>/dev/null || true
 ip link set lo up 2>/dev/null || true
 # shellcheck disable=SC1091
 . "$res/env"
+# A row that needs systemd as PID 1 (`# vm-cmdline: smithers.pid1=systemd` in the row, passed
+# by matrix.sh): a minimal boot target that starts the system bus, logind and a service that
+# runs this script again (smithers.pid1=done) to run the row, as a service's process.
+if grep -qw 'smithers.pid1=systemd' /proc/cmdline && [ "${SMITHERS_VM_UNDER_SYSTEMD:-}" != 1 ]; then
+  mkdir -p /run/systemd/system
+  cat >/run/systemd/system/smithers-row.target <<EOF_TARGET
+[Unit]
+Description=smithers VM row
+Wants=dbus.socket dbus.service systemd-logind.service smithers-row.service
+EOF_TARGET
+  cat >/run/systemd/system/smithers-row.service <<EOF_SERVICE
+[Unit]
+Description=smithers VM row, as a systemd service
+After=dbus.service systemd-logind.service
+[Service]
+Type=oneshot
+Environment=SMITHERS_VM_UNDER_SYSTEMD=1
+ExecStart=/bin/bash $0
+StandardOutput=journal+console
+EOF_SERVICE
+  exec /lib/systemd/systemd --unit=smithers-row.target
+fi
 start=$(date +%s.%N)
 if [ -f "${SMITHERS_VM_ROW:-}" ]; then
   timeout --kill-after=10 "${SMITHERS_VM_ROW_TIMEOUT:-1200}" \

@@ -99,9 +99,12 @@ for row in "${rows[@]}"; do
   echo "==> vm matrix: row $row"
   t=$(date +%s.%N)
   rc=0
+  # A row may ask for kernel command line extras (`# vm-cmdline: ...`, e.g. systemd as PID 1).
+  extras="$(sed -n 's/^# vm-cmdline: //p' "$script" | head -n1)"
+  # shellcheck disable=SC2086
   SMITHERS_VM_CLI="$cli" SMITHERS_ATTACK_BIN="$attack" SMITHERS_VM_TESTS="$suite_list" \
     SMITHERS_VM_TEST_THREADS="${SMITHERS_VM_TEST_THREADS:-2}" CI="${CI:-}" \
-    "$here/run.sh" "$script" >"$out/$row.log" 2>&1 || rc=$?
+    "$here/run.sh" "$script" $extras >"$out/$row.log" 2>&1 || rc=$?
   row_time[$row]="$(since "$t")"
   case "$rc" in
     0) row_result[$row]=pass ;;

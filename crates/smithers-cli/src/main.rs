@@ -52,6 +52,8 @@ enum Command {
     Show(commands::inspect::ShowArgs),
     /// Print a run's events (replay from a seq, or follow).
     Events(commands::inspect::EventsArgs),
+    /// Print a sandbox's output (its stdout and stderr, from its bundle's log).
+    Logs(commands::inspect::LogsArgs),
     /// The sandbox metrics (Prometheus text), derived from the database.
     Metrics(commands::inspect::MetricsArgs),
     /// Show which protections the native runtime can enforce on this host.
@@ -59,6 +61,27 @@ enum Command {
     /// Serve sandboxes to remote clients over HTTP (the codeplane runtime's server).
     // Boxed: its many operator flags would make every other variant as large.
     Serve(Box<commands::serve::ServeArgs>),
+}
+
+/// Rust ignores SIGPIPE, so printing into a pipe whose reader is gone is an EPIPE error, which
+/// `println!` turns into a panic (a backtrace after `ls | head`). This hook turns exactly that
+/// panic into a quiet exit with 141 (128 + SIGPIPE, what a shell reports for `cat` there);
+/// every other panic is reported as before. (Restoring SIGPIPE's default would need unsafe
+/// code, which this crate forbids.)
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("os error 32") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
 
 fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
@@ -71,6 +94,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Ls(args) => commands::inspect::ls(args, cli.json),
         Command::Show(args) => commands::inspect::show(args, cli.json),
         Command::Events(args) => commands::inspect::events(args, cli.json),
+        Command::Logs(args) => commands::inspect::logs(args, cli.json),
         Command::Metrics(args) => commands::inspect::metrics(args, cli.json),
         Command::Doctor(args) => commands::doctor::run(args, cli.json),
         Command::Serve(args) => commands::serve::run(args),
@@ -89,6 +113,21 @@ fn main() -> ExitCode {
         return ExitCode::from(smithers_sandbox_init::run(&args).clamp(0, 255) as u8);
     }
     let cli = Cli::parse();
+    // Commands that only print (`ls | head`, `review | less`) end quietly when their reader
+    // goes away, as `cat` does. `run`, `accept`, `reject`, `serve` and `bundle` are left out:
+    // they have work to finish (run's step, an apply) whatever the reader does.
+    if matches!(
+        cli.command,
+        Command::Ls(_)
+            | Command::Show(_)
+            | Command::Events(_)
+            | Command::Logs(_)
+            | Command::Metrics(_)
+            | Command::Doctor(_)
+            | Command::Review(_)
+    ) {
+        quiet_on_broken_pipe();
+    }
     match run(&cli) {
         Ok(code) => code,
         Err(err) => output::report_error(&err, cli.json),

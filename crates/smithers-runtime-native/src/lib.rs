@@ -938,6 +938,9 @@ fn prepare(
     {
         std::fs::create_dir(&dir).map_err(io_err("create", &dir))?;
     }
+    // The project's state directory, ignored by git when we make it.
+    smithers_runtime::ensure_state_dir(&config.root_dir)
+        .map_err(io_err("create", &config.root_dir.join(".smithers")))?;
     std::fs::create_dir_all(request_path).map_err(io_err("create", request_path))?;
     let stored = StoredConfig {
         config: config.clone(),

@@ -87,3 +87,31 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// Removes everything the sandbox holds on the host but the bundle. Idempotent.
     async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError>;
 }
+
+/// The name of a project's state directory (`<root>/.smithers`: the database, the bundles).
+pub const STATE_DIR_NAME: &str = ".smithers";
+
+/// Creates `<root>/.smithers` when missing and, when this call created it, a `.gitignore` in
+/// it that ignores everything, so that `git status` does not list the runtime's state and
+/// `git add -A` cannot commit a database or a bundle. An existing directory is left as it is
+/// (the user may have chosen to track part of it).
+pub fn ensure_state_dir(root: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    let dir = root.join(STATE_DIR_NAME);
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {
+            let ignore = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(dir.join(".gitignore"));
+            if let Ok(mut file) = ignore {
+                use std::io::Write;
+                file.write_all(
+                    b"# smithers-sandbox state (database, bundles): not part of the project\n*\n",
+                )?;
+            }
+            Ok(dir)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(dir),
+        Err(e) => Err(e),
+    }
+}

@@ -54,13 +54,27 @@ impl StoreArgs {
     pub fn db_path(&self) -> anyhow::Result<PathBuf> {
         let path = match &self.db {
             Some(db) => db.clone(),
-            None => self.root_dir()?.join(".smithers").join(DEFAULT_DB_FILE),
+            None => {
+                let root = self.root_dir()?;
+                let dir = smithers_runtime::ensure_state_dir(&root)
+                    .with_context(|| format!("creating {}/.smithers", root.display()))?;
+                dir.join(DEFAULT_DB_FILE)
+            }
         };
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
         Ok(path)
+    }
+
+    /// The database file when it exists; nothing is created (the read-only commands).
+    pub fn existing_db_path(&self) -> anyhow::Result<Option<PathBuf>> {
+        let path = match &self.db {
+            Some(db) => db.clone(),
+            None => self.root_dir()?.join(".smithers").join(DEFAULT_DB_FILE),
+        };
+        Ok(path.exists().then_some(path))
     }
 
     /// The flags that point another command at the same database (for printed hints).
@@ -137,6 +151,34 @@ pub fn orchestrator_with(
 /// Recovered sandboxes are reported on stderr unless `quiet`.
 pub fn open(args: &StoreArgs, quiet: bool) -> anyhow::Result<Ctx> {
     open_with(args, quiet, super::run::workspace_from_env()?)
+}
+
+/// [`open`] for a command that only reads or decides on what exists: no database is created
+/// where there is none (`ls` in any directory must not leave a `.smithers` behind).
+/// `Ok(None)` when there is no database.
+pub fn open_existing(args: &StoreArgs, quiet: bool) -> anyhow::Result<Option<Ctx>> {
+    match args.existing_db_path()? {
+        Some(_) => open(args, quiet).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// [`open_existing`] where a missing database is an error naming where it was looked for.
+pub fn open_required(args: &StoreArgs, quiet: bool) -> anyhow::Result<Ctx> {
+    open_existing(args, quiet)?.ok_or_else(|| {
+        let place = match &args.db {
+            Some(db) => db.display().to_string(),
+            None => args
+                .root_dir()
+                .map(|r| r.join(".smithers").join(DEFAULT_DB_FILE).display().to_string())
+                .unwrap_or_default(),
+        };
+        coded_error(
+            ErrorCode::InvalidInput,
+            format!("no database at {}: nothing has run here (run a step first, or point --root/--db at the project)", inert(&place)),
+            json!({ "db": place }),
+        )
+    })
 }
 
 /// [`open`] whose native runtime uses `workspace` (`run --workspace`).
@@ -231,10 +273,24 @@ pub fn resolve(ctx: &Ctx, id: &str) -> anyhow::Result<SandboxRow> {
             return Ok(row);
         }
     }
-    let matches: Vec<SandboxRow> = all_sandboxes(ctx)?
-        .into_iter()
-        .filter(|r| r.sandbox_id == id)
-        .collect();
+    let all = all_sandboxes(ctx)?;
+    let mut matches: Vec<SandboxRow> = all.iter().filter(|r| r.sandbox_id == id).cloned().collect();
+    // Short ids, as git takes them: a unique prefix (`sbx-1a2324`), or a unique end of at
+    // least 4 characters (the random part, `5dcd3`). Ambiguity is an error listing them.
+    if matches.is_empty() && id.len() >= 4 {
+        matches = all
+            .iter()
+            .filter(|r| r.sandbox_id.starts_with(id))
+            .cloned()
+            .collect();
+        if matches.is_empty() {
+            matches = all
+                .iter()
+                .filter(|r| r.sandbox_id.ends_with(id))
+                .cloned()
+                .collect();
+        }
+    }
     match matches.len() {
         1 => Ok(matches.into_iter().next().expect("one match")),
         0 => Err(coded_error(
@@ -248,7 +304,7 @@ pub fn resolve(ctx: &Ctx, id: &str) -> anyhow::Result<SandboxRow> {
         _ => Err(coded_error(
             ErrorCode::InvalidInput,
             format!(
-                "sandbox id {id:?} exists in {} runs; say which with <runId>:<sandboxId>",
+                "sandbox id {id:?} matches {} sandboxes; say which with a longer id or <runId>:<sandboxId>",
                 matches.len()
             ),
             json!({

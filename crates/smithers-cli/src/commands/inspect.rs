@@ -109,9 +109,131 @@ fn row_json(ctx: &Ctx, row: &SandboxRow) -> anyhow::Result<Value> {
     }))
 }
 
+/// Arguments of `logs`.
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The sandbox: its id, a unique short id (prefix, or the last 4+ characters), or
+    /// `<runId>:<sandboxId>`.
+    pub id: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// The most a `logs` line may be before it is cut (a bundle's log lines are bounded when
+/// written; the file in the project may have been edited since).
+const MAX_LOG_LINE: usize = 1 << 20;
+
+/// Runs `logs`: the step's stdout and stderr, from its bundle's log, to our stdout and stderr
+/// (inert on a terminal, as `run` relays them); `--json` prints the log's records as they are.
+/// The log is found from the validated ids under the project's own `.smithers`, through no
+/// link (the database and the tree may be crafted), and read a line at a time.
+pub fn logs(args: &LogsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    use std::io::{BufRead, IsTerminal, Read, Write};
+    let ctx = context::open_required(&args.store, true)?;
+    let row = context::resolve(&ctx, &args.id)?;
+    let plain_id = |id: &str| {
+        !id.is_empty()
+            && id != "."
+            && id != ".."
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    };
+    if !plain_id(&row.run_id) || !plain_id(&row.sandbox_id) {
+        return Err(coded_error(
+            ErrorCode::InvalidInput,
+            "the database names a sandbox whose ids are not plain names: refused".to_string(),
+            Value::Null,
+        ));
+    }
+    let root = args.store.root_dir()?;
+    let rel = Path::new(".smithers/sandboxes")
+        .join(&row.run_id)
+        .join(&row.sandbox_id)
+        .join("result/logs/stream.ndjson");
+    let beneath = smithers_paths::Beneath::open(&root)
+        .map_err(|e| coded_error(ErrorCode::InvalidInput, e.to_string(), Value::Null))?;
+    let file = beneath.open_read(&rel).map_err(|e| {
+        coded_error(
+            ErrorCode::InvalidInput,
+            format!(
+                "no log for {}:{} ({}): {}",
+                inert(&row.run_id),
+                inert(&row.sandbox_id),
+                row.status.as_str(),
+                inert(&e.to_string())
+            ),
+            json!({ "runId": row.run_id, "sandboxId": row.sandbox_id }),
+        )
+    })?;
+    let out_tty = std::io::stdout().is_terminal();
+    let err_tty = std::io::stderr().is_terminal();
+    let shown = |line: &str, tty: bool| {
+        if tty {
+            smithers_terminal::escape(line, smithers_terminal::Inert::BODY)
+        } else {
+            line.to_string()
+        }
+    };
+    let mut reader = std::io::BufReader::new(file);
+    let mut buf = Vec::new();
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    loop {
+        buf.clear();
+        let n = Read::take(&mut reader, MAX_LOG_LINE as u64 + 1).read_until(b'\n', &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        if buf.len() > MAX_LOG_LINE {
+            writeln!(err, "note: a log line over {MAX_LOG_LINE} bytes was cut")?;
+            // Skip the rest of that line.
+            let mut rest = Vec::new();
+            reader.read_until(b'\n', &mut rest)?;
+            continue;
+        }
+        let Ok(record) = serde_json::from_slice::<Value>(&buf) else {
+            writeln!(err, "note: a log line that is not JSON was skipped")?;
+            continue;
+        };
+        if json_out {
+            writeln!(out, "{record}")?;
+            continue;
+        }
+        let line = record["line"].as_str().unwrap_or_default();
+        match record["type"].as_str() {
+            Some("stdout") => writeln!(out, "{}", shown(line, out_tty))?,
+            Some("stderr") => writeln!(err, "{}", shown(line, err_tty))?,
+            Some("note") => writeln!(
+                err,
+                "note: {}",
+                inert(record["message"].as_str().unwrap_or_default())
+            )?,
+            _ => {}
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Runs `ls`.
 pub fn ls(args: &LsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
-    let ctx = context::open(&args.store, json_out)?;
+    let Some(ctx) = context::open_existing(&args.store, json_out)? else {
+        if json_out {
+            println!("[]");
+        } else {
+            eprintln!(
+                "no sandboxes here (no database at {})",
+                inert(
+                    &args
+                        .store
+                        .root_dir()?
+                        .join(".smithers")
+                        .display()
+                        .to_string()
+                )
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
     let mut rows = match &args.run {
         Some(run) => ctx.store().list_sandboxes(run).coded()?,
         None => context::all_sandboxes(&ctx)?,
@@ -245,7 +367,7 @@ fn event_line(e: &EventRow) -> String {
 
 /// Runs `show`.
 pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
-    let ctx = context::open(&args.store, json_out)?;
+    let ctx = context::open_required(&args.store, json_out)?;
     let row = context::resolve(&ctx, &args.id)?;
     let events: Vec<EventRow> = ctx
         .store()
@@ -348,7 +470,7 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
 
 /// Runs `events`.
 pub fn events(args: &EventsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
-    let ctx = context::open(&args.store, true)?;
+    let ctx = context::open_required(&args.store, true)?;
     if args.since < 0 {
         return Err(coded_error(
             ErrorCode::InvalidInput,
@@ -365,8 +487,8 @@ pub fn events(args: &EventsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     };
     let mut next = args.since;
     let first = ctx.store().events_since(&args.run, next).coded()?;
-    if first.is_empty() && !args.follow && ctx.store().list_sandboxes(&args.run).coded()?.is_empty()
-    {
+    // Unknown at once, with --follow too: a mistyped id must not wait forever.
+    if first.is_empty() && ctx.store().list_sandboxes(&args.run).coded()?.is_empty() {
         return Err(coded_error(
             ErrorCode::InvalidInput,
             format!("no run {:?} in {}", args.run, ctx.db_path.display()),
@@ -431,7 +553,7 @@ pub fn events(args: &EventsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
 ///   SandboxHeartbeat), collect+validate (SandboxHeartbeat → SandboxBundleReceived). Cleanup
 ///   leaves no event and is not included.
 pub fn metrics(args: &MetricsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
-    let ctx = context::open(&args.store, true)?;
+    let ctx = context::open_required(&args.store, true)?;
     let m = derive_metrics(&ctx)?;
     let text = m.render_prometheus();
     if json_out {

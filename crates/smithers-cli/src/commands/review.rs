@@ -95,7 +95,7 @@ pub fn decision_hints(id: &str, flags: &str) -> Vec<String> {
 
 /// Runs `review`.
 pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
-    let ctx = context::open(&args.store, json_out)?;
+    let ctx = context::open_required(&args.store, json_out)?;
     let row = context::resolve(&ctx, &args.id)?;
     let review = review_of(&ctx, &row)?;
     let (patches, notes) = context::bundle_contents(std::path::Path::new(&review.bundle_path))?;
@@ -218,7 +218,7 @@ fn conflicts_of(report: &smithers_errors::ErrorReport) -> Vec<(String, String)> 
 
 /// Runs `accept`.
 pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
-    let ctx = context::open(&args.store, json_out)?;
+    let ctx = context::open_required(&args.store, json_out)?;
     let row = context::resolve(&ctx, &args.id)?;
     let review = review_of(&ctx, &row)?;
     let changes = context::changes_of(
@@ -313,7 +313,7 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
 
 /// Runs `reject`.
 pub fn reject(args: &RejectArgs, json_out: bool) -> anyhow::Result<ExitCode> {
-    let ctx = context::open(&args.store, json_out)?;
+    let ctx = context::open_required(&args.store, json_out)?;
     let row = context::resolve(&ctx, &args.id)?;
     let review = review_of(&ctx, &row)?;
     ctx.rt

@@ -147,6 +147,90 @@ fn invalid(message: String) -> anyhow::Error {
     coded_error(ErrorCode::InvalidInput, message, Value::Null)
 }
 
+/// Set once a write to our stdout failed (the reader went away: `run ... | head`).
+static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// One line to our stdout. A reader that went away (EPIPE) does not end the run: the step
+/// goes on to its bundle and review (which a killed CLI would lose), later lines are dropped,
+/// and the end of the run says so on stderr (the step's whole output is in the bundle's log).
+fn to_stdout(line: &str) {
+    use std::sync::atomic::Ordering;
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+        STDOUT_GONE.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Says, on stderr, that our stdout's reader went away before the end (see [`to_stdout`]).
+fn note_stdout_gone() {
+    if STDOUT_GONE.load(std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "note: stdout was closed by its reader; the rest of the step's output is in the bundle's log (logs/stream.ndjson)"
+        );
+    }
+}
+
+/// Ids are never reused: a sandbox of that run and id in the database, or its directory in
+/// the project (a bundle and review a new run would overwrite), is refused, naming both.
+fn refuse_reused_ids(
+    ctx: &context::Ctx,
+    root: &std::path::Path,
+    run_id: &str,
+    sandbox_id: &str,
+) -> anyhow::Result<()> {
+    let row = ctx.store().get_sandbox(run_id, sandbox_id).coded()?;
+    let dir = root
+        .join(".smithers")
+        .join("sandboxes")
+        .join(run_id)
+        .join(sandbox_id);
+    let on_disk = std::fs::symlink_metadata(&dir).is_ok();
+    if row.is_none() && !on_disk {
+        return Ok(());
+    }
+    let what = match &row {
+        Some(r) => format!(
+            "exists in {} (status {})",
+            ctx.db_path.display(),
+            r.status.as_str()
+        ),
+        None => format!("has a directory at {}", dir.display()),
+    };
+    Err(coded_error(
+        ErrorCode::InvalidInput,
+        inert(&format!(
+            "sandbox {sandbox_id} of run {run_id} {what}: ids are never reused (its bundle and review would be overwritten); choose other ids or leave --run-id/--sandbox-id out"
+        )),
+        json!({ "runId": run_id, "sandboxId": sandbox_id }),
+    ))
+}
+
+/// A size flag's value in bytes: a number with a unit (`512m`, `2g`, `1.5g`, `100k`, `4096b`),
+/// at least one byte. A bare number is refused rather than read as bytes (`--memory 512`
+/// would be a 512-byte limit, which nobody means), and every error names the flag.
+pub fn parse_size_flag(flag: &str, text: &str) -> anyhow::Result<u64> {
+    let t = text.trim();
+    let has_unit = t.chars().last().is_some_and(|c| c.is_ascii_alphabetic());
+    if !has_unit {
+        let hint = if t.chars().all(|c| c.is_ascii_digit()) && !t.is_empty() && t != "0" {
+            format!(" (did you mean {t}m? or {t}b for bytes)")
+        } else {
+            String::new()
+        };
+        return Err(invalid(format!(
+            "{flag} {text:?} needs a unit: b, k, m, g or t, e.g. 512m, 2g{hint}"
+        )));
+    }
+    parse_memory_limit(t).map_err(|_| {
+        invalid(format!(
+            "{flag} {text:?} is not a size of at least one byte (e.g. 512m, 2g, 100k)"
+        ))
+    })
+}
+
 /// Parses `30s`, `10m`, `1h`, `500ms` or a bare number of seconds into milliseconds.
 pub fn parse_duration_ms(text: &str) -> Option<u64> {
     let t = text.trim();
@@ -173,16 +257,16 @@ fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
         ..Controls::default()
     };
     if let Some(m) = &args.memory {
-        c.memory_limit_bytes = Some(parse_memory_limit(m).coded()?);
+        c.memory_limit_bytes = Some(parse_size_flag("--memory", m)?);
     }
     if let Some(cpus) = &args.cpus {
         c.cpu_limit = Some(parse_cpu_limit(cpus).coded()?);
     }
     if let Some(d) = &args.disk {
-        c.disk_limit_bytes = Some(parse_memory_limit(d).coded()?);
+        c.disk_limit_bytes = Some(parse_size_flag("--disk", d)?);
     }
     if let Some(o) = &args.max_output {
-        c.max_output_bytes = parse_memory_limit(o).coded()?;
+        c.max_output_bytes = parse_size_flag("--max-output", o)?;
     }
     if let Some(t) = &args.timeout {
         c.timeout_ms = Some(
@@ -459,10 +543,7 @@ impl Display {
                         relayed(line, self.relay.for_tty(self.relay.stderr_tty))
                     );
                 } else {
-                    println!(
-                        "{}",
-                        relayed(line, self.relay.for_tty(self.relay.stdout_tty))
-                    );
+                    to_stdout(&relayed(line, self.relay.for_tty(self.relay.stdout_tty)));
                 }
             }
             Mode::Tty => {
@@ -471,7 +552,7 @@ impl Display {
                 let mut err = std::io::stderr().lock();
                 if !is_err && !self.relay.stdout_tty {
                     // Our stdout is redirected: it gets the step's stdout as written.
-                    println!("{line}");
+                    to_stdout(line);
                     self.draw(&mut st, &mut err);
                     return;
                 }
@@ -544,6 +625,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let ctx = context::open_with(&args.store, json_out, args.workspace.mode())?;
     let run_id = args.run_id.clone().unwrap_or_else(|| new_id("run"));
     let sandbox_id = args.sandbox_id.clone().unwrap_or_else(|| new_id("sbx"));
+    refuse_reused_ids(&ctx, &root, &run_id, &sandbox_id)?;
     let mut req = SandboxRequest::new(&run_id, &sandbox_id, &root);
     req.runtime = Some(args.runtime.kind());
     req.command = Some(StepCommand {
@@ -609,6 +691,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         r
     });
     display.finish();
+    note_stdout_gone();
     // The step's rows are committed but, with `synchronous = NORMAL`, not yet synced: make
     // them durable before reporting (the store's drop does it too, but cannot say it failed).
     if let Err(e) = ctx.store().sync_wal() {
@@ -650,12 +733,12 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 doc["patches"] = json!([]);
                 doc["review"] = Value::Null;
                 doc["error"] = report.to_json();
-                println!("{doc}");
+                to_stdout(&doc.to_string());
             } else {
                 eprintln!("{}", render_text(&report));
-                println!("status   failed");
+                eprintln!("status   failed");
                 if let Some(b) = bundle_path {
-                    println!("bundle   {}", inert(&b));
+                    eprintln!("bundle   {}", inert(&b));
                 }
             }
             return Ok(ExitCode::from(EXIT_REJECTED));
@@ -667,11 +750,11 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 doc["outputs"] = Value::Null;
                 doc["patches"] = json!([]);
                 doc["review"] = Value::Null;
-                println!("{doc}");
+                to_stdout(&doc.to_string());
             } else {
-                println!("status   cancelled (nothing was applied)");
+                eprintln!("status   cancelled (nothing was applied)");
                 if let Some(b) = bundle_path {
-                    println!("bundle   {}", inert(&b.display().to_string()));
+                    eprintln!("bundle   {}", inert(&b.display().to_string()));
                 }
             }
             ExitCode::from(130)
@@ -695,7 +778,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 doc["appliedPatches"] = json!(done.applied_patches);
                 doc["review"] = review_state;
                 doc["changeNotes"] = context::change_notes_json(&notes);
-                println!("{doc}");
+                to_stdout(&doc.to_string());
             } else {
                 print_summary(
                     &done.status,
@@ -707,7 +790,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     enforcement.as_ref(),
                 );
                 if done.applied_patches > 0 {
-                    println!(
+                    eprintln!(
                         "applied  {} patch file(s) to {}",
                         done.applied_patches,
                         inert(&root.display().to_string())
@@ -736,7 +819,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     "totalDiffLines": pending.total_diff_lines,
                     "commands": hints,
                 });
-                println!("{doc}");
+                to_stdout(&doc.to_string());
             } else {
                 print_summary(
                     &pending.status,
@@ -747,7 +830,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     &changes,
                     enforcement.as_ref(),
                 );
-                println!(
+                eprintln!(
                     "review   pending: {} patch file(s), {} changed line(s), NOT applied yet",
                     pending.patch_count, pending.total_diff_lines
                 );
@@ -757,9 +840,9 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     &smithers_patch::host_hooks_dirs(&root),
                 );
                 context::add_change_notes(&mut findings, &notes);
-                print!("{}", smithers_patch::render_findings(&findings, false));
+                eprint!("{}", smithers_patch::render_findings(&findings, false));
                 for h in &hints {
-                    println!("  {}", inert(h));
+                    eprintln!("  {}", inert(h));
                 }
             }
             status_exit(&pending.status, termination.as_deref(), exit_code)
@@ -782,22 +865,22 @@ fn print_summary(
         (Some(t), _) => format!(" ({})", inert(t)),
         _ => String::new(),
     };
-    println!("status   {}{how}", inert(status));
+    eprintln!("status   {}{how}", inert(status));
     for line in not_held(enforcement) {
-        println!("not held {line}");
+        eprintln!("not held {line}");
     }
     match outputs {
         // The step's outputs as JSON, which leaves C1 and bidi characters raw: inert.
-        Some(o) => println!("outputs  {}", inert(&o.to_string())),
-        None => println!("outputs  -"),
+        Some(o) => eprintln!("outputs  {}", inert(&o.to_string())),
+        None => eprintln!("outputs  -"),
     }
-    println!("bundle   {}", inert(&bundle_path.display().to_string()));
+    eprintln!("bundle   {}", inert(&bundle_path.display().to_string()));
     if changes.is_empty() {
-        println!("patches  none");
+        eprintln!("patches  none");
     } else {
-        println!("patches");
+        eprintln!("patches");
         for line in context::stat_lines(changes) {
-            println!("  {line}");
+            eprintln!("  {line}");
         }
     }
 }
@@ -840,6 +923,26 @@ fn status_exit(status: &str, termination: Option<&str>, exit_code: Option<i64>) 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn size_flags_need_a_unit_and_name_the_flag() {
+        use super::parse_size_flag;
+        assert_eq!(parse_size_flag("--memory", "512m").unwrap(), 512 << 20);
+        assert_eq!(parse_size_flag("--disk", "1.5g").unwrap(), 3 << 29);
+        assert_eq!(parse_size_flag("--max-output", "4096b").unwrap(), 4096);
+        let bare = parse_size_flag("--memory", "512").unwrap_err().to_string();
+        assert!(bare.contains("--memory") && bare.contains("512m"), "{bare}");
+        for (flag, text) in [
+            ("--disk", "0"),
+            ("--max-output", "0"),
+            ("--disk", "0m"),
+            ("--memory", "lots"),
+        ] {
+            let e = parse_size_flag(flag, text).unwrap_err().to_string();
+            assert!(e.contains(flag), "{e}");
+            assert!(!e.contains("memoryLimit"), "{e}");
+        }
+    }
+
     use super::*;
 
     #[test]

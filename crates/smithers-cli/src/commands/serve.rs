@@ -112,14 +112,7 @@ pub struct ServeArgs {
 }
 
 fn size(flag: &str, text: &str) -> anyhow::Result<u64> {
-    smithers_runtime::parse_memory_limit(text)
-        .map_err(|e| anyhow::anyhow!("--{flag} {text:?}: {e}"))
-        .and_then(|v| {
-            if v == 0 {
-                anyhow::bail!("--{flag} must be greater than zero")
-            }
-            Ok(v)
-        })
+    super::run::parse_size_flag(&format!("--{flag}"), text)
 }
 
 fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {

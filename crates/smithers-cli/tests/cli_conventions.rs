@@ -152,6 +152,44 @@ fn a_run_and_sandbox_id_is_never_reused() {
         .map(|e| e.file_name())
         .collect();
     assert_eq!(before, after, "the first bundle is untouched");
+    // Asked for explicitly, an ended sandbox's ids may be taken again (a review is decided
+    // first).
+    let early = bin()
+        .args(["run", "--root"])
+        .arg(dir.path())
+        .args([
+            "--run-id",
+            "run-fixed",
+            "--sandbox-id",
+            "sbx-fixed",
+            "--replace",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(!early.status.success(), "replacing a sandbox in review");
+    let rejected = bin()
+        .args(["reject", "sbx-fixed", "--reason", "redo", "--root"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(rejected.status.success(), "{rejected:?}");
+    let replaced = bin()
+        .args(["run", "--root"])
+        .arg(dir.path())
+        .args([
+            "--run-id",
+            "run-fixed",
+            "--sandbox-id",
+            "sbx-fixed",
+            "--replace",
+            "--",
+        ])
+        .args(["sh", "-c", "echo two > two.txt"])
+        .output()
+        .unwrap();
+    assert!(replaced.status.success(), "{replaced:?}");
 }
 
 #[test]

@@ -576,22 +576,22 @@ fn a_killed_run_is_recovered_by_the_next_command() {
     assert_eq!(last["type"], "SandboxFailed");
     assert_eq!(last["error"]["details"]["reason"], "orphaned");
     assert_eq!(last["error"]["details"]["cleanedUp"], true, "{last}");
-    // The slot is free again: the same ids can run.
-    let out = bin()
-        .args([
-            "run",
-            "--json",
-            "--run-id",
-            "crash",
-            "--sandbox-id",
-            "s",
-            "--root",
-        ])
-        .arg(root)
-        .args(["--", "true"])
-        .output()
-        .unwrap();
-    assert_eq!(json_of(&out)["status"], "finished");
+    // The slot is free again: the same ids can run, when asked for (never silently).
+    let again = |replace: bool| {
+        let mut cmd = bin();
+        cmd.args(["run", "--json", "--run-id", "crash", "--sandbox-id", "s"]);
+        if replace {
+            cmd.arg("--replace");
+        }
+        cmd.arg("--root")
+            .arg(root)
+            .args(["--", "true"])
+            .output()
+            .unwrap()
+    };
+    let refused = again(false);
+    assert!(!refused.status.success(), "reused ids without --replace");
+    assert_eq!(json_of(&again(true))["status"], "finished");
 }
 
 #[test]

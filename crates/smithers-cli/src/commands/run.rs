@@ -132,6 +132,10 @@ pub struct RunArgs {
     /// The sandbox id (default: a new one).
     #[arg(long, value_name = "ID")]
     pub sandbox_id: Option<String>,
+    /// With --run-id/--sandbox-id of an earlier sandbox that has ended: replace it (its
+    /// bundle and review are discarded). Without it such ids are refused.
+    #[arg(long)]
+    pub replace: bool,
     /// Apply the step's patches without a review (reviewDiffs: false).
     #[arg(long, conflicts_with = "auto_accept")]
     pub no_review: bool,
@@ -180,6 +184,7 @@ fn refuse_reused_ids(
     root: &std::path::Path,
     run_id: &str,
     sandbox_id: &str,
+    replace: bool,
 ) -> anyhow::Result<()> {
     let row = ctx.store().get_sandbox(run_id, sandbox_id).coded()?;
     let dir = root
@@ -189,6 +194,12 @@ fn refuse_reused_ids(
         .join(sandbox_id);
     let on_disk = std::fs::symlink_metadata(&dir).is_ok();
     if row.is_none() && !on_disk {
+        return Ok(());
+    }
+    // `--replace`: asked for, so not silent; only over a sandbox that has ended (one in
+    // review is decided first: accept or reject).
+    let settled = row.as_ref().is_none_or(|r| r.status.is_terminal());
+    if replace && settled {
         return Ok(());
     }
     let what = match &row {
@@ -202,7 +213,7 @@ fn refuse_reused_ids(
     Err(coded_error(
         ErrorCode::InvalidInput,
         inert(&format!(
-            "sandbox {sandbox_id} of run {run_id} {what}: ids are never reused (its bundle and review would be overwritten); choose other ids or leave --run-id/--sandbox-id out"
+            "sandbox {sandbox_id} of run {run_id} {what}: ids are never reused (its bundle and review would be overwritten); choose other ids, leave --run-id/--sandbox-id out, or, once it has ended (a review decided), pass --replace to discard it"
         )),
         json!({ "runId": run_id, "sandboxId": sandbox_id }),
     ))
@@ -625,7 +636,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let ctx = context::open_with(&args.store, json_out, args.workspace.mode())?;
     let run_id = args.run_id.clone().unwrap_or_else(|| new_id("run"));
     let sandbox_id = args.sandbox_id.clone().unwrap_or_else(|| new_id("sbx"));
-    refuse_reused_ids(&ctx, &root, &run_id, &sandbox_id)?;
+    refuse_reused_ids(&ctx, &root, &run_id, &sandbox_id, args.replace)?;
     let mut req = SandboxRequest::new(&run_id, &sandbox_id, &root);
     req.runtime = Some(args.runtime.kind());
     req.command = Some(StepCommand {

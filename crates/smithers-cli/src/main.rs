@@ -54,6 +54,10 @@ enum Command {
     Events(commands::inspect::EventsArgs),
     /// Print a sandbox's output (its stdout and stderr, from its bundle's log).
     Logs(commands::inspect::LogsArgs),
+    /// Remove ended sandboxes: their rows and their directory in the project.
+    Rm(commands::remove::RmArgs),
+    /// Remove every ended sandbox (or those ended before --older-than).
+    Prune(commands::remove::PruneArgs),
     /// The sandbox metrics (Prometheus text), derived from the database.
     Metrics(commands::inspect::MetricsArgs),
     /// Show which protections the native runtime can enforce on this host.
@@ -95,6 +99,8 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Show(args) => commands::inspect::show(args, cli.json),
         Command::Events(args) => commands::inspect::events(args, cli.json),
         Command::Logs(args) => commands::inspect::logs(args, cli.json),
+        Command::Rm(args) => commands::remove::rm(args, cli.json),
+        Command::Prune(args) => commands::remove::prune(args, cli.json),
         Command::Metrics(args) => commands::inspect::metrics(args, cli.json),
         Command::Doctor(args) => commands::doctor::run(args, cli.json),
         Command::Serve(args) => commands::serve::run(args),

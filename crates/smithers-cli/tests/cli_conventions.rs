@@ -395,3 +395,103 @@ fn logs_reads_through_no_link_in_the_project() {
     assert!(!logs.status.success(), "a linked log is refused");
     assert!(!String::from_utf8_lossy(&logs.stdout).contains("SECRET"));
 }
+
+#[test]
+fn rm_and_prune_forget_only_ended_sandboxes() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = |sid: &str| {
+        let out = bin()
+            .args(["run", "--root"])
+            .arg(dir.path())
+            .args([
+                "--run-id",
+                "run-rm",
+                "--sandbox-id",
+                sid,
+                "--",
+                "sh",
+                "-c",
+                "echo x > f.txt",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    let cli = |args: &[&str]| {
+        bin()
+            .args(args)
+            .arg("--root")
+            .arg(dir.path())
+            .output()
+            .unwrap()
+    };
+    run("sbx-rm-a");
+    run("sbx-rm-b");
+    let sandboxes = dir.path().join(".smithers/sandboxes/run-rm");
+    // In review: not removed.
+    let refused = cli(&["rm", "sbx-rm-a"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("review"));
+    assert!(sandboxes.join("sbx-rm-a").is_dir());
+    assert!(cli(&["reject", "sbx-rm-a", "--reason", "no"])
+        .status
+        .success());
+    assert!(cli(&["reject", "sbx-rm-b", "--reason", "no"])
+        .status
+        .success());
+    let removed = cli(&["rm", "sbx-rm-a"]);
+    assert!(removed.status.success(), "{removed:?}");
+    assert!(!sandboxes.join("sbx-rm-a").exists());
+    assert!(
+        !cli(&["show", "sbx-rm-a"]).status.success(),
+        "its rows are gone"
+    );
+    let pruned = cli(&["--json", "prune"]);
+    assert!(pruned.status.success(), "{pruned:?}");
+    assert!(String::from_utf8_lossy(&pruned.stdout).contains("sbx-rm-b"));
+    assert!(
+        !sandboxes.exists(),
+        "the run's directory goes with its last sandbox"
+    );
+}
+
+#[test]
+fn rm_follows_no_link_out_of_the_project() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("keep.txt"), "precious").unwrap();
+    let out = bin()
+        .args(["run", "--root"])
+        .arg(dir.path())
+        .args([
+            "--run-id",
+            "run-ln",
+            "--sandbox-id",
+            "sbx-ln",
+            "--no-review",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let sbx = dir.path().join(".smithers/sandboxes/run-ln/sbx-ln");
+    std::fs::remove_dir_all(&sbx).unwrap();
+    std::os::unix::fs::symlink(outside.path(), &sbx).unwrap();
+    let rm = bin()
+        .args(["rm", "sbx-ln", "--root"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        !rm.status.success(),
+        "a linked sandbox directory is refused"
+    );
+    assert!(outside.path().join("keep.txt").exists());
+}

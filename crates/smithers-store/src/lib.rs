@@ -1143,6 +1143,49 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// Deletes an ended sandbox's rows (the sandbox, its review, patches and lease) in one
+    /// transaction; the run's events stay (they are the run's history). Refused, with nothing
+    /// deleted, unless the sandbox's status is terminal: a live one or one awaiting review is
+    /// not ours to forget. Returns false when there was no such sandbox.
+    pub fn delete_sandbox(&self, run_id: &str, sandbox_id: &str) -> Result<bool> {
+        let mut conn = self.conn()?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(StoreError::query("delete_sandbox"))?;
+        let status: Option<String> = tx
+            .query_row(
+                "SELECT status FROM _smithers_sandboxes WHERE run_id = ?1 AND sandbox_id = ?2",
+                params![run_id, sandbox_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(StoreError::query("delete_sandbox"))?;
+        let Some(status) = status else {
+            return Ok(false);
+        };
+        if !SandboxStatus::parse(&status).is_terminal() {
+            return Err(StoreError::SandboxAlreadyActive {
+                run_id: run_id.to_string(),
+                sandbox_id: sandbox_id.to_string(),
+                status,
+            });
+        }
+        for table in [
+            "_smithers_sandbox_patches",
+            "_smithers_sandbox_reviews",
+            "_smithers_sandbox_leases",
+            "_smithers_sandboxes",
+        ] {
+            tx.execute(
+                &format!("DELETE FROM {table} WHERE run_id = ?1 AND sandbox_id = ?2"),
+                params![run_id, sandbox_id],
+            )
+            .map_err(StoreError::query("delete_sandbox"))?;
+        }
+        tx.commit().map_err(StoreError::query("delete_sandbox"))?;
+        Ok(true)
+    }
+
     /// Opens a durable review: in one transaction the review row (`pending`), its patches and
     /// the sandbox row's status `review` (bundle path set) are written.
     pub fn open_review(&self, review: &NewReview, patches: &[PatchRecord]) -> Result<()> {

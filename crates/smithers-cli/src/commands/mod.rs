@@ -4,6 +4,7 @@ pub mod bundle;
 pub mod context;
 pub mod doctor;
 pub mod inspect;
+pub mod remove;
 pub mod review;
 pub mod run;
 pub mod serve;

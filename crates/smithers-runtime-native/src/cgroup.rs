@@ -259,7 +259,8 @@ impl CgroupHost {
             // The root cgroup (of the hierarchy or of our cgroup namespace) may hold processes
             // and still have controllers enabled; any other cgroup must be emptied first.
             let at_root = own_cgroup.lines().any(|l| l == "0::/");
-            let moved = at_root || in_leaf || enter_leaf(&dir).is_ok();
+            // Moved now, by this call (and so to be undone if nothing is gained).
+            let entered = !at_root && !in_leaf && enter_leaf(&dir).is_ok();
             for ctrl in missing {
                 match enable(&dir, ctrl) {
                     Ok(()) => {
@@ -274,7 +275,7 @@ impl CgroupHost {
                                     format!(
                                         "enabling {ctrl} in {}/cgroup.subtree_control: the cgroup holds other processes (the kernel's no-internal-processes rule){}",
                                         dir.display(),
-                                        if moved { ", after this process moved into its own leaf" } else { "" }
+                                        if entered || in_leaf { ", after this process moved into its own leaf" } else { "" }
                                     )
                                 } else {
                                     format!(
@@ -292,11 +293,7 @@ impl CgroupHost {
                     }
                 }
             }
-            if moved
-                && !at_root
-                && !in_leaf
-                && enabled.is_disjoint(&wanted.iter().map(|c| c.to_string()).collect())
-            {
+            if entered && !wanted.iter().any(|c| enabled.contains(*c)) {
                 // Nothing gained: leave the process where it was.
                 let _ = std::fs::write(dir.join("cgroup.procs"), "0");
             }

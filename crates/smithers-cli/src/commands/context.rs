@@ -50,31 +50,31 @@ impl StoreArgs {
         })
     }
 
-    /// The database file (its directory is created when missing).
-    pub fn db_path(&self) -> anyhow::Result<PathBuf> {
-        let path = match &self.db {
+    /// Where the database is (`--db`, else `<root>/.smithers/sandbox.db`); nothing created.
+    pub fn db_location(&self) -> anyhow::Result<PathBuf> {
+        Ok(match &self.db {
             Some(db) => db.clone(),
-            None => {
-                let root = self.root_dir()?;
-                let dir = smithers_runtime::ensure_state_dir(&root)
-                    .with_context(|| format!("creating {}/.smithers", root.display()))?;
-                dir.join(DEFAULT_DB_FILE)
-            }
-        };
+            None => self
+                .root_dir()?
+                .join(smithers_runtime::STATE_DIR_NAME)
+                .join(DEFAULT_DB_FILE),
+        })
+    }
+
+    /// The database file (its directory is created when missing: the project's state
+    /// directory through `ensure_state_dir`, which makes git ignore it).
+    pub fn db_path(&self) -> anyhow::Result<PathBuf> {
+        if self.db.is_none() {
+            let root = self.root_dir()?;
+            smithers_runtime::ensure_state_dir(&root)
+                .with_context(|| format!("creating {}/.smithers", root.display()))?;
+        }
+        let path = self.db_location()?;
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
         Ok(path)
-    }
-
-    /// The database file when it exists; nothing is created (the read-only commands).
-    pub fn existing_db_path(&self) -> anyhow::Result<Option<PathBuf>> {
-        let path = match &self.db {
-            Some(db) => db.clone(),
-            None => self.root_dir()?.join(".smithers").join(DEFAULT_DB_FILE),
-        };
-        Ok(path.exists().then_some(path))
     }
 
     /// The flags that point another command at the same database (for printed hints).
@@ -157,28 +157,38 @@ pub fn open(args: &StoreArgs, quiet: bool) -> anyhow::Result<Ctx> {
 /// where there is none (`ls` in any directory must not leave a `.smithers` behind).
 /// `Ok(None)` when there is no database.
 pub fn open_existing(args: &StoreArgs, quiet: bool) -> anyhow::Result<Option<Ctx>> {
-    match args.existing_db_path()? {
-        Some(_) => open(args, quiet).map(Some),
-        None => Ok(None),
+    if args.db_location()?.exists() {
+        open(args, quiet).map(Some)
+    } else {
+        Ok(None)
     }
 }
 
 /// [`open_existing`] where a missing database is an error naming where it was looked for.
 pub fn open_required(args: &StoreArgs, quiet: bool) -> anyhow::Result<Ctx> {
+    let place = args.db_location()?;
     open_existing(args, quiet)?.ok_or_else(|| {
-        let place = match &args.db {
-            Some(db) => db.display().to_string(),
-            None => args
-                .root_dir()
-                .map(|r| r.join(".smithers").join(DEFAULT_DB_FILE).display().to_string())
-                .unwrap_or_default(),
-        };
         coded_error(
             ErrorCode::InvalidInput,
-            format!("no database at {}: nothing has run here (run a step first, or point --root/--db at the project)", inert(&place)),
+            format!(
+                "no database at {}: nothing has run here (run a step first, or point --root/--db at the project)",
+                inert(&place.display().to_string())
+            ),
             json!({ "db": place }),
         )
     })
+}
+
+/// A sandbox's directory in the project, `.smithers/sandboxes/<runId>/<sandboxId>` (relative
+/// to the root), for ids checked to be plain names first: they come from a command line or a
+/// database that may be crafted, and become a path.
+pub fn sandbox_rel_dir(run_id: &str, sandbox_id: &str) -> anyhow::Result<PathBuf> {
+    smithers_runtime::config::validate_id("runId", run_id).coded()?;
+    smithers_runtime::config::validate_id("sandboxId", sandbox_id).coded()?;
+    Ok(Path::new(smithers_runtime::STATE_DIR_NAME)
+        .join("sandboxes")
+        .join(run_id)
+        .join(sandbox_id))
 }
 
 /// [`open`] whose native runtime uses `workspace` (`run --workspace`).

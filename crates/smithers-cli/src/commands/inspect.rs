@@ -131,26 +131,9 @@ pub fn logs(args: &LogsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     use std::io::{BufRead, IsTerminal, Read, Write};
     let ctx = context::open_required(&args.store, true)?;
     let row = context::resolve(&ctx, &args.id)?;
-    let plain_id = |id: &str| {
-        !id.is_empty()
-            && id != "."
-            && id != ".."
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    };
-    if !plain_id(&row.run_id) || !plain_id(&row.sandbox_id) {
-        return Err(coded_error(
-            ErrorCode::InvalidInput,
-            "the database names a sandbox whose ids are not plain names: refused".to_string(),
-            Value::Null,
-        ));
-    }
     let root = args.store.root_dir()?;
-    let rel = Path::new(".smithers/sandboxes")
-        .join(&row.run_id)
-        .join(&row.sandbox_id)
-        .join("result/logs/stream.ndjson");
+    let rel =
+        context::sandbox_rel_dir(&row.run_id, &row.sandbox_id)?.join("result/logs/stream.ndjson");
     let beneath = smithers_paths::Beneath::open(&root)
         .map_err(|e| coded_error(ErrorCode::InvalidInput, e.to_string(), Value::Null))?;
     let file = beneath.open_read(&rel).map_err(|e| {

@@ -38,27 +38,12 @@ pub struct PruneArgs {
     pub store: StoreArgs,
 }
 
-fn plain_id(id: &str) -> bool {
-    !id.is_empty()
-        && id != "."
-        && id != ".."
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-}
-
 /// The sandbox's directory in the project, every level above it a real directory; None when
 /// it is not there.
 fn sandbox_dir(root: &Path, row: &SandboxRow) -> anyhow::Result<Option<PathBuf>> {
-    if !plain_id(&row.run_id) || !plain_id(&row.sandbox_id) {
-        return Err(coded_error(
-            ErrorCode::InvalidInput,
-            "the database names a sandbox whose ids are not plain names: refused".to_string(),
-            Value::Null,
-        ));
-    }
+    let rel = context::sandbox_rel_dir(&row.run_id, &row.sandbox_id)?;
     let mut dir = root.to_path_buf();
-    for part in [".smithers", "sandboxes", &row.run_id, &row.sandbox_id] {
+    for part in rel.components() {
         dir.push(part);
         match std::fs::symlink_metadata(&dir) {
             Ok(m) if m.is_dir() => {}

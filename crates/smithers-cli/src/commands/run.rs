@@ -186,12 +186,9 @@ fn refuse_reused_ids(
     sandbox_id: &str,
     replace: bool,
 ) -> anyhow::Result<()> {
+    // Checked before they become a path (the request checks them again).
+    let dir = root.join(context::sandbox_rel_dir(run_id, sandbox_id)?);
     let row = ctx.store().get_sandbox(run_id, sandbox_id).coded()?;
-    let dir = root
-        .join(".smithers")
-        .join("sandboxes")
-        .join(run_id)
-        .join(sandbox_id);
     let on_disk = std::fs::symlink_metadata(&dir).is_ok();
     if row.is_none() && !on_disk {
         return Ok(());

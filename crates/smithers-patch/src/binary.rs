@@ -48,6 +48,9 @@ pub enum BinaryHunk {
 #[serde(rename_all = "camelCase")]
 pub struct EncodedLiteral {
     pub size: u64,
+    /// The git blob id of the inflated content, computed from the same read (of the file,
+    /// or of a parsed hunk's inflated stream) that made `lines`.
+    pub oid: Arc<str>,
     pub lines: Arc<str>,
 }
 
@@ -295,11 +298,12 @@ pub(crate) fn encode_streamed(
     }
     let oid = crate::model::hex(&hash.finalize());
     Ok(Streamed::Done {
-        oid,
         literal: EncodedLiteral {
             size,
+            oid: Arc::from(oid.as_str()),
             lines: Arc::from(sink.out),
         },
+        oid,
     })
 }
 
@@ -353,6 +357,70 @@ fn decode_data(lines: &[&str], size: u64) -> Result<Vec<u8>, String> {
     Ok(data)
 }
 
+/// Inflates the data lines of a `literal` hunk declaring `size` bytes without holding the
+/// result: its git blob id, once it inflated to exactly `size` bytes. Memory: one line and
+/// the inflater's window.
+fn verify_streamed(lines: &[&str], size: u64) -> Result<String, String> {
+    use sha1::{Digest, Sha1};
+    if size > MAX_BINARY_BYTES {
+        return Err(format!(
+            "binary hunk declares {size} bytes, over the {MAX_BINARY_BYTES}-byte limit"
+        ));
+    }
+    /// Hashes and counts what the inflater writes, refusing a byte past the declared size.
+    struct HashSink {
+        hash: Sha1,
+        written: u64,
+        size: u64,
+    }
+    impl Write for HashSink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.written + buf.len() as u64 > self.size {
+                return Err(std::io::Error::other("inflates past the declared size"));
+            }
+            self.hash.update(buf);
+            self.written += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut hash = Sha1::new();
+    hash.update(format!("blob {size}\0").as_bytes());
+    let mut inflater = flate2::write::ZlibDecoder::new(HashSink {
+        hash,
+        written: 0,
+        size,
+    });
+    let too_long = |e: std::io::Error| {
+        format!(
+            "corrupt zlib data in binary hunk, or more than the {size} bytes its header says: {e}"
+        )
+    };
+    for line in lines {
+        let b = line.as_bytes();
+        let Some(&c) = b.first() else {
+            return Err("empty line inside binary hunk".into());
+        };
+        let n = match c {
+            b'A'..=b'Z' => (c - b'A') as usize + 1,
+            b'a'..=b'z' => (c - b'a') as usize + 27,
+            _ => return Err(format!("bad binary line length character {:?}", c as char)),
+        };
+        let chunk = decode_85(&b[1..], n).ok_or("corrupt base85 line in binary hunk")?;
+        inflater.write_all(&chunk).map_err(too_long)?;
+    }
+    let sink = inflater.finish().map_err(too_long)?;
+    if sink.written != size {
+        return Err(format!(
+            "binary hunk inflates to {} bytes, header says {size}",
+            sink.written
+        ));
+    }
+    Ok(crate::model::hex(&sink.hash.finalize()))
+}
+
 fn strip_nl(l: &str) -> &str {
     l.strip_suffix('\n').unwrap_or(l)
 }
@@ -385,6 +453,26 @@ pub(crate) fn parse_hunks(lines: &[&str], mut i: usize) -> Result<ParsedHunks, (
             end += 1;
         }
         let data_lines: Vec<&str> = lines[start..end].iter().map(|l| strip_nl(l)).collect();
+        if !is_delta && size > crate::STREAM_THRESHOLD_BYTES {
+            // A large literal is checked as it inflates and kept deflated, as the bundle
+            // carries it: a well-compressing file of hundreds of megabytes is a small hunk,
+            // and reading the patch must not cost its inflated size (issue 13).
+            let oid = verify_streamed(&data_lines, size).map_err(|r| (start, r))?;
+            let mut text =
+                String::with_capacity(lines[start..end].iter().map(|l| l.len() + 1).sum());
+            for l in &data_lines {
+                text.push_str(l);
+                text.push('\n');
+            }
+            text.push('\n');
+            hunks.push(BinaryHunk::Encoded(EncodedLiteral {
+                size,
+                oid: Arc::from(oid.as_str()),
+                lines: Arc::from(text),
+            }));
+            i = (end + 1).min(n);
+            continue;
+        }
         let data = decode_data(&data_lines, size).map_err(|r| (start, r))?;
         hunks.push(if is_delta {
             delta::check(&data, MAX_BINARY_BYTES).map_err(|r| (i, r))?;
@@ -417,8 +505,9 @@ pub(crate) fn check_sides(
     let empty = git_blob_oid(b"");
     let literal_ok = |h: &BinaryHunk, id: Option<&str>| match h {
         BinaryHunk::Literal(d) => git_blob_oid(d) == id.unwrap_or(&empty),
-        // Hashed from the same read that made it; a parsed patch never holds one.
-        BinaryHunk::Delta(_) | BinaryHunk::Encoded(_) => true,
+        // Hashed from the same read that made it (of the file, or of the parsed hunk).
+        BinaryHunk::Encoded(e) => *e.oid == *id.unwrap_or(&empty),
+        BinaryHunk::Delta(_) => true,
     };
     if !literal_ok(forward, new_oid) {
         return Err("binary content does not match the index line's new id".into());
@@ -462,6 +551,39 @@ pub(crate) fn check_sides(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_literal_is_checked_as_it_inflates_and_kept_deflated() {
+        // 40 MiB that deflate to a few kilobytes: parsed, it must stay a few kilobytes.
+        let data = vec![b'x'; 40 << 20];
+        let hunk = literal_hunk(&data);
+        let lines: Vec<&str> = hunk.split_inclusive('\n').collect();
+        let (forward, reverse, _) = parse_hunks(&lines, 0).unwrap();
+        assert!(reverse.is_none());
+        let BinaryHunk::Encoded(e) = &forward else {
+            panic!("a {}-byte literal was inflated whole", data.len());
+        };
+        assert!(e.lines.len() < 1 << 20, "{} bytes kept", e.lines.len());
+        assert_eq!(forward.result_len(), data.len() as u64);
+        let oid = git_blob_oid(&data);
+        check_sides(&forward, None, None, Some(&oid)).unwrap();
+        let other = git_blob_oid(b"something else");
+        assert!(check_sides(&forward, None, None, Some(&other)).is_err());
+        assert_eq!(forward.resolve(b"").unwrap(), data);
+        let mut rendered = String::new();
+        forward.render(&mut rendered);
+        assert_eq!(rendered, hunk);
+        // A header that claims more, or less, than the data inflates to is refused.
+        for claimed in [data.len() + 1, data.len() - 1] {
+            let lied = hunk.replacen(
+                &format!("literal {}", data.len()),
+                &format!("literal {claimed}"),
+                1,
+            );
+            let lines: Vec<&str> = lied.split_inclusive('\n').collect();
+            assert!(parse_hunks(&lines, 0).is_err(), "claimed {claimed}");
+        }
+    }
 
     #[test]
     fn empty_literal_matches_git() {

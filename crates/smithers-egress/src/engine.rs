@@ -1,0 +1,1079 @@
+//! The engine: serves the listeners a runtime bound inside a sandbox's network namespace,
+//! from the trusted process, one task per connection, within per-sandbox caps; every
+//! decision becomes an [`EgressRecord`].
+//!
+//! Order of a connection, whatever its entry point: the destination the step named is
+//! decided ([`Policy::decide`]); the name is resolved here; each IPv4 answer is decided
+//! ([`Policy::decide_resolved`]) and only an address that passed is dialed; a TLS
+//! ClientHello whose server name is not the destination closes the tunnel. A denial is
+//! answered at once, in the entry point's own terms: an HTTP 403 with a JSON reason, a
+//! SOCKS5 "not allowed by ruleset", a reset for a captured connection, NXDOMAIN in DNS.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::dns::{self, Answer};
+use crate::policy::{escape, normalize_name, Decision, Policy};
+use crate::proxy::{self, socks_reply, HttpTarget};
+
+/// The first synthetic address the resolver gives (127.100.0.1, then upward). Inside the
+/// sandbox's namespace all of 127.0.0.0/8 is its own loopback, so a client connecting to one
+/// reaches the capture listener of that port, which maps the address back to the name.
+pub const SYNTHETIC_BASE: Ipv4Addr = Ipv4Addr::new(127, 100, 0, 1);
+
+/// Per-sandbox bounds: the proxy parses hostile input in a trusted process.
+#[derive(Debug, Clone)]
+pub struct EgressLimits {
+    /// Connections open at once (every entry point together); past it, refused at once.
+    pub max_connections: usize,
+    /// Time for a client to send its request head, greeting or first flight.
+    pub handshake: Duration,
+    /// Time to resolve and connect to an origin.
+    pub connect: Duration,
+    /// Largest HTTP request head.
+    pub max_head_bytes: usize,
+    /// Names the resolver hands synthetic addresses to.
+    pub max_names: usize,
+    /// DNS queries answered in the sandbox's life; past it, dropped (and counted).
+    pub max_dns_queries: u64,
+    /// Records kept; past it, counted only.
+    pub max_records: usize,
+    /// Lines of the denials file inside the sandbox.
+    pub max_denial_lines: usize,
+    /// How long a CONNECT or SOCKS5 tunnel waits for the client's first bytes (to check a
+    /// TLS server name before dialing) before it dials for a protocol whose server speaks
+    /// first (ssh).
+    pub first_flight: Duration,
+}
+
+impl Default for EgressLimits {
+    fn default() -> Self {
+        EgressLimits {
+            max_connections: 256,
+            handshake: Duration::from_secs(10),
+            connect: Duration::from_secs(10),
+            max_head_bytes: 16 << 10,
+            max_names: 4096,
+            max_dns_queries: 100_000,
+            max_records: 10_000,
+            max_denial_lines: 1000,
+            first_flight: Duration::from_millis(300),
+        }
+    }
+}
+
+/// The sockets a runtime bound inside the sandbox's network namespace (each optional: a
+/// test may serve only some).
+#[derive(Debug, Default)]
+pub struct Listeners {
+    pub dns_udp: Option<std::net::UdpSocket>,
+    pub dns_tcp: Option<std::net::TcpListener>,
+    pub http: Option<std::net::TcpListener>,
+    pub socks: Option<std::net::TcpListener>,
+    /// One per allowed port, bound to `0.0.0.0:PORT`.
+    pub capture: Vec<std::net::TcpListener>,
+}
+
+/// Where names are resolved: the host's resolver, or fixed answers (a caller that pins
+/// names, and the engine's own tests).
+#[derive(Debug, Clone, Default)]
+pub enum Resolver {
+    #[default]
+    System,
+    Fixed(HashMap<String, Vec<IpAddr>>),
+}
+
+/// What the engine is given besides its listeners.
+#[derive(Debug, Clone, Default)]
+pub struct EngineOptions {
+    pub limits: EgressLimits,
+    pub resolver: Resolver,
+    /// A host file the sandbox sees read-only: one JSON line per denial (bounded).
+    pub denials_file: Option<PathBuf>,
+    /// Records as they are made (for `serve`'s live events).
+    pub live: Option<mpsc::UnboundedSender<EgressRecord>>,
+}
+
+/// One decision, as data: for the bundle's log, the step's result and live events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressRecord {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Milliseconds since the Unix epoch, when the decision was made.
+    pub ts: u64,
+    /// `dns`, `http-connect`, `http`, `socks5` or `capture`.
+    pub entry: &'static str,
+    /// As the step wrote it, bounded and escaped.
+    pub host: String,
+    pub port: u16,
+    /// `allow`, `deny` or `would-deny` (audit mode).
+    pub verdict: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    pub reason: String,
+    /// The address dialed (after its check), for an allowed connection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// How long the connection lasted (0 for a denial).
+    pub ms: u64,
+    /// An allowed connection that still failed (resolution, dial, a mismatched TLS name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Per destination, for the step's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DestinationSummary {
+    pub host: String,
+    pub port: u16,
+    pub verdict: &'static str,
+    pub count: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+}
+
+/// What the engine did over a sandbox's life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub policy: String,
+    pub mode: &'static str,
+    pub allowed: u64,
+    pub denied: u64,
+    pub would_deny: u64,
+    /// Connections refused because `max_connections` were open.
+    pub over_connection_cap: u64,
+    pub dns_queries: u64,
+    /// Records past `max_records`, counted only.
+    pub records_dropped: u64,
+    /// At most 100 destinations, denials first.
+    pub destinations: Vec<DestinationSummary>,
+    #[serde(skip)]
+    pub records: Vec<EgressRecord>,
+}
+
+struct Names {
+    by_addr: HashMap<Ipv4Addr, String>,
+    by_name: HashMap<String, Ipv4Addr>,
+}
+
+#[derive(Default)]
+struct Records {
+    list: Vec<EgressRecord>,
+    dropped: u64,
+    dns_seen: HashSet<(String, &'static str)>,
+    denial_lines: usize,
+}
+
+struct Shared {
+    policy: Policy,
+    hash: String,
+    opts: EngineOptions,
+    host_addrs: Vec<IpAddr>,
+    names: Mutex<Names>,
+    records: Mutex<Records>,
+    slots: Arc<Semaphore>,
+    over_cap: AtomicU64,
+    dns_queries: AtomicU64,
+    tasks: Mutex<JoinSet<()>>,
+}
+
+/// A running engine. [`Engine::stop`] ends every connection and returns the summary.
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("policy", &self.shared.hash)
+            .finish()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Engine {
+    /// Starts serving `listeners` on the current tokio runtime.
+    pub fn start(
+        policy: Policy,
+        listeners: Listeners,
+        opts: EngineOptions,
+    ) -> std::io::Result<Engine> {
+        let shared = Arc::new(Shared {
+            hash: policy.hash(),
+            policy,
+            host_addrs: crate::addr::host_addresses(),
+            names: Mutex::new(Names {
+                by_addr: HashMap::new(),
+                by_name: HashMap::new(),
+            }),
+            records: Mutex::new(Records::default()),
+            slots: Arc::new(Semaphore::new(opts.limits.max_connections)),
+            over_cap: AtomicU64::new(0),
+            dns_queries: AtomicU64::new(0),
+            tasks: Mutex::new(JoinSet::new()),
+            opts,
+        });
+        let tcp = |l: std::net::TcpListener| -> std::io::Result<TcpListener> {
+            l.set_nonblocking(true)?;
+            TcpListener::from_std(l)
+        };
+        if let Some(u) = listeners.dns_udp {
+            u.set_nonblocking(true)?;
+            let u = UdpSocket::from_std(u)?;
+            spawn(&shared, serve_dns_udp(shared.clone(), u));
+        }
+        if let Some(l) = listeners.dns_tcp {
+            let l = tcp(l)?;
+            spawn(&shared, accept_loop(shared.clone(), l, Entry::DnsTcp));
+        }
+        if let Some(l) = listeners.http {
+            let l = tcp(l)?;
+            spawn(&shared, accept_loop(shared.clone(), l, Entry::Http));
+        }
+        if let Some(l) = listeners.socks {
+            let l = tcp(l)?;
+            spawn(&shared, accept_loop(shared.clone(), l, Entry::Socks));
+        }
+        for l in listeners.capture {
+            let l = tcp(l)?;
+            spawn(&shared, accept_loop(shared.clone(), l, Entry::Capture));
+        }
+        Ok(Engine { shared })
+    }
+
+    /// The policy's hash ([`Policy::hash`]).
+    pub fn policy_hash(&self) -> &str {
+        &self.shared.hash
+    }
+
+    /// Records made so far (a copy).
+    pub fn records(&self) -> Vec<EgressRecord> {
+        self.shared
+            .records
+            .lock()
+            .map(|r| r.list.clone())
+            .unwrap_or_default()
+    }
+
+    /// Ends every listener and connection (each open connection's record is completed with
+    /// its bytes so far) and returns what happened.
+    pub async fn stop(self) -> Summary {
+        let mut tasks = std::mem::take(&mut *self.shared.tasks.lock().expect("tasks lock"));
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        let shared = &self.shared;
+        let rec = shared.records.lock().expect("records lock");
+        let mut by_dest: BTreeMap<(bool, String, u16, &'static str), DestinationSummary> =
+            BTreeMap::new();
+        let (mut allowed, mut denied, mut would) = (0, 0, 0);
+        for r in rec.list.iter() {
+            match r.verdict {
+                "allow" => allowed += 1,
+                "would-deny" => would += 1,
+                _ => denied += 1,
+            }
+            let key = (r.verdict == "allow", r.host.clone(), r.port, r.verdict);
+            let d = by_dest.entry(key).or_insert_with(|| DestinationSummary {
+                host: r.host.clone(),
+                port: r.port,
+                verdict: r.verdict,
+                count: 0,
+                bytes_up: 0,
+                bytes_down: 0,
+            });
+            d.count += 1;
+            d.bytes_up += r.bytes_up;
+            d.bytes_down += r.bytes_down;
+        }
+        Summary {
+            policy: shared.hash.clone(),
+            mode: shared.policy.mode.as_str(),
+            allowed,
+            denied,
+            would_deny: would,
+            over_connection_cap: shared.over_cap.load(Ordering::Relaxed),
+            dns_queries: shared.dns_queries.load(Ordering::Relaxed),
+            records_dropped: rec.dropped,
+            destinations: by_dest.into_values().take(100).collect(),
+            records: rec.list.clone(),
+        }
+    }
+}
+
+fn spawn<F>(shared: &Arc<Shared>, fut: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut tasks = shared.tasks.lock().expect("tasks lock");
+    // Reap what has finished, so the set holds only live tasks.
+    while tasks.try_join_next().is_some() {}
+    tasks.spawn(fut);
+}
+
+#[derive(Clone, Copy)]
+enum Entry {
+    DnsTcp,
+    Http,
+    Socks,
+    Capture,
+}
+
+impl Shared {
+    fn record(&self, r: EgressRecord) {
+        if let Some(tx) = &self.opts.live {
+            let _ = tx.send(r.clone());
+        }
+        let Ok(mut rec) = self.records.lock() else {
+            return;
+        };
+        if r.verdict != "allow" && rec.denial_lines < self.opts.limits.max_denial_lines {
+            if let Some(path) = &self.opts.denials_file {
+                rec.denial_lines += 1;
+                let mut line = serde_json::json!({
+                    "host": r.host, "port": r.port, "entry": r.entry,
+                    "verdict": r.verdict, "reason": r.reason, "policy": self.hash,
+                })
+                .to_string();
+                if rec.denial_lines == self.opts.limits.max_denial_lines {
+                    line.push_str("\n{\"note\":\"later denials are in the bundle's log only\"}");
+                }
+                line.push('\n');
+                if let Ok(mut f) = std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(path)
+                {
+                    let _ = f.write_all(line.as_bytes());
+                }
+            }
+        }
+        if rec.list.len() < self.opts.limits.max_records {
+            rec.list.push(r);
+        } else {
+            rec.dropped += 1;
+        }
+    }
+
+    fn decided(&self, entry: &'static str, host: &str, port: u16, d: &Decision) -> EgressRecord {
+        EgressRecord {
+            kind: "egress",
+            ts: now_ms(),
+            entry,
+            host: escape(host),
+            port,
+            verdict: d.verdict(),
+            rule: d.rule.clone(),
+            reason: d.reason.clone(),
+            address: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            ms: 0,
+            error: None,
+        }
+    }
+
+    /// The synthetic address of an allowed name (a new one the first time), `None` past
+    /// `max_names`.
+    fn synthetic(&self, name: &str) -> Option<Ipv4Addr> {
+        let mut names = self.names.lock().ok()?;
+        if let Some(a) = names.by_name.get(name) {
+            return Some(*a);
+        }
+        if names.by_name.len() >= self.opts.limits.max_names {
+            return None;
+        }
+        let a = Ipv4Addr::from(u32::from(SYNTHETIC_BASE) + names.by_name.len() as u32);
+        names.by_name.insert(name.to_string(), a);
+        names.by_addr.insert(a, name.to_string());
+        Some(a)
+    }
+
+    fn name_of(&self, a: Ipv4Addr) -> Option<String> {
+        self.names.lock().ok()?.by_addr.get(&a).cloned()
+    }
+
+    async fn resolve(&self, host: &str, port: u16) -> Result<Vec<IpAddr>, String> {
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Ok(vec![ip]);
+        }
+        match &self.opts.resolver {
+            Resolver::Fixed(map) => map
+                .get(host)
+                .cloned()
+                .ok_or_else(|| format!("{host} does not resolve")),
+            Resolver::System => {
+                let found = tokio::time::timeout(
+                    self.opts.limits.connect,
+                    tokio::net::lookup_host((host, port)),
+                )
+                .await
+                .map_err(|_| format!("resolving {host} took over {:?}", self.opts.limits.connect))?
+                .map_err(|e| format!("{host} does not resolve: {e}"))?;
+                Ok(found.map(|a| a.ip()).collect())
+            }
+        }
+    }
+
+    /// Resolves an allowed destination and decides each IPv4 answer: the addresses that
+    /// passed, in order. `Err((decision, reason))`: the decision that refused an answer (a
+    /// denial), or none when the name did not resolve (the connection was allowed).
+    async fn resolve_checked(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<SocketAddr>, (Option<Decision>, String)> {
+        let answers = self.resolve(host, port).await.map_err(|e| (None, e))?;
+        let mut refusal = None;
+        let mut passed = Vec::new();
+        for ip in answers.into_iter().filter(IpAddr::is_ipv4) {
+            let d = self.policy.decide_resolved(ip, port, &self.host_addrs);
+            if d.allowed {
+                passed.push(SocketAddr::new(ip, port));
+            } else {
+                refusal.get_or_insert(d);
+            }
+        }
+        match (passed.is_empty(), refusal) {
+            (false, _) => Ok(passed),
+            (true, Some(d)) => {
+                let reason = d.reason.clone();
+                Err((Some(d), reason))
+            }
+            (true, None) => Err((None, format!("{host} has no IPv4 address"))),
+        }
+    }
+
+    /// Dials the checked addresses in order: the address dialed is one that was decided.
+    async fn dial(&self, addrs: &[SocketAddr]) -> Result<(TcpStream, SocketAddr), String> {
+        let mut last = String::from("no address to dial");
+        for addr in addrs {
+            match tokio::time::timeout(self.opts.limits.connect, TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => return Ok((s, *addr)),
+                Ok(Err(e)) => last = format!("connecting to {addr}: {e}"),
+                Err(_) => {
+                    last = format!(
+                        "connecting to {addr} took over {:?}",
+                        self.opts.limits.connect
+                    )
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// [`Shared::resolve_checked`] then [`Shared::dial`].
+    async fn connect_checked(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<(TcpStream, SocketAddr), (Option<Decision>, String)> {
+        let addrs = self.resolve_checked(host, port).await?;
+        self.dial(&addrs).await.map_err(|e| (None, e))
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, entry: Entry) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            // EMFILE and the like: back off rather than spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let permit = shared.slots.clone().try_acquire_owned();
+        let s = shared.clone();
+        match permit {
+            Ok(permit) => spawn(&shared, async move {
+                match entry {
+                    Entry::DnsTcp => serve_dns_tcp(&s, stream).await,
+                    Entry::Http => serve_http(&s, stream).await,
+                    Entry::Socks => serve_socks(&s, stream).await,
+                    Entry::Capture => serve_capture(&s, stream).await,
+                }
+                drop(permit);
+            }),
+            Err(_) => {
+                shared.over_cap.fetch_add(1, Ordering::Relaxed);
+                let max = shared.opts.limits.max_connections;
+                let hash = shared.hash.clone();
+                // Answered without a slot, briefly, so a flood costs no more than a write.
+                spawn(&shared, async move {
+                    let mut stream = stream;
+                    if matches!(entry, Entry::Http) {
+                        let reason = format!("the sandbox has {max} connections open, its limit");
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(1),
+                            stream.write_all(&proxy::http_denied(429, "", 0, &reason, &hash)),
+                        )
+                        .await;
+                    }
+                    reset(stream);
+                });
+            }
+        }
+    }
+}
+
+/// Closes with a reset: a refused raw connection fails at once, not as a hang or a quiet
+/// end of stream.
+fn reset(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
+async fn serve_dns_udp(shared: Arc<Shared>, sock: UdpSocket) {
+    let mut buf = [0u8; dns::MAX_QUERY_BYTES + 1];
+    loop {
+        let Ok((n, from)) = sock.recv_from(&mut buf).await else {
+            continue;
+        };
+        if let Some(reply) = answer_dns(&shared, &buf[..n]) {
+            let _ = sock.send_to(&reply, from).await;
+        }
+    }
+}
+
+async fn serve_dns_tcp(shared: &Shared, mut stream: TcpStream) {
+    loop {
+        let mut len = [0u8; 2];
+        let read =
+            tokio::time::timeout(shared.opts.limits.handshake, stream.read_exact(&mut len)).await;
+        if !matches!(read, Ok(Ok(_))) {
+            return;
+        }
+        let n = u16::from_be_bytes(len) as usize;
+        if n > dns::MAX_QUERY_BYTES {
+            return;
+        }
+        let mut msg = vec![0u8; n];
+        let read =
+            tokio::time::timeout(shared.opts.limits.handshake, stream.read_exact(&mut msg)).await;
+        if !matches!(read, Ok(Ok(_))) {
+            return;
+        }
+        let Some(reply) = answer_dns(shared, &msg) else {
+            return;
+        };
+        let mut out = (reply.len() as u16).to_be_bytes().to_vec();
+        out.extend_from_slice(&reply);
+        if stream.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Our answer to one query; `None` to stay silent (not a query; past the query cap).
+fn answer_dns(shared: &Shared, msg: &[u8]) -> Option<Vec<u8>> {
+    let n = shared.dns_queries.fetch_add(1, Ordering::Relaxed);
+    if n >= shared.opts.limits.max_dns_queries {
+        return None;
+    }
+    let q = match dns::parse_query(msg) {
+        Ok(q) => q,
+        Err(m) => return m.id.map(dns::format_error),
+    };
+    let raw = String::from_utf8_lossy(&q.name).into_owned();
+    let d = shared.policy.decide_name(&raw);
+    let name = normalize_name(&raw).unwrap_or_else(|_| raw.clone());
+    let answer = if d.allowed {
+        match shared.synthetic(&name) {
+            Some(a) => Answer::Address(a),
+            None => {
+                let over = Decision {
+                    allowed: false,
+                    would_deny: false,
+                    rule: None,
+                    reason: format!(
+                        "the sandbox's resolver has given out {} names, its limit",
+                        shared.opts.limits.max_names
+                    ),
+                };
+                record_dns_once(shared, &raw, &over);
+                return Some(dns::respond(&q, Answer::NoSuchName));
+            }
+        }
+    } else {
+        Answer::NoSuchName
+    };
+    record_dns_once(shared, &raw, &d);
+    Some(dns::respond(&q, answer))
+}
+
+fn record_dns_once(shared: &Shared, name: &str, d: &Decision) {
+    let first = shared
+        .records
+        .lock()
+        .map(|mut r| r.dns_seen.insert((name.to_ascii_lowercase(), d.verdict())))
+        .unwrap_or(false);
+    if first {
+        shared.record(shared.decided("dns", name, 0, d));
+    }
+}
+
+/// Reads an HTTP request head (through the blank line) within the handshake time and the
+/// head bound; the head and any bytes after it.
+async fn read_head(shared: &Shared, stream: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let max = shared.opts.limits.max_head_bytes;
+    let mut buf = Vec::with_capacity(1024);
+    let deadline = Instant::now() + shared.opts.limits.handshake;
+    loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let rest = buf.split_off(i + 4);
+            return Ok((buf, rest));
+        }
+        if buf.len() > max {
+            return Err(format!("the request head is over {max} bytes"));
+        }
+        let mut chunk = [0u8; 4096];
+        let left = deadline.saturating_duration_since(Instant::now());
+        let n = match tokio::time::timeout(left, stream.read(&mut chunk)).await {
+            Err(_) => {
+                return Err(format!(
+                    "the request head did not arrive within {:?}",
+                    shared.opts.limits.handshake
+                ))
+            }
+            Ok(Err(e)) => return Err(e.to_string()),
+            Ok(Ok(0)) => return Err("closed before the request head ended".into()),
+            Ok(Ok(n)) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+async fn serve_http(shared: &Shared, mut stream: TcpStream) {
+    let (head, rest) = match read_head(shared, &mut stream).await {
+        Ok(h) => h,
+        Err(reason) => {
+            let _ = stream
+                .write_all(&proxy::http_denied(400, "", 0, &reason, &shared.hash))
+                .await;
+            return;
+        }
+    };
+    let target = match proxy::parse_http_head(&head) {
+        Ok(t) => t,
+        Err(reason) => {
+            let _ = stream
+                .write_all(&proxy::http_denied(400, "", 0, &reason, &shared.hash))
+                .await;
+            return;
+        }
+    };
+    let (entry, host, port) = match &target {
+        HttpTarget::Connect { host, port } => ("http-connect", host.clone(), *port),
+        HttpTarget::Forward { host, port, .. } => ("http", host.clone(), *port),
+    };
+    let d = shared.policy.decide(&host, port);
+    let mut rec = shared.decided(entry, &host, port, &d);
+    if !d.allowed {
+        shared.record(rec);
+        let _ = stream
+            .write_all(&proxy::http_denied(
+                403,
+                &host,
+                port,
+                &d.reason,
+                &shared.hash,
+            ))
+            .await;
+        return;
+    }
+    match target {
+        HttpTarget::Connect { .. } => {
+            // Answers are decided before the 200, so a refused one is still a 403.
+            let addrs = match shared.resolve_checked(&host, port).await {
+                Ok(a) => a,
+                Err((refusal, reason)) => {
+                    let status = if refusal.is_some() { 403 } else { 502 };
+                    finish_refused(shared, &mut rec, refusal, reason.clone());
+                    let _ = stream
+                        .write_all(&proxy::http_denied(
+                            status,
+                            &host,
+                            port,
+                            &reason,
+                            &shared.hash,
+                        ))
+                        .await;
+                    return;
+                }
+            };
+            if stream
+                .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tunnel(shared, stream, rest, rec, &host, addrs).await;
+        }
+        HttpTarget::Forward { head, .. } => {
+            let started = Instant::now();
+            let (mut origin, addr) = match shared.connect_checked(&host, port).await {
+                Ok(c) => c,
+                Err((refusal, reason)) => {
+                    let status = if refusal.is_some() { 403 } else { 502 };
+                    finish_refused(shared, &mut rec, refusal, reason.clone());
+                    let _ = stream
+                        .write_all(&proxy::http_denied(
+                            status,
+                            &host,
+                            port,
+                            &reason,
+                            &shared.hash,
+                        ))
+                        .await;
+                    return;
+                }
+            };
+            rec.address = Some(addr.to_string());
+            let mut first = head;
+            first.extend_from_slice(&rest);
+            if origin.write_all(&first).await.is_err() {
+                return;
+            }
+            let up = first.len() as u64;
+            splice(shared, stream, origin, rec, started, up).await;
+        }
+    }
+}
+
+/// A denial found after the first decision (a resolved address refused), or an error of
+/// an allowed connection: either way, recorded.
+fn finish_refused(
+    shared: &Shared,
+    rec: &mut EgressRecord,
+    refusal: Option<Decision>,
+    reason: String,
+) {
+    match refusal {
+        Some(d) => {
+            rec.verdict = d.verdict();
+            rec.rule = d.rule;
+            rec.reason = d.reason;
+        }
+        None => rec.error = Some(reason),
+    }
+    shared.record(rec.clone());
+}
+
+/// The rest of a CONNECT tunnel or a captured connection, its addresses already checked:
+/// waits briefly for the client's first bytes; a TLS ClientHello must name `host`; then
+/// dials and splices.
+async fn tunnel(
+    shared: &Shared,
+    mut client: TcpStream,
+    mut early: Vec<u8>,
+    mut rec: EgressRecord,
+    host: &str,
+    addrs: Vec<SocketAddr>,
+) {
+    let started = Instant::now();
+    if early.is_empty() {
+        let mut chunk = vec![0u8; 16 << 10];
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(shared.opts.limits.first_flight, client.read(&mut chunk)).await
+        {
+            if n == 0 {
+                return;
+            }
+            early.extend_from_slice(&chunk[..n]);
+        }
+    }
+    if let Err(why) = check_server_name(&early, host) {
+        rec.error = Some(why);
+        shared.record(rec);
+        reset(client);
+        return;
+    }
+    let (mut origin, addr) = match shared.dial(&addrs).await {
+        Ok(c) => c,
+        Err(reason) => {
+            finish_refused(shared, &mut rec, None, reason);
+            reset(client);
+            return;
+        }
+    };
+    rec.address = Some(addr.to_string());
+    if !early.is_empty() && origin.write_all(&early).await.is_err() {
+        return;
+    }
+    let up = early.len() as u64;
+    splice(shared, client, origin, rec, started, up).await;
+}
+
+/// A tunnel's first bytes, if they are a TLS ClientHello, must name the tunnel's host: a
+/// tunnel opened to an allowed name does not carry a handshake with another.
+fn check_server_name(first: &[u8], host: &str) -> Result<(), String> {
+    if first.is_empty() {
+        return Ok(());
+    }
+    match proxy::tls_server_name(first) {
+        Ok(None) => Ok(()),
+        Ok(Some(sni)) => {
+            let want = normalize_name(host).unwrap_or_else(|_| host.to_ascii_lowercase());
+            if sni == want {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the TLS server name {:?} is not the tunnel's host {want}: closed before any origin connection",
+                    escape(&sni)
+                ))
+            }
+        }
+        Err(why) => Err(format!("{why}: closed before any origin connection")),
+    }
+}
+
+async fn serve_socks(shared: &Shared, mut stream: TcpStream) {
+    let limit = shared.opts.limits.handshake;
+    let greeting = tokio::time::timeout(limit, socks_greeting(&mut stream)).await;
+    let (host, port) = match greeting {
+        Ok(Ok(Some(t))) => t,
+        _ => return,
+    };
+    let d = shared.policy.decide(&host, port);
+    let mut rec = shared.decided("socks5", &host, port, &d);
+    if !d.allowed {
+        shared.record(rec);
+        let _ = stream
+            .write_all(&socks_reply(socks_reply::NOT_ALLOWED))
+            .await;
+        return;
+    }
+    // Dialed before the reply (a SOCKS5 client waits for it), then the first flight checked.
+    let started = Instant::now();
+    let (origin, addr) = match shared.connect_checked(&host, port).await {
+        Ok(c) => c,
+        Err((refusal, reason)) => {
+            let code = if refusal.is_some() {
+                socks_reply::NOT_ALLOWED
+            } else {
+                socks_reply::HOST_UNREACHABLE
+            };
+            finish_refused(shared, &mut rec, refusal, reason);
+            let _ = stream.write_all(&socks_reply(code)).await;
+            return;
+        }
+    };
+    rec.address = Some(addr.to_string());
+    if stream
+        .write_all(&socks_reply(socks_reply::SUCCEEDED))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut early = vec![0u8; 16 << 10];
+    let mut n = 0;
+    if let Ok(Ok(got)) =
+        tokio::time::timeout(shared.opts.limits.first_flight, stream.read(&mut early)).await
+    {
+        if got == 0 {
+            return;
+        }
+        n = got;
+    }
+    early.truncate(n);
+    if let Err(why) = check_server_name(&early, &host) {
+        rec.error = Some(why);
+        shared.record(rec);
+        reset(stream);
+        return;
+    }
+    let mut origin = origin;
+    if !early.is_empty() && origin.write_all(&early).await.is_err() {
+        return;
+    }
+    splice(shared, stream, origin, rec, started, n as u64).await;
+}
+
+/// The SOCKS5 greeting and CONNECT request; `Ok(None)` when it was refused (a reply sent).
+/// Username/password authentication is accepted and ignored: some clients insist on it.
+async fn socks_greeting(s: &mut TcpStream) -> std::io::Result<Option<(String, u16)>> {
+    let mut hdr = [0u8; 2];
+    s.read_exact(&mut hdr).await?;
+    if hdr[0] != 5 {
+        return Ok(None);
+    }
+    let mut methods = vec![0u8; hdr[1] as usize];
+    s.read_exact(&mut methods).await?;
+    if methods.contains(&0) {
+        s.write_all(&[5, 0]).await?;
+    } else if methods.contains(&2) {
+        s.write_all(&[5, 2]).await?;
+        let mut v = [0u8; 2];
+        s.read_exact(&mut v).await?;
+        let mut user = vec![0u8; v[1] as usize];
+        s.read_exact(&mut user).await?;
+        let mut plen = [0u8; 1];
+        s.read_exact(&mut plen).await?;
+        let mut pass = vec![0u8; plen[0] as usize];
+        s.read_exact(&mut pass).await?;
+        s.write_all(&[1, 0]).await?;
+    } else {
+        s.write_all(&[5, 0xff]).await?;
+        return Ok(None);
+    }
+    let mut req = [0u8; 4];
+    s.read_exact(&mut req).await?;
+    if req[0] != 5 {
+        return Ok(None);
+    }
+    if req[1] != 1 {
+        s.write_all(&socks_reply(socks_reply::COMMAND_NOT_SUPPORTED))
+            .await?;
+        return Ok(None);
+    }
+    let host = match req[3] {
+        1 => {
+            let mut a = [0u8; 4];
+            s.read_exact(&mut a).await?;
+            Ipv4Addr::from(a).to_string()
+        }
+        3 => {
+            let mut len = [0u8; 1];
+            s.read_exact(&mut len).await?;
+            let mut name = vec![0u8; len[0] as usize];
+            s.read_exact(&mut name).await?;
+            String::from_utf8_lossy(&name).into_owned()
+        }
+        4 => {
+            let mut a = [0u8; 16];
+            s.read_exact(&mut a).await?;
+            std::net::Ipv6Addr::from(a).to_string()
+        }
+        _ => {
+            s.write_all(&socks_reply(socks_reply::ADDRESS_NOT_SUPPORTED))
+                .await?;
+            return Ok(None);
+        }
+    };
+    let mut port = [0u8; 2];
+    s.read_exact(&mut port).await?;
+    Ok(Some((host, u16::from_be_bytes(port))))
+}
+
+async fn serve_capture(shared: &Shared, stream: TcpStream) {
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    let port = local.port();
+    let name = match local.ip() {
+        IpAddr::V4(a) => shared.name_of(a),
+        IpAddr::V6(_) => None,
+    };
+    let Some(name) = name else {
+        let d = Decision {
+            allowed: false,
+            would_deny: false,
+            rule: None,
+            reason: format!(
+                "{} is not an address the sandbox's resolver gave out: connect by name",
+                local.ip()
+            ),
+        };
+        shared.record(shared.decided("capture", &local.ip().to_string(), port, &d));
+        reset(stream);
+        return;
+    };
+    let d = shared.policy.decide(&name, port);
+    let mut rec = shared.decided("capture", &name, port, &d);
+    if !d.allowed {
+        shared.record(rec);
+        reset(stream);
+        return;
+    }
+    let addrs = match shared.resolve_checked(&name, port).await {
+        Ok(a) => a,
+        Err((refusal, reason)) => {
+            finish_refused(shared, &mut rec, refusal, reason);
+            reset(stream);
+            return;
+        }
+    };
+    tunnel(shared, stream, Vec::new(), rec, &name, addrs).await;
+}
+
+/// Copies both ways until both end, counting bytes; the record is written when the
+/// connection ends, or when the engine stops it (the guard's drop).
+async fn splice(
+    shared: &Shared,
+    client: TcpStream,
+    origin: TcpStream,
+    rec: EgressRecord,
+    started: Instant,
+    up_already: u64,
+) {
+    struct Open<'a> {
+        shared: &'a Shared,
+        rec: Option<EgressRecord>,
+        up: Arc<AtomicU64>,
+        down: Arc<AtomicU64>,
+        started: Instant,
+    }
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            if let Some(mut r) = self.rec.take() {
+                r.bytes_up = self.up.load(Ordering::Relaxed);
+                r.bytes_down = self.down.load(Ordering::Relaxed);
+                r.ms = self.started.elapsed().as_millis() as u64;
+                self.shared.record(r);
+            }
+        }
+    }
+    let open = Open {
+        shared,
+        rec: Some(rec),
+        up: Arc::new(AtomicU64::new(up_already)),
+        down: Arc::new(AtomicU64::new(0)),
+        started,
+    };
+    let (mut cr, mut cw) = client.into_split();
+    let (mut or, mut ow) = origin.into_split();
+    let up = open.up.clone();
+    let down = open.down.clone();
+    let a = async move {
+        let mut buf = vec![0u8; 32 << 10];
+        while let Ok(n) = cr.read(&mut buf).await {
+            if n == 0 || ow.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+            up.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        let _ = ow.shutdown().await;
+    };
+    let b = async move {
+        let mut buf = vec![0u8; 32 << 10];
+        while let Ok(n) = or.read(&mut buf).await {
+            if n == 0 || cw.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+            down.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        let _ = cw.shutdown().await;
+    };
+    tokio::join!(a, b);
+    drop(open);
+}

@@ -1,0 +1,258 @@
+//! The engine on real sockets: listeners and origins on this host's loopback, names pinned
+//! by a fixed resolver (the network-namespace world of `smithers-cli/tests/egress_world.rs`
+//! covers the system resolver and a real sandbox). Each case checks what the client saw and
+//! what the origins saw.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use smithers_egress::engine::{EngineOptions, Resolver};
+use smithers_egress::{dns, Engine, Listeners, Policy};
+
+/// An origin on 127.0.0.1 that answers every connection with `banner` and counts them.
+fn origin(banner: &'static [u8]) -> (u16, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            h.fetch_add(1, Ordering::SeqCst);
+            let _ = s.write_all(banner);
+            let mut buf = [0u8; 1024];
+            let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+            let _ = s.read(&mut buf);
+        }
+    });
+    (port, hits)
+}
+
+fn listener() -> (std::net::TcpListener, u16) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let p = l.local_addr().unwrap().port();
+    (l, p)
+}
+
+fn read_all(mut s: TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entry_point_decides_the_same_and_says_why() {
+    let (port, hits) = origin(b"SSH-2.0-origin\r\n");
+    // "allowed.test" resolves to the origin (loopback, so it needs its cidr rule);
+    // "private.test" to loopback with no such rule.
+    let policy = Policy::from_json(&format!(
+        r#"{{"allow":[{{"host":"allowed.test","ports":[{port}]}},{{"host":"private.test","ports":[{port}]}},
+                     {{"cidr":"127.0.0.1","ports":[{port}]}}],
+            "deny":[{{"cidr":"127.0.0.1","ports":[1]}}]}}"#
+    ))
+    .unwrap();
+    let mut fixed = HashMap::new();
+    fixed.insert(
+        "allowed.test".to_string(),
+        vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    );
+    fixed.insert(
+        "private.test".to_string(),
+        vec!["10.0.0.1".parse().unwrap()],
+    );
+    let (http, http_port) = listener();
+    let (socks, socks_port) = listener();
+    let dns_sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dns_port = dns_sock.local_addr().unwrap().port();
+    let engine = Engine::start(
+        policy,
+        Listeners {
+            dns_udp: Some(dns_sock),
+            http: Some(http),
+            socks: Some(socks),
+            ..Default::default()
+        },
+        EngineOptions {
+            resolver: Resolver::Fixed(fixed),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+
+    let result = tokio::task::spawn_blocking(move || {
+        // HTTP CONNECT, allowed: the tunnel carries the origin's banner.
+        let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+        write!(s, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
+        let got = read_all(s);
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(got.contains("SSH-2.0-origin"), "{got}");
+        // Denied name: a 403 whose JSON says why, with the policy header.
+        let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+        write!(s, "CONNECT denied.test:{port} HTTP/1.1\r\n\r\n").unwrap();
+        let got = read_all(s);
+        assert!(got.starts_with("HTTP/1.1 403"), "{got}");
+        assert!(got.contains("X-Smithers-Egress-Policy: sha256:"), "{got}");
+        assert!(got.contains("no rule allows denied.test"), "{got}");
+        // An allowed name on a port not allowed: the reason names the port.
+        let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+        write!(s, "CONNECT allowed.test:1 HTTP/1.1\r\n\r\n").unwrap();
+        let got = read_all(s);
+        assert!(got.contains("not on port 1"), "{got}");
+        // An allowed name whose answer is special-use space no rule names.
+        let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+        write!(s, "CONNECT private.test:{port} HTTP/1.1\r\n\r\n").unwrap();
+        let got = read_all(s);
+        assert!(
+            got.starts_with("HTTP/1.1 403") && got.contains("private (10.0.0.0/8)"),
+            "{got}"
+        );
+        // A TLS hello for another name through an allowed tunnel: closed, no origin dialed.
+        let before = hits.load(Ordering::SeqCst);
+        let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+        write!(s, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
+        s.write_all(&hello("evil.example")).unwrap();
+        let got = read_all(s);
+        assert!(!got.contains("SSH-2.0-origin"), "{got}");
+        assert_eq!(hits.load(Ordering::SeqCst), before, "the origin was dialed");
+        // SOCKS5, allowed and denied.
+        let mut s = TcpStream::connect(("127.0.0.1", socks_port)).unwrap();
+        s.write_all(&[5, 1, 0]).unwrap();
+        let name = b"allowed.test";
+        let mut req = vec![5, 1, 0, 3, name.len() as u8];
+        req.extend_from_slice(name);
+        req.extend_from_slice(&port.to_be_bytes());
+        s.write_all(&req).unwrap();
+        let got = read_all(s);
+        assert!(
+            got.as_bytes()[..2] == [5, 0] && got.contains("SSH-2.0-origin"),
+            "{got:?}"
+        );
+        let mut s = TcpStream::connect(("127.0.0.1", socks_port)).unwrap();
+        s.write_all(&[5, 1, 0]).unwrap();
+        let mut req = vec![5, 1, 0, 1, 11, 0, 0, 1];
+        req.extend_from_slice(&port.to_be_bytes());
+        s.write_all(&req).unwrap();
+        let mut reply = [0u8; 12];
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.read_exact(&mut reply).unwrap();
+        assert_eq!(reply[3], 2, "not allowed by ruleset: {reply:?}");
+        // DNS: an allowed name gets a synthetic loopback address, a denied one NXDOMAIN.
+        let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        u.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let ask = |name: &str, qtype: u16| {
+            u.send_to(&dns::query(1, name, qtype), ("127.0.0.1", dns_port))
+                .unwrap();
+            let mut buf = [0u8; 512];
+            let n = u.recv(&mut buf).unwrap();
+            dns::parse_response(&buf[..n]).unwrap()
+        };
+        assert_eq!(
+            ask("allowed.test", 1),
+            (0, vec![Ipv4Addr::new(127, 100, 0, 1)])
+        );
+        assert_eq!(ask("allowed.test", 28), (0, vec![]));
+        assert_eq!(ask("denied.test", 1), (3, vec![]));
+        hits.load(Ordering::SeqCst)
+    })
+    .await
+    .unwrap();
+    assert_eq!(result, 2, "two tunnels reached the origin");
+    let summary = engine.stop().await;
+    let verdicts: Vec<(&str, &str, &str)> = summary
+        .records
+        .iter()
+        .map(|r| (r.entry, r.host.as_str(), r.verdict))
+        .collect();
+    for want in [
+        ("http-connect", "allowed.test", "allow"),
+        ("http-connect", "denied.test", "deny"),
+        ("http-connect", "private.test", "deny"),
+        ("socks5", "allowed.test", "allow"),
+        ("socks5", "11.0.0.1", "deny"),
+        ("dns", "allowed.test", "allow"),
+        ("dns", "denied.test", "deny"),
+    ] {
+        assert!(verdicts.contains(&want), "{want:?} not in {verdicts:?}");
+    }
+    let tunnelled = summary
+        .records
+        .iter()
+        .find(|r| r.entry == "socks5" && r.verdict == "allow")
+        .unwrap();
+    assert!(tunnelled.bytes_down >= 16, "{tunnelled:?}");
+    assert_eq!(
+        tunnelled.address.as_deref(),
+        Some(&*format!("127.0.0.1:{port}"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_cap_and_slow_heads_are_bounded() {
+    let policy = Policy::from_allow_hosts(&["allowed.test"]).unwrap();
+    let (http, http_port) = listener();
+    let mut opts = EngineOptions::default();
+    opts.limits.max_connections = 4;
+    opts.limits.handshake = Duration::from_millis(300);
+    let engine = Engine::start(
+        policy,
+        Listeners {
+            http: Some(http),
+            ..Default::default()
+        },
+        opts,
+    )
+    .unwrap();
+    let refused = tokio::task::spawn_blocking(move || {
+        // Four slow clients hold the slots; the fifth is told at once.
+        let slow: Vec<TcpStream> = (0..4)
+            .map(|_| {
+                let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+                s.write_all(b"CONNECT allowed.test:443 HTTP/1.1\r\n")
+                    .unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let fifth = read_all(TcpStream::connect(("127.0.0.1", http_port)).unwrap());
+        // The slow ones are cut off at the handshake bound, each with a 400 that says so.
+        let cut: Vec<String> = slow.into_iter().map(read_all).collect();
+        (fifth, cut)
+    })
+    .await
+    .unwrap();
+    assert!(refused.0.starts_with("HTTP/1.1 429"), "{}", refused.0);
+    for c in &refused.1 {
+        assert!(c.contains("did not arrive within"), "{c}");
+    }
+    let summary = engine.stop().await;
+    assert_eq!(summary.over_connection_cap, 1);
+}
+
+/// A minimal TLS ClientHello naming `name`.
+fn hello(name: &str) -> Vec<u8> {
+    let n = name.len() as u16;
+    let mut sni = (n + 3).to_be_bytes().to_vec();
+    sni.push(0);
+    sni.extend_from_slice(&n.to_be_bytes());
+    sni.extend_from_slice(name.as_bytes());
+    let mut ext = vec![0, 0];
+    ext.extend_from_slice(&(sni.len() as u16).to_be_bytes());
+    ext.extend_from_slice(&sni);
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[0; 32]);
+    body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
+    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    body.extend_from_slice(&ext);
+    let mut hs = vec![1, 0];
+    hs.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    hs.extend_from_slice(&body);
+    let mut rec = vec![0x16, 3, 1];
+    rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+    rec.extend_from_slice(&hs);
+    rec
+}

@@ -6,6 +6,7 @@
 //! cargo run --release -p smithers-bench -- throughput          # scenario 3
 //! cargo run --release -p smithers-bench -- whole-cli           # scenario 6
 //! cargo run --release -p smithers-bench -- change-cost         # scenario 8
+//! cargo run --release -p smithers-bench -- egress              # scenario 9
 //! cargo run --release -p smithers-bench -- all
 //! ```
 //!
@@ -13,6 +14,7 @@
 //! contender runs in the same process of measurement, interleaved round by round; the ratios
 //! are medians of per-round ratios. Nothing here asserts a time: the report is the product.
 
+mod egress;
 mod measure;
 mod report;
 mod roundtrip;
@@ -61,6 +63,9 @@ enum Scenario {
     /// 8: the cost after the step of 1k/10k/100k changed files and huge or sparse files,
     /// time and peak memory, against `git add -A && git diff --cached --binary`.
     ChangeCost,
+    /// 9: a connection through the egress engine (HTTP CONNECT, SOCKS5) against a direct
+    /// one: time to first byte, connections per second, throughput.
+    Egress,
     /// Every scenario above.
     All,
 }
@@ -87,6 +92,10 @@ fn main() -> anyhow::Result<()> {
             )
         }
         Scenario::WorkspaceScaling => workspace_scaling(&cli),
+        Scenario::Egress => {
+            let body = egress::run(cli.rounds.unwrap_or(300))?;
+            finish(&cli, "Scenario 9: egress", "egress", &body, &[])
+        }
         Scenario::Throughput => {
             let (body, series) = throughput::run(&cli.scratch, cli.rounds)?;
             finish(

@@ -62,6 +62,8 @@ enum Command {
     Metrics(commands::inspect::MetricsArgs),
     /// Show which protections the native runtime can enforce on this host.
     Doctor(commands::doctor::DoctorArgs),
+    /// Egress policies: what one decides for a destination (`egress check`).
+    Egress(commands::egress::EgressArgs),
     /// Serve sandboxes to remote clients over HTTP (the codeplane runtime's server).
     // Boxed: its many operator flags would make every other variant as large.
     Serve(Box<commands::serve::ServeArgs>),
@@ -103,6 +105,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Prune(args) => commands::remove::prune(args, cli.json),
         Command::Metrics(args) => commands::inspect::metrics(args, cli.json),
         Command::Doctor(args) => commands::doctor::run(args, cli.json),
+        Command::Egress(args) => commands::egress::run(args, cli.json),
         Command::Serve(args) => commands::serve::run(args),
     }
 }
@@ -130,6 +133,7 @@ fn main() -> ExitCode {
             | Command::Logs(_)
             | Command::Metrics(_)
             | Command::Doctor(_)
+            | Command::Egress(_)
             | Command::Review(_)
     ) {
         quiet_on_broken_pipe();

@@ -32,6 +32,10 @@ use crate::proxy::{self, socks_reply, HttpTarget};
 /// reaches the capture listener of that port, which maps the address back to the name.
 pub const SYNTHETIC_BASE: Ipv4Addr = Ipv4Addr::new(127, 100, 0, 1);
 
+/// ssh, whose server speaks first: a tunnel to this port does not wait for the client's
+/// first bytes (no TLS to check there).
+const SSH_PORT: u16 = 22;
+
 /// Per-sandbox bounds: the proxy parses hostile input in a trusted process.
 #[derive(Debug, Clone)]
 pub struct EgressLimits {
@@ -112,7 +116,7 @@ pub struct EgressRecord {
     #[serde(rename = "type")]
     pub kind: &'static str,
     /// Milliseconds since the Unix epoch, when the decision was made.
-    pub ts: u64,
+    pub timestamp_ms: u64,
     /// `dns`, `http-connect`, `http`, `socks5` or `capture`.
     pub entry: &'static str,
     /// As the step wrote it, bounded and escaped.
@@ -341,9 +345,6 @@ enum Entry {
 
 impl Shared {
     fn record(&self, r: EgressRecord) {
-        if let Some(tx) = &self.opts.live {
-            let _ = tx.send(r.clone());
-        }
         let Ok(mut rec) = self.records.lock() else {
             return;
         };
@@ -369,6 +370,10 @@ impl Shared {
             }
         }
         if rec.list.len() < self.opts.limits.max_records {
+            // Live too, within the same bound (the channel is unbounded).
+            if let Some(tx) = &self.opts.live {
+                let _ = tx.send(r.clone());
+            }
             rec.list.push(r);
         } else {
             rec.dropped += 1;
@@ -378,7 +383,7 @@ impl Shared {
     fn decided(&self, entry: &'static str, host: &str, port: u16, d: &Decision) -> EgressRecord {
         EgressRecord {
             kind: "egress",
-            ts: now_ms(),
+            timestamp_ms: now_ms(),
             entry,
             host: escape(host),
             port,
@@ -790,7 +795,9 @@ async fn tunnel(
     addrs: Vec<SocketAddr>,
 ) {
     let started = Instant::now();
-    if early.is_empty() {
+    // ssh's server speaks first: its client would wait out `first_flight` in silence.
+    let server_first = addrs.first().is_some_and(|a| a.port() == SSH_PORT);
+    if early.is_empty() && !server_first {
         let mut chunk = vec![0u8; 16 << 10];
         if let Ok(Ok(n)) =
             tokio::time::timeout(shared.opts.limits.first_flight, client.read(&mut chunk)).await
@@ -887,9 +894,12 @@ async fn serve_socks(shared: &Shared, mut stream: TcpStream) {
     }
     let mut early = vec![0u8; 16 << 10];
     let mut n = 0;
-    if let Ok(Ok(got)) =
-        tokio::time::timeout(shared.opts.limits.first_flight, stream.read(&mut early)).await
-    {
+    let wait = if port == SSH_PORT {
+        Duration::ZERO
+    } else {
+        shared.opts.limits.first_flight
+    };
+    if let Ok(Ok(got)) = tokio::time::timeout(wait, stream.read(&mut early)).await {
         if got == 0 {
             return;
         }

@@ -155,6 +155,10 @@ pub struct Policy {
     pub mode: Mode,
     pub allow: Vec<Rule>,
     pub deny: Vec<Rule>,
+    /// The operator's policy this one is confined to ([`Policy::within`]): a destination
+    /// is allowed only if both allow it. Its own mode applies to its own denials, so a
+    /// client's audit mode never lets through what the host's ceiling denies.
+    pub ceiling: Option<Box<Policy>>,
 }
 
 /// Why a policy was refused: every problem found, not only the first.
@@ -182,6 +186,9 @@ struct FileForm {
     allow: Vec<FileRule>,
     #[serde(default)]
     deny: Vec<FileRule>,
+    /// A ceiling is written by `to_json` and read back (it only ever narrows the policy).
+    #[serde(default)]
+    ceiling: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -405,10 +412,25 @@ impl Policy {
         if !problems.is_empty() {
             return Err(PolicyError { problems });
         }
+        let ceiling = match &form.ceiling {
+            None => None,
+            Some(c) => Some(Box::new(Policy::from_json(&c.to_string()).map_err(
+                |e| {
+                    PolicyError {
+                        problems: e
+                            .problems
+                            .into_iter()
+                            .map(|p| format!("ceiling: {p}"))
+                            .collect(),
+                    }
+                },
+            )?)),
+        };
         let policy = Policy {
             mode: form.mode,
             allow,
             deny,
+            ceiling,
         };
         policy.check()?;
         Ok(policy)
@@ -435,6 +457,17 @@ impl Policy {
         } else {
             Err(PolicyError { problems })
         }
+    }
+
+    /// This policy confined to `ceiling` (the operator's): allowed only what both allow.
+    /// A ceiling already there is confined further, never replaced.
+    pub fn within(mut self, ceiling: Policy) -> Policy {
+        let confined = match self.ceiling.take() {
+            None => ceiling,
+            Some(existing) => existing.within(ceiling),
+        };
+        self.ceiling = Some(Box::new(confined));
+        self
     }
 
     /// This policy and `other` together (allow rules of both, deny rules of both, audit if
@@ -471,12 +504,16 @@ impl Policy {
             }
             serde_json::Value::Object(v)
         };
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "version": 1,
             "mode": self.mode,
             "allow": self.allow.iter().map(rule).collect::<Vec<_>>(),
             "deny": self.deny.iter().map(rule).collect::<Vec<_>>(),
-        })
+        });
+        if let Some(c) = &self.ceiling {
+            v["ceiling"] = c.to_json();
+        }
+        v
     }
 
     /// `sha256:` and the hex digest of [`Policy::to_json`]: which policy decided, in every
@@ -488,7 +525,8 @@ impl Policy {
     }
 
     /// Every port an allow rule names (bounded by `max`: a runtime binds a capture listener
-    /// per port); `Err` names a rule whose ranges are wider.
+    /// per port); `Err` names a rule whose ranges are wider. (A ceiling only removes ports:
+    /// a capture listener for a port it denies refuses every connection.)
     pub fn allowed_ports(&self, max: usize) -> Result<Vec<u16>, String> {
         let mut ports = std::collections::BTreeSet::new();
         for r in &self.allow {
@@ -507,7 +545,25 @@ impl Policy {
     /// port. This is the only place a verdict is made; every entry point asks it.
     pub fn decide(&self, host: &str, port: u16) -> Decision {
         let verdict = self.verdict(host, port);
-        self.in_mode(verdict)
+        self.confined(self.in_mode(verdict), |c| c.decide(host, port))
+    }
+
+    /// `own`, unless the ceiling denies what `own` lets through.
+    fn confined(&self, own: Decision, ceiling: impl Fn(&Policy) -> Decision) -> Decision {
+        match &self.ceiling {
+            Some(c) if own.allowed => {
+                let theirs = ceiling(c);
+                if theirs.allowed && !theirs.would_deny {
+                    own
+                } else {
+                    Decision {
+                        reason: format!("the host's ceiling: {}", theirs.reason),
+                        ..theirs
+                    }
+                }
+            }
+            _ => own,
+        }
     }
 
     /// The decision for a name alone, as the sandbox's resolver must make it (a query has
@@ -535,7 +591,7 @@ impl Policy {
                 None => Verdict::deny(None, format!("no rule allows {name}")),
             }
         })();
-        self.in_mode(verdict)
+        self.confined(self.in_mode(verdict), |c| c.decide_name(host))
     }
 
     /// The decision for the address an allowed name resolved to, before it is dialed: an
@@ -559,7 +615,9 @@ impl Policy {
                 ),
             }
         })();
-        self.in_mode(verdict)
+        self.confined(self.in_mode(verdict), |c| {
+            c.decide_resolved(ip, port, host_addrs)
+        })
     }
 
     fn in_mode(&self, v: Verdict) -> Decision {
@@ -833,6 +891,36 @@ mod tests {
         assert!(d.allowed && d.would_deny);
         assert_eq!(d.verdict(), "would-deny");
         assert_eq!(p.decide("a.example.com", 443).verdict(), "allow");
+    }
+
+    #[test]
+    fn a_ceiling_only_narrows() {
+        let client = file(
+            r#"{"mode":"audit","allow":[{"host":"*.example.com","ports":[443]},{"host":"evil.test","ports":[443]}]}"#,
+        );
+        let host = file(
+            r#"{"allow":[{"host":"*.example.com","ports":[443]}],"deny":[{"host":"secret.example.com"}]}"#,
+        );
+        let p = client.within(host);
+        assert!(p.decide("api.example.com", 443).allowed);
+        // The client's audit mode does not let the ceiling's denials through.
+        for (h, port) in [("evil.test", 443), ("secret.example.com", 443)] {
+            let d = p.decide(h, port);
+            assert!(
+                !d.allowed && d.reason.starts_with("the host's ceiling"),
+                "{h}: {d:?}"
+            );
+        }
+        assert!(!p.decide_name("evil.test").allowed);
+        // What the client denies stays its own (audit: would-deny), inside the ceiling.
+        let d = p.decide("other.example.com", 80);
+        assert!(!d.allowed || d.would_deny, "{d:?}");
+        // The ceiling travels with the policy, and a client cannot widen it.
+        let again = Policy::from_json(&p.to_json().to_string()).unwrap();
+        assert_eq!(again, p);
+        let wider = again.within(file(r#"{"allow":[{"host":"evil.test","ports":[443]}]}"#));
+        assert!(!wider.decide("evil.test", 443).allowed);
+        assert!(!wider.decide("api.example.com", 443).allowed);
     }
 
     #[test]

@@ -115,8 +115,14 @@ pub fn split_authority(a: &str, default: Option<u16>) -> Result<(String, u16), S
 /// The body and headers of our answer to a denied HTTP request: a 403 whose JSON says why,
 /// with a header naming the policy, so an agent reads "blocked by policy", not a fault.
 pub fn http_denied(status: u16, host: &str, port: u16, reason: &str, policy_hash: &str) -> Vec<u8> {
+    let error = match status {
+        403 => "blocked by the sandbox's egress policy",
+        429 => "the sandbox's egress connection limit is reached",
+        502 => "allowed by the sandbox's egress policy, but the destination could not be reached",
+        _ => "not a request the sandbox's egress proxy serves",
+    };
     let body = serde_json::json!({
-        "error": "blocked by the sandbox's egress policy",
+        "error": error,
         "host": crate::policy::escape(host),
         "port": port,
         "reason": reason,

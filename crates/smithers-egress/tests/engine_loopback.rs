@@ -256,3 +256,183 @@ fn hello(name: &str) -> Vec<u8> {
     rec.extend_from_slice(&hs);
     rec
 }
+
+/// A TCP listener with SO_REUSEPORT, so a wildcard capture listener and a specific origin
+/// can share a port (the kernel prefers the specific address for it).
+fn reuseport_listener(addr: std::net::SocketAddrV4) -> TcpListener {
+    use std::os::fd::FromRawFd;
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    let one: libc::c_int = 1;
+    // SAFETY: SO_REUSEPORT takes an int that outlives the call; `fd` is ours.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    // SAFETY: sockaddr_in is plain old data; zeroed is a valid value.
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+    sin.sin_port = addr.port().to_be();
+    sin.sin_addr.s_addr = u32::from_ne_bytes(addr.ip().octets());
+    // SAFETY: `sin` is a valid sockaddr_in of the size given; `fd` is ours.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "bind {addr}: {}", std::io::Error::last_os_error());
+    // SAFETY: listen(2) on our bound socket.
+    assert_eq!(unsafe { libc::listen(fd, 128) }, 0);
+    // SAFETY: `fd` is a listening socket we own and hand over.
+    unsafe { TcpListener::from_raw_fd(fd) }
+}
+
+/// The same destinations decided through every entry point (HTTP CONNECT, absolute-form
+/// HTTP, SOCKS5, DNS then a captured connection) give the answer `Policy::decide` gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entry_point_agrees_with_the_decision_function() {
+    // The capture listener first (wildcard), then the origin on 127.0.0.1, same port.
+    let capture = reuseport_listener("0.0.0.0:0".parse().unwrap());
+    let port = capture.local_addr().unwrap().port();
+    let origin_l = reuseport_listener(format!("127.0.0.1:{port}").parse().unwrap());
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    std::thread::spawn(move || {
+        for s in origin_l.incoming() {
+            let Ok(mut s) = s else { continue };
+            h.fetch_add(1, Ordering::SeqCst);
+            let _ = s.write_all(b"ORIGIN\r\n");
+        }
+    });
+    let policy = Policy::from_json(&format!(
+        r#"{{"allow":[{{"host":"a.test","ports":[{port}]}},{{"host":"*.wild.test","ports":[{port}]}},
+                     {{"cidr":"127.0.0.1","ports":[{port}]}}],
+            "deny":[{{"host":"bad.wild.test"}}]}}"#
+    ))
+    .unwrap();
+    let names = [
+        "a.test",
+        "x.wild.test",
+        "bad.wild.test",
+        "wild.test",
+        "other.test",
+    ];
+    let mut fixed = HashMap::new();
+    for n in names {
+        fixed.insert(n.to_string(), vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]);
+    }
+    let mut dests: Vec<(String, u16)> = names.iter().map(|n| (n.to_string(), port)).collect();
+    dests.push(("a.test".into(), 1));
+    dests.push(("127.0.0.1".into(), port));
+    dests.push(("11.0.0.9".into(), port));
+    let expected: Vec<bool> = dests
+        .iter()
+        .map(|(h, p)| policy.decide(h, *p).allowed)
+        .collect();
+    assert_eq!(
+        expected,
+        [true, true, false, false, false, false, true, false]
+    );
+
+    let (http, http_port) = listener();
+    let (socks, socks_port) = listener();
+    let dns_sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dns_port = dns_sock.local_addr().unwrap().port();
+    let engine = Engine::start(
+        policy,
+        Listeners {
+            dns_udp: Some(dns_sock),
+            http: Some(http),
+            socks: Some(socks),
+            capture: vec![capture],
+            ..Default::default()
+        },
+        EngineOptions {
+            resolver: Resolver::Fixed(fixed),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let seen = tokio::task::spawn_blocking(move || {
+        let reached = |s: TcpStream| read_all(s).contains("ORIGIN");
+        let mut rows = Vec::new();
+        for (host, p) in &dests {
+            let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+            write!(s, "CONNECT {host}:{p} HTTP/1.1\r\n\r\n").unwrap();
+            let connect = reached(s);
+            let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+            write!(s, "GET http://{host}:{p}/ HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            let absolute = reached(s);
+            let mut s = TcpStream::connect(("127.0.0.1", socks_port)).unwrap();
+            s.write_all(&[5, 1, 0]).unwrap();
+            let mut req = vec![5, 1, 0, 3, host.len() as u8];
+            req.extend_from_slice(host.as_bytes());
+            req.extend_from_slice(&p.to_be_bytes());
+            s.write_all(&req).unwrap();
+            let socks = reached(s);
+            // DNS, then a connection to the address it gave (names only: a literal is never
+            // captured, it is dialed by the step, which the sandbox's namespace refuses).
+            let captured = if host.parse::<IpAddr>().is_ok() {
+                None
+            } else {
+                let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                u.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                u.send_to(&dns::query(1, host, 1), ("127.0.0.1", dns_port))
+                    .unwrap();
+                let mut buf = [0u8; 512];
+                let n = u.recv(&mut buf).unwrap();
+                let (_, addrs) = dns::parse_response(&buf[..n]).unwrap();
+                Some(match addrs.first() {
+                    None => false,
+                    Some(a) => match TcpStream::connect((*a, *p)) {
+                        Ok(s) => reached(s),
+                        Err(_) => false,
+                    },
+                })
+            };
+            rows.push((connect, absolute, socks, captured));
+        }
+        rows
+    })
+    .await
+    .unwrap();
+    let _ = engine.stop().await;
+    for (i, (connect, absolute, socks, captured)) in seen.iter().enumerate() {
+        let want = expected[i];
+        let dest = &expected_dest(i, port);
+        assert_eq!(*connect, want, "CONNECT {dest}");
+        assert_eq!(*absolute, want, "absolute-form {dest}");
+        assert_eq!(*socks, want, "SOCKS5 {dest}");
+        if let Some(c) = captured {
+            assert_eq!(*c, want, "captured {dest}");
+        }
+    }
+    assert!(
+        hits.load(Ordering::SeqCst) >= 3 * 3,
+        "the origin saw the allowed ones"
+    );
+}
+
+fn expected_dest(i: usize, port: u16) -> String {
+    let names = [
+        "a.test",
+        "x.wild.test",
+        "bad.wild.test",
+        "wild.test",
+        "other.test",
+    ];
+    match i {
+        0..=4 => format!("{}:{port}", names[i]),
+        5 => "a.test:1".into(),
+        6 => format!("127.0.0.1:{port}"),
+        _ => format!("11.0.0.9:{port}"),
+    }
+}

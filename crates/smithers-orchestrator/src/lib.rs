@@ -756,6 +756,8 @@ impl Orchestrator {
                 ("exitCode", json!(outcome.exit_code)),
                 // What held for this step (a limit this host could not give is named here).
                 ("enforcement", json!(outcome.enforcement)),
+                // What the egress engine decided (absent without a policy).
+                ("egress", json!(outcome.egress)),
             ],
         );
         let hb_at = now_ms();

@@ -476,6 +476,13 @@ fn refuse_unsupported(controls: &Controls) -> Result<(), RuntimeError> {
              workspace is always an ephemeral copy-on-write view of rootDir",
         ));
     }
+    if controls.egress_policy.is_some() {
+        return Err(unsupported(
+            "egressPolicy",
+            "the docker runtime cannot enforce an egress policy yet (the egress engine is served \
+             to native sandboxes only); run the step with the native runtime, or without a policy",
+        ));
+    }
     if let Some(egress) = &controls.egress {
         if egress.proxy_url.is_some()
             || egress.ca_certificate.is_some()
@@ -973,6 +980,7 @@ impl DockerRuntime {
                         self.opts.watchdog.is_some(),
                     ),
                     result: None,
+                    egress: None,
                 },
                 false,
             ));
@@ -1113,6 +1121,7 @@ impl DockerRuntime {
             usage,
             enforcement: enforcement_for(&live.controls, state, self.opts.watchdog.is_some()),
             result,
+            egress: None,
         };
         pump.write_exit(&outcome)?;
         Ok((outcome, rejected))

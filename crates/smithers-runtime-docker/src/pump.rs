@@ -105,6 +105,8 @@ impl Pump {
             OutputEvent::Stdout { line, .. } => ("stdout", line),
             OutputEvent::Stderr { line, .. } => ("stderr", line),
             OutputEvent::Heartbeat { .. } => ("heartbeat", &String::new()),
+            // Not made by this runtime (it refuses egress policies); named for what it is.
+            OutputEvent::Egress { .. } => ("egress", &String::new()),
         };
         let rec = json!({"type": kind, "timestampMs": ts, "line": line});
         serde_json::to_writer(&mut self.log, &rec).map_err(|e| self.io(e.into()))?;

@@ -14,7 +14,7 @@ impl OutputSink for Print {
         match event {
             OutputEvent::Stdout { line, .. } => println!("{line}"),
             OutputEvent::Stderr { line, .. } => eprintln!("{line}"),
-            OutputEvent::Heartbeat { .. } => {}
+            OutputEvent::Heartbeat { .. } | OutputEvent::Egress { .. } => {}
         }
     }
 }

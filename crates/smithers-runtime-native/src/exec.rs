@@ -12,10 +12,11 @@ use smithers_runtime::{
     CancellationToken, ExecOutcome, OutputEvent, OutputSink, ResourceUsage, RuntimeError,
     SandboxHandle, StepCommand, Termination,
 };
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use crate::plan::{self, HostLayout, PlanInput, WorkspaceFacts};
+use crate::status::StatusReader;
 use crate::zygote::Zygote;
 use crate::{Backend, HostCaps, InitCommand, StoredConfig};
 
@@ -564,6 +565,30 @@ pub(crate) async fn execute(
     }
     let init = caps.init.as_ref().map_err(spawn_err)?;
     let seccomp = caps.seccomp.as_ref().map_err(spawn_err)?;
+    // The policy was checked at create; parsed again from the stored config, which is ours.
+    let mut egress_policy = crate::egress::policy(controls)?;
+    let egress_listen = egress_policy.as_ref().map(crate::egress::listen_plan);
+    let egress_resolv = match &egress_policy {
+        Some(_) => Some(crate::egress::etc_files(&caps.state_root).map_err(|e| {
+            RuntimeError::io(
+                "write the egress resolver configuration in",
+                &caps.state_root,
+                e,
+            )
+        })?),
+        None => None,
+    };
+    // The proxy variables, under the step's own (which win).
+    let step_env = match &egress_policy {
+        None => controls.env.clone(),
+        Some(_) => {
+            let mut env: std::collections::BTreeMap<String, String> =
+                crate::egress::proxy_env().into_iter().collect();
+            env.extend(controls.env.clone());
+            env
+        }
+    };
+    let denials_file = handle.request_path.join(crate::egress::DENIALS_FILE);
 
     // A result from a previous execute must not be mistaken for this one's.
     let result_file = backend.out().join(plan::RESULT_FILE_NAME);
@@ -611,7 +636,9 @@ pub(crate) async fn execute(
     // overlap the plan's compilation (~0.1 ms), and P0 reads the plan only after its
     // namespaces are made. A plan that cannot be made closes the socket instead, and the init,
     // at the end of its input, exits.
-    let prelude_line = json_line(&prelude(caps, backend, controls.allow_network))?;
+    let mut prelude = prelude(caps, backend, controls.allow_network);
+    prelude.egress = egress_listen;
+    let prelude_line = json_line(&prelude)?;
     let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
     {
         use std::io::Write;
@@ -630,8 +657,9 @@ pub(crate) async fn execute(
         volumes: &controls.volumes,
         argv: &command.argv,
         cwd: command.cwd.as_deref(),
-        step_env: &controls.env,
+        step_env: &step_env,
         host_env: &caps.host_env,
+        egress_etc: egress_resolv.as_deref(),
         seccomp: seccomp.clone(),
         prepared_root: caps.prepared_root,
     });
@@ -671,11 +699,63 @@ pub(crate) async fn execute(
         max: controls.max_output_bytes,
         max_events: MAX_OUTPUT_EVENTS,
     };
+    // Egress records, live to the sink while the step runs (serve's clients see them).
+    let (live_tx, mut live_rx) = tokio::sync::mpsc::unbounded_channel();
+    let live_done = CancellationToken::new();
+    let forward = |r: smithers_egress::EgressRecord| {
+        if let Ok(record) = serde_json::to_value(&r) {
+            sink.event(OutputEvent::Egress {
+                record,
+                timestamp_ms: r.timestamp_ms,
+            });
+        }
+    };
+    let live_fut = async {
+        loop {
+            tokio::select! {
+                r = live_rx.recv() => match r {
+                    Some(r) => forward(r),
+                    None => break,
+                },
+                _ = live_done.cancelled() => break,
+            }
+        }
+    };
     let status_fut = async {
         let mut events = Vec::new();
-        let mut lines = BufReader::new(status_rd).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+        let mut engine = None;
+        let mut reader = StatusReader::new(status_rd.as_ref());
+        while let Some(line) = reader.next_line().await {
+            if let Ok(v) = serde_json::from_slice::<Value>(&line) {
+                // P0's listeners, bound in the sandbox's network namespace, arrive with
+                // this line: served from here for the sandbox's life.
+                if v["event"] == "egress" {
+                    let names: Vec<String> = v["listeners"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|n| n.as_str().map(str::to_string))
+                        .collect();
+                    let fds = reader.take_fds();
+                    match egress_policy.take() {
+                        Some(policy) => {
+                            match crate::egress::start(
+                                policy,
+                                &names,
+                                fds,
+                                denials_file.clone(),
+                                live_tx.clone(),
+                            ) {
+                                Ok(e) => engine = Some(e),
+                                Err(message) => events.push(json!({
+                                    "event": "error", "stage": "egress", "message": message,
+                                })),
+                            }
+                        }
+                        None => drop(fds),
+                    }
+                    continue;
+                }
                 // `exit` is the last word: every other sandbox process is gone by then (see
                 // smithers_sandbox_init); the init's own exit and the namespaces' teardown go on
                 // without us.
@@ -687,7 +767,8 @@ pub(crate) async fn execute(
             }
         }
         finished.notify_one();
-        events
+        live_done.cancel();
+        (events, engine)
     };
     let deadline = controls.timeout().map(|t| tokio::time::Instant::now() + t);
     let disk_guard = DiskGuard::new(backend, caps.disk_reserve);
@@ -722,11 +803,12 @@ pub(crate) async fn execute(
         drop(control_wr);
         reason
     };
-    let (out, err, events, reason) = tokio::join!(
+    let (out, err, (events, engine), reason, ()) = tokio::join!(
         pump.run(stdout, Stream::Stdout),
         pump.run(stderr, Stream::Stderr),
         status_fut,
-        control_fut
+        control_fut,
+        live_fut
     );
     // The init has reported `exit` (every other sandbox process is gone) or closed its
     // descriptors. What is left is its own exit and the kernel tearing down the namespaces,
@@ -752,6 +834,27 @@ pub(crate) async fn execute(
     }
     let stats = cgroups.stats();
 
+    // Every connection ends with the sandbox; what the engine decided is the step's.
+    let egress_summary = match engine {
+        Some(engine) => Some(engine.stop().await),
+        None => None,
+    };
+    drop(live_tx);
+    while let Ok(r) = live_rx.try_recv() {
+        forward(r);
+    }
+    if stored.config.controls.egress_policy.is_some()
+        && egress_summary.is_none()
+        && reason.is_none()
+    {
+        let said = events.iter().any(|e| e["event"] == "error");
+        if !said && events.iter().any(|e| e["event"] == "exit") {
+            return Err(RuntimeError::spawn(
+                "set up the sandbox (egress)",
+                "the init did not hand over the egress listeners, so the step had no network at all",
+            ));
+        }
+    }
     let ready = events.iter().find(|e| e["event"] == "ready");
     if reason.is_none() {
         if let Some(error) = events.iter().find(|e| e["event"] == "error") {
@@ -817,6 +920,9 @@ pub(crate) async fn execute(
         usage,
         enforcement,
         result,
+        egress: egress_summary
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok()),
     };
     let mut lines = log.into_inner().unwrap_or_default();
     // Copy mode is a degradation: the log (which goes into the bundle) says so first.
@@ -833,6 +939,20 @@ pub(crate) async fn execute(
             }
         }
         lines.insert(0, record.to_string());
+    }
+    if let Some(summary) = &egress_summary {
+        lines.extend(
+            summary
+                .records
+                .iter()
+                .filter_map(|r| serde_json::to_string(r).ok()),
+        );
+        if summary.records_dropped > 0 {
+            lines.push(
+                json!({"type": "egressRecordsDropped", "timestampMs": now_ms(), "count": summary.records_dropped})
+                    .to_string(),
+            );
+        }
     }
     if let Some(problem) = &result_problem {
         lines.push(

@@ -48,6 +48,7 @@
 pub mod cgroup;
 mod collect;
 mod copy;
+mod egress;
 mod exec;
 pub mod host_diag;
 mod owned;
@@ -56,6 +57,7 @@ pub mod plan;
 mod prepared_root;
 mod report;
 pub mod seccomp;
+mod status;
 mod zygote;
 
 use std::collections::BTreeMap;
@@ -686,6 +688,8 @@ impl NativeRuntime {
                 "egress proxying and secret bindings are not implemented by the native runtime",
             ));
         }
+        // Parsed and linted here, so a bad policy fails at create, naming the problem.
+        egress::policy(c)?;
         for (control, ctrl, wanted) in [
             ("memoryLimit", "memory", c.memory_limit_bytes.is_some()),
             ("pidsLimit", "pids", c.pids_limit.is_some()),

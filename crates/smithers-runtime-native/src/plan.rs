@@ -181,6 +181,10 @@ pub struct PlanInput<'a> {
     pub step_env: &'a BTreeMap<String, String>,
     /// The host's environment, from which only [`ENV_PASSTHROUGH`] is taken.
     pub host_env: &'a BTreeMap<String, String>,
+    /// With an egress policy: a directory whose `resolv.conf` and `hosts` are copied to
+    /// `/etc` instead of the host's (the runtime's resolver inside the sandbox's namespace,
+    /// and no host names that would bypass it).
+    pub egress_etc: Option<&'a Path>,
     pub seccomp: Vec<BpfInstruction>,
     /// Plan for a prepared root ([`RootFs::Prepared`]): `/dev` is a directory of the root
     /// (read-only with it) rather than a tmpfs of its own, so that everything but the mounts
@@ -225,6 +229,14 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
     });
     for name in ETC_ALLOWLIST {
         let host_path = Path::new("/etc").join(name);
+        if let (true, Some(ours)) = (*name == "resolv.conf" || *name == "hosts", input.egress_etc) {
+            ops.push(MountOp::CopyFile {
+                source: ours.join(name),
+                path: host_path,
+                max_bytes: ETC_COPY_MAX_BYTES,
+            });
+            continue;
+        }
         match host.entries.get(&host_path) {
             Some(HostEntry::Dir) => ops.push(MountOp::Bind {
                 source: host_path.clone(),
@@ -585,6 +597,7 @@ mod tests {
             cwd: None,
             step_env: &step_env,
             host_env: &host_env,
+            egress_etc: None,
             seccomp: vec![],
             prepared_root,
         })

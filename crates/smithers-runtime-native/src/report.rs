@@ -243,7 +243,19 @@ pub(crate) fn enforcement(
         ),
         row(n::CGROUP_NAMESPACE, Enforced, "", None),
     ];
-    p.push(if !c.allow_network {
+    let egress = crate::egress::policy(c).ok().flatten();
+    p.push(if let Some(policy) = &egress {
+        row(
+            n::NETWORK,
+            if policy.mode == smithers_egress::Mode::Audit {
+                Degraded
+            } else {
+                Enforced
+            },
+            crate::egress::report_detail(policy),
+            None,
+        )
+    } else if !c.allow_network {
         row(
             n::NETWORK,
             Enforced,

@@ -546,6 +546,13 @@ impl RemoteRuntime {
                             progress,
                             timestamp_ms,
                         }),
+                        WireEvent::Egress {
+                            record,
+                            timestamp_ms,
+                        } => sink.event(OutputEvent::Egress {
+                            record,
+                            timestamp_ms,
+                        }),
                         WireEvent::State { .. } => {}
                         WireEvent::Completed { outcome, .. } => {
                             return Ok(Followed::Outcome(outcome))

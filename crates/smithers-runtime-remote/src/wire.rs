@@ -148,6 +148,12 @@ pub enum WireEvent {
         #[serde(rename = "timestampMs")]
         timestamp_ms: u64,
     },
+    /// An egress decision (the record of the bundle's log, live).
+    Egress {
+        record: serde_json::Value,
+        #[serde(rename = "timestampMs")]
+        timestamp_ms: u64,
+    },
     /// Terminal: the step ended and its bundle is ready for download.
     Completed {
         outcome: Box<ExecOutcome>,
@@ -167,6 +173,7 @@ impl WireEvent {
             WireEvent::Stdout { .. } => "stdout",
             WireEvent::Stderr { .. } => "stderr",
             WireEvent::Heartbeat { .. } => "heartbeat",
+            WireEvent::Egress { .. } => "egress",
             WireEvent::Completed { .. } => "completed",
             WireEvent::Failed { .. } => "failed",
             WireEvent::Cancelled => "cancelled",

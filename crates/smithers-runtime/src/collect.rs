@@ -640,6 +640,7 @@ mod tests {
             usage: ResourceUsage::default(),
             enforcement: EnforcementReport::default(),
             result,
+            egress: None,
         }
     }
 

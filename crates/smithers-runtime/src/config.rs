@@ -148,6 +148,11 @@ pub struct Controls {
     pub workspace: Option<WorkspaceSpec>,
     #[serde(default)]
     pub egress: Option<EgressConfig>,
+    /// The network the step may reach, by name and port (the `smithers-egress` policy in
+    /// its JSON form): enforced outside the sandbox by a runtime that can, refused at create
+    /// by one that cannot. Exclusive with `allow_network`. From the caller only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_policy: Option<serde_json::Value>,
 }
 
 fn default_max_output() -> u64 {
@@ -169,6 +174,7 @@ impl Default for Controls {
             timeout_ms: None,
             workspace: None,
             egress: None,
+            egress_policy: None,
         }
     }
 }
@@ -183,6 +189,21 @@ impl Controls {
     pub fn validate(&self) -> Result<(), RuntimeError> {
         for (key, value) in &self.env {
             validate_env_entry(key, value)?;
+        }
+        if let Some(policy) = &self.egress_policy {
+            if !policy.is_object() {
+                return Err(invalid(
+                    "egressPolicy",
+                    "an egress policy is a JSON object ({\"allow\": [...], \"deny\": [...]})"
+                        .to_string(),
+                ));
+            }
+            if self.allow_network {
+                return Err(invalid(
+                    "egressPolicy",
+                    "allowNetwork shares the host's whole network, so a policy would mean nothing: choose one".to_string(),
+                ));
+            }
         }
         for port in &self.ports {
             if port.host == 0 || port.container == 0 {

@@ -256,6 +256,10 @@ pub struct ExecOutcome {
     /// stdout, when it was valid JSON (`{status?, outputs?}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+    /// What the egress engine decided (its summary: policy, mode, counts, destinations),
+    /// for a step that ran with an egress policy; each decision is also a record of the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Value>,
 }
 
 impl ExecOutcome {
@@ -292,6 +296,11 @@ pub enum OutputEvent {
     /// The step reported progress (heartbeat).
     Heartbeat {
         progress: Option<f64>,
+        timestamp_ms: u64,
+    },
+    /// The egress engine decided a connection (a `smithers_egress::EgressRecord`, as JSON).
+    Egress {
+        record: Value,
         timestamp_ms: u64,
     },
 }

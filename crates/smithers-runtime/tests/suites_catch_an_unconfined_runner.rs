@@ -188,6 +188,7 @@ impl Runtime for HostRunner {
             usage: Default::default(),
             enforcement: EnforcementReport::default(),
             result: None,
+            egress: None,
         })
     }
 

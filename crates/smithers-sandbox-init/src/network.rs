@@ -6,16 +6,26 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use rustix::fs::{Mode, OFlags};
 
-use crate::control::report_error;
+use crate::control::{report_error, CONTROL_FD};
+use crate::plan::EgressListen;
 use crate::sys::{self, SysError, SysResult};
 
 /// P0: makes the network namespace (P0 enters it) and sends it to P1; on failure reports why
 /// and sends nothing, which P1 takes as the end of the sandbox.
-pub(crate) fn send_network_namespace(sock: &OwnedFd, proc_self: &OwnedFd) {
+pub(crate) fn send_network_namespace(
+    sock: &OwnedFd,
+    proc_self: &OwnedFd,
+    egress: Option<&EgressListen>,
+) {
     // `lo` comes up here too, while P1 is still building the root: it is the only device of
-    // the namespace, and P0 (root of the sandbox's user namespace) may configure it.
+    // the namespace, and P0 (root of the sandbox's user namespace) may configure it. So do
+    // the egress listeners, sent to the runtime before P1 may enter the namespace: a
+    // sandbox whose listeners could not be made never runs its step.
     let made = sys::unshare(libc::CLONE_NEWNET, "network namespace").and_then(|()| {
         lo_up()?;
+        if let Some(listen) = egress {
+            send_egress_listeners(listen)?;
+        }
         sys::rx(
             rustix::fs::openat(
                 proc_self,
@@ -89,4 +99,125 @@ pub(crate) fn lo_up() -> SysResult<()> {
     // SAFETY: fd is ours.
     unsafe { libc::close(fd) };
     result
+}
+
+/// Binds the egress listeners in the current (the sandbox's) network namespace and sends
+/// them to the runtime: one `egress` status line carrying every descriptor, in the order of
+/// [`EgressListen::names`]. Ours are closed once sent.
+fn send_egress_listeners(listen: &EgressListen) -> SysResult<()> {
+    const LOOPBACK: [u8; 4] = [127, 0, 0, 1];
+    let mut fds = Vec::new();
+    if listen.dns {
+        fds.push(inet_socket(libc::SOCK_DGRAM, LOOPBACK, 53)?);
+        fds.push(inet_socket(libc::SOCK_STREAM, LOOPBACK, 53)?);
+    }
+    fds.push(inet_socket(libc::SOCK_STREAM, LOOPBACK, listen.http_port)?);
+    fds.push(inet_socket(libc::SOCK_STREAM, LOOPBACK, listen.socks_port)?);
+    for port in &listen.capture_ports {
+        fds.push(inet_socket(libc::SOCK_STREAM, [0, 0, 0, 0], *port)?);
+    }
+    let mut line = serde_json::json!({"event": "egress", "listeners": listen.names()}).to_string();
+    line.push('\n');
+    let raw: Vec<libc::c_int> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    send_with_fds(CONTROL_FD, line.as_bytes(), &raw).map_err(|e| SysError {
+        op: "send the egress listeners to the runtime".into(),
+        errno: e.raw_os_error().unwrap_or(libc::EIO),
+    })
+}
+
+/// An IPv4 socket bound to `addr:port` (listening, for a stream socket).
+fn inet_socket(kind: libc::c_int, addr: [u8; 4], port: u16) -> SysResult<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let what = || {
+        format!(
+            "bind the egress listener {}:{port}",
+            std::net::Ipv4Addr::from(addr)
+        )
+    };
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, 0) };
+    sys::check(fd, what)?;
+    // SAFETY: `fd` is a new descriptor, ours alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: SO_REUSEADDR takes an int; `one` outlives the call.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    // SAFETY: sockaddr_in is plain old data; zeroed is a valid value.
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+    sin.sin_port = port.to_be();
+    sin.sin_addr.s_addr = u32::from_ne_bytes(addr);
+    // SAFETY: `sin` is a valid sockaddr_in of the size given.
+    let ret = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    sys::check(ret, what)?;
+    if kind == libc::SOCK_STREAM {
+        // SAFETY: listen(2) on our bound socket.
+        let ret = unsafe { libc::listen(fd.as_raw_fd(), 1024) };
+        sys::check(ret, what)?;
+    }
+    Ok(fd)
+}
+
+/// One `sendmsg` of `payload` with `fds` attached (SCM_RIGHTS), so the descriptors arrive
+/// with the line that names them.
+fn send_with_fds(sock: libc::c_int, payload: &[u8], fds: &[libc::c_int]) -> std::io::Result<()> {
+    let bytes = std::mem::size_of_val(fds) as libc::c_uint;
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(bytes) } as usize;
+    // u64 elements: the control buffer must be aligned for cmsghdr.
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: payload.as_ptr() as *mut libc::c_void,
+        iov_len: payload.len(),
+    };
+    // SAFETY: msghdr is plain old data; zeroed is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: `control` holds CMSG_SPACE(bytes), room for one cmsghdr carrying `fds`.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(bytes) as usize;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast(), fds.len());
+    }
+    let mut sent = 0;
+    while sent < payload.len() {
+        // SAFETY: `msg` and what it points to are valid for the call.
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        sent += n as usize;
+        // The rest (a short write) goes without the descriptors, which went with the first.
+        msg.msg_control = std::ptr::null_mut();
+        msg.msg_controllen = 0;
+        // SAFETY: `sent` <= payload.len().
+        iov.iov_base = unsafe { payload.as_ptr().add(sent) } as *mut libc::c_void;
+        iov.iov_len = payload.len() - sent;
+        // Taken again after the writes above, so the message sees them.
+        msg.msg_iov = &mut iov;
+    }
+    Ok(())
 }

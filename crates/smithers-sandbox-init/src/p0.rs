@@ -64,7 +64,7 @@ pub(crate) fn start(
     }
     if let Some(((ours, theirs), proc_self)) = netns_pair {
         drop(theirs);
-        send_network_namespace(&ours, &proc_self);
+        send_network_namespace(&ours, &proc_self, prelude.egress.as_ref());
     }
     // SAFETY: P0 does not read the pipe, nor use the v1 fds (P1 does), nor write to the
     // output pipes (its reports go over fd 0): only the sandbox holds those now, so they end

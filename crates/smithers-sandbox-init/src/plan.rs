@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when the init and the runtime would disagree on the plan's meaning.
-pub const PLAN_VERSION: u32 = 6;
+pub const PLAN_VERSION: u32 = 7;
 
 /// Size of the tmpfs the new root is built on ([`RootFs::Tmpfs`]): it only holds directories,
 /// mount points, symlinks and the `/etc` copies, and is remounted read-only before the
@@ -231,6 +231,42 @@ pub struct Prelude {
     pub cgroups: CgroupJoin,
     /// A new network namespace (only `lo`); false shares the host's network.
     pub unshare_net: bool,
+    /// Egress listeners P0 binds inside the new network namespace and hands to the runtime
+    /// (see [`EgressListen`]); `None`: the namespace has no way out at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressListen>,
+}
+
+/// The sockets of the egress engine, bound by P0 inside the sandbox's network namespace
+/// (as root of its user namespace, so ports under 1024 too) and sent to the runtime over the
+/// control socket with an `egress` status line; P0 keeps none, and no sandbox process ever
+/// has them. The runtime serves them from the host: nothing of ours runs in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressListen {
+    /// The resolver, UDP and TCP, at 127.0.0.1:53.
+    pub dns: bool,
+    /// The HTTP proxy (CONNECT and absolute-form), at 127.0.0.1:this.
+    pub http_port: u16,
+    /// The SOCKS5 proxy, at 127.0.0.1:this.
+    pub socks_port: u16,
+    /// A capture listener at 0.0.0.0:port for each allowed port.
+    pub capture_ports: Vec<u16>,
+}
+
+impl EgressListen {
+    /// The names of the listeners, in the order their descriptors are sent.
+    pub fn names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.dns {
+            out.push("dnsUdp".to_string());
+            out.push("dnsTcp".to_string());
+        }
+        out.push("http".to_string());
+        out.push("socks".to_string());
+        out.extend(self.capture_ports.iter().map(|p| format!("capture:{p}")));
+        out
+    }
 }
 
 impl Prelude {
@@ -246,6 +282,7 @@ impl Prelude {
             sandbox_gid: 0,
             cgroups,
             unshare_net: !allow_network,
+            egress: None,
         }
     }
 }

@@ -22,6 +22,10 @@ use crate::error::ApiError;
 pub struct Ceilings {
     /// Whether a client may ask for `allowNetwork` (the host's network) at all.
     pub allow_network: bool,
+    /// The operator's egress policy: a client's `egressPolicy` is confined to it
+    /// ([`smithers_egress::Policy::within`]); without it (and without `allow_network`) a
+    /// client's policy is refused.
+    pub egress: Option<smithers_egress::Policy>,
     /// Host ports a client with network may publish; empty refuses every port.
     pub allowed_ports: Vec<u16>,
     pub max_memory_bytes: Option<u64>,
@@ -41,6 +45,7 @@ impl Default for Ceilings {
     fn default() -> Self {
         Ceilings {
             allow_network: false,
+            egress: None,
             allowed_ports: Vec::new(),
             max_memory_bytes: Some(8 << 30),
             max_cpus: Some(4.0),
@@ -127,18 +132,52 @@ impl Ceilings {
         Ok(())
     }
 
-    fn check_network(&self, controls: &Controls) -> Result<(), ApiError> {
+    fn check_network(&self, controls: &mut Controls) -> Result<(), ApiError> {
+        if let (Some(asked), Some(ceiling)) = (&controls.egress_policy, &self.egress) {
+            // Confined to the operator's policy: what reaches the runtime allows only what
+            // both allow (and its hash, in every record, names the pair).
+            let client = smithers_egress::Policy::from_json(&asked.to_string()).map_err(|e| {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    ErrorCode::InvalidInput,
+                    e.to_string(),
+                )
+                .details(json!({ "control": "egressPolicy" }))
+            })?;
+            controls.egress_policy = Some(client.within(ceiling.clone()).to_json());
+            // With allowNetwork too (which the controls refuse anyway), the checks below.
+            if !controls.allow_network && controls.egress.is_none() {
+                return self.check_ports(controls);
+            }
+        }
         let refuse = |message: String, control: &str| {
             ApiError::new(StatusCode::FORBIDDEN, ErrorCode::InvalidInput, message)
                 .details(json!({ "control": control, "operatorFlag": "--allow-network" }))
         };
-        let wants_network = controls.allow_network || controls.egress.is_some();
+        // An egress policy without an operator's ceiling to confine it is network access
+        // on the client's terms: it needs the same permission as allowNetwork.
+        let wants_network =
+            controls.allow_network || controls.egress.is_some() || controls.egress_policy.is_some();
         if wants_network && !self.allow_network {
             return Err(refuse(
-                "this host does not give sandboxes network access (allowNetwork/egress); its operator must start `serve --allow-network`".into(),
-                if controls.allow_network { "allowNetwork" } else { "egress" },
+                "this host does not give sandboxes network access (allowNetwork/egress/egressPolicy); its operator must start `serve --allow-network`".into(),
+                if controls.allow_network {
+                    "allowNetwork"
+                } else if controls.egress_policy.is_some() {
+                    "egressPolicy"
+                } else {
+                    "egress"
+                },
             ));
         }
+        self.check_ports(controls)
+    }
+
+    fn check_ports(&self, controls: &Controls) -> Result<(), ApiError> {
+        let refuse = |message: String, control: &str| {
+            ApiError::new(StatusCode::FORBIDDEN, ErrorCode::InvalidInput, message)
+                .details(json!({ "control": control, "operatorFlag": "--allow-network" }))
+        };
         if let Some(p) = controls
             .ports
             .iter()
@@ -286,6 +325,42 @@ mod tests {
             ..Controls::default()
         };
         assert!(ceilings.apply(&mut c, true).is_err());
+    }
+
+    #[test]
+    fn a_client_egress_policy_is_confined_to_the_operators() {
+        let asked = json!({"allow": [{"host": "api.example.com", "ports": [443]},
+                                     {"host": "evil.test", "ports": [443]}]});
+        let client = || Controls {
+            egress_policy: Some(asked.clone()),
+            ..Controls::default()
+        };
+        // No ceiling, no --allow-network: refused, naming the control.
+        let err = Ceilings::default().apply(&mut client(), false).unwrap_err();
+        assert_eq!(err.status, StatusCode::FORBIDDEN);
+        assert!(
+            err.report.message.contains("egressPolicy"),
+            "{}",
+            err.report.message
+        );
+        // With the operator's ceiling: what reaches the runtime allows only what both do.
+        let ceilings = Ceilings {
+            egress: Some(smithers_egress::Policy::from_allow_hosts(&["*.example.com"]).unwrap()),
+            ..Ceilings::default()
+        };
+        let mut c = client();
+        ceilings.apply(&mut c, false).unwrap();
+        let confined =
+            smithers_egress::Policy::from_json(&c.egress_policy.unwrap().to_string()).unwrap();
+        assert!(confined.decide("api.example.com", 443).allowed);
+        assert!(!confined.decide("evil.test", 443).allowed);
+        // A policy that does not parse is refused as input.
+        let mut bad = Controls {
+            egress_policy: Some(json!({"allow": [{"host": "*.com", "ports": [443]}]})),
+            ..Controls::default()
+        };
+        let err = ceilings.apply(&mut bad, false).unwrap_err();
+        assert_eq!(err.status, StatusCode::UNPROCESSABLE_ENTITY);
     }
 
     #[test]

@@ -204,6 +204,13 @@ impl OutputSink for LogSink {
                 progress,
                 timestamp_ms,
             },
+            OutputEvent::Egress {
+                record,
+                timestamp_ms,
+            } => WireEvent::Egress {
+                record,
+                timestamp_ms,
+            },
         };
         self.0.events.push(wire);
     }

@@ -270,6 +270,7 @@ impl Runtime for HostProcessRuntime {
                 usage: ResourceUsage::default(),
                 enforcement: self.probe().await,
                 result: ran_result.clone(),
+                egress: None,
             };
             let ran = Ran {
                 termination,

@@ -3,6 +3,7 @@
 pub mod bundle;
 pub mod context;
 pub mod doctor;
+pub mod egress;
 pub mod inspect;
 pub mod remove;
 pub mod review;

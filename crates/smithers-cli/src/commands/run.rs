@@ -98,9 +98,19 @@ pub struct RunArgs {
     /// Container image (docker runtime).
     #[arg(long, value_name = "IMG")]
     pub image: Option<String>,
-    /// Share the host network (recorded in the enforcement report).
+    /// Share the host's whole network, its loopback services included: the unsafe choice
+    /// (recorded in the enforcement report). Prefer --allow-host.
     #[arg(long)]
     pub allow_network: bool,
+    /// Let the step reach NAME on PORT (443 when omitted), through the runtime's egress
+    /// engine: DNS, HTTP(S) and SOCKS5 proxies and transparent capture, every decision
+    /// recorded. `*.example.com` is the names below example.com. Repeatable.
+    #[arg(long = "allow-host", value_name = "NAME[:PORT]")]
+    pub allow_host: Vec<String>,
+    /// An egress policy file (JSON: allow and deny rules with ports, cidr rules, audit mode;
+    /// see `smithers-sandbox egress check`). Combined with --allow-host.
+    #[arg(long, value_name = "FILE")]
+    pub egress_policy: Option<std::path::PathBuf>,
     /// Memory limit, e.g. 512m, 2g.
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<String>,
@@ -288,6 +298,16 @@ fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
             .ok_or_else(|| invalid(format!("--env {kv:?} must be KEY=VALUE")))?;
         c.env.insert(k.to_string(), v.to_string());
     }
+    if let Some(policy) =
+        super::egress::policy_of_flags(args.egress_policy.as_deref(), &args.allow_host)?
+    {
+        if args.allow_network {
+            return Err(invalid(
+                "--allow-network shares the host's whole network, so --allow-host and --egress-policy would mean nothing: choose one".to_string(),
+            ));
+        }
+        c.egress_policy = Some(policy.to_json());
+    }
     Ok(c)
 }
 
@@ -389,6 +409,8 @@ struct DisplayState {
     exit_code: Option<i64>,
     /// The step's enforcement report, from the `child-finished` heartbeat.
     enforcement: Option<Value>,
+    /// What the egress engine decided, from the same heartbeat (with a policy only).
+    egress: Option<Value>,
     cancelling: bool,
     status_drawn: bool,
     done: bool,
@@ -524,6 +546,7 @@ impl Display {
                 .map(str::to_string);
             st.exit_code = hb.data.get("exitCode").and_then(Value::as_i64);
             st.enforcement = hb.data.get("enforcement").cloned();
+            st.egress = hb.data.get("egress").filter(|v| !v.is_null()).cloned();
         }
         if st.stage == hb.stage {
             return;
@@ -611,7 +634,8 @@ impl OutputSink for Sink {
         match event {
             OutputEvent::Stdout { line, .. } => self.0.output(&line, false),
             OutputEvent::Stderr { line, .. } => self.0.output(&line, true),
-            OutputEvent::Heartbeat { .. } => {}
+            // Summarised after the step; each is in the bundle's log.
+            OutputEvent::Heartbeat { .. } | OutputEvent::Egress { .. } => {}
         }
     }
 }
@@ -708,9 +732,14 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             inert(&e.to_string())
         );
     }
-    let (termination, exit_code, enforcement) = {
+    let (termination, exit_code, enforcement, egress) = {
         let st = display.lock();
-        (st.termination.clone(), st.exit_code, st.enforcement.clone())
+        (
+            st.termination.clone(),
+            st.exit_code,
+            st.enforcement.clone(),
+            st.egress.clone(),
+        )
     };
     let hints = decision_hints(&sandbox_id, &args.store.hint_flags(&root));
     let base = json!({
@@ -725,6 +754,9 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         "enforcement": enforcement,
     });
     let mut doc = base;
+    if let Some(e) = &egress {
+        doc["egress"] = e.clone();
+    }
     let code = match result {
         Err(err) => {
             let report = err.report();
@@ -795,7 +827,10 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     done.outputs.as_ref(),
                     &done.bundle_path,
                     &changes,
-                    enforcement.as_ref(),
+                    StepNotes {
+                        enforcement: enforcement.as_ref(),
+                        egress: egress.as_ref(),
+                    },
                 );
                 if done.applied_patches > 0 {
                     eprintln!(
@@ -836,7 +871,10 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     pending.outputs.as_ref(),
                     &pending.bundle_path,
                     &changes,
-                    enforcement.as_ref(),
+                    StepNotes {
+                        enforcement: enforcement.as_ref(),
+                        egress: egress.as_ref(),
+                    },
                 );
                 eprintln!(
                     "review   pending: {} patch file(s), {} changed line(s), NOT applied yet",
@@ -859,6 +897,14 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
+/// What the summary says about how the step ran, besides its result.
+struct StepNotes<'a> {
+    /// The enforcement report (its rows that did not hold are printed).
+    enforcement: Option<&'a Value>,
+    /// The egress engine's summary.
+    egress: Option<&'a Value>,
+}
+
 fn print_summary(
     status: &str,
     termination: Option<&str>,
@@ -866,8 +912,12 @@ fn print_summary(
     outputs: Option<&Value>,
     bundle_path: &std::path::Path,
     changes: &[context::FileChange],
-    enforcement: Option<&Value>,
+    notes: StepNotes<'_>,
 ) {
+    let StepNotes {
+        enforcement,
+        egress,
+    } = notes;
     let how = match (termination, exit_code) {
         (Some("exited"), Some(c)) => format!(" (exit {c})"),
         (Some(t), _) => format!(" ({})", inert(t)),
@@ -876,6 +926,9 @@ fn print_summary(
     eprintln!("status   {}{how}", inert(status));
     for line in not_held(enforcement) {
         eprintln!("not held {line}");
+    }
+    for line in egress_lines(egress) {
+        eprintln!("{line}");
     }
     match outputs {
         // The step's outputs as JSON, which leaves C1 and bidi characters raw: inert.
@@ -891,6 +944,44 @@ fn print_summary(
             eprintln!("  {line}");
         }
     }
+}
+
+/// The egress engine's summary for the step's summary: the counts and policy, then each
+/// destination denied (or that audit mode would have denied), at most 20.
+fn egress_lines(egress: Option<&Value>) -> Vec<String> {
+    let Some(e) = egress else {
+        return Vec::new();
+    };
+    let n = |k: &str| e[k].as_u64().unwrap_or(0);
+    let mut out = vec![inert(&format!(
+        "egress   {} allowed, {} denied{} ({} mode, policy {})",
+        n("allowed"),
+        n("denied"),
+        match n("wouldDeny") {
+            0 => String::new(),
+            w => format!(", {w} would be denied"),
+        },
+        e["mode"].as_str().unwrap_or("?"),
+        e["policy"].as_str().unwrap_or("?"),
+    ))];
+    let denied = e["destinations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["verdict"] != "allow");
+    for d in denied.take(20) {
+        let port = match d["port"].as_u64() {
+            Some(0) | None => " (dns)".to_string(),
+            Some(p) => format!(":{p}"),
+        };
+        out.push(inert(&format!(
+            "  {} {}{port} ({}x)",
+            d["verdict"].as_str().unwrap_or("?"),
+            d["host"].as_str().unwrap_or("?"),
+            d["count"]
+        )));
+    }
+    out
 }
 
 /// The protections of a step's enforcement report that did not hold (unavailable or

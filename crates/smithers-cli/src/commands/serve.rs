@@ -69,6 +69,11 @@ pub struct ServeArgs {
     /// is refused (403).
     #[arg(long)]
     allow_network: bool,
+    /// The host's egress policy (a JSON policy file, see `egress check`): a client's
+    /// egressPolicy is confined to it (allowed only what both allow). Without it, a client's
+    /// policy needs --allow-network.
+    #[arg(long, value_name = "FILE")]
+    egress_ceiling: Option<PathBuf>,
     /// A host port clients with network may publish (repeatable; needs --allow-network).
     #[arg(long = "allow-port", value_name = "PORT", requires = "allow_network")]
     allow_ports: Vec<u16>,
@@ -126,6 +131,11 @@ fn apply_ceilings(args: &ServeArgs, config: &mut ServerConfig) -> anyhow::Result
     let limits = &mut config.limits;
     let c = &mut limits.ceilings;
     c.allow_network = args.allow_network;
+    c.egress = args
+        .egress_ceiling
+        .as_deref()
+        .map(super::egress::read_policy)
+        .transpose()?;
     c.allowed_ports = args.allow_ports.clone();
     c.max_memory_bytes = Some(size("max-memory", &args.max_memory)?);
     c.max_cpus = Some(

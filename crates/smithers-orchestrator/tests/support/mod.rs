@@ -200,6 +200,7 @@ impl Runtime for HostProcessTestRuntime {
             usage: ResourceUsage::default(),
             enforcement: EnforcementReport::default(),
             result: None,
+            egress: None,
         };
         self.outcomes
             .lock()

@@ -1,0 +1,562 @@
+//! Egress against a real world (issue 15, `../shared/design/egress.md`, "Testing it honestly
+//! here"): two network namespaces made by the test and joined by a veth pair. The world's
+//! namespace holds a DNS server that logs every query, an HTTP origin and an "ssh" banner
+//! server at 11.0.0.2, and canaries (11.0.0.3, and 11.0.0.2:8080) that log any connection.
+//! The CLI runs in the client namespace, whose resolver is the world's DNS (`ip netns exec`
+//! binds /etc/netns/<ns>/resolv.conf), and its step runs in a native sandbox with a policy.
+//! Each case asserts what the step saw **and** what the world's logs show.
+//!
+//! Needs root (network namespaces, setns); elsewhere it prints SKIP (fails under CI=true).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use smithers_egress::dns;
+use support::native::{bin_path, sandboxes_usable, skip};
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+/// The two namespaces and their veth pair; removed on drop.
+struct World {
+    world: String,
+    client: String,
+    log: Log,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl World {
+    fn new() -> World {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("{}{n}", std::process::id());
+        let world = format!("sbxw-{id}");
+        let client = format!("sbxc-{id}");
+        let (vw, vc) = (format!("vw{id}"), format!("vc{id}"));
+        ip(&["netns", "add", &world]);
+        ip(&["netns", "add", &client]);
+        let w = World {
+            world: world.clone(),
+            client: client.clone(),
+            log: Arc::new(Mutex::new(Vec::new())),
+        };
+        ip(&["link", "add", &vw, "type", "veth", "peer", "name", &vc]);
+        ip(&["link", "set", &vw, "netns", &world]);
+        ip(&["link", "set", &vc, "netns", &client]);
+        for a in ["11.0.0.1/24", "11.0.0.2/24", "11.0.0.3/24"] {
+            ip(&["-n", &world, "addr", "add", a, "dev", &vw]);
+        }
+        ip(&["-n", &client, "addr", "add", "11.0.0.100/24", "dev", &vc]);
+        for (ns, dev) in [(&world, &vw), (&client, &vc)] {
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        let etc = format!("/etc/netns/{client}");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(format!("{etc}/resolv.conf"), "nameserver 11.0.0.1\n").unwrap();
+        w.serve();
+        w
+    }
+
+    /// Starts the world's servers on threads that entered its namespace (their sockets stay
+    /// there; the threads live as long as the test process).
+    fn serve(&self) {
+        let ns = std::fs::File::open(format!("/run/netns/{}", self.world)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = self.log.clone();
+        std::thread::spawn(move || {
+            // SAFETY: setns on this thread only, with a namespace descriptor we opened.
+            let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+            let dns = UdpSocket::bind("11.0.0.1:53").unwrap();
+            let http = TcpListener::bind("11.0.0.2:80").unwrap();
+            let ssh = TcpListener::bind("11.0.0.2:22").unwrap();
+            let tls = TcpListener::bind("11.0.0.2:443").unwrap();
+            let canaries: Vec<TcpListener> = [
+                "11.0.0.2:8080",
+                "11.0.0.3:80",
+                "11.0.0.3:443",
+                "11.0.0.3:22",
+                "11.0.0.1:80",
+            ]
+            .iter()
+            .map(|a| TcpListener::bind(a).unwrap())
+            .collect();
+            let l = log.clone();
+            std::thread::spawn(move || dns_server(dns, l));
+            let l = log.clone();
+            std::thread::spawn(move || accept(http, "origin 11.0.0.2:80", l, Reply::Http));
+            let l = log.clone();
+            std::thread::spawn(move || accept(ssh, "origin 11.0.0.2:22", l, Reply::Banner));
+            let l = log.clone();
+            std::thread::spawn(move || accept(tls, "origin 11.0.0.2:443", l, Reply::Nothing));
+            for c in canaries {
+                let name = format!("canary {}", c.local_addr().unwrap());
+                let l = log.clone();
+                std::thread::spawn(move || accept(c, &name, l, Reply::Nothing));
+            }
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    }
+
+    fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// `run --json` of `script` (python3) in a fresh project, the CLI in the client namespace:
+    /// the document, the step's checks, and the project (its bundle lives as long).
+    fn run(&self, flags: &[&str], script: &str) -> (Value, Value, tempfile::TempDir) {
+        let project = tempfile::tempdir().unwrap();
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.client,
+                bin_path(),
+                "run",
+                "--json",
+                "--root",
+            ])
+            .arg(project.path())
+            .args(flags)
+            .args(["--", "/usr/bin/python3", "-c", script])
+            .env_remove("SMITHERS_DB")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("run --json: {e}; stderr: {stderr}"));
+        let step: Value = doc["outputs"]
+            .get("checks")
+            .cloned()
+            .unwrap_or_else(|| panic!("the step printed no checks: {doc}; stderr: {stderr}"));
+        (doc, step, project)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.world])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.client])
+            .status();
+        let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", self.client));
+    }
+}
+
+fn dns_server(sock: UdpSocket, log: Log) {
+    let mut buf = [0u8; 512];
+    loop {
+        let Ok((n, from)) = sock.recv_from(&mut buf) else {
+            continue;
+        };
+        let Ok(q) = dns::parse_query(&buf[..n]) else {
+            continue;
+        };
+        let name = String::from_utf8_lossy(&q.name).to_ascii_lowercase();
+        log.lock()
+            .unwrap()
+            .push(format!("dns {name} type {}", q.qtype));
+        let answer = match name.as_str() {
+            "allowed.test" => dns::Answer::Address([11, 0, 0, 2].into()),
+            "denied.test" => dns::Answer::Address([11, 0, 0, 3].into()),
+            "private.test" => dns::Answer::Address([10, 9, 9, 9].into()),
+            _ => dns::Answer::NoSuchName,
+        };
+        let _ = sock.send_to(&dns::respond(&q, answer), from);
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Reply {
+    Http,
+    Banner,
+    Nothing,
+}
+
+fn accept(l: TcpListener, name: &str, log: Log, reply: Reply) {
+    for s in l.incoming() {
+        let Ok(mut s) = s else { continue };
+        let name = name.to_string();
+        let log = log.clone();
+        std::thread::spawn(move || {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            match reply {
+                Reply::Http => {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+                        if s.read(&mut b).unwrap_or(0) == 0 {
+                            break;
+                        }
+                        head.push(b[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let first = head.lines().next().unwrap_or("").to_string();
+                    let host = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Host: "))
+                        .unwrap_or("")
+                        .to_string();
+                    log.lock()
+                        .unwrap()
+                        .push(format!("{name} {first} host={host}"));
+                    let body = "origin says hello";
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                }
+                Reply::Banner => {
+                    log.lock().unwrap().push(format!("{name} connection"));
+                    let _ = s.write_all(b"SSH-2.0-world\r\n");
+                    let mut b = [0u8; 64];
+                    let _ = s.read(&mut b);
+                }
+                Reply::Nothing => {
+                    log.lock().unwrap().push(format!("{name} connection"));
+                    let mut b = [0u8; 64];
+                    let _ = s.read(&mut b);
+                }
+            }
+        });
+    }
+}
+
+/// The step: every case of the table the sandbox can try, as JSON in its result.
+const CHECKS: &str = r#"
+import json, os, socket, subprocess, time
+r = {}
+def sh(cmd):
+    t = time.time()
+    p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60)
+    return {"code": p.returncode, "out": p.stdout[-3000:], "err": p.stderr[-1000:], "s": round(time.time() - t, 2)}
+def tcp(host, port, send=b""):
+    t = time.time()
+    try:
+        s = socket.create_connection((host, port), timeout=10)
+        if send:
+            s.sendall(send)
+        s.settimeout(5)
+        data = s.recv(200)
+        return {"ok": True, "data": data.decode(errors="replace"), "s": round(time.time() - t, 2)}
+    except Exception as e:
+        return {"ok": False, "err": repr(e), "s": round(time.time() - t, 2)}
+def hello(name):
+    n = name.encode()
+    sni = (len(n) + 3).to_bytes(2, "big") + b"\0" + len(n).to_bytes(2, "big") + n
+    ext = b"\0\0" + len(sni).to_bytes(2, "big") + sni
+    body = b"\3\3" + b"\0" * 32 + b"\0" + b"\0\2\x13\x01" + b"\1\0" + len(ext).to_bytes(2, "big") + ext
+    hs = b"\1\0" + len(body).to_bytes(2, "big") + body
+    return b"\x16\3\1" + len(hs).to_bytes(2, "big") + hs
+C = "curl -sS -m 10 -i "
+r["proxy_allowed"] = sh(C + "http://allowed.test/")
+r["captured_allowed"] = sh(C + "--noproxy '*' http://allowed.test/")
+r["proxy_denied"] = sh(C + "http://denied.test/")
+r["direct_denied"] = sh(C + "--noproxy '*' http://denied.test/")
+r["proxy_literal"] = sh(C + "http://11.0.0.3/")
+r["direct_literal"] = sh(C + "--noproxy '*' http://11.0.0.3/")
+r["proxy_port"] = sh(C + "http://allowed.test:8080/")
+r["proxy_private"] = sh(C + "http://private.test/")
+r["ssh_allowed"] = tcp("allowed.test", 22)
+r["socks_ssh"] = sh("curl -sS -m 10 -x socks5h://127.0.0.1:1080 telnet://allowed.test:22 </dev/null")
+r["raw_literal"] = tcp("11.0.0.3", 22)
+r["raw_port"] = tcp("allowed.test", 8080)
+r["tcp53_out"] = tcp("11.0.0.1", 53)
+try:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.sendto(b"\0" * 12, ("11.0.0.1", 53))
+    r["udp53_out"] = "sent"
+except Exception as e:
+    r["udp53_out"] = repr(e)
+r["v6_literal"] = tcp("2001:db8::1", 80)
+r["lookup"] = sorted({a[4][0] for a in socket.getaddrinfo("allowed.test", 80)})
+try:
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\n\r\n")
+    s.settimeout(5)
+    head = s.recv(200).decode(errors="replace")
+    s.sendall(hello("evil.test"))
+    try:
+        rest = s.recv(200)
+        r["sni_mismatch"] = {"head": head, "after": rest.decode(errors="replace")}
+    except Exception as e:
+        r["sni_mismatch"] = {"head": head, "after": repr(e)}
+except Exception as e:
+    r["sni_mismatch"] = {"err": repr(e)}
+r["denials"] = [json.loads(l) for l in open(os.environ["SMITHERS_EGRESS_DENIALS"]) if l.strip()]
+print(json.dumps({"status": "success", "outputs": {"checks": r}}))
+"#;
+
+fn world() -> Option<World> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip("the egress world needs root (network namespaces)");
+        return None;
+    }
+    if !sandboxes_usable() {
+        return None;
+    }
+    Some(World::new())
+}
+
+#[test]
+fn every_row_of_the_table_holds_inside_and_in_the_world() {
+    let Some(w) = world() else { return };
+    let (doc, r, _project) = w.run(
+        &[
+            "--allow-host",
+            "allowed.test:80",
+            "--allow-host",
+            "allowed.test:22",
+            "--allow-host",
+            "allowed.test:443",
+            "--allow-host",
+            "private.test:80",
+        ],
+        CHECKS,
+    );
+    let log = w.log();
+    let text = |k: &str| {
+        format!(
+            "{}{}",
+            r[k]["out"].as_str().unwrap_or(""),
+            r[k]["err"].as_str().unwrap_or("")
+        )
+    };
+    let quick = |k: &str| r[k]["s"].as_f64().unwrap_or(99.0) < 5.0;
+    // Allowed, through the proxy variables and captured without them: the origin answered,
+    // and saw the name the step used.
+    for k in ["proxy_allowed", "captured_allowed"] {
+        assert!(text(k).contains("origin says hello"), "{k}: {}", r[k]);
+    }
+    let origin_hits = log
+        .iter()
+        .filter(|l| l.starts_with("origin 11.0.0.2:80 GET / "))
+        .count();
+    assert_eq!(origin_hits, 2, "{log:?}");
+    assert!(
+        log.iter()
+            .all(|l| !l.starts_with("origin 11.0.0.2:80") || l.ends_with("host=allowed.test")),
+        "{log:?}"
+    );
+    // Denied name: a 403 with the reason through the proxy; NXDOMAIN directly. The world
+    // never heard of it: no query, no connection.
+    assert!(
+        text("proxy_denied").contains("403")
+            && text("proxy_denied").contains("no rule allows denied.test"),
+        "{}",
+        r["proxy_denied"]
+    );
+    assert!(
+        r["direct_denied"]["code"] != 0 && text("direct_denied").contains("resolve"),
+        "{}",
+        r["direct_denied"]
+    );
+    assert!(log.iter().all(|l| !l.contains("denied.test")), "{log:?}");
+    // IP literal no rule covers: 403 through the proxy, unreachable directly, at once.
+    assert!(
+        text("proxy_literal").contains("403"),
+        "{}",
+        r["proxy_literal"]
+    );
+    assert!(
+        r["direct_literal"]["code"] != 0 && quick("direct_literal"),
+        "{}",
+        r["direct_literal"]
+    );
+    // Allowed name, port not allowed: the reason names the port.
+    assert!(
+        text("proxy_port").contains("not on port 8080"),
+        "{}",
+        r["proxy_port"]
+    );
+    // An allowed name whose answer is private space: refused, the range named.
+    assert!(
+        text("proxy_private").contains("403")
+            && text("proxy_private").contains("private (10.0.0.0/8)"),
+        "{}",
+        r["proxy_private"]
+    );
+    // git over ssh to an allowed host:22 with no ProxyCommand: the banner, captured; and
+    // through SOCKS5.
+    assert!(
+        r["ssh_allowed"]["data"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("SSH-2.0-world"),
+        "{}",
+        r["ssh_allowed"]
+    );
+    assert!(
+        text("socks_ssh").contains("SSH-2.0-world"),
+        "{}",
+        r["socks_ssh"]
+    );
+    // Raw TCP anywhere else: refused at once, never a hang.
+    for k in ["raw_literal", "raw_port", "tcp53_out", "v6_literal"] {
+        assert!(r[k]["ok"] == false && quick(k), "{k}: {}", r[k]);
+    }
+    // Direct DNS to an outside resolver: unreachable.
+    assert!(
+        r["udp53_out"]
+            .as_str()
+            .unwrap_or("")
+            .contains("unreachable"),
+        "{}",
+        r["udp53_out"]
+    );
+    // IPv6 for an allowed name: v4 only.
+    assert_eq!(
+        r["lookup"],
+        serde_json::json!(["127.100.0.1"]),
+        "{}",
+        r["lookup"]
+    );
+    // A TLS server name other than the CONNECT authority: closed, the origin never dialed.
+    assert!(
+        r["sni_mismatch"]["head"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("HTTP/1.1 200"),
+        "{}",
+        r["sni_mismatch"]
+    );
+    assert!(
+        !r["sni_mismatch"]["after"]
+            .as_str()
+            .unwrap_or("x")
+            .contains("SSH"),
+        "{}",
+        r["sni_mismatch"]
+    );
+    assert!(
+        log.iter().all(|l| !l.starts_with("origin 11.0.0.2:443")),
+        "{log:?}"
+    );
+    // No canary ever rang.
+    assert!(log.iter().all(|l| !l.starts_with("canary")), "{log:?}");
+    // The world's DNS heard only the names the policy allows, asked by the trusted process.
+    for l in log.iter().filter(|l| l.starts_with("dns ")) {
+        assert!(
+            l.starts_with("dns allowed.test") || l.starts_with("dns private.test"),
+            "{log:?}"
+        );
+    }
+    // The step read its denials, and the run's summary and records say the same.
+    let denials = r["denials"].as_array().unwrap();
+    assert!(
+        denials.iter().any(|d| d["host"] == "denied.test"),
+        "{denials:?}"
+    );
+    let egress = &doc["egress"];
+    assert_eq!(egress["mode"], "enforce", "{doc}");
+    assert!(egress["denied"].as_u64().unwrap() >= 5, "{egress}");
+    let net = doc["enforcement"]["protections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "network")
+        .unwrap()
+        .clone();
+    assert_eq!(net["status"], "enforced", "{net}");
+    assert!(
+        net["detail"]
+            .as_str()
+            .unwrap()
+            .contains(egress["policy"].as_str().unwrap()),
+        "{net}"
+    );
+    let bundle_log = std::fs::read_to_string(
+        std::path::Path::new(doc["bundlePath"].as_str().unwrap()).join("logs/stream.ndjson"),
+    )
+    .unwrap_or_default();
+    for (entry, host, verdict) in [
+        ("http", "allowed.test", "allow"),
+        ("capture", "allowed.test", "allow"),
+        ("http", "denied.test", "deny"),
+        ("dns", "denied.test", "deny"),
+        ("socks5", "allowed.test", "allow"),
+        ("http-connect", "allowed.test", "allow"),
+    ] {
+        let found = bundle_log.lines().any(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or(Value::Null);
+            v["type"] == "egress"
+                && v["entry"] == entry
+                && v["host"] == host
+                && v["verdict"] == verdict
+        });
+        assert!(
+            found,
+            "no {entry} {verdict} record for {host} in the bundle's log:\n{bundle_log}"
+        );
+    }
+}
+
+#[test]
+fn audit_mode_allows_and_records_what_it_would_deny() {
+    let Some(w) = world() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"mode":"audit","allow":[{"host":"allowed.test","ports":[80]}]}"#,
+    )
+    .unwrap();
+    let script = r#"
+import json, subprocess
+p = subprocess.run("curl -sS -m 10 http://denied.test/", shell=True, capture_output=True, text=True)
+print(json.dumps({"outputs": {"checks": {"out": p.stdout, "err": p.stderr}}}))
+"#;
+    let (doc, r, _project) = w.run(&["--egress-policy", policy.to_str().unwrap()], script);
+    assert!(
+        r["out"].as_str().unwrap().contains("origin says hello")
+            || w.log().iter().any(|l| l.starts_with("canary 11.0.0.3:80")),
+        "{r}"
+    );
+    let egress = &doc["egress"];
+    assert_eq!(egress["mode"], "audit", "{doc}");
+    assert!(egress["wouldDeny"].as_u64().unwrap() >= 1, "{egress}");
+    let net = doc["enforcement"]["protections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "network")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        net["status"], "degraded",
+        "audit mode is not enforcement: {net}"
+    );
+    // In audit mode the denied name was let through: the world saw its query and the canary
+    // its connection.
+    let log = w.log();
+    assert!(
+        log.iter().any(|l| l.starts_with("dns denied.test")),
+        "{log:?}"
+    );
+    assert!(
+        log.iter().any(|l| l.starts_with("canary 11.0.0.3:80")),
+        "{log:?}"
+    );
+}

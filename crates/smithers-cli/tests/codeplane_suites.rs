@@ -47,6 +47,7 @@ fn start(name: &str) -> Result<(String, u32), String> {
             "1000".into(),
         ],
         env: Vec::new(),
+        wrapper: Vec::new(),
     })?;
     Ok((format!("http://{addr}"), pid))
 }

@@ -560,3 +560,137 @@ print(json.dumps({"outputs": {"checks": {"out": p.stdout, "err": p.stderr}}}))
         "{log:?}"
     );
 }
+
+/// `serve` in the client namespace with the operator's ceiling; a remote client (in the same
+/// namespace, from a thread that entered it) asks for a wider policy: what the step may reach
+/// is what both allow, the decisions stream to the client live, and the world agrees.
+#[test]
+fn serve_confines_a_clients_policy_and_streams_its_decisions() {
+    use smithers_runtime::{
+        CancellationToken, Controls, OutputEvent, OutputSink, RequestBundle, Runtime, RuntimeKind,
+        SandboxConfig, StepCommand,
+    };
+    use smithers_runtime_remote::{RemoteOptions, RemoteRuntime};
+    use support::serve::{ServeChild, ServeOptions};
+
+    let Some(w) = world() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ceiling = dir.path().join("ceiling.json");
+    std::fs::write(
+        &ceiling,
+        r#"{"allow":[{"host":"allowed.test","ports":[80]}]}"#,
+    )
+    .unwrap();
+    let token = "egress-world-token-0123456789";
+    let server = ServeChild::start(&ServeOptions {
+        token: token.into(),
+        data_dir: dir.path().join("data"),
+        args: vec!["--egress-ceiling".into(), ceiling.display().to_string()],
+        env: vec![],
+        wrapper: vec!["ip".into(), "netns".into(), "exec".into(), w.client.clone()],
+    })
+    .unwrap();
+    let url = server.url();
+    let project = tempfile::tempdir().unwrap();
+    let root = project.path().to_path_buf();
+    let client_ns = std::fs::File::open(format!("/run/netns/{}", w.client)).unwrap();
+
+    struct Collect(std::sync::Mutex<Vec<Value>>);
+    impl OutputSink for Collect {
+        fn event(&self, event: OutputEvent) {
+            if let OutputEvent::Egress { record, .. } = event {
+                self.0.lock().unwrap().push(record);
+            }
+        }
+    }
+    let (outcome, live) = std::thread::spawn(move || {
+        // SAFETY: setns on this thread only, with a namespace descriptor we opened; the
+        // runtime below is this thread's alone, so its sockets are made in that namespace.
+        let r = unsafe { libc::setns(client_ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let runtime = RemoteRuntime::new(RemoteOptions::new(&url, token)).unwrap();
+            let controls = Controls {
+                egress_policy: Some(serde_json::json!({"allow": [
+                    {"host": "allowed.test", "ports": [80]},
+                    {"host": "denied.test", "ports": [80]},
+                ]})),
+                ..Controls::default()
+            };
+            let config = SandboxConfig {
+                run_id: "egress-run".into(),
+                sandbox_id: "egress-sbx".into(),
+                runtime: RuntimeKind::Codeplane,
+                root_dir: root,
+                image: None,
+                controls,
+            };
+            let handle = runtime.create(&config).await.unwrap();
+            let request = RequestBundle {
+                request: serde_json::json!({"status": "pending", "sandboxId": "egress-sbx",
+                                            "runtime": "codeplane", "input": {}}),
+            };
+            runtime.ship(&handle, &request).await.unwrap();
+            let sink = Collect(std::sync::Mutex::new(Vec::new()));
+            let script =
+                "curl -sS -m 10 http://allowed.test/; curl -sS -m 10 -i http://denied.test/";
+            let outcome = runtime
+                .execute(
+                    &handle,
+                    &StepCommand {
+                        argv: vec!["sh".into(), "-c".into(), script.into()],
+                        cwd: None,
+                    },
+                    CancellationToken::new(),
+                    &sink,
+                )
+                .await
+                .unwrap();
+            let _ = runtime.cleanup(&handle).await;
+            (outcome, sink.0.into_inner().unwrap())
+        })
+    })
+    .join()
+    .unwrap();
+    let egress = outcome
+        .egress
+        .clone()
+        .expect("the outcome carries the egress summary");
+    assert!(egress["allowed"].as_u64().unwrap() >= 1, "{egress}");
+    // denied.test was allowed by the client, not by the host: denied, and said so.
+    let denied: Vec<&Value> = live
+        .iter()
+        .filter(|r| r["host"] == "denied.test" && r["verdict"] == "deny")
+        .collect();
+    assert!(
+        !denied.is_empty(),
+        "no live denial for denied.test: {live:?}"
+    );
+    assert!(
+        denied.iter().all(|r| r["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("the host's ceiling")),
+        "{denied:?}"
+    );
+    assert!(
+        live.iter()
+            .any(|r| r["host"] == "allowed.test" && r["verdict"] == "allow"),
+        "{live:?}"
+    );
+    let log = w.log();
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("origin 11.0.0.2:80 GET / ")),
+        "{log:?}"
+    );
+    assert!(
+        log.iter()
+            .all(|l| !l.contains("denied.test") && !l.starts_with("canary")),
+        "{log:?}"
+    );
+}

@@ -705,6 +705,7 @@ fn start_server_with(extra_env: Vec<(String, String)>) -> Result<Server, String>
         .into_iter()
         .chain(extra_env)
         .collect(),
+        wrapper: Vec::new(),
     })?;
     Ok(Server {
         child,

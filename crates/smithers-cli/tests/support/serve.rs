@@ -21,6 +21,9 @@ pub struct ServeOptions {
     pub args: Vec<String>,
     /// Extra environment (e.g. `TMPDIR`, so the native runtime's state is where we look).
     pub env: Vec<(String, String)>,
+    /// A command the server is started through (`ip netns exec NAME`), which must exec it
+    /// (so the pid and the death signal stay the server's).
+    pub wrapper: Vec<String>,
 }
 
 /// A running server.
@@ -35,7 +38,15 @@ pub struct ServeChild {
 impl ServeChild {
     /// Starts the server and waits (bounded) for it to print its address.
     pub fn start(options: &ServeOptions) -> Result<ServeChild, String> {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_smithers-sandbox"));
+        let bin = env!("CARGO_BIN_EXE_smithers-sandbox");
+        let mut cmd = match options.wrapper.split_first() {
+            None => Command::new(bin),
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+        };
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&options.data_dir)
             .args(&options.args)

@@ -82,6 +82,18 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "the lifecycle sees runtimes only through the trait",
     ),
     (
+        "smithers-egress",
+        &[
+            "smithers-runtime",
+            "smithers-runtime-*",
+            "smithers-store",
+            "smithers-orchestrator",
+            "smithers-server",
+            "smithers-cli",
+        ],
+        "the egress engine decides and serves; it knows no runtime that hands it listeners",
+    ),
+    (
         "smithers-sandbox-init",
         &["*"],
         "the init is a security boundary of its own: it knows nothing of the runtime that starts it",

@@ -694,3 +694,100 @@ fn serve_confines_a_clients_policy_and_streams_its_decisions() {
         "{log:?}"
     );
 }
+
+/// The docker runtime, the same world: the step's container joins a holder's network
+/// namespace whose only listeners are the engine's. Its checks with the image's busybox.
+#[test]
+fn docker_steps_get_the_same_answers() {
+    let Some(w) = world() else { return };
+    if !std::path::Path::new("/var/run/docker.sock").exists() {
+        skip("no Docker engine socket at /var/run/docker.sock (run scripts/docker-up.sh)");
+        return;
+    }
+    let script = r#"
+q() { tr -d '"\\\n\r' | head -c 300; }
+a=$(wget -q -O- http://allowed.test/ 2>&1 | q)
+b=$(wget -Y off -q -O- http://allowed.test/ 2>&1 | q)
+c=$(wget -q -O- http://denied.test/ 2>&1 | q)
+d=$(wget -Y off -q -O- http://denied.test/ 2>&1 | q)
+e=$(wget -q -O- http://allowed.test:8080/ 2>&1 | q)
+f=$( (sleep 1) | nc allowed.test 22 2>&1 | q)
+g=$(nc -w 2 11.0.0.3 22 </dev/null 2>&1 | q)
+h=$(grep -c denied.test "$SMITHERS_EGRESS_DENIALS")
+printf '{"outputs":{"checks":{"proxy_allowed":"%s","captured_allowed":"%s","proxy_denied":"%s","direct_denied":"%s","proxy_port":"%s","ssh_allowed":"%s","raw_literal":"%s","denials":"%s"}}}' \
+  "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h" > "$SMITHERS_SANDBOX_RESULT_PATH"
+"#;
+    let project = tempfile::tempdir().unwrap();
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &w.client,
+            bin_path(),
+            "run",
+            "--json",
+            "--root",
+        ])
+        .arg(project.path())
+        .args(["--runtime", "docker", "--image", "smithers-test:busybox"])
+        .args([
+            "--allow-host",
+            "allowed.test:80",
+            "--allow-host",
+            "allowed.test:22",
+        ])
+        .args(["--", "sh", "-c", script])
+        .env_remove("SMITHERS_DB")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("run --json: {e}; stderr: {stderr}"));
+    let r = &doc["outputs"]["checks"];
+    let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
+    assert!(s("proxy_allowed").contains("origin says hello"), "{doc}");
+    assert!(s("captured_allowed").contains("origin says hello"), "{doc}");
+    assert!(s("proxy_denied").contains("403"), "{doc}");
+    assert!(s("direct_denied").contains("bad address"), "{doc}");
+    assert!(s("proxy_port").contains("403"), "{doc}");
+    assert!(s("ssh_allowed").starts_with("SSH-2.0-world"), "{doc}");
+    assert!(s("raw_literal").contains("unreachable"), "{doc}");
+    assert_ne!(s("denials"), "0", "{doc}");
+    let egress = &doc["egress"];
+    assert!(egress["denied"].as_u64().unwrap() >= 3, "{egress}");
+    let net = doc["enforcement"]["protections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "network")
+        .unwrap()
+        .clone();
+    assert!(net["detail"].as_str().unwrap().contains("holder"), "{net}");
+    let log = w.log();
+    let origin_hits = log
+        .iter()
+        .filter(|l| l.starts_with("origin 11.0.0.2:80 GET / "))
+        .count();
+    assert_eq!(origin_hits, 2, "{log:?}");
+    assert!(
+        log.iter().any(|l| l.starts_with("origin 11.0.0.2:22")),
+        "{log:?}"
+    );
+    assert!(
+        log.iter()
+            .all(|l| !l.contains("denied.test") && !l.starts_with("canary")),
+        "{log:?}"
+    );
+    // The holder is gone with the step.
+    let ps = Command::new("docker")
+        .args(["ps", "-a", "--format", "{{.Names}}"])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&ps.stdout)
+            .lines()
+            .any(|l| l.ends_with("-net")),
+        "a holder was left behind"
+    );
+}

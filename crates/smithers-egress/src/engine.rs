@@ -89,6 +89,36 @@ pub struct Listeners {
     pub capture: Vec<std::net::TcpListener>,
 }
 
+impl Listeners {
+    /// The listeners of descriptors a runtime's init or holder sent, named in order as the
+    /// init's `EgressListen::names` gives them (`dnsUdp`, `dnsTcp`, `http`, `socks`,
+    /// `capture:PORT`).
+    pub fn from_named(
+        names: &[String],
+        fds: Vec<std::os::fd::OwnedFd>,
+    ) -> Result<Listeners, String> {
+        if names.len() != fds.len() {
+            return Err(format!(
+                "{} egress descriptors arrived for {} listeners",
+                fds.len(),
+                names.len()
+            ));
+        }
+        let mut l = Listeners::default();
+        for (name, fd) in names.iter().zip(fds) {
+            match name.as_str() {
+                "dnsUdp" => l.dns_udp = Some(std::net::UdpSocket::from(fd)),
+                "dnsTcp" => l.dns_tcp = Some(std::net::TcpListener::from(fd)),
+                "http" => l.http = Some(std::net::TcpListener::from(fd)),
+                "socks" => l.socks = Some(std::net::TcpListener::from(fd)),
+                n if n.starts_with("capture:") => l.capture.push(std::net::TcpListener::from(fd)),
+                other => return Err(format!("unknown egress listener {:?}", escape(other))),
+            }
+        }
+        Ok(l)
+    }
+}
+
 /// Where names are resolved: the host's resolver, or fixed answers (a caller that pins
 /// names, and the engine's own tests).
 #[derive(Debug, Clone, Default)]
@@ -1065,7 +1095,7 @@ async fn splice(
     let up = open.up.clone();
     let down = open.down.clone();
     let a = async move {
-        let mut buf = vec![0u8; 32 << 10];
+        let mut buf = vec![0u8; 64 << 10];
         while let Ok(n) = cr.read(&mut buf).await {
             if n == 0 || ow.write_all(&buf[..n]).await.is_err() {
                 break;
@@ -1075,7 +1105,7 @@ async fn splice(
         let _ = ow.shutdown().await;
     };
     let b = async move {
-        let mut buf = vec![0u8; 32 << 10];
+        let mut buf = vec![0u8; 64 << 10];
         while let Ok(n) = or.read(&mut buf).await {
             if n == 0 || cw.write_all(&buf[..n]).await.is_err() {
                 break;

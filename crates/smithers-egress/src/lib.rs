@@ -17,12 +17,15 @@
 //! - [`dns`]: the resolver's wire format (bounded parsing, our own answers).
 //! - [`proxy`]: the entry points' protocols (HTTP head, SOCKS5, TLS server name).
 //! - [`engine`]: the listeners served, the caps, the records.
+//! - [`sandbox`]: what a sandbox sees of it (ports, `/etc` files, proxy variables).
 
 pub mod addr;
 pub mod dns;
 pub mod engine;
+pub mod fdpass;
 pub mod policy;
 pub mod proxy;
+pub mod sandbox;
 pub mod suffix;
 
 pub use engine::{EgressLimits, EgressRecord, Engine, Listeners, Summary};

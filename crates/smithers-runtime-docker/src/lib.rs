@@ -53,6 +53,7 @@
 
 mod cgroup;
 mod collect;
+mod egress;
 mod engine;
 mod hostfs;
 mod monitor;
@@ -106,6 +107,9 @@ pub struct DockerOptions {
     /// mid-execute. Default: next to the running executable, when it is there. Without it the
     /// probe and every outcome report `parent-death` as unavailable.
     pub watchdog: Option<PathBuf>,
+    /// The smithers-sandbox binary whose init holds a sandbox's network namespace for an
+    /// egress policy (see the `egress` module). None: a policy is refused.
+    pub egress_holder: Option<PathBuf>,
 }
 
 impl Default for DockerOptions {
@@ -118,6 +122,7 @@ impl Default for DockerOptions {
                 .ok()
                 .and_then(|e| Some(e.parent()?.join(WATCHDOG_BIN)))
                 .filter(|p| p.is_file()),
+            egress_holder: None,
         }
     }
 }
@@ -476,13 +481,6 @@ fn refuse_unsupported(controls: &Controls) -> Result<(), RuntimeError> {
              workspace is always an ephemeral copy-on-write view of rootDir",
         ));
     }
-    if controls.egress_policy.is_some() {
-        return Err(unsupported(
-            "egressPolicy",
-            "the docker runtime cannot enforce an egress policy yet (the egress engine is served \
-             to native sandboxes only); run the step with the native runtime, or without a policy",
-        ));
-    }
     if let Some(egress) = &controls.egress {
         if egress.proxy_url.is_some()
             || egress.ca_certificate.is_some()
@@ -496,6 +494,36 @@ fn refuse_unsupported(controls: &Controls) -> Result<(), RuntimeError> {
         }
     }
     Ok(())
+}
+
+/// An egress record, as a live event.
+fn forward_egress(output: &dyn OutputSink, r: smithers_egress::EgressRecord) {
+    if let Ok(record) = serde_json::to_value(&r) {
+        output.event(smithers_runtime::OutputEvent::Egress {
+            record,
+            timestamp_ms: r.timestamp_ms,
+        });
+    }
+}
+
+/// The engine's records, after the step's own, in the log that becomes the bundle's.
+fn append_records(log: &Path, summary: &smithers_egress::Summary) {
+    use std::io::Write;
+    let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(log) else {
+        return;
+    };
+    for r in &summary.records {
+        if let Ok(line) = serde_json::to_string(r) {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+    if summary.records_dropped > 0 {
+        let _ = writeln!(
+            f,
+            "{}",
+            serde_json::json!({"type": "egressRecordsDropped", "timestampMs": now_ms(), "count": summary.records_dropped})
+        );
+    }
 }
 
 fn now_ms() -> u64 {
@@ -527,6 +555,14 @@ impl Runtime for DockerRuntime {
             });
         }
         refuse_unsupported(&config.controls)?;
+        if egress::policy(&config.controls)?.is_some() {
+            if let Some(why) = egress::unavailable(self.opts.egress_holder.as_deref()) {
+                return Err(unsupported(
+                    "egressPolicy",
+                    &format!("the docker runtime cannot enforce an egress policy here: {why}"),
+                ));
+            }
+        }
         let image = config
             .image
             .clone()
@@ -702,9 +738,64 @@ impl Runtime for DockerRuntime {
             });
         }
         let docker = self.engine().await?;
-        let (outcome, rejected) = self
-            .run_container(docker, handle, &state, &live, command, cancel, output)
-            .await?;
+        // With a policy, the holder and its engine first; stopped (and the holder removed)
+        // whatever the step's run came to.
+        let mut holder = match egress::policy(&live.controls)? {
+            None => None,
+            Some(policy) => {
+                let bin = self.opts.egress_holder.as_deref().ok_or_else(|| {
+                    unsupported(
+                        "egressPolicy",
+                        "no holder binary (DockerOptions::egress_holder)",
+                    )
+                })?;
+                let labels = plan::labels(
+                    &handle.run_id,
+                    &handle.sandbox_id,
+                    hostfs::self_identity(),
+                    &state.state_dir,
+                );
+                let started =
+                    egress::start_holder(docker, &state, policy, bin, labels, &handle.request_path)
+                        .await;
+                match started {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        let _ = remove_container(docker, &egress::holder_name(&state)).await;
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let ran = self
+            .run_container(
+                docker,
+                handle,
+                &state,
+                &live,
+                command,
+                cancel,
+                output,
+                holder.as_mut(),
+            )
+            .await;
+        let ran = match holder {
+            None => ran,
+            Some(h) => {
+                let name = h.name.clone();
+                let (summary, rest) = h.stop().await;
+                for r in rest {
+                    forward_egress(output, r);
+                }
+                let _ = remove_container(docker, &name).await;
+                ran.map(|(mut outcome, rejected)| {
+                    append_records(&state.state_dir.join("stream.ndjson"), &summary);
+                    outcome.egress = serde_json::to_value(&summary).ok();
+                    (outcome, rejected)
+                })
+            }
+        };
+        let (outcome, rejected) = ran?;
         self.live_update(&state.container_name, |l| {
             l.outcome = Some(outcome.clone());
             l.result_rejected = rejected;
@@ -757,6 +848,10 @@ impl Runtime for DockerRuntime {
                 Ok(docker) => {
                     keep(
                         remove_container(docker, &state.container_name).await,
+                        &mut errors,
+                    );
+                    keep(
+                        remove_container(docker, &egress::holder_name(state)).await,
                         &mut errors,
                     );
                     keep(remove_volume(docker, &state.volume_name).await, &mut errors);
@@ -892,6 +987,7 @@ impl DockerRuntime {
         command: &StepCommand,
         cancel: CancellationToken,
         output: &dyn OutputSink,
+        mut holder: Option<&mut egress::Holder>,
     ) -> Result<(ExecOutcome, bool), RuntimeError> {
         let name = &state.container_name;
         // A previous execute's container (a second execute on one sandbox) goes first.
@@ -913,6 +1009,10 @@ impl DockerRuntime {
             request_dir: &handle.request_path,
             run_id: &handle.run_id,
             sandbox_id: &handle.sandbox_id,
+            egress: holder.as_ref().map(|h| plan::EgressPlan {
+                holder: &h.name,
+                etc_dir: &h.etc_dir,
+            }),
         });
         let created = docker
             .create_container(
@@ -1048,8 +1148,24 @@ impl DockerRuntime {
             });
             Ok::<_, RuntimeError>((reason, elapsed))
         };
-        let (pumped, waited) =
-            tokio::join!(pump.run(attach.output, output, pump_stop.clone()), waiter);
+        // The engine's decisions, live to the caller while the step runs.
+        let live_egress = async {
+            let Some(h) = holder.as_mut() else { return };
+            loop {
+                tokio::select! {
+                    r = h.live.recv() => match r {
+                        Some(r) => forward_egress(output, r),
+                        None => break,
+                    },
+                    _ = pump_stop.cancelled() => break,
+                }
+            }
+        };
+        let (pumped, waited, ()) = tokio::join!(
+            pump.run(attach.output, output, pump_stop.clone()),
+            waiter,
+            live_egress
+        );
         pump_stop.cancel();
         monitor_stop.cancel();
         let mut sample = match monitor {
@@ -1285,10 +1401,23 @@ fn enforcement_for(c: &Controls, state: &BackendState, watchdog: bool) -> Enforc
     use ProtectionStatus::*;
     let mut p = vec![
         parent_death(watchdog),
-        if c.allow_network {
-            protection("network", Disabled, "allowNetwork: bridge network")
-        } else {
-            protection("network", Enforced, "NetworkMode=none")
+        match egress::policy(c).ok().flatten() {
+            Some(policy) => protection(
+                "network",
+                if policy.mode == smithers_egress::Mode::Audit {
+                    Degraded
+                } else {
+                    Enforced
+                },
+                format!(
+                    "the network namespace of a NetworkMode=none holder container, joined by the step's: {}",
+                    smithers_egress::sandbox::report_detail(&policy)
+                ),
+            ),
+            None if c.allow_network => {
+                protection("network", Disabled, "allowNetwork: bridge network")
+            }
+            None => protection("network", Enforced, "NetworkMode=none"),
         },
         protection("capabilities", Enforced, "CapDrop=ALL"),
         protection("no_new_privileges", Enforced, "no-new-privileges"),

@@ -171,6 +171,16 @@ pub struct ContainerPlan<'a> {
     pub request_dir: &'a Path,
     pub run_id: &'a str,
     pub sandbox_id: &'a str,
+    /// With an egress policy: the holder container whose network namespace the step joins,
+    /// and the directory of the `/etc` files naming our resolver.
+    pub egress: Option<EgressPlan<'a>>,
+}
+
+/// See [`ContainerPlan::egress`] and the `egress` module.
+#[derive(Debug, Clone, Copy)]
+pub struct EgressPlan<'a> {
+    pub holder: &'a str,
+    pub etc_dir: &'a Path,
 }
 
 /// The environment of the step: nothing from the host but a fixed allowlist of values that
@@ -182,6 +192,13 @@ pub fn container_env(plan: &ContainerPlan<'_>) -> Vec<String> {
         ("HOME".into(), "/tmp".into()),
         ("TMPDIR".into(), "/tmp".into()),
     ];
+    if plan.egress.is_some() {
+        // The proxies' variables, under the step's own (which win).
+        env.extend(smithers_egress::sandbox::proxy_env(&format!(
+            "{REQUEST_DIR}/{}",
+            smithers_egress::sandbox::DENIALS_FILE
+        )));
+    }
     for (k, v) in &plan.controls.env {
         if let Some(slot) = env.iter_mut().find(|(ek, _)| ek == k) {
             slot.1 = v.clone();
@@ -270,6 +287,11 @@ pub fn container_body(plan: &ContainerPlan<'_>) -> ContainerCreateBody {
     for v in &c.volumes {
         mounts.push(bind(&v.host, &v.container.to_string_lossy(), v.readonly));
     }
+    if let Some(e) = &plan.egress {
+        for name in ["resolv.conf", "hosts"] {
+            mounts.push(bind(&e.etc_dir.join(name), &format!("/etc/{name}"), true));
+        }
+    }
 
     let mut port_bindings: HashMap<String, Option<Vec<PortBinding>>> = HashMap::new();
     let mut exposed: Vec<String> = Vec::new();
@@ -288,7 +310,11 @@ pub fn container_body(plan: &ContainerPlan<'_>) -> ContainerCreateBody {
 
     let memory = c.memory_limit_bytes.map(|m| m.min(i64::MAX as u64) as i64);
     let host_config = HostConfig {
-        network_mode: Some(if c.allow_network { "bridge" } else { "none" }.to_string()),
+        network_mode: Some(match (&plan.egress, c.allow_network) {
+            (Some(e), _) => format!("container:{}", e.holder),
+            (None, true) => "bridge".to_string(),
+            (None, false) => "none".to_string(),
+        }),
         port_bindings: (!port_bindings.is_empty()).then_some(port_bindings),
         memory,
         // Swap equal to memory = no swap on top: the limit is the limit.
@@ -338,7 +364,9 @@ pub fn container_body(plan: &ContainerPlan<'_>) -> ContainerCreateBody {
         attach_stderr: Some(true),
         open_stdin: Some(false),
         tty: Some(false),
-        network_disabled: Some(!c.allow_network),
+        // Disabled networking gives a container a fresh empty namespace whatever its mode:
+        // a step joining its holder's namespace must not have it.
+        network_disabled: Some(!c.allow_network && plan.egress.is_none()),
         exposed_ports: (!exposed.is_empty()).then_some(exposed),
         host_config: Some(host_config),
         ..Default::default()
@@ -476,6 +504,7 @@ mod tests {
         let st = state();
         let argv = vec!["sh".to_string(), "-c".to_string(), "true".to_string()];
         let plan = ContainerPlan {
+            egress: None,
             state: &st,
             controls: c,
             labels: labels("r", "s", (1, 2), Path::new("/state")),

@@ -58,40 +58,7 @@ impl<'a> StatusReader<'a> {
     }
 }
 
-/// One `recvmsg` into `buf`, descriptors appended to `fds` (close-on-exec).
+/// One non-blocking `recvmsg`, descriptors appended to `fds` (see `smithers_egress::fdpass`).
 fn recv_with_fds(fd: i32, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> std::io::Result<usize> {
-    use std::os::fd::FromRawFd;
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // Room for more descriptors than any init sends (u64: aligned for cmsghdr).
-    let mut control = [0u64; 64];
-    // SAFETY: msghdr is plain old data; zeroed is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    // SAFETY: `msg` and what it points to are valid for the call.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel filled `control` up to msg_controllen; the macros walk only that.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg).cast::<i32>();
-                let len = (*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize;
-                for i in 0..len / std::mem::size_of::<i32>() {
-                    // Each received descriptor is new in this process and ours to own.
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    Ok(n as usize)
+    smithers_egress::fdpass::recv_with_fds(fd, buf, fds, true)
 }

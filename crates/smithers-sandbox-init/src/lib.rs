@@ -99,6 +99,15 @@ pub fn run(args: &[String]) -> i32 {
     match args.first().map(String::as_str) {
         None => run_sandbox(),
         Some("--zygote") => crate::zygote::serve(run_sandbox),
+        Some("--egress-holder") => match (args.get(1), args.get(2)) {
+            (Some(socket), Some(listen)) => crate::network::egress_holder(socket, listen),
+            _ => {
+                eprintln!(
+                    "smithers-sandbox-init: --egress-holder needs a socket and the listeners"
+                );
+                2
+            }
+        },
         Some("--probe") => match args.get(1) {
             Some(scratch) => run_probe(Path::new(scratch)),
             None => {

@@ -105,6 +105,60 @@ pub(crate) fn lo_up() -> SysResult<()> {
 /// them to the runtime: one `egress` status line carrying every descriptor, in the order of
 /// [`EgressListen::names`]. Ours are closed once sent.
 fn send_egress_listeners(listen: &EgressListen) -> SysResult<()> {
+    let fds = bind_egress_listeners(listen)?;
+    let mut line = serde_json::json!({"event": "egress", "listeners": listen.names()}).to_string();
+    line.push('\n');
+    let raw: Vec<libc::c_int> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    send_with_fds(CONTROL_FD, line.as_bytes(), &raw).map_err(|e| SysError {
+        op: "send the egress listeners to the runtime".into(),
+        errno: e.raw_os_error().unwrap_or(libc::EIO),
+    })
+}
+
+/// The docker runtime's holder (`--egress-holder SOCKET LISTEN`): run as the only process
+/// of a container whose network namespace the step's container joins, it binds the egress
+/// listeners there, sends them to the runtime over the unix socket SOCKET (bound into the
+/// container) with the same `egress` line as P0, then holds the namespace until the runtime
+/// closes the socket. It runs no step code and keeps no listener.
+pub(crate) fn egress_holder(socket: &str, listen: &str) -> i32 {
+    let listen: EgressListen = match serde_json::from_str(listen) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("smithers-sandbox-init: --egress-holder: the listeners are not valid: {e}");
+            return 2;
+        }
+    };
+    let fds = match bind_egress_listeners(&listen) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("smithers-sandbox-init: {e}");
+            return 1;
+        }
+    };
+    let mut stream = match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("smithers-sandbox-init: connecting to the runtime at {socket}: {e}");
+            return 1;
+        }
+    };
+    let mut line = serde_json::json!({"event": "egress", "listeners": listen.names()}).to_string();
+    line.push('\n');
+    let raw: Vec<libc::c_int> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    if let Err(e) = send_with_fds(stream.as_raw_fd(), line.as_bytes(), &raw) {
+        eprintln!("smithers-sandbox-init: sending the egress listeners: {e}");
+        return 1;
+    }
+    drop(fds);
+    // Held until the runtime is done with the sandbox (EOF), or gone.
+    let mut buf = [0u8; 64];
+    while matches!(std::io::Read::read(&mut stream, &mut buf), Ok(n) if n > 0) {}
+    0
+}
+
+/// Binds the egress listeners in the current network namespace, in the order of
+/// [`EgressListen::names`].
+fn bind_egress_listeners(listen: &EgressListen) -> SysResult<Vec<OwnedFd>> {
     const LOOPBACK: [u8; 4] = [127, 0, 0, 1];
     let mut fds = Vec::new();
     if listen.dns {
@@ -116,13 +170,7 @@ fn send_egress_listeners(listen: &EgressListen) -> SysResult<()> {
     for port in &listen.capture_ports {
         fds.push(inet_socket(libc::SOCK_STREAM, [0, 0, 0, 0], *port)?);
     }
-    let mut line = serde_json::json!({"event": "egress", "listeners": listen.names()}).to_string();
-    line.push('\n');
-    let raw: Vec<libc::c_int> = fds.iter().map(AsRawFd::as_raw_fd).collect();
-    send_with_fds(CONTROL_FD, line.as_bytes(), &raw).map_err(|e| SysError {
-        op: "send the egress listeners to the runtime".into(),
-        errno: e.raw_os_error().unwrap_or(libc::EIO),
-    })
+    Ok(fds)
 }
 
 /// An IPv4 socket bound to `addr:port` (listening, for a stream socket).

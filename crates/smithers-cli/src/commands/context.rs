@@ -138,7 +138,11 @@ pub fn orchestrator_with(
 ) -> anyhow::Result<Orchestrator> {
     let store = Arc::new(Store::open(db_path).coded()?);
     let native = super::run::native_runtime_with(workspace)?;
-    let docker = DockerRuntime::new(DockerOptions::default());
+    // This very binary holds a container step's network namespace for an egress policy.
+    let docker = DockerRuntime::new(DockerOptions {
+        egress_holder: std::env::current_exe().ok(),
+        ..DockerOptions::default()
+    });
     Ok(
         Orchestrator::new(store, Arc::new(AtomicPatchApplier), Settings::from_env())
             .coded()?

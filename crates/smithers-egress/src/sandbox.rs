@@ -1,0 +1,91 @@
+//! What a sandbox with a policy sees of the engine, the same on every runtime: where the
+//! listeners are inside its network namespace, the `/etc` files naming our resolver, and the
+//! proxy variables.
+
+/// The HTTP proxy's port on the sandbox's loopback.
+pub const HTTP_PROXY_PORT: u16 = 3128;
+/// The SOCKS5 proxy's port on the sandbox's loopback.
+pub const SOCKS_PORT: u16 = 1080;
+/// The resolver's port (UDP and TCP) on the sandbox's loopback.
+pub const DNS_PORT: u16 = 53;
+/// Most distinct ports a policy may allow (a capture listener, and a descriptor, each).
+pub const MAX_CAPTURE_PORTS: usize = 64;
+/// The denials file's name, in the request directory (read-only inside, at
+/// `/run/smithers/request/` on the native runtime and `/smithers/request/` on docker).
+pub const DENIALS_FILE: &str = "egress-denials.ndjson";
+
+/// `/etc/resolv.conf` inside: our resolver.
+pub const RESOLV_CONF: &str = "# smithers-sandbox: names are resolved by the runtime's egress engine, outside the sandbox\nnameserver 127.0.0.1\noptions ndots:0 attempts:2 timeout:2\n";
+/// `/etc/hosts` inside: localhost only, so that no host entry bypasses our resolver.
+pub const HOSTS: &str = "127.0.0.1 localhost\n::1 localhost\n";
+
+/// The ports a runtime binds for `policy` (checked: at most [`MAX_CAPTURE_PORTS`], none of
+/// the engine's own).
+pub fn capture_ports(policy: &crate::Policy) -> Result<Vec<u16>, String> {
+    let ports = policy
+        .allowed_ports(MAX_CAPTURE_PORTS)
+        .map_err(|e| format!("{e} (a sandbox captures at most {MAX_CAPTURE_PORTS} ports)"))?;
+    if let Some(p) = ports
+        .iter()
+        .find(|p| [DNS_PORT, HTTP_PROXY_PORT, SOCKS_PORT].contains(p))
+    {
+        return Err(format!(
+            "port {p} inside the sandbox is the egress engine's own (DNS {DNS_PORT}, HTTP proxy {HTTP_PROXY_PORT}, SOCKS5 {SOCKS_PORT}); reach it through a proxy instead"
+        ));
+    }
+    Ok(ports)
+}
+
+/// The proxy variables of a step with a policy (a variable the step sets itself wins), and
+/// where its denials are readable.
+pub fn proxy_env(denials_path: &str) -> Vec<(String, String)> {
+    let http = format!("http://127.0.0.1:{HTTP_PROXY_PORT}");
+    let socks = format!("socks5h://127.0.0.1:{SOCKS_PORT}");
+    let mut out = Vec::new();
+    for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+        out.push((name.to_string(), http.clone()));
+    }
+    out.push(("ALL_PROXY".to_string(), socks.clone()));
+    out.push(("all_proxy".to_string(), socks));
+    for name in ["NO_PROXY", "no_proxy"] {
+        out.push((name.to_string(), "localhost,127.0.0.1".to_string()));
+    }
+    out.push((
+        "SMITHERS_EGRESS_DENIALS".to_string(),
+        denials_path.to_string(),
+    ));
+    out
+}
+
+/// Writes [`RESOLV_CONF`] and [`HOSTS`] into `dir` (once: they never change, so a prepared
+/// root made with them is reused), returning `dir`.
+pub fn write_etc_files(dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    for (name, content) in [("resolv.conf", RESOLV_CONF), ("hosts", HOSTS)] {
+        let path = dir.join(name);
+        if std::fs::read_to_string(&path).is_ok_and(|s| s == content) {
+            continue;
+        }
+        std::fs::create_dir_all(dir)?;
+        let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, content)?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(dir.to_path_buf())
+}
+
+/// The enforcement row's detail for a sandbox with `policy`.
+pub fn report_detail(policy: &crate::Policy) -> String {
+    let ports = policy
+        .allowed_ports(MAX_CAPTURE_PORTS)
+        .unwrap_or_default()
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "egress policy {} ({} mode): the sandbox's own network namespace, whose only ways out are the runtime's listeners, served outside it: DNS at 127.0.0.1:{DNS_PORT} answered by the runtime (a name no rule allows gets NXDOMAIN and never leaves the host), the HTTP proxy at 127.0.0.1:{HTTP_PROXY_PORT} (CONNECT, absolute-form), SOCKS5 at 127.0.0.1:{SOCKS_PORT}, and connections by name captured on port{} {ports}; names resolved and answers checked outside; any other address, UDP other than DNS, ICMP and IPv6 unreachable",
+        policy.hash(),
+        policy.mode.as_str(),
+        if ports.contains(',') { "s" } else { "" },
+    )
+}

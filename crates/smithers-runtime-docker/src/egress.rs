@@ -1,0 +1,277 @@
+//! A step's egress policy on the docker runtime. The step's container joins the network
+//! namespace of a **holder** container (`NetworkMode=container:<holder>`): a container of the
+//! same image with `NetworkMode=none`, whose only process is this build's own init in
+//! `--egress-holder` mode, run with the host's dynamic loader and C library bound read-only
+//! (so any image will do). The holder binds the egress listeners in that namespace (DNS,
+//! HTTP proxy, SOCKS5, one capture listener per allowed port; the namespace's
+//! `ip_unprivileged_port_start` is 0, so it needs no capability), sends them over a unix
+//! socket bound into it, and then only holds the namespace until we close the socket. This
+//! process serves the listeners with [`smithers_egress::Engine`], as the native runtime does:
+//! the same decisions and the same records. The step sees our `resolv.conf` and `hosts` and
+//! the proxy variables; it shares the holder's network namespace only (not its pids, mounts
+//! or user), so it can neither reach the holder's process nor its sockets.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use bollard::query_parameters::CreateContainerOptions;
+use bollard::Docker;
+use smithers_egress::engine::EngineOptions;
+use smithers_egress::{EgressRecord, Engine, Listeners, Policy};
+use smithers_runtime::{Controls, RuntimeError};
+use smithers_sandbox_init::plan::EgressListen;
+
+use crate::plan::BackendState;
+
+/// How long the holder may take to send its listeners.
+const HOLDER_WAIT: Duration = Duration::from_secs(30);
+
+/// The dynamic loader of this build's target, whose directory holds the C library the
+/// holder binary needs.
+#[cfg(target_arch = "x86_64")]
+const LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
+#[cfg(target_arch = "aarch64")]
+const LOADER: &str = "/lib/ld-linux-aarch64.so.1";
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const LOADER: &str = "";
+
+/// The step's policy, checked; `None` without one.
+pub(crate) fn policy(c: &Controls) -> Result<Option<Policy>, RuntimeError> {
+    let Some(v) = &c.egress_policy else {
+        return Ok(None);
+    };
+    let refuse = |reason: String| RuntimeError::InvalidControl {
+        control: "egressPolicy",
+        reason,
+    };
+    let policy = Policy::from_json(&v.to_string()).map_err(|e| refuse(e.to_string()))?;
+    smithers_egress::sandbox::capture_ports(&policy).map_err(refuse)?;
+    Ok(Some(policy))
+}
+
+/// Why this runtime cannot hold a namespace here, if it cannot: the holder binary and the
+/// host's loader must be there.
+pub(crate) fn unavailable(holder: Option<&Path>) -> Option<String> {
+    let Some(bin) = holder else {
+        return Some("the runtime was given no smithers-sandbox binary to hold the sandbox's network namespace (DockerOptions::egress_holder)".into());
+    };
+    if !bin.is_file() {
+        return Some(format!("the holder binary {} is not there", bin.display()));
+    }
+    if LOADER.is_empty() || !Path::new(LOADER).exists() {
+        return Some(format!(
+            "this host has no dynamic loader at {LOADER:?} to run the holder with"
+        ));
+    }
+    None
+}
+
+/// The name of a sandbox's holder container.
+pub(crate) fn holder_name(state: &BackendState) -> String {
+    format!("{}-net", state.container_name)
+}
+
+/// A running holder and the engine serving its listeners.
+pub(crate) struct Holder {
+    pub name: String,
+    pub engine: Engine,
+    /// Kept open: the holder exits when it closes.
+    conn: std::os::unix::net::UnixStream,
+    /// The `/etc` files the step's container binds.
+    pub etc_dir: PathBuf,
+    pub live: tokio::sync::mpsc::UnboundedReceiver<EgressRecord>,
+}
+
+impl Holder {
+    /// Ends the engine (every connection) and lets the holder exit.
+    pub async fn stop(self) -> (smithers_egress::Summary, Vec<EgressRecord>) {
+        let summary = self.engine.stop().await;
+        drop(self.conn);
+        let mut live = self.live;
+        let mut rest = Vec::new();
+        while let Ok(r) = live.try_recv() {
+            rest.push(r);
+        }
+        (summary, rest)
+    }
+}
+
+fn bind(source: &Path, target: &str) -> Mount {
+    Mount {
+        target: Some(target.to_string()),
+        source: Some(source.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
+/// Starts the holder for `state` and the engine on what it sends.
+pub(crate) async fn start_holder(
+    docker: &Docker,
+    state: &BackendState,
+    policy: Policy,
+    holder_bin: &Path,
+    labels: HashMap<String, String>,
+    request_dir: &Path,
+) -> Result<Holder, RuntimeError> {
+    let err = |what: &str, e: String| RuntimeError::Spawn {
+        operation: format!("hold the sandbox's network namespace ({what})"),
+        reason: e,
+    };
+    let dir = state.state_dir.join("egress");
+    std::fs::create_dir_all(&dir).map_err(|e| err("its directory", e.to_string()))?;
+    let etc_dir = smithers_egress::sandbox::write_etc_files(&dir.join("etc"))
+        .map_err(|e| err("the /etc files", e.to_string()))?;
+    let sock_path = dir.join("holder.sock");
+    let _ = std::fs::remove_file(&sock_path);
+    let listener = std::os::unix::net::UnixListener::bind(&sock_path)
+        .map_err(|e| err("its socket", e.to_string()))?;
+    let listen = EgressListen {
+        dns: true,
+        http_port: smithers_egress::sandbox::HTTP_PROXY_PORT,
+        socks_port: smithers_egress::sandbox::SOCKS_PORT,
+        capture_ports: smithers_egress::sandbox::capture_ports(&policy)
+            .map_err(|e| err("ports", e))?,
+    };
+    let loader = std::fs::canonicalize(LOADER).map_err(|e| err("the loader", e.to_string()))?;
+    let lib_dir = loader.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let loader_name = loader
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let bin = std::fs::canonicalize(holder_bin).map_err(|e| err("the binary", e.to_string()))?;
+    let listen_json =
+        serde_json::to_string(&listen).map_err(|e| err("the listeners", e.to_string()))?;
+    let (uid, gid) = (
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    );
+    let name = holder_name(state);
+    crate::remove_container(docker, &name).await?;
+    let body = ContainerCreateBody {
+        image: Some(state.image.clone()),
+        entrypoint: Some(vec![
+            format!("/smithers-host/lib/{loader_name}"),
+            "--library-path".into(),
+            "/smithers-host/lib".into(),
+            "/smithers-host/smithers-sandbox".into(),
+            smithers_runtime_native_init_subcommand().into(),
+            "--egress-holder".into(),
+            "/smithers-egress/holder.sock".into(),
+            listen_json,
+        ]),
+        cmd: Some(vec![]),
+        // Our own uid: the socket's directory is ours, and the holder needs no privilege.
+        user: Some(format!("{uid}:{gid}")),
+        env: Some(vec![]),
+        labels: Some(labels),
+        network_disabled: Some(false),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            // Ports under 1024 (DNS, 443, 22) without a capability.
+            sysctls: Some(HashMap::from([(
+                "net.ipv4.ip_unprivileged_port_start".to_string(),
+                "0".to_string(),
+            )])),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges:true".into()]),
+            readonly_rootfs: Some(true),
+            pids_limit: Some(16),
+            memory: Some(64 << 20),
+            memory_swap: Some(64 << 20),
+            auto_remove: Some(false),
+            mounts: Some(vec![
+                bind(&lib_dir, "/smithers-host/lib"),
+                bind(&bin, "/smithers-host/smithers-sandbox"),
+                bind(&dir, "/smithers-egress"),
+            ]),
+            log_config: Some(bollard::models::HostConfigLogConfig {
+                typ: Some("none".to_string()),
+                config: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(name.clone()),
+                platform: String::new(),
+            }),
+            body,
+        )
+        .await
+        .map_err(|e| err("create the holder container", crate::engine::describe(&e)))?;
+    docker
+        .start_container(&name, None)
+        .await
+        .map_err(|e| err("start the holder container", crate::engine::describe(&e)))?;
+    // The holder connects once, sends one line with the descriptors, and waits.
+    let (conn, line, fds) = tokio::task::spawn_blocking(move || {
+        listener.set_nonblocking(true)?;
+        let started = std::time::Instant::now();
+        let conn = loop {
+            match listener.accept() {
+                Ok((c, _)) => break c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if started.elapsed() > HOLDER_WAIT {
+                        return Err(std::io::Error::other(format!(
+                            "the holder did not connect within {}s",
+                            HOLDER_WAIT.as_secs()
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        conn.set_nonblocking(false)?;
+        conn.set_read_timeout(Some(HOLDER_WAIT))?;
+        let (line, fds) = smithers_egress::fdpass::recv_line_with_fds(conn.as_raw_fd(), 64 << 10)?;
+        Ok((conn, line, fds))
+    })
+    .await
+    .map_err(|e| err("wait for the holder", e.to_string()))?
+    .map_err(|e| err("receive the listeners", e.to_string()))?;
+    let _ = std::fs::remove_file(&sock_path);
+    let v: serde_json::Value =
+        serde_json::from_slice(&line).map_err(|e| err("read the holder's line", e.to_string()))?;
+    let names: Vec<String> = v["listeners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str().map(str::to_string))
+        .collect();
+    let listeners = Listeners::from_named(&names, fds).map_err(|e| err("its listeners", e))?;
+    let denials = request_dir.join(smithers_egress::sandbox::DENIALS_FILE);
+    let _ = std::fs::write(&denials, b"");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let engine = Engine::start(
+        policy,
+        listeners,
+        EngineOptions {
+            denials_file: Some(denials),
+            live: Some(tx),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| err("start the engine", e.to_string()))?;
+    Ok(Holder {
+        name,
+        engine,
+        conn,
+        etc_dir,
+        live: rx,
+    })
+}
+
+/// The smithers-sandbox binary's subcommand that is the init (the native runtime's
+/// `INIT_SUBCOMMAND`; named here because a backend does not depend on another).
+fn smithers_runtime_native_init_subcommand() -> &'static str {
+    "__sandbox-init"
+}

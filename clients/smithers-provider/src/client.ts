@@ -87,6 +87,8 @@ export type Controls = {
   maxOutputBytes?: number;
   timeoutMs?: number;
   workspace?: unknown;
+  /** The network the step may reach (a smithers-egress policy: {mode?, allow, deny}). */
+  egressPolicy?: Record<string, unknown>;
 };
 
 export type CreateSandbox = { runId: string; sandboxId: string; image?: string; controls?: Controls };

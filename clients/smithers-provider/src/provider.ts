@@ -48,6 +48,9 @@ export type SmithersSandboxProviderOptions = {
   cwd?: string;
   /** Environment of every step; a step's `config.env` is merged over it. */
   env?: Record<string, string>;
+  /** The egress policy of every step ({mode?, allow, deny}: see `smithers-sandbox egress
+   * check`); a step's `config.egressPolicy` replaces it. The host confines it to its own. */
+  egressPolicy?: Record<string, unknown>;
   /** Upload `.git/` with the workspace (default true: steps need it). */
   includeGit?: boolean;
   /** gzip level of the workspace upload (default 1: fast; 0 stores, for a host on loopback; 9 for a slow link). */
@@ -145,6 +148,16 @@ export function controlsFor(request: SandboxProviderRequest, options: SmithersSa
     });
   }
   if (config.workspace !== undefined) controls.workspace = config.workspace;
+  const egressPolicy = config.egressPolicy ?? options.egressPolicy;
+  if (egressPolicy !== undefined && egressPolicy !== null) {
+    if (typeof egressPolicy !== "object" || Array.isArray(egressPolicy)) {
+      throw invalid("egressPolicy", "must be a policy object ({mode?, allow: [...], deny: [...]})");
+    }
+    if (request.allowNetwork === true) {
+      throw invalid("egressPolicy", "allowNetwork shares the host's whole network, so a policy would mean nothing: choose one");
+    }
+    controls.egressPolicy = egressPolicy as Record<string, unknown>;
+  }
   if (Array.isArray(config.volumes) && config.volumes.length > 0) {
     throw unsupported("volumes", "paths of this machine do not exist on the remote sandbox host");
   }

@@ -67,6 +67,13 @@ test("execution options and config map to the host's controls", () => {
     ports: [{ host: 8080, container: 80 }],
   });
   assert.equal(image, "alpine");
+  // An egress policy: the provider's for every step, a step's own instead.
+  const policy = { allow: [{ host: "api.example.com", ports: [443] }] };
+  assert.deepEqual(controlsFor(request(), { egressPolicy: policy }).controls.egressPolicy, policy);
+  const own = { mode: "audit", allow: [] };
+  assert.deepEqual(controlsFor(request({ config: { egressPolicy: own } }), { egressPolicy: policy }).controls.egressPolicy, own);
+  assert.throws(() => controlsFor(request({ config: { egressPolicy: "all" } })), /egressPolicy/);
+  assert.throws(() => controlsFor(request({ allowNetwork: true, config: { egressPolicy: policy } })), /egressPolicy/);
   // Zero or missing limits are left to the host's defaults.
   assert.deepEqual(controlsFor(request({ maxOutputBytes: 0, toolTimeoutMs: 0 })).controls, { allowNetwork: false });
   assert.equal(parseSize("memoryLimit", "1.5KiB"), 1536);

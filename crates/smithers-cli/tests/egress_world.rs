@@ -86,6 +86,7 @@ impl World {
             let http = TcpListener::bind("11.0.0.2:80").unwrap();
             let ssh = TcpListener::bind("11.0.0.2:22").unwrap();
             let tls = TcpListener::bind("11.0.0.2:443").unwrap();
+            let echo = TcpListener::bind("11.0.0.2:8081").unwrap();
             let canaries: Vec<TcpListener> = [
                 "11.0.0.2:8080",
                 "11.0.0.3:80",
@@ -104,6 +105,8 @@ impl World {
             std::thread::spawn(move || accept(ssh, "origin 11.0.0.2:22", l, Reply::Banner));
             let l = log.clone();
             std::thread::spawn(move || accept(tls, "origin 11.0.0.2:443", l, Reply::Nothing));
+            let l = log.clone();
+            std::thread::spawn(move || accept(echo, "origin 11.0.0.2:8081", l, Reply::UpgradeEcho));
             for c in canaries {
                 let name = format!("canary {}", c.local_addr().unwrap());
                 let l = log.clone();
@@ -191,6 +194,9 @@ enum Reply {
     Http,
     Banner,
     Nothing,
+    /// A WebSocket upgrade answered with 101, or an HTTP/2 preface (prior knowledge): then
+    /// every byte echoed.
+    UpgradeEcho,
 }
 
 fn accept(l: TcpListener, name: &str, log: Log, reply: Reply) {
@@ -237,6 +243,26 @@ fn accept(l: TcpListener, name: &str, log: Log, reply: Reply) {
                     log.lock().unwrap().push(format!("{name} connection"));
                     let mut b = [0u8; 64];
                     let _ = s.read(&mut b);
+                }
+                Reply::UpgradeEcho => {
+                    let mut b = [0u8; 4096];
+                    let n = s.read(&mut b).unwrap_or(0);
+                    let first = String::from_utf8_lossy(&b[..n]).into_owned();
+                    let kind = if first.starts_with("PRI * HTTP/2.0") {
+                        let _ = s.write_all(&b[..n]);
+                        "h2"
+                    } else if first.to_ascii_lowercase().contains("upgrade: websocket") {
+                        let _ = s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n");
+                        "websocket"
+                    } else {
+                        "other"
+                    };
+                    log.lock().unwrap().push(format!("{name} {kind}"));
+                    while let Ok(n) = s.read(&mut b) {
+                        if n == 0 || s.write_all(&b[..n]).is_err() {
+                            break;
+                        }
+                    }
                 }
             }
         });
@@ -304,6 +330,61 @@ try:
         r["sni_mismatch"] = {"head": head, "after": repr(e)}
 except Exception as e:
     r["sni_mismatch"] = {"err": repr(e)}
+# A WebSocket through the proxy (absolute-form upgrade) and captured; HTTP/2 prior
+# knowledge through a CONNECT tunnel: the bytes go both ways after the handshake.
+def ws(via_proxy):
+    try:
+        if via_proxy:
+            s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+            target = "http://allowed.test:8081/chat"
+        else:
+            s = socket.create_connection(("allowed.test", 8081), timeout=10)
+            target = "/chat"
+        s.settimeout(5)
+        s.sendall(("GET %s HTTP/1.1\r\nHost: allowed.test:8081\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n" % target).encode())
+        head = s.recv(200).decode(errors="replace")
+        s.sendall(b"frame-1")
+        return {"head": head.split("\r\n")[0], "echo": s.recv(100).decode(errors="replace")}
+    except Exception as e:
+        return {"err": repr(e)}
+r["ws_proxy"] = ws(True)
+r["ws_captured"] = ws(False)
+try:
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.settimeout(5)
+    s.sendall(b"CONNECT allowed.test:8081 HTTP/1.1\r\n\r\n")
+    head = s.recv(200).decode(errors="replace")
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    r["h2_tunnel"] = {"head": head.split("\r\n")[0], "echo": s.recv(100).decode(errors="replace")}
+except Exception as e:
+    r["h2_tunnel"] = {"err": repr(e)}
+# 400 slow CONNECTs (a head never finished): at most 256 held, the rest told at once.
+import resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+held, told, other = [], 0, 0
+t = time.time()
+for i in range(400):
+    try:
+        c = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+        c.sendall(b"CONNECT allowed.test:80 HTTP/1.1\r\n")
+        held.append(c)
+    except Exception:
+        other += 1
+for c in held:
+    c.setblocking(False)
+time.sleep(1)
+for c in held:
+    try:
+        d = c.recv(200)
+        if d.startswith(b"HTTP/1.1 429"):
+            told += 1
+    except BlockingIOError:
+        pass
+    except Exception:
+        other += 1
+r["flood"] = {"opened": len(held), "told_429": told, "other": other, "s": round(time.time() - t, 2)}
+for c in held:
+    c.close()
 r["denials"] = [json.loads(l) for l in open(os.environ["SMITHERS_EGRESS_DENIALS"]) if l.strip()]
 print(json.dumps({"status": "success", "outputs": {"checks": r}}))
 "#;
@@ -323,7 +404,7 @@ fn world() -> Option<World> {
 #[test]
 fn every_row_of_the_table_holds_inside_and_in_the_world() {
     let Some(w) = world() else { return };
-    let (doc, r, _project) = w.run(
+    let (doc, r, project) = w.run(
         &[
             "--allow-host",
             "allowed.test:80",
@@ -333,6 +414,8 @@ fn every_row_of_the_table_holds_inside_and_in_the_world() {
             "allowed.test:443",
             "--allow-host",
             "private.test:80",
+            "--allow-host",
+            "allowed.test:8081",
         ],
         CHECKS,
     );
@@ -357,7 +440,7 @@ fn every_row_of_the_table_holds_inside_and_in_the_world() {
     assert_eq!(origin_hits, 2, "{log:?}");
     assert!(
         log.iter()
-            .all(|l| !l.starts_with("origin 11.0.0.2:80") || l.ends_with("host=allowed.test")),
+            .all(|l| !l.starts_with("origin 11.0.0.2:80 ") || l.ends_with("host=allowed.test")),
         "{log:?}"
     );
     // Denied name: a 403 with the reason through the proxy; NXDOMAIN directly. The world
@@ -454,6 +537,41 @@ fn every_row_of_the_table_holds_inside_and_in_the_world() {
         log.iter().all(|l| !l.starts_with("origin 11.0.0.2:443")),
         "{log:?}"
     );
+    // WebSocket (through the proxy and captured) and HTTP/2 through a tunnel: both ways.
+    for k in ["ws_proxy", "ws_captured"] {
+        assert!(
+            r[k]["head"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("HTTP/1.1 101"),
+            "{k}: {}",
+            r[k]
+        );
+        assert_eq!(r[k]["echo"], "frame-1", "{k}: {}", r[k]);
+    }
+    assert!(
+        r["h2_tunnel"]["echo"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("PRI * HTTP/2.0"),
+        "{}",
+        r["h2_tunnel"]
+    );
+    assert!(
+        log.iter().filter(|l| l.ends_with(" websocket")).count() == 2,
+        "{log:?}"
+    );
+    // 400 slow heads: the engine holds at most its cap (256) and tells the rest at once.
+    let flood = &r["flood"];
+    assert!(
+        flood["told_429"].as_u64().unwrap() >= 400 - 256 - 10,
+        "{flood}"
+    );
+    assert!(
+        doc["egress"]["overConnectionCap"].as_u64().unwrap() >= 100,
+        "{}",
+        doc["egress"]
+    );
     // No canary ever rang.
     assert!(log.iter().all(|l| !l.starts_with("canary")), "{log:?}");
     // The world's DNS heard only the names the policy allows, asked by the trusted process.
@@ -463,6 +581,20 @@ fn every_row_of_the_table_holds_inside_and_in_the_world() {
             "{log:?}"
         );
     }
+    // `show` summarises the same decisions from the bundle's log.
+    let shown = support::native::bin()
+        .args(["show", "--json", "--root"])
+        .arg(project.path())
+        .arg(doc["sandboxId"].as_str().unwrap())
+        .output()
+        .unwrap();
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(
+        shown["egress"]["denied"], doc["egress"]["denied"],
+        "{}",
+        shown["egress"]
+    );
+    assert_eq!(shown["egress"]["policy"], doc["egress"]["policy"]);
     // The step read its denials, and the run's summary and records say the same.
     let denials = r["denials"].as_array().unwrap();
     assert!(

@@ -123,6 +123,82 @@ pub struct LogsArgs {
 /// written; the file in the project may have been edited since).
 const MAX_LOG_LINE: usize = 1 << 20;
 
+/// The egress decisions of a sandbox's bundle log, summarised as the engine summarises them
+/// for `run` (counts, the policy, at most 100 destinations); `None` for a step without a
+/// policy. Read like `logs` reads it: from the validated ids, through no link, a bounded
+/// line at a time.
+fn egress_summary(root: &Path, row: &SandboxRow, config: &Value) -> Option<Value> {
+    use std::io::{BufRead, Read};
+    // The row's config holds the controls at its top level.
+    let policy_json = config["egressPolicy"].clone();
+    if policy_json.is_null() {
+        return None;
+    }
+    let policy = smithers_egress::Policy::from_json(&policy_json.to_string()).ok();
+    let rel = context::sandbox_rel_dir(&row.run_id, &row.sandbox_id)
+        .ok()?
+        .join("result/logs/stream.ndjson");
+    let file = smithers_paths::Beneath::open(root)
+        .ok()?
+        .open_read(&rel)
+        .ok()?;
+    let mut reader = std::io::BufReader::new(file);
+    let (mut allowed, mut denied, mut would) = (0u64, 0u64, 0u64);
+    // (allowed, host, port, verdict) -> (connections, bytes up, bytes down)
+    type Destination = (bool, String, u64, String);
+    let mut dest: BTreeMap<Destination, (u64, u64, u64)> = BTreeMap::new();
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let n = Read::take(&mut reader, MAX_LOG_LINE as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .ok()?;
+        if n == 0 {
+            break;
+        }
+        if buf.len() > MAX_LOG_LINE {
+            let mut rest = Vec::new();
+            let _ = reader.read_until(b'\n', &mut rest);
+            continue;
+        }
+        let Ok(r) = serde_json::from_slice::<Value>(&buf) else {
+            continue;
+        };
+        if r["type"] != "egress" {
+            continue;
+        }
+        let verdict = r["verdict"].as_str().unwrap_or("?").to_string();
+        match verdict.as_str() {
+            "allow" => allowed += 1,
+            "would-deny" => would += 1,
+            _ => denied += 1,
+        }
+        let key = (
+            verdict == "allow",
+            r["host"].as_str().unwrap_or("?").to_string(),
+            r["port"].as_u64().unwrap_or(0),
+            verdict,
+        );
+        // Bounded: the first 100 destinations (the counts above cover every record).
+        if dest.len() < 100 || dest.contains_key(&key) {
+            let e = dest.entry(key).or_default();
+            e.0 += 1;
+            e.1 += r["bytesUp"].as_u64().unwrap_or(0);
+            e.2 += r["bytesDown"].as_u64().unwrap_or(0);
+        }
+    }
+    Some(json!({
+        "policy": policy.as_ref().map(|p| p.hash()),
+        "mode": policy.as_ref().map(|p| p.mode.as_str()),
+        "allowed": allowed,
+        "denied": denied,
+        "wouldDeny": would,
+        "destinations": dest.into_iter().take(100).map(|((_, host, port, verdict), (count, up, down))| json!({
+            "host": host, "port": port, "verdict": verdict, "count": count, "bytesUp": up, "bytesDown": down,
+        })).collect::<Vec<_>>(),
+    }))
+}
+
 /// Runs `logs`: the step's stdout and stderr, from its bundle's log, to our stdout and stderr
 /// (inert on a terminal, as `run` relays them); `--json` prints the log's records as they are.
 /// The log is found from the validated ids under the project's own `.smithers`, through no
@@ -374,7 +450,11 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         .as_deref()
         .map(|b| context::bundle_notes(Path::new(b)))
         .unwrap_or_default();
+    let egress = egress_summary(&args.store.root_dir()?, &row, &config);
     if json_out {
+        if let Some(e) = &egress {
+            doc["egress"] = e.clone();
+        }
         doc["config"] = config;
         doc["outputs"] = outputs.unwrap_or(Value::Null);
         doc["patches"] = Value::Array(changes.iter().map(context::FileChange::to_json).collect());
@@ -402,6 +482,9 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         println!("outputs   {}", inert(&o.to_string()));
     }
     println!("config    {}", inert(&row.config_json));
+    for line in super::run::egress_lines(egress.as_ref()) {
+        println!("{line}");
+    }
     match &doc["review"] {
         Value::Null => println!("review    none"),
         r => println!(

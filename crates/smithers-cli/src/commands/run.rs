@@ -948,7 +948,7 @@ fn print_summary(
 
 /// The egress engine's summary for the step's summary: the counts and policy, then each
 /// destination denied (or that audit mode would have denied), at most 20.
-fn egress_lines(egress: Option<&Value>) -> Vec<String> {
+pub(crate) fn egress_lines(egress: Option<&Value>) -> Vec<String> {
     let Some(e) = egress else {
         return Vec::new();
     };

@@ -655,10 +655,18 @@ fn answer_dns(shared: &Shared, msg: &[u8]) -> Option<Vec<u8>> {
 }
 
 fn record_dns_once(shared: &Shared, name: &str, d: &Decision) {
+    let max = shared.opts.limits.max_records;
     let first = shared
         .records
         .lock()
-        .map(|mut r| r.dns_seen.insert((name.to_ascii_lowercase(), d.verdict())))
+        .map(|mut r| {
+            // Bounded like the records: past them, a name's first query is only counted.
+            if r.dns_seen.len() >= max {
+                r.dropped += 1;
+                return false;
+            }
+            r.dns_seen.insert((name.to_ascii_lowercase(), d.verdict()))
+        })
         .unwrap_or(false);
     if first {
         shared.record(shared.decided("dns", name, 0, d));
@@ -827,15 +835,10 @@ async fn tunnel(
     let started = Instant::now();
     // ssh's server speaks first: its client would wait out `first_flight` in silence.
     let server_first = addrs.first().is_some_and(|a| a.port() == SSH_PORT);
-    if early.is_empty() && !server_first {
-        let mut chunk = vec![0u8; 16 << 10];
-        if let Ok(Ok(n)) =
-            tokio::time::timeout(shared.opts.limits.first_flight, client.read(&mut chunk)).await
-        {
-            if n == 0 {
-                return;
-            }
-            early.extend_from_slice(&chunk[..n]);
+    if !early.is_empty() || !server_first {
+        match first_flight(shared, &mut client, shared.opts.limits.first_flight, early).await {
+            Some(bytes) => early = bytes,
+            None => return,
         }
     }
     if let Err(why) = check_server_name(&early, host) {
@@ -858,6 +861,46 @@ async fn tunnel(
     }
     let up = early.len() as u64;
     splice(shared, client, origin, rec, started, up).await;
+}
+
+/// The client's first bytes of a tunnel: whatever arrives within `wait` (nothing, for a
+/// protocol whose server speaks first), and, when they begin a TLS record, the rest of that
+/// record (a ClientHello written in pieces), within the handshake time and 16 KiB. `None`:
+/// the client closed.
+async fn first_flight(
+    shared: &Shared,
+    client: &mut TcpStream,
+    wait: Duration,
+    already: Vec<u8>,
+) -> Option<Vec<u8>> {
+    const MAX: usize = (16 << 10) + 5;
+    let mut early = already;
+    let mut chunk = vec![0u8; MAX];
+    if early.is_empty() {
+        match tokio::time::timeout(wait, client.read(&mut chunk)).await {
+            Ok(Ok(0)) => return None,
+            Ok(Ok(n)) => early.extend_from_slice(&chunk[..n]),
+            _ => return Some(early),
+        }
+    }
+    let deadline = Instant::now() + shared.opts.limits.handshake;
+    while early.first() == Some(&0x16) && early.len() < MAX {
+        let want = match early.get(3..5) {
+            Some(len) => 5 + u16::from_be_bytes([len[0], len[1]]) as usize,
+            None => 5,
+        };
+        if early.len() >= want.min(MAX) {
+            break;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, client.read(&mut chunk[..MAX - early.len()])).await {
+            Ok(Ok(0)) => return None,
+            Ok(Ok(n)) => early.extend_from_slice(&chunk[..n]),
+            // Incomplete: the server-name check refuses it.
+            _ => break,
+        }
+    }
+    Some(early)
 }
 
 /// A tunnel's first bytes, if they are a TLS ClientHello, must name the tunnel's host: a
@@ -922,20 +965,15 @@ async fn serve_socks(shared: &Shared, mut stream: TcpStream) {
     {
         return;
     }
-    let mut early = vec![0u8; 16 << 10];
-    let mut n = 0;
     let wait = if port == SSH_PORT {
         Duration::ZERO
     } else {
         shared.opts.limits.first_flight
     };
-    if let Ok(Ok(got)) = tokio::time::timeout(wait, stream.read(&mut early)).await {
-        if got == 0 {
-            return;
-        }
-        n = got;
-    }
-    early.truncate(n);
+    let Some(early) = first_flight(shared, &mut stream, wait, Vec::new()).await else {
+        return;
+    };
+    let n = early.len();
     if let Err(why) = check_server_name(&early, &host) {
         rec.error = Some(why);
         shared.record(rec);

@@ -119,6 +119,18 @@ async fn every_entry_point_decides_the_same_and_says_why() {
         let got = read_all(s);
         assert!(!got.contains("SSH-2.0-origin"), "{got}");
         assert_eq!(hits.load(Ordering::SeqCst), before, "the origin was dialed");
+        // A ClientHello naming the tunnel's host, written in pieces: read whole, let through.
+        let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+        write!(s, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
+        let h = hello("allowed.test");
+        s.write_all(&h[..7]).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        s.write_all(&h[7..]).unwrap();
+        let got = read_all(s);
+        assert!(
+            got.contains("SSH-2.0-origin"),
+            "a split hello was refused: {got}"
+        );
         // SOCKS5, allowed and denied.
         let mut s = TcpStream::connect(("127.0.0.1", socks_port)).unwrap();
         s.write_all(&[5, 1, 0]).unwrap();
@@ -161,7 +173,7 @@ async fn every_entry_point_decides_the_same_and_says_why() {
     })
     .await
     .unwrap();
-    assert_eq!(result, 2, "two tunnels reached the origin");
+    assert_eq!(result, 3, "three tunnels reached the origin");
     let summary = engine.stop().await;
     let verdicts: Vec<(&str, &str, &str)> = summary
         .records

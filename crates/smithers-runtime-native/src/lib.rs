@@ -226,6 +226,47 @@ pub struct NativeOptions {
     pub prepared_root: bool,
 }
 
+/// What a successful container probe is remembered by: the build, the boot and kernel, and
+/// what confines this process (its mount and user namespaces, its seccomp mode and filter
+/// count, no_new_privs and capabilities, from `/proc/self/status`). Another container, or
+/// the same one started with other flags, has another key.
+fn container_probe_key() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let link = |p: &str| {
+        std::fs::read_link(p)
+            .map(|l| l.display().to_string())
+            .unwrap_or_default()
+    };
+    let status = read("/proc/self/status");
+    let confinement: Vec<&str> = status
+        .lines()
+        .filter(|l| {
+            [
+                "Seccomp:",
+                "Seccomp_filters:",
+                "NoNewPrivs:",
+                "CapEff:",
+                "CapBnd:",
+            ]
+            .iter()
+            .any(|k| l.starts_with(k))
+        })
+        .collect();
+    format!(
+        "{} {} {} {} {} {}",
+        env!("CARGO_PKG_VERSION"),
+        read("/proc/sys/kernel/random/boot_id").trim(),
+        read("/proc/sys/kernel/osrelease").trim(),
+        link("/proc/self/ns/mnt"),
+        link("/proc/self/ns/user"),
+        confinement
+            .join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
 /// The default of [`NativeOptions::disk_reserve_bytes`].
 pub const DEFAULT_DISK_RESERVE_BYTES: u64 = 1 << 30;
 
@@ -622,6 +663,18 @@ impl NativeRuntime {
     /// Refuses, with the probe's failure and the fix for this host, when the init's probe
     /// could not make the user namespace or a fresh `/proc`.
     async fn refuse_unless_probe_succeeded(&self, caps: &HostCaps) -> Result<(), RuntimeError> {
+        // A success is remembered (a probe is a process and two namespaces, ~10 ms of every
+        // `run`), per boot, kernel, build, and what confines this process: its mount and
+        // user namespaces, seccomp mode and capabilities. A failure is never remembered.
+        let cache = caps.state_root.join("container-probe.json");
+        let key = container_probe_key();
+        let remembered = std::fs::read(&cache)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v["key"] == key.as_str());
+        if remembered {
+            return Ok(());
+        }
         let findings = self.findings().await;
         let failed = |key: &str| -> Option<String> {
             match findings {
@@ -646,6 +699,16 @@ impl NativeRuntime {
                 ),
                 fix: Some(host_diag::proc_fix(&mountinfo)),
             });
+        }
+        // Best effort, written aside and renamed, as the overlay check's answer is.
+        let tmp = caps
+            .state_root
+            .join(format!("container-probe.{}.tmp", std::process::id()));
+        if std::fs::create_dir_all(&caps.state_root).is_ok()
+            && restrict_mode(&caps.state_root).is_ok()
+            && write_private(&tmp, serde_json::json!({"key": key}).to_string().as_bytes()).is_ok()
+        {
+            let _ = std::fs::rename(&tmp, &cache);
         }
         Ok(())
     }

@@ -848,8 +848,14 @@ fn docker_steps_get_the_same_answers() {
         skip("no Docker engine socket at /var/run/docker.sock (run scripts/docker-up.sh)");
         return;
     }
+    // A ClientHello naming another host, as octal escapes for the shell's printf.
+    let evil_hello: String = tls_hello("evil.test")
+        .iter()
+        .map(|b| format!("\\{b:03o}"))
+        .collect();
     let script = r#"
 q() { tr -d '"\\\n\r' | head -c 300; }
+n=$( (printf 'CONNECT allowed.test:443 HTTP/1.1\r\n\r\n'; printf 'EVIL_HELLO'; sleep 1) | nc 127.0.0.1 3128 2>&1 | q)
 a=$(wget -q -O- http://allowed.test/ 2>&1 | q)
 b=$(wget -Y off -q -O- http://allowed.test/ 2>&1 | q)
 c=$(wget -q -O- http://denied.test/ 2>&1 | q)
@@ -863,9 +869,10 @@ k=$(nc -w 2 2001:db8::1 80 </dev/null 2>&1 | q)
 l=$(echo x | nc -u -w 1 11.0.0.1 53 2>&1 | q)
 m=$(nc -w 2 11.0.0.1 53 </dev/null 2>&1 | q)
 h=$(grep -c denied.test "$SMITHERS_EGRESS_DENIALS")
-printf '{"outputs":{"checks":{"proxy_allowed":"%s","captured_allowed":"%s","proxy_denied":"%s","direct_denied":"%s","proxy_port":"%s","ssh_allowed":"%s","raw_literal":"%s","denials":"%s","proxy_literal":"%s","proxy_private":"%s","v6_literal":"%s","udp53_out":"%s","tcp53_out":"%s"}}}' \
-  "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h" "$i" "$j" "$k" "$l" "$m" > "$SMITHERS_SANDBOX_RESULT_PATH"
-"#;
+printf '{"outputs":{"checks":{"proxy_allowed":"%s","captured_allowed":"%s","proxy_denied":"%s","direct_denied":"%s","proxy_port":"%s","ssh_allowed":"%s","raw_literal":"%s","denials":"%s","proxy_literal":"%s","proxy_private":"%s","v6_literal":"%s","udp53_out":"%s","tcp53_out":"%s","sni_mismatch":"%s"}}}' \
+  "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h" "$i" "$j" "$k" "$l" "$m" "$n" > "$SMITHERS_SANDBOX_RESULT_PATH"
+"#
+    .replace("EVIL_HELLO", &evil_hello);
     let project = tempfile::tempdir().unwrap();
     let out = Command::new("ip")
         .args([
@@ -887,7 +894,7 @@ printf '{"outputs":{"checks":{"proxy_allowed":"%s","captured_allowed":"%s","prox
             "--allow-host",
             "private.test:80",
         ])
-        .args(["--", "sh", "-c", script])
+        .args(["--", "sh", "-c", &script])
         .env_remove("SMITHERS_DB")
         .stdin(Stdio::null())
         .output()
@@ -913,6 +920,16 @@ printf '{"outputs":{"checks":{"proxy_allowed":"%s","captured_allowed":"%s","prox
         assert!(!s(k).is_empty() && !s(k).contains("SSH"), "{k}: {doc}");
     }
     assert!(!s("udp53_out").contains("SSH"), "{doc}");
+    // A TLS server name other than the tunnel's: the tunnel opened, then closed, and the
+    // origin at :443 never dialed.
+    assert!(s("sni_mismatch").starts_with("HTTP/1.1 200"), "{doc}");
+    assert!(
+        w.log()
+            .iter()
+            .all(|l| !l.starts_with("origin 11.0.0.2:443")),
+        "{:?}",
+        w.log()
+    );
     let egress = &doc["egress"];
     assert!(egress["denied"].as_u64().unwrap() >= 3, "{egress}");
     let net = doc["enforcement"]["protections"]
@@ -949,4 +966,28 @@ printf '{"outputs":{"checks":{"proxy_allowed":"%s","captured_allowed":"%s","prox
             .any(|l| l.ends_with("-net")),
         "a holder was left behind"
     );
+}
+
+/// A minimal TLS ClientHello naming `name` (what a TLS client sends first).
+fn tls_hello(name: &str) -> Vec<u8> {
+    let n = name.len() as u16;
+    let mut sni = (n + 3).to_be_bytes().to_vec();
+    sni.push(0);
+    sni.extend_from_slice(&n.to_be_bytes());
+    sni.extend_from_slice(name.as_bytes());
+    let mut ext = vec![0, 0];
+    ext.extend_from_slice(&(sni.len() as u16).to_be_bytes());
+    ext.extend_from_slice(&sni);
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[0; 32]);
+    body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
+    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    body.extend_from_slice(&ext);
+    let mut hs = vec![1, 0];
+    hs.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    hs.extend_from_slice(&body);
+    let mut rec = vec![0x16, 3, 1];
+    rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+    rec.extend_from_slice(&hs);
+    rec
 }

@@ -797,7 +797,7 @@ async fn serve_http(shared: &Shared, mut stream: TcpStream) {
                 return;
             }
             let up = first.len() as u64;
-            splice(shared, stream, origin, rec, started, up).await;
+            splice(shared, stream, origin, rec, started, up, None).await;
         }
     }
 }
@@ -860,7 +860,9 @@ async fn tunnel(
         return;
     }
     let up = early.len() as u64;
-    splice(shared, client, origin, rec, started, up).await;
+    // Silent so far (a slow client, or one waiting for the server): checked on arrival.
+    let check = early.is_empty().then_some(host);
+    splice(shared, client, origin, rec, started, up, check).await;
 }
 
 /// The client's first bytes of a tunnel: whatever arrives within `wait` (nothing, for a
@@ -984,7 +986,8 @@ async fn serve_socks(shared: &Shared, mut stream: TcpStream) {
     if !early.is_empty() && origin.write_all(&early).await.is_err() {
         return;
     }
-    splice(shared, stream, origin, rec, started, n as u64).await;
+    let check = (n == 0).then_some(host.as_str());
+    splice(shared, stream, origin, rec, started, n as u64, check).await;
 }
 
 /// The SOCKS5 greeting and CONNECT request; `Ok(None)` when it was refused (a reply sent).
@@ -1096,6 +1099,11 @@ async fn serve_capture(shared: &Shared, stream: TcpStream) {
 
 /// Copies both ways until both end, counting bytes; the record is written when the
 /// connection ends, or when the engine stops it (the guard's drop).
+///
+/// `check`: the tunnel's host, when the client had sent nothing before the origin was
+/// dialed (a slow client, or one that waited for the server): its first bytes, a TLS
+/// record read whole, must then still pass the server-name check before any is forwarded;
+/// if they do not, both sides are closed.
 async fn splice(
     shared: &Shared,
     client: TcpStream,
@@ -1103,6 +1111,7 @@ async fn splice(
     rec: EgressRecord,
     started: Instant,
     up_already: u64,
+    check: Option<&str>,
 ) {
     struct Open<'a> {
         shared: &'a Shared,
@@ -1132,8 +1141,39 @@ async fn splice(
     let (mut or, mut ow) = origin.into_split();
     let up = open.up.clone();
     let down = open.down.clone();
-    let a = async move {
+    let stop = tokio::sync::Notify::new();
+    let mut refused: Option<String> = None;
+    let a = async {
         let mut buf = vec![0u8; 64 << 10];
+        if let Some(host) = check {
+            // The first bytes, a TLS record completed (bounded), checked before forwarding.
+            let mut first = Vec::new();
+            loop {
+                let n = match cr.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                first.extend_from_slice(&buf[..n]);
+                let want = match first.get(3..5) {
+                    Some(l) if first[0] == 0x16 => 5 + u16::from_be_bytes([l[0], l[1]]) as usize,
+                    _ => 0,
+                };
+                if first.len() >= want.min((16 << 10) + 5) {
+                    break;
+                }
+            }
+            if let Err(why) = check_server_name(&first, host) {
+                refused = Some(why);
+                stop.notify_one();
+                let _ = ow.shutdown().await;
+                return;
+            }
+            if first.is_empty() || ow.write_all(&first).await.is_err() {
+                let _ = ow.shutdown().await;
+                return;
+            }
+            up.fetch_add(first.len() as u64, Ordering::Relaxed);
+        }
         while let Ok(n) = cr.read(&mut buf).await {
             if n == 0 || ow.write_all(&buf[..n]).await.is_err() {
                 break;
@@ -1142,10 +1182,17 @@ async fn splice(
         }
         let _ = ow.shutdown().await;
     };
-    let b = async move {
+    let b = async {
         let mut buf = vec![0u8; 64 << 10];
-        while let Ok(n) = or.read(&mut buf).await {
-            if n == 0 || cw.write_all(&buf[..n]).await.is_err() {
+        loop {
+            let n = tokio::select! {
+                r = or.read(&mut buf) => match r {
+                    Ok(n) if n > 0 => n,
+                    _ => break,
+                },
+                _ = stop.notified() => break,
+            };
+            if cw.write_all(&buf[..n]).await.is_err() {
                 break;
             }
             down.fetch_add(n as u64, Ordering::Relaxed);
@@ -1153,5 +1200,9 @@ async fn splice(
         let _ = cw.shutdown().await;
     };
     tokio::join!(a, b);
+    let mut open = open;
+    if let (Some(why), Some(r)) = (refused, open.rec.as_mut()) {
+        r.error = Some(why);
+    }
     drop(open);
 }

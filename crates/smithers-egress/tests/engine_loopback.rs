@@ -448,3 +448,76 @@ fn expected_dest(i: usize, port: u16) -> String {
         _ => format!("11.0.0.9:{port}"),
     }
 }
+
+/// A client that stays silent past `first_flight` gets its origin dialed; its first bytes,
+/// a ClientHello for another name, still close the tunnel and never reach the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_hello_for_another_name_never_reaches_the_origin() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let got = received.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let got = got.clone();
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4096];
+                while let Ok(n) = s.read(&mut b) {
+                    if n == 0 {
+                        break;
+                    }
+                    got.lock().unwrap().extend_from_slice(&b[..n]);
+                }
+            });
+        }
+    });
+    let policy = Policy::from_json(&format!(
+        r#"{{"allow":[{{"host":"allowed.test","ports":[{port}]}},{{"cidr":"127.0.0.1","ports":[{port}]}}]}}"#
+    ))
+    .unwrap();
+    let mut fixed = HashMap::new();
+    fixed.insert(
+        "allowed.test".to_string(),
+        vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    );
+    let (http, http_port) = listener();
+    let mut opts = EngineOptions {
+        resolver: Resolver::Fixed(fixed),
+        ..Default::default()
+    };
+    opts.limits.first_flight = Duration::from_millis(50);
+    let engine = Engine::start(
+        policy,
+        Listeners {
+            http: Some(http),
+            ..Default::default()
+        },
+        opts,
+    )
+    .unwrap();
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+        write!(s, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        s.write_all(&hello("evil.example")).unwrap();
+        let got = read_all(s);
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    })
+    .await
+    .unwrap();
+    let summary = engine.stop().await;
+    assert!(
+        received.lock().unwrap().is_empty(),
+        "the origin got the hello"
+    );
+    let r = summary
+        .records
+        .iter()
+        .find(|r| r.entry == "http-connect")
+        .unwrap();
+    assert!(
+        r.error.as_deref().unwrap_or("").contains("server name"),
+        "{r:?}"
+    );
+}

@@ -388,3 +388,37 @@ fn rm_follows_no_link_out_of_the_project() {
     );
     assert!(outside.path().join("keep.txt").exists());
 }
+
+/// A result file that is not valid JSON, and a stream cut off at `--max-output`, are said in
+/// `run`'s summary (with why, and the flag that raises the cap) and in `--json`'s
+/// `logNotes`, not only in the bundle's log.
+#[test]
+fn a_refused_result_and_a_cut_off_stream_are_named_in_the_summary() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = "echo '{bad' > $SMITHERS_SANDBOX_RESULT_PATH; head -c 5000 /dev/zero | tr '\\0' a";
+    let out = run_step(dir.path(), &["--max-output", "1k"], script);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("result   not used: the result JSON is not valid JSON"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("cut off at maxOutputBytes (1024 bytes): raise it with --max-output"),
+        "{stderr}"
+    );
+    let out = run_step(dir.path(), &["--json", "--max-output", "1k"], script);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds: Vec<&str> = doc["logNotes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["type"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"resultRejected") && kinds.contains(&"outputTruncated"),
+        "{doc}"
+    );
+}

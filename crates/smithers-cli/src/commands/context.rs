@@ -374,6 +374,44 @@ pub fn bundle_contents(
     Ok((out, bundle.change_notes))
 }
 
+/// What the bundle's log says happened to the step's result and output (a result file that
+/// was refused, a stream cut off at a cap, egress records past their bound): at most 20
+/// records, read through no link, a bounded line at a time.
+pub fn log_notes(bundle_path: &Path) -> Vec<Value> {
+    use std::io::{BufRead, Read};
+    const MAX_LINE: u64 = 1 << 20;
+    let Ok(beneath) = smithers_paths::Beneath::open(bundle_path) else {
+        return Vec::new();
+    };
+    let Ok(file) = beneath.open_read(Path::new("logs/stream.ndjson")) else {
+        return Vec::new();
+    };
+    let mut reader = std::io::BufReader::new(file);
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    while out.len() < 20 {
+        buf.clear();
+        match Read::take(&mut reader, MAX_LINE + 1).read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) if buf.len() as u64 > MAX_LINE => {
+                let mut rest = Vec::new();
+                let _ = reader.read_until(b'\n', &mut rest);
+                continue;
+            }
+            Ok(_) => {}
+        }
+        let Ok(record) = serde_json::from_slice::<Value>(&buf) else {
+            continue;
+        };
+        if ["resultRejected", "outputTruncated", "egressRecordsDropped"]
+            .contains(&record["type"].as_str().unwrap_or(""))
+        {
+            out.push(record);
+        }
+    }
+    out
+}
+
 /// The bundle's `changeNotes`; empty when the bundle has none or no longer validates
 /// (reading its patches says why).
 pub fn bundle_notes(bundle_path: &Path) -> smithers_bundle::ChangeNotes {

@@ -807,9 +807,11 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             } else {
                 Value::Null
             };
+            let log_notes = context::log_notes(&done.bundle_path);
             if json_out {
                 doc["status"] = json!(done.status);
                 doc["bundlePath"] = json!(done.bundle_path);
+                doc["logNotes"] = json!(log_notes);
                 doc["outputs"] = done.outputs.clone().unwrap_or(Value::Null);
                 doc["patches"] = json!(changes
                     .iter()
@@ -830,6 +832,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     StepNotes {
                         enforcement: enforcement.as_ref(),
                         egress: egress.as_ref(),
+                        log: &log_notes,
                     },
                 );
                 if done.applied_patches > 0 {
@@ -846,7 +849,9 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             let (patches, notes) =
                 context::bundle_contents(&pending.bundle_path).unwrap_or_default();
             let changes = context::changes(&patches);
+            let log_notes = context::log_notes(&pending.bundle_path);
             if json_out {
+                doc["logNotes"] = json!(log_notes);
                 doc["status"] = json!("review");
                 doc["stepStatus"] = json!(pending.status);
                 doc["bundlePath"] = json!(pending.bundle_path);
@@ -874,6 +879,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     StepNotes {
                         enforcement: enforcement.as_ref(),
                         egress: egress.as_ref(),
+                        log: &log_notes,
                     },
                 );
                 eprintln!(
@@ -903,6 +909,8 @@ struct StepNotes<'a> {
     enforcement: Option<&'a Value>,
     /// The egress engine's summary.
     egress: Option<&'a Value>,
+    /// The log's notes on the result and the output ([`context::log_notes`]).
+    log: &'a [Value],
 }
 
 fn print_summary(
@@ -917,6 +925,7 @@ fn print_summary(
     let StepNotes {
         enforcement,
         egress,
+        log,
     } = notes;
     let how = match (termination, exit_code) {
         (Some("exited"), Some(c)) => format!(" (exit {c})"),
@@ -928,6 +937,9 @@ fn print_summary(
         eprintln!("not held {line}");
     }
     for line in egress_lines(egress) {
+        eprintln!("{line}");
+    }
+    for line in log_lines(log) {
         eprintln!("{line}");
     }
     match outputs {
@@ -944,6 +956,35 @@ fn print_summary(
             eprintln!("  {line}");
         }
     }
+}
+
+/// The log's notes for the step's summary: a refused result file, with why, and each stream
+/// cut off at a cap, with the flag that raises it.
+fn log_lines(log: &[Value]) -> Vec<String> {
+    log.iter()
+        .filter_map(|r| match r["type"].as_str()? {
+            "resultRejected" => Some(format!(
+                "result   not used: {} (outputs are null)",
+                r["reason"].as_str().unwrap_or("?")
+            )),
+            "outputTruncated" => {
+                let hint = match r["cap"].as_str() {
+                    Some("bytes") => "raise it with --max-output",
+                    _ => "the line cap of 100000 per stream is fixed",
+                };
+                Some(format!(
+                    "output   {}: {hint}; what was cut is not in the bundle",
+                    r["message"].as_str().unwrap_or("cut off")
+                ))
+            }
+            "egressRecordsDropped" => Some(format!(
+                "egress   {} more decisions counted but not recorded (the record cap)",
+                r["count"]
+            )),
+            _ => None,
+        })
+        .map(|l| inert(&l))
+        .collect()
 }
 
 /// The egress engine's summary for the step's summary: the counts and policy, then each

@@ -143,12 +143,16 @@ pub fn orchestrator_with(
         egress_holder: std::env::current_exe().ok(),
         ..DockerOptions::default()
     });
-    Ok(
-        Orchestrator::new(store, Arc::new(AtomicPatchApplier), Settings::from_env())
-            .coded()?
-            .with_runtime(Arc::new(native))
-            .with_runtime(Arc::new(docker)),
-    )
+    let orchestrator = Orchestrator::new(store, Arc::new(AtomicPatchApplier), Settings::from_env())
+        .coded()?
+        .with_runtime(Arc::new(native))
+        .with_runtime(Arc::new(docker));
+    // The codeplane runtime (a `smithers-sandbox serve` host) where its URL and token are
+    // set; `run --runtime codeplane` says what is missing otherwise.
+    Ok(match smithers_runtime_remote::RemoteRuntime::from_env() {
+        Ok(remote) => orchestrator.with_runtime(Arc::new(remote)),
+        Err(_) => orchestrator,
+    })
 }
 
 /// Opens the store and runs crash recovery (cheap when nothing is orphaned: one query).

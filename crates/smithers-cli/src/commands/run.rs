@@ -48,6 +48,9 @@ pub enum RuntimeChoice {
     Bubblewrap,
     /// A container through the Docker Engine API (needs --image and a running engine).
     Docker,
+    /// A remote sandbox host (`smithers-sandbox serve`) at $CODEPLANE_API_URL with the token
+    /// $CODEPLANE_API_KEY; the project is uploaded, its changes come back as patches.
+    Codeplane,
 }
 
 impl RuntimeChoice {
@@ -55,6 +58,7 @@ impl RuntimeChoice {
         match self {
             RuntimeChoice::Bubblewrap => RuntimeKind::Bubblewrap,
             RuntimeChoice::Docker => RuntimeKind::Docker,
+            RuntimeChoice::Codeplane => RuntimeKind::Codeplane,
         }
     }
 }
@@ -643,6 +647,10 @@ impl OutputSink for Sink {
 /// Runs `run`.
 pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let controls = controls(args)?;
+    if args.runtime == RuntimeChoice::Codeplane {
+        // Said before anything is created: where the host is, or what to set.
+        smithers_runtime_remote::RemoteOptions::from_env().coded()?;
+    }
     let root = args.store.root_dir()?;
     let input: Value = match &args.input {
         Some(text) => serde_json::from_str(text)

@@ -101,10 +101,25 @@ for row in "${rows[@]}"; do
   rc=0
   # A row may ask for kernel command line extras (`# vm-cmdline: ...`, e.g. systemd as PID 1).
   extras="$(sed -n 's/^# vm-cmdline: //p' "$script" | head -n1)"
-  # shellcheck disable=SC2086
-  SMITHERS_VM_CLI="$cli" SMITHERS_ATTACK_BIN="$attack" SMITHERS_VM_TESTS="$suite_list" \
-    SMITHERS_VM_TEST_THREADS="${SMITHERS_VM_TEST_THREADS:-2}" CI="${CI:-}" \
-    "$here/run.sh" "$script" $extras >"$out/$row.log" 2>&1 || rc=$?
+  # A row takes 1-3 minutes here. A VM that has not powered off after 10 (software
+  # emulation has, rarely, stalled a guest with no output at all) is killed and the row run
+  # once more, saying so; a row that fails is never retried.
+  attempt=1
+  while :; do
+    rc=0
+    # shellcheck disable=SC2086
+    SMITHERS_VM_TIMEOUT="${SMITHERS_VM_TIMEOUT:-600}" \
+      SMITHERS_VM_CLI="$cli" SMITHERS_ATTACK_BIN="$attack" SMITHERS_VM_TESTS="$suite_list" \
+      SMITHERS_VM_TEST_THREADS="${SMITHERS_VM_TEST_THREADS:-2}" CI="${CI:-}" \
+      "$here/run.sh" "$script" $extras >"$out/$row.log" 2>&1 || rc=$?
+    if [ "$rc" -eq 124 ] && [ "$attempt" -eq 1 ]; then
+      mv "$out/$row.log" "$out/$row.stalled.log"
+      echo "    row $row: the VM did not power off within ${SMITHERS_VM_TIMEOUT:-600} s ($(grep -c '^VMCHECK|' "$out/$row.stalled.log" || true) checks had finished); running it once more (log: $out/$row.stalled.log)"
+      attempt=2
+      continue
+    fi
+    break
+  done
   row_time[$row]="$(since "$t")"
   case "$rc" in
     0) row_result[$row]=pass ;;
@@ -112,7 +127,8 @@ for row in "${rows[@]}"; do
     124) row_result[$row]="fail (timeout)" ;;
     *) row_result[$row]="fail (exit $rc)" ;;
   esac
-  grep -E '^VMCHECK\|' "$out/$row.log" | while IFS='|' read -r _ _ check result secs note; do
+  # (`|| true`: a row that ran no check, one that timed out, must not end the script.)
+  { grep -E '^VMCHECK\|' "$out/$row.log" || true; } | while IFS='|' read -r _ _ check result secs note; do
     printf '    %-18s %-20s %7s s  %s\n' "$check" "$result" "$secs" "$note"
   done
   if ! grep -q '^VMROW|' "$out/$row.log"; then
@@ -127,7 +143,7 @@ echo "==> vm matrix (prepare $t_prepare s, total $(since "$t_start") s)"
 printf '%-15s %-15s %-8s %7s  %-26s %-28s %s\n' row kernel cgroup time checks result user
 for row in "${rows[@]}"; do
   IFS='|' read -r _ _ kernel mode user < <(grep -m1 '^VMROW|' "$out/$row.log" || echo "VMROW|$row|?|?|?")
-  checks="$(grep -E '^VMCHECK\|' "$out/$row.log" |
+  checks="$({ grep -E '^VMCHECK\|' "$out/$row.log" || true; } |
     awk -F'|' '{ n++; if ($4 == "pass") p++; else if ($4 == "refused-as-expected") r++; else f++ }
       END { printf "%d pass, %d refused, %d fail", p, r, f }')"
   expected="$(expected_of "$row")"

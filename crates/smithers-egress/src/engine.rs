@@ -748,16 +748,7 @@ async fn serve_http(shared: &Shared, mut stream: TcpStream) {
             let addrs = match shared.resolve_checked(&host, port).await {
                 Ok(a) => a,
                 Err((refusal, reason)) => {
-                    let status = if refusal.is_some() { 403 } else { 502 };
-                    finish_refused(shared, &mut rec, refusal, reason.clone());
-                    let _ = stream
-                        .write_all(&proxy::http_denied(
-                            status,
-                            &host,
-                            port,
-                            &reason,
-                            &shared.hash,
-                        ))
+                    answer_refused(shared, &mut stream, &mut rec, &host, port, refusal, reason)
                         .await;
                     return;
                 }
@@ -776,16 +767,7 @@ async fn serve_http(shared: &Shared, mut stream: TcpStream) {
             let (mut origin, addr) = match shared.connect_checked(&host, port).await {
                 Ok(c) => c,
                 Err((refusal, reason)) => {
-                    let status = if refusal.is_some() { 403 } else { 502 };
-                    finish_refused(shared, &mut rec, refusal, reason.clone());
-                    let _ = stream
-                        .write_all(&proxy::http_denied(
-                            status,
-                            &host,
-                            port,
-                            &reason,
-                            &shared.hash,
-                        ))
+                    answer_refused(shared, &mut stream, &mut rec, &host, port, refusal, reason)
                         .await;
                     return;
                 }
@@ -800,6 +782,30 @@ async fn serve_http(shared: &Shared, mut stream: TcpStream) {
             splice(shared, stream, origin, rec, started, up, None).await;
         }
     }
+}
+
+/// An HTTP client's answer when resolving or dialing its allowed destination failed: a 403
+/// for an answer the policy refused, a 502 for one that could not be reached; recorded.
+async fn answer_refused(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    rec: &mut EgressRecord,
+    host: &str,
+    port: u16,
+    refusal: Option<Decision>,
+    reason: String,
+) {
+    let status = if refusal.is_some() { 403 } else { 502 };
+    finish_refused(shared, rec, refusal, reason.clone());
+    let _ = stream
+        .write_all(&proxy::http_denied(
+            status,
+            host,
+            port,
+            &reason,
+            &shared.hash,
+        ))
+        .await;
 }
 
 /// A denial found after the first decision (a resolved address refused), or an error of

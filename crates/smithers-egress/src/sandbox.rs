@@ -19,6 +19,15 @@ pub const RESOLV_CONF: &str = "# smithers-sandbox: names are resolved by the run
 /// `/etc/hosts` inside: localhost only, so that no host entry bypasses our resolver.
 pub const HOSTS: &str = "127.0.0.1 localhost\n::1 localhost\n";
 
+/// A step's policy as a runtime receives it (the JSON of `Controls::egress_policy`):
+/// parsed, linted, and checked against what a runtime binds ([`capture_ports`]). `Err` is
+/// the reason, for the runtime's refusal of the control.
+pub fn checked_policy(v: &serde_json::Value) -> Result<crate::Policy, String> {
+    let policy = crate::Policy::from_json(&v.to_string()).map_err(|e| e.to_string())?;
+    capture_ports(&policy)?;
+    Ok(policy)
+}
+
 /// The ports a runtime binds for `policy` (checked: at most [`MAX_CAPTURE_PORTS`], none of
 /// the engine's own).
 pub fn capture_ports(policy: &crate::Policy) -> Result<Vec<u16>, String> {

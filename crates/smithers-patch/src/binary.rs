@@ -327,16 +327,7 @@ fn decode_data(lines: &[&str], size: u64) -> Result<Vec<u8>, String> {
     }
     let mut deflated = Vec::new();
     for line in lines {
-        let b = line.as_bytes();
-        let Some(&c) = b.first() else {
-            return Err("empty line inside binary hunk".into());
-        };
-        let n = match c {
-            b'A'..=b'Z' => (c - b'A') as usize + 1,
-            b'a'..=b'z' => (c - b'a') as usize + 27,
-            _ => return Err(format!("bad binary line length character {:?}", c as char)),
-        };
-        let chunk = decode_85(&b[1..], n).ok_or("corrupt base85 line in binary hunk")?;
+        let chunk = decode_line(line)?;
         deflated.extend_from_slice(&chunk);
     }
     let ceiling = deflated
@@ -399,16 +390,7 @@ fn verify_streamed(lines: &[&str], size: u64) -> Result<String, String> {
         )
     };
     for line in lines {
-        let b = line.as_bytes();
-        let Some(&c) = b.first() else {
-            return Err("empty line inside binary hunk".into());
-        };
-        let n = match c {
-            b'A'..=b'Z' => (c - b'A') as usize + 1,
-            b'a'..=b'z' => (c - b'a') as usize + 27,
-            _ => return Err(format!("bad binary line length character {:?}", c as char)),
-        };
-        let chunk = decode_85(&b[1..], n).ok_or("corrupt base85 line in binary hunk")?;
+        let chunk = decode_line(line)?;
         inflater.write_all(&chunk).map_err(too_long)?;
     }
     let sink = inflater.finish().map_err(too_long)?;
@@ -419,6 +401,20 @@ fn verify_streamed(lines: &[&str], size: u64) -> Result<String, String> {
         ));
     }
     Ok(crate::model::hex(&sink.hash.finalize()))
+}
+
+/// One data line of a binary hunk: its length character, then base85: the deflated bytes.
+fn decode_line(line: &str) -> Result<Vec<u8>, String> {
+    let b = line.as_bytes();
+    let Some(&c) = b.first() else {
+        return Err("empty line inside binary hunk".into());
+    };
+    let n = match c {
+        b'A'..=b'Z' => (c - b'A') as usize + 1,
+        b'a'..=b'z' => (c - b'a') as usize + 27,
+        _ => return Err(format!("bad binary line length character {:?}", c as char)),
+    };
+    Ok(decode_85(&b[1..], n).ok_or("corrupt base85 line in binary hunk")?)
 }
 
 fn strip_nl(l: &str) -> &str {

@@ -43,13 +43,12 @@ pub(crate) fn policy(c: &Controls) -> Result<Option<Policy>, RuntimeError> {
     let Some(v) = &c.egress_policy else {
         return Ok(None);
     };
-    let refuse = |reason: String| RuntimeError::InvalidControl {
-        control: "egressPolicy",
-        reason,
-    };
-    let policy = Policy::from_json(&v.to_string()).map_err(|e| refuse(e.to_string()))?;
-    smithers_egress::sandbox::capture_ports(&policy).map_err(refuse)?;
-    Ok(Some(policy))
+    smithers_egress::sandbox::checked_policy(v)
+        .map(Some)
+        .map_err(|reason| RuntimeError::InvalidControl {
+            control: "egressPolicy",
+            reason,
+        })
 }
 
 /// Why this runtime cannot hold a namespace here, if it cannot: the holder binary and the

@@ -849,7 +849,7 @@ fn docker_steps_get_the_same_answers() {
         return;
     }
     // A ClientHello naming another host, as octal escapes for the shell's printf.
-    let evil_hello: String = tls_hello("evil.test")
+    let evil_hello: String = smithers_egress::proxy::minimal_client_hello("evil.test")
         .iter()
         .map(|b| format!("\\{b:03o}"))
         .collect();
@@ -969,28 +969,4 @@ printf '{"outputs":{"checks":{"proxy_allowed":"%s","captured_allowed":"%s","prox
             .any(|l| l.ends_with("-net")),
         "a holder was left behind"
     );
-}
-
-/// A minimal TLS ClientHello naming `name` (what a TLS client sends first).
-fn tls_hello(name: &str) -> Vec<u8> {
-    let n = name.len() as u16;
-    let mut sni = (n + 3).to_be_bytes().to_vec();
-    sni.push(0);
-    sni.extend_from_slice(&n.to_be_bytes());
-    sni.extend_from_slice(name.as_bytes());
-    let mut ext = vec![0, 0];
-    ext.extend_from_slice(&(sni.len() as u16).to_be_bytes());
-    ext.extend_from_slice(&sni);
-    let mut body = vec![3, 3];
-    body.extend_from_slice(&[0; 32]);
-    body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
-    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
-    body.extend_from_slice(&ext);
-    let mut hs = vec![1, 0];
-    hs.extend_from_slice(&(body.len() as u16).to_be_bytes());
-    hs.extend_from_slice(&body);
-    let mut rec = vec![0x16, 3, 1];
-    rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
-    rec.extend_from_slice(&hs);
-    rec
 }

@@ -210,6 +210,32 @@ pub fn tls_server_name(buf: &[u8]) -> Result<Option<String>, &'static str> {
     Ok(None)
 }
 
+/// A minimal TLS ClientHello (one cipher suite, one extension) naming `name`: what a
+/// client's first flight looks like to [`tls_server_name`], for tests and probes of the
+/// server-name check.
+pub fn minimal_client_hello(name: &str) -> Vec<u8> {
+    let n = name.len() as u16;
+    let mut sni = (n + 3).to_be_bytes().to_vec();
+    sni.push(0);
+    sni.extend_from_slice(&n.to_be_bytes());
+    sni.extend_from_slice(name.as_bytes());
+    let mut ext = vec![0, 0];
+    ext.extend_from_slice(&(sni.len() as u16).to_be_bytes());
+    ext.extend_from_slice(&sni);
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[0; 32]);
+    body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
+    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    body.extend_from_slice(&ext);
+    let mut hs = vec![1, 0];
+    hs.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    hs.extend_from_slice(&body);
+    let mut rec = vec![0x16, 3, 1];
+    rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+    rec.extend_from_slice(&hs);
+    rec
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,36 +277,9 @@ mod tests {
         }
     }
 
-    /// A minimal ClientHello carrying `name` as its server name.
-    pub(crate) fn client_hello(name: &str) -> Vec<u8> {
-        let mut sni = Vec::new();
-        let n = name.len() as u16;
-        sni.extend_from_slice(&(n + 3).to_be_bytes());
-        sni.push(0);
-        sni.extend_from_slice(&n.to_be_bytes());
-        sni.extend_from_slice(name.as_bytes());
-        let mut ext = vec![0, 0];
-        ext.extend_from_slice(&(sni.len() as u16).to_be_bytes());
-        ext.extend_from_slice(&sni);
-        let mut hello = vec![3, 3];
-        hello.extend_from_slice(&[0; 32]);
-        hello.push(0); // session id
-        hello.extend_from_slice(&[0, 2, 0x13, 0x01]); // one cipher suite
-        hello.extend_from_slice(&[1, 0]); // null compression
-        hello.extend_from_slice(&(ext.len() as u16).to_be_bytes());
-        hello.extend_from_slice(&ext);
-        let mut hs = vec![1, 0];
-        hs.extend_from_slice(&(hello.len() as u16).to_be_bytes());
-        hs.extend_from_slice(&hello);
-        let mut rec = vec![0x16, 3, 1];
-        rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
-        rec.extend_from_slice(&hs);
-        rec
-    }
-
     #[test]
     fn server_name_of_a_client_hello() {
-        let hello = client_hello("API.example.com");
+        let hello = minimal_client_hello("API.example.com");
         assert_eq!(tls_server_name(&hello), Ok(Some("api.example.com".into())));
         assert_eq!(tls_server_name(b"SSH-2.0-OpenSSH\r\n"), Ok(None));
         assert!(tls_server_name(&hello[..20]).is_err());

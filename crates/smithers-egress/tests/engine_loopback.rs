@@ -115,14 +115,17 @@ async fn every_entry_point_decides_the_same_and_says_why() {
         let before = hits.load(Ordering::SeqCst);
         let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
         write!(s, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
-        s.write_all(&hello("evil.example")).unwrap();
+        s.write_all(&smithers_egress::proxy::minimal_client_hello(
+            "evil.example",
+        ))
+        .unwrap();
         let got = read_all(s);
         assert!(!got.contains("SSH-2.0-origin"), "{got}");
         assert_eq!(hits.load(Ordering::SeqCst), before, "the origin was dialed");
         // A ClientHello naming the tunnel's host, written in pieces: read whole, let through.
         let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
         write!(s, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
-        let h = hello("allowed.test");
+        let h = smithers_egress::proxy::minimal_client_hello("allowed.test");
         s.write_all(&h[..7]).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         s.write_all(&h[7..]).unwrap();
@@ -243,30 +246,6 @@ async fn connection_cap_and_slow_heads_are_bounded() {
     }
     let summary = engine.stop().await;
     assert_eq!(summary.over_connection_cap, 1);
-}
-
-/// A minimal TLS ClientHello naming `name`.
-fn hello(name: &str) -> Vec<u8> {
-    let n = name.len() as u16;
-    let mut sni = (n + 3).to_be_bytes().to_vec();
-    sni.push(0);
-    sni.extend_from_slice(&n.to_be_bytes());
-    sni.extend_from_slice(name.as_bytes());
-    let mut ext = vec![0, 0];
-    ext.extend_from_slice(&(sni.len() as u16).to_be_bytes());
-    ext.extend_from_slice(&sni);
-    let mut body = vec![3, 3];
-    body.extend_from_slice(&[0; 32]);
-    body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
-    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
-    body.extend_from_slice(&ext);
-    let mut hs = vec![1, 0];
-    hs.extend_from_slice(&(body.len() as u16).to_be_bytes());
-    hs.extend_from_slice(&body);
-    let mut rec = vec![0x16, 3, 1];
-    rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
-    rec.extend_from_slice(&hs);
-    rec
 }
 
 /// A TCP listener with SO_REUSEPORT, so a wildcard capture listener and a specific origin
@@ -500,7 +479,10 @@ async fn a_late_hello_for_another_name_never_reaches_the_origin() {
         let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
         write!(s, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
         std::thread::sleep(Duration::from_millis(300));
-        s.write_all(&hello("evil.example")).unwrap();
+        s.write_all(&smithers_egress::proxy::minimal_client_hello(
+            "evil.example",
+        ))
+        .unwrap();
         let got = read_all(s);
         assert!(got.starts_with("HTTP/1.1 200"), "{got}");
     })

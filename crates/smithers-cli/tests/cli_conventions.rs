@@ -422,3 +422,73 @@ fn a_refused_result_and_a_cut_off_stream_are_named_in_the_summary() {
         "{doc}"
     );
 }
+
+/// `run` with no `--root`, from `cwd`.
+fn run_from(cwd: &Path, script: &str) -> Output {
+    bin()
+        .current_dir(cwd)
+        .args(["run", "--", "sh", "-c", script])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_project_root_is_found_upward_like_git() {
+    if !sandboxes_usable() {
+        return;
+    }
+    // A repository: run from a subdirectory acts on the repository's top, and the step
+    // starts in the same subdirectory of /workspace.
+    let repo = tempfile::tempdir().unwrap();
+    git(repo.path(), &["init", "-q"]);
+    let sub = repo.path().join("src/deep");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::write(sub.join("lib.txt"), "v1\n").unwrap();
+    let out = run_from(&sub, "pwd; echo v2 > lib.txt");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/workspace/src/deep\n"
+    );
+    assert!(repo.path().join(".smithers/sandbox.db").is_file());
+    assert!(
+        !sub.join(".smithers").exists(),
+        "the subdirectory became a project"
+    );
+    // Read-only commands from the subdirectory find the same project.
+    let ls = bin()
+        .current_dir(&sub)
+        .args(["--json", "ls"])
+        .output()
+        .unwrap();
+    assert!(ls.status.success(), "{ls:?}");
+    let rows: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    let accept = bin()
+        .current_dir(&sub)
+        .args(["accept", rows[0]["sandboxId"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(accept.status.success(), "{accept:?}");
+    assert_eq!(
+        std::fs::read_to_string(sub.join("lib.txt")).unwrap(),
+        "v2\n"
+    );
+
+    // The nearest marker wins: a `.smithers` below the repository's top makes its own
+    // project (and a git worktree's `.git` file counts as a top).
+    let nested = repo.path().join("tools");
+    std::fs::create_dir_all(nested.join(".smithers")).unwrap();
+    std::fs::create_dir_all(nested.join("bin")).unwrap();
+    let out = run_from(&nested.join("bin"), "pwd");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "/workspace/bin\n");
+    assert!(nested.join(".smithers/sandbox.db").is_file());
+    let worktree = tempfile::tempdir().unwrap();
+    std::fs::write(worktree.path().join(".git"), "gitdir: /nowhere\n").unwrap();
+    std::fs::create_dir(worktree.path().join("w")).unwrap();
+    let out = run_from(&worktree.path().join("w"), "pwd");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "/workspace/w\n");
+    assert!(worktree.path().join(".smithers").is_dir());
+}

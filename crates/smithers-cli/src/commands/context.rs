@@ -35,11 +35,17 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    /// The project root, canonical.
+    /// The project root, canonical: `--root`, else found upward from the current directory
+    /// as git finds a repository ([`find_project_root`]).
     pub fn root_dir(&self) -> anyhow::Result<PathBuf> {
         let root = match &self.root {
             Some(r) => r.clone(),
-            None => std::env::current_dir().context("current directory")?,
+            None => {
+                let cwd = std::env::current_dir().context("current directory")?;
+                let cwd = std::fs::canonicalize(&cwd)
+                    .with_context(|| format!("current directory {}", cwd.display()))?;
+                return Ok(find_project_root(&cwd));
+            }
         };
         std::fs::canonicalize(&root).map_err(|e| {
             coded_error(
@@ -48,6 +54,18 @@ impl StoreArgs {
                 json!({ "root": root }),
             )
         })
+    }
+
+    /// Where the current directory is inside the project found upward (`None` with `--root`,
+    /// at the root itself, or outside it): `run` starts the step in the same place under
+    /// /workspace, as `git` commands run from a subdirectory act on the whole repository.
+    pub fn subdir_of_cwd(&self, root: &Path) -> Option<PathBuf> {
+        if self.root.is_some() {
+            return None;
+        }
+        let cwd = std::fs::canonicalize(std::env::current_dir().ok()?).ok()?;
+        let rel = cwd.strip_prefix(root).ok()?;
+        (!rel.as_os_str().is_empty()).then(|| rel.to_path_buf())
     }
 
     /// Where the database is (`--db`, else `<root>/.smithers/sandbox.db`); nothing created.
@@ -84,6 +102,28 @@ impl StoreArgs {
             None => format!(" --root {}", shell_quote(&root.display().to_string())),
         }
     }
+}
+
+/// The project a command run in `cwd` (canonical) acts on: the nearest directory, from `cwd`
+/// upward, that holds a `.smithers` state directory of this user or a `.git` (a repository's
+/// top, or a worktree's); `cwd` itself when none does. The nearest wins, as in git, so a
+/// `.smithers` left in a home directory does not capture every project below it. A `.smithers`
+/// that is a link or belongs to another user (a shared `/tmp/.smithers`, say) is passed over:
+/// it must not decide where a step's changes land.
+pub fn find_project_root(cwd: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
+    for dir in cwd.ancestors() {
+        let state = std::fs::symlink_metadata(dir.join(smithers_runtime::STATE_DIR_NAME));
+        if state.is_ok_and(|m| m.is_dir() && Some(m.uid()) == me) {
+            return dir.to_path_buf();
+        }
+        // `.git` is a directory at a repository's top and a file (`gitdir: ...`) in a worktree.
+        if std::fs::symlink_metadata(dir.join(".git")).is_ok() {
+            return dir.to_path_buf();
+        }
+    }
+    cwd.to_path_buf()
 }
 
 /// Quotes a word for a POSIX shell when it needs it (printed commands must paste cleanly).

@@ -668,9 +668,15 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     refuse_reused_ids(&ctx, &root, &run_id, &sandbox_id, args.replace)?;
     let mut req = SandboxRequest::new(&run_id, &sandbox_id, &root);
     req.runtime = Some(args.runtime.kind());
+    // Run from a subdirectory of the project, the step starts in the same place in
+    // /workspace (a path that is not UTF-8 cannot be said to the runtime: the top then).
+    let cwd = args
+        .store
+        .subdir_of_cwd(&root)
+        .and_then(|rel| rel.to_str().map(|rel| format!("/workspace/{rel}")));
     req.command = Some(StepCommand {
         argv: args.command.clone(),
-        cwd: None,
+        cwd,
     });
     req.input = input;
     req.image = args.image.clone();

@@ -74,6 +74,7 @@ use smithers_runtime::{
 use crate::cgroup::{CgroupHost, CgroupLimits, SandboxCgroups};
 use crate::plan::{BpfInstruction, HostFacts};
 
+pub use plan::DEFAULT_PATH;
 pub use report::protection_names;
 
 const RUNTIME: &str = "bubblewrap";

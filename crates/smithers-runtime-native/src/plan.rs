@@ -27,6 +27,9 @@ pub mod paths {
     pub const OUT_DIR: &str = "/run/smithers/out";
     /// `$SMITHERS_SANDBOX_RESULT_PATH`.
     pub const RESULT_FILE: &str = "/run/smithers/out/result.json";
+    /// The step's `$HOME`: a writable tmpfs of its own, empty at every sandbox's start, where
+    /// tools keep their caches and settings (`~/.cache`, `~/.cargo`, `~/.npm`).
+    pub const HOME: &str = "/home/sandbox";
 }
 
 /// File name of the request JSON inside the handle's `request_path`.
@@ -336,11 +339,18 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
         });
     }
 
-    // Private /tmp.
+    // Private /tmp, and a private $HOME (each as large as the disk limit allows, charged
+    // to the sandbox's memory cgroup like every tmpfs page it writes).
     ops.push(MountOp::Tmpfs {
         path: p("/tmp"),
         size_bytes: input.tmp_bytes,
         mode: 0o1777,
+        attrs: MountAttrs::RW,
+    });
+    ops.push(MountOp::Tmpfs {
+        path: p(paths::HOME),
+        size_bytes: input.tmp_bytes,
+        mode: 0o700,
         attrs: MountAttrs::RW,
     });
 
@@ -444,7 +454,11 @@ pub fn environment(
 ) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
-    env.insert("HOME".to_string(), "/tmp".to_string());
+    env.insert("HOME".to_string(), paths::HOME.to_string());
+    env.insert(
+        "XDG_CACHE_HOME".to_string(),
+        format!("{}/.cache", paths::HOME),
+    );
     env.insert("TMPDIR".to_string(), "/tmp".to_string());
     env.insert("LANG".to_string(), "C.UTF-8".to_string());
     env.insert("USER".to_string(), "root".to_string());
@@ -475,6 +489,7 @@ pub fn landlock_plan(volumes: &[smithers_runtime::VolumeMount]) -> LandlockPlan 
         p(paths::RESULT),
         p(paths::OUT_DIR),
         p("/tmp"),
+        p(paths::HOME),
         p("/dev/shm"),
         p("/dev/pts"),
     ];
@@ -831,7 +846,7 @@ mod tests {
         let env = &plan.exec.env;
         assert!(env.contains(&"FOO=bar".to_string()));
         assert!(env.contains(&"TERM=xterm".to_string()));
-        assert!(env.contains(&"HOME=/tmp".to_string()));
+        assert!(env.contains(&"HOME=/home/sandbox".to_string()));
         assert!(env.contains(&"PATH=/x".to_string()));
         assert_eq!(plan.exec.search_path, "/x");
         assert!(env.contains(&format!(

@@ -32,6 +32,8 @@ pub mod protection_names {
     pub const TIMEOUT: &str = "timeout";
     pub const OUTPUT: &str = "output";
     pub const WORKSPACE_COW: &str = "workspace-cow";
+    /// Host paths mounted by the caller (`volumes`), each with its mode.
+    pub const HOST_MOUNTS: &str = smithers_runtime::mounts::HOST_MOUNTS;
 }
 
 use protection_names as n;
@@ -274,14 +276,16 @@ pub(crate) fn enforcement(
         n::FILESYSTEM,
         Enforced,
         format!(
-            "read-only root of /usr, /bin, /lib*, /sbin and a filtered /etc; writable: /workspace ({}), /result, /tmp",
+            "read-only root of /usr, /bin, /lib*, /sbin and a filtered /etc; writable: /workspace ({}), /result, /tmp, $HOME ({}, empty at start)",
             match workspace {
                 WorkspaceState::Overlay => "copy-on-write",
                 WorkspaceState::Copy { .. } => "a copy of the project",
-            }
+            },
+            crate::plan::paths::HOME,
         ),
         None,
     ));
+    p.push(smithers_runtime::mounts::report_row(c));
     p.push(row(
         n::DEVICES,
         Enforced,

@@ -295,6 +295,7 @@ async fn environment_cwd_request_and_result() {
         assert!(
             [
                 "HOME",
+                "XDG_CACHE_HOME",
                 "LANG",
                 "PATH",
                 "PWD",
@@ -410,7 +411,8 @@ async fn system_is_read_only_and_secrets_invisible() {
         ("touch /evil", "write /"),
         ("test -e /etc/shadow", "see /etc/shadow"),
         ("test -e /root/.bashrc || test -d /root", "see /root"),
-        ("test -e /home", "see /home"),
+        // /home holds only the step's own $HOME (/home/sandbox), never the host's homes.
+        ("ls -A /home | grep -qvx sandbox", "see the host's /home"),
         (
             "test -e /dev/sda || test -e /dev/vda || test -e /dev/mem || test -e /dev/kmsg",
             "see disks",

@@ -148,6 +148,11 @@ pub struct Controls {
     pub workspace: Option<WorkspaceSpec>,
     #[serde(default)]
     pub egress: Option<EgressConfig>,
+    /// Mounts over sensitive host paths (credentials, system trees, daemons' sockets, a
+    /// whole home: [`crate::mounts::sensitive_reason`]) are refused unless this is set: the
+    /// caller's explicit choice, recorded in the config and the enforcement report.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_sensitive_mounts: bool,
     /// The network the step may reach, by name and port (the `smithers-egress` policy in
     /// its JSON form): enforced outside the sandbox by a runtime that can, refused at create
     /// by one that cannot. Exclusive with `allow_network`. From the caller only.
@@ -174,6 +179,7 @@ impl Default for Controls {
             timeout_ms: None,
             workspace: None,
             egress: None,
+            allow_sensitive_mounts: false,
             egress_policy: None,
         }
     }
@@ -216,8 +222,21 @@ impl Controls {
                 "publishing ports requires allowNetwork: true".to_string(),
             ));
         }
+        let home = std::env::var_os("HOME").map(PathBuf::from);
         for volume in &self.volumes {
             validate_volume(volume)?;
+            if !self.allow_sensitive_mounts {
+                if let Some(reason) = crate::mounts::sensitive_reason(&volume.host, home.as_deref())
+                {
+                    return Err(invalid(
+                        "volumes",
+                        format!(
+                            "mount of {} refused: {reason}; if the step must have it, allow it explicitly (--allow-sensitive-mount, allowSensitiveMounts: true)",
+                            volume.host.display()
+                        ),
+                    ));
+                }
+            }
         }
         if let Some(cpu) = self.cpu_limit {
             if !(cpu.is_finite() && cpu > 0.0) {
@@ -310,7 +329,7 @@ fn validate_volume(volume: &VolumeMount) -> Result<(), RuntimeError> {
             ),
         ));
     }
-    for reserved in ["/workspace", "/result"] {
+    for reserved in ["/workspace", "/result", "/run/smithers"] {
         let reserved = Path::new(reserved);
         // Targeting the reserved dir, a path beneath it, or a parent of it (which would shadow
         // it) are all refused.
@@ -414,7 +433,13 @@ impl SandboxConfig {
                 format!("must be an absolute path, got {}", self.root_dir.display()),
             ));
         }
-        self.controls.validate()
+        self.controls.validate()?;
+        for volume in self.controls.volumes.iter().filter(|v| !v.readonly) {
+            if let Some(reason) = crate::mounts::project_overlap(&volume.host, &self.root_dir) {
+                return Err(invalid("volumes", reason));
+            }
+        }
+        Ok(())
     }
 }
 

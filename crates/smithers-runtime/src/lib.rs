@@ -37,6 +37,7 @@ pub mod containment;
 pub mod error;
 pub mod git_ref;
 pub mod kept_layer;
+pub mod mounts;
 pub mod types;
 
 use async_trait::async_trait;

@@ -5,6 +5,7 @@ pub mod context;
 pub mod doctor;
 pub mod egress;
 pub mod inspect;
+pub mod mounts;
 pub mod remove;
 pub mod review;
 pub mod run;

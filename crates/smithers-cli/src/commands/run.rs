@@ -115,6 +115,20 @@ pub struct RunArgs {
     /// see `smithers-sandbox egress check`). Combined with --allow-host.
     #[arg(long, value_name = "FILE")]
     pub egress_policy: Option<std::path::PathBuf>,
+    /// Bring a host path in: HOST[:DEST][:ro|rw], read-only unless :rw, at the same path
+    /// when DEST is left out (repeatable). Recorded in the enforcement report; a sensitive
+    /// path (credentials, /etc, /run, a whole home) is refused without
+    /// --allow-sensitive-mount, and a writable one over the project always.
+    #[arg(long = "mount", value_name = "HOST[:DEST][:ro|rw]")]
+    pub mount: Vec<String>,
+    /// Allow --mount over sensitive host paths (credentials, system trees, daemons' sockets,
+    /// a whole home): the step can then read (or write) them.
+    #[arg(long)]
+    pub allow_sensitive_mount: bool,
+    /// Bring a toolchain of this host in, read-only: rustup, pyenv, nvm or pipx
+    /// (repeatable; see `run --help`).
+    #[arg(long = "toolchain", value_name = "NAME", long_help = super::mounts::TOOLCHAIN_HELP)]
+    pub toolchain: Vec<String>,
     /// Memory limit, e.g. 512m, 2g.
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<String>,
@@ -301,6 +315,33 @@ fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
             .split_once('=')
             .ok_or_else(|| invalid(format!("--env {kv:?} must be KEY=VALUE")))?;
         c.env.insert(k.to_string(), v.to_string());
+    }
+    for m in &args.mount {
+        c.volumes.push(super::mounts::parse_mount(m)?);
+    }
+    let mut toolchain_path = Vec::new();
+    for name in &args.toolchain {
+        let t = super::mounts::toolchain(name)?;
+        c.volumes.extend(t.mounts);
+        for (k, v) in t.env {
+            // The caller's own --env wins.
+            c.env.entry(k).or_insert(v);
+        }
+        toolchain_path.extend(t.path);
+    }
+    if !toolchain_path.is_empty() && !c.env.contains_key("PATH") {
+        let mut path: Vec<String> = toolchain_path
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        path.push(smithers_runtime_native::DEFAULT_PATH.to_string());
+        c.env.insert("PATH".into(), path.join(":"));
+    }
+    c.allow_sensitive_mounts = args.allow_sensitive_mount;
+    if args.runtime == RuntimeChoice::Codeplane && !c.volumes.is_empty() {
+        return Err(invalid(
+            "--mount and --toolchain name paths of this machine, which a remote host (--runtime codeplane) cannot mount".to_string(),
+        ));
     }
     if let Some(policy) =
         super::egress::policy_of_flags(args.egress_policy.as_deref(), &args.allow_host)?
@@ -652,6 +693,18 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         smithers_runtime_remote::RemoteOptions::from_env().coded()?;
     }
     let root = args.store.root_dir()?;
+    // The controls are checked before anything is created (a refused mount makes no row,
+    // no sandbox); the runtime checks them again at create.
+    smithers_runtime::SandboxConfig {
+        run_id: "check".into(),
+        sandbox_id: "check".into(),
+        runtime: args.runtime.kind(),
+        root_dir: root.clone(),
+        image: None,
+        controls: controls.clone(),
+    }
+    .validate()
+    .coded()?;
     let input: Value = match &args.input {
         Some(text) => serde_json::from_str(text)
             .map_err(|e| invalid(format!("--input is not valid JSON: {e}")))?,

@@ -132,6 +132,7 @@ impl RoundTrip {
         let command = StepCommand {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             cwd: None,
+            stdin: Default::default(),
         };
         let rt = &self.runtime;
         let mut spent = [Duration::ZERO; 5];

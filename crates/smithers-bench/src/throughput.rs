@@ -111,6 +111,7 @@ impl Bench {
         req.command = Some(StepCommand {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             cwd: None,
+            stdin: Default::default(),
         });
         req
     }

@@ -492,3 +492,59 @@ fn the_project_root_is_found_upward_like_git() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "/workspace/w\n");
     assert!(worktree.path().join(".smithers").is_dir());
 }
+
+/// `run --root dir -- sh -c SCRIPT` with `input` written to its stdin (a pipe), then closed.
+fn run_with_stdin(dir: &Path, script: &str, input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = run_cmd(dir, &["--no-review"], script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    // Written from a thread: a step that reads little must not deadlock the test.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    out
+}
+
+#[test]
+fn stdin_reaches_the_step() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_with_stdin(
+        dir.path(),
+        "read first; echo \"got $first\"; wc -l",
+        b"one\ntwo\nthree\n",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "got one\n2\n");
+    // More than a pipe's buffer, streamed (not read whole before the step starts).
+    let big = vec![b'x'; 4 << 20];
+    let out = run_with_stdin(dir.path(), "wc -c", &big);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        (4 << 20).to_string()
+    );
+    // A step that never reads its stdin ends on its own, whatever is still being written.
+    let out = run_with_stdin(dir.path(), "echo done", &big);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
+    // No stdin (here /dev/null, as under `output()`): the step reads EOF at once.
+    let out = run_step(dir.path(), &["--no-review"], "cat; echo eof");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "eof\n");
+    // The FIFO does not stay behind in the project's state.
+    let leftovers = std::process::Command::new("find")
+        .arg(dir.path().join(".smithers"))
+        .args(["-type", "p"])
+        .output()
+        .unwrap();
+    assert!(leftovers.stdout.is_empty(), "{leftovers:?}");
+}

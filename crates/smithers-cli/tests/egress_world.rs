@@ -782,6 +782,7 @@ fn serve_confines_a_clients_policy_and_streams_its_decisions() {
                     &StepCommand {
                         argv: vec!["/usr/bin/python3".into(), "-c".into(), CHECKS.into()],
                         cwd: None,
+                        stdin: Default::default(),
                     },
                     CancellationToken::new(),
                     &sink,

@@ -150,6 +150,7 @@ fn step_command(token: &str) -> StepCommand {
     StepCommand {
         argv: vec!["sh".into(), "-c".into(), script],
         cwd: None,
+        stdin: Default::default(),
     }
 }
 

@@ -189,6 +189,7 @@ impl SandboxRequest {
                 .map(str::to_string)
                 .collect(),
             cwd: None,
+            stdin: Default::default(),
         })
     }
 

@@ -76,6 +76,7 @@ impl Harness {
         r.command = Some(StepCommand {
             argv: vec!["sh".into(), "-c".into(), script.into()],
             cwd: None,
+            stdin: Default::default(),
         });
         r.input = json!({"question": "six times seven"});
         r.config = json!({"env": {"API_TOKEN": "s3cret-value"}, "memoryLimit": "512m"});
@@ -984,6 +985,7 @@ async fn crash_helper_process() {
     req.command = Some(StepCommand {
         argv: vec!["sh".into(), "-c".into(), "sleep 300".into()],
         cwd: None,
+        stdin: Default::default(),
     });
     let out = orch.execute(&req, &StepContext::default()).await;
     panic!("the helper should have been killed, but execute returned {out:?}");

@@ -57,6 +57,7 @@ async fn main() {
                 &StepCommand {
                     argv: vec!["true".into()],
                     cwd: None,
+                    stdin: Default::default(),
                 },
                 CancellationToken::new(),
                 &NullSink,

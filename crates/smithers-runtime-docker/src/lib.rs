@@ -721,6 +721,7 @@ impl Runtime for DockerRuntime {
         cancel: CancellationToken,
         output: &dyn OutputSink,
     ) -> Result<ExecOutcome, RuntimeError> {
+        refuse_stdin(command, "docker")?;
         let state = require_state(handle, "execute")?;
         let live = self
             .live_get(&state.container_name)
@@ -1397,6 +1398,18 @@ fn protection(name: &str, status: ProtectionStatus, detail: impl Into<String>) -
 }
 
 /// What was in force for one sandbox.
+/// A stdin stream is not attached to a container's command (the engine's attach is not
+/// wired here): refused, never dropped.
+fn refuse_stdin(command: &StepCommand, runtime: &str) -> Result<(), RuntimeError> {
+    if command.stdin.is_given() {
+        return Err(RuntimeError::InvalidControl {
+            control: "stdin",
+            reason: format!("the {runtime} runtime does not pass a stdin stream to the command"),
+        });
+    }
+    Ok(())
+}
+
 fn enforcement_for(c: &Controls, state: &BackendState, watchdog: bool) -> EnforcementReport {
     use ProtectionStatus::*;
     let mut p = vec![

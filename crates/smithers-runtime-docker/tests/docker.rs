@@ -123,6 +123,7 @@ fn sh(script: &str) -> StepCommand {
     StepCommand {
         argv: vec!["sh".into(), "-c".into(), script.into()],
         cwd: None,
+        stdin: Default::default(),
     }
 }
 
@@ -249,6 +250,7 @@ async fn missing_command_is_an_outcome() {
             &StepCommand {
                 argv: vec!["/no/such/binary".into()],
                 cwd: None,
+                stdin: Default::default(),
             },
             CancellationToken::new(),
             &lines,

@@ -50,7 +50,11 @@ async fn main() {
     let outcome = rt
         .execute(
             &handle,
-            &StepCommand { argv, cwd: None },
+            &StepCommand {
+                argv,
+                cwd: None,
+                stdin: Default::default(),
+            },
             CancellationToken::new(),
             &Print,
         )

@@ -648,7 +648,17 @@ pub(crate) async fn execute(
     let started = Instant::now();
     let spawned = spawn_init(zygote, init, theirs).await?;
     let tmp_bytes = controls.disk_limit_bytes.unwrap_or(plan::DEFAULT_TMP_BYTES);
+    // The caller's stream as the command's stdin, through a FIFO in the request directory;
+    // the feed stops when this function returns.
+    let _stdin_feed = match command.stdin.take() {
+        Some(reader) => Some(
+            crate::stdin_feed::start(&handle.request_path, reader)
+                .map_err(|e| RuntimeError::io("make the stdin FIFO in", &handle.request_path, e))?,
+        ),
+        None => None,
+    };
     let mut plan = plan::compile(&PlanInput {
+        stdin: _stdin_feed.is_some(),
         layout: &layout,
         workspace,
         host: &caps.facts,

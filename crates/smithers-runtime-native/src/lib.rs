@@ -58,6 +58,7 @@ mod prepared_root;
 mod report;
 pub mod seccomp;
 mod status;
+mod stdin_feed;
 mod zygote;
 
 use std::collections::BTreeMap;

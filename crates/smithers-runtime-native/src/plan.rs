@@ -27,6 +27,9 @@ pub mod paths {
     pub const OUT_DIR: &str = "/run/smithers/out";
     /// `$SMITHERS_SANDBOX_RESULT_PATH`.
     pub const RESULT_FILE: &str = "/run/smithers/out/result.json";
+    /// The FIFO the command's stdin is opened from when the caller gave one (in the
+    /// read-only request directory; a FIFO's data is not a write to its file system).
+    pub const STDIN_FIFO: &str = "/run/smithers/request/stdin";
     /// The step's `$HOME`: a writable tmpfs of its own, empty at every sandbox's start, where
     /// tools keep their caches and settings (`~/.cache`, `~/.cargo`, `~/.npm`).
     pub const HOME: &str = "/home/sandbox";
@@ -180,6 +183,8 @@ pub struct PlanInput<'a> {
     pub volumes: &'a [smithers_runtime::VolumeMount],
     pub argv: &'a [String],
     pub cwd: Option<&'a str>,
+    /// The command reads its stdin from [`paths::STDIN_FIFO`] (else `/dev/null`).
+    pub stdin: bool,
     /// The step's validated environment.
     pub step_env: &'a BTreeMap<String, String>,
     /// The host's environment, from which only [`ENV_PASSTHROUGH`] is taken.
@@ -533,6 +538,7 @@ pub fn compile(input: &PlanInput<'_>) -> InitPlan {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| p(paths::WORKSPACE)),
             search_path,
+            stdin: input.stdin.then(|| p(paths::STDIN_FIFO)),
         },
     }
 }
@@ -602,6 +608,7 @@ mod tests {
         .into();
         let argv = vec!["echo".to_string(), "hi".to_string()];
         compile(&PlanInput {
+            stdin: false,
             layout: &layout,
             workspace,
             host: &host,

@@ -191,6 +191,7 @@ async fn run_step(rt: &NativeRuntime, project: tempfile::TempDir) -> Ran {
             &StepCommand {
                 argv: vec!["/bin/sh".into(), "-c".into(), STEP.into()],
                 cwd: None,
+                stdin: Default::default(),
             },
             CancellationToken::new(),
             &sink,

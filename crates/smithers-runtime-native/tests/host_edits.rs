@@ -151,6 +151,7 @@ async fn run(mode: WorkspaceMode, project: &Path) -> Option<Outcome> {
             &StepCommand {
                 argv: vec!["/bin/sh".into(), "-c".into(), STEP.into()],
                 cwd: None,
+                stdin: Default::default(),
             },
             CancellationToken::new(),
             &sink,

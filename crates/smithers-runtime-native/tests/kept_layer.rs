@@ -86,6 +86,7 @@ async fn over_limit_change_is_kept(workspace: WorkspaceMode, tag: &str) {
             &StepCommand {
                 argv: vec!["/bin/sh".into(), "-c".into(), STEP.into()],
                 cwd: None,
+                stdin: Default::default(),
             },
             CancellationToken::new(),
             &Quiet,

@@ -138,6 +138,7 @@ impl Sandbox {
                 &StepCommand {
                     argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
                     cwd: None,
+                    stdin: Default::default(),
                 },
                 CancellationToken::new(),
                 &lines,
@@ -255,6 +256,7 @@ async fn the_command_starts_with_a_clean_process_state() {
                 &StepCommand {
                     argv: vec![argv0.into()],
                     cwd: None,
+                    stdin: Default::default(),
                 },
                 CancellationToken::new(),
                 &lines,
@@ -524,6 +526,7 @@ async fn cancellation_kills_everything() {
                     format!("(sleep 1000 &) ; exec -a {marker} sleep 1000"),
                 ],
                 cwd: None,
+                stdin: Default::default(),
             },
             cancel,
             &Lines::default(),
@@ -1049,6 +1052,7 @@ async fn a_command_with_a_nul_byte_is_refused() {
             &StepCommand {
                 argv: vec!["/bin/echo".into(), "visible\0hidden".into()],
                 cwd: None,
+                stdin: Default::default(),
             },
             CancellationToken::new(),
             &lines,

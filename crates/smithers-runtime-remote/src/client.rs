@@ -821,6 +821,13 @@ impl Runtime for RemoteRuntime {
         cancel: CancellationToken,
         output: &dyn OutputSink,
     ) -> Result<ExecOutcome, RuntimeError> {
+        // The remote API carries no stdin stream: refused, never dropped.
+        if command.stdin.is_given() {
+            return Err(RuntimeError::InvalidControl {
+                control: "stdin",
+                reason: "the codeplane runtime does not pass a stdin stream to the command".into(),
+            });
+        }
         let b = self.backend(handle)?;
         // One key per execute call: every retry of this call carries it, so the host starts
         // the step once whatever the network does.

@@ -113,6 +113,7 @@ fn sh(script: &str) -> StepCommand {
     StepCommand {
         argv: vec!["sh".into(), "-c".into(), script.into()],
         cwd: None,
+        stdin: Default::default(),
     }
 }
 

@@ -812,7 +812,11 @@ impl<'e> Sandbox<'e> {
         cancel: CancellationToken,
     ) -> Result<Exec, RuntimeError> {
         let output = Arc::new(Captured::default());
-        let command = StepCommand { argv, cwd: None };
+        let command = StepCommand {
+            argv,
+            cwd: None,
+            stdin: Default::default(),
+        };
         let outcome = self
             .env
             .runtime()
@@ -1730,6 +1734,7 @@ pub async fn cancellation_kills_everything(env: &SuiteEnv) -> CaseResult {
     let command = StepCommand {
         argv: project.attack_argv(&["daemonize", &marker, "600", "+", "sleep", &marker, "600"]),
         cwd: None,
+        stdin: Default::default(),
     };
     let execute = env
         .runtime()

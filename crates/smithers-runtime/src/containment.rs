@@ -799,6 +799,7 @@ async fn row13_helper(env: &SuiteEnv) -> CaseResult {
             "600".into(),
         ],
         cwd: None,
+        stdin: Default::default(),
     };
     // Runs until the parent SIGKILLs this process.
     let _ = env

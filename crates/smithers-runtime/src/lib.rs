@@ -51,7 +51,7 @@ pub use error::RuntimeError;
 pub use types::{
     CollectReport, EnforcementReport, ExecOutcome, NullSink, OutputEvent, OutputSink, Protection,
     ProtectionStatus, RequestBundle, ResourceUsage, SandboxHandle, ShipReport, StepCommand,
-    Termination,
+    StepStdin, Termination,
 };
 
 /// A sandbox backend. Object safe: the orchestrator holds `Arc<dyn Runtime>`.

@@ -141,7 +141,64 @@ pub struct StepCommand {
     pub argv: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// What the command reads on its stdin: nothing (`/dev/null`) unless the caller hands a
+    /// reader in. Never serialised (it is a live stream, and may carry secrets).
+    #[serde(skip)]
+    pub stdin: StepStdin,
 }
+
+/// The command's stdin: `/dev/null`, or a reader the runtime copies into the command's
+/// stdin as the command reads it (the CLI's own stdin, for `echo x | run -- wc`). Taken once:
+/// the first `execute` of the command gets it, a second one `/dev/null`. A runtime that cannot
+/// pass a stream refuses a command that has one ([`StepStdin::is_given`]).
+#[derive(Clone, Default)]
+pub struct StepStdin(Option<std::sync::Arc<std::sync::Mutex<Option<StdinReader>>>>);
+
+/// The reader behind a [`StepStdin`].
+pub type StdinReader = Box<dyn std::io::Read + Send>;
+
+impl StepStdin {
+    /// A stdin read from `reader`.
+    pub fn from_reader(reader: impl std::io::Read + Send + 'static) -> StepStdin {
+        StepStdin(Some(std::sync::Arc::new(std::sync::Mutex::new(Some(
+            Box::new(reader),
+        )))))
+    }
+
+    /// Whether a reader was given (taken or not).
+    pub fn is_given(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The reader, once.
+    pub fn take(&self) -> Option<StdinReader> {
+        let slot = self.0.as_ref()?;
+        slot.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl std::fmt::Debug for StepStdin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_given() {
+            "StepStdin(reader)"
+        } else {
+            "StepStdin(/dev/null)"
+        })
+    }
+}
+
+/// Two stdins are equal when both are `/dev/null` or both are the same reader.
+impl PartialEq for StepStdin {
+    fn eq(&self, other: &StepStdin) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for StepStdin {}
 
 /// Why a command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when the init and the runtime would disagree on the plan's meaning.
-pub const PLAN_VERSION: u32 = 7;
+pub const PLAN_VERSION: u32 = 8;
 
 /// Size of the tmpfs the new root is built on ([`RootFs::Tmpfs`]): it only holds directories,
 /// mount points, symlinks and the `/etc` copies, and is remounted read-only before the
@@ -195,6 +195,10 @@ pub struct ExecSpec {
     /// The `PATH` used to find `argv[0]` (the init does the search itself, because
     /// `execvpe` would search the init's own environment).
     pub search_path: String,
+    /// The command's stdin: a path inside the sandbox opened read-only (the runtime's FIFO,
+    /// fed by the caller's stream), else `/dev/null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<PathBuf>,
 }
 
 /// How P1 enters the sandbox's cgroups without the cost of a cgroup migration.

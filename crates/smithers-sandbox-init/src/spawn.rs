@@ -12,6 +12,8 @@ pub(crate) struct PreparedExec {
     argv: Vec<CString>,
     env: Vec<CString>,
     cwd: CString,
+    /// Opened as the command's stdin: the plan's path read-only, else `/dev/null`.
+    stdin: (CString, libc::c_int),
     argv0: String,
 }
 
@@ -37,6 +39,15 @@ impl PreparedExec {
         let cwd = c(plan.exec.cwd.as_os_str().as_bytes(), &|| {
             "the working directory".to_string()
         })?;
+        let stdin = match &plan.exec.stdin {
+            Some(path) => (
+                c(path.as_os_str().as_bytes(), &|| {
+                    "the stdin path".to_string()
+                })?,
+                libc::O_RDONLY,
+            ),
+            None => (c"/dev/null".to_owned(), libc::O_RDWR),
+        };
         let candidates = if argv0.contains('/') {
             vec![argv[0].clone()]
         } else {
@@ -51,6 +62,7 @@ impl PreparedExec {
             argv,
             env,
             cwd,
+            stdin,
             argv0,
         })
     }
@@ -66,7 +78,7 @@ impl PreparedExec {
     }
 
     /// Starts the command (P2) with `posix_spawn`, which clones without copying P1's page
-    /// tables (glibc's CLONE_VM|CLONE_VFORK): in its own session, stdin `/dev/null`, stdout
+    /// tables (glibc's CLONE_VM|CLONE_VFORK): in its own session, stdin `/dev/null` or the plan's FIFO, stdout
     /// and stderr the runtime's pipes, no other descriptor, every signal at its default
     /// disposition and none blocked (P1 is a Rust program, which ignores SIGPIPE; a command
     /// must not inherit that, or `yes | head` reports EPIPE instead of ending quietly). The
@@ -155,8 +167,8 @@ impl PreparedExec {
                 libc::posix_spawn_file_actions_addopen(
                     &mut actions,
                     0,
-                    c"/dev/null".as_ptr(),
-                    libc::O_RDWR,
+                    self.stdin.0.as_ptr(),
+                    self.stdin.1,
                     0,
                 ),
             ];
@@ -233,6 +245,7 @@ mod tests {
                 env: env.iter().map(|s| s.to_string()).collect(),
                 cwd: PathBuf::from(cwd),
                 search_path: "/usr/bin:/bin".into(),
+                stdin: None,
             },
         }
     }

@@ -685,6 +685,32 @@ impl OutputSink for Sink {
     }
 }
 
+/// Our stdin for the step when it is a pipe or a file (`echo x | run -- wc`, `run -- sh <
+/// script`): streamed into the command's stdin by the native runtime as it reads. A terminal
+/// or `/dev/null` is not passed (the step reads EOF): a step has no terminal, and reading the
+/// user's keystrokes into it unasked would surprise. Docker and codeplane carry no stream, so
+/// there a piped stdin is left out and said so.
+fn step_stdin(runtime: RuntimeChoice, json_out: bool) -> smithers_runtime::StepStdin {
+    use std::os::unix::fs::FileTypeExt;
+    let piped = std::fs::metadata("/proc/self/fd/0").is_ok_and(|m| {
+        let t = m.file_type();
+        t.is_fifo() || t.is_file() || t.is_socket()
+    });
+    if !piped {
+        return smithers_runtime::StepStdin::default();
+    }
+    if runtime != RuntimeChoice::Bubblewrap {
+        if !json_out {
+            eprintln!(
+                "note: stdin is not passed to the step: the {} runtime carries no stdin stream (the step reads EOF)",
+                runtime.kind()
+            );
+        }
+        return smithers_runtime::StepStdin::default();
+    }
+    smithers_runtime::StepStdin::from_reader(std::io::stdin())
+}
+
 /// Runs `run`.
 pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let controls = controls(args)?;
@@ -730,6 +756,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     req.command = Some(StepCommand {
         argv: args.command.clone(),
         cwd,
+        stdin: step_stdin(args.runtime, json_out),
     });
     req.input = input;
     req.image = args.image.clone();

@@ -47,8 +47,8 @@ pub use bounds::check_output_bounds;
 pub use error::BundleError;
 pub use limits::*;
 pub use manifest::{
-    BundleStatus, ChangeNotes, DiffBundle, DiffOperation, DiffPatch, LeftOut, Manifest,
-    ValidatedBundle,
+    BundleStatus, ChangeNotes, CommitFile, CommitInfo, CommitSeries, DiffBundle, DiffOperation,
+    DiffPatch, LeftOut, Manifest, ValidatedBundle, COMMITS_BUNDLE_FILE,
 };
 pub use smithers_paths::PathError;
 pub use validate::{assert_patch_path_safe, parse_change_notes, parse_manifest, validate_bundle};

@@ -167,6 +167,66 @@ pub struct ChangeNotes {
     /// from the ids, never this string.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_layer: Option<String>,
+    /// The commits the step made in the project's repository (`git commit` inside the
+    /// sandbox), as a series on top of the host's HEAD: their objects are in the bundle's
+    /// `git/commits.bundle` (a git bundle), and `accept` adds them to the host's repository
+    /// and moves its branch to `tip`. The working-tree patches still carry the files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commits: Option<CommitSeries>,
+}
+
+/// Where a bundle keeps the objects of its [`CommitSeries`].
+pub const COMMITS_BUNDLE_FILE: &str = "git/commits.bundle";
+
+/// The step's commits (see [`ChangeNotes::commits`]). Object ids are git's (40 hex digits):
+/// what accept adds is exactly what was reviewed, since an id names its content.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommitSeries {
+    /// The branch the sandbox's HEAD was on (`main`), or `None` for a detached HEAD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    /// The host's HEAD commit the step started from; accept requires it still is.
+    pub base: String,
+    /// The sandbox's HEAD commit at the end of the step.
+    pub tip: String,
+    /// The commits from `base` (excluded) to `tip`, oldest first.
+    pub commits: Vec<CommitInfo>,
+}
+
+/// One commit of a [`CommitSeries`] (texts bounded: see `smithers-git`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommitInfo {
+    pub oid: String,
+    pub parents: Vec<String>,
+    pub author: String,
+    pub author_email: String,
+    /// ISO 8601, as the commit says.
+    pub author_date: String,
+    pub committer: String,
+    pub committer_email: String,
+    pub subject: String,
+    /// The message after the subject line (cut at 4 KiB, said with a trailing note).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub body: String,
+    /// Files changed against the first parent: (path, lines added, lines removed; `None`
+    /// for a binary file).
+    pub files: Vec<CommitFile>,
+    /// How many more changed files than `files` lists.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub files_unlisted: u64,
+}
+
+/// A file a commit changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommitFile {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<u64>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -183,6 +243,7 @@ impl ChangeNotes {
             && self.left_out.is_empty()
             && self.left_out_unlisted == 0
             && self.kept_layer.is_none()
+            && self.commits.is_none()
     }
 
     /// Adds a left-out entry, counting it past [`ChangeNotes::MAX_LISTED`].

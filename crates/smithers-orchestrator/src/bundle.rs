@@ -280,6 +280,43 @@ pub trait PatchApplier: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// Applies a bundle's working-tree patches (`apply`) and, when the step made commits, adds
+/// them to the host's repository: refused before anything is written when the host's HEAD
+/// is no longer the series' base; the objects added (git-checked) before the files, the
+/// branch moved after them.
+fn with_commits<T>(
+    root_dir: &Path,
+    bundle_path: &Path,
+    commits: Option<&smithers_bundle::CommitSeries>,
+    apply: impl FnOnce() -> Result<T, ErrorReport>,
+) -> Result<T, ErrorReport> {
+    let Some(series) = commits else {
+        return apply();
+    };
+    let refused = |e: String| {
+        ErrorReport::new(
+            ErrorCode::ToolPatchFailed,
+            format!("the step's commits cannot be added: {e}"),
+        )
+        .with_details(serde_json::json!({ "base": series.base, "tip": series.tip }))
+    };
+    smithers_git::check(root_dir, series).map_err(refused)?;
+    smithers_git::fetch(root_dir, series, &smithers_git::bundle_file(bundle_path))
+        .map_err(refused)?;
+    let applied = apply()?;
+    smithers_git::advance(root_dir, series, "smithers-sandbox: accept the step's commits")
+        .map_err(|e| {
+            ErrorReport::new(
+                ErrorCode::ToolPatchFailed,
+                format!(
+                    "the step's files were applied, but its commits were not put on the branch: {e}; `git update-ref HEAD {} {}` then `git reset -q` does it by hand",
+                    series.tip, series.base
+                ),
+            )
+        })?;
+    Ok(applied)
+}
+
 /// The real applier: `smithers_patch::apply_patch_texts`, all or nothing, confined to the
 /// root (no `..`, no symlinks, never into `.git/` or `.smithers/`), conflict-checked against
 /// the base blob ids the patches carry, journaled so a crash mid-apply is rolled back or
@@ -433,12 +470,26 @@ impl PatchApplier for AtomicPatchApplier {
             return Err(changed_since_review(digest, &found));
         }
         let (texts, host_changed) = Self::reviewed_texts(&bytes)?;
-        Self::apply_texts(root_dir, &texts, host_changed, conflict_markers)
+        // The commits are those of the reviewed README.md (its digest was just checked);
+        // their objects are named by id, so the git bundle file needs no digest of its own.
+        let commits = smithers_bundle::parse_change_notes(&bytes.readme)
+            .ok()
+            .and_then(|n| n.commits);
+        with_commits(root_dir, &bundle.bundle_path, commits.as_ref(), || {
+            Self::apply_texts(root_dir, &texts, host_changed, conflict_markers)
+        })
     }
 
     fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport> {
         let host_changed = bundle.change_notes.host_changed.iter().cloned().collect();
-        Self::apply_texts(root_dir, &Self::texts(bundle)?, host_changed, false).map(|_| ())
+        let texts = Self::texts(bundle)?;
+        with_commits(
+            root_dir,
+            &bundle.bundle_path,
+            bundle.change_notes.commits.as_ref(),
+            || Self::apply_texts(root_dir, &texts, host_changed, false),
+        )
+        .map(|_| ())
     }
 
     fn apply_marking_conflicts(

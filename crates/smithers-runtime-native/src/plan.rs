@@ -359,8 +359,7 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
         attrs: MountAttrs::RW,
     });
 
-    // The copy-on-write workspace, with the project's own state hidden and .git read-only
-    // (a hook or config written there would run on the host once the patch is applied).
+    // The copy-on-write workspace, with the project's own state hidden.
     // In copy mode the copy is bound instead, with stand-in directories for both: the mask
     // goes over the empty `.smithers`, and the host's `.git` is bound read-only on the empty
     // `.git` (never copied, never writable).
@@ -386,21 +385,18 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
             path: Path::new(paths::WORKSPACE).join(".smithers"),
         });
     }
-    if input.workspace.has_git_dir {
-        let path = Path::new(paths::WORKSPACE).join(".git");
-        ops.push(match &layout.workspace_copy {
-            None => MountOp::Rebind {
-                path,
-                attrs: MountAttrs::RO,
-                optional: true,
-            },
-            Some(_) => MountOp::Bind {
-                source: layout.root_dir.join(".git"),
-                path,
-                kind: TargetKind::Dir,
-                attrs: MountAttrs::RO,
-                optional: true,
-            },
+    // The project's `.git`: in overlay mode part of the copy-on-write view, so the step can
+    // stage, commit, branch and stash; what its git writes stays in the layer, is never
+    // applied as files (collect leaves `.git` out of the patches) and comes back only as the
+    // commits `smithers-git` reads (no hook or config of the step's ever reaches the host).
+    // A copy workspace does not copy it: the host's is bound read-only there.
+    if input.workspace.has_git_dir && layout.workspace_copy.is_some() {
+        ops.push(MountOp::Bind {
+            source: layout.root_dir.join(".git"),
+            path: Path::new(paths::WORKSPACE).join(".git"),
+            kind: TargetKind::Dir,
+            attrs: MountAttrs::RO,
+            optional: true,
         });
     }
 
@@ -721,12 +717,10 @@ mod tests {
             .iter()
             .position(|m| matches!(m, MountOp::MaskDir { path } if path == Path::new("/workspace/.smithers")))
             .expect("mask");
-        let git = plan
-            .mounts
-            .iter()
-            .position(|m| matches!(m, MountOp::Rebind { path, attrs, .. } if path == Path::new("/workspace/.git") && attrs.readonly))
-            .expect("git");
-        assert!(overlay < mask && overlay < git);
+        // `.git` is part of the copy-on-write view (the step may commit): no mount over it.
+        assert!(!plan.mounts.iter().any(|m| matches!(m,
+            MountOp::Rebind { path, .. } | MountOp::Bind { path, .. } if path == Path::new("/workspace/.git"))));
+        assert!(overlay < mask);
         // upper/work are not inside the project.
         if let MountOp::Overlay {
             lower, upper, work, ..

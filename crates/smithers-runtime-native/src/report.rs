@@ -193,7 +193,7 @@ fn copy_row(reason: &str) -> Protection {
         n::WORKSPACE_COW,
         ProtectionStatus::Degraded,
         format!(
-            "workspace mode copy: {reason}; the project was copied into the sandbox's state directory at ship and is compared with the untouched project at collect (the project is never written; .smithers hidden, .git bound read-only)"
+            "workspace mode copy: {reason}; the project was copied into the sandbox's state directory at ship and is compared with the untouched project at collect (the project is never written; .smithers hidden, .git bound read-only: the step cannot commit in copy mode)"
         ),
         Some(if reason.starts_with(crate::FOREIGN_OWNERS) {
             "for copy-on-write (no copy, ship cost independent of the project size): run the runtime as the tree's owner, or give the tree to the runtime's user (chown -R)"
@@ -413,7 +413,7 @@ pub(crate) fn enforcement(
         WorkspaceState::Overlay => row(
             n::WORKSPACE_COW,
             Enforced,
-            "overlayfs (userxattr): the project is the lower layer, never written; upper layer outside the project; .smithers hidden, .git read-only",
+            "overlayfs (userxattr): the project is the lower layer, never written; upper layer outside the project; .smithers hidden; the project's .git is part of the view (the step may commit: its commits come back as a series for review, never its hooks or config)",
             None,
         ),
         WorkspaceState::Copy { reason } => copy_row(reason),

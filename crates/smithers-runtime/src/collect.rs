@@ -379,11 +379,49 @@ pub fn write_workspace_bundle_with(
     // README.md at its largest, the log as it is and the notes still to come are held back;
     // the patches get the rest, the artifacts what the patches leave.
     let log_len = std::fs::metadata(from.log).map_or(0, |m| m.len());
+    // The commits the step made in the project's repository (overlay layers only: a copy
+    // workspace binds the host's `.git` read-only), before the patches' budget is set.
+    let mut git_notes = Vec::new();
+    let mut git_files = Vec::new();
+    let mut commits = None;
+    if let WorkspaceLayer::Upper(upper) = from.layer {
+        match smithers_git::collect(from.project, upper) {
+            Ok(smithers_git::Collected::Nothing) => {}
+            Ok(smithers_git::Collected::Series { series, bundle }) => {
+                git_files.push(smithers_bundle::BundleFile::new(
+                    smithers_bundle::COMMITS_BUNDLE_FILE,
+                    bundle,
+                ));
+                commits = Some(series);
+            }
+            Ok(smithers_git::Collected::LeftOut(why)) => git_notes.push(format!(
+                "the step's commits are not brought back: {why}; its files come back as patches"
+            )),
+            Err(e) => git_notes.push(format!(
+                "the step's commits could not be read: {e}; its files come back as patches"
+            )),
+        }
+    }
+    let git_bytes: u64 = git_files.iter().map(|f| f.content.len() as u64).sum();
     let patch_budget = SANDBOX_MAX_BUNDLE_BYTES
         .saturating_sub(SANDBOX_MAX_README_BYTES)
         .saturating_sub(log_len)
-        .saturating_sub(NOTES_RESERVE);
+        .saturating_sub(NOTES_RESERVE)
+        .saturating_sub(git_bytes);
     let mut bundle = fit_patches(from.project, bundle, patch_budget);
+    if commits.is_some() {
+        // The repository's own files are never patched; what of them comes back is the
+        // series, which the left-out entry then points at.
+        for l in bundle
+            .notes
+            .left_out
+            .iter_mut()
+            .filter(|l| l.path == ".git/")
+        {
+            l.reason = "the repository's own files (config, hooks, index, other branches, stashes) are not applied; the commits on the step's branch are (changeNotes.commits)".into();
+        }
+    }
+    bundle.notes.commits = commits;
     let keep_layer = !bundle.changes.over_limit.is_empty();
     if keep_layer {
         bundle.notes.kept_layer = options
@@ -393,8 +431,13 @@ pub fn write_workspace_bundle_with(
         note_where_kept(&mut bundle, options.kept_layer.as_deref());
     }
     let budget = patch_budget.saturating_sub(bundle.patch_bytes);
-    let (artifacts, skipped) = collect_artifacts(from.artifacts, SANDBOX_MAX_PATCH_FILES, budget);
+    let (artifacts, skipped) = collect_artifacts(
+        from.artifacts,
+        SANDBOX_MAX_PATCH_FILES.saturating_sub(git_files.len()),
+        budget,
+    );
     let mut notes: Vec<String> = from.notes.to_vec();
+    notes.extend(git_notes);
     notes.extend(
         skipped
             .into_iter()
@@ -457,6 +500,7 @@ pub fn write_workspace_bundle_with(
         .and_then(|r| r.get("outputs").cloned());
     params.patches = bundle.patches;
     params.artifacts = artifacts;
+    params.artifacts.extend(git_files);
     params.stream_log_path = from.log.is_file().then(|| from.log.to_path_buf());
     params.diff_bundle = bundle.diff_bundle;
     params.change_notes = bundle.notes;

@@ -308,12 +308,27 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
             if !at.is_dir() {
                 return Ok(());
             }
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
             sys::mount(
                 Some(c"tmpfs"),
                 &at,
                 Some(c"tmpfs"),
-                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                flags,
                 Some(c"size=4k,mode=0555"),
+            )?;
+            // A `.gitignore` of `*` in the mask, as in the host's state directory: the step's
+            // git must not see an untracked directory it cannot remove (`git stash -u`,
+            // `git clean` would fail on it). Then read-only.
+            std::fs::write(at.join(".gitignore"), "*\n").map_err(|e| SysError {
+                op: format!("write {}/.gitignore", at.display()),
+                errno: e.raw_os_error().unwrap_or(0),
+            })?;
+            sys::mount(
+                None,
+                &at,
+                None,
+                libc::MS_REMOUNT | libc::MS_RDONLY | flags,
+                None,
             )
         }
         MountOp::Proc { path } => {

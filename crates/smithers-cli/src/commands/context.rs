@@ -483,6 +483,50 @@ pub fn add_change_notes(
     findings.left_out_unlisted = notes.left_out_unlisted;
 }
 
+/// The step's commits as the review lists them: the branch, then each commit oldest first
+/// (short id, subject, author, date, its files' +/-), everything from the step made inert.
+pub fn render_commits(series: &smithers_bundle::CommitSeries, bold: &str, reset: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{bold}{} commit(s) on {}{reset}, on top of {} (accept adds them and moves the branch; the files are the patches below)",
+        series.commits.len(),
+        inert(series.branch.as_deref().unwrap_or("a detached HEAD")),
+        &series.base[..12.min(series.base.len())]
+    );
+    for c in &series.commits {
+        let _ = writeln!(
+            out,
+            "  {} {}",
+            &c.oid[..12.min(c.oid.len())],
+            inert(&c.subject)
+        );
+        let _ = writeln!(
+            out,
+            "      {} <{}>, {}",
+            inert(&c.author),
+            inert(&c.author_email),
+            inert(&c.author_date)
+        );
+        for f in &c.files {
+            let stat = match (f.added, f.removed) {
+                (Some(a), Some(r)) => format!("+{a} -{r}"),
+                _ => "binary".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "      {stat:>12}  {}",
+                smithers_terminal::quote_path(&f.path)
+            );
+        }
+        if c.files_unlisted > 0 {
+            let _ = writeln!(out, "      ... and {} more file(s)", c.files_unlisted);
+        }
+    }
+    out
+}
+
 /// The bundle's `changeNotes` as JSON, for `run --json` and `show --json`: what the bundle
 /// left out, and why, is never only in a log.
 pub fn change_notes_json(notes: &smithers_bundle::ChangeNotes) -> Value {

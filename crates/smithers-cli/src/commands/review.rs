@@ -119,6 +119,7 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 "patches": changes.iter().map(context::FileChange::to_json).collect::<Vec<_>>(),
                 "diff": diff,
                 "findings": findings,
+                "commits": notes.commits,
             })
         );
         return Ok(ExitCode::SUCCESS);
@@ -140,6 +141,10 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     println!("root:   {}", inert(&review.root_dir));
     println!("bundle: {}", inert(&review.bundle_path));
     println!();
+    if let Some(series) = &notes.commits {
+        print!("{}", context::render_commits(series, bold, reset));
+        println!();
+    }
     print!(
         "{}",
         smithers_patch::render_review_with(

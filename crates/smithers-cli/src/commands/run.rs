@@ -1042,6 +1042,17 @@ fn print_summary(
         None => eprintln!("outputs  -"),
     }
     eprintln!("bundle   {}", inert(&bundle_path.display().to_string()));
+    if let Some(series) = context::bundle_notes(bundle_path).commits {
+        eprintln!(
+            "commits  {} on {} (accept adds them on top of {})",
+            series.commits.len(),
+            inert(series.branch.as_deref().unwrap_or("a detached HEAD")),
+            &series.base[..12.min(series.base.len())]
+        );
+        for c in &series.commits {
+            eprintln!("  {} {}", &c.oid[..12.min(c.oid.len())], inert(&c.subject));
+        }
+    }
     if changes.is_empty() {
         eprintln!("patches  none");
     } else {

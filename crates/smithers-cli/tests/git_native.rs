@@ -1,0 +1,196 @@
+//! Git inside the sandbox (issue 17): the project's `.git` is part of the copy-on-write view,
+//! so a step can stage, commit, branch and stash; the commits it made come back as a series
+//! the review lists, and accept adds them on top of the host's HEAD. The host's refs and
+//! objects are never written before accept, and nothing of the step's git configuration or
+//! hooks ever reaches the host.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use support::native::{bin, sandboxes_usable};
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(["-c", "user.email=host@example.com", "-c", "user.name=Host"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A repository on branch `main` with one commit and a clean worktree.
+fn repo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    git(dir.path(), &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.path().join("a.txt"), "v1\n").unwrap();
+    git(dir.path(), &["add", "a.txt"]);
+    git(dir.path(), &["commit", "-q", "-m", "initial"]);
+    dir
+}
+
+fn cli(dir: &Path, args: &[&str]) -> Output {
+    bin().args(args).arg("--root").arg(dir).output().unwrap()
+}
+
+/// Runs a step that commits twice (and uses branch, stash and the index along the way);
+/// returns its sandbox id.
+fn run_committing_step(dir: &Path, extra: &str) -> String {
+    let script = format!(
+        "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+         echo v2 > a.txt; $G add a.txt; $G commit -q -m 'first: edit a'; \
+         echo scratch > s.txt; $G stash -q -u; $G stash drop -q; \
+         $G branch experiment; \
+         echo new > b.txt; $G add b.txt; $G commit -q -m 'second: add b' -m 'with a body'; \
+         {extra}"
+    );
+    let out = bin()
+        .args(["--json", "run", "--root"])
+        .arg(dir)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    doc["sandboxId"].as_str().unwrap().to_string()
+}
+
+fn objects(dir: &Path) -> String {
+    git(dir, &["count-objects", "-v"])
+}
+
+#[test]
+fn a_step_commits_twice_and_accept_puts_both_commits_on_the_host_branch() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = repo();
+    let head_before = git(dir.path(), &["rev-parse", "HEAD"]);
+    let objects_before = objects(dir.path());
+    let id = run_committing_step(dir.path(), "true");
+
+    // Nothing of the host's repository was written: its HEAD, refs and objects are as before.
+    assert_eq!(git(dir.path(), &["rev-parse", "HEAD"]), head_before);
+    assert_eq!(objects(dir.path()), objects_before);
+    assert_eq!(git(dir.path(), &["branch", "--list", "experiment"]), "");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "v1\n"
+    );
+
+    // The review lists the series, oldest first.
+    let review = cli(dir.path(), &["review", &id]);
+    let text = String::from_utf8_lossy(&review.stdout);
+    assert!(review.status.success(), "{review:?}");
+    assert!(text.contains("2 commit(s) on main"), "{text}");
+    let first = text.find("first: edit a").expect("first commit listed");
+    let second = text.find("second: add b").expect("second commit listed");
+    assert!(first < second, "{text}");
+    assert!(text.contains("Agent <agent@example.com>"), "{text}");
+    let review_json = cli(dir.path(), &["--json", "review", &id]);
+    let doc: serde_json::Value = serde_json::from_slice(&review_json.stdout).unwrap();
+    assert_eq!(
+        doc["commits"]["commits"].as_array().unwrap().len(),
+        2,
+        "{doc}"
+    );
+
+    let accept = cli(dir.path(), &["accept", &id]);
+    assert!(accept.status.success(), "{accept:?}");
+    let log = git(dir.path(), &["log", "--format=%s|%an|%ae"]);
+    assert_eq!(
+        log,
+        "second: add b|Agent|agent@example.com\nfirst: edit a|Agent|agent@example.com\ninitial|Host|host@example.com\n"
+    );
+    assert_eq!(
+        git(dir.path(), &["status", "--porcelain"]),
+        "",
+        "a clean worktree"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("b.txt")).unwrap(),
+        "new\n"
+    );
+    assert_eq!(
+        git(dir.path(), &["log", "-1", "--format=%b"]).trim(),
+        "with a body"
+    );
+}
+
+#[test]
+fn the_steps_git_hooks_and_config_never_reach_the_host() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = repo();
+    let marker = dir.path().join("../hook-ran");
+    let _ = std::fs::remove_file(&marker);
+    let config_before = std::fs::read(dir.path().join(".git/config")).unwrap();
+    let evil = format!(
+        "printf '#!/bin/sh\\ntouch {m}\\n' > .git/hooks/post-merge; chmod +x .git/hooks/post-merge; \
+         cp .git/hooks/post-merge .git/hooks/reference-transaction; \
+         git config core.fsmonitor 'touch {m}'; git config core.hooksPath .git/hooks",
+        m = marker.display()
+    );
+    let id = run_committing_step(dir.path(), &evil);
+    let accept = cli(dir.path(), &["accept", &id]);
+    assert!(accept.status.success(), "{accept:?}");
+    assert_eq!(git(dir.path(), &["log", "--format=%s"]).lines().count(), 3);
+    // Host git commands after the accept run none of it either.
+    git(dir.path(), &["status"]);
+    assert!(
+        !marker.exists(),
+        "a hook or fsmonitor of the step's ran on the host"
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join(".git/config")).unwrap(),
+        config_before
+    );
+    assert!(!dir.path().join(".git/hooks/post-merge").exists());
+}
+
+#[test]
+fn a_host_head_that_moved_refuses_the_commits_and_applies_nothing() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = repo();
+    let id = run_committing_step(dir.path(), "true");
+    // The host commits meanwhile.
+    std::fs::write(dir.path().join("host.txt"), "host\n").unwrap();
+    git(dir.path(), &["add", "host.txt"]);
+    git(dir.path(), &["commit", "-q", "-m", "host work"]);
+    let head = git(dir.path(), &["rev-parse", "HEAD"]);
+    let accept = cli(dir.path(), &["accept", &id]);
+    assert!(!accept.status.success(), "{accept:?}");
+    let err = String::from_utf8_lossy(&accept.stderr);
+    assert!(err.contains("HEAD moved"), "{err}");
+    assert_eq!(git(dir.path(), &["rev-parse", "HEAD"]), head);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "v1\n"
+    );
+    assert!(!dir.path().join("b.txt").exists());
+}
+
+#[test]
+fn uncommitted_changes_still_come_back_as_patches() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = repo();
+    let id = run_committing_step(dir.path(), "echo draft > notes.txt; echo v3 > a.txt");
+    let accept = cli(dir.path(), &["accept", &id]);
+    assert!(accept.status.success(), "{accept:?}");
+    assert_eq!(git(dir.path(), &["log", "--format=%s"]).lines().count(), 3);
+    // The step's uncommitted edits are in the worktree, not in a commit.
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "v3\n"
+    );
+    let status = git(dir.path(), &["status", "--porcelain"]);
+    assert_eq!(status, " M a.txt\n?? notes.txt\n", "{status}");
+}

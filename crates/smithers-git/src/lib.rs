@@ -1,0 +1,728 @@
+//! The commits a step made in the project's repository, brought back for review and added
+//! to the host's repository on accept.
+//!
+//! The project's `.git` is part of the sandbox's copy-on-write view, so what a step's `git
+//! commit` writes (objects, refs, its index) lands in the workspace layer, never in the host's
+//! repository. At collect, [`collect`] reads the sandbox's HEAD from the layer (falling back to
+//! the host's files it did not touch), copies the layer's objects (loose objects and packs,
+//! regular files only: no link followed, no `info/alternates` of the step's) into a fresh
+//! bare repository of our own, with the host's object directory as a read-only alternate, and
+//! runs the host's `git` there to list the series and pack it as a git bundle. Nothing of the
+//! step's configuration, hooks or index is ever read by a host `git`.
+//!
+//! On accept, [`check`] refuses a series whose base is no longer the host's HEAD, [`fetch`]
+//! adds the bundle's objects to the host's repository with git's strict object checks, and
+//! after the working-tree patches are applied, [`advance`] moves the branch (compare-and-swap
+//! from the base) and updates the index entries of the files the commits changed, directly
+//! (`update-index --index-info`: no checkout, no filter, no hook runs).
+//!
+//! Every host `git` here runs without the system or global configuration, with no pager,
+//! hooks, fsmonitor, automatic gc or prompts: the project's own repository may be crafted.
+
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+use std::process::{Command, Stdio};
+
+pub use smithers_bundle::{CommitFile, CommitInfo, CommitSeries, COMMITS_BUNDLE_FILE};
+
+/// At most this many commits make a series; more are left out (their files still come back
+/// as patches).
+pub const MAX_COMMITS: usize = 1000;
+/// At most this many bytes of objects are read from the step's layer.
+pub const MAX_OBJECT_BYTES: u64 = 256 << 20;
+/// The largest git bundle a result bundle carries.
+pub const MAX_GIT_BUNDLE_BYTES: u64 = 64 << 20;
+/// A commit message body is cut here.
+const MAX_BODY_BYTES: usize = 4096;
+/// Files listed per commit.
+const MAX_FILES_LISTED: usize = 200;
+
+/// What [`collect`] found.
+#[derive(Debug)]
+pub enum Collected {
+    /// The step made no commit (or the project is not a repository).
+    Nothing,
+    /// A series, and its git bundle's bytes.
+    Series {
+        series: CommitSeries,
+        bundle: Vec<u8>,
+    },
+    /// The step changed the repository's history in a way that is not applied: why.
+    LeftOut(String),
+}
+
+/// A host `git` with nothing of the system's or the user's configuration, and the settings
+/// that keep a crafted repository from running anything.
+fn git() -> Command {
+    let mut c = Command::new("git");
+    c.env_clear()
+        .env(
+            "PATH",
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into()),
+        )
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_PAGER", "cat")
+        .env("GIT_LITERAL_PATHSPECS", "1")
+        .env("HOME", "/nonexistent")
+        .env("LC_ALL", "C")
+        .args([
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "gc.auto=0",
+            "-c",
+            "maintenance.auto=false",
+            "-c",
+            "core.quotePath=false",
+        ])
+        .stdin(Stdio::null());
+    c
+}
+
+/// Runs `cmd`, returning its stdout (at most `max` bytes) or its stderr as the error.
+fn run(mut cmd: Command, what: &str, max: u64) -> Result<Vec<u8>, String> {
+    let out = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("{what}: cannot run git: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "{what}: {}",
+            err.trim().chars().take(500).collect::<String>()
+        ));
+    }
+    if out.stdout.len() as u64 > max {
+        return Err(format!("{what}: more than {max} bytes of output"));
+    }
+    Ok(out.stdout)
+}
+
+fn is_oid(s: &str) -> bool {
+    s.len() == 40
+        && s.bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+/// A ref name we accept from a sandbox: `refs/` and plain components of a conservative
+/// alphabet (no `..`, no leading `-` or `.`, no `.lock`). Anything else is not followed.
+fn safe_ref(name: &str) -> bool {
+    name.starts_with("refs/heads/")
+        && name.len() > "refs/heads/".len()
+        && name.len() < 256
+        && !name.ends_with('/')
+        && !name.contains("//")
+        && Path::new(name).components().all(|c| match c {
+            Component::Normal(s) => {
+                let s = s.to_str().unwrap_or("");
+                !s.is_empty()
+                    && !s.starts_with('.')
+                    && !s.starts_with('-')
+                    && !s.ends_with(".lock")
+                    && s.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b))
+            }
+            _ => false,
+        })
+        && !name.contains("..")
+}
+
+/// What a layer says of a file: there, deleted (an overlay whiteout: a 0/0 character
+/// device), or not touched.
+enum InLayer {
+    File(Vec<u8>),
+    Deleted,
+    Untouched,
+}
+
+/// Reads a small regular file (no link followed), or says it was deleted or not touched.
+fn read_small(path: &Path, max: u64) -> InLayer {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() && m.len() <= max => match std::fs::read(path) {
+            Ok(b) => InLayer::File(b),
+            Err(_) => InLayer::Untouched,
+        },
+        Ok(m) if m.file_type().is_char_device() => InLayer::Deleted,
+        Ok(_) => InLayer::Deleted, // a link, a directory, an oversized file: not a ref
+        Err(_) => InLayer::Untouched,
+    }
+}
+
+/// What HEAD names.
+enum Head {
+    Branch(String),
+    Detached(String),
+}
+
+fn parse_head(bytes: &[u8]) -> Option<Head> {
+    let text = std::str::from_utf8(bytes).ok()?.trim();
+    if let Some(name) = text.strip_prefix("ref: ") {
+        return safe_ref(name).then(|| Head::Branch(name.to_string()));
+    }
+    is_oid(text).then(|| Head::Detached(text.to_string()))
+}
+
+/// The oid of `refname` in a `packed-refs` file's text.
+fn in_packed_refs(bytes: &[u8], refname: &str) -> Option<String> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    text.lines().find_map(|line| {
+        let (oid, name) = line.split_once(' ')?;
+        (name == refname && is_oid(oid)).then(|| oid.to_string())
+    })
+}
+
+/// The value of `refname` as the sandbox sees it: the layer's loose ref, else (unless the
+/// layer deleted it) the host's, else the layer's `packed-refs`, else the host's.
+fn sandbox_ref(host_git: &Path, upper_git: &Path, refname: &str) -> Option<String> {
+    let loose = |dir: &Path| read_small(&dir.join(refname), 256);
+    let oid_of = |b: Vec<u8>| {
+        let t = String::from_utf8(b).ok()?;
+        let t = t.trim();
+        is_oid(t).then(|| t.to_string())
+    };
+    match loose(upper_git) {
+        InLayer::File(b) => return oid_of(b),
+        InLayer::Deleted => {}
+        InLayer::Untouched => {
+            if let InLayer::File(b) = loose(host_git) {
+                return oid_of(b);
+            }
+        }
+    }
+    let packed = |dir: &Path| read_small(&dir.join("packed-refs"), 64 << 20);
+    match packed(upper_git) {
+        InLayer::File(b) => in_packed_refs(&b, refname),
+        InLayer::Deleted => None,
+        InLayer::Untouched => match packed(host_git) {
+            InLayer::File(b) => in_packed_refs(&b, refname),
+            _ => None,
+        },
+    }
+}
+
+/// Copies the layer's objects (loose objects and pack files; regular files only) into
+/// `dest`, at most [`MAX_OBJECT_BYTES`].
+fn copy_objects(from: &Path, dest: &Path) -> Result<(), String> {
+    let mut total = 0u64;
+    let mut copy = |src: &Path, dst: &Path| -> Result<(), String> {
+        let m = std::fs::symlink_metadata(src).map_err(|e| e.to_string())?;
+        if !m.is_file() {
+            return Ok(());
+        }
+        total += m.len();
+        if total > MAX_OBJECT_BYTES {
+            return Err(format!(
+                "the step's git objects exceed {} MiB",
+                MAX_OBJECT_BYTES >> 20
+            ));
+        }
+        if let Some(parent) = dst.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+        }
+        std::fs::copy(src, dst).map_err(|e| format!("{}: {e}", src.display()))?;
+        Ok(())
+    };
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir {
+            continue;
+        }
+        if name.len() == 2 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            for o in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                let f = o.file_name();
+                let Some(f) = f.to_str() else { continue };
+                if f.len() == 38 && f.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    copy(&o.path(), &dest.join(name).join(f))?;
+                }
+            }
+        } else if name == "pack" {
+            for o in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                let f = o.file_name();
+                let Some(f) = f.to_str() else { continue };
+                let ok = f.starts_with("pack-")
+                    && (f.ends_with(".pack") || f.ends_with(".idx"))
+                    && f.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b));
+                if ok {
+                    copy(&o.path(), &dest.join("pack").join(f))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A layer path that holds nothing (for reading the host's own refs with [`sandbox_ref`]).
+fn scratch_none() -> PathBuf {
+    PathBuf::from("/nonexistent/smithers-git-no-layer")
+}
+
+/// Reads the commits the step made. `project` is the host's project (its `.git` a real
+/// directory), `upper` the step's workspace layer (overlay upper: `upper/.git` holds what the
+/// step's git wrote). Nothing is written to the host's repository.
+pub fn collect(project: &Path, upper: &Path) -> Result<Collected, String> {
+    let host_git = project.join(".git");
+    let upper_git = upper.join(".git");
+    let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    if !real_dir(&host_git) || !real_dir(&upper_git) {
+        return Ok(Collected::Nothing);
+    }
+    let head_bytes = match read_small(&upper_git.join("HEAD"), 4096) {
+        InLayer::File(b) => b,
+        _ => match read_small(&host_git.join("HEAD"), 4096) {
+            InLayer::File(b) => b,
+            _ => return Ok(Collected::Nothing),
+        },
+    };
+    let host_head = match read_small(&host_git.join("HEAD"), 4096) {
+        InLayer::File(b) => parse_head(&b),
+        _ => None,
+    };
+    let base = match &host_head {
+        // The host's own value: a layer that holds nothing.
+        Some(Head::Branch(r)) => sandbox_ref(&host_git, &scratch_none(), r),
+        Some(Head::Detached(o)) => Some(o.clone()),
+        None => None,
+    };
+    let Some(base) = base else {
+        // An unborn branch (no commit yet): nothing to build on.
+        return Ok(Collected::Nothing);
+    };
+    let (branch, tip) = match parse_head(&head_bytes) {
+        Some(Head::Branch(r)) => match sandbox_ref(&host_git, &upper_git, &r) {
+            Some(tip) => (Some(r), tip),
+            None => return Ok(Collected::Nothing),
+        },
+        Some(Head::Detached(o)) => (None, o),
+        None => {
+            return Ok(Collected::LeftOut(
+                "the step left HEAD naming something other than a plain branch or commit".into(),
+            ))
+        }
+    };
+    if tip == base {
+        return Ok(Collected::Nothing);
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix("smithers-git-")
+        .tempdir()
+        .map_err(|e| format!("a scratch directory: {e}"))?;
+    let repo = scratch.path().join("repo.git");
+    let mut init = git();
+    init.args(["init", "--bare", "-q"]).arg(&repo);
+    run(init, "git init", 1 << 20)?;
+    if let Err(e) = copy_objects(&upper_git.join("objects"), &repo.join("objects")) {
+        return Ok(Collected::LeftOut(e));
+    }
+    let host_objects = std::fs::canonicalize(host_git.join("objects"))
+        .map_err(|e| format!("the project's git objects: {e}"))?;
+    let in_repo = |args: &[&str]| {
+        let mut c = git();
+        c.env("GIT_DIR", &repo)
+            .env("GIT_ALTERNATE_OBJECT_DIRECTORIES", &host_objects)
+            .args(args);
+        c
+    };
+    let ancestor = in_repo(&["merge-base", "--is-ancestor", &base, &tip])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("git merge-base: {e}"))?;
+    if !ancestor.success() {
+        return Ok(Collected::LeftOut(format!(
+            "the step's HEAD ({}) does not build on the host's ({}): a rewritten or reset history is not applied",
+            &tip[..12],
+            &base[..12]
+        )));
+    }
+    let exclude = format!("^{base}");
+    let listed = run(
+        in_repo(&[
+            "rev-list",
+            "--reverse",
+            "--topo-order",
+            &format!("--max-count={}", MAX_COMMITS + 1),
+            &tip,
+            &exclude,
+        ]),
+        "git rev-list",
+        1 << 20,
+    )?;
+    let oids: Vec<String> = String::from_utf8_lossy(&listed)
+        .lines()
+        .filter(|l| is_oid(l))
+        .map(str::to_string)
+        .collect();
+    if oids.is_empty() {
+        return Ok(Collected::Nothing);
+    }
+    if oids.len() > MAX_COMMITS {
+        return Ok(Collected::LeftOut(format!(
+            "the step made more than {MAX_COMMITS} commits"
+        )));
+    }
+    let mut commits = Vec::with_capacity(oids.len());
+    for oid in &oids {
+        commits.push(commit_info(&in_repo, oid)?);
+    }
+    // The series' objects, as a git bundle whose prerequisite is the base.
+    run(
+        in_repo(&["update-ref", "refs/heads/series", &tip]),
+        "git update-ref",
+        1 << 10,
+    )?;
+    let bundle_file = scratch.path().join("commits.bundle");
+    let bundle_path = bundle_file.to_string_lossy().into_owned();
+    run(
+        in_repo(&[
+            "bundle",
+            "create",
+            "-q",
+            &bundle_path,
+            "refs/heads/series",
+            &exclude,
+        ]),
+        "git bundle create",
+        1 << 20,
+    )?;
+    let size = std::fs::metadata(&bundle_file).map_or(0, |m| m.len());
+    if size > MAX_GIT_BUNDLE_BYTES {
+        return Ok(Collected::LeftOut(format!(
+            "the step's commits take {} MiB as a git bundle, over {} MiB",
+            size >> 20,
+            MAX_GIT_BUNDLE_BYTES >> 20
+        )));
+    }
+    let bundle = std::fs::read(&bundle_file).map_err(|e| format!("the git bundle: {e}"))?;
+    Ok(Collected::Series {
+        series: CommitSeries {
+            branch: branch.map(|b| b.trim_start_matches("refs/heads/").to_string()),
+            base,
+            tip,
+            commits,
+        },
+        bundle,
+    })
+}
+
+/// One commit's metadata and changed files.
+fn commit_info(in_repo: &dyn Fn(&[&str]) -> Command, oid: &str) -> Result<CommitInfo, String> {
+    let raw = run(
+        in_repo(&[
+            "show",
+            "-s",
+            "--no-show-signature",
+            "--format=%H%x00%P%x00%an%x00%ae%x00%aI%x00%cn%x00%ce%x00%B",
+            oid,
+        ]),
+        "git show",
+        1 << 20,
+    )?;
+    let text = String::from_utf8_lossy(&raw);
+    let mut f = text.splitn(8, '\0');
+    let mut next = || f.next().unwrap_or("").to_string();
+    let (h, parents, an, ae, ad, cn, ce, message) = (
+        next(),
+        next(),
+        next(),
+        next(),
+        next(),
+        next(),
+        next(),
+        next(),
+    );
+    if h != oid {
+        return Err(format!("git show {oid}: an unexpected answer"));
+    }
+    let message = message.trim_end();
+    let (subject, body) = match message.split_once('\n') {
+        Some((s, b)) => (s.to_string(), b.trim_start_matches('\n').to_string()),
+        None => (message.to_string(), String::new()),
+    };
+    let cut = |s: String, max: usize| {
+        if s.len() <= max {
+            return s;
+        }
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}\n[message cut at {max} bytes]", &s[..end])
+    };
+    let parents: Vec<String> = parents
+        .split_whitespace()
+        .filter(|p| is_oid(p))
+        .map(str::to_string)
+        .collect();
+    let mut args = vec![
+        "diff-tree",
+        "-r",
+        "-z",
+        "--no-renames",
+        "--no-ext-diff",
+        "--numstat",
+    ];
+    let first_parent = parents.first().cloned();
+    match &first_parent {
+        Some(p) => args.push(p),
+        None => args.push("--root"),
+    }
+    args.push(oid);
+    let stats = run(in_repo(&args), "git diff-tree", 64 << 20)?;
+    let mut files = Vec::new();
+    let mut unlisted = 0u64;
+    // -z numstat: "added\tremoved\tpath\0" ("-\t-\t" for a binary file).
+    for rec in stats.split(|b| *b == 0).filter(|r| !r.is_empty()) {
+        let rec = String::from_utf8_lossy(rec);
+        let mut parts = rec.splitn(3, '\t');
+        let (a, r, path) = (parts.next(), parts.next(), parts.next());
+        let (Some(a), Some(r), Some(path)) = (a, r, path) else {
+            continue;
+        };
+        if files.len() >= MAX_FILES_LISTED {
+            unlisted += 1;
+            continue;
+        }
+        files.push(CommitFile {
+            path: path.to_string(),
+            added: a.parse().ok(),
+            removed: r.parse().ok(),
+        });
+    }
+    Ok(CommitInfo {
+        oid: h,
+        parents,
+        author: cut(an, 256),
+        author_email: cut(ae, 256),
+        author_date: cut(ad, 64),
+        committer: cut(cn, 256),
+        committer_email: cut(ce, 256),
+        subject: cut(subject, 1024),
+        body: cut(body, MAX_BODY_BYTES),
+        files,
+        files_unlisted: unlisted,
+    })
+}
+
+/// A host `git` in the project.
+fn in_project(project: &Path, args: &[&str]) -> Command {
+    let mut c = git();
+    c.arg("-C").arg(project).args(args);
+    c
+}
+
+/// The host's HEAD: (its branch ref, or `None` when detached; its commit).
+fn host_head(project: &Path) -> Result<(Option<String>, String), String> {
+    let oid = run(
+        in_project(project, &["rev-parse", "--verify", "-q", "HEAD^{commit}"]),
+        "the host's HEAD",
+        1 << 10,
+    )?;
+    let oid = String::from_utf8_lossy(&oid).trim().to_string();
+    let branch = in_project(project, &["symbolic-ref", "-q", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    Ok((branch, oid))
+}
+
+/// Refuses a series that no longer fits the host: its HEAD moved since the step started, or
+/// is on another branch than the step's. Writes nothing.
+pub fn check(project: &Path, series: &CommitSeries) -> Result<(), String> {
+    let (branch, oid) = host_head(project)?;
+    if oid != series.base {
+        return Err(format!(
+            "the host's HEAD moved since the step started (it was {}, it is {}): the step's {} commit(s) would not apply on top of it",
+            short(&series.base),
+            short(&oid),
+            series.commits.len()
+        ));
+    }
+    let want = series.branch.as_ref().map(|b| format!("refs/heads/{b}"));
+    if branch != want {
+        return Err(format!(
+            "the host is on {} but the step committed on {}",
+            branch.as_deref().unwrap_or("a detached HEAD"),
+            want.as_deref().unwrap_or("a detached HEAD")
+        ));
+    }
+    Ok(())
+}
+
+fn short(oid: &str) -> &str {
+    &oid[..oid.len().min(12)]
+}
+
+/// Adds the objects of the git bundle at `bundle_file` to the host's repository, each
+/// checked by git (`transfer.fsckObjects`: malformed objects, `.git` or `..` in trees), and
+/// verifies the series' tip is then there. Moves no ref.
+pub fn fetch(project: &Path, series: &CommitSeries, bundle_file: &Path) -> Result<(), String> {
+    let bundle = bundle_file.to_string_lossy().into_owned();
+    run(
+        in_project(
+            project,
+            &[
+                "-c",
+                "transfer.fsckObjects=true",
+                "-c",
+                "fetch.fsckObjects=true",
+                "fetch",
+                "-q",
+                "--no-tags",
+                "--no-write-fetch-head",
+                "--no-auto-gc",
+                &bundle,
+                "refs/heads/series",
+            ],
+        ),
+        "adding the step's commits",
+        1 << 20,
+    )?;
+    let tip = format!("{}^{{commit}}", series.tip);
+    run(
+        in_project(project, &["cat-file", "-e", &tip]),
+        "the step's last commit",
+        1 << 10,
+    )?;
+    Ok(())
+}
+
+/// Moves the host's branch (or detached HEAD) from the series' base to its tip, refused if
+/// it moved meanwhile, then sets the index entries of the files the series changed to the
+/// tip's (the working tree already holds them: the patches were applied).
+pub fn advance(project: &Path, series: &CommitSeries, reason: &str) -> Result<(), String> {
+    let target = match &series.branch {
+        Some(b) => format!("refs/heads/{b}"),
+        None => "HEAD".to_string(),
+    };
+    run(
+        in_project(
+            project,
+            &[
+                "update-ref",
+                "-m",
+                reason,
+                &target,
+                &series.tip,
+                &series.base,
+            ],
+        ),
+        "moving the branch",
+        1 << 10,
+    )?;
+    // ":oldmode newmode oldoid newoid status\0path\0" per changed file.
+    let raw = run(
+        in_project(
+            project,
+            &[
+                "diff-tree",
+                "-r",
+                "-z",
+                "--no-renames",
+                "--no-ext-diff",
+                "--raw",
+                &series.base,
+                &series.tip,
+            ],
+        ),
+        "the series' files",
+        256 << 20,
+    )?;
+    let mut info = Vec::new();
+    let mut fields = raw.split(|b| *b == 0);
+    while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
+        let meta = String::from_utf8_lossy(meta);
+        let parts: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
+        let [_, new_mode, _, new_oid, status] = parts.as_slice() else {
+            continue;
+        };
+        if status.starts_with('D') {
+            info.extend_from_slice(b"0 0000000000000000000000000000000000000000\t");
+        } else {
+            info.extend_from_slice(format!("{new_mode} {new_oid}\t").as_bytes());
+        }
+        info.extend_from_slice(path);
+        info.push(0);
+    }
+    let mut c = in_project(project, &["update-index", "-z", "--index-info"]);
+    let mut child = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("git update-index: {e}"))?;
+    let mut stdin = child.stdin.take().ok_or("git update-index: no stdin")?;
+    let writer = std::thread::spawn(move || stdin.write_all(&info));
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("git update-index: {e}"))?;
+    let _ = writer.join();
+    if !out.status.success() {
+        return Err(format!(
+            "updating the index: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// Where [`COMMITS_BUNDLE_FILE`] is in `bundle`.
+pub fn bundle_file(bundle: &Path) -> PathBuf {
+    bundle.join(COMMITS_BUNDLE_FILE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refs_from_a_sandbox_are_plain_branch_names() {
+        for ok in [
+            "refs/heads/main",
+            "refs/heads/feature/x-1",
+            "refs/heads/v1.2",
+        ] {
+            assert!(safe_ref(ok), "{ok}");
+        }
+        for bad in [
+            "refs/heads/../../config",
+            "refs/heads/.hidden",
+            "refs/heads/x.lock",
+            "refs/tags/v1",
+            "HEAD",
+            "refs/heads/-x",
+            "refs/heads/a b",
+            "refs/heads/",
+        ] {
+            assert!(!safe_ref(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn head_and_packed_refs_parse() {
+        assert!(
+            matches!(parse_head(b"ref: refs/heads/main\n"), Some(Head::Branch(b)) if b == "refs/heads/main")
+        );
+        let oid = "0123456789abcdef0123456789abcdef01234567";
+        assert!(matches!(parse_head(oid.as_bytes()), Some(Head::Detached(o)) if o == oid));
+        assert!(parse_head(b"ref: ../../etc/passwd").is_none());
+        let packed = format!("# pack-refs with: peeled\n{oid} refs/heads/main\n^{oid}\n");
+        assert_eq!(
+            in_packed_refs(packed.as_bytes(), "refs/heads/main").as_deref(),
+            Some(oid)
+        );
+        assert_eq!(in_packed_refs(packed.as_bytes(), "refs/heads/x"), None);
+    }
+}

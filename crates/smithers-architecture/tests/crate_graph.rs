@@ -94,6 +94,19 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "the egress engine decides and serves; it knows no runtime that hands it listeners",
     ),
     (
+        "smithers-git",
+        &[
+            "smithers-runtime",
+            "smithers-runtime-*",
+            "smithers-patch",
+            "smithers-store",
+            "smithers-orchestrator",
+            "smithers-server",
+            "smithers-cli",
+        ],
+        "reading a step's commits and adding them on accept is the bundle format's business, not a runtime's or the lifecycle's",
+    ),
+    (
         "smithers-sandbox-init",
         &["*"],
         "the init is a security boundary of its own: it knows nothing of the runtime that starts it",

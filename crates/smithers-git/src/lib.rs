@@ -83,6 +83,30 @@ fn git() -> Command {
     c
 }
 
+/// The address space of a `git` that reads the step's objects: an object's header declares
+/// its size, and git allocates it before inflating, so a crafted object could otherwise make
+/// the host's git take whatever memory it names. Over the bound git fails, and the series is
+/// left out with its error.
+const GIT_MEMORY_BYTES: u64 = 4 << 30;
+
+fn bound_memory(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls setrlimit,
+    // which is async-signal-safe; it touches no memory shared with the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: GIT_MEMORY_BYTES,
+                rlim_max: GIT_MEMORY_BYTES,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Runs `cmd`, returning its stdout (at most `max` bytes) or its stderr as the error.
 fn run(mut cmd: Command, what: &str, max: u64) -> Result<Vec<u8>, String> {
     let out = cmd
@@ -332,6 +356,7 @@ pub fn collect(project: &Path, upper: &Path) -> Result<Collected, String> {
         c.env("GIT_DIR", &repo)
             .env("GIT_ALTERNATE_OBJECT_DIRECTORIES", &host_objects)
             .args(args);
+        bound_memory(&mut c);
         c
     };
     let ancestor = in_repo(&["merge-base", "--is-ancestor", &base, &tip])

@@ -194,3 +194,82 @@ fn uncommitted_changes_still_come_back_as_patches() {
     let status = git(dir.path(), &["status", "--porcelain"]);
     assert_eq!(status, " M a.txt\n?? notes.txt\n", "{status}");
 }
+
+#[test]
+fn a_step_in_a_worktree_commits_onto_the_worktrees_branch() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let main = repo();
+    let parent = tempfile::tempdir().unwrap();
+    let wt = parent.path().join("wt");
+    git(
+        main.path(),
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            "feature",
+            wt.to_str().unwrap(),
+        ],
+    );
+    let objects_before = objects(main.path());
+    let feature_before = git(main.path(), &["rev-parse", "feature"]);
+    let id = run_committing_step(&wt, "true");
+    // The repository (its objects and the worktree's branch) is untouched before accept.
+    assert_eq!(objects(main.path()), objects_before);
+    assert_eq!(git(main.path(), &["rev-parse", "feature"]), feature_before);
+    let review = cli(&wt, &["review", &id]);
+    assert!(
+        String::from_utf8_lossy(&review.stdout).contains("2 commit(s) on feature"),
+        "{review:?}"
+    );
+    let accept = cli(&wt, &["accept", &id]);
+    assert!(accept.status.success(), "{accept:?}");
+    assert_eq!(
+        git(&wt, &["log", "--format=%s"]),
+        "second: add b\nfirst: edit a\ninitial\n"
+    );
+    assert_eq!(git(&wt, &["status", "--porcelain"]), "");
+    // The main worktree's branch is where it was.
+    assert_eq!(
+        git(main.path(), &["log", "--format=%s", "main"]),
+        "initial\n"
+    );
+}
+
+#[test]
+fn a_root_below_the_repository_top_gets_the_parents_gitignore() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = repo();
+    std::fs::write(dir.path().join(".gitignore"), "*.log\n").unwrap();
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("kept.txt"), "v1\n").unwrap();
+    git(dir.path(), &["add", "-A"]);
+    git(dir.path(), &["commit", "-q", "-m", "sub"]);
+    let out = bin()
+        .args(["--json", "run", "--root"])
+        .arg(&sub)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo v2 > kept.txt; echo noise > build.log",
+        ])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let paths: Vec<&str> = doc["patches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["kept.txt"], "{doc}");
+    let left_out = doc["changeNotes"]["leftOut"].to_string();
+    assert!(left_out.contains("build.log"), "{doc}");
+}

@@ -292,14 +292,86 @@ fn scratch_none() -> PathBuf {
     PathBuf::from("/nonexistent/smithers-git-no-layer")
 }
 
+/// A git worktree's directories (`<project>/.git` is a file `gitdir: <dir>`): its own git
+/// directory (HEAD, index) and the repository's common directory (objects, refs), which the
+/// worktree's `commondir` file names. `None` for anything else, or a layout that is not the
+/// one `git worktree add` makes (the git directory inside the common one).
+pub fn worktree_dirs(project: &Path) -> Option<(PathBuf, PathBuf)> {
+    let InLayer::File(bytes) = read_small(&project.join(".git"), 4096) else {
+        return None;
+    };
+    let text = std::str::from_utf8(&bytes).ok()?;
+    let dir = text.trim().strip_prefix("gitdir: ")?;
+    let gitdir = std::fs::canonicalize(project.join(dir)).ok()?;
+    let InLayer::File(common) = read_small(&gitdir.join("commondir"), 4096) else {
+        return None;
+    };
+    let common = std::str::from_utf8(&common).ok()?.trim().to_string();
+    let common = std::fs::canonicalize(gitdir.join(common)).ok()?;
+    let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    (is_dir(&gitdir)
+        && is_dir(&common.join("objects"))
+        && gitdir.starts_with(&common)
+        && gitdir != common
+        && !common.starts_with(project))
+    .then_some((gitdir, common))
+}
+
+/// Where a repository's files are on the host and in the step's layers: the git directory
+/// (HEAD) and the common directory (objects, refs), each with the layer that holds what the
+/// step wrote over it. A plain repository has both at `<project>/.git`, in the workspace
+/// layer's `.git`; a worktree has its git directory inside the common one, which the sandbox
+/// sees through a layer of its own.
+#[derive(Debug, Clone)]
+pub struct GitLayers {
+    pub host_gitdir: PathBuf,
+    pub host_common: PathBuf,
+    pub upper_gitdir: PathBuf,
+    pub upper_common: PathBuf,
+}
+
+impl GitLayers {
+    /// A plain repository at `<project>/.git` whose step wrote into `<upper>/.git`.
+    pub fn plain(project: &Path, upper: &Path) -> GitLayers {
+        GitLayers {
+            host_gitdir: project.join(".git"),
+            host_common: project.join(".git"),
+            upper_gitdir: upper.join(".git"),
+            upper_common: upper.join(".git"),
+        }
+    }
+
+    /// A worktree of `project` ([`worktree_dirs`]) whose common directory the step saw
+    /// through the layer `common_upper`.
+    pub fn worktree(project: &Path, common_upper: &Path) -> Option<GitLayers> {
+        let (gitdir, common) = worktree_dirs(project)?;
+        let rel = gitdir.strip_prefix(&common).ok()?.to_path_buf();
+        Some(GitLayers {
+            upper_gitdir: common_upper.join(&rel),
+            host_gitdir: gitdir,
+            host_common: common,
+            upper_common: common_upper.to_path_buf(),
+        })
+    }
+}
+
 /// Reads the commits the step made. `project` is the host's project (its `.git` a real
 /// directory), `upper` the step's workspace layer (overlay upper: `upper/.git` holds what the
 /// step's git wrote). Nothing is written to the host's repository.
 pub fn collect(project: &Path, upper: &Path) -> Result<Collected, String> {
-    let host_git = project.join(".git");
-    let upper_git = upper.join(".git");
     let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
-    if !real_dir(&host_git) || !real_dir(&upper_git) {
+    if !real_dir(&project.join(".git")) {
+        return Ok(Collected::Nothing);
+    }
+    collect_from(&GitLayers::plain(project, upper))
+}
+
+/// [`collect`] for any [`GitLayers`] (a worktree's too).
+pub fn collect_from(layers: &GitLayers) -> Result<Collected, String> {
+    let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    let (host_git, upper_git) = (&layers.host_gitdir, &layers.upper_gitdir);
+    let (host_common, upper_common) = (&layers.host_common, &layers.upper_common);
+    if !real_dir(host_git) || !real_dir(upper_common) {
         return Ok(Collected::Nothing);
     }
     let head_bytes = match read_small(&upper_git.join("HEAD"), 4096) {
@@ -315,7 +387,7 @@ pub fn collect(project: &Path, upper: &Path) -> Result<Collected, String> {
     };
     let base = match &host_head {
         // The host's own value: a layer that holds nothing.
-        Some(Head::Branch(r)) => sandbox_ref(&host_git, &scratch_none(), r),
+        Some(Head::Branch(r)) => sandbox_ref(host_common, &scratch_none(), r),
         Some(Head::Detached(o)) => Some(o.clone()),
         None => None,
     };
@@ -324,7 +396,7 @@ pub fn collect(project: &Path, upper: &Path) -> Result<Collected, String> {
         return Ok(Collected::Nothing);
     };
     let (branch, tip) = match parse_head(&head_bytes) {
-        Some(Head::Branch(r)) => match sandbox_ref(&host_git, &upper_git, &r) {
+        Some(Head::Branch(r)) => match sandbox_ref(host_common, upper_common, &r) {
             Some(tip) => (Some(r), tip),
             None => return Ok(Collected::Nothing),
         },
@@ -346,10 +418,10 @@ pub fn collect(project: &Path, upper: &Path) -> Result<Collected, String> {
     let mut init = git();
     init.args(["init", "--bare", "-q"]).arg(&repo);
     run(init, "git init", 1 << 20)?;
-    if let Err(e) = copy_objects(&upper_git.join("objects"), &repo.join("objects")) {
+    if let Err(e) = copy_objects(&upper_common.join("objects"), &repo.join("objects")) {
         return Ok(Collected::LeftOut(e));
     }
-    let host_objects = std::fs::canonicalize(host_git.join("objects"))
+    let host_objects = std::fs::canonicalize(host_common.join("objects"))
         .map_err(|e| format!("the project's git objects: {e}"))?;
     let in_repo = |args: &[&str]| {
         let mut c = git();

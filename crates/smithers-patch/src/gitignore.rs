@@ -35,6 +35,64 @@ pub(crate) struct IgnoreRules<'a> {
     /// see [`IgnoreRules::index_problem`]).
     tracked: Option<Tracked>,
     index_problem: Option<String>,
+    /// When the project is a directory below its repository's top: the rules of the
+    /// directories above it (their `.gitignore` files, deepest first, then the top's
+    /// `.git/info/exclude`), each matched with the project's path from the top (`prefix`).
+    outer: Vec<Gitignore>,
+    prefix: String,
+}
+
+/// The repository a project directory lies below (the nearest ancestor with a `.git`), and
+/// the project's path from it; `None` when the project is a repository's top or in none.
+fn enclosing_repository(lower: &Path) -> Option<(PathBuf, String)> {
+    let top = lower
+        .ancestors()
+        .skip(1)
+        .find(|a| std::fs::symlink_metadata(a.join(".git")).is_ok())?;
+    if std::fs::symlink_metadata(lower.join(".git")).is_ok() {
+        return None;
+    }
+    let rel = lower.strip_prefix(top).ok()?.to_str()?.to_string();
+    Some((top.to_path_buf(), rel))
+}
+
+/// The rules above a project that lies below its repository's top ([`enclosing_repository`]):
+/// the `.gitignore` files from its parent up to the top, deepest first (git's precedence),
+/// then the top's `.git/info/exclude`; with the top and the project's path from it. `None`
+/// also for a project inside a directory the repository ignores (a home directory under a
+/// dotfiles repository ignoring `*`, a build tree's `target/`): git lists none of its files,
+/// so it is not part of that repository and its rules do not apply.
+fn outer_rules(lower: &Path) -> Option<(PathBuf, Vec<Gitignore>, String)> {
+    let (top, rel) = enclosing_repository(lower)?;
+    let mut rules = Vec::new();
+    for dir in lower.ancestors().skip(1) {
+        rules.extend(outer_matcher(&dir.join(".gitignore"), dir));
+        if dir == top {
+            break;
+        }
+    }
+    rules.extend(outer_matcher(&top.join(".git/info/exclude"), &top));
+    let mut at = top.clone();
+    let inside_ignored = rel.split('/').any(|c| {
+        at.push(c);
+        rules.iter().any(|m| m.matched(&at, true).is_ignore())
+    });
+    (!inside_ignored).then_some((top, rules, rel))
+}
+
+/// A `.gitignore`-format file's matcher whose patterns are relative to `root`, if it is a
+/// regular file (no link followed) of at most 1 MiB.
+fn outer_matcher(file: &Path, root: &Path) -> Option<Gitignore> {
+    let md = std::fs::symlink_metadata(file).ok()?;
+    if !md.is_file() || md.len() > 1 << 20 {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&std::fs::read(file).ok()?).into_owned();
+    let mut b = GitignoreBuilder::new(root);
+    for line in text.lines() {
+        let _ = b.add_line(Some(file.to_path_buf()), line);
+    }
+    b.build().ok()
 }
 
 fn virtual_root(dir: &str) -> PathBuf {
@@ -57,6 +115,18 @@ impl<'a> IgnoreRules<'a> {
         } else {
             (None, None)
         };
+        let (mut tracked, mut index_problem) = (tracked, index_problem);
+        let (mut outer, mut prefix) = (Vec::new(), String::new());
+        if let Some((top, rules, rel)) = enabled.then(|| outer_rules(lower)).flatten() {
+            // The top's index, with the project's part of it.
+            if tracked.is_none() && index_problem.is_none() {
+                match read_tracked(&top) {
+                    Ok(t) => tracked = t.map(|t| t.below(&rel)),
+                    Err(e) => index_problem = Some(e),
+                }
+            }
+            (outer, prefix) = (rules, rel);
+        }
         IgnoreRules {
             lower,
             upper,
@@ -66,6 +136,8 @@ impl<'a> IgnoreRules<'a> {
             dir_ignored: HashMap::new(),
             tracked,
             index_problem,
+            outer,
+            prefix,
         }
     }
 
@@ -151,10 +223,29 @@ impl<'a> IgnoreRules<'a> {
                 }
             }
             if dir.is_empty() {
-                return Ok(false);
+                return Ok(self.outer_decision(rel, is_dir));
             }
             dir = parent(dir);
         }
+    }
+
+    /// The decision of the rules above the project (see [`IgnoreRules::outer`]).
+    fn outer_decision(&self, rel: &str, is_dir: bool) -> bool {
+        if self.outer.is_empty() {
+            return false;
+        }
+        let Some(top) = self.lower.ancestors().nth(self.prefix.split('/').count()) else {
+            return false;
+        };
+        let abs = top.join(&self.prefix).join(rel);
+        for m in &self.outer {
+            match m.matched(&abs, is_dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
+            }
+        }
+        false
     }
 
     /// Whether directory `rel` is ignored as a whole, so that a walk need not look inside:
@@ -225,6 +316,35 @@ fn read_text(p: &Path) -> Result<String, PatchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A project below its repository's top gets the rules of the directories above it
+    /// (and of the top's exclude file) and the top's index; one inside an ignored directory
+    /// of that repository is not part of it.
+    #[test]
+    fn rules_above_a_project_below_the_repository_top_apply() {
+        let repo = tempfile::tempdir().unwrap();
+        let top = repo.path();
+        std::fs::create_dir_all(top.join(".git/info")).unwrap();
+        std::fs::write(
+            top.join(".gitignore"),
+            "*.log\n/sub/built/\nignored-tree/\n",
+        )
+        .unwrap();
+        std::fs::write(top.join(".git/info/exclude"), "*.tmp\n").unwrap();
+        let sub = top.join("sub");
+        std::fs::create_dir_all(sub.join("built")).unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let mut rules = IgnoreRules::new(&sub, upper.path(), true);
+        assert!(rules.is_file_ignored("x.log").unwrap());
+        assert!(rules.is_file_ignored("deep/y.tmp").unwrap());
+        assert!(rules.is_dir_ignored("built").unwrap());
+        assert!(!rules.is_file_ignored("main.rs").unwrap());
+        // Inside a directory the repository ignores: its own project, no outer rules.
+        let inner = top.join("ignored-tree/proj");
+        std::fs::create_dir_all(&inner).unwrap();
+        let mut rules = IgnoreRules::new(&inner, upper.path(), true);
+        assert!(!rules.is_file_ignored("x.log").unwrap());
+    }
 
     #[test]
     fn nested_rules_and_negation() {

@@ -23,6 +23,23 @@ pub(crate) struct Tracked {
     pub(crate) dirs: HashSet<String>,
 }
 
+impl Tracked {
+    /// The part below the directory `prefix` (a project below its repository's top), with
+    /// paths relative to it.
+    pub(crate) fn below(self, prefix: &str) -> Tracked {
+        let lead = format!("{prefix}/");
+        let strip = |set: HashSet<String>| {
+            set.into_iter()
+                .filter_map(|p| p.strip_prefix(&lead).map(str::to_string))
+                .collect()
+        };
+        Tracked {
+            files: strip(self.files),
+            dirs: strip(self.dirs),
+        }
+    }
+}
+
 /// Reads `<root>/.git/index` when `<root>/.git` is a directory (not a link, not a worktree's
 /// `.git` file). `Ok(None)`: no index there. `Err`: an index that cannot be read or parsed.
 pub(crate) fn read_tracked(root: &Path) -> Result<Option<Tracked>, String> {

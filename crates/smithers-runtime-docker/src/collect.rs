@@ -31,6 +31,7 @@ pub(crate) fn collect(
             artifacts: &state.artifacts_dir,
             log: &state.state_dir.join("stream.ndjson"),
             notes,
+            git_common_layer: None,
         },
     )
 }

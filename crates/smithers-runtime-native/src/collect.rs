@@ -31,6 +31,7 @@ pub(crate) fn collect(
     let rejected = backend.result_problem_file().exists();
     let (upper, copy) = (backend.upper(), backend.copy());
     let manifest = backend.copy_manifest_file();
+    let git_common = backend.git_common_upper();
     let layer = match backend.workspace {
         WorkspaceState::Overlay => WorkspaceLayer::Upper(&upper),
         WorkspaceState::Copy { .. } => WorkspaceLayer::Copy {
@@ -63,6 +64,7 @@ pub(crate) fn collect(
             artifacts: &backend.artifacts(),
             log: &backend.log_file(),
             notes: &[],
+            git_common_layer: git_common.is_dir().then_some(git_common.as_path()),
         },
         &options,
     )?;

@@ -657,8 +657,30 @@ pub(crate) async fn execute(
         ),
         None => None,
     };
+    // A git worktree (overlay mode): its repository's common directory becomes writable in
+    // the sandbox through a layer of its own, so the step can commit (collect reads the
+    // commits from that layer; the host's repository is written only on accept).
+    let git_common = match (
+        &layout.workspace_copy,
+        smithers_git::worktree_dirs(&backend.root_dir),
+    ) {
+        (None, Some((_, common))) => {
+            let (upper, work) = (backend.git_common_upper(), backend.git_common_work());
+            for dir in [&upper, &work] {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| RuntimeError::io("make the git layer", dir, e))?;
+            }
+            Some(plan::GitCommonLayer {
+                common,
+                upper,
+                work,
+            })
+        }
+        _ => None,
+    };
     let mut plan = plan::compile(&PlanInput {
         stdin: _stdin_feed.is_some(),
+        git_common,
         layout: &layout,
         workspace,
         host: &caps.facts,

@@ -476,6 +476,19 @@ impl Backend {
             _ => self.layer().join("work"),
         }
     }
+    /// When the project is a git worktree: the overlay layer (upper, work) over its
+    /// repository's common directory, which the sandbox sees writable at its own path. Beside
+    /// the workspace's upper directory, on the same file system (one overlayfs accepts).
+    fn git_common_upper(&self) -> PathBuf {
+        let mut name = self.upper().into_os_string();
+        name.push(".git-common");
+        PathBuf::from(name)
+    }
+    fn git_common_work(&self) -> PathBuf {
+        let mut name = self.upper().into_os_string();
+        name.push(".git-common-work");
+        PathBuf::from(name)
+    }
     /// The workspace copy (copy mode), in the layer so that a disk limit caps it too.
     fn copy(&self) -> PathBuf {
         self.layer().join("copy")
@@ -1208,6 +1221,12 @@ fn cleanup_backend(
     // removed on other threads; this one removes the cgroups and the state directory (a
     // tmpfs, by default), then (older handles) the emptied layer directory.
     let mut trees: Vec<PathBuf> = handle_dirs.iter().map(|d| d.to_path_buf()).collect();
+    // A worktree's git layer, beside the upper directory (absent for every other project).
+    trees.extend(
+        [backend.git_common_upper(), backend.git_common_work()]
+            .into_iter()
+            .filter(|d| std::fs::symlink_metadata(d).is_ok()),
+    );
     let emptied_layer = match (&backend.layer_dir, backend.flat_layer) {
         // The layer (the work directory, or the copy's parent) and the upper beside it.
         (Some(layer), true) => {

@@ -163,6 +163,14 @@ pub struct HostLayout {
     pub request: PathBuf,
 }
 
+/// The overlay over a worktree's common git directory (see [`PlanInput::git_common`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitCommonLayer {
+    pub common: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+}
+
 /// What the project looks like at its top (lstat of two names, decided at execute time).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WorkspaceFacts {
@@ -185,6 +193,10 @@ pub struct PlanInput<'a> {
     pub cwd: Option<&'a str>,
     /// The command reads its stdin from [`paths::STDIN_FIFO`] (else `/dev/null`).
     pub stdin: bool,
+    /// The project is a git worktree: its repository's common directory (objects, refs),
+    /// shown writable at its own path through an overlay with this upper and work directory,
+    /// so the step's git can commit there without writing the host's repository.
+    pub git_common: Option<GitCommonLayer>,
     /// The step's validated environment.
     pub step_env: &'a BTreeMap<String, String>,
     /// The host's environment, from which only [`ENV_PASSTHROUGH`] is taken.
@@ -380,6 +392,15 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
             optional: false,
         },
     });
+    if let Some(g) = &input.git_common {
+        ops.push(MountOp::Overlay {
+            lower: g.common.clone(),
+            upper: g.upper.clone(),
+            work: g.work.clone(),
+            path: g.common.clone(),
+            attrs: MountAttrs::RW,
+        });
+    }
     if input.workspace.has_smithers_dir {
         ops.push(MountOp::MaskDir {
             path: Path::new(paths::WORKSPACE).join(".smithers"),
@@ -484,7 +505,10 @@ pub fn environment(
 }
 
 /// Landlock: everything visible is readable; writes only where the step is meant to write.
-pub fn landlock_plan(volumes: &[smithers_runtime::VolumeMount]) -> LandlockPlan {
+pub fn landlock_plan(
+    volumes: &[smithers_runtime::VolumeMount],
+    git_common: Option<&GitCommonLayer>,
+) -> LandlockPlan {
     let mut write_dirs = vec![
         p(paths::WORKSPACE),
         p(paths::RESULT),
@@ -500,6 +524,7 @@ pub fn landlock_plan(volumes: &[smithers_runtime::VolumeMount]) -> LandlockPlan 
             .filter(|v| !v.readonly)
             .map(|v| v.container.clone()),
     );
+    write_dirs.extend(git_common.map(|g| g.common.clone()));
     LandlockPlan {
         read_dirs: vec![p("/")],
         write_dirs,
@@ -524,7 +549,7 @@ pub fn compile(input: &PlanInput<'_>) -> InitPlan {
         new_root: input.layout.new_root.clone(),
         root: RootFs::Tmpfs,
         mounts: mount_plan(input),
-        landlock: landlock_plan(input.volumes),
+        landlock: landlock_plan(input.volumes, input.git_common.as_ref()),
         seccomp: input.seccomp.clone(),
         exec: ExecSpec {
             argv: input.argv.to_vec(),
@@ -605,6 +630,7 @@ mod tests {
         let argv = vec!["echo".to_string(), "hi".to_string()];
         compile(&PlanInput {
             stdin: false,
+            git_common: None,
             layout: &layout,
             workspace,
             host: &host,

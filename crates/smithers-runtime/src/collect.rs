@@ -302,6 +302,9 @@ pub struct BundleSources<'a> {
     pub log: &'a Path,
     /// More notes for the end of the log.
     pub notes: &'a [String],
+    /// When the project is a git worktree: the layer over its repository's common directory
+    /// (objects, refs), which the sandbox saw writable at its own path (`smithers-git`).
+    pub git_common_layer: Option<&'a Path>,
 }
 
 /// Room kept in the bundle for the notes appended to the log at collect; the notes are cut
@@ -385,7 +388,17 @@ pub fn write_workspace_bundle_with(
     let mut git_files = Vec::new();
     let mut commits = None;
     if let WorkspaceLayer::Upper(upper) = from.layer {
-        match smithers_git::collect(from.project, upper) {
+        let collected = match from.git_common_layer {
+            // A worktree: its repository's common directory was a layer of its own.
+            Some(common_upper) => {
+                match smithers_git::GitLayers::worktree(from.project, common_upper) {
+                    Some(layers) => smithers_git::collect_from(&layers),
+                    None => Ok(smithers_git::Collected::Nothing),
+                }
+            }
+            None => smithers_git::collect(from.project, upper),
+        };
+        match collected {
             Ok(smithers_git::Collected::Nothing) => {}
             Ok(smithers_git::Collected::Series { series, bundle }) => {
                 git_files.push(smithers_bundle::BundleFile::new(
@@ -923,6 +936,7 @@ mod tests {
             artifacts: &dir.path().join("no-artifacts"),
             log: &log,
             notes: &[],
+            git_common_layer: None,
         };
         let kept = root.join("kept-layer");
         let options = CollectOptions {

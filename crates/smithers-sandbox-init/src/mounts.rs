@@ -202,7 +202,10 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
             return Ok(());
         }
     }
-    if !prepared {
+    // A prepared root has every mount point, except one below a tmpfs an earlier op mounted
+    // (a worktree's repository under /tmp, say): made there.
+    let missing = || matches!(op, MountOp::Overlay { path, .. } if std::fs::symlink_metadata(join(root, path)).is_err());
+    if !prepared || missing() {
         make_mount_point(op, root)?;
     }
     match op {

@@ -548,3 +548,35 @@ fn stdin_reaches_the_step() {
         .unwrap();
     assert!(leftovers.stdout.is_empty(), "{leftovers:?}");
 }
+
+/// Issue 18: a result JSON reporting `patches`, `diffBundle` or `bundlePath` (as the JS
+/// provider kit's runners do) was ignored without an error; it is refused, naming the field.
+#[test]
+fn a_result_reporting_patches_or_a_bundle_is_refused_naming_the_field() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (field, value) in [
+        ("patches", "[\"patches/0001.patch\"]"),
+        (
+            "diffBundle",
+            "{\"seq\":1,\"baseRef\":\"HEAD\",\"patches\":[]}",
+        ),
+        ("bundlePath", "\"/tmp/elsewhere\""),
+    ] {
+        let script = format!(
+            "echo '{{\"status\":\"finished\",\"outputs\":{{\"a\":1}},\"{field}\":{value}}}' > \"$SMITHERS_SANDBOX_RESULT_PATH\""
+        );
+        let out = run_step(dir.path(), &["--json", "--no-review"], &script);
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            doc["stepStatus"].as_str().or(doc["status"].as_str()),
+            Some("failed"),
+            "{field}: {doc}"
+        );
+        assert_eq!(doc["outputs"], serde_json::Value::Null, "{field}: {doc}");
+        let notes = doc["logNotes"].to_string();
+        assert!(notes.contains(&format!("`{field}`")), "{field}: {doc}");
+    }
+}

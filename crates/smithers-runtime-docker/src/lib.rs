@@ -1221,7 +1221,8 @@ impl DockerRuntime {
         if state.layer_tmpfs {
             usage.disk_bytes = layer_used(&state.state_dir.join("layer"));
         }
-        let (result, note) = read_result(&state.out_dir, &pumped);
+        let (result, note) =
+            smithers_runtime::check_result_fields(read_result(&state.out_dir, &pumped));
         let rejected = note.is_some();
         if let Some(note) = note {
             pump.write_note(&note)?;

@@ -925,7 +925,8 @@ pub(crate) async fn execute(
         }
     };
 
-    let (result, result_problem) = step_result(&result_file, &out);
+    let (result, result_problem) =
+        smithers_runtime::check_result_fields(step_result(&result_file, &out));
     let usage = ResourceUsage {
         cpu_time_ms: stats.cpu_time_ns.map(|ns| ns / 1_000_000),
         peak_memory_bytes: stats.peak_memory_bytes,

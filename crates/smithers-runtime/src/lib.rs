@@ -49,9 +49,9 @@ pub use config::{
 };
 pub use error::RuntimeError;
 pub use types::{
-    CollectReport, EnforcementReport, ExecOutcome, NullSink, OutputEvent, OutputSink, Protection,
-    ProtectionStatus, RequestBundle, ResourceUsage, SandboxHandle, ShipReport, StepCommand,
-    StepStdin, Termination,
+    check_result_fields, refused_result_field, CollectReport, EnforcementReport, ExecOutcome,
+    NullSink, OutputEvent, OutputSink, Protection, ProtectionStatus, RequestBundle, ResourceUsage,
+    SandboxHandle, ShipReport, StepCommand, StepStdin, Termination, REFUSED_RESULT_FIELDS,
 };
 
 /// A sandbox backend. Object safe: the orchestrator holds `Arc<dyn Runtime>`.

@@ -389,6 +389,35 @@ mod duration_ms {
     }
 }
 
+/// The fields of a step's result JSON that the JavaScript provider kit's runners report but
+/// that a sandbox never takes from its step: the changes come from the step's `/workspace`
+/// (collected into the bundle's patches) and the bundle is the runtime's own. A result that
+/// carries one is refused, naming it, rather than silently ignored.
+pub const REFUSED_RESULT_FIELDS: &[&str] = &["patches", "diffBundle", "bundlePath"];
+
+/// Why a step's result JSON is refused for a field of [`REFUSED_RESULT_FIELDS`], or `None`.
+pub fn refused_result_field(result: &serde_json::Value) -> Option<String> {
+    let field = REFUSED_RESULT_FIELDS
+        .iter()
+        .find(|f| result.get(**f).is_some())?;
+    Some(format!(
+        "the result JSON's `{field}` is not taken from a step: its changes come from the files it writes in /workspace (collected as the bundle's patches), and the bundle is the runtime's; write the files instead, and leave `{field}` out"
+    ))
+}
+
+/// A step's (result, why it was refused) with [`refused_result_field`] applied.
+pub fn check_result_fields(
+    parsed: (Option<serde_json::Value>, Option<String>),
+) -> (Option<serde_json::Value>, Option<String>) {
+    match &parsed.0 {
+        Some(v) => match refused_result_field(v) {
+            Some(why) => (None, Some(why)),
+            None => parsed,
+        },
+        None => parsed,
+    }
+}
+
 #[cfg(test)]
 mod handle_tests {
     use super::*;

@@ -273,3 +273,49 @@ fn a_root_below_the_repository_top_gets_the_parents_gitignore() {
     let left_out = doc["changeNotes"]["leftOut"].to_string();
     assert!(left_out.contains("build.log"), "{doc}");
 }
+
+#[test]
+fn accept_onto_a_named_branch_leaves_head_and_the_worktree_alone() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = repo();
+    let id = run_committing_step(dir.path(), "true");
+    let accept = cli(dir.path(), &["accept", &id, "--branch", "agent/work"]);
+    assert!(accept.status.success(), "{accept:?}");
+    assert_eq!(
+        git(dir.path(), &["log", "--format=%s", "agent/work"]),
+        "second: add b\nfirst: edit a\ninitial\n"
+    );
+    assert_eq!(
+        git(dir.path(), &["log", "--format=%s", "main"]),
+        "initial\n"
+    );
+    assert_eq!(
+        git(dir.path(), &["rev-parse", "--abbrev-ref", "HEAD"]),
+        "main\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "v1\n"
+    );
+    assert_eq!(git(dir.path(), &["status", "--porcelain"]), "");
+
+    // A step that left changes it did not commit: --branch would lose them, so it is refused
+    // (nothing created, the review still pending); a plain accept then applies everything.
+    let id = run_committing_step(dir.path(), "echo draft > notes.txt");
+    let refused = cli(dir.path(), &["accept", &id, "--branch", "agent/other"]);
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("notes.txt"),
+        "{refused:?}"
+    );
+    assert_eq!(git(dir.path(), &["branch", "--list", "agent/other"]), "");
+    let existing = cli(dir.path(), &["accept", &id, "--branch", "agent/work"]);
+    assert!(!existing.status.success(), "{existing:?}");
+    assert!(cli(dir.path(), &["accept", &id]).status.success());
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(),
+        "draft\n"
+    );
+}

@@ -775,6 +775,105 @@ pub fn advance(project: &Path, series: &CommitSeries, reason: &str) -> Result<()
     Ok(())
 }
 
+/// Puts the series on a new branch `name` of the host's repository instead of the current
+/// one (`accept --branch`): the objects added as [`fetch`] does, then `refs/heads/<name>`
+/// created at the tip (refused if it exists). The host's HEAD, index and working tree are not
+/// touched, so this is refused when the step left changes it did not commit: `files`, what
+/// the working-tree patches change (path, blob id after, `None` for a deletion), must be
+/// exactly what the series changes from its base.
+pub fn onto_branch(
+    project: &Path,
+    series: &CommitSeries,
+    bundle_file: &Path,
+    name: &str,
+    files: &[(String, Option<String>)],
+) -> Result<(), String> {
+    let checked = run(
+        in_project(project, &["check-ref-format", "--branch", name]),
+        &format!("branch name {name:?}"),
+        1 << 10,
+    )?;
+    let checked = String::from_utf8_lossy(&checked).trim().to_string();
+    if checked != name || name.starts_with('-') {
+        return Err(format!("{name:?} is not a plain branch name"));
+    }
+    let target = format!("refs/heads/{name}");
+    let exists = in_project(project, &["rev-parse", "--verify", "-q", &target])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("git rev-parse: {e}"))?;
+    if exists.success() {
+        return Err(format!(
+            "branch {name} exists already: name a new one, or accept without --branch"
+        ));
+    }
+    fetch(project, series, bundle_file)?;
+    // What the series changes, from the base to the tip: (path, blob after or None).
+    let raw = run(
+        in_project(
+            project,
+            &[
+                "diff-tree",
+                "-r",
+                "-z",
+                "--no-renames",
+                "--no-ext-diff",
+                "--raw",
+                &series.base,
+                &series.tip,
+            ],
+        ),
+        "the series' files",
+        256 << 20,
+    )?;
+    let mut committed = std::collections::BTreeMap::new();
+    let mut fields = raw.split(|b| *b == 0);
+    while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
+        let meta = String::from_utf8_lossy(meta);
+        let parts: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
+        let [_, _, _, new_oid, status] = parts.as_slice() else {
+            continue;
+        };
+        let after = (!status.starts_with('D')).then(|| new_oid.to_string());
+        committed.insert(String::from_utf8_lossy(path).into_owned(), after);
+    }
+    let patched: std::collections::BTreeMap<String, Option<String>> =
+        files.iter().cloned().collect();
+    let differing: Vec<&str> = committed
+        .keys()
+        .chain(patched.keys())
+        .filter(|p| committed.get(*p) != patched.get(*p))
+        .map(String::as_str)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .take(10)
+        .collect();
+    if !differing.is_empty() {
+        return Err(format!(
+            "the step left changes it did not commit ({}): --branch would lose them; accept without --branch to apply them to the working tree",
+            differing.join(", ")
+        ));
+    }
+    let zero = "0".repeat(series.tip.len());
+    run(
+        in_project(
+            project,
+            &[
+                "update-ref",
+                "-m",
+                "smithers-sandbox: accept the step's commits onto a branch",
+                &target,
+                &series.tip,
+                &zero,
+            ],
+        ),
+        "creating the branch",
+        1 << 10,
+    )?;
+    Ok(())
+}
+
 /// Where [`COMMITS_BUNDLE_FILE`] is in `bundle`.
 pub fn bundle_file(bundle: &Path) -> PathBuf {
     bundle.join(COMMITS_BUNDLE_FILE)

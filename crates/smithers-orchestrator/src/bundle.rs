@@ -252,6 +252,23 @@ pub trait PatchApplier: Send + Sync + std::fmt::Debug {
         }
     }
 
+    /// [`PatchApplier::apply_reviewed`], but the step's commits go onto a new branch
+    /// `branch` of the host's repository and nothing else is applied (`accept --branch`).
+    /// The default cannot and refuses.
+    fn apply_reviewed_onto_branch(
+        &self,
+        root_dir: &Path,
+        bundle: &InspectedBundle,
+        digest: &str,
+        branch: &str,
+    ) -> Result<(), ErrorReport> {
+        let _ = (root_dir, bundle, digest, branch);
+        Err(ErrorReport::new(
+            ErrorCode::InvalidInput,
+            "this patch applier cannot put commits on a branch",
+        ))
+    }
+
     /// [`PatchApplier::apply`], writing text conflicts with conflict markers instead of
     /// refusing them (on request, to resolve a conflicted review by hand). Returns the paths
     /// written with markers. The default cannot write markers and refuses.
@@ -478,6 +495,48 @@ impl PatchApplier for AtomicPatchApplier {
         with_commits(root_dir, &bundle.bundle_path, commits.as_ref(), || {
             Self::apply_texts(root_dir, &texts, host_changed, conflict_markers)
         })
+    }
+
+    fn apply_reviewed_onto_branch(
+        &self,
+        root_dir: &Path,
+        bundle: &InspectedBundle,
+        digest: &str,
+        branch: &str,
+    ) -> Result<(), ErrorReport> {
+        let bytes = BundleBytes::read(bundle)?;
+        let found = bytes.digest();
+        if found != digest {
+            return Err(changed_since_review(digest, &found));
+        }
+        let refused = |e: String| {
+            ErrorReport::new(
+                ErrorCode::InvalidInput,
+                format!("the step's commits cannot go onto branch {branch}: {e}"),
+            )
+        };
+        let Some(series) = smithers_bundle::parse_change_notes(&bytes.readme)
+            .ok()
+            .and_then(|n| n.commits)
+        else {
+            return Err(refused(
+                "the step made no commits (accept without --branch applies its files)".into(),
+            ));
+        };
+        // What the reviewed patches change, each file with its blob id after.
+        let files: Vec<(String, Option<String>)> = self
+            .describe(bundle)?
+            .into_iter()
+            .map(|r| (r.path, r.new_hash))
+            .collect();
+        smithers_git::onto_branch(
+            root_dir,
+            &series,
+            &smithers_git::bundle_file(&bundle.bundle_path),
+            branch,
+            &files,
+        )
+        .map_err(refused)
     }
 
     fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport> {

@@ -1226,6 +1226,21 @@ impl Orchestrator {
         sandbox_id: &str,
         conflict_markers: bool,
     ) -> Result<CompletedSandbox, OrchestratorError> {
+        self.accept_onto(run_id, sandbox_id, conflict_markers, None)
+            .await
+    }
+
+    /// [`Orchestrator::accept_with`]; with `branch`, the step's commits go onto that new
+    /// branch of the host's repository and nothing else is applied (the host's HEAD, index
+    /// and working tree stay as they are): refused, all or nothing, when the step made no
+    /// commits, left changes it did not commit, or the branch exists.
+    pub async fn accept_onto(
+        &self,
+        run_id: &str,
+        sandbox_id: &str,
+        conflict_markers: bool,
+        branch: Option<&str>,
+    ) -> Result<CompletedSandbox, OrchestratorError> {
         self.pending_review(run_id, sandbox_id)?;
         // Compare-and-set: of two people accepting at once, one proceeds.
         let review = self.claim_review(run_id, sandbox_id, ReviewState::Accepted, None)?;
@@ -1263,8 +1278,17 @@ impl Orchestrator {
                     let root = std::path::Path::new(&review.root_dir);
                     // The applier checks the digest again on the bytes it applies: a file swapped
                     // between the check above and the apply is never applied.
-                    self.applier
-                        .apply_reviewed(root, &bundle, &recorded, conflict_markers)
+                    let applied = match branch {
+                        None => {
+                            self.applier
+                                .apply_reviewed(root, &bundle, &recorded, conflict_markers)
+                        }
+                        Some(b) => self
+                            .applier
+                            .apply_reviewed_onto_branch(root, &bundle, &recorded, b)
+                            .map(|()| Vec::new()),
+                    };
+                    applied
                         .map_err(|report| OrchestratorError::Apply {
                             sandbox_id: sandbox_id.to_string(),
                             report: Box::new(report),

@@ -44,6 +44,11 @@ pub struct AcceptArgs {
     /// refuse the whole accept.
     #[arg(long)]
     pub conflict_markers: bool,
+    /// Put the step's commits on this new branch instead of the current one, and apply
+    /// nothing else (your HEAD, index and working tree stay as they are). Refused when the
+    /// step made no commits, left changes it did not commit, or the branch exists.
+    #[arg(long, value_name = "NAME", conflicts_with = "conflict_markers")]
+    pub branch: Option<String>,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -230,10 +235,11 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         Some(&review.bundle_path),
         &ctx.store().patches(&row.run_id, &row.sandbox_id).coded()?,
     );
-    let result = ctx.rt.block_on(ctx.orchestrator.accept_with(
+    let result = ctx.rt.block_on(ctx.orchestrator.accept_onto(
         &row.run_id,
         &row.sandbox_id,
         args.conflict_markers,
+        args.branch.as_deref(),
     ));
     let patches_json: Vec<Value> = changes.iter().map(context::FileChange::to_json).collect();
     match result {
@@ -252,8 +258,18 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                         "outputs": done.outputs,
                         "patches": patches_json,
                         "conflictMarkers": done.conflict_markers,
+                        "branch": args.branch,
                     })
                 );
+            } else if let Some(branch) = &args.branch {
+                println!(
+                    "accepted {}:{}: its commits are on the new branch {} of {} (the working tree was not touched)",
+                    inert(&row.run_id),
+                    inert(&row.sandbox_id),
+                    inert(branch),
+                    inert(&review.root_dir)
+                );
+                println!("status: {}", inert(&done.status));
             } else {
                 println!(
                     "accepted {}:{}: {} patch file(s) applied to {}",

@@ -482,7 +482,15 @@ fn the_project_root_is_found_upward_like_git() {
     std::fs::create_dir_all(nested.join("bin")).unwrap();
     let out = run_from(&nested.join("bin"), "pwd");
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "/workspace/bin\n");
+    // A project below its repository's top: the step starts at the project's host path
+    // (where its git finds the repository; /workspace is the same view).
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!(
+            "{}\n",
+            std::fs::canonicalize(nested.join("bin")).unwrap().display()
+        )
+    );
     assert!(nested.join(".smithers/sandbox.db").is_file());
     let worktree = tempfile::tempdir().unwrap();
     std::fs::write(worktree.path().join(".git"), "gitdir: /nowhere\n").unwrap();

@@ -319,3 +319,73 @@ fn accept_onto_a_named_branch_leaves_head_and_the_worktree_alone() {
         "draft\n"
     );
 }
+
+#[test]
+fn a_step_whose_root_is_below_the_repository_top_commits_its_files() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = repo();
+    let sub = dir.path().join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::create_dir_all(dir.path().join("other")).unwrap();
+    std::fs::write(sub.join("kept.txt"), "v1\n").unwrap();
+    std::fs::write(dir.path().join("other/x.txt"), "x\n").unwrap();
+    git(dir.path(), &["add", "-A"]);
+    git(dir.path(), &["commit", "-q", "-m", "layout"]);
+    // The step sees only sub/, yet its git works: nothing outside shows as deleted, and a
+    // commit of everything commits only its own change.
+    let script = "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+                  echo v2 > kept.txt; $G status --porcelain; $G add -A; $G commit -qm 'sub: edit kept'";
+    let out = bin()
+        .args(["--json", "run", "--root"])
+        .arg(&sub)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let log = std::fs::read_to_string(
+        Path::new(doc["bundlePath"].as_str().unwrap()).join("logs/stream.ndjson"),
+    )
+    .unwrap();
+    assert!(log.contains(" M sub/kept.txt"), "{log}");
+    assert!(
+        !log.contains(" D "),
+        "files outside the project showed as deleted: {log}"
+    );
+    assert_eq!(
+        doc["changeNotes"]["commits"]["commits"][0]["subject"], "sub: edit kept",
+        "{doc}"
+    );
+    let id = doc["sandboxId"].as_str().unwrap();
+    let accept = cli(&sub, &["accept", id]);
+    assert!(accept.status.success(), "{accept:?}");
+    assert_eq!(
+        git(dir.path(), &["log", "--format=%s"]),
+        "sub: edit kept\nlayout\ninitial\n"
+    );
+    assert_eq!(git(dir.path(), &["status", "--porcelain"]), "");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("other/x.txt")).unwrap(),
+        "x\n"
+    );
+
+    // A commit that changes files outside the project is not brought back (its files are).
+    let script = "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+                  echo v3 > kept.txt; $G update-index --force-remove ../other/x.txt; $G commit -qam 'reach out'";
+    let out = bin()
+        .args(["--json", "run", "--root"])
+        .arg(&sub)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    assert!(doc["changeNotes"]["commits"].is_null(), "{doc}");
+    let log = std::fs::read_to_string(
+        Path::new(doc["bundlePath"].as_str().unwrap()).join("logs/stream.ndjson"),
+    )
+    .unwrap();
+    assert!(log.contains("outside the project"), "{log}");
+}

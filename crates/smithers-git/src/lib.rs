@@ -317,6 +317,95 @@ pub fn worktree_dirs(project: &Path) -> Option<(PathBuf, PathBuf)> {
     .then_some((gitdir, common))
 }
 
+/// The plain repository a project directory lies below (the nearest ancestor whose `.git` is
+/// a real directory), and the project's path from its top; `None` when the project has a
+/// `.git` of its own, lies in no repository or below a worktree, or in a directory the
+/// repository ignores.
+pub fn enclosing_repository(project: &Path) -> Option<(PathBuf, String)> {
+    if std::fs::symlink_metadata(project.join(".git")).is_ok() {
+        return None;
+    }
+    let top = project
+        .ancestors()
+        .skip(1)
+        .find(|a| std::fs::symlink_metadata(a.join(".git")).is_ok())?;
+    std::fs::symlink_metadata(top.join(".git"))
+        .is_ok_and(|m| m.is_dir())
+        .then_some(())?;
+    let rel = project.strip_prefix(top).ok()?.to_str()?.to_string();
+    // A project inside a directory the repository ignores (a build tree's `target/`, a home
+    // directory under a dotfiles repository ignoring `*`) is not part of it.
+    // (check-ignore refuses literal pathspecs: `rel` is a plain path of ours, from the
+    // project's own location, checked without them.)
+    let ignored = in_project(
+        top,
+        &["check-ignore", "-q", "--no-index", "--", &format!("{rel}/")],
+    )
+    .env_remove("GIT_LITERAL_PATHSPECS")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .status()
+    .is_ok_and(|s| s.success());
+    (!ignored).then(|| (top.to_path_buf(), rel))
+}
+
+/// Prepares the index a step below its repository's top sees ([`enclosing_repository`]):
+/// the host's index, copied into the layer over `.git` (`git_upper`), with every entry
+/// outside the project marked skip-worktree, so that the step's git does not take the files
+/// it cannot see for deleted ones (`git add -A`, `commit -a` leave them as they are). The
+/// host's index is not written.
+pub fn prepare_subdir_index(top: &Path, rel: &str, git_upper: &Path) -> Result<(), String> {
+    let host_index = top.join(".git/index");
+    let InLayer::File(bytes) = read_small(&host_index, 256 << 20) else {
+        return Ok(()); // no index yet: nothing is tracked
+    };
+    let index = git_upper.join("index");
+    std::fs::write(&index, bytes).map_err(|e| format!("{}: {e}", index.display()))?;
+    let with_index = |args: &[&str]| {
+        let mut c = git();
+        c.env("GIT_DIR", top.join(".git"))
+            .env("GIT_INDEX_FILE", &index)
+            .args(args);
+        c
+    };
+    let listed = run(
+        with_index(&["ls-files", "-z"]),
+        "the index's files",
+        512 << 20,
+    )?;
+    let lead = format!("{rel}/");
+    let mut outside = Vec::new();
+    for path in listed.split(|b| *b == 0).filter(|p| !p.is_empty()) {
+        if !path.starts_with(lead.as_bytes()) {
+            outside.extend_from_slice(path);
+            outside.push(0);
+        }
+    }
+    if outside.is_empty() {
+        return Ok(());
+    }
+    let mut c = with_index(&["update-index", "-z", "--skip-worktree", "--stdin"]);
+    let mut child = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("git update-index: {e}"))?;
+    let mut stdin = child.stdin.take().ok_or("git update-index: no stdin")?;
+    let writer = std::thread::spawn(move || stdin.write_all(&outside));
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("git update-index: {e}"))?;
+    let _ = writer.join();
+    if !out.status.success() {
+        return Err(format!(
+            "marking the files outside the project: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
 /// Where a repository's files are on the host and in the step's layers: the git directory
 /// (HEAD) and the common directory (objects, refs), each with the layer that holds what the
 /// step wrote over it. A plain repository has both at `<project>/.git`, in the workspace
@@ -328,6 +417,9 @@ pub struct GitLayers {
     pub host_common: PathBuf,
     pub upper_gitdir: PathBuf,
     pub upper_common: PathBuf,
+    /// For a project below its repository's top: its path from the top. The step's
+    /// commits must change nothing outside it.
+    pub within: Option<String>,
 }
 
 impl GitLayers {
@@ -338,7 +430,21 @@ impl GitLayers {
             host_common: project.join(".git"),
             upper_gitdir: upper.join(".git"),
             upper_common: upper.join(".git"),
+            within: None,
         }
+    }
+
+    /// A project below its repository's top ([`enclosing_repository`]) whose step saw the
+    /// top's `.git` through the layer `git_upper`.
+    pub fn enclosing(project: &Path, git_upper: &Path) -> Option<GitLayers> {
+        let (top, rel) = enclosing_repository(project)?;
+        Some(GitLayers {
+            host_gitdir: top.join(".git"),
+            host_common: top.join(".git"),
+            upper_gitdir: git_upper.to_path_buf(),
+            upper_common: git_upper.to_path_buf(),
+            within: Some(rel),
+        })
     }
 
     /// A worktree of `project` ([`worktree_dirs`]) whose common directory the step saw
@@ -351,6 +457,7 @@ impl GitLayers {
             host_gitdir: gitdir,
             host_common: common,
             upper_common: common_upper.to_path_buf(),
+            within: None,
         })
     }
 }
@@ -468,6 +575,32 @@ pub fn collect_from(layers: &GitLayers) -> Result<Collected, String> {
         return Ok(Collected::LeftOut(format!(
             "the step made more than {MAX_COMMITS} commits"
         )));
+    }
+    if let Some(rel) = &layers.within {
+        // A project below the repository's top: the series may change only the project.
+        let names = run(
+            in_repo(&[
+                "diff-tree",
+                "-r",
+                "-z",
+                "--no-renames",
+                "--name-only",
+                &base,
+                &tip,
+            ]),
+            "the series' files",
+            256 << 20,
+        )?;
+        let lead = format!("{rel}/");
+        if let Some(outside) = names
+            .split(|b| *b == 0)
+            .find(|p| !p.is_empty() && !p.starts_with(lead.as_bytes()))
+        {
+            return Ok(Collected::LeftOut(format!(
+                "the step's commits change {}, outside the project {rel}/",
+                String::from_utf8_lossy(outside)
+            )));
+        }
     }
     let mut commits = Vec::with_capacity(oids.len());
     for oid in &oids {
@@ -753,7 +886,14 @@ pub fn advance(project: &Path, series: &CommitSeries, reason: &str) -> Result<()
         info.extend_from_slice(path);
         info.push(0);
     }
-    let mut c = in_project(project, &["update-index", "-z", "--index-info"]);
+    // Paths from diff-tree are the top's: update the index from there.
+    let top = run(
+        in_project(project, &["rev-parse", "--show-toplevel"]),
+        "the repository's top",
+        4096,
+    )?;
+    let top = PathBuf::from(String::from_utf8_lossy(&top).trim().to_string());
+    let mut c = in_project(&top, &["update-index", "-z", "--index-info"]);
     let mut child = c
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

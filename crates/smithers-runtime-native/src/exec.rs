@@ -660,23 +660,38 @@ pub(crate) async fn execute(
     // A git worktree (overlay mode): its repository's common directory becomes writable in
     // the sandbox through a layer of its own, so the step can commit (collect reads the
     // commits from that layer; the host's repository is written only on accept).
-    let git_common = match (
-        &layout.workspace_copy,
-        smithers_git::worktree_dirs(&backend.root_dir),
-    ) {
-        (None, Some((_, common))) => {
-            let (upper, work) = (backend.git_common_upper(), backend.git_common_work());
-            for dir in [&upper, &work] {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| RuntimeError::io("make the git layer", dir, e))?;
+    // The same for a project below its repository's top: the top's `.git` through a layer,
+    // the host's index copied there with the files outside the project marked
+    // skip-worktree, and the workspace shown again at the project's host path.
+    let git_common = if layout.workspace_copy.is_some() {
+        None
+    } else {
+        let root = &backend.root_dir;
+        let found = match smithers_git::worktree_dirs(root) {
+            Some((_, common)) => Some((common, None)),
+            None => smithers_git::enclosing_repository(root)
+                .map(|(top, rel)| (top.join(".git"), Some((top, rel)))),
+        };
+        match found {
+            Some((common, below)) => {
+                let (upper, work) = (backend.git_common_upper(), backend.git_common_work());
+                for dir in [&upper, &work] {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| RuntimeError::io("make the git layer", dir, e))?;
+                }
+                if let Some((top, rel)) = &below {
+                    smithers_git::prepare_subdir_index(top, rel, &upper)
+                        .map_err(|e| RuntimeError::spawn("prepare the step's git index", e))?;
+                }
+                Some(plan::GitCommonLayer {
+                    common,
+                    upper,
+                    work,
+                    workspace_at: below.map(|(top, rel)| top.join(rel)),
+                })
             }
-            Some(plan::GitCommonLayer {
-                common,
-                upper,
-                work,
-            })
+            None => None,
         }
-        _ => None,
     };
     let mut plan = plan::compile(&PlanInput {
         stdin: _stdin_feed.is_some(),

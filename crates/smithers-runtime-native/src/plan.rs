@@ -169,6 +169,10 @@ pub struct GitCommonLayer {
     pub common: PathBuf,
     pub upper: PathBuf,
     pub work: PathBuf,
+    /// A project below its repository's top: the project's host path, where the workspace
+    /// is shown a second time (and the step starts), so that its git finds the repository
+    /// above it (`<top>/.git`, the layer above). `None` for a worktree.
+    pub workspace_at: Option<PathBuf>,
 }
 
 /// What the project looks like at its top (lstat of two names, decided at execute time).
@@ -406,6 +410,23 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
             path: Path::new(paths::WORKSPACE).join(".smithers"),
         });
     }
+    // The workspace again at the project's host path, below the repository's `.git` layer
+    // (after the mask, which the recursive bind carries along).
+    if let Some(at) = input
+        .git_common
+        .as_ref()
+        .and_then(|g| g.workspace_at.as_ref())
+    {
+        ops.push(MountOp::Bind {
+            source: layout
+                .new_root
+                .join(paths::WORKSPACE.trim_start_matches('/')),
+            path: at.clone(),
+            kind: TargetKind::Dir,
+            attrs: MountAttrs::RW,
+            optional: false,
+        });
+    }
     // The project's `.git`: in overlay mode part of the copy-on-write view, so the step can
     // stage, commit, branch and stash; what its git writes stays in the layer, is never
     // applied as files (collect leaves `.git` out of the patches) and comes back only as the
@@ -525,6 +546,7 @@ pub fn landlock_plan(
             .map(|v| v.container.clone()),
     );
     write_dirs.extend(git_common.map(|g| g.common.clone()));
+    write_dirs.extend(git_common.and_then(|g| g.workspace_at.clone()));
     LandlockPlan {
         read_dirs: vec![p("/")],
         write_dirs,
@@ -536,9 +558,37 @@ pub fn landlock_plan(
     }
 }
 
+/// The command's working directory: the caller's, else `/workspace`; for a project below
+/// its repository's top, the same place under the project's host path (where its git finds
+/// the repository).
+fn step_cwd(input: &PlanInput<'_>) -> PathBuf {
+    let cwd = input.cwd.map_or_else(|| p(paths::WORKSPACE), PathBuf::from);
+    match input
+        .git_common
+        .as_ref()
+        .and_then(|g| g.workspace_at.as_ref())
+    {
+        Some(at) => match cwd.strip_prefix(paths::WORKSPACE) {
+            Ok(rest) => at.join(rest),
+            Err(_) => cwd,
+        },
+        None => cwd,
+    }
+}
+
 /// The whole plan for one execution.
 pub fn compile(input: &PlanInput<'_>) -> InitPlan {
-    let env = environment(input.step_env, input.host_env);
+    let mut env = environment(input.step_env, input.host_env);
+    if input
+        .git_common
+        .as_ref()
+        .is_some_and(|g| g.workspace_at.is_some())
+    {
+        // The project's host path is a mount of its own, below the repository's `.git`
+        // layer: git's discovery must cross that boundary to find it.
+        env.entry("GIT_DISCOVERY_ACROSS_FILESYSTEM".to_string())
+            .or_insert_with(|| "1".to_string());
+    }
     let search_path = env
         .get("PATH")
         .cloned()
@@ -554,10 +604,7 @@ pub fn compile(input: &PlanInput<'_>) -> InitPlan {
         exec: ExecSpec {
             argv: input.argv.to_vec(),
             env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-            cwd: input
-                .cwd
-                .map(PathBuf::from)
-                .unwrap_or_else(|| p(paths::WORKSPACE)),
+            cwd: step_cwd(input),
             search_path,
             stdin: input.stdin.then(|| p(paths::STDIN_FIFO)),
         },

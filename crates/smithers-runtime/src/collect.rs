@@ -302,8 +302,9 @@ pub struct BundleSources<'a> {
     pub log: &'a Path,
     /// More notes for the end of the log.
     pub notes: &'a [String],
-    /// When the project is a git worktree: the layer over its repository's common directory
-    /// (objects, refs), which the sandbox saw writable at its own path (`smithers-git`).
+    /// When the project is a git worktree, or lies below its repository's top: the layer over
+    /// that repository's (common) git directory, which the sandbox saw writable at its own
+    /// path (`smithers-git`).
     pub git_common_layer: Option<&'a Path>,
 }
 
@@ -389,13 +390,14 @@ pub fn write_workspace_bundle_with(
     let mut commits = None;
     if let WorkspaceLayer::Upper(upper) = from.layer {
         let collected = match from.git_common_layer {
-            // A worktree: its repository's common directory was a layer of its own.
-            Some(common_upper) => {
-                match smithers_git::GitLayers::worktree(from.project, common_upper) {
-                    Some(layers) => smithers_git::collect_from(&layers),
-                    None => Ok(smithers_git::Collected::Nothing),
-                }
-            }
+            // A worktree, or a project below its repository's top: the repository's git
+            // directory was a layer of its own.
+            Some(git_upper) => match smithers_git::GitLayers::worktree(from.project, git_upper)
+                .or_else(|| smithers_git::GitLayers::enclosing(from.project, git_upper))
+            {
+                Some(layers) => smithers_git::collect_from(&layers),
+                None => Ok(smithers_git::Collected::Nothing),
+            },
             None => smithers_git::collect(from.project, upper),
         };
         match collected {

@@ -203,8 +203,11 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
         }
     }
     // A prepared root has every mount point, except one below a tmpfs an earlier op mounted
-    // (a worktree's repository under /tmp, say): made there.
-    let missing = || matches!(op, MountOp::Overlay { path, .. } if std::fs::symlink_metadata(join(root, path)).is_err());
+    // (a repository under /tmp, say, for a worktree or a project below its top): made there.
+    let missing = || {
+        matches!(op, MountOp::Overlay { path, .. } | MountOp::Bind { path, .. }
+            if std::fs::symlink_metadata(join(root, path)).is_err())
+    };
     if !prepared || missing() {
         make_mount_point(op, root)?;
     }

@@ -127,6 +127,79 @@ fn run(mut cmd: Command, what: &str, max: u64) -> Result<Vec<u8>, String> {
     Ok(out.stdout)
 }
 
+/// Runs `cmd` with `input` on its stdin (written from a thread, so a large input cannot
+/// deadlock against the command's own output), its stderr as the error.
+fn run_with_input(mut cmd: Command, input: Vec<u8>, what: &str) -> Result<(), String> {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{what}: cannot run git: {e}"))?;
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| format!("{what}: no stdin"))?;
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("{what}: {e}"))?;
+    let _ = writer.join();
+    if !out.status.success() {
+        return Err(format!(
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// One file a series changes from its base to its tip (`diff-tree --raw`).
+struct SeriesChange {
+    /// From the repository's top, as git has it.
+    path: Vec<u8>,
+    new_mode: String,
+    /// The blob after, or `None` for a deletion.
+    after: Option<String>,
+}
+
+/// What the series changes, from its base to its tip, in the host's repository.
+fn series_changes(project: &Path, series: &CommitSeries) -> Result<Vec<SeriesChange>, String> {
+    // ":oldmode newmode oldoid newoid status\0path\0" per changed file.
+    let raw = run(
+        in_project(
+            project,
+            &[
+                "diff-tree",
+                "-r",
+                "-z",
+                "--no-renames",
+                "--no-ext-diff",
+                "--raw",
+                &series.base,
+                &series.tip,
+            ],
+        ),
+        "the series' files",
+        256 << 20,
+    )?;
+    let mut out = Vec::new();
+    let mut fields = raw.split(|b| *b == 0);
+    while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
+        let meta = String::from_utf8_lossy(meta);
+        let parts: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
+        let [_, new_mode, _, new_oid, status] = parts.as_slice() else {
+            continue;
+        };
+        out.push(SeriesChange {
+            path: path.to_vec(),
+            new_mode: new_mode.to_string(),
+            after: (!status.starts_with('D')).then(|| new_oid.to_string()),
+        });
+    }
+    Ok(out)
+}
+
 fn is_oid(s: &str) -> bool {
     s.len() == 40
         && s.bytes()
@@ -384,26 +457,11 @@ pub fn prepare_subdir_index(top: &Path, rel: &str, git_upper: &Path) -> Result<(
     if outside.is_empty() {
         return Ok(());
     }
-    let mut c = with_index(&["update-index", "-z", "--skip-worktree", "--stdin"]);
-    let mut child = c
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("git update-index: {e}"))?;
-    let mut stdin = child.stdin.take().ok_or("git update-index: no stdin")?;
-    let writer = std::thread::spawn(move || stdin.write_all(&outside));
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("git update-index: {e}"))?;
-    let _ = writer.join();
-    if !out.status.success() {
-        return Err(format!(
-            "marking the files outside the project: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
+    run_with_input(
+        with_index(&["update-index", "-z", "--skip-worktree", "--stdin"]),
+        outside,
+        "marking the files outside the project",
+    )
 }
 
 /// Where a repository's files are on the host and in the step's layers: the git directory
@@ -852,67 +910,33 @@ pub fn advance(project: &Path, series: &CommitSeries, reason: &str) -> Result<()
         "moving the branch",
         1 << 10,
     )?;
-    // ":oldmode newmode oldoid newoid status\0path\0" per changed file.
-    let raw = run(
-        in_project(
-            project,
-            &[
-                "diff-tree",
-                "-r",
-                "-z",
-                "--no-renames",
-                "--no-ext-diff",
-                "--raw",
-                &series.base,
-                &series.tip,
-            ],
-        ),
-        "the series' files",
-        256 << 20,
-    )?;
     let mut info = Vec::new();
-    let mut fields = raw.split(|b| *b == 0);
-    while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
-        let meta = String::from_utf8_lossy(meta);
-        let parts: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
-        let [_, new_mode, _, new_oid, status] = parts.as_slice() else {
-            continue;
-        };
-        if status.starts_with('D') {
-            info.extend_from_slice(b"0 0000000000000000000000000000000000000000\t");
-        } else {
-            info.extend_from_slice(format!("{new_mode} {new_oid}\t").as_bytes());
+    for c in series_changes(project, series)? {
+        match &c.after {
+            Some(oid) => info.extend_from_slice(format!("{} {oid}\t", c.new_mode).as_bytes()),
+            None => info.extend_from_slice(b"0 0000000000000000000000000000000000000000\t"),
         }
-        info.extend_from_slice(path);
+        info.extend_from_slice(&c.path);
         info.push(0);
     }
     // Paths from diff-tree are the top's: update the index from there.
+    run_with_input(
+        in_project(&toplevel(project)?, &["update-index", "-z", "--index-info"]),
+        info,
+        "updating the index",
+    )
+}
+
+/// The top of the repository `project` is in.
+fn toplevel(project: &Path) -> Result<PathBuf, String> {
     let top = run(
         in_project(project, &["rev-parse", "--show-toplevel"]),
         "the repository's top",
         4096,
     )?;
-    let top = PathBuf::from(String::from_utf8_lossy(&top).trim().to_string());
-    let mut c = in_project(&top, &["update-index", "-z", "--index-info"]);
-    let mut child = c
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("git update-index: {e}"))?;
-    let mut stdin = child.stdin.take().ok_or("git update-index: no stdin")?;
-    let writer = std::thread::spawn(move || stdin.write_all(&info));
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("git update-index: {e}"))?;
-    let _ = writer.join();
-    if !out.status.success() {
-        return Err(format!(
-            "updating the index: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
+    Ok(PathBuf::from(
+        String::from_utf8_lossy(&top).trim().to_string(),
+    ))
 }
 
 /// Puts the series on a new branch `name` of the host's repository instead of the current
@@ -949,37 +973,23 @@ pub fn onto_branch(
         ));
     }
     fetch(project, series, bundle_file)?;
-    // What the series changes, from the base to the tip: (path, blob after or None).
-    let raw = run(
-        in_project(
-            project,
-            &[
-                "diff-tree",
-                "-r",
-                "-z",
-                "--no-renames",
-                "--no-ext-diff",
-                "--raw",
-                &series.base,
-                &series.tip,
-            ],
-        ),
-        "the series' files",
-        256 << 20,
+    // What the series changes, from the base to the tip: (path from the top, blob after).
+    let committed: std::collections::BTreeMap<String, Option<String>> =
+        series_changes(project, series)?
+            .into_iter()
+            .map(|c| (String::from_utf8_lossy(&c.path).into_owned(), c.after))
+            .collect();
+    // The patches' paths are the project's; the series' the top's (a project below it).
+    let prefix = run(
+        in_project(project, &["rev-parse", "--show-prefix"]),
+        "the project's place in the repository",
+        4096,
     )?;
-    let mut committed = std::collections::BTreeMap::new();
-    let mut fields = raw.split(|b| *b == 0);
-    while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
-        let meta = String::from_utf8_lossy(meta);
-        let parts: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
-        let [_, _, _, new_oid, status] = parts.as_slice() else {
-            continue;
-        };
-        let after = (!status.starts_with('D')).then(|| new_oid.to_string());
-        committed.insert(String::from_utf8_lossy(path).into_owned(), after);
-    }
-    let patched: std::collections::BTreeMap<String, Option<String>> =
-        files.iter().cloned().collect();
+    let prefix = String::from_utf8_lossy(&prefix).trim().to_string();
+    let patched: std::collections::BTreeMap<String, Option<String>> = files
+        .iter()
+        .map(|(path, after)| (format!("{prefix}{path}"), after.clone()))
+        .collect();
     let differing: Vec<&str> = committed
         .keys()
         .chain(patched.keys())

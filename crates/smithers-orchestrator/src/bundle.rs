@@ -126,6 +126,20 @@ impl BundleBytes {
         Ok(BundleBytes { readme, patches })
     }
 
+    /// [`BundleBytes::read`], refused unless the bytes are those the review was opened on
+    /// (`digest`): what is applied is exactly what was reviewed.
+    pub fn read_reviewed(
+        bundle: &InspectedBundle,
+        digest: &str,
+    ) -> Result<BundleBytes, ErrorReport> {
+        let bytes = BundleBytes::read(bundle)?;
+        let found = bytes.digest();
+        if found != digest {
+            return Err(changed_since_review(digest, &found));
+        }
+        Ok(bytes)
+    }
+
     /// The digest a review records (see [`bundle_digest`]).
     pub fn digest(&self) -> String {
         use sha2::{Digest, Sha256};
@@ -481,11 +495,7 @@ impl PatchApplier for AtomicPatchApplier {
         digest: &str,
         conflict_markers: bool,
     ) -> Result<Vec<String>, ErrorReport> {
-        let bytes = BundleBytes::read(bundle)?;
-        let found = bytes.digest();
-        if found != digest {
-            return Err(changed_since_review(digest, &found));
-        }
+        let bytes = BundleBytes::read_reviewed(bundle, digest)?;
         let (texts, host_changed) = Self::reviewed_texts(&bytes)?;
         // The commits are those of the reviewed README.md (its digest was just checked);
         // their objects are named by id, so the git bundle file needs no digest of its own.
@@ -504,11 +514,7 @@ impl PatchApplier for AtomicPatchApplier {
         digest: &str,
         branch: &str,
     ) -> Result<(), ErrorReport> {
-        let bytes = BundleBytes::read(bundle)?;
-        let found = bytes.digest();
-        if found != digest {
-            return Err(changed_since_review(digest, &found));
-        }
+        let bytes = BundleBytes::read_reviewed(bundle, digest)?;
         let refused = |e: String| {
             ErrorReport::new(
                 ErrorCode::InvalidInput,

@@ -927,6 +927,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                         enforcement: enforcement.as_ref(),
                         egress: egress.as_ref(),
                         log: &log_notes,
+                        commits: notes.commits.as_ref(),
                     },
                 );
                 if done.applied_patches > 0 {
@@ -974,6 +975,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                         enforcement: enforcement.as_ref(),
                         egress: egress.as_ref(),
                         log: &log_notes,
+                        commits: notes.commits.as_ref(),
                     },
                 );
                 eprintln!(
@@ -1005,6 +1007,8 @@ struct StepNotes<'a> {
     egress: Option<&'a Value>,
     /// The log's notes on the result and the output ([`context::log_notes`]).
     log: &'a [Value],
+    /// The step's commits, from the bundle's `changeNotes` (already read by the caller).
+    commits: Option<&'a smithers_bundle::CommitSeries>,
 }
 
 fn print_summary(
@@ -1020,6 +1024,7 @@ fn print_summary(
         enforcement,
         egress,
         log,
+        commits,
     } = notes;
     let how = match (termination, exit_code) {
         (Some("exited"), Some(c)) => format!(" (exit {c})"),
@@ -1042,7 +1047,7 @@ fn print_summary(
         None => eprintln!("outputs  -"),
     }
     eprintln!("bundle   {}", inert(&bundle_path.display().to_string()));
-    if let Some(series) = context::bundle_notes(bundle_path).commits {
+    if let Some(series) = commits {
         eprintln!(
             "commits  {} on {} (accept adds them on top of {})",
             series.commits.len(),

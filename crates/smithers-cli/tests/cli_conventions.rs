@@ -7,18 +7,7 @@ mod support;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use support::native::{bin, sandboxes_usable};
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.email=t@example.com", "-c", "user.name=t"])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
+use support::native::{bin, git, sandboxes_usable};
 
 /// The CLI with `args` (a subcommand and its flags), then `--root dir`.
 fn cli(dir: &Path, args: &[&str]) -> Output {

@@ -7,20 +7,9 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use support::native::{bin, sandboxes_usable};
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.email=host@example.com", "-c", "user.name=Host"])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
+use support::native::{bin, git, sandboxes_usable};
 
 /// A repository on branch `main` with one commit and a clean worktree.
 fn repo() -> tempfile::TempDir {
@@ -47,15 +36,29 @@ fn run_committing_step(dir: &Path, extra: &str) -> String {
          echo new > b.txt; $G add b.txt; $G commit -q -m 'second: add b' -m 'with a body'; \
          {extra}"
     );
-    let out = bin()
-        .args(["--json", "run", "--root"])
-        .arg(dir)
-        .args(["--", "sh", "-c", &script])
-        .output()
-        .unwrap();
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (out, doc) = run_json(dir, &script);
     assert_eq!(doc["exitCode"], 0, "{out:?}");
     doc["sandboxId"].as_str().unwrap().to_string()
+}
+
+/// `run --json --root ROOT -- sh -c SCRIPT`: its output and its JSON document.
+fn run_json(root: &Path, script: &str) -> (Output, serde_json::Value) {
+    let out = bin()
+        .args(["--json", "run", "--root"])
+        .arg(root)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    let doc = serde_json::from_slice(&out.stdout).unwrap();
+    (out, doc)
+}
+
+/// The NDJSON log of the bundle `doc` names.
+fn bundle_log(doc: &serde_json::Value) -> String {
+    std::fs::read_to_string(
+        Path::new(doc["bundlePath"].as_str().unwrap()).join("logs/stream.ndjson"),
+    )
+    .unwrap()
 }
 
 fn objects(dir: &Path) -> String {
@@ -337,18 +340,9 @@ fn a_step_whose_root_is_below_the_repository_top_commits_its_files() {
     // commit of everything commits only its own change.
     let script = "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
                   echo v2 > kept.txt; $G status --porcelain; $G add -A; $G commit -qm 'sub: edit kept'";
-    let out = bin()
-        .args(["--json", "run", "--root"])
-        .arg(&sub)
-        .args(["--", "sh", "-c", script])
-        .output()
-        .unwrap();
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (out, doc) = run_json(&sub, script);
     assert_eq!(doc["exitCode"], 0, "{out:?}");
-    let log = std::fs::read_to_string(
-        Path::new(doc["bundlePath"].as_str().unwrap()).join("logs/stream.ndjson"),
-    )
-    .unwrap();
+    let log = bundle_log(&doc);
     assert!(log.contains(" M sub/kept.txt"), "{log}");
     assert!(
         !log.contains(" D "),
@@ -374,18 +368,24 @@ fn a_step_whose_root_is_below_the_repository_top_commits_its_files() {
     // A commit that changes files outside the project is not brought back (its files are).
     let script = "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
                   echo v3 > kept.txt; $G update-index --force-remove ../other/x.txt; $G commit -qam 'reach out'";
-    let out = bin()
-        .args(["--json", "run", "--root"])
-        .arg(&sub)
-        .args(["--", "sh", "-c", script])
-        .output()
-        .unwrap();
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (out, doc) = run_json(&sub, script);
     assert_eq!(doc["exitCode"], 0, "{out:?}");
     assert!(doc["changeNotes"]["commits"].is_null(), "{doc}");
-    let log = std::fs::read_to_string(
-        Path::new(doc["bundlePath"].as_str().unwrap()).join("logs/stream.ndjson"),
-    )
-    .unwrap();
+    let log = bundle_log(&doc);
     assert!(log.contains("outside the project"), "{log}");
+    let reach_out = doc["sandboxId"].as_str().unwrap().to_string();
+    assert!(cli(&sub, &["reject", &reach_out]).status.success());
+
+    // `--branch` compares the project's patches with the series' files from the top.
+    let script = "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+                  echo v4 > kept.txt; $G commit -qam 'sub: on a branch'";
+    let (out, doc) = run_json(&sub, script);
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let id = doc["sandboxId"].as_str().unwrap();
+    let accept = cli(&sub, &["accept", id, "--branch", "sub-work"]);
+    assert!(accept.status.success(), "{accept:?}");
+    assert_eq!(
+        git(dir.path(), &["log", "-1", "--format=%s", "sub-work"]),
+        "sub: on a branch\n"
+    );
 }

@@ -41,3 +41,16 @@ pub fn sandboxes_usable() -> bool {
         });
     ok || skip("native sandboxes unavailable")
 }
+
+/// Runs `git ARGS` in `dir` as the host's user (`Host <host@example.com>`), asserting it
+/// succeeds; its stdout.
+pub fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(["-c", "user.email=host@example.com", "-c", "user.name=Host"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}

@@ -91,7 +91,7 @@ export type Controls = {
   egressPolicy?: Record<string, unknown>;
 };
 
-export type CreateSandbox = { runId: string; sandboxId: string; image?: string; controls?: Controls };
+export type CreateSandbox = { runId: string; sandboxId: string; image?: string; controls?: Controls; ifExists?: "replace" | "refuse" };
 
 export type RetryPolicy = {
   /** Attempts in total (1 = no retry). */
@@ -340,6 +340,11 @@ export class SandboxHostClient {
     );
   }
 
+  /** `GET /v1/sandboxes`: this token's sandboxes. */
+  list(signal?: AbortSignal): Promise<SandboxInfo[]> {
+    return this.json<SandboxInfo[]>("list sandboxes", true, () => ({ path: "/v1/sandboxes", init: { method: "GET" } }), signal);
+  }
+
   info(id: string, signal?: AbortSignal): Promise<SandboxInfo> {
     return this.json<SandboxInfo>("read sandbox", true, () => ({ path: `/v1/sandboxes/${encodeURIComponent(id)}`, init: { method: "GET" } }), signal);
   }
@@ -351,18 +356,22 @@ export class SandboxHostClient {
   async uploadWorkspace(
     id: string,
     rootDir: string,
-    options: { skipTop: string[]; skipAnywhere?: string[]; gzipLevel?: number; signal?: AbortSignal; onProgress?: (stats: PackStats) => void },
+    options: { skipTop: string[]; skipAnywhere?: string[]; skipPaths?: Set<string>; gzipLevel?: number; signal?: AbortSignal; onProgress?: (stats: PackStats) => void },
   ): Promise<WorkspaceUploaded & { pack: PackStats }> {
-    let stats: PackStats = { entries: 0, bytes: 0, skippedSpecial: [] };
+    let stats: PackStats = { entries: 0, bytes: 0, skippedSpecial: [], skippedPaths: 0 };
     let packError: unknown = undefined;
     let source: Readable | undefined;
     const build = (): Built => {
       source?.destroy();
-      stats = { entries: 0, bytes: 0, skippedSpecial: [] };
+      stats = { entries: 0, bytes: 0, skippedSpecial: [], skippedPaths: 0 };
       packError = undefined;
       const gzip = createGzip({ level: options.gzipLevel ?? 1 });
       const current = stats;
-      const packed = packTree(rootDir, { skipTop: options.skipTop, skipAnywhere: options.skipAnywhere }, current);
+      const packed = packTree(
+        rootDir,
+        { skipTop: options.skipTop, ...(options.skipAnywhere ? { skipAnywhere: options.skipAnywhere } : {}), ...(options.skipPaths ? { skipPaths: options.skipPaths } : {}) },
+        current,
+      );
       const onProgress = options.onProgress;
       const chunks = onProgress
         ? (async function* () {
@@ -571,7 +580,11 @@ export class SandboxHostClient {
    * next to `dest` and renamed into place only when complete. A stream that broke off is
    * downloaded again; an archive that breaks a rule is refused.
    */
-  async downloadBundle(id: string, dest: string): Promise<UnpackStats> {
+  /**
+   * `GET …/bundle` unpacked, confined, into a staging directory beside `dest`; `prepare` (if
+   * given) may rewrite it there; then it replaces `dest` whole.
+   */
+  async downloadBundle(id: string, dest: string, prepare?: (staging: string) => Promise<void>): Promise<UnpackStats> {
     const parent = dirname(dest);
     await mkdir(parent, { recursive: true });
     for (let attempt = 1; ; attempt++) {
@@ -609,6 +622,7 @@ export class SandboxHostClient {
       try {
         const stats = await unpackTar(watched, staging, BUNDLE_LIMITS).finally(() => clearTimeout(idle));
         body.destroy();
+        if (prepare) await prepare(staging);
         await rm(dest, { recursive: true, force: true });
         await rename(staging, dest);
         return stats;

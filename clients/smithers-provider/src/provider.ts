@@ -29,6 +29,9 @@ import { stat } from "node:fs/promises";
 import { abortedError, ENV_API_KEY, ENV_API_URL, SandboxHostClient } from "./client.js";
 import type { Controls, CreateSandbox, RetryPolicy, StepCommand, WireEvent } from "./client.js";
 import { describeError, ErrorCodes, SmithersSandboxError } from "./errors.js";
+import { keepChangesOnce } from "./bundle.js";
+import type { SingleSourceReport } from "./bundle.js";
+import { selectUpload } from "./upload.js";
 import type { SandboxProvider, SandboxProviderBundleResult, SandboxProviderRequest } from "./types.js";
 
 /** What a step runs when neither its config nor the provider names a command (as in Smithers). */
@@ -53,6 +56,22 @@ export type SmithersSandboxProviderOptions = {
   egressPolicy?: Record<string, unknown>;
   /** Upload `.git/` with the workspace (default true: steps need it). */
   includeGit?: boolean;
+  /** Leave out what git ignores (default true). See `upload.ts` for everything left out. */
+  honourGitignore?: boolean;
+  /** Smithers' database, when it is not a `smithers.db` in the tree (default `$SMITHERS_DB`): never uploaded. */
+  databasePath?: string;
+  /**
+   * The whole step's timeout on the host, in milliseconds. A step's `config.timeoutMs` wins.
+   * Neither set: the host's ceiling (`serve --max-timeout`). Smithers' `toolTimeoutMs` (60 s by
+   * default) bounds one tool call of an agent, not a sandboxed step, and is not used here.
+   */
+  timeoutMs?: number;
+  /**
+   * A sandbox of the same `runId:sandboxId` already on the host (a run resumed after its
+   * client died before cleanup): `"replace"` it (default; it is cancelled and removed, and
+   * its bundle was never applied) or `"refuse"` (409).
+   */
+  ifExists?: "replace" | "refuse";
   /** gzip level of the workspace upload (default 1: fast; 0 stores, for a host on loopback; 9 for a slow link). */
   gzipLevel?: number;
   requestTimeoutMs?: number;
@@ -126,8 +145,13 @@ export function controlsFor(request: SandboxProviderRequest, options: SmithersSa
   if (typeof request.maxOutputBytes === "number" && Number.isFinite(request.maxOutputBytes) && request.maxOutputBytes > 0) {
     controls.maxOutputBytes = Math.floor(request.maxOutputBytes);
   }
-  if (typeof request.toolTimeoutMs === "number" && Number.isFinite(request.toolTimeoutMs) && request.toolTimeoutMs > 0) {
-    controls.timeoutMs = Math.ceil(request.toolTimeoutMs);
+  // The step's own timeout: config.timeoutMs, else the provider's. Not request.toolTimeoutMs:
+  // that is the engine's bound on one tool call (60 s by default), and a build or an agent's
+  // whole session inside the sandbox is no tool call.
+  const timeout = config.timeoutMs ?? options.timeoutMs;
+  if (timeout !== undefined && timeout !== null) {
+    const ms = positiveNumber("timeoutMs", timeout);
+    controls.timeoutMs = Math.ceil(ms);
   }
   const mergedEnv = { ...stringRecord("env", options.env), ...stringRecord("env", config.env) };
   if (Object.keys(mergedEnv).length > 0) controls.env = mergedEnv;
@@ -246,7 +270,18 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
       });
     }
 
-    const body: CreateSandbox = { runId: request.runId, sandboxId: request.sandboxId, controls, ...(image !== undefined ? { image } : {}) };
+    const selection = selectUpload(request.rootDir, {
+      ...(options.includeGit !== undefined ? { includeGit: options.includeGit } : {}),
+      ...(options.honourGitignore !== undefined ? { honourGitignore: options.honourGitignore } : {}),
+      ...(options.databasePath !== undefined ? { databasePath: options.databasePath } : {}),
+    });
+    const body: CreateSandbox = {
+      runId: request.runId,
+      sandboxId: request.sandboxId,
+      controls,
+      ifExists: options.ifExists ?? "replace",
+      ...(image !== undefined ? { image } : {}),
+    };
     const info = await client.create(body, signal);
     const hostId = info.id;
     // From here on cleanup(request) removes the sandbox from the host, whatever happens next.
@@ -256,9 +291,9 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
     // Packing a large tree takes a while: keep the task's heartbeat alive meanwhile.
     let lastUploadBeat = Date.now();
     const uploaded = await client.uploadWorkspace(hostId, request.rootDir, {
-      skipTop: options.includeGit === false ? [".git"] : [],
-      // The host refuses `.smithers` at any depth in an upload (it is never workspace content).
-      skipAnywhere: [".smithers"],
+      skipTop: selection.skipTop,
+      skipAnywhere: selection.skipAnywhere,
+      skipPaths: selection.skipPaths,
       ...(options.gzipLevel !== undefined ? { gzipLevel: options.gzipLevel } : {}),
       ...(signal ? { signal } : {}),
       onProgress: (stats) => {
@@ -275,6 +310,8 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
       bytes: uploaded.bytes,
       receivedBytes: uploaded.receivedBytes,
       skippedSpecial: uploaded.pack.skippedSpecial,
+      // Left out by .gitignore or as Smithers' database: named so nothing is dropped unseen.
+      skippedPaths: uploaded.pack.skippedPaths,
     });
 
     const requestDocument = {
@@ -343,8 +380,17 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
       termination: terminal.outcome.termination ?? null,
       patchCount: terminal.result.patchCount,
     });
-    const unpacked = await client.downloadBundle(hostId, request.resultBundlePath);
-    beat("bundle-downloaded", 80, { hostId, entries: unpacked.entries, bytes: unpacked.bytes });
+    let once: SingleSourceReport = { patchFilesRemoved: 0, diffBundlePatches: 0 };
+    const unpacked = await client.downloadBundle(hostId, request.resultBundlePath, async (staging) => {
+      once = await keepChangesOnce(staging, `sandbox ${hostId} (${request.runId}:${request.sandboxId})`);
+    });
+    beat("bundle-downloaded", 80, {
+      hostId,
+      entries: unpacked.entries,
+      bytes: unpacked.bytes,
+      patchCount: once.diffBundlePatches,
+      patchFilesRemoved: once.patchFilesRemoved,
+    });
     return { bundlePath: request.resultBundlePath, remoteRunId: hostId, workspaceId: hostId };
   }
 

@@ -7,7 +7,7 @@
  * do not fit ustar's name/prefix fields get a PAX `path`/`linkpath` record, which the host's
  * reader (the Rust `tar` crate) honours. Symlinks travel as links and are never followed;
  * sockets, fifos and devices are not data and are left out; chosen names are skipped (`.smithers` at
- * any depth, `.git` at the top when asked). Paths are handled as bytes, so names that are not UTF-8 survive.
+ * any depth, `.git` at the top when asked, chosen paths: see `upload.ts`). Paths are handled as bytes, so names that are not UTF-8 survive.
  *
  * Reading (`unpackTar`): the result bundle comes from the network and is untrusted. It is
  * unpacked into a fresh staging directory under these rules: no absolute path, no `..`, no NUL
@@ -36,6 +36,8 @@ export type PackOptions = {
   skipTop?: string[];
   /** Names left out at any depth (`.smithers`: the host refuses it anywhere in an upload). */
   skipAnywhere?: string[];
+  /** Root-relative paths left out (bytes as latin1, `/`-separated; a directory's ends with `/`). */
+  skipPaths?: Set<string>;
 };
 
 export type PackStats = {
@@ -44,6 +46,8 @@ export type PackStats = {
   bytes: number;
   /** Sockets, fifos and devices found and left out. */
   skippedSpecial: string[];
+  /** Entries left out by `skipPaths` (a directory counts once). */
+  skippedPaths: number;
 };
 
 function octal(value: number, width: number): Buffer {
@@ -210,6 +214,7 @@ export async function* packTree(root: string, options: PackOptions, stats: PackS
   const rootBytes = Buffer.from(root);
   const skip = new Set((options.skipTop ?? []).map((s) => Buffer.from(s).toString("latin1")));
   const skipAnywhere = new Set((options.skipAnywhere ?? []).map((s) => Buffer.from(s).toString("latin1")));
+  const skipPaths = options.skipPaths !== undefined && options.skipPaths.size > 0 ? options.skipPaths : undefined;
   const stack: Buffer[] = [Buffer.alloc(0)];
   while (stack.length > 0) {
     const relDir = stack.pop()!;
@@ -223,6 +228,13 @@ export async function* packTree(root: string, options: PackOptions, stats: PackS
       const rel = relDir.length === 0 ? name : Buffer.concat([relDir, SLASH, name]);
       const abs = Buffer.concat([rootBytes, SLASH, rel]);
       const st = lstatSync(abs);
+      if (skipPaths !== undefined) {
+        const key = rel.toString("latin1");
+        if (skipPaths.has(key) || (st.isDirectory() && skipPaths.has(`${key}/`))) {
+          stats.skippedPaths += 1;
+          continue;
+        }
+      }
       const mtime = st.mtimeMs / 1000;
       if (st.isDirectory()) {
         yield Buffer.concat(headerBlocks({ name: Buffer.concat([rel, SLASH]), type: "5", mode: st.mode, size: 0, mtime }));

@@ -51,7 +51,7 @@ test("execution options and config map to the host's controls", () => {
   const { controls, image } = controlsFor(
     request({
       allowNetwork: true,
-      config: { env: { A: "1" }, memoryLimit: "512m", diskLimit: "1g", cpuLimit: "0.5", pidsLimit: 64, ports: [{ host: 8080, container: 80 }], image: "alpine" },
+      config: { env: { A: "1" }, memoryLimit: "512m", diskLimit: "1g", cpuLimit: "0.5", pidsLimit: 64, ports: [{ host: 8080, container: 80 }], image: "alpine", timeoutMs: 1500.5 },
     }),
     { env: { A: "base", B: "2" } },
   );
@@ -67,6 +67,12 @@ test("execution options and config map to the host's controls", () => {
     ports: [{ host: 8080, container: 80 }],
   });
   assert.equal(image, "alpine");
+  // The step's timeout is config.timeoutMs, else the provider's timeoutMs; never the engine's
+  // toolTimeoutMs (one tool call's bound, 1500.5 in these requests).
+  assert.equal(controlsFor(request()).controls.timeoutMs, undefined);
+  assert.equal(controlsFor(request(), { timeoutMs: 90_000 }).controls.timeoutMs, 90_000);
+  assert.equal(controlsFor(request({ config: { timeoutMs: "2500" } }), { timeoutMs: 90_000 }).controls.timeoutMs, 2500);
+  assert.throws(() => controlsFor(request({ config: { timeoutMs: -1 } })), /timeoutMs/);
   // An egress policy: the provider's for every step, a step's own instead.
   const policy = { allow: [{ host: "api.example.com", ports: [443] }] };
   assert.deepEqual(controlsFor(request(), { egressPolicy: policy }).controls.egressPolicy, policy);

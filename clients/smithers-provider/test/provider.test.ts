@@ -153,8 +153,15 @@ test("a step's outputs and patches come back as a bundle the real package valida
   assert.equal(outputs.request.runId, req.runId);
   assert.equal(outputs.cwd, "/workspace");
 
-  assert.ok(validated.patchFiles.length >= 1, "patches in the bundle");
-  const patches = (await Promise.all(validated.patchFiles.map((f) => readFile(join(result.bundlePath, f), "utf8")))).join("\n");
+  // Each change once, in the diffBundle Smithers applies: no patch files beside it.
+  assert.deepEqual(validated.patchFiles, []);
+  const diffBundle = validated.manifest.diffBundle as { patches: Array<{ path: string; operation: string; diff: string }> };
+  assert.deepEqual(
+    diffBundle.patches.map((d) => `${d.operation} ${d.path}`).sort(),
+    ["add sub/added.txt", "delete remove.txt", "modify change.txt"],
+  );
+  assert.ok(!existsSync(join(result.bundlePath, "patches")), "no patches/ directory is left");
+  const patches = diffBundle.patches.map((d) => d.diff).join("\n");
   assert.match(patches, /change\.txt/);
   assert.match(patches, /^-before$/m);
   assert.match(patches, /^\+after$/m);
@@ -222,17 +229,123 @@ test("a step that fails comes back with status failed, not as an error", { timeo
   }
 });
 
-test("toolTimeoutMs becomes the host's timeout: a step that overruns it is killed and failed", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+test("the engine's toolTimeoutMs is not the step's timeout: a step longer than it finishes", { timeout: TEST_TIMEOUT_MS }, async (t) => {
   if (!ready(t)) return;
   const p = provider();
-  const req = request(await project(), { toolTimeoutMs: 500, config: { command: "sleep 600" } });
+  // Smithers' tool timeout bounds one tool call (60 s by default); it used to become the
+  // whole step's timeout, so a 2 s step under a 500 ms tool timeout was killed.
+  const req = request(await project(), { toolTimeoutMs: 500, config: { command: `sleep 2; printf '{"status":"finished","outputs":{"slept":2}}' > "$SMITHERS_SANDBOX_RESULT_PATH"` } });
   try {
     const result = await p.run(req);
     const validated = await reference.validateSandboxBundle(result.bundlePath);
-    assert.equal(validated.manifest.status, "failed");
-    assert.equal(req.beats.find((b) => b.stage === "remote-completed")?.termination, "timeout");
+    assert.equal(validated.manifest.status, "finished");
+    assert.deepEqual(validated.manifest.outputs, { slept: 2 });
+    assert.equal(req.beats.find((b) => b.stage === "remote-completed")?.termination, "exited");
   } finally {
     await p.cleanup(req);
+  }
+});
+
+test("the provider's timeoutMs (or config.timeoutMs) is the host's timeout: a step that overruns it is killed and failed", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  for (const [options, config] of [[{ timeoutMs: 500 }, {}], [{ timeoutMs: 600_000 }, { timeoutMs: 500 }]] as const) {
+    const p = provider(options);
+    const req = request(await project(), { toolTimeoutMs: 600_000, config: { command: "sleep 600", ...config } });
+    try {
+      const result = await p.run(req);
+      const validated = await reference.validateSandboxBundle(result.bundlePath);
+      assert.equal(validated.manifest.status, "failed");
+      assert.equal(req.beats.find((b) => b.stage === "remote-completed")?.termination, "timeout");
+    } finally {
+      await p.cleanup(req);
+    }
+  }
+});
+
+test("a resumed run replaces the sandbox its dead client left on the host; ifExists refuse gets 409", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const root = await project();
+  // The first client dies mid-step (Smithers exits on Ctrl-C before the provider's cleanup):
+  // its sandbox is left running on the host.
+  const first = provider({ onEvent: (e) => void (e.type === "stdout" && e.line === "started" && firstStarted()) });
+  let firstStarted: () => void = () => {};
+  const started = new Promise<void>((resolve) => (firstStarted = resolve));
+  const req = request(root, { config: { command: "echo started; sleep 600" } });
+  const orphan = first.run({ ...req, resultBundlePath: `${req.resultBundlePath}-first` }).catch(() => undefined);
+  await started;
+  const client = hostClient();
+  const before = (await client.list()).filter((s) => s.runId === req.runId && s.sandboxId === req.sandboxId);
+  assert.equal(before.length, 1);
+  assert.equal(before[0]!.state, "running");
+
+  // Asked to refuse, the resumed run is told which sandbox is in the way.
+  await assert.rejects(provider({ ifExists: "refuse" }).run({ ...req, beats: [] } as Recorded), (error: { httpStatus?: number; details?: { id?: string } }) => {
+    assert.equal(error.httpStatus, 409);
+    assert.equal(error.details?.id, before[0]!.id);
+    return true;
+  });
+  // By default it replaces it: the old one is cancelled and removed, the new one runs.
+  const second = provider();
+  const again = { ...req, config: { command: `printf '{"status":"finished","outputs":{"resumed":true}}' > "$SMITHERS_SANDBOX_RESULT_PATH"` } };
+  try {
+    const result = await second.run(again);
+    const validated = await reference.validateSandboxBundle(result.bundlePath);
+    assert.deepEqual(validated.manifest.outputs, { resumed: true });
+    const after = (await client.list()).filter((s) => s.runId === req.runId && s.sandboxId === req.sandboxId);
+    assert.deepEqual(after.map((s) => s.id), [String(result.remoteRunId)]);
+    assert.notEqual(String(result.remoteRunId), before[0]!.id);
+    await assert.rejects(client.info(before[0]!.id), { httpStatus: 404 });
+  } finally {
+    await second.cleanup(again);
+    await orphan;
+  }
+});
+
+test("the upload leaves out Smithers' database and what .gitignore ignores, and says how much", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  for (const asRepository of [true, false]) {
+    const root = await project();
+    // Smithers' default store is smithers.db at the project's top, beside .smithers/.
+    for (const name of ["smithers.db", "smithers.db-wal", "smithers.db-shm"]) await writeFile(join(root, name), "the whole run history");
+    await mkdir(join(root, "nested"));
+    await writeFile(join(root, "nested", "smithers.db"), "another store");
+    await writeFile(join(root, "elsewhere.sqlite"), "a store named by SMITHERS_DB");
+    await writeFile(join(root, ".gitignore"), "*.log\nbuild/\n!keep.log\n");
+    await writeFile(join(root, "debug.log"), "ignored");
+    await writeFile(join(root, "keep.log"), "re-included");
+    await mkdir(join(root, "build"));
+    await writeFile(join(root, "build", "out.bin"), "ignored");
+    await mkdir(join(root, "src"));
+    await writeFile(join(root, "src", ".gitignore"), "secret.txt\n");
+    await writeFile(join(root, "src", "secret.txt"), "ignored by a nested .gitignore");
+    await writeFile(join(root, "src", "main.c"), "int main;");
+    if (asRepository) {
+      const { execFileSync } = await import("node:child_process");
+      const git = (...args: string[]) => execFileSync("git", ["-C", root, "-c", "user.email=t@t", "-c", "user.name=t", ...args], { stdio: "ignore" });
+      git("init", "-q");
+      // A tracked file git would ignore is still part of the project.
+      await writeFile(join(root, "tracked.log"), "tracked");
+      git("add", "-f", "tracked.log");
+      git("commit", "-q", "-m", "base");
+    }
+    const p = provider({ databasePath: join(root, "elsewhere.sqlite") });
+    const req = request(root, {
+      config: { command: `find . \\( -path ./.git -o -path ./.smithers \\) -prune -o -type f -print | sort | tr '\n' ' ' > /tmp/list; printf '{"status":"finished","outputs":{"files":"%s"}}' "$(cat /tmp/list)" > "$SMITHERS_SANDBOX_RESULT_PATH"` },
+    });
+    try {
+      const result = await p.run(req);
+      const validated = await reference.validateSandboxBundle(result.bundlePath);
+      const files = String((validated.manifest.outputs as { files: string }).files).trim().split(" ").sort();
+      const expected = ["./.gitignore", "./change.txt", "./keep.log", "./keep.txt", "./remove.txt", "./src/.gitignore", "./src/main.c"];
+      if (asRepository) expected.push("./tracked.log");
+      assert.deepEqual(files, expected.sort(), `uploaded (${asRepository ? "a repository" : "no repository"})`);
+      const uploaded = req.beats.find((b) => b.stage === "workspace-uploaded")!;
+      // debug.log, build/, src/secret.txt, and elsewhere.sqlite (SMITHERS_DB's file); the
+      // smithers.db files are left out by name and are not counted here.
+      assert.equal(uploaded.skippedPaths, 4, JSON.stringify(uploaded));
+    } finally {
+      await p.cleanup(req);
+    }
   }
 });
 
@@ -327,7 +440,7 @@ test("network faults: a lost execute answer, a cut event stream and a cut bundle
     const validated = await reference.validateSandboxBundle(result.bundlePath);
     assert.equal(validated.manifest.status, "finished");
     assert.deepEqual((validated.manifest.outputs as { request: { input: unknown } }).request.input, { flaky: true });
-    assert.ok(validated.patchFiles.length >= 3);
+    assert.equal((validated.manifest.diffBundle as { patches: unknown[] }).patches.length, 3);
     assert.ok(req.beats.some((b) => b.stage === "remote-resumed"), "the event stream was resumed");
     // Replaying the whole stream now shows every event exactly once, in order: the resumed
     // follower above saw the same sequence (it checks for gaps and throws on one).
@@ -431,8 +544,12 @@ test("executeSandbox of the real package runs a step end to end through the prov
     );
     const review = db2.events.find((e) => e.type === "SandboxDiffReviewRequested");
     assert.ok(review, `review requested in ${JSON.stringify(db2.events.map((e) => e.type))}`);
-    assert.ok(Number(review.payload.patchCount) >= 3);
-    assert.ok(Number(review.payload.totalDiffLines) >= 4);
+    // Counted once: 3 changed files (change.txt, remove.txt, sub/added.txt) and their 4 diff
+    // lines (-before +after -doomed +new). Patch files beside the diffBundle made this 6 and 8.
+    assert.equal(review.payload.patchCount, 3);
+    assert.equal(review.payload.totalDiffLines, 4);
+    const received = db2.events.find((e) => e.type === "SandboxBundleReceived");
+    assert.equal(received?.payload.patchCount, 3);
     assert.ok(db2.events.some((e) => e.type === "SandboxDiffRejected"));
     assert.equal(await readFile(join(root, "change.txt"), "utf8"), "before\n");
   } finally {

@@ -132,7 +132,7 @@ test("a packed tree unpacks to the same files: long names, non-UTF-8 names, empt
   await writeFile(join(tree, ".smithers", "sandbox.db"), "state");
   await mkdir(join(tree, "sub", ".smithers"), { recursive: true });
   await writeFile(join(tree, "sub", ".smithers", "sandbox.db"), "planted state");
-  const stats: PackStats = { entries: 0, bytes: 0, skippedSpecial: [] };
+  const stats: PackStats = { entries: 0, bytes: 0, skippedSpecial: [], skippedPaths: 0 };
   const archive = await collect(packTree(tree, { skipAnywhere: [".smithers"] }, stats));
   assert.equal(archive.length % 512, 0);
   assert.ok(archive.subarray(archive.length - 1024).every((b) => b === 0), "ends with the end marker");
@@ -165,7 +165,7 @@ test("symlinks are packed as links, never followed", async () => {
   await symlink(secret, join(tree, "outside"));
   await symlink("inside.txt", join(tree, "rel"));
   await writeFile(join(tree, "inside.txt"), "ok");
-  const stats: PackStats = { entries: 0, bytes: 0, skippedSpecial: [] };
+  const stats: PackStats = { entries: 0, bytes: 0, skippedSpecial: [], skippedPaths: 0 };
   const archive = await collect(packTree(tree, {}, stats));
   assert.equal(archive.indexOf("TOP-SECRET-CONTENT"), -1, "the link target's content must not be in the archive");
   assert.notEqual(archive.indexOf(secret), -1, "the link is stored with its target text");

@@ -750,6 +750,7 @@ impl Runtime for RemoteRuntime {
             sandbox_id: config.sandbox_id.clone(),
             image: config.image.clone(),
             controls: config.controls.clone(),
+            if_exists: Default::default(),
         };
         let url = self.url(&base, "/v1/sandboxes");
         // Not safe to repeat once sent: only connect failures are retried (inside `send`).

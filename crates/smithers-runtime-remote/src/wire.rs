@@ -24,6 +24,28 @@ pub struct CreateSandbox {
     pub image: Option<String>,
     #[serde(default)]
     pub controls: Controls,
+    /// What to do when this token already holds a sandbox named `runId:sandboxId` (a run
+    /// resumed after its client died before cleanup): refuse (409, the default) or replace it
+    /// (the old one is cancelled and removed first; its bundle was never applied).
+    #[serde(default, skip_serializing_if = "IfExists::is_refuse")]
+    pub if_exists: IfExists,
+}
+
+/// [`CreateSandbox::if_exists`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IfExists {
+    /// 409 Conflict naming the existing sandbox's id.
+    #[default]
+    Refuse,
+    /// Cancel and remove the existing sandbox, then create a new one.
+    Replace,
+}
+
+impl IfExists {
+    fn is_refuse(&self) -> bool {
+        *self == IfExists::Refuse
+    }
 }
 
 /// Where a hosted sandbox stands.

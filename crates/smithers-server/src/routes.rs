@@ -22,7 +22,7 @@ use smithers_runtime_remote::archive::{
     self, ArchiveError, ChannelWriter, PackOptions, UnpackLimits,
 };
 use smithers_runtime_remote::wire::{
-    CreateSandbox, ExecuteAccepted, ResultInfo, SandboxState, Shipped, WireEvent,
+    CreateSandbox, ExecuteAccepted, IfExists, ResultInfo, SandboxState, Shipped, WireEvent,
     WorkspaceUploaded, IDEMPOTENCY_KEY_HEADER, IDEMPOTENCY_KEY_MAX_LENGTH,
 };
 
@@ -268,21 +268,43 @@ fn check_caps(
     Ok(())
 }
 
+/// The sandbox this token already holds under `runId:sandboxId`. Names are per token: another
+/// token's sandbox of the same name neither conflicts nor is revealed.
+fn existing(
+    all: &std::collections::HashMap<String, Arc<Entry>>,
+    owner: &Owner,
+    run_id: &str,
+    sandbox_id: &str,
+) -> Option<Arc<Entry>> {
+    all.values()
+        .find(|e| e.owner == owner.0 && e.run_id == run_id && e.sandbox_id == sandbox_id)
+        .cloned()
+}
+
 fn duplicate(
     all: &std::collections::HashMap<String, Arc<Entry>>,
+    owner: &Owner,
     run_id: &str,
     sandbox_id: &str,
 ) -> Option<ApiError> {
-    all.values()
-        .any(|e| e.run_id == run_id && e.sandbox_id == sandbox_id)
-        .then(|| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                ErrorCode::InvalidInput,
-                format!("sandbox {run_id}:{sandbox_id} already exists on this host"),
-            )
-            .details(json!({ "runId": run_id, "sandboxId": sandbox_id }))
-        })
+    existing(all, owner, run_id, sandbox_id).map(|e| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::InvalidInput,
+            format!(
+                "sandbox {run_id}:{sandbox_id} already exists on this host (as {}, {})",
+                e.id,
+                e.state().as_str()
+            ),
+        )
+        .details(json!({
+            "runId": run_id,
+            "sandboxId": sandbox_id,
+            "id": e.id,
+            "state": e.state(),
+            "fix": "delete it, or create with \"ifExists\": \"replace\"",
+        }))
+    })
 }
 
 pub(crate) async fn create(
@@ -324,9 +346,26 @@ pub(crate) async fn create(
         controls: req.controls,
     };
     config.validate().map_err(|e| ApiError::runtime(&e))?;
+    if req.if_exists == IfExists::Replace {
+        // A resumed run whose earlier client died before cleanup: its sandbox (running or
+        // not) is cancelled and removed, as a DELETE would, before the new one is made.
+        let old = existing(
+            &lock(&state.sandboxes),
+            &owner,
+            &req.run_id,
+            &req.sandbox_id,
+        );
+        if let Some(old) = old {
+            remove(&state, &old).await?;
+            eprintln!(
+                "smithers-server: sandbox {} ({}:{}) of token {:?} replaced by a new create",
+                old.id, old.run_id, old.sandbox_id, old.owner
+            );
+        }
+    }
     {
         let all = lock(&state.sandboxes);
-        if let Some(err) = duplicate(&all, &req.run_id, &req.sandbox_id) {
+        if let Some(err) = duplicate(&all, &owner, &req.run_id, &req.sandbox_id) {
             return Err(err);
         }
         check_caps(&all, &state.config.limits, &owner)?;
@@ -372,7 +411,7 @@ pub(crate) async fn create(
     // name or the last slot meanwhile; then ours is undone.
     let refused = {
         let mut all = lock(&state.sandboxes);
-        let refused = duplicate(&all, &entry.run_id, &entry.sandbox_id)
+        let refused = duplicate(&all, &owner, &entry.run_id, &entry.sandbox_id)
             .map(Err)
             .unwrap_or_else(|| check_caps(&all, &state.config.limits, &owner))
             .err();

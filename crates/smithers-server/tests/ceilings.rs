@@ -327,3 +327,92 @@ async fn an_idle_sandbox_expires_and_a_busy_one_does_not() {
     );
     host.stop().await;
 }
+
+/// A run resumed after its client died before cleanup creates the same `runId:sandboxId`
+/// again: refused naming the sandbox in the way, or (`ifExists: replace`) the old one,
+/// running, is cancelled and removed and a new one made. Names are per token: bob's sandbox of
+/// the same name neither conflicts with alice's nor is revealed to her, and is never replaced.
+#[tokio::test]
+async fn a_name_taken_is_refused_naming_it_or_replaced_and_names_are_per_token() {
+    let host = common::start_config(two_tokens(common::small_limits())).await;
+    let (status, old) = create_as(&host, ALICE, "step", json!({})).await;
+    assert_eq!(status, 201, "{old}");
+    let old_id = old["id"].as_str().unwrap().to_string();
+    // Bob may use the same name: his own sandbox, and no word of alice's.
+    let (status, bobs) = create_as(&host, BOB, "step", json!({})).await;
+    assert_eq!(status, 201, "{bobs}");
+    let bob_id = bobs["id"].as_str().unwrap().to_string();
+
+    // The old one is running when its client dies.
+    let path = format!("/v1/sandboxes/{old_id}");
+    let (s, _) = send(
+        &host,
+        ALICE,
+        Method::PUT,
+        &format!("{path}/request"),
+        Some(json!({"input": {}})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, _) = send(
+        &host,
+        ALICE,
+        Method::POST,
+        &format!("{path}/execute"),
+        Some(json!({"argv": ["sh", "-c", "sleep 600"]})),
+    )
+    .await;
+    assert_eq!(s, 202);
+
+    let (status, err) = create_as(&host, ALICE, "step", json!({})).await;
+    assert_eq!(status, 409, "{err}");
+    assert_eq!(err["details"]["id"], old_id.as_str());
+    assert!(err["message"].as_str().unwrap().contains(&old_id), "{err}");
+    assert!(
+        !err.to_string().contains(&bob_id),
+        "bob's sandbox is not named to alice: {err}"
+    );
+
+    let (status, new) = send(
+        &host,
+        ALICE,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"runId": "run-1", "sandboxId": "step", "ifExists": "replace"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{new}");
+    let new_id = new["id"].as_str().unwrap();
+    assert_ne!(new_id, old_id);
+    let (s, _) = send(&host, ALICE, Method::GET, &path, None).await;
+    assert_eq!(s, 404, "the replaced sandbox is gone");
+    let (_, list) = send(&host, ALICE, Method::GET, "/v1/sandboxes", None).await;
+    let ids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [new_id]);
+    // Bob's is untouched.
+    let (s, mine) = send(
+        &host,
+        BOB,
+        Method::GET,
+        &format!("/v1/sandboxes/{bob_id}"),
+        None,
+    )
+    .await;
+    assert_eq!((s, mine["state"].as_str()), (200, Some("created")));
+    // A mistyped choice is refused, not read as the default.
+    let (s, _) = send(
+        &host,
+        ALICE,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"runId": "run-1", "sandboxId": "other", "ifExists": "overwrite"})),
+    )
+    .await;
+    assert_eq!(s, 400);
+    host.stop().await;
+}

@@ -1,0 +1,146 @@
+/**
+ * What of `rootDir` is uploaded to the host, and what is left out (and why).
+ *
+ * Left out:
+ * - `.smithers/` at any depth (the project's own state; the host refuses it in an upload);
+ * - `.git/` at the top when `includeGit: false`;
+ * - Smithers' database and its sidecars (`smithers.db`, `-wal`, `-shm`, `-journal`) at any
+ *   depth, and the file `SMITHERS_DB` (or the `databasePath` option) names when it is inside
+ *   `rootDir`: with Smithers' default location the whole run history (prompts, outputs,
+ *   approvals) would otherwise be readable by the step;
+ * - what git ignores (`.gitignore` files at every level, `.git/info/exclude`, the user's
+ *   `core.excludesFile`), asked of git itself so the rules are git's exactly. Outside a
+ *   repository the `.gitignore` files still apply (git is run on a scratch repository whose
+ *   work tree is `rootDir`). Files git tracks are uploaded even when a pattern matches them,
+ *   as git would.
+ *
+ * A `rootDir` that holds a `.gitignore` on a machine without git fails: the provider would
+ * otherwise upload what the user meant to keep out, silently.
+ */
+
+import { spawnSync } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { isAbsolute, join, relative, resolve, sep } from "node:path";
+
+import { ErrorCodes, SmithersSandboxError } from "./errors.js";
+
+/** The names of Smithers' SQLite database and the files SQLite keeps beside it. */
+export const SMITHERS_DB_NAMES = ["smithers.db", "smithers.db-wal", "smithers.db-shm", "smithers.db-journal"];
+
+export type UploadSelection = {
+  /** Names left out at any depth. */
+  skipAnywhere: string[];
+  /** Names left out at the top. */
+  skipTop: string[];
+  /** Paths relative to the root (bytes as latin1, `/`-separated) left out; a directory's ends with `/`. */
+  skipPaths: Set<string>;
+  /** How many paths git's ignore rules left out (files, or whole directories). */
+  gitIgnored: number;
+};
+
+export type UploadOptions = {
+  includeGit?: boolean;
+  /** Honour `.gitignore` (default true). */
+  honourGitignore?: boolean;
+  /** Where Smithers keeps its database, if not a `smithers.db` in the tree (default `$SMITHERS_DB`). */
+  databasePath?: string;
+};
+
+function git(args: string[], cwd: string, env?: NodeJS.ProcessEnv): { status: number | null; stdout: Buffer; error?: Error } {
+  const out = spawnSync("git", args, {
+    cwd,
+    encoding: "buffer",
+    maxBuffer: 256 * 1024 * 1024,
+    stdio: ["ignore", "pipe", "pipe"],
+    env: env ?? process.env,
+  });
+  return out.error ? { status: null, stdout: Buffer.alloc(0), error: out.error } : { status: out.status, stdout: out.stdout };
+}
+
+/** `-z` output split into latin1 strings (the packer compares paths as latin1 of their bytes). */
+function nulSeparated(buf: Buffer): string[] {
+  const out: string[] = [];
+  let start = 0;
+  for (let i = 0; i < buf.length; i++) {
+    if (buf[i] === 0) {
+      if (i > start) out.push(buf.subarray(start, i).toString("latin1"));
+      start = i + 1;
+    }
+  }
+  return out;
+}
+
+/** The untracked paths git ignores under `root` (directories as one `dir/` entry). */
+function gitIgnoredPaths(root: string): string[] {
+  const listArgs = ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"];
+  const inside = git(["rev-parse", "--is-inside-work-tree"], root);
+  if (inside.error) {
+    throw new SmithersSandboxError(
+      ErrorCodes.TASK_RUNTIME_UNAVAILABLE,
+      `${root} has a .gitignore but git cannot be run (${inside.error.message}): without it the upload would include what .gitignore keeps out`,
+      { details: { fix: "install git, or pass honourGitignore: false to upload ignored files too" } },
+    );
+  }
+  // The paths are listed relative to the current directory, which is `root` in both cases.
+  const env = { ...process.env, GIT_LITERAL_PATHSPECS: undefined, GIT_DIR: undefined, GIT_WORK_TREE: undefined };
+  if (inside.status === 0 && inside.stdout.toString().trim() === "true") {
+    const listed = git(listArgs, root, env);
+    if (listed.status !== 0) {
+      throw new SmithersSandboxError(ErrorCodes.SANDBOX_EXECUTION_FAILED, `git ls-files in ${root} failed (exit ${listed.status}): cannot tell what .gitignore keeps out`);
+    }
+    return nulSeparated(listed.stdout);
+  }
+  // Not a repository: a scratch one whose work tree is `root`, so git reads its .gitignore files.
+  const scratch = mkdtempSync(join(tmpdir(), "smithers-provider-ignore-"));
+  try {
+    const init = git(["init", "-q", "--bare", scratch], root, env);
+    if (init.status !== 0) throw new SmithersSandboxError(ErrorCodes.SANDBOX_EXECUTION_FAILED, `git init of a scratch repository failed (exit ${init.status})`);
+    const listed = git([`--git-dir=${scratch}`, `--work-tree=${root}`, ...listArgs], root, env);
+    if (listed.status !== 0) {
+      throw new SmithersSandboxError(ErrorCodes.SANDBOX_EXECUTION_FAILED, `git ls-files over ${root} failed (exit ${listed.status}): cannot tell what .gitignore keeps out`);
+    }
+    return nulSeparated(listed.stdout);
+  } finally {
+    rmSync(scratch, { recursive: true, force: true });
+  }
+}
+
+function hasGitignore(root: string): boolean {
+  if (existsSync(join(root, ".gitignore"))) return true;
+  // Nested ones count too, but a walk here would cost as much as the upload; git is asked
+  // whenever it exists, so only "no git and a top-level .gitignore" is refused.
+  return false;
+}
+
+/** Decides what of `root` is uploaded (see the module comment). */
+export function selectUpload(root: string, options: UploadOptions = {}): UploadSelection {
+  const skipPaths = new Set<string>();
+  const dbPath = options.databasePath ?? process.env.SMITHERS_DB;
+  if (dbPath !== undefined && dbPath.trim() !== "") {
+    const abs = resolve(root, dbPath);
+    const rel = relative(resolve(root), abs);
+    if (rel !== "" && !rel.startsWith("..") && !isAbsolute(rel)) {
+      const base = rel.split(sep).join("/");
+      for (const suffix of ["", "-wal", "-shm", "-journal"]) {
+        skipPaths.add(Buffer.from(base + suffix).toString("latin1"));
+      }
+    }
+  }
+  let gitIgnored = 0;
+  if (options.honourGitignore !== false) {
+    const gitAvailable = !git(["--version"], root).error;
+    if (gitAvailable || hasGitignore(root)) {
+      for (const p of gitIgnoredPaths(root)) {
+        skipPaths.add(p);
+        gitIgnored += 1;
+      }
+    }
+  }
+  return {
+    skipAnywhere: [".smithers", ...SMITHERS_DB_NAMES],
+    skipTop: options.includeGit === false ? [".git"] : [],
+    skipPaths,
+    gitIgnored,
+  };
+}

@@ -51,7 +51,8 @@ use smithers_runtime::{
 };
 use smithers_store::{
     parse_limit, parse_max_concurrent, AdmitRequest, Field, NewEvent, NewReview, OwnerIdentity,
-    PatchRecord, RedactedConfig, ReviewState, SandboxStatus, SandboxUpsert, Store, StoreError,
+    PatchRecord, RedactedConfig, ReviewState, RunStatus, SandboxStatus, SandboxUpsert, Store,
+    StoreError,
 };
 use tracing::{info, warn};
 
@@ -1348,6 +1349,12 @@ impl Orchestrator {
         self.metrics
             .sandbox_completed(&runtime_name, &review.bundle_status);
         self.metrics.observe_duration_ms(review.duration_ms);
+        self.settle_cli_run(
+            run_id,
+            RunStatus::of_bundle_status(&review.bundle_status),
+            completed_at,
+            None,
+        );
         // A kept layer holds the changes the patches left out: accepting applied none of
         // them, so it stays (named in changeNotes.keptLayer) until the sandbox is rejected
         // or cleaned up; deleting it here would lose the step's only copy.
@@ -1388,8 +1395,27 @@ impl Orchestrator {
             reason: reason.to_string(),
         };
         self.fail_reviewed(run_id, sandbox_id, &runtime_name, &err);
+        self.settle_cli_run(
+            run_id,
+            RunStatus::Failed,
+            now_ms(),
+            Some(&error_to_json(&err)),
+        );
         self.remove_kept_layer(run_id, sandbox_id, &review.root_dir);
         Ok(())
+    }
+
+    /// Moves the `_smithers_runs` row of a run our CLI started (none for a workflow's run or
+    /// a library caller's: see `Store::settle_cli_run`). A failure is logged: the decision
+    /// it follows stands.
+    fn settle_cli_run(&self, run_id: &str, status: RunStatus, at_ms: i64, error: Option<&Value>) {
+        let error = error.map(Value::to_string);
+        if let Err(e) = off_worker(|| {
+            self.store
+                .settle_cli_run(run_id, status, at_ms, error.as_deref())
+        }) {
+            warn!(run_id, error = %e, "updating the run's _smithers_runs row failed");
+        }
     }
 
     /// Once a review is decided, the workspace layer a backend kept for changes left out for
@@ -1547,6 +1573,12 @@ impl Orchestrator {
                 "cleanedUp": cleaned_up,
                 "cleanupError": cleanup_error,
             }));
+            self.settle_cli_run(
+                &run_id,
+                RunStatus::Failed,
+                now,
+                Some(&error_to_json(&report)),
+            );
             if let Err(e) = self.emit(
                 "SandboxFailed",
                 &run_id,

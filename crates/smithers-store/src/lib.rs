@@ -25,6 +25,7 @@ mod error;
 mod field;
 mod owner;
 mod redact;
+mod runs;
 mod schema;
 
 use std::ops::{Deref, DerefMut};
@@ -40,6 +41,7 @@ pub use error::{GateScope, StoreError};
 pub use field::Field;
 pub use owner::{effective_uid, Liveness, OwnerIdentity};
 pub use redact::{redact_config, RedactedConfig, REDACTED};
+pub use runs::{CliRunStart, RunStatus, CLI_WORKFLOW_NAME};
 pub use schema::SCHEMA_VERSION;
 
 /// Result alias of this crate.

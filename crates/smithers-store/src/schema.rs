@@ -13,7 +13,7 @@ type Migration = fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>;
 
 /// The migrations, in order; migration `i` brings the schema to version `i + 1`.
 /// Never edit a released entry: append a new one.
-const MIGRATIONS: &[Migration] = &[v1_tables, v2_active_index, v3_review_digest];
+const MIGRATIONS: &[Migration] = &[v1_tables, v2_active_index, v3_review_digest, v4_runs_table];
 
 /// The schema version this build creates and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -141,6 +141,40 @@ fn v3_review_digest(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
         tx.execute_batch("ALTER TABLE _smithers_sandbox_reviews ADD COLUMN bundle_digest TEXT;")?;
     }
     Ok(())
+}
+
+/// Smithers' own run table, column for column as `@smithers-orchestrator/db` 0.32 creates it
+/// (`sql-message-storage.js`; later Smithers versions add columns with their own migrations,
+/// which adopt this table as they find it), so that runs our CLI starts are rows Smithers'
+/// tools list (`smithers ps`, `inspect`). Only rows our CLI made are ever updated by us
+/// (see `Store::settle_cli_run`).
+fn v4_runs_table(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS _smithers_runs (
+            run_id TEXT PRIMARY KEY,
+            parent_run_id TEXT,
+            workflow_name TEXT NOT NULL,
+            workflow_path TEXT,
+            workflow_hash TEXT,
+            status TEXT NOT NULL,
+            created_at_ms INTEGER NOT NULL,
+            started_at_ms INTEGER,
+            finished_at_ms INTEGER,
+            heartbeat_at_ms INTEGER,
+            runtime_owner_id TEXT,
+            cancel_requested_at_ms INTEGER,
+            pause_requested_at_ms INTEGER,
+            hijack_requested_at_ms INTEGER,
+            hijack_target TEXT,
+            vcs_type TEXT,
+            vcs_root TEXT,
+            vcs_revision TEXT,
+            error_json TEXT,
+            config_json TEXT
+        );
+        CREATE INDEX IF NOT EXISTS _smithers_runs_status_heartbeat_idx
+            ON _smithers_runs (status, heartbeat_at_ms);",
+    )
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`]; a no-op when it is there already.

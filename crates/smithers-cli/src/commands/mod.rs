@@ -9,4 +9,5 @@ pub mod mounts;
 pub mod remove;
 pub mod review;
 pub mod run;
+mod run_row;
 pub mod serve;

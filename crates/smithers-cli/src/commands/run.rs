@@ -28,6 +28,7 @@ use smithers_runtime_native::{
 
 use super::context::{self, StoreArgs};
 use super::review::decision_hints;
+use super::run_row;
 use crate::output::{coded_error, color_allowed, inert, render_text, Coded, EXIT_REJECTED};
 
 /// How `run` relays the step's output (shown in `run --help`).
@@ -789,6 +790,14 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         output: Some(Arc::new(Sink(display.clone()))),
     };
 
+    // A row of Smithers' own run table, so its tools list this run (`smithers ps`).
+    run_row::begin(
+        &ctx,
+        &run_id,
+        &sandbox_id,
+        &root,
+        args.runtime.kind().as_str(),
+    );
     let orchestrator = ctx.orchestrator.clone();
     let result = ctx.rt.block_on(async {
         let on_ctrl_c = cancel.clone();
@@ -818,6 +827,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     });
     display.finish();
     note_stdout_gone();
+    run_row::settle(&ctx, &run_id, &result);
     // The step's rows are committed but, with `synchronous = NORMAL`, not yet synced: make
     // them durable before reporting (the store's drop does it too, but cannot say it failed).
     if let Err(e) = ctx.store().sync_wal() {

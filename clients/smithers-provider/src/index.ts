@@ -25,3 +25,5 @@ export { selectUpload, SMITHERS_DB_NAMES } from "./upload.js";
 export type { UploadOptions, UploadSelection } from "./upload.js";
 export { keepChangesOnce } from "./bundle.js";
 export type { SingleSourceReport } from "./bundle.js";
+export { holdForReview, waitForDecision, reviewBin } from "./review.js";
+export type { DurableReviewOptions, ReviewDecision, Held } from "./review.js";

@@ -24,13 +24,15 @@
  * {@link SmithersSandboxError}s with the host's stable `code`.
  */
 
-import { stat } from "node:fs/promises";
+import { cp, rm, stat } from "node:fs/promises";
 
 import { abortedError, ENV_API_KEY, ENV_API_URL, SandboxHostClient } from "./client.js";
 import type { Controls, CreateSandbox, RetryPolicy, StepCommand, WireEvent } from "./client.js";
 import { describeError, ErrorCodes, SmithersSandboxError } from "./errors.js";
 import { keepChangesOnce } from "./bundle.js";
 import type { SingleSourceReport } from "./bundle.js";
+import { holdForReview, waitForDecision } from "./review.js";
+import type { DurableReviewOptions } from "./review.js";
 import { selectUpload } from "./upload.js";
 import type { SandboxProvider, SandboxProviderBundleResult, SandboxProviderRequest } from "./types.js";
 
@@ -72,6 +74,13 @@ export type SmithersSandboxProviderOptions = {
    * its bundle was never applied) or `"refuse"` (409).
    */
   ifExists?: "replace" | "refuse";
+  /**
+   * Hold a step's changes in the project's smithers-sandbox review until a person accepts or
+   * rejects them (`smithers-sandbox accept <runId>:<sandboxId>`), instead of Smithers' gate,
+   * which fails closed without a pre-approval: see `review.ts`. The `<Sandbox>` then needs
+   * `autoAcceptDiffs` (the person's accept is the approval). `true` uses the defaults.
+   */
+  durableReview?: boolean | DurableReviewOptions;
   /** gzip level of the workspace upload (default 1: fast; 0 stores, for a host on loopback; 9 for a slow link). */
   gzipLevel?: number;
   requestTimeoutMs?: number;
@@ -381,8 +390,18 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
       patchCount: terminal.result.patchCount,
     });
     let once: SingleSourceReport = { patchFilesRemoved: 0, diffBundlePatches: 0 };
+    const review = options.durableReview === true ? {} : options.durableReview === false ? undefined : options.durableReview;
+    // The bundle as the host sent it, kept for the durable review (our review reads its patch
+    // files; the copy handed to Smithers has only the diffBundle).
+    const reviewCopy = `${request.resultBundlePath}-review`;
+    let held = false;
     const unpacked = await client.downloadBundle(hostId, request.resultBundlePath, async (staging) => {
+      if (review !== undefined) {
+        await rm(reviewCopy, { recursive: true, force: true });
+        await cp(staging, reviewCopy, { recursive: true, errorOnExist: true, force: false, verbatimSymlinks: true });
+      }
       once = await keepChangesOnce(staging, `sandbox ${hostId} (${request.runId}:${request.sandboxId})`);
+      held = review !== undefined && once.diffBundlePatches > 0;
     });
     beat("bundle-downloaded", 80, {
       hostId,
@@ -391,6 +410,38 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
       patchCount: once.diffBundlePatches,
       patchFilesRemoved: once.patchFilesRemoved,
     });
+    if (review !== undefined && !held) {
+      await rm(reviewCopy, { recursive: true, force: true });
+    } else if (review !== undefined) {
+      const where = { rootDir: request.rootDir, runId: request.runId, sandboxId: request.sandboxId, hostId, runtime: id };
+      const pending = await holdForReview(review, where, reviewCopy);
+      const decide = `smithers-sandbox accept ${pending.id} --root ${request.rootDir}`;
+      beat("review-pending", 85, { hostId, review: pending.id, patchCount: pending.patchCount, totalDiffLines: pending.totalDiffLines, decide });
+      let lastWaiting = Date.now();
+      const decision = await waitForDecision(
+        review,
+        request.rootDir,
+        pending,
+        () => {
+          const now = Date.now();
+          if (now - lastWaiting >= livenessMs) {
+            lastWaiting = now;
+            beat("review-pending", 85, { hostId, review: pending.id, decide });
+          }
+        },
+        signal,
+      );
+      beat(`review-${decision.state}`, 88, { hostId, review: pending.id, reason: decision.reason });
+      if (decision.state === "rejected") {
+        // Nothing of it may reach the project: the copy for Smithers goes too.
+        await rm(request.resultBundlePath, { recursive: true, force: true });
+        throw new SmithersSandboxError(
+          ErrorCodes.INVALID_INPUT,
+          `the changes of sandbox ${pending.id} were rejected in review${decision.reason ? `: ${decision.reason}` : ""}; nothing was applied`,
+          { details: { review: pending.id, rejected: true, reason: decision.reason, patchCount: decision.patchCount } },
+        );
+      }
+    }
     return { bundlePath: request.resultBundlePath, remoteRunId: hostId, workspaceId: hostId };
   }
 

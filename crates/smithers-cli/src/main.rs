@@ -46,6 +46,9 @@ enum Command {
     Accept(commands::review::AcceptArgs),
     /// Reject a sandbox's change (nothing is applied).
     Reject(commands::review::RejectArgs),
+    /// Hold a result bundle a caller collected (the Smithers provider) for review here;
+    /// the caller applies it once accepted.
+    Hold(commands::review::HoldArgs),
     /// List sandboxes.
     Ls(commands::inspect::LsArgs),
     /// Show one sandbox: row, review, patches, events.
@@ -97,6 +100,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Review(args) => commands::review::review(args, cli.json),
         Command::Accept(args) => commands::review::accept(args, cli.json),
         Command::Reject(args) => commands::review::reject(args, cli.json),
+        Command::Hold(args) => commands::review::hold(args, cli.json),
         Command::Ls(args) => commands::inspect::ls(args, cli.json),
         Command::Show(args) => commands::inspect::show(args, cli.json),
         Command::Events(args) => commands::inspect::events(args, cli.json),

@@ -40,6 +40,12 @@ pub enum OrchestratorError {
         patch_count: u64,
         reason: String,
     },
+    /// A bundle held for review that changes nothing.
+    #[error("the bundle of sandbox {sandbox_id} changes nothing: there is nothing to review")]
+    NothingToReview { sandbox_id: String },
+    /// An option that applies changes here was asked of a review its caller applies itself.
+    #[error("sandbox {sandbox_id} was held for review by a caller that applies it itself (the Smithers provider): accept records the decision only, so --branch cannot be honoured")]
+    CallerApplies { sandbox_id: String },
     /// Applying accepted patches failed; nothing was applied (the applier is all-or-nothing).
     #[error("applying the patches of sandbox {sandbox_id} failed: {report}")]
     Apply {
@@ -98,6 +104,8 @@ impl CodedError for OrchestratorError {
             OrchestratorError::Handle { .. } => ErrorCode::SandboxExecutionFailed,
             OrchestratorError::NoPendingReview { .. } => ErrorCode::InvalidInput,
             OrchestratorError::BundleChanged { .. } => ErrorCode::ToolPatchFailed,
+            OrchestratorError::NothingToReview { .. } => ErrorCode::InvalidInput,
+            OrchestratorError::CallerApplies { .. } => ErrorCode::InvalidInput,
         }
     }
 
@@ -139,6 +147,10 @@ impl CodedError for OrchestratorError {
                 found,
             } => {
                 json!({ "sandboxId": sandbox_id, "recordedDigest": recorded, "foundDigest": found })
+            }
+            OrchestratorError::NothingToReview { sandbox_id }
+            | OrchestratorError::CallerApplies { sandbox_id } => {
+                json!({ "sandboxId": sandbox_id })
             }
         }
     }

@@ -284,6 +284,21 @@ pub struct PendingReview {
     pub patches: Vec<PatchRecord>,
 }
 
+/// A result bundle a caller collected itself (the Smithers provider, from a `serve` host),
+/// to be held for a durable review in this store: see [`Orchestrator::hold_for_review`].
+#[derive(Debug, Clone)]
+pub struct HeldBundle {
+    pub run_id: String,
+    pub sandbox_id: String,
+    /// The project the bundle's changes are to (what `review` shows them against).
+    pub root_dir: PathBuf,
+    pub bundle_path: PathBuf,
+    /// The caller's runtime name for the row (e.g. `smithers-sandbox`).
+    pub runtime: String,
+    /// The host's id of the sandbox that produced it.
+    pub remote_run_id: Option<String>,
+}
+
 /// How [`Orchestrator::execute`] ended when it did not fail.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SandboxOutcome {
@@ -901,6 +916,7 @@ impl Orchestrator {
                             duration_ms,
                             requested_at_ms: now_ms(),
                             bundle_digest: digest,
+                            applied_by: None,
                         },
                         &patches,
                     )
@@ -1277,6 +1293,17 @@ impl Orchestrator {
                 })
                 .and_then(|(bundle, recorded)| {
                     let root = std::path::Path::new(&review.root_dir);
+                    if review.applied_by_caller() {
+                        // Held by a caller that applies it itself (the Smithers provider):
+                        // accepting is the decision, checked against the reviewed bytes
+                        // above; nothing is applied here.
+                        if branch.is_some() {
+                            return Err(OrchestratorError::CallerApplies {
+                                sandbox_id: sandbox_id.to_string(),
+                            });
+                        }
+                        return Ok((bundle, Vec::new()));
+                    }
                     // The applier checks the digest again on the bytes it applies: a file swapped
                     // between the check above and the apply is never applied.
                     let applied = match branch {
@@ -1304,16 +1331,19 @@ impl Orchestrator {
                 return Err(err);
             }
         };
-        off_worker(|| {
-            self.store.transition_review(
-                run_id,
-                sandbox_id,
-                ReviewState::Accepted,
-                ReviewState::Applied,
-                None,
-                now_ms(),
-            )
-        })?;
+        // A caller-applied review stays `accepted`: the caller applies it, not us.
+        if !review.applied_by_caller() {
+            off_worker(|| {
+                self.store.transition_review(
+                    run_id,
+                    sandbox_id,
+                    ReviewState::Accepted,
+                    ReviewState::Applied,
+                    None,
+                    now_ms(),
+                )
+            })?;
+        }
         let mut accepted = vec![("patchCount", json!(review.patch_count))];
         if !marked.is_empty() {
             accepted.push(("conflictMarkers", json!(marked)));
@@ -1358,12 +1388,123 @@ impl Orchestrator {
         // A kept layer holds the changes the patches left out: accepting applied none of
         // them, so it stays (named in changeNotes.keptLayer) until the sandbox is rejected
         // or cleaned up; deleting it here would lose the step's only copy.
+        let applied_patches = if review.applied_by_caller() {
+            0
+        } else {
+            review.patch_count
+        };
         Ok(CompletedSandbox {
             status: review.bundle_status,
             outputs: bundle.outputs,
             bundle_path: bundle.bundle_path,
-            applied_patches: review.patch_count,
+            applied_patches,
             conflict_markers: marked,
+        })
+    }
+
+    /// Holds a bundle a caller collected for a durable review here, as if a step of this
+    /// orchestrator had produced it: the bundle is validated (it came from another host and is
+    /// untrusted), the sandbox row is written (status `review`), SandboxBundleReceived and
+    /// SandboxDiffReviewRequested are emitted and the review is opened `pending`, with the
+    /// digest accept checks. [`Orchestrator::accept`] then records the decision and applies
+    /// nothing (the caller applies the bundle); [`Orchestrator::reject`] as for any review.
+    /// Holding again (a resumed or retried run) replaces an earlier review of the same ids.
+    pub async fn hold_for_review(
+        &self,
+        held: &HeldBundle,
+    ) -> Result<PendingReview, OrchestratorError> {
+        let (run_id, sid) = (held.run_id.as_str(), held.sandbox_id.as_str());
+        let bundle =
+            off_worker(|| self.inspector.inspect(&held.bundle_path)).map_err(|report| {
+                OrchestratorError::Bundle {
+                    report: Box::new(report),
+                }
+            })?;
+        let patch_count = bundle.patch_count();
+        if patch_count == 0 {
+            return Err(OrchestratorError::NothingToReview {
+                sandbox_id: sid.to_string(),
+            });
+        }
+        let total_diff_lines =
+            bundle
+                .total_diff_lines()
+                .map_err(|report| OrchestratorError::Bundle {
+                    report: Box::new(report),
+                })?;
+        let patches = off_worker(|| self.applier.describe(&bundle)).map_err(|report| {
+            OrchestratorError::Bundle {
+                report: Box::new(report),
+            }
+        })?;
+        let digest =
+            off_worker(|| bundle_digest(&bundle)).map_err(|report| OrchestratorError::Bundle {
+                report: Box::new(report),
+            })?;
+        let now = now_ms();
+        let bundle_path = bundle.bundle_path.to_string_lossy().into_owned();
+        off_worker(|| {
+            self.store.upsert_sandbox(&SandboxUpsert {
+                runtime: Some(held.runtime.clone()),
+                remote_run_id: Field::from_option(held.remote_run_id.clone()),
+                config: Some(RedactedConfig::new(&json!({
+                    "provider": held.runtime,
+                    "heldForReview": true,
+                }))),
+                // Never an active row: it holds no runtime resources and no gate slot.
+                status: Some(SandboxStatus::Review),
+                heartbeat_at_ms: Field::Value(now),
+                bundle_path: Field::Value(bundle_path.clone()),
+                ..SandboxUpsert::key(run_id, sid)
+            })
+        })?;
+        self.emit(
+            "SandboxBundleReceived",
+            run_id,
+            sid,
+            vec![
+                ("bundleSizeBytes", json!(bundle.bundle_size_bytes)),
+                ("patchCount", json!(patch_count)),
+                ("hasOutputs", json!(bundle.outputs.is_some())),
+            ],
+            now,
+        )?;
+        self.emit(
+            "SandboxDiffReviewRequested",
+            run_id,
+            sid,
+            vec![
+                ("patchCount", json!(patch_count)),
+                ("totalDiffLines", json!(total_diff_lines)),
+            ],
+            now,
+        )?;
+        off_worker(|| {
+            self.store.open_review(
+                &NewReview {
+                    run_id: run_id.to_string(),
+                    sandbox_id: sid.to_string(),
+                    root_dir: held.root_dir.to_string_lossy().into_owned(),
+                    bundle_path: bundle_path.clone(),
+                    bundle_status: bundle.status.clone(),
+                    remote_run_id: held.remote_run_id.clone(),
+                    patch_count,
+                    total_diff_lines,
+                    duration_ms: 0.0,
+                    requested_at_ms: now,
+                    bundle_digest: digest,
+                    applied_by: Some(smithers_store::APPLIED_BY_CALLER.to_string()),
+                },
+                &patches,
+            )
+        })?;
+        Ok(PendingReview {
+            status: bundle.status,
+            outputs: bundle.outputs,
+            bundle_path: bundle.bundle_path,
+            patch_count,
+            total_diff_lines,
+            patches,
         })
     }
 

@@ -52,6 +52,7 @@ async fn list_read_and_reject_a_pending_review() {
                 duration_ms: 5.0,
                 requested_at_ms: 1,
                 bundle_digest: "sha256:none".into(),
+                applied_by: None,
             },
             &[],
         )
@@ -198,6 +199,7 @@ async fn health_answers_while_a_review_decision_waits_for_the_store() {
                 duration_ms: 5.0,
                 requested_at_ms: 1,
                 bundle_digest: "sha256:none".into(),
+                applied_by: None,
             },
             &[],
         )

@@ -417,7 +417,14 @@ pub struct NewReview {
     /// The digest of the bundle's README.md and patch files as they were when the review was
     /// opened; accept refuses a bundle whose digest differs.
     pub bundle_digest: String,
+    /// Who applies the bundle once accepted: `None`, our accept; [`APPLIED_BY_CALLER`], the
+    /// caller that held it for review (accept then records the decision and applies nothing).
+    pub applied_by: Option<String>,
 }
+
+/// [`NewReview::applied_by`] of a bundle the caller applies itself (the Smithers provider's
+/// durable review: Smithers applies the diffBundle a person accepted here).
+pub const APPLIED_BY_CALLER: &str = "caller";
 
 /// A stored review.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -442,11 +449,20 @@ pub struct ReviewRow {
     pub apply_error: Option<String>,
     /// See [`NewReview::bundle_digest`]; `None` for a review opened by an older version.
     pub bundle_digest: Option<String>,
+    /// See [`NewReview::applied_by`].
+    pub applied_by: Option<String>,
+}
+
+impl ReviewRow {
+    /// True when the caller that held the bundle applies it, not our accept.
+    pub fn applied_by_caller(&self) -> bool {
+        self.applied_by.as_deref() == Some(APPLIED_BY_CALLER)
+    }
 }
 
 const REVIEW_COLUMNS: &str = "run_id, sandbox_id, state, reason, root_dir, bundle_path, \
      bundle_status, remote_run_id, patch_count, total_diff_lines, duration_ms, requested_at_ms, \
-     decided_at_ms, applied_at_ms, apply_error, bundle_digest";
+     decided_at_ms, applied_at_ms, apply_error, bundle_digest, applied_by";
 
 fn review_row(r: &Row<'_>) -> rusqlite::Result<ReviewRow> {
     Ok(ReviewRow {
@@ -466,6 +482,7 @@ fn review_row(r: &Row<'_>) -> rusqlite::Result<ReviewRow> {
         applied_at_ms: r.get(13)?,
         apply_error: r.get(14)?,
         bundle_digest: r.get(15)?,
+        applied_by: r.get(16)?,
     })
 }
 
@@ -1211,7 +1228,7 @@ impl Store {
         tx.execute(
             &format!(
                 "INSERT OR REPLACE INTO _smithers_sandbox_reviews ({REVIEW_COLUMNS})
-                 VALUES (?1, ?2, 'pending', NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, NULL, ?11)"
+                 VALUES (?1, ?2, 'pending', NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, NULL, ?11, ?12)"
             ),
             params![
                 review.run_id,
@@ -1224,7 +1241,8 @@ impl Store {
                 review.total_diff_lines as i64,
                 review.duration_ms,
                 review.requested_at_ms,
-                review.bundle_digest
+                review.bundle_digest,
+                review.applied_by
             ],
         )
         .map_err(StoreError::query("open_review"))?;

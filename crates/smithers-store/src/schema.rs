@@ -174,7 +174,19 @@ fn v4_runs_table(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
         );
         CREATE INDEX IF NOT EXISTS _smithers_runs_status_heartbeat_idx
             ON _smithers_runs (status, heartbeat_at_ms);",
-    )
+    )?;
+    // Who applies an accepted review: NULL, this tool (accept applies the patches); `caller`,
+    // the one that held the bundle for review (the Smithers provider, whose engine applies the
+    // bundle's diffBundle once a person accepted it here).
+    let has: bool = tx.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('_smithers_sandbox_reviews') WHERE name = 'applied_by'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has {
+        tx.execute_batch("ALTER TABLE _smithers_sandbox_reviews ADD COLUMN applied_by TEXT;")?;
+    }
+    Ok(())
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`]; a no-op when it is there already.

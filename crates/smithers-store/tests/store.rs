@@ -551,6 +551,7 @@ fn review_lifecycle_is_durable_and_compare_and_set() {
                     duration_ms: 12.5,
                     requested_at_ms: 10,
                     bundle_digest: "sha256:test".into(),
+                    applied_by: None,
                 },
                 &patches,
             )

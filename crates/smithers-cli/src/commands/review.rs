@@ -178,6 +178,9 @@ fn state_text(review: &ReviewRow) -> String {
             Some(e) => format!("pending: the last accept applied nothing: {e}"),
             None => "pending (nothing applied yet)".into(),
         },
+        ReviewState::Accepted if review.applied_by_caller() => {
+            "accepted (the caller that held it for review applies it)".into()
+        }
         ReviewState::Accepted => match &review.apply_error {
             Some(e) => format!("accepted, but applying failed: {e}"),
             None => "accepted (applying)".into(),
@@ -205,6 +208,7 @@ pub fn review_json(review: &ReviewRow) -> Value {
         "decidedAtMs": review.decided_at_ms,
         "appliedAtMs": review.applied_at_ms,
         "applyError": review.apply_error,
+        "appliedBy": review.applied_by,
     })
 }
 
@@ -251,7 +255,7 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                         "runId": row.run_id,
                         "sandboxId": row.sandbox_id,
                         "status": done.status,
-                        "review": "applied",
+                        "review": if review.applied_by_caller() { "accepted" } else { "applied" },
                         "appliedPatches": done.applied_patches,
                         "rootDir": review.root_dir,
                         "bundlePath": done.bundle_path,
@@ -261,6 +265,17 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                         "branch": args.branch,
                     })
                 );
+            } else if review.applied_by_caller() {
+                println!(
+                    "accepted {}:{}: {} patch file(s); the caller that held it for review (the Smithers provider) applies them to {}",
+                    inert(&row.run_id),
+                    inert(&row.sandbox_id),
+                    review.patch_count,
+                    inert(&review.root_dir)
+                );
+                for line in context::stat_lines(&changes) {
+                    println!("  {line}");
+                }
             } else if let Some(branch) = &args.branch {
                 println!(
                     "accepted {}:{}: its commits are on the new branch {} of {} (the working tree was not touched)",
@@ -375,6 +390,100 @@ pub fn reject(args: &RejectArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             inert(&review.root_dir),
             inert(&review.bundle_path)
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Arguments of `hold`.
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    /// The result bundle: a directory under the project's
+    /// `.smithers/sandboxes/<runId>/<sandboxId>/`.
+    pub bundle: std::path::PathBuf,
+    /// The run the bundle is of.
+    #[arg(long, value_name = "ID")]
+    pub run_id: String,
+    /// The sandbox the bundle is of.
+    #[arg(long, value_name = "ID")]
+    pub sandbox_id: String,
+    /// The runtime name the sandbox's row records.
+    #[arg(long, value_name = "NAME", default_value = "smithers-sandbox")]
+    pub runtime: String,
+    /// The id of the sandbox on the host that ran it.
+    #[arg(long, value_name = "ID")]
+    pub remote_id: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// `hold`: a bundle a caller collected (the Smithers provider, from a `serve` host) waits in
+/// this project's durable review; `review`, `accept` and `reject` decide it, and the caller,
+/// which polls the review, applies an accepted bundle itself (accept applies nothing).
+pub fn hold(args: &HoldArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    let ctx = context::open(&args.store, json_out)?;
+    let root = args.store.root_dir()?;
+    // The bundle came from another host: it must be one of this project's sandbox
+    // directories, reached through no link, so a review never names a file elsewhere.
+    let dir = root.join(context::sandbox_rel_dir(&args.run_id, &args.sandbox_id)?);
+    let refuse = |why: String| {
+        coded_error(
+            ErrorCode::InvalidInput,
+            format!("hold {}: {why}", args.bundle.display()),
+            json!({ "bundle": args.bundle, "expectedUnder": dir }),
+        )
+    };
+    let meta = std::fs::symlink_metadata(&args.bundle).map_err(|e| refuse(e.to_string()))?;
+    if !meta.is_dir() {
+        return Err(refuse("not a directory (a link is never followed)".into()));
+    }
+    let bundle = std::fs::canonicalize(&args.bundle).map_err(|e| refuse(e.to_string()))?;
+    let under =
+        std::fs::canonicalize(&dir).map_err(|e| refuse(format!("{}: {e}", dir.display())))?;
+    if bundle.parent() != Some(under.as_path()) || under != dir {
+        return Err(refuse(format!(
+            "a held bundle must be a directory directly under {}",
+            dir.display()
+        )));
+    }
+    let held = smithers_orchestrator::HeldBundle {
+        run_id: args.run_id.clone(),
+        sandbox_id: args.sandbox_id.clone(),
+        root_dir: root.clone(),
+        bundle_path: bundle,
+        runtime: args.runtime.clone(),
+        remote_run_id: args.remote_id.clone(),
+    };
+    let pending = ctx
+        .rt
+        .block_on(ctx.orchestrator.hold_for_review(&held))
+        .coded()?;
+    let hints = decision_hints(&args.sandbox_id, &args.store.hint_flags(&root));
+    if json_out {
+        println!(
+            "{}",
+            json!({
+                "runId": args.run_id,
+                "sandboxId": args.sandbox_id,
+                "bundlePath": pending.bundle_path,
+                "review": {
+                    "state": "pending",
+                    "patchCount": pending.patch_count,
+                    "totalDiffLines": pending.total_diff_lines,
+                    "appliedBy": smithers_store::APPLIED_BY_CALLER,
+                },
+            })
+        );
+    } else {
+        println!(
+            "held {}:{} for review: {} patch file(s), {} changed line(s)",
+            inert(&args.run_id),
+            inert(&args.sandbox_id),
+            pending.patch_count,
+            pending.total_diff_lines
+        );
+        for hint in hints {
+            println!("  {hint}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

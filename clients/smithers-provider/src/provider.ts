@@ -435,8 +435,12 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
       if (decision.state === "rejected") {
         // Nothing of it may reach the project: the copy for Smithers goes too.
         await rm(request.resultBundlePath, { recursive: true, force: true });
+        // INVALID_OUTPUT: a person refused what the step produced. Smithers does not retry a
+        // compute task failing with it (a retry would run the step again and ask again, as
+        // often as the task's retries allow, by default without end); running it again is
+        // the caller's explicit choice.
         throw new SmithersSandboxError(
-          ErrorCodes.INVALID_INPUT,
+          "INVALID_OUTPUT",
           `the changes of sandbox ${pending.id} were rejected in review${decision.reason ? `: ${decision.reason}` : ""}; nothing was applied`,
           { details: { review: pending.id, rejected: true, reason: decision.reason, patchCount: decision.patchCount } },
         );

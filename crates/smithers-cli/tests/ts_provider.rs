@@ -13,6 +13,11 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+// A directory of its own: a file directly in tests/ would be a test binary too.
+#[path = "ts_provider/smithers_workflow.rs"]
+mod smithers_workflow;
+mod support;
+
 fn skip_or_fail(reason: &str) -> bool {
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("required under CI=true: {reason}");
@@ -73,15 +78,22 @@ fn npm(dir: &Path, args: &[&str]) -> Output {
     out
 }
 
-#[test]
-fn typescript_provider_suite_passes_against_this_server() {
+/// The provider's dev dependencies installed and `dist/` built, once for the tests of this
+/// binary (which run in parallel); false (SKIP printed) without node or npm.
+fn provider_built() -> bool {
+    static BUILT: std::sync::Mutex<Option<bool>> = std::sync::Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(done) = *built {
+        return done;
+    }
     for program in ["node", "npm"] {
         if !has(program)
             && !skip_or_fail(&format!(
                 "{program} is not installed (scripts/setup installs it)"
             ))
         {
-            return;
+            *built = Some(false);
+            return false;
         }
     }
     let dir = package_dir();
@@ -91,6 +103,16 @@ fn typescript_provider_suite_passes_against_this_server() {
     }
     let out = npm(&dir, &["run", "build"]);
     assert!(out.status.success(), "npm run build (tsc) failed");
+    *built = Some(true);
+    true
+}
+
+#[test]
+fn typescript_provider_suite_passes_against_this_server() {
+    if !provider_built() {
+        return;
+    }
+    let dir = package_dir();
     let out = npm(&dir, &["test"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "npm test failed:\n{stdout}");

@@ -1,0 +1,366 @@
+//! A real Smithers workflow (issue 18): `smithers up` of Smithers 0.32 on Bun, both from npm
+//! (`clients/smithers-provider/e2e`, pinned by its lock file), with Smithers' real SQLite
+//! store, runs a `<Sandbox>` step through our provider against a real `serve` child, in a
+//! native sandbox:
+//!
+//! * the step's changes wait in our durable review (no fail-closed retries): `ls` and
+//!   `review` show them, `accept` from our CLI lets the task resume, Smithers applies them and
+//!   the run finishes, counting each change once (2 files: `patchCount` 2, 3 diff lines);
+//! * the upload left out Smithers' database and what `.gitignore` ignores;
+//! * a rejected review fails the task once, without a retry, and applies nothing;
+//! * a run our CLI starts against Smithers' database is listed by `smithers ps`.
+//!
+//! Without node, npm or native sandboxes the test prints SKIP; under `CI=true` it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::support::native::sandboxes_usable;
+use super::support::serve::{ServeChild, ServeOptions};
+
+const TOKEN: &str = "e2e-token-0123456789abcdef";
+/// A bound on each wait, so that a hang fails the test instead of CI (not a timing assertion).
+const WAIT: Duration = Duration::from_secs(180);
+
+fn e2e_dir() -> PathBuf {
+    super::package_dir().join("e2e")
+}
+
+/// Smithers and Bun installed from the lock file (`npm install`, not `ci`: the lock lacks
+/// optional platform packages the registry does not have, which `ci` refuses).
+fn engine_installed() -> bool {
+    let dir = e2e_dir();
+    if dir.join("node_modules/.bin/smithers").exists() && dir.join("node_modules/.bin/bun").exists()
+    {
+        return true;
+    }
+    let out = Command::new("npm")
+        .args(["install", "--no-save", "--no-audit", "--no-fund"])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("npm");
+    println!(
+        "$ npm install (e2e)\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "npm install of the Smithers engine failed"
+    );
+    true
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_smithers-sandbox")
+}
+
+/// Our CLI, `--json`, in the project; its parsed stdout.
+fn ours(root: &Path, args: &[&str]) -> Value {
+    let out = Command::new(bin())
+        .arg("--json")
+        .args(args)
+        .arg("--root")
+        .arg(root)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "smithers-sandbox {args:?}: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
+fn smithers(root: &Path, url: &str, args: &[&str]) -> Command {
+    let modules = e2e_dir().join("node_modules");
+    let mut cmd = Command::new(modules.join(".bin/bun"));
+    cmd.arg(modules.join(".bin/smithers"))
+        .args(args)
+        .current_dir(root)
+        .env("CODEPLANE_API_URL", url)
+        .env("CODEPLANE_API_KEY", TOKEN)
+        .env("SMITHERS_SANDBOX_BIN", bin())
+        .env("SMITHERS_NO_UPDATE_CHECK", "1")
+        .env("NO_COLOR", "1")
+        .env_remove("SMITHERS_DB")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// The project: a repository with two files, a log git ignores, and the engine's modules
+/// linked in (ignored too: a link out of the tree the host would refuse).
+fn project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("a.txt"), "one\n").unwrap();
+    std::fs::write(root.join("b.txt"), "two\n").unwrap();
+    std::fs::write(root.join(".gitignore"), "node_modules\n*.log\n").unwrap();
+    std::fs::write(root.join("debug.log"), "ignored\n").unwrap();
+    std::os::unix::fs::symlink(e2e_dir().join("node_modules"), root.join("node_modules")).unwrap();
+    super::support::native::git(root, &["init", "-q", "-b", "main"]);
+    super::support::native::git(root, &["add", "-A"]);
+    super::support::native::git(root, &["commit", "-q", "-m", "base"]);
+    let provider = super::package_dir().join("dist/src/index.js");
+    let workflow = WORKFLOW.replace("PROVIDER", &provider.display().to_string());
+    std::fs::write(root.join("workflow.tsx"), workflow).unwrap();
+    dir
+}
+
+/// The workflow: one `<Sandbox>` through our provider with the durable review; the step edits
+/// a.txt, adds c.txt and reports what it was given of the project.
+const WORKFLOW: &str = r#"/** @jsxImportSource smithers-orchestrator */
+import { createSmithers, Sandbox } from "smithers-orchestrator";
+import { registerSandboxProvider } from "smithers-orchestrator/sandbox";
+import { z } from "zod";
+import { createSmithersSandboxProvider } from "PROVIDER";
+
+const provider = createSmithersSandboxProvider({
+  durableReview: { pollMs: 100 },
+  command: `set -e; echo edited > a.txt; echo added > c.txt; printf '{"status":"finished","outputs":{"summary":"edited a, added c","files":"%s"}}' "$(ls -A | sort | tr '\n' ' ')" > "$SMITHERS_SANDBOX_RESULT_PATH"`,
+});
+registerSandboxProvider(provider);
+
+const result = z.object({ summary: z.string(), files: z.string() });
+const child = createSmithers({ result });
+const childWorkflow = child.smithers(() => (
+  <child.Workflow name="child"><child.Task id="noop" output={child.outputs.result}>{{ summary: "", files: "" }}</child.Task></child.Workflow>
+));
+const { Workflow, smithers, outputs } = createSmithers({ result });
+export default smithers(() => (
+  <Workflow name="sandbox-e2e">
+    <Sandbox id="edit" provider={provider.id} workflow={childWorkflow} output={outputs.result} autoAcceptDiffs />
+  </Workflow>
+));
+"#;
+
+/// Waits (bounded) until the project's review holds a pending sandbox; its `runId:sandboxId`.
+fn pending_review(root: &Path, up: &mut Child) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = up.try_wait().unwrap() {
+            panic!("smithers up ended ({status}) before its step waited in review");
+        }
+        if root.join(".smithers/sandbox.db").exists() {
+            let listed = ours(root, &["ls"]);
+            let rows = listed.as_array().cloned().unwrap_or_default();
+            if let Some(r) = rows
+                .iter()
+                .find(|r| r["review"] == "pending" || r["review"]["state"] == "pending")
+            {
+                return format!(
+                    "{}:{}",
+                    r["runId"].as_str().unwrap(),
+                    r["sandboxId"].as_str().unwrap()
+                );
+            }
+        }
+        assert!(start.elapsed() < WAIT, "no review appeared");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn finish(mut up: Child) -> Output {
+    let start = Instant::now();
+    while up.try_wait().unwrap().is_none() {
+        if start.elapsed() > WAIT {
+            let _ = up.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    up.wait_with_output().unwrap()
+}
+
+/// `(type, payload)` of the Sandbox* events of `run_id` in Smithers' own store.
+fn smithers_events(root: &Path, run_id: &str) -> Vec<(String, Value)> {
+    let conn = rusqlite::Connection::open(root.join("smithers.db")).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT type, payload_json FROM _smithers_events WHERE run_id = ?1 AND type LIKE 'Sandbox%' ORDER BY seq")
+        .unwrap();
+    stmt.query_map([run_id], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })
+    .unwrap()
+    .map(|r| {
+        let (t, p) = r.unwrap();
+        (t, serde_json::from_str(&p).unwrap())
+    })
+    .collect()
+}
+
+fn ps(root: &Path, url: &str) -> Vec<(String, String, String)> {
+    let out = smithers(root, url, &["ps", "--json"]).output().unwrap();
+    assert!(out.status.success(), "smithers ps: {out:?}");
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    doc["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap().to_string(),
+                r["workflow"].as_str().unwrap().to_string(),
+                r["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_real_smithers_workflow_runs_a_step_reviewed_and_accepted_from_our_cli() {
+    if !super::provider_built() || !sandboxes_usable() || !engine_installed() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let server = ServeChild::start(&ServeOptions {
+        token: TOKEN.into(),
+        data_dir: data.path().to_path_buf(),
+        ..Default::default()
+    })
+    .unwrap();
+    let url = server.url();
+
+    // Accepted from our CLI.
+    let dir = project();
+    let root = dir.path();
+    let mut up = smithers(root, &url, &["up", "workflow.tsx"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = pending_review(root, &mut up);
+    let (run_id, sandbox_id) = id.split_once(':').unwrap();
+    assert_eq!(sandbox_id, "edit");
+    // Nothing is applied while it waits.
+    assert_eq!(
+        std::fs::read_to_string(root.join("a.txt")).unwrap(),
+        "one\n"
+    );
+    let review = ours(root, &["review", &id]);
+    assert_eq!(review["review"]["state"], "pending");
+    assert_eq!(review["review"]["patchCount"], 2);
+    assert_eq!(review["review"]["appliedBy"], "caller");
+    let accepted = ours(root, &["accept", &id]);
+    assert_eq!(accepted["review"], "accepted");
+    let out = finish(up);
+    assert!(out.status.success(), "smithers up failed: {out:?}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("a.txt")).unwrap(),
+        "edited\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("c.txt")).unwrap(),
+        "added\n"
+    );
+
+    let events = smithers_events(root, run_id);
+    let types: Vec<&str> = events.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            "SandboxCreated",
+            "SandboxShipped",
+            "SandboxBundleReceived",
+            "SandboxDiffReviewRequested",
+            "SandboxDiffAccepted",
+            "SandboxCompleted"
+        ],
+        "one attempt, reviewed and accepted"
+    );
+    let payload = |t: &str| &events.iter().find(|(x, _)| x == t).unwrap().1;
+    // Each change once: a.txt and c.txt, lines -one +edited +added.
+    assert_eq!(payload("SandboxBundleReceived")["patchCount"], 2);
+    assert_eq!(payload("SandboxDiffReviewRequested")["patchCount"], 2);
+    assert_eq!(payload("SandboxDiffReviewRequested")["totalDiffLines"], 3);
+    assert_eq!(payload("SandboxCompleted")["status"], "finished");
+
+    // What the step was given: not Smithers' database (at the project's top, written by
+    // this very run), nor what .gitignore ignores.
+    let conn = rusqlite::Connection::open(root.join("smithers.db")).unwrap();
+    let outputs: String = conn
+        .query_row(
+            "SELECT files FROM result WHERE run_id = ?1",
+            [run_id],
+            |r| r.get(0),
+        )
+        .unwrap_or_else(|e| panic!("the task's output row: {e}"));
+    let files: Vec<&str> = outputs.split_whitespace().collect();
+    // (`.smithers` is the sandbox's own mask over the project's state, holding only a
+    // `.gitignore`: see the provider suite.)
+    assert_eq!(
+        files,
+        [
+            ".git",
+            ".gitignore",
+            ".smithers",
+            "a.txt",
+            "b.txt",
+            "c.txt",
+            "workflow.tsx"
+        ],
+        "uploaded: {outputs}"
+    );
+
+    assert!(ps(root, &url).contains(&(
+        run_id.to_string(),
+        "sandbox-e2e".into(),
+        "finished".into()
+    )));
+
+    // A run our CLI starts against Smithers' database is listed by Smithers' own `ps`.
+    let out = Command::new(bin())
+        .args(["--json", "run", "--root"])
+        .arg(root)
+        .arg("--db")
+        .arg(root.join("smithers.db"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cli_run = doc["runId"].as_str().unwrap().to_string();
+    assert!(
+        ps(root, &url).contains(&(cli_run, "smithers-sandbox run".into(), "finished".into())),
+        "{:?}",
+        ps(root, &url)
+    );
+
+    // Rejected: the task fails once, no retry, nothing applied.
+    let dir = project();
+    let root = dir.path();
+    let mut up = smithers(root, &url, &["up", "workflow.tsx"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = pending_review(root, &mut up);
+    let out = Command::new(bin())
+        .args(["reject", &id, "--reason", "not like this", "--root"])
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = finish(up);
+    assert!(
+        !out.status.success(),
+        "a rejected step must fail the run: {out:?}"
+    );
+    let (run_id, _) = id.split_once(':').unwrap();
+    let types: Vec<String> = smithers_events(root, run_id)
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect();
+    assert_eq!(
+        types,
+        ["SandboxCreated", "SandboxShipped", "SandboxFailed"],
+        "one attempt only"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("a.txt")).unwrap(),
+        "one\n"
+    );
+    assert!(!root.join("c.txt").exists());
+    drop(server);
+}

@@ -74,7 +74,8 @@ function cli(bin: string, args: string[]): Promise<Record<string, unknown>> {
         resolve(doc);
         return;
       }
-      const error = (doc?.error ?? {}) as { code?: string; message?: string; details?: unknown };
+      // The CLI's --json errors are `{code, message, details}` on stdout.
+      const error = (doc ?? {}) as { code?: string; message?: string; details?: unknown };
       const stderr = Buffer.concat(err).toString("utf8").trim().slice(0, 2000);
       reject(
         new SmithersSandboxError(error.code ?? ErrorCodes.SANDBOX_EXECUTION_FAILED, `smithers-sandbox ${args[0]} failed (exit ${code}): ${error.message ?? stderr}`, {

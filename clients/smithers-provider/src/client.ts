@@ -356,7 +356,15 @@ export class SandboxHostClient {
   async uploadWorkspace(
     id: string,
     rootDir: string,
-    options: { skipTop: string[]; skipAnywhere?: string[]; skipPaths?: Set<string>; gzipLevel?: number; signal?: AbortSignal; onProgress?: (stats: PackStats) => void },
+    options: {
+      skipTop: string[];
+      skipAnywhere?: string[];
+      skipPaths?: Set<string>;
+      extraFiles?: Array<{ path: string; content: Buffer }>;
+      gzipLevel?: number;
+      signal?: AbortSignal;
+      onProgress?: (stats: PackStats) => void;
+    },
   ): Promise<WorkspaceUploaded & { pack: PackStats }> {
     let stats: PackStats = { entries: 0, bytes: 0, skippedSpecial: [], skippedPaths: 0 };
     let packError: unknown = undefined;
@@ -369,7 +377,7 @@ export class SandboxHostClient {
       const current = stats;
       const packed = packTree(
         rootDir,
-        { skipTop: options.skipTop, ...(options.skipAnywhere ? { skipAnywhere: options.skipAnywhere } : {}), ...(options.skipPaths ? { skipPaths: options.skipPaths } : {}) },
+        { skipTop: options.skipTop, ...(options.skipAnywhere ? { skipAnywhere: options.skipAnywhere } : {}), ...(options.skipPaths ? { skipPaths: options.skipPaths } : {}), ...(options.extraFiles ? { extraFiles: options.extraFiles } : {}) },
         current,
       );
       const onProgress = options.onProgress;

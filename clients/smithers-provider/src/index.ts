@@ -27,3 +27,5 @@ export { keepChangesOnce } from "./bundle.js";
 export type { SingleSourceReport } from "./bundle.js";
 export { holdForReview, waitForDecision, reviewBin } from "./review.js";
 export type { DurableReviewOptions, ReviewDecision, Held } from "./review.js";
+export { createSmithersSandboxSession, KIT_REQUEST_FILE, KIT_RESULT_FILE } from "./session.js";
+export type { SandboxExecOptions, SandboxExecResult, SandboxSession, SmithersSandboxSessionOptions } from "./session.js";

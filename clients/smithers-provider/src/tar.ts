@@ -38,6 +38,12 @@ export type PackOptions = {
   skipAnywhere?: string[];
   /** Root-relative paths left out (bytes as latin1, `/`-separated; a directory's ends with `/`). */
   skipPaths?: Set<string>;
+  /**
+   * Regular files added after the tree, at these root-relative paths (mode 0644; their parent
+   * directories must be in the tree or among earlier extra files' parents, which are added).
+   * A path the tree also holds is refused by the host as a duplicate entry.
+   */
+  extraFiles?: Array<{ path: string; content: Buffer }>;
 };
 
 export type PackStats = {
@@ -281,8 +287,34 @@ export async function* packTree(root: string, options: PackOptions, stats: PackS
       stack.push(subdirs[i]!);
     }
   }
+  const made = new Set<string>();
+  for (const extra of options.extraFiles ?? []) {
+    const parts = extra.path.split("/").filter((p) => p !== "" && p !== ".");
+    if (parts.length === 0 || parts.includes("..")) throw new SmithersSandboxError(ErrorCodes.TOOL_PATH_ESCAPE, `extra file path ${JSON.stringify(extra.path)} leaves the workspace`);
+    for (let i = 1; i < parts.length; i++) {
+      const dir = parts.slice(0, i).join("/");
+      if (!made.has(dir) && !existsSyncSafe(Buffer.concat([rootBytes, SLASH, Buffer.from(dir)]))) {
+        made.add(dir);
+        yield Buffer.concat(headerBlocks({ name: Buffer.from(`${dir}/`), type: "5", mode: 0o40755, size: 0, mtime: Date.now() / 1000 }));
+        stats.entries += 1;
+      }
+    }
+    const size = extra.content.length;
+    yield Buffer.concat([...headerBlocks({ name: Buffer.from(parts.join("/")), type: "0", mode: 0o100644, size, mtime: Date.now() / 1000 }), extra.content, padding(size)]);
+    stats.entries += 1;
+    stats.bytes += size;
+  }
   // End of archive: two zero blocks.
   yield Buffer.alloc(BLOCK * 2);
+}
+
+function existsSyncSafe(path: Buffer): boolean {
+  try {
+    lstatSync(path);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

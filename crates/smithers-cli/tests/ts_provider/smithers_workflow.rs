@@ -10,6 +10,10 @@
 //! * a rejected review fails the task once, without a retry, and applies nothing;
 //! * a run our CLI starts against Smithers' database is listed by `smithers ps`.
 //!
+//! And the provider kit's own contract suite (`createSandboxProviderContractSuite`, bun:test)
+//! against the kit's command provider on our session (`e2e/contract.test.ts`), every command
+//! in a real sandbox of a real `serve`.
+//!
 //! Without node, npm or native sandboxes the test prints SKIP; under `CI=true` it fails.
 
 use std::path::{Path, PathBuf};
@@ -362,5 +366,48 @@ fn a_real_smithers_workflow_runs_a_step_reviewed_and_accepted_from_our_cli() {
         "one\n"
     );
     assert!(!root.join("c.txt").exists());
+    drop(server);
+}
+
+#[test]
+fn the_provider_kits_contract_suite_passes_on_our_session() {
+    if !super::provider_built() || !sandboxes_usable() || !engine_installed() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let server = ServeChild::start(&ServeOptions {
+        token: TOKEN.into(),
+        data_dir: data.path().to_path_buf(),
+        ..Default::default()
+    })
+    .unwrap();
+    let dir = e2e_dir();
+    let out = Command::new(dir.join("node_modules/.bin/bun"))
+        .args(["test", "./contract.test.ts"])
+        .current_dir(&dir)
+        .env("SMITHERS_CONTRACT_URL", server.url())
+        .env("SMITHERS_CONTRACT_TOKEN", TOKEN)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    // bun test reports on stderr.
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("$ bun test ./contract.test.ts\n{report}");
+    assert!(out.status.success(), "the contract suite failed:\n{report}");
+    // It ran the suite's tests (16 in 0.32), not nothing, and none failed or was skipped.
+    let count = |what: &str| {
+        report
+            .lines()
+            .find_map(|l| l.trim().strip_suffix(what)?.trim().parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    assert!(count(" pass") >= 16, "{report}");
+    assert_eq!(count(" fail"), 0, "{report}");
+    assert_eq!(count(" skip"), 0, "{report}");
     drop(server);
 }

@@ -73,7 +73,9 @@ function nulSeparated(buf: Buffer): string[] {
 
 /** The untracked paths git ignores under `root` (directories as one `dir/` entry). */
 function gitIgnoredPaths(root: string): string[] {
-  const listArgs = ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"];
+  // A project's own git configuration could name a program for git to run (core.fsmonitor):
+  // switched off, so listing what is ignored never runs anything of the tree's.
+  const listArgs = ["-c", "core.fsmonitor=false", "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"];
   const inside = git(["rev-parse", "--is-inside-work-tree"], root);
   if (inside.error) {
     throw new SmithersSandboxError(

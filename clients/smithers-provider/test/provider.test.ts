@@ -323,6 +323,8 @@ test("the upload leaves out Smithers' database and what .gitignore ignores, and 
       const { execFileSync } = await import("node:child_process");
       const git = (...args: string[]) => execFileSync("git", ["-C", root, "-c", "user.email=t@t", "-c", "user.name=t", ...args], { stdio: "ignore" });
       git("init", "-q");
+      // A tree's own git configuration naming a program for git to run is never obeyed.
+      git("config", "core.fsmonitor", `touch ${join(root, "..", "fsmonitor-ran")}; false`);
       // A tracked file git would ignore is still part of the project.
       await writeFile(join(root, "tracked.log"), "tracked");
       git("add", "-f", "tracked.log");
@@ -343,6 +345,7 @@ test("the upload leaves out Smithers' database and what .gitignore ignores, and 
       // debug.log, build/, src/secret.txt, and elsewhere.sqlite (SMITHERS_DB's file); the
       // smithers.db files are left out by name and are not counted here.
       assert.equal(uploaded.skippedPaths, 4, JSON.stringify(uploaded));
+      assert.ok(!existsSync(join(root, "..", "fsmonitor-ran")), "the tree's core.fsmonitor ran");
     } finally {
       await p.cleanup(req);
     }

@@ -323,12 +323,12 @@ test("the upload leaves out Smithers' database and what .gitignore ignores, and 
       const { execFileSync } = await import("node:child_process");
       const git = (...args: string[]) => execFileSync("git", ["-C", root, "-c", "user.email=t@t", "-c", "user.name=t", ...args], { stdio: "ignore" });
       git("init", "-q");
-      // A tree's own git configuration naming a program for git to run is never obeyed.
-      git("config", "core.fsmonitor", `touch ${join(root, "..", "fsmonitor-ran")}; false`);
       // A tracked file git would ignore is still part of the project.
       await writeFile(join(root, "tracked.log"), "tracked");
       git("add", "-f", "tracked.log");
       git("commit", "-q", "-m", "base");
+      // A tree's own git configuration naming a program for git to run is never obeyed.
+      git("config", "core.fsmonitor", `touch ${join(root, "..", "fsmonitor-ran")}; false`);
     }
     const p = provider({ databasePath: join(root, "elsewhere.sqlite") });
     const req = request(root, {

@@ -328,7 +328,7 @@ test("the upload leaves out Smithers' database and what .gitignore ignores, and 
       git("add", "-f", "tracked.log");
       git("commit", "-q", "-m", "base");
       // A tree's own git configuration naming a program for git to run is never obeyed.
-      git("config", "core.fsmonitor", `touch ${join(root, "..", "fsmonitor-ran")}; false`);
+      git("config", "core.fsmonitor", `touch ${join(root, ".git", "fsmonitor-ran")}; false`);
     }
     const p = provider({ databasePath: join(root, "elsewhere.sqlite") });
     const req = request(root, {
@@ -345,7 +345,7 @@ test("the upload leaves out Smithers' database and what .gitignore ignores, and 
       // debug.log, build/, src/secret.txt, and elsewhere.sqlite (SMITHERS_DB's file); the
       // smithers.db files are left out by name and are not counted here.
       assert.equal(uploaded.skippedPaths, 4, JSON.stringify(uploaded));
-      assert.ok(!existsSync(join(root, "..", "fsmonitor-ran")), "the tree's core.fsmonitor ran");
+      assert.ok(!existsSync(join(root, ".git", "fsmonitor-ran")), "the tree's core.fsmonitor ran");
     } finally {
       await p.cleanup(req);
     }

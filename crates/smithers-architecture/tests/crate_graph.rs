@@ -107,6 +107,22 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "reading a step's commits and adding them on accept is the bundle format's business, not a runtime's or the lifecycle's",
     ),
     (
+        "smithers-wire",
+        &[
+            "smithers-runtime-*",
+            "smithers-store",
+            "smithers-orchestrator",
+            "smithers-server",
+            "smithers-cli",
+        ],
+        "what a host and its clients exchange is shared by both ends: it knows no backend, store or lifecycle",
+    ),
+    (
+        "smithers-server",
+        &["smithers-runtime-*", "smithers-cli"],
+        "the host serves whatever Runtime it is given (the CLI injects one): it depends on no backend",
+    ),
+    (
         "smithers-sandbox-init",
         &["*"],
         "the init is a security boundary of its own: it knows nothing of the runtime that starts it",

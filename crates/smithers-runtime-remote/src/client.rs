@@ -16,12 +16,12 @@ use smithers_runtime::{
     SandboxHandle, ShipReport, StepCommand,
 };
 
-use crate::archive::{self, ArchiveError, ChannelWriter, PackOptions, UnpackLimits};
-use crate::sse::SseParser;
-use crate::wire::{
+use crate::{ENV_API_KEY, ENV_API_URL};
+use smithers_wire::archive::{self, ArchiveError, ChannelWriter, PackOptions, UnpackLimits};
+use smithers_wire::wire::{
     CreateSandbox, ExecuteAccepted, SandboxInfo, SandboxState, WireEvent, IDEMPOTENCY_KEY_HEADER,
 };
-use crate::{ENV_API_KEY, ENV_API_URL};
+use smithers_wire::SseParser;
 
 const RUNTIME: &str = "codeplane";
 

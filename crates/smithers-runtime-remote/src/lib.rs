@@ -4,9 +4,8 @@
 //! * [`RemoteRuntime`] implements [`smithers_runtime::Runtime`] over that API (feature
 //!   `client`, on by default). Base URL from `CODEPLANE_API_URL`, bearer token from
 //!   `CODEPLANE_API_KEY` (as in the original), or explicit [`RemoteOptions`].
-//! * [`wire`] holds the JSON documents both ends exchange.
-//! * [`archive`] packs a tree as a streamed tar and unpacks one, confined with
-//!   [`smithers_paths::Beneath`]; the server uses it for workspaces, the client for bundles.
+//! * [`wire`] (the JSON documents both ends exchange) and [`archive`] (a tree packed as a
+//!   streamed tar, one unpacked confined) are `smithers-wire`'s, re-exported.
 //!
 //! # What travels
 //!
@@ -27,15 +26,14 @@
 //! sent; its failure is reported with the cause.
 #![forbid(unsafe_code)]
 
-pub mod archive;
 #[cfg(feature = "client")]
 mod client;
-mod sse;
-pub mod wire;
 
 #[cfg(feature = "client")]
 pub use client::{RemoteOptions, RemoteRuntime, RetryPolicy};
-pub use sse::{SseFrame, SseParser};
+/// The API's documents, archive and event-stream code, which live in `smithers-wire` (shared
+/// with the server), re-exported for the runtime's callers.
+pub use smithers_wire::{archive, wire, SseFrame, SseParser};
 
 /// Environment variable holding the host's base URL (`http://127.0.0.1:7420`).
 pub const ENV_API_URL: &str = "CODEPLANE_API_URL";

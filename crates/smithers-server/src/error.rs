@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use smithers_errors::{CodedError, ErrorCode, ErrorReport};
 use smithers_runtime::RuntimeError;
-use smithers_runtime_remote::archive::ArchiveError;
+use smithers_wire::archive::ArchiveError;
 
 /// Failure to start or run the server.
 #[derive(Debug, thiserror::Error)]

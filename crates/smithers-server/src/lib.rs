@@ -28,7 +28,7 @@
 //!   `TCP_NODELAY`.
 //! * Body limits (JSON, upload on the wire, unpacked bytes, decoded bytes, entries, path
 //!   length), checked while the upload streams in, a deadline
-//!   per request, archive rules of [`smithers_runtime_remote::archive`]; every refusal is a
+//!   per request, archive rules of [`smithers_wire::archive`]; every refusal is a
 //!   documented status with a `{code, message, details}` body.
 //! * Graceful shutdown: stop accepting, let running steps finish for a grace period, then
 //!   cancel them (the runtime kills every process) and let their bundles be collected.

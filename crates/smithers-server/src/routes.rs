@@ -18,10 +18,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use smithers_errors::{CodedError, ErrorCode};
 use smithers_runtime::{CancellationToken, RequestBundle, SandboxConfig, StepCommand, Termination};
-use smithers_runtime_remote::archive::{
-    self, ArchiveError, ChannelWriter, PackOptions, UnpackLimits,
-};
-use smithers_runtime_remote::wire::{
+use smithers_wire::archive::{self, ArchiveError, ChannelWriter, PackOptions, UnpackLimits};
+use smithers_wire::wire::{
     CreateSandbox, ExecuteAccepted, IfExists, ResultInfo, SandboxState, Shipped, WireEvent,
     WorkspaceUploaded, IDEMPOTENCY_KEY_HEADER, IDEMPOTENCY_KEY_MAX_LENGTH,
 };

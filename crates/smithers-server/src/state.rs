@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use smithers_runtime::{CancellationToken, OutputEvent, OutputSink, Runtime, SandboxHandle};
-use smithers_runtime_remote::wire::{ResultInfo, SandboxInfo, SandboxState, SeqEvent, WireEvent};
+use smithers_wire::wire::{ResultInfo, SandboxInfo, SandboxState, SeqEvent, WireEvent};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 

@@ -10,7 +10,7 @@ use common::{small_limits, start, start_with, TarBuilder, TOKEN};
 use reqwest::Method;
 use serde_json::{json, Value};
 use smithers_runtime::Termination;
-use smithers_runtime_remote::wire::{SandboxState, WireEvent};
+use smithers_wire::wire::{SandboxState, WireEvent};
 
 async fn error_of(r: reqwest::Response) -> (u16, String, Value) {
     let status = r.status().as_u16();
@@ -645,7 +645,7 @@ async fn graceful_shutdown_cancels_steps_after_the_grace_period() {
         r
     };
     let mut stream = futures_util::StreamExt::boxed(follow.bytes_stream());
-    let mut parser = smithers_runtime_remote::SseParser::new();
+    let mut parser = smithers_wire::SseParser::new();
     let mut seen = Vec::new();
     // Read until the step printed, then shut down.
     'outer: while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {

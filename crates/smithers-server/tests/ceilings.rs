@@ -10,8 +10,8 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 use smithers_runtime::Termination;
-use smithers_runtime_remote::wire::WireEvent;
 use smithers_server::{ClientToken, Limits, ServerConfig};
+use smithers_wire::wire::WireEvent;
 
 const ALICE: &str = "alice-token-0123456789abcdef";
 const BOB: &str = "bob-token-0123456789abcdef00";

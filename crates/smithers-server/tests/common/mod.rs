@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use smithers_runtime_remote::wire::WireEvent;
-use smithers_runtime_remote::SseParser;
 use smithers_server::testing::HostProcessRuntime;
 use smithers_server::{Limits, SandboxServer, ServerConfig};
+use smithers_wire::wire::WireEvent;
+use smithers_wire::SseParser;
 
 pub const TOKEN: &str = "test-token-0123456789abcdef";
 

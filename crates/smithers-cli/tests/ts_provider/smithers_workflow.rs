@@ -36,6 +36,10 @@ fn e2e_dir() -> PathBuf {
 /// Smithers and Bun installed from the lock file (`npm install`, not `ci`: the lock lacks
 /// optional platform packages the registry does not have, which `ci` refuses).
 fn engine_installed() -> bool {
+    // Once for the tests of this binary, which run in parallel: two installs into one
+    // directory at once would corrupt it.
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = e2e_dir();
     if dir.join("node_modules/.bin/smithers").exists() && dir.join("node_modules/.bin/bun").exists()
     {

@@ -21,7 +21,7 @@ export { SmithersSandboxError, ErrorCodes } from "./errors.js";
 export { packTree, unpackTar, BUNDLE_LIMITS } from "./tar.js";
 export type { PackOptions, PackStats, UnpackLimits, UnpackStats } from "./tar.js";
 export type { SandboxProvider, SandboxProviderBundleResult, SandboxProviderRequest, SandboxBundleStatus } from "./types.js";
-export { selectUpload, SMITHERS_DB_NAMES } from "./upload.js";
+export { selectUpload, workflowDatabasePath, SMITHERS_DB_NAMES } from "./upload.js";
 export type { UploadOptions, UploadSelection } from "./upload.js";
 export { keepChangesOnce } from "./bundle.js";
 export type { SingleSourceReport } from "./bundle.js";

@@ -33,7 +33,7 @@ import { keepChangesOnce } from "./bundle.js";
 import type { SingleSourceReport } from "./bundle.js";
 import { holdForReview, waitForDecision } from "./review.js";
 import type { DurableReviewOptions } from "./review.js";
-import { selectUpload } from "./upload.js";
+import { selectUpload, workflowDatabasePath } from "./upload.js";
 import type { SandboxProvider, SandboxProviderBundleResult, SandboxProviderRequest } from "./types.js";
 
 /** What a step runs when neither its config nor the provider names a command (as in Smithers). */
@@ -283,6 +283,7 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
       ...(options.includeGit !== undefined ? { includeGit: options.includeGit } : {}),
       ...(options.honourGitignore !== undefined ? { honourGitignore: options.honourGitignore } : {}),
       ...(options.databasePath !== undefined ? { databasePath: options.databasePath } : {}),
+      databasePaths: [workflowDatabasePath(request)].filter((p): p is string => p !== undefined),
     });
     const body: CreateSandbox = {
       runId: request.runId,

@@ -33,7 +33,7 @@ import { ErrorCodes, SmithersSandboxError } from "./errors.js";
 import { controlsFor } from "./provider.js";
 import type { SmithersSandboxProviderOptions } from "./provider.js";
 import type { SandboxProviderRequest } from "./types.js";
-import { selectUpload } from "./upload.js";
+import { selectUpload, workflowDatabasePath } from "./upload.js";
 
 /** The kit's default request and result files (`createCommandSandboxProvider`). */
 export const KIT_REQUEST_FILE = "/workspace/.smithers/sandbox-request.json";
@@ -144,6 +144,7 @@ export function createSmithersSandboxSession(options: SmithersSandboxSessionOpti
           ...(options.includeGit !== undefined ? { includeGit: options.includeGit } : {}),
           ...(options.honourGitignore !== undefined ? { honourGitignore: options.honourGitignore } : {}),
           ...(options.databasePath !== undefined ? { databasePath: options.databasePath } : {}),
+      databasePaths: [workflowDatabasePath(request)].filter((p): p is string => p !== undefined),
         });
         await client.uploadWorkspace(hostId, request.rootDir, {
           skipTop: selection.skipTop,

@@ -5,9 +5,10 @@
  * - `.smithers/` at any depth (the project's own state; the host refuses it in an upload);
  * - `.git/` at the top when `includeGit: false`;
  * - Smithers' database and its sidecars (`smithers.db`, `-wal`, `-shm`, `-journal`) at any
- *   depth, and the file `SMITHERS_DB` (or the `databasePath` option) names when it is inside
- *   `rootDir`: with Smithers' default location the whole run history (prompts, outputs,
- *   approvals) would otherwise be readable by the step;
+ *   depth, and wherever else the run's store is when it is inside `rootDir`: the file the
+ *   workflow's own database handle names (`request.parentWorkflow.db`, a `dbPath` given to
+ *   `createSmithers`), the `databasePath` option and `$SMITHERS_DB`. Uploaded, the whole run
+ *   history (prompts, outputs, approvals) would be readable by the step;
  * - what git ignores (`.gitignore` files at every level, `.git/info/exclude`, the user's
  *   `core.excludesFile`), asked of git itself so the rules are git's exactly. Outside a
  *   repository the `.gitignore` files still apply (git is run on a scratch repository whose
@@ -43,9 +44,23 @@ export type UploadOptions = {
   includeGit?: boolean;
   /** Honour `.gitignore` (default true). */
   honourGitignore?: boolean;
-  /** Where Smithers keeps its database, if not a `smithers.db` in the tree (default `$SMITHERS_DB`). */
+  /** Where Smithers keeps its database, if not a `smithers.db` in the tree (also `$SMITHERS_DB`). */
   databasePath?: string;
+  /** More database files to leave out (the workflow's own, see {@link workflowDatabasePath}). */
+  databasePaths?: string[];
 };
+
+/**
+ * The file of the SQLite database the workflow runs on (`request.parentWorkflow.db`, a Drizzle
+ * handle over bun:sqlite whose client names its file; relative names are the engine's, from
+ * its working directory), or undefined (an in-memory store, another backend, an unknown shape).
+ */
+export function workflowDatabasePath(request: { parentWorkflow?: unknown }): string | undefined {
+  const workflow = request.parentWorkflow as { db?: { $client?: { filename?: unknown } } } | undefined;
+  const name = workflow?.db?.$client?.filename;
+  if (typeof name !== "string" || name === "" || name === ":memory:") return undefined;
+  return resolve(process.cwd(), name);
+}
 
 function git(args: string[], cwd: string, env?: NodeJS.ProcessEnv): { status: number | null; stdout: Buffer; error?: Error } {
   const out = spawnSync("git", args, {
@@ -118,8 +133,9 @@ function hasGitignore(root: string): boolean {
 /** Decides what of `root` is uploaded (see the module comment). */
 export function selectUpload(root: string, options: UploadOptions = {}): UploadSelection {
   const skipPaths = new Set<string>();
-  const dbPath = options.databasePath ?? process.env.SMITHERS_DB;
-  if (dbPath !== undefined && dbPath.trim() !== "") {
+  const databases = [options.databasePath, process.env.SMITHERS_DB, ...(options.databasePaths ?? [])];
+  for (const dbPath of databases) {
+    if (dbPath === undefined || dbPath.trim() === "") continue;
     const abs = resolve(root, dbPath);
     const rel = relative(resolve(root), abs);
     if (rel !== "" && !rel.startsWith("..") && !isAbsolute(rel)) {

@@ -112,7 +112,25 @@ fn project() -> tempfile::TempDir {
     super::support::native::git(root, &["commit", "-q", "-m", "base"]);
     let provider = super::package_dir().join("dist/src/index.js");
     let workflow = WORKFLOW.replace("PROVIDER", &provider.display().to_string());
-    std::fs::write(root.join("workflow.tsx"), workflow).unwrap();
+    std::fs::write(root.join("workflow.tsx"), &workflow).unwrap();
+    // The same step, with the run's store somewhere else than Smithers' default, and a step
+    // that changes nothing but lists every file it was given.
+    let elsewhere = workflow
+        .replace(
+            "const { Workflow, smithers, outputs } = createSmithers({ result });",
+            "const { Workflow, smithers, outputs } = createSmithers({ result }, { dbPath: `${import.meta.dir}/state/runs.sqlite` });",
+        )
+        .replace(
+            "set -e; echo edited > a.txt; echo added > c.txt; ",
+            "set -e; ",
+        )
+        .replace("$(ls -A | sort | tr '\\n' ' ')", "$(find . -path ./.git -prune -o -type f -print | sort | tr '\\n' ' ')");
+    assert!(
+        elsewhere.contains("dbPath") && elsewhere.contains("find ."),
+        "{elsewhere}"
+    );
+    std::fs::create_dir(root.join("state")).unwrap();
+    std::fs::write(root.join("elsewhere.tsx"), elsewhere).unwrap();
     dir
 }
 
@@ -306,6 +324,8 @@ fn a_real_smithers_workflow_runs_a_step_reviewed_and_accepted_from_our_cli() {
             "a.txt",
             "b.txt",
             "c.txt",
+            "elsewhere.tsx",
+            "state",
             "workflow.tsx"
         ],
         "uploaded: {outputs}"
@@ -333,6 +353,25 @@ fn a_real_smithers_workflow_runs_a_step_reviewed_and_accepted_from_our_cli() {
         ps(root, &url).contains(&(cli_run, "smithers-sandbox run".into(), "finished".into())),
         "{:?}",
         ps(root, &url)
+    );
+
+    // A store where the workflow says (createSmithers' dbPath) is left out too: the provider
+    // asks the workflow's own database handle for its file.
+    let out = smithers(root, &url, &["up", "elsewhere.tsx"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "smithers up elsewhere.tsx: {out:?}");
+    let conn = rusqlite::Connection::open(root.join("state/runs.sqlite")).unwrap();
+    let listed: String = conn
+        .query_row("SELECT files FROM result", [], |r| r.get(0))
+        .unwrap();
+    assert!(
+        listed.contains("./a.txt") && listed.contains("./elsewhere.tsx"),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains("runs.sqlite") && !listed.contains("smithers.db"),
+        "a store was uploaded: {listed}"
     );
 
     // Rejected: the task fails once, no retry, nothing applied.

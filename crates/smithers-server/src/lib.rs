@@ -31,15 +31,18 @@
 //!   per request, archive rules of [`smithers_wire::archive`]; every refusal is a
 //!   documented status with a `{code, message, details}` body.
 //! * Graceful shutdown: stop accepting, let running steps finish for a grace period, then
-//!   cancel them (the runtime kills every process) and let their bundles be collected.
-//! * State is in memory: a restarted host forgets its sandboxes (their directories stay under
-//!   the data directory until removed).
+//!   cancel them (the runtime kills every process) and let their bundles be collected; then
+//!   every sandbox still held is removed (nobody can reach it once the server is gone).
+//! * State is in memory: a restarted host forgets its sandboxes, and cleans up at start what a
+//!   previous one left ([`SandboxServer::recover`]: each sandbox's directory holds its runtime
+//!   handle).
 #![forbid(unsafe_code)]
 
 mod conn;
 mod error;
 mod metrics;
 mod policy;
+mod recovery;
 mod review;
 mod routes;
 mod state;
@@ -63,6 +66,7 @@ use tokio_util::task::TaskTracker;
 pub use error::{ApiError, ServerError};
 pub use metrics::Metrics;
 pub use policy::{parse_tokens, Ceilings, ClientToken, DEFAULT_TOKEN_NAME};
+pub use recovery::Recovered;
 
 /// The OpenAPI 3 document of this API, as checked in at `openapi/smithers-sandbox.yaml`.
 pub const OPENAPI_YAML: &str = include_str!("../../../openapi/smithers-sandbox.yaml");
@@ -224,6 +228,12 @@ impl SandboxServer {
         })
     }
 
+    /// Cleans up the hosted sandboxes a previous server on this data directory left behind
+    /// (it died without deleting them: see `recovery`). Call before serving.
+    pub async fn recover(&self) -> Vec<Recovered> {
+        recovery::recover(&self.state.config.data_dir, self.state.runtime.as_ref()).await
+    }
+
     /// Attaches the orchestrator whose durable reviews the review endpoints serve. Call
     /// before serving (the server must not have been cloned yet).
     pub fn with_orchestrator(
@@ -322,6 +332,7 @@ impl SandboxServer {
         // drainer may still be finishing (it ended the streams those connections served).
         trigger.cancel();
         let _ = drainer.await;
+        routes::remove_all(&self.state).await;
         watcher.abort();
         if let Some(reaper) = reaper {
             reaper.abort();

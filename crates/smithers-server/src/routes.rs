@@ -378,6 +378,16 @@ pub(crate) async fn create(
             return Err(ApiError::runtime(&e));
         }
     };
+    // Written before anyone can use the sandbox: a server that dies (SIGKILL, power) leaves
+    // it behind, and the next one cleans up what the handle names (`crate::recovery`).
+    if let Err(e) = crate::recovery::record_handle(&dir, &handle).await {
+        let _ = state.runtime.cleanup(&handle).await;
+        let _ = tokio::fs::remove_dir_all(&dir).await;
+        return Err(ApiError::internal(format!(
+            "record the sandbox's handle in {}: {e}",
+            dir.display()
+        )));
+    }
     let entry = Arc::new(Entry {
         id: id.clone(),
         run_id: req.run_id,
@@ -1138,6 +1148,22 @@ async fn remove(state: &AppState, e: &Arc<Entry>) -> Result<(), ApiError> {
         .map_err(|err| ApiError::internal(format!("remove {}: {err}", dir.display())))?;
     lock(&state.sandboxes).remove(&e.id);
     Ok(())
+}
+
+/// At shutdown, once no request is in flight: every sandbox still held is removed (its
+/// processes were stopped by the drain; nobody could reach it once this server is gone, and
+/// its runtime state would otherwise outlive it). A failure is logged; the next server on this
+/// data directory cleans up what is left (`crate::recovery`).
+pub(crate) async fn remove_all(state: &AppState) {
+    let entries: Vec<Arc<Entry>> = lock(&state.sandboxes).values().cloned().collect();
+    for e in entries {
+        if let Err(err) = remove(state, &e).await {
+            eprintln!(
+                "smithers-server: removing sandbox {} at shutdown: {}",
+                e.id, err.report.message
+            );
+        }
+    }
 }
 
 /// Removes the sandboxes idle for `expiry` (see `Limits::idle_expiry`): not running, no

@@ -12,7 +12,7 @@ use anyhow::Context;
 use smithers_server::{shutdown_signal, SandboxServer, ServerConfig};
 
 use super::context;
-use crate::output::Coded;
+use crate::output::{inert, Coded};
 
 const SERVE_HELP: &str = "\
 The API is under /v1/ (OpenAPI at /v1/openapi.yaml); GET /health and GET /metrics need no
@@ -190,6 +190,19 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             eprintln!(
                 "recovered orphaned sandbox {}:{}: marked failed",
                 r.run_id, r.sandbox_id
+            );
+        }
+        // Hosted sandboxes a previous server on this data directory died without deleting.
+        for r in server.recover().await {
+            eprintln!(
+                "removed hosted sandbox {} ({}) left by a previous server: {}",
+                r.id,
+                inert(r.name.as_deref().unwrap_or("unknown")),
+                match (&r.note, r.cleaned_up) {
+                    (None, true) => "its processes and state cleaned up".to_string(),
+                    (Some(note), _) => inert(note),
+                    (None, false) => "nothing to clean up".to_string(),
+                }
             );
         }
         let listener =

@@ -623,7 +623,11 @@ fn sandbox_cgroups() -> BTreeSet<PathBuf> {
     for parent in parents {
         if let Ok(entries) = std::fs::read_dir(&parent) {
             for e in entries.flatten() {
-                if e.file_name().to_string_lossy().starts_with("smithers-") {
+                let name = e.file_name().to_string_lossy().into_owned();
+                // `smithers-docker` is the docker runtime's shared parent (dockerd makes it
+                // for any docker sandbox, `doctor`'s probe included, and keeps it); a
+                // sandbox's own cgroup is one of ours named after it.
+                if name.starts_with("smithers-") && name != "smithers-docker" {
                     found.insert(e.path());
                 }
             }

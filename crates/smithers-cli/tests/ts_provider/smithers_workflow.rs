@@ -41,26 +41,50 @@ fn engine_installed() -> bool {
     static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _once = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = e2e_dir();
-    if dir.join("node_modules/.bin/smithers").exists() && dir.join("node_modules/.bin/bun").exists()
-    {
+    let modules = dir.join("node_modules");
+    // Installed means the engine runs on Bun and the package kit the tests import is there.
+    let ready = || {
+        modules
+            .join("@smithers-orchestrator/sandbox/src/provider-kit/index.js")
+            .exists()
+            && Command::new(modules.join(".bin/bun"))
+                .arg(modules.join(".bin/smithers"))
+                .arg("--version")
+                .env("SMITHERS_NO_UPDATE_CHECK", "1")
+                .stdin(Stdio::null())
+                .output()
+                .is_ok_and(|o| o.status.success())
+    };
+    if ready() {
         return true;
     }
-    let out = Command::new("npm")
-        .args(["install", "--no-save", "--no-audit", "--no-fund"])
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("npm");
-    println!(
-        "$ npm install (e2e)\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "npm install of the Smithers engine failed"
-    );
-    true
+    // npm 11 now and then loses files while it unpacks (TAR_ENTRY_ERROR ENOENT, seen once in
+    // CI, Bun's platform package among them) and still exits 0; installing again over the
+    // broken tree did not mend it. So each attempt starts from no node_modules, and one that
+    // reports a lost file or leaves the engine unable to run is made again, once.
+    for attempt in 1..=2 {
+        let _ = std::fs::remove_dir_all(&modules);
+        let out = Command::new("npm")
+            .args(["install", "--no-save", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("npm");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        println!("$ npm install (e2e, attempt {attempt})\n{said}");
+        assert!(
+            out.status.success(),
+            "npm install of the Smithers engine failed"
+        );
+        if !said.contains("TAR_ENTRY_ERROR") && ready() {
+            return true;
+        }
+    }
+    panic!("npm install left the Smithers engine incomplete twice (see its output above)");
 }
 
 fn bin() -> &'static str {

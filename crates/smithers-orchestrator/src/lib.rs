@@ -823,17 +823,7 @@ impl Orchestrator {
                 ("patchCount", json!(patch_count)),
             ],
         );
-        self.emit(
-            "SandboxBundleReceived",
-            run_id,
-            sid,
-            vec![
-                ("bundleSizeBytes", json!(bundle.bundle_size_bytes)),
-                ("patchCount", json!(patch_count)),
-                ("hasOutputs", json!(bundle.outputs.is_some())),
-            ],
-            now_ms(),
-        )?;
+        self.emit_bundle_received(run_id, sid, &bundle, now_ms())?;
         self.metrics.observe_bundle_size(bundle.bundle_size_bytes);
         self.metrics.observe_patch_count(patch_count);
         if cancelled {
@@ -857,16 +847,7 @@ impl Orchestrator {
                     .map_err(|report| OrchestratorError::Bundle {
                         report: Box::new(report),
                     })?;
-            self.emit(
-                "SandboxDiffReviewRequested",
-                run_id,
-                sid,
-                vec![
-                    ("patchCount", json!(patch_count)),
-                    ("totalDiffLines", json!(total_diff_lines)),
-                ],
-                now_ms(),
-            )?;
+            self.emit_review_requested(run_id, sid, patch_count, total_diff_lines, now_ms())?;
             if req.auto_accept_diffs {
                 self.emit(
                     "SandboxDiffAccepted",
@@ -891,36 +872,23 @@ impl Orchestrator {
                 }
                 .into());
             } else {
-                let patches = off_worker(|| self.applier.describe(&bundle)).map_err(|report| {
-                    OrchestratorError::Bundle {
-                        report: Box::new(report),
-                    }
-                })?;
-                // The digest the accept must find again (it reads the whole bundle).
-                let digest = off_worker(|| bundle_digest(&bundle)).map_err(|report| {
-                    OrchestratorError::Bundle {
-                        report: Box::new(report),
-                    }
-                })?;
-                off_worker(|| {
-                    self.store.open_review(
-                        &NewReview {
-                            run_id: run_id.to_string(),
-                            sandbox_id: sid.to_string(),
-                            root_dir: req.root_dir.to_string_lossy().into_owned(),
-                            bundle_path: bundle.bundle_path.to_string_lossy().into_owned(),
-                            bundle_status: status.clone(),
-                            remote_run_id: bundle.run_id.clone(),
-                            patch_count,
-                            total_diff_lines,
-                            duration_ms,
-                            requested_at_ms: now_ms(),
-                            bundle_digest: digest,
-                            applied_by: None,
-                        },
-                        &patches,
-                    )
-                })?;
+                let patches = self.open_pending_review(
+                    &bundle,
+                    NewReview {
+                        run_id: run_id.to_string(),
+                        sandbox_id: sid.to_string(),
+                        root_dir: req.root_dir.to_string_lossy().into_owned(),
+                        bundle_path: bundle.bundle_path.to_string_lossy().into_owned(),
+                        bundle_status: status.clone(),
+                        remote_run_id: bundle.run_id.clone(),
+                        patch_count,
+                        total_diff_lines,
+                        duration_ms,
+                        requested_at_ms: now_ms(),
+                        bundle_digest: String::new(),
+                        applied_by: None,
+                    },
+                )?;
                 Self::heartbeat(
                     ctx,
                     sid,
@@ -1402,6 +1370,62 @@ impl Orchestrator {
         })
     }
 
+    fn emit_bundle_received(
+        &self,
+        run_id: &str,
+        sid: &str,
+        bundle: &InspectedBundle,
+        at_ms: i64,
+    ) -> Result<i64, StoreError> {
+        self.emit(
+            "SandboxBundleReceived",
+            run_id,
+            sid,
+            vec![
+                ("bundleSizeBytes", json!(bundle.bundle_size_bytes)),
+                ("patchCount", json!(bundle.patch_count())),
+                ("hasOutputs", json!(bundle.outputs.is_some())),
+            ],
+            at_ms,
+        )
+    }
+
+    fn emit_review_requested(
+        &self,
+        run_id: &str,
+        sid: &str,
+        patch_count: u64,
+        total_diff_lines: u64,
+        at_ms: i64,
+    ) -> Result<i64, StoreError> {
+        self.emit(
+            "SandboxDiffReviewRequested",
+            run_id,
+            sid,
+            vec![
+                ("patchCount", json!(patch_count)),
+                ("totalDiffLines", json!(total_diff_lines)),
+            ],
+            at_ms,
+        )
+    }
+
+    /// Opens `review` (pending) on `bundle`: its patches described and the digest the accept
+    /// must find again (it reads the whole bundle) filled in. The patches, for the caller.
+    fn open_pending_review(
+        &self,
+        bundle: &InspectedBundle,
+        mut review: NewReview,
+    ) -> Result<Vec<PatchRecord>, OrchestratorError> {
+        let bundle_error = |report| OrchestratorError::Bundle {
+            report: Box::new(report),
+        };
+        let patches = off_worker(|| self.applier.describe(bundle)).map_err(bundle_error)?;
+        review.bundle_digest = off_worker(|| bundle_digest(bundle)).map_err(bundle_error)?;
+        off_worker(|| self.store.open_review(&review, &patches))?;
+        Ok(patches)
+    }
+
     /// Holds a bundle a caller collected for a durable review here, as if a step of this
     /// orchestrator had produced it: the bundle is validated (it came from another host and is
     /// untrusted), the sandbox row is written (status `review`), SandboxBundleReceived and
@@ -1432,15 +1456,6 @@ impl Orchestrator {
                 .map_err(|report| OrchestratorError::Bundle {
                     report: Box::new(report),
                 })?;
-        let patches = off_worker(|| self.applier.describe(&bundle)).map_err(|report| {
-            OrchestratorError::Bundle {
-                report: Box::new(report),
-            }
-        })?;
-        let digest =
-            off_worker(|| bundle_digest(&bundle)).map_err(|report| OrchestratorError::Bundle {
-                report: Box::new(report),
-            })?;
         let now = now_ms();
         let bundle_path = bundle.bundle_path.to_string_lossy().into_owned();
         off_worker(|| {
@@ -1458,46 +1473,25 @@ impl Orchestrator {
                 ..SandboxUpsert::key(run_id, sid)
             })
         })?;
-        self.emit(
-            "SandboxBundleReceived",
-            run_id,
-            sid,
-            vec![
-                ("bundleSizeBytes", json!(bundle.bundle_size_bytes)),
-                ("patchCount", json!(patch_count)),
-                ("hasOutputs", json!(bundle.outputs.is_some())),
-            ],
-            now,
+        self.emit_bundle_received(run_id, sid, &bundle, now)?;
+        self.emit_review_requested(run_id, sid, patch_count, total_diff_lines, now)?;
+        let patches = self.open_pending_review(
+            &bundle,
+            NewReview {
+                run_id: run_id.to_string(),
+                sandbox_id: sid.to_string(),
+                root_dir: held.root_dir.to_string_lossy().into_owned(),
+                bundle_path: bundle_path.clone(),
+                bundle_status: bundle.status.clone(),
+                remote_run_id: held.remote_run_id.clone(),
+                patch_count,
+                total_diff_lines,
+                duration_ms: 0.0,
+                requested_at_ms: now,
+                bundle_digest: String::new(),
+                applied_by: Some(smithers_store::APPLIED_BY_CALLER.to_string()),
+            },
         )?;
-        self.emit(
-            "SandboxDiffReviewRequested",
-            run_id,
-            sid,
-            vec![
-                ("patchCount", json!(patch_count)),
-                ("totalDiffLines", json!(total_diff_lines)),
-            ],
-            now,
-        )?;
-        off_worker(|| {
-            self.store.open_review(
-                &NewReview {
-                    run_id: run_id.to_string(),
-                    sandbox_id: sid.to_string(),
-                    root_dir: held.root_dir.to_string_lossy().into_owned(),
-                    bundle_path: bundle_path.clone(),
-                    bundle_status: bundle.status.clone(),
-                    remote_run_id: held.remote_run_id.clone(),
-                    patch_count,
-                    total_diff_lines,
-                    duration_ms: 0.0,
-                    requested_at_ms: now,
-                    bundle_digest: digest,
-                    applied_by: Some(smithers_store::APPLIED_BY_CALLER.to_string()),
-                },
-                &patches,
-            )
-        })?;
         Ok(PendingReview {
             status: bundle.status,
             outputs: bundle.outputs,

@@ -34,6 +34,7 @@ import type { SingleSourceReport } from "./bundle.js";
 import { holdForReview, waitForDecision } from "./review.js";
 import type { DurableReviewOptions } from "./review.js";
 import { selectUpload, workflowDatabasePath } from "./upload.js";
+import type { UploadSelection } from "./upload.js";
 import type { SandboxProvider, SandboxProviderBundleResult, SandboxProviderRequest } from "./types.js";
 
 /** What a step runs when neither its config nor the provider names a command (as in Smithers). */
@@ -224,6 +225,45 @@ export function stepCommandFor(request: SandboxProviderRequest, options: Smither
   return cwd === undefined ? { argv } : { argv, cwd };
 }
 
+/**
+ * The host client of the options' `url`/`token` (default `$CODEPLANE_API_URL` /
+ * `$CODEPLANE_API_KEY`); a missing one is TASK_RUNTIME_UNAVAILABLE naming it. Shared by the
+ * provider and the kit session.
+ */
+export function hostClientFor(
+  options: Pick<SmithersSandboxProviderOptions, "url" | "token" | "requestTimeoutMs" | "eventIdleTimeoutMs" | "retry">,
+  runtime: string,
+): SandboxHostClient {
+  const url = options.url ?? env(ENV_API_URL);
+  const token = options.token ?? env(ENV_API_KEY);
+  if (url === undefined || token === undefined) {
+    const missing = url === undefined ? ENV_API_URL : ENV_API_KEY;
+    throw new SmithersSandboxError(ErrorCodes.TASK_RUNTIME_UNAVAILABLE, `${missing} is not set (and no ${url === undefined ? "url" : "token"} option was given)`, {
+      details: { runtime, fix: `set ${ENV_API_URL} to the sandbox host's URL and ${ENV_API_KEY} to its token` },
+    });
+  }
+  return new SandboxHostClient({
+    url,
+    token,
+    ...(options.requestTimeoutMs !== undefined ? { requestTimeoutMs: options.requestTimeoutMs } : {}),
+    ...(options.eventIdleTimeoutMs !== undefined ? { eventIdleTimeoutMs: options.eventIdleTimeoutMs } : {}),
+    ...(options.retry !== undefined ? { retry: options.retry } : {}),
+  });
+}
+
+/** What of `request.rootDir` is uploaded under these options (see `upload.ts`). */
+export function uploadSelectionFor(
+  request: SandboxProviderRequest,
+  options: Pick<SmithersSandboxProviderOptions, "includeGit" | "honourGitignore" | "databasePath">,
+): UploadSelection {
+  return selectUpload(request.rootDir, {
+    ...(options.includeGit !== undefined ? { includeGit: options.includeGit } : {}),
+    ...(options.honourGitignore !== undefined ? { honourGitignore: options.honourGitignore } : {}),
+    ...(options.databasePath !== undefined ? { databasePath: options.databasePath } : {}),
+    databasePaths: [workflowDatabasePath(request)].filter((p): p is string => p !== undefined),
+  });
+}
+
 /** A {@link SandboxProvider} whose `run` and `cleanup` are always asynchronous. */
 export type SmithersSandboxProvider = {
   id: string;
@@ -236,22 +276,8 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
   if (id === "") {
     throw new SmithersSandboxError(ErrorCodes.INVALID_INPUT, "the smithers-sandbox provider needs a non-empty id");
   }
-  const url = options.url ?? env(ENV_API_URL);
-  const token = options.token ?? env(ENV_API_KEY);
-  if (url === undefined || token === undefined) {
-    const missing = url === undefined ? ENV_API_URL : ENV_API_KEY;
-    throw new SmithersSandboxError(ErrorCodes.TASK_RUNTIME_UNAVAILABLE, `${missing} is not set (and no ${url === undefined ? "url" : "token"} option was given)`, {
-      details: { runtime: id, fix: `set ${ENV_API_URL} to the sandbox host's URL and ${ENV_API_KEY} to its token` },
-    });
-  }
   // Validated once here: a bad URL fails when the provider is made, not in the middle of a run.
-  const client = new SandboxHostClient({
-    url,
-    token,
-    ...(options.requestTimeoutMs !== undefined ? { requestTimeoutMs: options.requestTimeoutMs } : {}),
-    ...(options.eventIdleTimeoutMs !== undefined ? { eventIdleTimeoutMs: options.eventIdleTimeoutMs } : {}),
-    ...(options.retry !== undefined ? { retry: options.retry } : {}),
-  });
+  const client = hostClientFor(options, id);
   const livenessMs = options.livenessIntervalMs ?? 5000;
   const active = new Map<string, Active>();
   const keyOf = (r: { runId: string; sandboxId: string }) => `${r.runId}:${r.sandboxId}`;
@@ -279,12 +305,7 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
       });
     }
 
-    const selection = selectUpload(request.rootDir, {
-      ...(options.includeGit !== undefined ? { includeGit: options.includeGit } : {}),
-      ...(options.honourGitignore !== undefined ? { honourGitignore: options.honourGitignore } : {}),
-      ...(options.databasePath !== undefined ? { databasePath: options.databasePath } : {}),
-      databasePaths: [workflowDatabasePath(request)].filter((p): p is string => p !== undefined),
-    });
+    const selection = uploadSelectionFor(request, options);
     const body: CreateSandbox = {
       runId: request.runId,
       sandboxId: request.sandboxId,

@@ -27,13 +27,11 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import { SandboxHostClient, ENV_API_KEY, ENV_API_URL } from "./client.js";
 import type { TerminalEvent } from "./client.js";
 import { ErrorCodes, SmithersSandboxError } from "./errors.js";
-import { controlsFor } from "./provider.js";
+import { controlsFor, hostClientFor, uploadSelectionFor } from "./provider.js";
 import type { SmithersSandboxProviderOptions } from "./provider.js";
 import type { SandboxProviderRequest } from "./types.js";
-import { selectUpload, workflowDatabasePath } from "./upload.js";
 
 /** The kit's default request and result files (`createCommandSandboxProvider`). */
 export const KIT_REQUEST_FILE = "/workspace/.smithers/sandbox-request.json";
@@ -69,18 +67,7 @@ function refuse(message: string): SmithersSandboxError {
 
 /** Opens sessions for the kit: `createSession: createSmithersSandboxSession(options)`. */
 export function createSmithersSandboxSession(options: SmithersSandboxSessionOptions = {}): (request: SandboxProviderRequest) => Promise<SandboxSession> {
-  const url = options.url ?? process.env[ENV_API_URL];
-  const token = options.token ?? process.env[ENV_API_KEY];
-  if (!url || !token) {
-    throw new SmithersSandboxError(ErrorCodes.TASK_RUNTIME_UNAVAILABLE, `${!url ? ENV_API_URL : ENV_API_KEY} is not set (and no ${!url ? "url" : "token"} option was given)`);
-  }
-  const client = new SandboxHostClient({
-    url,
-    token,
-    ...(options.requestTimeoutMs !== undefined ? { requestTimeoutMs: options.requestTimeoutMs } : {}),
-    ...(options.eventIdleTimeoutMs !== undefined ? { eventIdleTimeoutMs: options.eventIdleTimeoutMs } : {}),
-    ...(options.retry !== undefined ? { retry: options.retry } : {}),
-  });
+  const client = hostClientFor(options, "smithers-sandbox");
   const requestFile = options.requestFile ?? KIT_REQUEST_FILE;
   const resultFile = options.resultFile ?? KIT_RESULT_FILE;
   const maxOutput = options.maxOutputBytes ?? 8 * 1024 * 1024;
@@ -140,12 +127,7 @@ export function createSmithersSandboxSession(options: SmithersSandboxSessionOpti
           opts.signal,
         );
         hostId = info.id;
-        const selection = selectUpload(request.rootDir, {
-          ...(options.includeGit !== undefined ? { includeGit: options.includeGit } : {}),
-          ...(options.honourGitignore !== undefined ? { honourGitignore: options.honourGitignore } : {}),
-          ...(options.databasePath !== undefined ? { databasePath: options.databasePath } : {}),
-      databasePaths: [workflowDatabasePath(request)].filter((p): p is string => p !== undefined),
-        });
+        const selection = uploadSelectionFor(request, options);
         await client.uploadWorkspace(hostId, request.rootDir, {
           skipTop: selection.skipTop,
           skipAnywhere: selection.skipAnywhere,

@@ -38,11 +38,15 @@ pub enum ErrorCode {
     /// An unexpected internal failure (I/O on our own state, a bug). Not in the original
     /// vocabulary; used only where none of the above describes the failure.
     Internal,
+    /// The fleet node a step ran on was lost (died, cut off, or its lease stopped) while the
+    /// step held it: the step's result is unknown and nothing from it is kept. Never retried
+    /// by us; running it elsewhere is the caller's choice. Not in the original vocabulary.
+    NodeLost,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order (for documentation and exhaustive tests).
-    pub const ALL: [ErrorCode; 10] = [
+    pub const ALL: [ErrorCode; 11] = [
         ErrorCode::InvalidInput,
         ErrorCode::ToolPathInvalid,
         ErrorCode::ToolPathEscape,
@@ -53,6 +57,7 @@ impl ErrorCode {
         ErrorCode::ProcessAborted,
         ErrorCode::TaskRuntimeUnavailable,
         ErrorCode::Internal,
+        ErrorCode::NodeLost,
     ];
 
     /// The stable string form, e.g. `"TOOL_PATH_ESCAPE"`.
@@ -68,6 +73,7 @@ impl ErrorCode {
             ErrorCode::ProcessAborted => "PROCESS_ABORTED",
             ErrorCode::TaskRuntimeUnavailable => "TASK_RUNTIME_UNAVAILABLE",
             ErrorCode::Internal => "INTERNAL",
+            ErrorCode::NodeLost => "NODE_LOST",
         }
     }
 

@@ -363,6 +363,27 @@ impl Drop for ActiveGuard {
 }
 
 /// How the inner lifecycle stopped when it did not return an outcome.
+/// Turns a fleet runtime's "still queued" into `SandboxQueued` events.
+struct QueuedEvents<'a> {
+    orchestrator: &'a Orchestrator,
+    run_id: &'a str,
+    sandbox_id: &'a str,
+}
+
+impl smithers_runtime::PlacementSink for QueuedEvents<'_> {
+    fn queued(&self, reason: &str) {
+        if let Err(e) = self.orchestrator.emit(
+            "SandboxQueued",
+            self.run_id,
+            self.sandbox_id,
+            vec![("reason", json!(reason))],
+            now_ms(),
+        ) {
+            warn!(run_id = %self.run_id, sandbox_id = self.sandbox_id, error = %e, "queued event emit failed");
+        }
+    }
+}
+
 enum Stop {
     Failed(OrchestratorError),
     Cancelled,
@@ -713,6 +734,46 @@ impl Orchestrator {
         off_worker(|| self.store.set_handle(run_id, sid, &handle_json))?;
         if ctx.cancel.is_cancelled() {
             return Err(Stop::Cancelled);
+        }
+        // A fleet's lease waits here for a free slot (each wait a SandboxQueued event), then
+        // says where it runs (SandboxPlaced). Local runtimes return at once.
+        let queued = QueuedEvents {
+            orchestrator: self,
+            run_id,
+            sandbox_id: sid,
+        };
+        let placed = tokio::select! {
+            placed = runtime.place(handle.clone(), &queued) => placed,
+            _ = ctx.cancel.cancelled() => return Err(Stop::Cancelled),
+        };
+        let (handle, placement) = placed.map_err(|source| OrchestratorError::Runtime {
+            verb: "place",
+            source,
+        })?;
+        if progress.handle.as_ref() != Some(&handle) {
+            progress.handle = Some(handle.clone());
+            let handle_json =
+                serde_json::to_string(&handle).map_err(|source| OrchestratorError::Handle {
+                    sandbox_id: sid.to_string(),
+                    source,
+                })?;
+            off_worker(|| self.store.set_handle(run_id, sid, &handle_json))?;
+        }
+        if let Some(placement) = &placement {
+            self.emit(
+                "SandboxPlaced",
+                run_id,
+                sid,
+                vec![
+                    ("runtime", json!(runtime_name)),
+                    ("node", json!(placement.node)),
+                    ("nodeId", json!(placement.node_id)),
+                    ("lease", json!(placement.lease)),
+                    ("queuedMs", json!(placement.queued_ms)),
+                    ("warm", json!(placement.warm)),
+                ],
+                now_ms(),
+            )?;
         }
         let request = RequestBundle {
             request: json!({

@@ -29,6 +29,9 @@ pub enum RuntimeKind {
     Docker,
     /// A remote sandbox service over HTTP.
     Codeplane,
+    /// A fleet: each sandbox is a lease (a Ray job holding a `sandbox_slot`) running a
+    /// sandbox host on the node Ray chose, spoken to with the codeplane API.
+    Ray,
 }
 
 impl RuntimeKind {
@@ -37,6 +40,7 @@ impl RuntimeKind {
             RuntimeKind::Bubblewrap => "bubblewrap",
             RuntimeKind::Docker => "docker",
             RuntimeKind::Codeplane => "codeplane",
+            RuntimeKind::Ray => "ray",
         }
     }
 }
@@ -54,6 +58,7 @@ impl FromStr for RuntimeKind {
             "bubblewrap" => Ok(RuntimeKind::Bubblewrap),
             "docker" => Ok(RuntimeKind::Docker),
             "codeplane" => Ok(RuntimeKind::Codeplane),
+            "ray" => Ok(RuntimeKind::Ray),
             other => Err(RuntimeError::InvalidControl {
                 control: "runtime",
                 reason: format!(

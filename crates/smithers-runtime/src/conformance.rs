@@ -772,7 +772,7 @@ impl<'e> Sandbox<'e> {
         controls: Controls,
     ) -> Result<Sandbox<'e>, RuntimeError> {
         let config = env.config(&project.root, &unique("sbx"), controls);
-        let handle = env.runtime().create(&config).await?;
+        let handle = create_placed(env, &config).await?;
         Ok(Sandbox {
             env,
             handle,
@@ -894,6 +894,26 @@ pub async fn start<'e>(
     match Sandbox::create(env, project, controls).await {
         Ok(s) => Ok(s),
         Err(e) => Err(unavailable_or_panic(e)),
+    }
+}
+
+/// `create` then `place`, as the orchestrator does (a fleet's lease is granted in `place`);
+/// a sandbox whose place failed is cleaned up before the error is returned.
+pub async fn create_placed(
+    env: &SuiteEnv,
+    config: &SandboxConfig,
+) -> Result<SandboxHandle, RuntimeError> {
+    let handle = env.runtime().create(config).await?;
+    match env
+        .runtime()
+        .place(handle.clone(), &crate::types::NoPlacementEvents)
+        .await
+    {
+        Ok((placed, _)) => Ok(placed),
+        Err(e) => {
+            let _ = env.runtime().cleanup(&handle).await;
+            Err(e)
+        }
     }
 }
 

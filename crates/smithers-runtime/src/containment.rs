@@ -770,7 +770,7 @@ async fn row13_helper(env: &SuiteEnv) -> CaseResult {
     let root = std::path::PathBuf::from(var("SMITHERS_SUITE_ROW13_PROJECT"));
     let marker = var("SMITHERS_SUITE_ROW13_MARKER");
     let config = env.config(&root, &unique("orphan"), env.controls());
-    let handle = match env.runtime().create(&config).await {
+    let handle = match crate::conformance::create_placed(env, &config).await {
         Ok(h) => h,
         Err(e) => {
             eprintln!("SKIP helper: {}", e.report());

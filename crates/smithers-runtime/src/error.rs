@@ -47,6 +47,18 @@ pub enum RuntimeError {
     #[error("{verb} called out of order: {reason}")]
     OutOfOrder { verb: &'static str, reason: String },
 
+    /// The fleet node holding the sandbox's lease was lost (died, partitioned, or the lease
+    /// ended under the step). The step's result is unknown; nothing from it is kept.
+    #[error("the {runtime} runtime lost the node of lease {lease}: {reason}")]
+    NodeLost {
+        runtime: &'static str,
+        lease: String,
+        /// The node the lease ran on, when the engine said.
+        node: Option<String>,
+        /// The engine's own words (its job status and message).
+        reason: String,
+    },
+
     /// A coded error from a lower layer (bundle writing, patch generation), code kept.
     #[error("{context}: {inner}")]
     Inner {
@@ -94,6 +106,7 @@ impl CodedError for RuntimeError {
             RuntimeError::Spawn { .. } => ErrorCode::ProcessSpawnFailed,
             RuntimeError::Io { .. } => ErrorCode::SandboxExecutionFailed,
             RuntimeError::OutOfOrder { .. } => ErrorCode::SandboxExecutionFailed,
+            RuntimeError::NodeLost { .. } => ErrorCode::NodeLost,
             RuntimeError::Inner { inner, .. } => inner.code,
         }
     }
@@ -118,6 +131,12 @@ impl CodedError for RuntimeError {
                 json!({ "operation": operation, "path": path, "os_error": source.raw_os_error() })
             }
             RuntimeError::OutOfOrder { verb, .. } => json!({ "verb": verb }),
+            RuntimeError::NodeLost {
+                runtime,
+                lease,
+                node,
+                reason,
+            } => json!({ "runtime": runtime, "lease": lease, "node": node, "reason": reason }),
             RuntimeError::Inner { inner, .. } => json!({ "cause": inner.to_json() }),
         }
     }

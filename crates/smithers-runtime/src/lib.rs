@@ -50,7 +50,7 @@ pub use config::{
 pub use error::RuntimeError;
 pub use types::{
     check_result_fields, refused_result_field, CollectReport, EnforcementReport, ExecOutcome,
-    NullSink, OutputEvent, OutputSink, Protection, ProtectionStatus, RequestBundle, ResourceUsage,
+    NullSink, OutputEvent, OutputSink, NoPlacementEvents, Placement, PlacementSink, Protection, ProtectionStatus, RequestBundle, ResourceUsage,
     SandboxHandle, ShipReport, StepCommand, StepStdin, Termination, REFUSED_RESULT_FIELDS,
 };
 
@@ -81,6 +81,20 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
         cancel: CancellationToken,
         output: &dyn OutputSink,
     ) -> Result<ExecOutcome, RuntimeError>;
+
+    /// Waits until the sandbox has a place to run, after `create` and before `ship`. Only a
+    /// fleet runtime queues: there `create` asks the engine for a lease and returns at once
+    /// (so its handle is stored before any wait), and `place` waits for the engine to grant
+    /// it, telling `sink` while it is queued. It may return an updated handle (stored in place
+    /// of the old one). Local runtimes have nothing to wait for.
+    async fn place(
+        &self,
+        handle: SandboxHandle,
+        sink: &dyn PlacementSink,
+    ) -> Result<(SandboxHandle, Option<Placement>), RuntimeError> {
+        let _ = sink;
+        Ok((handle, None))
+    }
 
     /// Writes the result bundle on the host and returns where.
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError>;

@@ -133,6 +133,37 @@ pub struct ShipReport {
     pub bundle_size_bytes: u64,
 }
 
+/// Where a fleet placed a sandbox (what [`crate::Runtime::place`] reports).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// The node's address, as the engine reported it.
+    pub node: String,
+    /// The engine's id of the node.
+    pub node_id: String,
+    /// The engine's id of the lease (a Ray job's submission id).
+    pub lease: String,
+    /// How long the lease waited for a free slot, in milliseconds.
+    pub queued_ms: u64,
+    /// Whether an idle lease of a warm pool was claimed instead of a new one started.
+    pub warm: bool,
+}
+
+/// Told while a sandbox waits for its place: the orchestrator turns each call into a
+/// `SandboxQueued` event.
+pub trait PlacementSink: Send + Sync {
+    /// The lease is waiting, for the engine's `reason` (its own words).
+    fn queued(&self, reason: &str);
+}
+
+/// A [`PlacementSink`] that tells nobody (tests, callers without events).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoPlacementEvents;
+
+impl PlacementSink for NoPlacementEvents {
+    fn queued(&self, _reason: &str) {}
+}
+
 /// The command `execute` runs inside the sandbox, with `/workspace` as its working directory
 /// unless `cwd` says otherwise (a path inside the sandbox).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

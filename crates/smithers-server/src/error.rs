@@ -127,9 +127,11 @@ impl ApiError {
             }
             RuntimeError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             RuntimeError::OutOfOrder { .. } => StatusCode::CONFLICT,
-            RuntimeError::Spawn { .. } | RuntimeError::Io { .. } | RuntimeError::Inner { .. } => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            // Not 502/503: the client retries those, and would lose the stable code.
+            RuntimeError::Spawn { .. }
+            | RuntimeError::Io { .. }
+            | RuntimeError::Inner { .. }
+            | RuntimeError::NodeLost { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError {
             status,

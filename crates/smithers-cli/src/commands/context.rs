@@ -189,8 +189,14 @@ pub fn orchestrator_with(
         .with_runtime(Arc::new(docker));
     // The codeplane runtime (a `smithers-sandbox serve` host) where its URL and token are
     // set; `run --runtime codeplane` says what is missing otherwise.
-    Ok(match smithers_runtime_remote::RemoteRuntime::from_env() {
+    let orchestrator = match smithers_runtime_remote::RemoteRuntime::from_env() {
         Ok(remote) => orchestrator.with_runtime(Arc::new(remote)),
+        Err(_) => orchestrator,
+    };
+    // The ray runtime (a fleet) where RAY_ADDRESS is set; `run --runtime ray` says what is
+    // missing otherwise.
+    Ok(match smithers_runtime_ray::RayRuntime::from_env() {
+        Ok(ray) => orchestrator.with_runtime(Arc::new(ray)),
         Err(_) => orchestrator,
     })
 }

@@ -52,14 +52,24 @@ pub enum RuntimeChoice {
     /// A remote sandbox host (`smithers-sandbox serve`) at $CODEPLANE_API_URL with the token
     /// $CODEPLANE_API_KEY; the project is uploaded, its changes come back as patches.
     Codeplane,
+    /// A fleet on Ray: the step's lease (a Ray job holding a `sandbox_slot`) runs
+    /// `smithers-sandbox serve` on the node Ray chose, at $RAY_ADDRESS (the Jobs API) with
+    /// $RAY_AUTH_TOKEN; $SMITHERS_RAY_POOL picks a pool of nodes.
+    Ray,
 }
 
 impl RuntimeChoice {
+    /// A runtime that runs the step on another machine (paths of this one mean nothing there).
+    fn is_remote(self) -> bool {
+        matches!(self, RuntimeChoice::Codeplane | RuntimeChoice::Ray)
+    }
+
     fn kind(self) -> RuntimeKind {
         match self {
             RuntimeChoice::Bubblewrap => RuntimeKind::Bubblewrap,
             RuntimeChoice::Docker => RuntimeKind::Docker,
             RuntimeChoice::Codeplane => RuntimeKind::Codeplane,
+            RuntimeChoice::Ray => RuntimeKind::Ray,
         }
     }
 }
@@ -339,10 +349,11 @@ fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
         c.env.insert("PATH".into(), path.join(":"));
     }
     c.allow_sensitive_mounts = args.allow_sensitive_mount;
-    if args.runtime == RuntimeChoice::Codeplane && !c.volumes.is_empty() {
-        return Err(invalid(
-            "--mount and --toolchain name paths of this machine, which a remote host (--runtime codeplane) cannot mount".to_string(),
-        ));
+    if args.runtime.is_remote() && !c.volumes.is_empty() {
+        return Err(invalid(format!(
+            "--mount and --toolchain name paths of this machine, which a remote host (--runtime {}) cannot mount",
+            args.runtime.kind()
+        )));
     }
     if let Some(policy) =
         super::egress::policy_of_flags(args.egress_policy.as_deref(), &args.allow_host)?
@@ -715,9 +726,15 @@ fn step_stdin(runtime: RuntimeChoice, json_out: bool) -> smithers_runtime::StepS
 /// Runs `run`.
 pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let controls = controls(args)?;
-    if args.runtime == RuntimeChoice::Codeplane {
-        // Said before anything is created: where the host is, or what to set.
-        smithers_runtime_remote::RemoteOptions::from_env().coded()?;
+    // Said before anything is created: where the host or the cluster is, or what to set.
+    match args.runtime {
+        RuntimeChoice::Codeplane => {
+            smithers_runtime_remote::RemoteOptions::from_env().coded()?;
+        }
+        RuntimeChoice::Ray => {
+            smithers_runtime_ray::RayOptions::from_env().coded()?;
+        }
+        RuntimeChoice::Bubblewrap | RuntimeChoice::Docker => {}
     }
     let root = args.store.root_dir()?;
     // The controls are checked before anything is created (a refused mount makes no row,

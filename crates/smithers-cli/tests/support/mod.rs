@@ -3,4 +3,5 @@
 #![allow(dead_code)]
 
 pub mod native;
+pub mod ray;
 pub mod serve;

@@ -1,0 +1,155 @@
+//! The Ray cluster of `scripts/ray/cluster.sh` (a head and two workers with two sandbox slots
+//! each, in network namespaces), as the fleet tests find it: its Jobs API URL and token from
+//! the script's state directory, the script itself to kill, cut off and restart a node.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use smithers_runtime_ray::{RayOptions, RayRuntime};
+
+/// The cluster's state directory (the script's `$SMITHERS_RAY_STATE`).
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("SMITHERS_RAY_STATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/smithers-ray-cluster"))
+}
+
+pub const ADDRESS: &str = "http://10.88.0.10:8265";
+
+/// The workers, by name and address.
+pub const WORKERS: [(&str, &str); 2] = [("w1", "10.88.0.11"), ("w2", "10.88.0.12")];
+
+pub fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ray/cluster.sh")
+}
+
+/// The cluster's token, when a cluster is up.
+pub fn token() -> Option<String> {
+    std::fs::read_to_string(state_dir().join("token"))
+        .ok()
+        .map(|t| t.trim().to_string())
+}
+
+/// Runs `cluster.sh ARGS`, asserting it succeeds.
+pub fn cluster(args: &[&str]) {
+    let out = Command::new("bash").arg(script()).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "cluster.sh {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether the cluster answers with all four slots; prints SKIP (fails under CI) otherwise.
+pub fn usable() -> bool {
+    let Some(token) = token() else {
+        return super::native::skip(
+            "no Ray cluster (start one with scripts/ray/cluster.sh up; CI does)",
+        );
+    };
+    match slots(&token) {
+        Ok(4) => true,
+        Ok(n) => super::native::skip(&format!(
+            "the Ray cluster offers {n} sandbox slots, not 4 (scripts/ray/cluster.sh down; up)"
+        )),
+        Err(e) => super::native::skip(&format!("the Ray cluster does not answer: {e}")),
+    }
+}
+
+/// The sandbox slots of the live nodes, per the cluster's own node table.
+pub fn slots(token: &str) -> Result<u64, String> {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "5", "-H"])
+        .arg(format!("Authorization: Bearer {token}"))
+        .arg(format!("{ADDRESS}/api/v0/nodes?detail=1"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("unreadable: {e}"))?;
+    Ok(v["data"]["result"]["result"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["state"] == "ALIVE")
+        .map(|n| n["resources_total"]["sandbox_slot"].as_f64().unwrap_or(0.0) as u64)
+        .sum())
+}
+
+/// Waits until the cluster offers all its slots again (after a node was restarted).
+pub fn wait_whole(timeout: Duration) {
+    let token = token().expect("cluster token");
+    let deadline = Instant::now() + timeout;
+    loop {
+        if slots(&token) == Ok(4) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the cluster did not come back whole within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The Ray jobs the cluster knows, as `(submission id, status)`.
+pub fn jobs() -> Vec<(String, String)> {
+    let token = token().expect("cluster token");
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "5", "-H"])
+        .arg(format!("Authorization: Bearer {token}"))
+        .arg(format!("{ADDRESS}/api/jobs/"))
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|j| {
+            (
+                j["submission_id"].as_str().unwrap_or("").to_string(),
+                j["status"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The runtime's options for this cluster: the product binary as the nodes' `serve` (the
+/// nodes share this machine's filesystem), a short orphan timeout.
+pub fn options() -> RayOptions {
+    let mut o = RayOptions::new(ADDRESS, token());
+    o.serve_binary = super::native::bin_path().to_string();
+    o.orphan_timeout = Duration::from_secs(5);
+    o.watch_interval = Duration::from_millis(250);
+    o
+}
+
+pub fn runtime() -> RayRuntime {
+    RayRuntime::new(options()).expect("ray runtime")
+}
+
+/// The environment the CLI needs to use this cluster.
+pub fn cli_env(cmd: &mut Command) -> &mut Command {
+    cmd.env("RAY_ADDRESS", ADDRESS)
+        .env("RAY_AUTH_TOKEN", token().unwrap_or_default())
+        .env("SMITHERS_RAY_SERVE_BIN", super::native::bin_path())
+}
+
+/// Processes of this machine whose command line holds `marker` (a sandbox's step is a process
+/// of this machine too, whatever namespaces it is in).
+pub fn processes_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    let me = std::process::id();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            if String::from_utf8_lossy(&cmdline).contains(marker) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}

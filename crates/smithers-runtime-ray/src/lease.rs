@@ -1,0 +1,162 @@
+//! What a lease is on the engine's side: its submission id, the job it submits (the
+//! entrypoint that starts `smithers-sandbox serve` on the node, its resources, its token), and
+//! how the node's address is read back from the job.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+use smithers_runtime::SandboxConfig;
+
+use crate::jobs::JobSubmit;
+use crate::RayOptions;
+
+/// The job environment variable that carries the lease's token to the node. The entrypoint
+/// moves it to `SMITHERS_SANDBOX_TOKEN` and removes it (and Ray's own token) from what `serve`
+/// and therefore the step sees.
+pub const LEASE_TOKEN_ENV: &str = "SMITHERS_LEASE_TOKEN";
+
+/// The job metadata keys a lease is recognised by.
+pub const META_RUN_ID: &str = "smithers_run_id";
+pub const META_SANDBOX_ID: &str = "smithers_sandbox_id";
+pub const META_POOL: &str = "smithers_pool";
+
+/// The line `serve` prints once it listens: the lease's port is read from it.
+const SERVING_PREFIX: &str = "smithers-sandbox serving on http://";
+
+/// The submission id of the lease of one sandbox: derived from its ids alone, so that creating
+/// the same sandbox twice (from any process) names the same job and Ray refuses the second,
+/// and a process that finds only the row can still name the job to stop.
+pub fn submission_id(run_id: &str, sandbox_id: &str) -> String {
+    // Both ids are [A-Za-z0-9._-]{1,128} (checked by SandboxConfig::validate).
+    format!("smithers-{run_id}--{sandbox_id}")
+}
+
+/// Quotes `text` for a POSIX shell (Ray runs the entrypoint with `sh -c`).
+pub fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// The job a lease submits for `config`.
+pub fn job_for(
+    options: &RayOptions,
+    config: &SandboxConfig,
+    submission_id: &str,
+    token: &str,
+) -> JobSubmit {
+    let c = &config.controls;
+    let data_dir = format!("{}/smithers-lease-{submission_id}", options.node_state_dir);
+    let mut serve: Vec<String> = vec![
+        options.serve_binary.clone(),
+        "serve".into(),
+        "--listen".into(),
+        options.node_listen.clone(),
+        "--data-dir".into(),
+        data_dir,
+        "--orphan-timeout-ms".into(),
+        options.orphan_timeout.as_millis().to_string(),
+        // One lease, one sandbox.
+        "--max-sandboxes".into(),
+        "1".into(),
+        "--max-sandboxes-per-token".into(),
+        "1".into(),
+    ];
+    // The node's ceilings are the step's own limits: the lease reserved them from Ray.
+    if let Some(m) = c.memory_limit_bytes {
+        serve.extend(["--max-memory".into(), format!("{m}b")]);
+    }
+    if let Some(cpu) = c.cpu_limit {
+        serve.extend(["--max-cpus".into(), cpu.to_string()]);
+    }
+    if let Some(p) = c.pids_limit {
+        serve.extend(["--max-pids".into(), p.to_string()]);
+    }
+    if let Some(d) = c.disk_limit_bytes {
+        serve.extend(["--max-disk".into(), format!("{d}b")]);
+    }
+    if let Some(t) = c.timeout_ms {
+        serve.extend(["--max-timeout".into(), format!("{t}ms")]);
+    }
+    serve.extend(["--max-output".into(), format!("{}b", c.max_output_bytes)]);
+    if c.allow_network {
+        serve.push("--allow-network".into());
+    }
+    let serve = serve
+        .iter()
+        .map(|a| shell_quote(a))
+        .collect::<Vec<_>>()
+        .join(" ");
+    // `env -u`: neither Ray's cluster token nor the job's config (which repeats the lease
+    // token) reaches `serve`, and so neither can reach a step.
+    let entrypoint = format!(
+        "SMITHERS_SANDBOX_TOKEN=\"${LEASE_TOKEN_ENV}\" exec env -u {LEASE_TOKEN_ENV} \
+         -u RAY_AUTH_TOKEN -u RAY_AUTH_TOKEN_PATH -u RAY_JOB_CONFIG_JSON_ENV_VAR -u RAY_ADDRESS {serve}"
+    );
+    let mut resources = BTreeMap::new();
+    resources.insert(options.slot_resource.clone(), 1.0);
+    let mut labels = BTreeMap::new();
+    if let Some(pool) = &options.pool {
+        labels.insert(options.pool_label.clone(), pool.clone());
+    }
+    let mut metadata = BTreeMap::new();
+    metadata.insert(META_RUN_ID.to_string(), config.run_id.clone());
+    metadata.insert(META_SANDBOX_ID.to_string(), config.sandbox_id.clone());
+    if let Some(pool) = &options.pool {
+        metadata.insert(META_POOL.to_string(), pool.clone());
+    }
+    JobSubmit {
+        entrypoint,
+        submission_id: submission_id.to_string(),
+        runtime_env: json!({ "env_vars": { LEASE_TOKEN_ENV: token } }),
+        metadata,
+        entrypoint_num_cpus: c.cpu_limit,
+        entrypoint_memory: c.memory_limit_bytes,
+        entrypoint_resources: resources,
+        entrypoint_label_selector: labels,
+    }
+}
+
+/// The port `serve` listens on, from the lease's log (the first serving line; a step's
+/// output never reaches this log: `serve` keeps it in its own event log).
+pub fn serving_port(log: &str) -> Option<u16> {
+    log.lines().find_map(|line| {
+        let rest = line.trim().strip_prefix(SERVING_PREFIX)?;
+        let authority = rest.split([' ', '/']).next()?;
+        authority.rsplit_once(':')?.1.parse().ok()
+    })
+}
+
+/// A fresh lease token (256 bits).
+pub fn new_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_port_is_read_from_the_serving_line() {
+        let log = "Running entrypoint for job x: ...\nrecovered nothing\nsmithers-sandbox serving on http://0.0.0.0:41235 (data in /tmp/d)\n";
+        assert_eq!(serving_port(log), Some(41235));
+        assert_eq!(serving_port("nothing yet\n"), None);
+        assert_eq!(
+            serving_port("smithers-sandbox serving on http://[::]:7 (data in /x)"),
+            Some(7)
+        );
+    }
+
+    #[test]
+    fn quoting_survives_quotes() {
+        assert_eq!(shell_quote("a'b"), r"'a'\''b'");
+        assert_eq!(shell_quote("/usr/bin/x y"), "'/usr/bin/x y'");
+    }
+
+    #[test]
+    fn submission_ids_are_derived_from_the_ids() {
+        assert_eq!(submission_id("run-1", "sbx.2"), "smithers-run-1--sbx.2");
+    }
+}

@@ -1,0 +1,130 @@
+//! The `ray` runtime: steps across a fleet, on Ray.
+//!
+//! A sandbox is a **lease**: a Ray job that reserves one `sandbox_slot` (plus the step's CPU
+//! and memory, and an optional pool label) and runs `smithers-sandbox serve` on the node Ray
+//! chose. Ray decides where and when (a step with no free slot waits in Ray's queue: the
+//! orchestrator's `SandboxQueued` events), and watches the nodes. The client reads the node's
+//! address from the job record, the port from the job's log and the lease's token from the
+//! job's environment, then speaks the codeplane API to that node with
+//! [`smithers_runtime_remote::RemoteRuntime`].
+//!
+//! A lease that ends under a step (its node died or was cut off, so Ray failed the job; or
+//! someone stopped it) ends the step with `NODE_LOST` carrying Ray's words. It is never
+//! retried here and a bundle from it is never kept; the node's own `serve` bounds a step
+//! nobody follows (`--orphan-timeout-ms`).
+//!
+//! See docs/scaling.md for running a fleet and ../shared/design/fleet.md for the design.
+
+#![forbid(unsafe_code)]
+
+pub mod jobs;
+pub mod lease;
+mod runtime;
+
+use std::time::Duration;
+
+pub use runtime::RayRuntime;
+use smithers_runtime::RuntimeError;
+use smithers_runtime_remote::RetryPolicy;
+
+/// The Jobs API URL (the dashboard, e.g. `http://head:8265`), as Ray's own tools name it.
+pub const ENV_ADDRESS: &str = "RAY_ADDRESS";
+/// The cluster's token (`RAY_AUTH_MODE=token`), as Ray's own tools name it.
+pub const ENV_TOKEN: &str = "RAY_AUTH_TOKEN";
+/// The path of `smithers-sandbox` on the nodes (default: found on the node's PATH).
+pub const ENV_SERVE_BIN: &str = "SMITHERS_RAY_SERVE_BIN";
+/// The pool a step's lease is placed in: nodes labelled `smithers-pool=<name>`.
+pub const ENV_POOL: &str = "SMITHERS_RAY_POOL";
+
+/// How to reach the cluster and what a lease asks of it.
+#[derive(Debug, Clone)]
+pub struct RayOptions {
+    /// The Jobs API URL, without a trailing `/`.
+    pub address: String,
+    pub token: Option<String>,
+    /// `smithers-sandbox` as the nodes find it.
+    pub serve_binary: String,
+    /// The custom resource a lease holds one of.
+    pub slot_resource: String,
+    /// Place leases only on nodes whose `pool_label` is this.
+    pub pool: Option<String>,
+    pub pool_label: String,
+    /// What the node's `serve` listens on (port 0: any free one, read back from its log).
+    pub node_listen: String,
+    /// Where the node's `serve` keeps its state.
+    pub node_state_dir: String,
+    /// The node's `serve` cancels a step nobody has followed for this long.
+    pub orphan_timeout: Duration,
+    /// The longest a lease waits in Ray's queue.
+    pub queue_timeout: Duration,
+    /// The longest between the job running and its server saying where it listens.
+    pub start_timeout: Duration,
+    /// How often a pending lease is looked at.
+    pub poll_interval: Duration,
+    /// How often a lease is checked while a step holds it (how soon NODE_LOST is said,
+    /// after Ray's own health checks find the node dead).
+    pub watch_interval: Duration,
+    /// How long cleanup waits for a stopped job to end.
+    pub stop_timeout: Duration,
+    /// Timeout of one Jobs API call.
+    pub api_timeout: Duration,
+    /// Retries of safe requests to a node (few: a node that does not answer is watched).
+    pub node_retry: RetryPolicy,
+    pub node_event_idle_timeout: Duration,
+}
+
+impl RayOptions {
+    pub fn new(address: impl Into<String>, token: Option<String>) -> Self {
+        RayOptions {
+            address: address.into().trim_end_matches('/').to_string(),
+            token,
+            serve_binary: "smithers-sandbox".into(),
+            slot_resource: "sandbox_slot".into(),
+            pool: None,
+            pool_label: "smithers-pool".into(),
+            node_listen: "0.0.0.0:0".into(),
+            node_state_dir: "/tmp".into(),
+            orphan_timeout: Duration::from_secs(120),
+            queue_timeout: Duration::from_secs(3600),
+            start_timeout: Duration::from_secs(60),
+            poll_interval: Duration::from_millis(100),
+            watch_interval: Duration::from_millis(500),
+            stop_timeout: Duration::from_secs(30),
+            api_timeout: Duration::from_secs(15),
+            node_retry: RetryPolicy {
+                max_attempts: 3,
+                initial_backoff: Duration::from_millis(200),
+                max_backoff: Duration::from_secs(2),
+            },
+            node_event_idle_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// From `RAY_ADDRESS` (required), `RAY_AUTH_TOKEN`, `SMITHERS_RAY_SERVE_BIN` and
+    /// `SMITHERS_RAY_POOL`.
+    pub fn from_env() -> Result<Self, RuntimeError> {
+        let get = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let Some(address) = get(ENV_ADDRESS) else {
+            return Err(RuntimeError::Unavailable {
+                runtime: "ray",
+                reason: format!("{ENV_ADDRESS} is not set"),
+                fix: Some(format!(
+                    "set {ENV_ADDRESS} to the Ray Jobs API (the dashboard, e.g. http://head:8265) and {ENV_TOKEN} to the cluster's token"
+                )),
+            });
+        };
+        if !address.starts_with("http://") && !address.starts_with("https://") {
+            return Err(RuntimeError::Unavailable {
+                runtime: "ray",
+                reason: format!("{ENV_ADDRESS}={address:?} is not the Jobs API's http(s) URL"),
+                fix: Some(format!("set {ENV_ADDRESS} to e.g. http://head:8265 (the dashboard port)")),
+            });
+        }
+        let mut options = RayOptions::new(address, get(ENV_TOKEN));
+        if let Some(bin) = get(ENV_SERVE_BIN) {
+            options.serve_binary = bin;
+        }
+        options.pool = get(ENV_POOL);
+        Ok(options)
+    }
+}

@@ -1,0 +1,711 @@
+//! [`RayRuntime`]: the five verbs on a lease.
+//!
+//! * `create` submits the lease (a Ray job reserving one `sandbox_slot` and the step's CPU and
+//!   memory) and returns at once, so the orchestrator stores the handle before any wait.
+//! * `place` waits for Ray to start the job (each distinct "pending" reason a
+//!   `SandboxQueued` event), reads the node from the job record, the port from the job's log
+//!   and the token from the job's environment, and creates the sandbox on the node's `serve`.
+//! * `ship`, `execute`, `collect` are the codeplane client's, each raced against a watch of the
+//!   lease: a lease that ends (FAILED, STOPPED) while the step holds it is `NODE_LOST`, and a
+//!   bundle collected from a lease that did not survive the download is removed, not kept.
+//! * `cleanup` deletes the sandbox on the node (so its layers go with it), then stops the job
+//!   and deletes its record.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use smithers_runtime::{
+    CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputSink, Placement,
+    PlacementSink, Protection, ProtectionStatus, RequestBundle, Runtime, RuntimeError,
+    RuntimeKind, SandboxConfig, SandboxHandle, ShipReport, StepCommand,
+};
+use smithers_runtime_remote::{RemoteOptions, RemoteRuntime};
+
+use crate::jobs::{JobRecord, JobStatus, JobsClient, JobsError};
+use crate::lease;
+use crate::{RayOptions, ENV_ADDRESS, ENV_TOKEN};
+
+const RUNTIME: &str = "ray";
+
+/// What the handle's `backend` holds: plain data. The node's address and token are never
+/// taken from it: they are read again from the cluster, so a handle from a crafted database
+/// cannot point our requests (or our tokens) anywhere else.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Backend {
+    /// The Jobs API the lease was submitted to.
+    ray_address: String,
+    submission_id: String,
+    /// Set once placed: the sandbox on the node (its codeplane handle's backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node: Option<NodeBackend>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeBackend {
+    /// Informative: where it ran when placed.
+    node_ip: String,
+    node_id: String,
+    /// The codeplane handle's `backend` on that node.
+    remote: Value,
+}
+
+/// A placed lease, attached: the node's client and the codeplane handle there.
+#[derive(Debug, Clone)]
+struct Attached {
+    remote: RemoteRuntime,
+    inner: SandboxHandle,
+    node: String,
+}
+
+/// The `ray` runtime. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RayRuntime {
+    options: Arc<RayOptions>,
+    jobs: JobsClient,
+    /// Configs between `create` and `place` (the node's sandbox is made with them).
+    configs: Arc<Mutex<HashMap<String, SandboxConfig>>>,
+    /// Leases attached in this process.
+    attached: Arc<Mutex<HashMap<String, Attached>>>,
+}
+
+fn key(run_id: &str, sandbox_id: &str) -> String {
+    format!("{run_id}/{sandbox_id}")
+}
+
+fn unavailable(reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::Unavailable {
+        runtime: RUNTIME,
+        reason: reason.into(),
+        fix: Some(format!(
+            "set {ENV_ADDRESS} to the Ray Jobs API (the dashboard, e.g. http://head:8265) and {ENV_TOKEN} to the cluster's token"
+        )),
+    }
+}
+
+fn jobs_error(what: &str, e: JobsError) -> RuntimeError {
+    match e {
+        JobsError::Unreachable(_) | JobsError::Unauthorized(_) => {
+            unavailable(format!("{what}: {e}"))
+        }
+        other => RuntimeError::spawn(what.to_string(), other),
+    }
+}
+
+impl RayRuntime {
+    pub fn new(options: RayOptions) -> Result<Self, RuntimeError> {
+        let jobs = JobsClient::new(&options.address, options.token.clone(), options.api_timeout)
+            .map_err(unavailable)?;
+        Ok(RayRuntime {
+            options: Arc::new(options),
+            jobs,
+            configs: Arc::default(),
+            attached: Arc::default(),
+        })
+    }
+
+    /// [`RayOptions::from_env`] then [`RayRuntime::new`].
+    pub fn from_env() -> Result<Self, RuntimeError> {
+        RayRuntime::new(RayOptions::from_env()?)
+    }
+
+    pub fn options(&self) -> &RayOptions {
+        &self.options
+    }
+
+    /// The handle's lease, only when it names this runtime's cluster and a lease id of the
+    /// shape this runtime derives for the handle's ids.
+    fn backend(&self, handle: &SandboxHandle) -> Result<Backend, RuntimeError> {
+        let b: Backend =
+            serde_json::from_value(handle.backend.clone()).map_err(|e| RuntimeError::OutOfOrder {
+                verb: "handle",
+                reason: format!("not a ray handle: {e}"),
+            })?;
+        if b.ray_address != self.jobs.base() {
+            return Err(RuntimeError::InvalidControl {
+                control: "handle",
+                reason: format!(
+                    "the handle names cluster {:?}, not this runtime's {:?}: not contacted",
+                    b.ray_address,
+                    self.jobs.base()
+                ),
+            });
+        }
+        smithers_runtime::config::validate_id("runId", &handle.run_id)?;
+        smithers_runtime::config::validate_id("sandboxId", &handle.sandbox_id)?;
+        if b.submission_id != lease::submission_id(&handle.run_id, &handle.sandbox_id) {
+            return Err(RuntimeError::InvalidControl {
+                control: "handle",
+                reason: format!(
+                    "the handle's lease {:?} is not the one derived for {}/{}",
+                    b.submission_id, handle.run_id, handle.sandbox_id
+                ),
+            });
+        }
+        Ok(b)
+    }
+
+    /// The job record, or NODE_LOST / an error when it cannot be had.
+    async fn job(&self, id: &str) -> Result<JobRecord, RuntimeError> {
+        match self.jobs.get(id).await {
+            Ok(Some(record)) => Ok(record),
+            Ok(None) => Err(RuntimeError::NodeLost {
+                runtime: RUNTIME,
+                lease: id.to_string(),
+                node: None,
+                reason: "the cluster no longer knows the lease's job".into(),
+            }),
+            Err(e) => Err(jobs_error("read the lease", e)),
+        }
+    }
+
+    fn node_lost(id: &str, record: &JobRecord) -> RuntimeError {
+        RuntimeError::NodeLost {
+            runtime: RUNTIME,
+            lease: id.to_string(),
+            node: record.node_ip().map(|ip| ip.to_string()),
+            reason: record.describe(),
+        }
+    }
+
+    /// The node's `serve` for a running lease: address from the job record, port from the
+    /// job's log, token from the job's environment.
+    async fn node_client(
+        &self,
+        id: &str,
+        record: &JobRecord,
+    ) -> Result<Option<(RemoteRuntime, String)>, RuntimeError> {
+        let Some(ip) = record.node_ip() else {
+            return Ok(None);
+        };
+        let log = self
+            .jobs
+            .logs(id)
+            .await
+            .map_err(|e| jobs_error("read the lease's log", e))?;
+        let Some(port) = lease::serving_port(&log) else {
+            return Ok(None);
+        };
+        let token = record.env_var(lease::LEASE_TOKEN_ENV).ok_or_else(|| {
+            RuntimeError::spawn(
+                "attach to the lease",
+                "its job carries no lease token (not a lease this runtime submitted)",
+            )
+        })?;
+        let url = match ip {
+            std::net::IpAddr::V4(v4) => format!("http://{v4}:{port}"),
+            std::net::IpAddr::V6(v6) => format!("http://[{v6}]:{port}"),
+        };
+        let mut options = RemoteOptions::new(url, token);
+        options.retry = self.options.node_retry.clone();
+        options.connect_timeout = Duration::from_secs(3);
+        options.event_idle_timeout = self.options.node_event_idle_timeout;
+        options.include_git = true;
+        let remote = RemoteRuntime::new(options)?;
+        Ok(Some((remote, ip.to_string())))
+    }
+
+    /// The attached lease of `handle`: from this process's table, or attached again from the
+    /// cluster (a new client process reattaching from the row).
+    async fn attach(&self, handle: &SandboxHandle) -> Result<Attached, RuntimeError> {
+        let k = key(&handle.run_id, &handle.sandbox_id);
+        if let Some(a) = self.attached.lock().expect("attached table").get(&k) {
+            return Ok(a.clone());
+        }
+        let b = self.backend(handle)?;
+        let Some(node) = &b.node else {
+            return Err(RuntimeError::OutOfOrder {
+                verb: "attach",
+                reason: "the lease was never placed (place was not called)".into(),
+            });
+        };
+        let record = self.job(&b.submission_id).await?;
+        if record.status != JobStatus::Running {
+            return Err(Self::node_lost(&b.submission_id, &record));
+        }
+        let Some((remote, node_ip)) = self.node_client(&b.submission_id, &record).await? else {
+            return Err(RuntimeError::OutOfOrder {
+                verb: "attach",
+                reason: "the lease's server has not said where it listens".into(),
+            });
+        };
+        let attached = Attached {
+            inner: inner_handle(handle, node.remote.clone()),
+            remote,
+            node: node_ip,
+        };
+        self.attached
+            .lock()
+            .expect("attached table")
+            .insert(k, attached.clone());
+        Ok(attached)
+    }
+
+    /// Resolves when the lease has ended (or vanished): the NODE_LOST to report. A Jobs API
+    /// that cannot be reached is not a lost node: the watch keeps asking.
+    async fn watch(&self, id: &str) -> RuntimeError {
+        loop {
+            tokio::time::sleep(self.options.watch_interval).await;
+            match self.jobs.get(id).await {
+                Ok(Some(record)) if record.status.is_terminal() => {
+                    return Self::node_lost(id, &record)
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return RuntimeError::NodeLost {
+                        runtime: RUNTIME,
+                        lease: id.to_string(),
+                        node: None,
+                        reason: "the cluster no longer knows the lease's job".into(),
+                    }
+                }
+                Err(e) => tracing::debug!(lease = id, error = %e, "lease watch: Jobs API"),
+            }
+        }
+    }
+
+    /// Runs `fut` while watching the lease: the lease ending first is NODE_LOST; an error of
+    /// `fut` from a lease that has ended is NODE_LOST too (the node's connection died with it).
+    async fn guarded<T>(
+        &self,
+        handle: &SandboxHandle,
+        fut: impl std::future::Future<Output = Result<T, RuntimeError>>,
+    ) -> Result<T, RuntimeError> {
+        let b = self.backend(handle)?;
+        let result = tokio::select! {
+            r = fut => r,
+            lost = self.watch(&b.submission_id) => return Err(lost),
+        };
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) => match self.jobs.get(&b.submission_id).await {
+                Ok(Some(record)) if record.status.is_terminal() => {
+                    Err(Self::node_lost(&b.submission_id, &record))
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// Stops the lease's job and deletes its record, waiting (bounded) for it to end.
+    async fn end_lease(&self, id: &str) -> Result<(), RuntimeError> {
+        self.jobs
+            .stop(id)
+            .await
+            .map_err(|e| jobs_error("stop the lease", e))?;
+        let deadline = Instant::now() + self.options.stop_timeout;
+        loop {
+            match self.jobs.get(id).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(r)) if r.status.is_terminal() => break,
+                Ok(Some(_)) | Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Ok(Some(r)) => {
+                    return Err(RuntimeError::spawn(
+                        "stop the lease",
+                        format!("it has not ended after {:?}: {}", self.options.stop_timeout, r.describe()),
+                    ))
+                }
+                Err(e) => return Err(jobs_error("stop the lease", e)),
+            }
+        }
+        self.jobs
+            .delete(id)
+            .await
+            .map_err(|e| jobs_error("delete the lease's job", e))
+    }
+}
+
+/// The codeplane handle on the node for our handle: same ids and local directories.
+fn inner_handle(handle: &SandboxHandle, remote: Value) -> SandboxHandle {
+    SandboxHandle {
+        runtime: RuntimeKind::Codeplane,
+        backend: remote,
+        ..handle.clone()
+    }
+}
+
+#[async_trait]
+impl Runtime for RayRuntime {
+    fn kind(&self) -> RuntimeKind {
+        RuntimeKind::Ray
+    }
+
+    async fn probe(&self) -> EnforcementReport {
+        let mut protections = Vec::new();
+        match self.jobs.nodes().await {
+            Ok(nodes) => {
+                let slot = &self.options.slot_resource;
+                let usable: Vec<_> = nodes
+                    .iter()
+                    .filter(|n| n.state == "ALIVE")
+                    .filter(|n| n.resources_total.get(slot).copied().unwrap_or(0.0) >= 1.0)
+                    .filter(|n| match &self.options.pool {
+                        Some(pool) => {
+                            n.labels.get(&self.options.pool_label).map(String::as_str)
+                                == Some(pool.as_str())
+                        }
+                        None => true,
+                    })
+                    .collect();
+                let slots: f64 = usable
+                    .iter()
+                    .map(|n| n.resources_total.get(slot).copied().unwrap_or(0.0))
+                    .sum();
+                protections.push(Protection {
+                    name: "fleet".into(),
+                    status: if usable.is_empty() {
+                        ProtectionStatus::Unavailable
+                    } else {
+                        ProtectionStatus::Enforced
+                    },
+                    detail: format!(
+                        "{} of the cluster's {} live nodes offer {slots} `{slot}`{}: a step waits in Ray's queue for one and holds it for its whole life",
+                        usable.len(),
+                        nodes.iter().filter(|n| n.state == "ALIVE").count(),
+                        match &self.options.pool {
+                            Some(p) => format!(" in pool {p:?} (label {})", self.options.pool_label),
+                            None => String::new(),
+                        }
+                    ),
+                    fix: usable.is_empty().then(|| {
+                        format!("start worker nodes with `ray start --resources '{{\"{slot}\": N}}'`")
+                    }),
+                });
+                protections.push(Protection {
+                    name: "node-isolation".into(),
+                    status: ProtectionStatus::Degraded,
+                    detail: "each step is contained by `smithers-sandbox serve` (native runtime) on its node; \
+                             what that node enforces is in the step's own enforcement report, read from the node when it runs"
+                        .into(),
+                    fix: None,
+                });
+            }
+            Err(e) => protections.push(Protection {
+                name: "fleet".into(),
+                status: ProtectionStatus::Unavailable,
+                detail: e.to_string(),
+                fix: Some(format!("check {ENV_ADDRESS} and {ENV_TOKEN}")),
+            }),
+        }
+        EnforcementReport {
+            runtime: Some(RuntimeKind::Ray),
+            protections,
+        }
+    }
+
+    async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
+        config.validate()?;
+        if config.runtime != RuntimeKind::Ray {
+            return Err(RuntimeError::InvalidControl {
+                control: "runtime",
+                reason: format!("the ray runtime was given a {} config", config.runtime),
+            });
+        }
+        let c = &config.controls;
+        if !c.volumes.is_empty() {
+            return Err(RuntimeError::ControlUnsupported {
+                runtime: RUNTIME,
+                control: "volumes",
+                reason: "host paths of this machine do not exist on the fleet's nodes".into(),
+            });
+        }
+        if !c.ports.is_empty() {
+            return Err(RuntimeError::ControlUnsupported {
+                runtime: RUNTIME,
+                control: "ports",
+                reason: "a port published on a fleet node is not reachable as this machine's".into(),
+            });
+        }
+        if c.egress_policy.is_some() {
+            return Err(RuntimeError::ControlUnsupported {
+                runtime: RUNTIME,
+                control: "egressPolicy",
+                reason: "a node's egress ceiling is its operator's file; a lease does not carry one yet".into(),
+            });
+        }
+        let meta = tokio::fs::metadata(&config.root_dir)
+            .await
+            .map_err(|e| RuntimeError::io("read rootDir", &config.root_dir, e))?;
+        if !meta.is_dir() {
+            return Err(RuntimeError::InvalidControl {
+                control: "rootDir",
+                reason: format!("{} is not a directory", config.root_dir.display()),
+            });
+        }
+        let id = lease::submission_id(&config.run_id, &config.sandbox_id);
+        let token = lease::new_token();
+        let job = lease::job_for(&self.options, config, &id, &token);
+        match self.jobs.submit(&job).await {
+            Ok(()) => {}
+            Err(JobsError::Duplicate(message)) => {
+                return Err(RuntimeError::InvalidControl {
+                    control: "sandboxId",
+                    reason: format!(
+                        "sandbox {}/{} already has a lease ({id}): one sandbox, one lease; not created again ({message})",
+                        config.run_id, config.sandbox_id
+                    ),
+                })
+            }
+            Err(e) => return Err(jobs_error("submit the lease", e)),
+        }
+        let sandbox_root = config
+            .root_dir
+            .join(".smithers/sandboxes")
+            .join(&config.run_id)
+            .join(&config.sandbox_id);
+        let request_path = sandbox_root.join("request");
+        let result_path = sandbox_root.join("result");
+        if let Err(e) = tokio::fs::create_dir_all(&request_path).await {
+            let _ = self.end_lease(&id).await;
+            return Err(RuntimeError::io("create", &request_path, e));
+        }
+        self.configs
+            .lock()
+            .expect("config table")
+            .insert(key(&config.run_id, &config.sandbox_id), config.clone());
+        Ok(SandboxHandle {
+            runtime: RuntimeKind::Ray,
+            run_id: config.run_id.clone(),
+            sandbox_id: config.sandbox_id.clone(),
+            sandbox_root,
+            request_path,
+            result_path,
+            container_id: None,
+            workspace_id: Some(id.clone()),
+            backend: serde_json::to_value(Backend {
+                ray_address: self.jobs.base().to_string(),
+                submission_id: id,
+                node: None,
+            })
+            .unwrap_or(Value::Null),
+        })
+    }
+
+    async fn place(
+        &self,
+        handle: SandboxHandle,
+        sink: &dyn PlacementSink,
+    ) -> Result<(SandboxHandle, Option<Placement>), RuntimeError> {
+        let mut b = self.backend(&handle)?;
+        let k = key(&handle.run_id, &handle.sandbox_id);
+        let config = self
+            .configs
+            .lock()
+            .expect("config table")
+            .get(&k)
+            .cloned()
+            .ok_or_else(|| RuntimeError::OutOfOrder {
+                verb: "place",
+                reason: "the sandbox was not created by this process".into(),
+            })?;
+        let id = b.submission_id.clone();
+        let started = Instant::now();
+        let mut said: Option<String> = None;
+        let mut running_since: Option<Instant> = None;
+        let (remote, node_ip, record) = loop {
+            let record = self.job(&id).await?;
+            match record.status {
+                JobStatus::Pending => {
+                    let reason = record
+                        .message
+                        .clone()
+                        .unwrap_or_else(|| "waiting for a free sandbox slot".into());
+                    if said.as_deref() != Some(reason.as_str()) {
+                        sink.queued(&reason);
+                        said = Some(reason);
+                    }
+                    if started.elapsed() > self.options.queue_timeout {
+                        let _ = self.end_lease(&id).await;
+                        return Err(RuntimeError::Unavailable {
+                            runtime: RUNTIME,
+                            reason: format!(
+                                "the lease waited {:?} in Ray's queue without a free slot: {}",
+                                self.options.queue_timeout,
+                                record.describe()
+                            ),
+                            fix: Some("add nodes with sandbox slots, or wait for running steps".into()),
+                        });
+                    }
+                }
+                JobStatus::Running => {
+                    let since = *running_since.get_or_insert_with(Instant::now);
+                    if let Some((remote, ip)) = self.node_client(&id, &record).await? {
+                        break (remote, ip, record);
+                    }
+                    if since.elapsed() > self.options.start_timeout {
+                        let log = self.jobs.logs(&id).await.unwrap_or_default();
+                        let _ = self.end_lease(&id).await;
+                        return Err(RuntimeError::spawn(
+                            "start the lease's server",
+                            format!(
+                                "it did not say where it listens within {:?}; its log ends: {}",
+                                self.options.start_timeout,
+                                tail(&log)
+                            ),
+                        ));
+                    }
+                }
+                _ => {
+                    let log = self.jobs.logs(&id).await.unwrap_or_default();
+                    return Err(RuntimeError::spawn(
+                        "start the lease",
+                        format!("{}; its log ends: {}", record.describe(), tail(&log)),
+                    ));
+                }
+            }
+            tokio::time::sleep(self.options.poll_interval).await;
+        };
+        let queued_ms = running_since
+            .map(|r| r.duration_since(started))
+            .unwrap_or_default()
+            .as_millis() as u64;
+        let node_id = record.driver_node_id.clone().unwrap_or_default();
+        // The sandbox on the node, with the same ids and the same local directories.
+        let remote_config = SandboxConfig {
+            runtime: RuntimeKind::Codeplane,
+            ..config
+        };
+        let inner = match remote.create(&remote_config).await {
+            Ok(inner) => inner,
+            Err(e) => {
+                return Err(match self.jobs.get(&id).await {
+                    Ok(Some(r)) if r.status.is_terminal() => Self::node_lost(&id, &r),
+                    _ => e,
+                })
+            }
+        };
+        b.node = Some(NodeBackend {
+            node_ip: node_ip.clone(),
+            node_id: node_id.clone(),
+            remote: inner.backend.clone(),
+        });
+        let placed = SandboxHandle {
+            backend: serde_json::to_value(&b).unwrap_or(Value::Null),
+            ..handle
+        };
+        self.configs.lock().expect("config table").remove(&k);
+        self.attached.lock().expect("attached table").insert(
+            k,
+            Attached {
+                remote,
+                inner,
+                node: node_ip.clone(),
+            },
+        );
+        Ok((
+            placed,
+            Some(Placement {
+                node: node_ip,
+                node_id,
+                lease: id,
+                queued_ms,
+                warm: false,
+            }),
+        ))
+    }
+
+    async fn ship(
+        &self,
+        handle: &SandboxHandle,
+        request: &RequestBundle,
+    ) -> Result<ShipReport, RuntimeError> {
+        let a = self.attach(handle).await?;
+        self.guarded(handle, a.remote.ship(&a.inner, request)).await
+    }
+
+    async fn execute(
+        &self,
+        handle: &SandboxHandle,
+        command: &StepCommand,
+        cancel: CancellationToken,
+        output: &dyn OutputSink,
+    ) -> Result<ExecOutcome, RuntimeError> {
+        let a = self.attach(handle).await?;
+        tracing::debug!(node = %a.node, "execute on the lease's node");
+        self.guarded(handle, a.remote.execute(&a.inner, command, cancel, output))
+            .await
+    }
+
+    async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
+        let a = self.attach(handle).await?;
+        let b = self.backend(handle)?;
+        let report = self.guarded(handle, a.remote.collect(&a.inner)).await?;
+        // Downloaded: kept only if the lease is still the live one that ran the step. A node
+        // lost during the download may have sent a bundle it never finished.
+        let alive = match self.jobs.get(&b.submission_id).await {
+            Ok(Some(r)) if r.status == JobStatus::Running => Ok(()),
+            Ok(Some(r)) => Err(Self::node_lost(&b.submission_id, &r)),
+            Ok(None) => Err(RuntimeError::NodeLost {
+                runtime: RUNTIME,
+                lease: b.submission_id.clone(),
+                node: Some(a.node.clone()),
+                reason: "the cluster no longer knows the lease's job".into(),
+            }),
+            Err(e) => Err(jobs_error("confirm the lease after the download", e)),
+        };
+        if let Err(e) = alive {
+            let _ = tokio::fs::remove_dir_all(&report.bundle_path).await;
+            return Err(e);
+        }
+        Ok(report)
+    }
+
+    async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        // The handle may come from a crafted database: directories checked before anything is
+        // removed, the cluster and the lease id checked before anything is asked of them.
+        let root = handle.project_root()?;
+        handle.check_project_dirs_real(&root)?;
+        let b = self.backend(handle)?;
+        let k = key(&handle.run_id, &handle.sandbox_id);
+        self.configs.lock().expect("config table").remove(&k);
+        let mut first_error = None;
+        // The sandbox on the node first: its layers and processes go with it. A lease that has
+        // ended took its server with it: nothing to ask the node (it may be unreachable).
+        let live = matches!(
+            self.jobs.get(&b.submission_id).await,
+            Ok(Some(ref r)) if r.status == JobStatus::Running
+        );
+        let attached = match b.node {
+            Some(_) if live => self.attach(handle).await.ok(),
+            _ => None,
+        };
+        match attached {
+            Some(a) => {
+                if let Err(e) = a.remote.cleanup(&a.inner).await {
+                    first_error = Some(e);
+                }
+            }
+            None => {
+                if let Err(e) = tokio::fs::remove_dir_all(&handle.request_path).await {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        first_error = Some(RuntimeError::io("remove", &handle.request_path, e));
+                    }
+                }
+            }
+        }
+        self.attached.lock().expect("attached table").remove(&k);
+        if let Err(e) = self.end_lease(&b.submission_id).await {
+            first_error.get_or_insert(e);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// The last lines of a log, for an error message.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().rev().take(8).collect();
+    let text = lines.into_iter().rev().collect::<Vec<_>>().join(" | ");
+    let count = text.chars().count();
+    if count > 1500 {
+        text.chars().skip(count - 1500).collect()
+    } else {
+        text
+    }
+}

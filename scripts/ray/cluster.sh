@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# A real Ray cluster on this machine, for the ray runtime's tests and benchmarks
+# (docs/scaling.md, ../shared/design/fleet.md): a head and two workers, each a "machine" of its
+# own: its own network namespace on a bridge (in a switch namespace of its own, so the host's
+# firewall and Docker's bridge rules never see the traffic), its own mount namespace with a
+# private /tmp and /dev/shm, and its own PID namespace (so killing a node kills every process it
+# ran, sandboxes included, as a machine's death does). The host is the client: it reaches the
+# nodes through a veth into the switch.
+#
+#   scripts/ray/cluster.sh up            # install Ray (PyPI, cached venv) if needed, start, wait
+#   scripts/ray/cluster.sh down          # stop every node by PID, remove the namespaces
+#   scripts/ray/cluster.sh status        # the Jobs API's view (nodes and their resources)
+#   scripts/ray/cluster.sh kill NODE     # SIGKILL a node's whole PID namespace (w1 or w2)
+#   scripts/ray/cluster.sh start NODE    # start a killed node again
+#   scripts/ray/cluster.sh cut NODE      # partition: the node's link to the switch goes down
+#   scripts/ray/cluster.sh heal NODE     # and comes back
+#   scripts/ray/cluster.sh env           # prints RAY_ADDRESS=... RAY_AUTH_TOKEN=... lines
+#
+# State (PIDs, the token, logs) lives in $SMITHERS_RAY_STATE (default /tmp/smithers-ray-cluster);
+# the venv in $SMITHERS_RAY_VENV (default ~/.cache/smithers-ray/venv). Needs root.
+set -euo pipefail
+
+state="${SMITHERS_RAY_STATE:-/tmp/smithers-ray-cluster}"
+venv="${SMITHERS_RAY_VENV:-$HOME/.cache/smithers-ray/venv}"
+ray_version="${SMITHERS_RAY_VERSION:-2.60.0}"
+prefix=smr
+subnet=10.88.0
+slots="${SMITHERS_RAY_SLOTS:-2}"
+# Node name -> last octet. The head holds no slot: steps run on workers only.
+declare -A octet=([head]=10 [w1]=11 [w2]=12)
+nodes=(head w1 w2)
+
+say() { printf '==> ray cluster: %s\n' "$*" >&2; }
+die() { printf 'ray cluster: %s\n' "$*" >&2; exit 1; }
+
+install_ray() {
+  if [ -x "$venv/bin/ray" ] && "$venv/bin/python" -c "import ray, sys; sys.exit(ray.__version__ != '$ray_version')" 2>/dev/null; then
+    return
+  fi
+  say "installing ray[default]==$ray_version from PyPI into $venv"
+  local py
+  py="$(command -v python3)"
+  if ! "$py" -m venv --help >/dev/null 2>&1 || ! "$py" -c 'import ensurepip' 2>/dev/null; then
+    [ "$(id -u)" -eq 0 ] || die "python3 has no venv module; install python3-venv"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "ray[default]==$ray_version"
+}
+
+ns() { echo "$prefix-$1"; }
+
+make_network() {
+  ip netns add "$(ns sw)"
+  ip -n "$(ns sw)" link add br0 type bridge
+  ip -n "$(ns sw)" link set br0 up
+  ip -n "$(ns sw)" link set lo up
+  # The host's leg.
+  ip link add "$prefix-host" type veth peer name host-sw netns "$(ns sw)"
+  ip -n "$(ns sw)" link set host-sw master br0 up
+  ip addr add "$subnet.1/24" dev "$prefix-host"
+  ip link set "$prefix-host" up
+  for n in "${nodes[@]}"; do
+    ip netns add "$(ns "$n")"
+    ip link add "$prefix-$n" netns "$(ns "$n")" type veth peer name "$n-sw" netns "$(ns sw)"
+    ip -n "$(ns sw)" link set "$n-sw" master br0 up
+    ip -n "$(ns "$n")" link set lo up
+    ip -n "$(ns "$n")" addr add "$subnet.${octet[$n]}/24" dev "$prefix-$n"
+    ip -n "$(ns "$n")" link set "$prefix-$n" up
+  done
+}
+
+remove_network() {
+  for n in "${nodes[@]}" sw; do
+    ip netns del "$(ns "$n")" 2>/dev/null || true
+  done
+  ip link del "$prefix-host" 2>/dev/null || true
+}
+
+# Starts one node: `ray start --block` as PID 1 of a new PID namespace, in the node's network
+# namespace (nsenter, not `ip netns exec`, which remounts /sys and hides the cgroup mounts) and a
+# private mount namespace with its own /tmp and /dev/shm.
+start_node() {
+  local n="$1" ip="$subnet.${octet[$1]}" role
+  local log="$state/$n.log"
+  if [ "$n" = head ]; then
+    role=(--head --port 6379 --dashboard-host 0.0.0.0 --dashboard-port 8265 --num-cpus 1
+      --resources '{"sandbox_slot": 0}')
+  else
+    role=(--address "$subnet.${octet[head]}:6379" --num-cpus 2
+      --resources "{\"sandbox_slot\": $slots}" --labels "{\"smithers-pool\": \"default\", \"smithers-node\": \"$n\"}")
+  fi
+  # shellcheck disable=SC2016
+  setsid nsenter --net="/run/netns/$(ns "$n")" -- \
+    unshare --mount --propagation private --pid --fork --mount-proc -- \
+    env RAY_AUTH_MODE=token RAY_AUTH_TOKEN="$(cat "$state/token")" \
+      RAY_USAGE_STATS_ENABLED=0 \
+      RAY_health_check_initial_delay_ms=1000 RAY_health_check_period_ms=1000 \
+      RAY_health_check_timeout_ms=1000 RAY_health_check_failure_threshold=3 \
+      PATH="$venv/bin:$PATH" \
+      sh -c 'mount -t tmpfs -o mode=1777 tmpfs /tmp && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$@"' sh \
+      "$venv/bin/ray" start --block --disable-usage-stats --node-ip-address "$ip" \
+        --object-store-memory 100000000 --min-worker-port 20000 --max-worker-port 20999 \
+        "${role[@]}" \
+    > "$log" 2>&1 < /dev/null &
+  echo $! > "$state/$n.pid"
+}
+
+# Every process of a node: the PID namespace its `ray start` leads.
+node_pids() {
+  local leader
+  leader="$(cat "$state/$1.pid" 2>/dev/null)" || return 0
+  [ -d "/proc/$leader" ] || return 0
+  # The setsid'd nsenter forks unshare, which forks the namespace's PID 1.
+  local pidns
+  for p in $(pgrep -s "$leader" 2>/dev/null); do
+    pidns="$(readlink "/proc/$p/ns/pid" 2>/dev/null)" || continue
+    echo "$p $pidns"
+  done
+}
+
+kill_node() {
+  local n="$1" leader
+  leader="$(cat "$state/$n.pid" 2>/dev/null)" || return 0
+  # PID 1 of the node's namespace: its death takes every process of the namespace (and of the
+  # sandboxes' nested namespaces) with it.
+  local init
+  init="$(pgrep -P "$(pgrep -P "$leader" | head -1)" 2>/dev/null | head -1 || true)"
+  if [ -n "$init" ]; then kill -KILL "$init" 2>/dev/null || true; fi
+  kill -KILL "$leader" 2>/dev/null || true
+  for _ in $(seq 50); do
+    [ -d "/proc/$leader" ] || break
+    sleep 0.1
+  done
+  rm -f "$state/$n.pid"
+}
+
+api() {
+  curl -sS --max-time 5 -H "Authorization: Bearer $(cat "$state/token")" "http://$subnet.${octet[head]}:8265$1"
+}
+
+wait_ready() {
+  local want=$((slots * 2)) deadline=$((SECONDS + ${SMITHERS_RAY_START_TIMEOUT:-180}))
+  while [ $SECONDS -lt $deadline ]; do
+    local got
+    got="$("$venv/bin/python" - "$state" <<'PY' 2>/dev/null || true
+import json, sys, urllib.request
+state = sys.argv[1]
+token = open(f"{state}/token").read().strip()
+req = urllib.request.Request("http://10.88.0.10:8265/api/v0/nodes?detail=1",
+                             headers={"Authorization": f"Bearer {token}"})
+data = json.load(urllib.request.urlopen(req, timeout=5))
+total = 0
+for node in data["data"]["result"]["result"]:
+    if node["state"] == "ALIVE":
+        total += int(node["resources_total"].get("sandbox_slot", 0))
+print(total)
+PY
+)"
+    if [ "$got" = "$want" ]; then return 0; fi
+    sleep 1
+  done
+  for n in "${nodes[@]}"; do tail -20 "$state/$n.log" >&2 || true; done
+  die "the cluster did not report $want sandbox slots within its start timeout"
+}
+
+cmd="${1:-}"
+case "$cmd" in
+  up)
+    [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
+    install_ray
+    if [ -f "$state/head.pid" ] && [ -d "/proc/$(cat "$state/head.pid")" ]; then
+      say "already up"; wait_ready; exit 0
+    fi
+    "$0" down >/dev/null 2>&1 || true
+    mkdir -p "$state"
+    head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$state/token"
+    chmod 600 "$state/token"
+    make_network
+    start_node head
+    for _ in $(seq 120); do
+      api /api/version >/dev/null 2>&1 && break
+      sleep 0.5
+    done
+    start_node w1
+    start_node w2
+    wait_ready
+    say "up: RAY_ADDRESS=http://$subnet.${octet[head]}:8265 ($((slots * 2)) sandbox slots on w1 and w2)"
+    ;;
+  down)
+    for n in w2 w1 head; do kill_node "$n"; done
+    remove_network
+    rm -rf "$state"
+    ;;
+  kill) kill_node "${2:?node}" ;;
+  start) start_node "${2:?node}" ;;
+  cut) ip -n "$(ns sw)" link set "${2:?node}-sw" down ;;
+  heal) ip -n "$(ns sw)" link set "${2:?node}-sw" up ;;
+  status) api '/api/v0/nodes?detail=1'; echo ;;
+  env)
+    echo "RAY_ADDRESS=http://$subnet.${octet[head]}:8265"
+    echo "RAY_AUTH_TOKEN=$(cat "$state/token")"
+    ;;
+  pids) node_pids "${2:?node}" ;;
+  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

@@ -80,6 +80,8 @@ pub struct JobRecord {
     pub runtime_env: Option<Value>,
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub start_time: Option<u64>,
 }
 
 impl JobRecord {
@@ -230,6 +232,22 @@ impl JobsClient {
         serde_json::from_slice(&body)
             .map(Some)
             .map_err(|e| JobsError::Unreachable(format!("unreadable job record: {e}")))
+    }
+
+    /// Every job the cluster keeps a record of (at most 16 MiB of records).
+    pub async fn list(&self) -> Result<Vec<JobRecord>, JobsError> {
+        let (status, body) = self
+            .call(self.request(Method::GET, "/api/jobs/"), MAX_REPLY_BYTES * 4)
+            .await?;
+        if !status.is_success() {
+            return Err(refusal(status, &String::from_utf8_lossy(&body)));
+        }
+        let rows: Vec<Value> = serde_json::from_slice(&body)
+            .map_err(|e| JobsError::Unreachable(format!("unreadable job list: {e}")))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| serde_json::from_value(r).ok())
+            .collect())
     }
 
     /// The job's log (its entrypoint's stdout and stderr), at most 1 MiB of it.

@@ -28,8 +28,11 @@ const SERVING_PREFIX: &str = "smithers-sandbox serving on http://";
 /// and a process that finds only the row can still name the job to stop.
 pub fn submission_id(run_id: &str, sandbox_id: &str) -> String {
     // Both ids are [A-Za-z0-9._-]{1,128} (checked by SandboxConfig::validate).
-    format!("smithers-{run_id}--{sandbox_id}")
+    format!("{SUBMISSION_PREFIX}{run_id}--{sandbox_id}")
 }
+
+/// Every lease's submission id starts with this.
+pub const SUBMISSION_PREFIX: &str = "smithers-";
 
 /// Quotes `text` for a POSIX shell (Ray runs the entrypoint with `sh -c`).
 pub fn shell_quote(text: &str) -> String {

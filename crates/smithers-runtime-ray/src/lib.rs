@@ -36,6 +36,10 @@ pub const ENV_SERVE_BIN: &str = "SMITHERS_RAY_SERVE_BIN";
 /// The pool a step's lease is placed in: nodes labelled `smithers-pool=<name>`.
 pub const ENV_POOL: &str = "SMITHERS_RAY_POOL";
 
+/// How long a node's `serve` lets a step run that nobody follows (its client died or was cut
+/// off), in milliseconds (default 120000, at least 1000).
+pub const ENV_ORPHAN_TIMEOUT_MS: &str = "SMITHERS_RAY_ORPHAN_TIMEOUT_MS";
+
 /// How to reach the cluster and what a lease asks of it.
 #[derive(Debug, Clone)]
 pub struct RayOptions {
@@ -64,6 +68,9 @@ pub struct RayOptions {
     /// How often a lease is checked while a step holds it (how soon NODE_LOST is said,
     /// after Ray's own health checks find the node dead).
     pub watch_interval: Duration,
+    /// How long a node that stopped answering is given for Ray to declare it dead (its
+    /// health checks) before the failure is reported as the network's, not NODE_LOST.
+    pub loss_grace: Duration,
     /// How long cleanup waits for a stopped job to end.
     pub stop_timeout: Duration,
     /// Timeout of one Jobs API call.
@@ -89,6 +96,9 @@ impl RayOptions {
             start_timeout: Duration::from_secs(60),
             poll_interval: Duration::from_millis(100),
             watch_interval: Duration::from_millis(500),
+            // Ray's default health checks declare a node dead after about 30 s (5 × 3 s
+            // period + timeouts); tuned clusters much sooner.
+            loss_grace: Duration::from_secs(45),
             stop_timeout: Duration::from_secs(30),
             api_timeout: Duration::from_secs(15),
             node_retry: RetryPolicy {
@@ -125,6 +135,13 @@ impl RayOptions {
             options.serve_binary = bin;
         }
         options.pool = get(ENV_POOL);
+        if let Some(ms) = get(ENV_ORPHAN_TIMEOUT_MS) {
+            let ms: u64 = ms.parse().map_err(|_| RuntimeError::InvalidControl {
+                control: "SMITHERS_RAY_ORPHAN_TIMEOUT_MS",
+                reason: format!("{ms:?} is not a number of milliseconds"),
+            })?;
+            options.orphan_timeout = Duration::from_millis(ms.max(1000));
+        }
         Ok(options)
     }
 }

@@ -281,15 +281,32 @@ impl RayRuntime {
             r = fut => r,
             lost = self.watch(&b.submission_id) => return Err(lost),
         };
-        match result {
-            Ok(v) => Ok(v),
-            Err(e) => match self.jobs.get(&b.submission_id).await {
-                Ok(Some(record)) if record.status.is_terminal() => {
-                    Err(Self::node_lost(&b.submission_id, &record))
-                }
-                _ => Err(e),
-            },
+        let e = match result {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if let Ok(Some(record)) = self.jobs.get(&b.submission_id).await {
+            if record.status.is_terminal() {
+                return Err(Self::node_lost(&b.submission_id, &record));
+            }
         }
+        // The node does not answer but Ray still holds the lease running: a dead machine
+        // refuses connections before Ray's health checks declare it dead. Wait (bounded) for
+        // Ray's verdict rather than call a lost node a network error.
+        if let RuntimeError::Unavailable { reason, .. } = &e {
+            let grace = self.options.loss_grace;
+            return match tokio::time::timeout(grace, self.watch(&b.submission_id)).await {
+                Ok(lost) => Err(lost),
+                Err(_) => Err(RuntimeError::Unavailable {
+                    runtime: RUNTIME,
+                    reason: format!(
+                        "the lease's node does not answer, yet Ray still holds the lease running after {grace:?}: {reason}"
+                    ),
+                    fix: Some("check the network between this machine and the cluster's nodes".into()),
+                }),
+            };
+        }
+        Err(e)
     }
 
     /// Stops the lease's job and deletes its record, waiting (bounded) for it to end.
@@ -318,7 +335,35 @@ impl RayRuntime {
         self.jobs
             .delete(id)
             .await
-            .map_err(|e| jobs_error("delete the lease's job", e))
+            .map_err(|e| jobs_error("delete the lease's job", e))?;
+        self.sweep_ghosts().await;
+        Ok(())
+    }
+
+    /// Deletes the records Ray wrote back for leases already deleted. Ray's job monitor
+    /// looks at a job about once a second; when it finds the supervisor of a job whose record
+    /// we just deleted gone, it takes the missing record for a job that died and writes a
+    /// FAILED one (`JOB_SUPERVISOR_ACTOR_DIED`, no start time, no runtime env). Waiting it
+    /// out would add a second to every step; instead each cleanup removes the ghosts of the
+    /// earlier ones. Only records of that exact shape under our submission-id prefix are
+    /// touched. Best effort: a failure here loses nothing.
+    async fn sweep_ghosts(&self) {
+        let Ok(records) = self.jobs.list().await else {
+            return;
+        };
+        for r in records {
+            let Some(id) = r.submission_id.as_deref() else {
+                continue;
+            };
+            let ghost = id.starts_with(lease::SUBMISSION_PREFIX)
+                && r.status.is_terminal()
+                && r.start_time.is_none()
+                && r.runtime_env.is_none()
+                && r.error_type.as_deref() == Some("JOB_SUPERVISOR_ACTOR_DIED");
+            if ghost {
+                let _ = self.jobs.delete(id).await;
+            }
+        }
     }
 }
 

@@ -131,6 +131,7 @@ pub fn cli_env(cmd: &mut Command) -> &mut Command {
     cmd.env("RAY_ADDRESS", ADDRESS)
         .env("RAY_AUTH_TOKEN", token().unwrap_or_default())
         .env("SMITHERS_RAY_SERVE_BIN", super::native::bin_path())
+        .env("SMITHERS_RAY_ORPHAN_TIMEOUT_MS", "5000")
 }
 
 /// Processes of this machine whose command line holds `marker` (a sandbox's step is a process

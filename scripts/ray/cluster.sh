@@ -7,7 +7,8 @@
 # ran, sandboxes included, as a machine's death does). The host is the client: it reaches the
 # nodes through a veth into the switch.
 #
-#   scripts/ray/cluster.sh up            # install Ray (PyPI, cached venv) if needed, start, wait
+#   scripts/ray/cluster.sh install       # install Ray (PyPI, cached venv) if needed
+#   scripts/ray/cluster.sh up            # install if needed, start, wait for the 4 slots
 #   scripts/ray/cluster.sh down          # stop every node by PID, remove the namespaces
 #   scripts/ray/cluster.sh status        # the Jobs API's view (nodes and their resources)
 #   scripts/ray/cluster.sh kill NODE     # SIGKILL a node's whole PID namespace (w1 or w2)
@@ -188,6 +189,7 @@ case "$cmd" in
     wait_ready
     say "up: RAY_ADDRESS=http://$subnet.${octet[head]}:8265 ($((slots * 2)) sandbox slots on w1 and w2)"
     ;;
+  install) install_ray ;;
   down)
     for n in w2 w1 head; do kill_node "$n"; done
     remove_network

@@ -7,6 +7,7 @@
 //! cargo run --release -p smithers-bench -- whole-cli           # scenario 6
 //! cargo run --release -p smithers-bench -- change-cost         # scenario 8
 //! cargo run --release -p smithers-bench -- egress              # scenario 9
+//! cargo run --release -p smithers-bench -- fleet               # scenario 10 (a Ray cluster)
 //! cargo run --release -p smithers-bench -- all
 //! ```
 //!
@@ -15,6 +16,7 @@
 //! are medians of per-round ratios. Nothing here asserts a time: the report is the product.
 
 mod egress;
+mod fleet;
 mod measure;
 mod report;
 mod roundtrip;
@@ -66,7 +68,10 @@ enum Scenario {
     /// 9: a connection through the egress engine (HTTP CONNECT, SOCKS5) against a direct
     /// one: time to first byte, connections per second, throughput.
     Egress,
-    /// Every scenario above.
+    /// 10: leases on a Ray cluster (scripts/ray/cluster.sh up) against the same steps on
+    /// this host: lease to first exec, steps per second, node death to NODE_LOST.
+    Fleet,
+    /// Every scenario above (but the fleet, which needs a cluster).
     All,
 }
 
@@ -95,6 +100,10 @@ fn main() -> anyhow::Result<()> {
         Scenario::Egress => {
             let body = egress::run(cli.rounds.unwrap_or(300))?;
             finish(&cli, "Scenario 9: egress", "egress", &body, &[])
+        }
+        Scenario::Fleet => {
+            let body = fleet::run(&cli.scratch, cli.rounds.unwrap_or(20))?;
+            finish(&cli, "Scenario 10: the fleet", "fleet", &body, &[])
         }
         Scenario::Throughput => {
             let (body, series) = throughput::run(&cli.scratch, cli.rounds)?;

@@ -54,6 +54,12 @@ impl RoundTrip {
         Self::new(Arc::new(runtime), RuntimeKind::Bubblewrap, project, None)
     }
 
+    /// Steps as fleet leases on the Ray cluster `options` names.
+    pub fn ray(project: &Path, options: smithers_runtime_ray::RayOptions) -> anyhow::Result<Self> {
+        let runtime = smithers_runtime_ray::RayRuntime::new(options)?;
+        Self::new(Arc::new(runtime), RuntimeKind::Ray, project, None)
+    }
+
     pub fn docker(project: &Path, image: &str) -> anyhow::Result<Self> {
         let runtime = smithers_runtime_docker::DockerRuntime::new(Default::default());
         Self::new(
@@ -144,6 +150,15 @@ impl RoundTrip {
         };
         let patches = self.executor.block_on(async {
             let handle = rt.create(&config).await?;
+            // A fleet's lease is granted in `place` (counted with create: lease to sandbox);
+            // local runtimes return at once.
+            let handle = match rt.place(handle.clone(), &smithers_runtime::NoPlacementEvents).await {
+                Ok((placed, _)) => placed,
+                Err(e) => {
+                    let _ = rt.cleanup(&handle).await;
+                    return Err(e.into());
+                }
+            };
             lap(0);
             let result = async {
                 let request = RequestBundle {

@@ -147,9 +147,8 @@ fn the_same_step_gives_the_same_patches_as_the_local_runtime() {
             .stdin(Stdio::null())
             .output()
             .unwrap();
-        let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("{runtime}: {e}: {}", String::from_utf8_lossy(&out.stderr))
-        });
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{runtime}: {e}: {}", String::from_utf8_lossy(&out.stderr)));
         assert_eq!(doc["status"], "review", "{runtime}: {doc}");
         let bundle = Path::new(doc["bundlePath"].as_str().expect("bundlePath")).to_path_buf();
         let mut patches = Vec::new();
@@ -163,7 +162,10 @@ fn the_same_step_gives_the_same_patches_as_the_local_runtime() {
         patches.sort();
         bundles.push((p, patches));
     }
-    assert!(!bundles[0].1.is_empty(), "the local runtime found no change");
+    assert!(
+        !bundles[0].1.is_empty(),
+        "the local runtime found no change"
+    );
     assert_eq!(
         bundles[0].1, bundles[1].1,
         "the fleet's patches differ from the local runtime's"
@@ -183,9 +185,8 @@ fn more_steps_than_slots_all_finish_and_never_more_at_once_than_slots() {
     // Each step writes its start and end by the node's clock into its own file.
     let children: Vec<_> = (0..STEPS)
         .map(|i| {
-            let script = format!(
-                "date +%s.%N > span-{i}.txt; sleep 2; date +%s.%N >> span-{i}.txt"
-            );
+            let script =
+                format!("date +%s.%N > span-{i}.txt; sleep 2; date +%s.%N >> span-{i}.txt");
             ray_run(p.path(), &run_id, &format!("step-{i}"), &script)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -196,9 +197,8 @@ fn more_steps_than_slots_all_finish_and_never_more_at_once_than_slots() {
     let mut spans = Vec::new();
     for (i, child) in children.into_iter().enumerate() {
         let out = child.wait_with_output().unwrap();
-        let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("step {i}: {e}: {}", String::from_utf8_lossy(&out.stderr))
-        });
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("step {i}: {e}: {}", String::from_utf8_lossy(&out.stderr)));
         assert_eq!(doc["status"], "review", "step {i}: {doc}");
         let bundle = Path::new(doc["bundlePath"].as_str().unwrap()).to_path_buf();
         // The span file comes back as the step's patch: the node's own record.
@@ -215,10 +215,7 @@ fn more_steps_than_slots_all_finish_and_never_more_at_once_than_slots() {
         spans.push((times[0], times[1]));
     }
     // The most steps running at any one instant, from the spans.
-    let mut edges: Vec<(f64, i32)> = spans
-        .iter()
-        .flat_map(|&(a, b)| [(a, 1), (b, -1)])
-        .collect();
+    let mut edges: Vec<(f64, i32)> = spans.iter().flat_map(|&(a, b)| [(a, 1), (b, -1)]).collect();
     edges.sort_by(|x, y| x.0.partial_cmp(&y.0).unwrap().then(x.1.cmp(&y.1)));
     let (mut now, mut most) = (0, 0);
     for (_, d) in edges {
@@ -234,15 +231,32 @@ fn more_steps_than_slots_all_finish_and_never_more_at_once_than_slots() {
         })
         .collect();
     println!("{STEPS} steps on {SLOTS} slots: at most {most} at once, on nodes {nodes:?}");
-    assert!(most as usize <= SLOTS, "{most} steps ran at once on {SLOTS} slots");
-    assert!(most >= 2, "the steps never overlapped: the fleet ran them one by one");
-    assert_eq!(nodes.len(), 2, "the steps did not use both workers: {nodes:?}");
+    assert!(
+        most as usize <= SLOTS,
+        "{most} steps ran at once on {SLOTS} slots"
+    );
+    assert!(
+        most >= 2,
+        "the steps never overlapped: the fleet ran them one by one"
+    );
+    assert_eq!(
+        nodes.len(),
+        2,
+        "the steps did not use both workers: {nodes:?}"
+    );
     let queued = events(p.path(), &run_id)
         .into_iter()
         .filter(|e| e["type"] == "SandboxQueued")
         .count();
-    assert!(queued >= STEPS, "every lease says it waited: {queued} SandboxQueued events");
-    assert!(live_leases_of(&run_id).is_empty(), "{:?}", live_leases_of(&run_id));
+    assert!(
+        queued >= STEPS,
+        "every lease says it waited: {queued} SandboxQueued events"
+    );
+    assert!(
+        live_leases_of(&run_id).is_empty(),
+        "{:?}",
+        live_leases_of(&run_id)
+    );
 }
 
 /// A step on a worker; the worker is lost by `how` (`kill` or `cut`) mid-step.
@@ -261,7 +275,8 @@ fn node_loss(how: &str) {
         .spawn()
         .unwrap();
     assert!(
-        wait_until(Duration::from_secs(60), || !ray::processes_with(&marker).is_empty()),
+        wait_until(Duration::from_secs(60), || !ray::processes_with(&marker)
+            .is_empty()),
         "the step never started"
     );
     let ip = placed_node(p.path(), &run_id).expect("a SandboxPlaced event");
@@ -280,7 +295,10 @@ fn node_loss(how: &str) {
         "not NODE_LOST: {stdout} {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(lost_after < Duration::from_secs(30), "NODE_LOST took {lost_after:?}");
+    assert!(
+        lost_after < Duration::from_secs(30),
+        "NODE_LOST took {lost_after:?}"
+    );
     // Nothing from the node reached the tree: no file, no review waiting.
     assert!(!p.path().join("lost.txt").exists());
     assert_eq!(git(p.path(), &["status", "--porcelain"]), "");
@@ -298,10 +316,19 @@ fn node_loss(how: &str) {
         "kill" => ray::cluster(&["start", node]),
         _ => ray::cluster(&["heal", node]),
     }
-    let gone = wait_until(Duration::from_secs(60), || ray::processes_with(&marker).is_empty());
+    let gone = wait_until(Duration::from_secs(60), || {
+        ray::processes_with(&marker).is_empty()
+    });
     let survivors = ray::processes_with(&marker);
-    assert!(gone, "the step's processes outlived the node's return: {survivors:?}");
-    assert!(live_leases_of(&run_id).is_empty(), "{:?}", live_leases_of(&run_id));
+    assert!(
+        gone,
+        "the step's processes outlived the node's return: {survivors:?}"
+    );
+    assert!(
+        live_leases_of(&run_id).is_empty(),
+        "{:?}",
+        live_leases_of(&run_id)
+    );
 }
 
 /// Brings a lost worker back when dropped: a partitioned node that Ray declared dead does not
@@ -311,13 +338,22 @@ struct NodeBack(&'static str);
 
 impl Drop for NodeBack {
     fn drop(&mut self) {
-        let _ = Command::new("bash").arg(ray::script()).args(["heal", self.0]).status();
+        let _ = Command::new("bash")
+            .arg(ray::script())
+            .args(["heal", self.0])
+            .status();
         let whole = wait_until(Duration::from_secs(20), || {
             ray::token().is_some_and(|t| ray::slots(&t) == Ok(4))
         });
         if !whole {
-            let _ = Command::new("bash").arg(ray::script()).args(["kill", self.0]).status();
-            let _ = Command::new("bash").arg(ray::script()).args(["start", self.0]).status();
+            let _ = Command::new("bash")
+                .arg(ray::script())
+                .args(["kill", self.0])
+                .status();
+            let _ = Command::new("bash")
+                .arg(ray::script())
+                .args(["start", self.0])
+                .status();
             ray::wait_whole(Duration::from_secs(120));
         }
     }
@@ -348,22 +384,32 @@ fn a_client_killed_mid_step_is_recovered_from_its_row() {
         .spawn()
         .unwrap();
     assert!(
-        wait_until(Duration::from_secs(60), || !ray::processes_with(&marker).is_empty()),
+        wait_until(Duration::from_secs(60), || !ray::processes_with(&marker)
+            .is_empty()),
         "the step never started"
     );
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(!live_leases_of(&run_id).is_empty(), "the lease ended with its client");
+    assert!(
+        !live_leases_of(&run_id).is_empty(),
+        "the lease ended with its client"
+    );
     // Any later command recovers the orphaned row: the lease ends, from the row alone.
     let out = cli(p.path(), &["ls", "--json"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        wait_until(Duration::from_secs(30), || live_leases_of(&run_id).is_empty()),
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || live_leases_of(&run_id)
+            .is_empty()),
         "the lease outlived recovery: {:?}",
         live_leases_of(&run_id)
     );
     assert!(
-        wait_until(Duration::from_secs(30), || ray::processes_with(&marker).is_empty()),
+        wait_until(Duration::from_secs(30), || ray::processes_with(&marker)
+            .is_empty()),
         "the step outlived recovery"
     );
 }
@@ -404,5 +450,9 @@ fn creating_the_same_sandbox_twice_makes_one_lease() {
         assert!(placement.is_some());
         runtime.cleanup(&placed).await.expect("cleanup");
     });
-    assert!(live_leases_of(&run_id).is_empty(), "{:?}", live_leases_of(&run_id));
+    assert!(
+        live_leases_of(&run_id).is_empty(),
+        "{:?}",
+        live_leases_of(&run_id)
+    );
 }

@@ -98,7 +98,11 @@ impl JobRecord {
 
     /// An environment variable the job was submitted with.
     pub fn env_var(&self, name: &str) -> Option<&str> {
-        self.runtime_env.as_ref()?.get("env_vars")?.get(name)?.as_str()
+        self.runtime_env
+            .as_ref()?
+            .get("env_vars")?
+            .get(name)?
+            .as_str()
     }
 
     /// Status and Ray's own words, for a message.
@@ -407,9 +411,6 @@ mod tests {
         assert_eq!(record.env_var("K"), Some("v"));
         assert_eq!(record.env_var("missing"), None);
         assert!(!record.status.is_terminal());
-        assert_eq!(
-            record.describe(),
-            "job RUNNING: Job is currently running."
-        );
+        assert_eq!(record.describe(), "job RUNNING: Job is currently running.");
     }
 }

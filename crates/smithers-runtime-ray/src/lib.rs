@@ -127,7 +127,9 @@ impl RayOptions {
             return Err(RuntimeError::Unavailable {
                 runtime: "ray",
                 reason: format!("{ENV_ADDRESS}={address:?} is not the Jobs API's http(s) URL"),
-                fix: Some(format!("set {ENV_ADDRESS} to e.g. http://head:8265 (the dashboard port)")),
+                fix: Some(format!(
+                    "set {ENV_ADDRESS} to e.g. http://head:8265 (the dashboard port)"
+                )),
             });
         }
         let mut options = RayOptions::new(address, get(ENV_TOKEN));

@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use smithers_runtime::{
     CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputSink, Placement,
-    PlacementSink, Protection, ProtectionStatus, RequestBundle, Runtime, RuntimeError,
-    RuntimeKind, SandboxConfig, SandboxHandle, ShipReport, StepCommand,
+    PlacementSink, Protection, ProtectionStatus, RequestBundle, Runtime, RuntimeError, RuntimeKind,
+    SandboxConfig, SandboxHandle, ShipReport, StepCommand,
 };
 use smithers_runtime_remote::{RemoteOptions, RemoteRuntime};
 
@@ -121,11 +121,12 @@ impl RayRuntime {
     /// The handle's lease, only when it names this runtime's cluster and a lease id of the
     /// shape this runtime derives for the handle's ids.
     fn backend(&self, handle: &SandboxHandle) -> Result<Backend, RuntimeError> {
-        let b: Backend =
-            serde_json::from_value(handle.backend.clone()).map_err(|e| RuntimeError::OutOfOrder {
+        let b: Backend = serde_json::from_value(handle.backend.clone()).map_err(|e| {
+            RuntimeError::OutOfOrder {
                 verb: "handle",
                 reason: format!("not a ray handle: {e}"),
-            })?;
+            }
+        })?;
         if b.ray_address != self.jobs.base() {
             return Err(RuntimeError::InvalidControl {
                 control: "handle",
@@ -326,7 +327,11 @@ impl RayRuntime {
                 Ok(Some(r)) => {
                     return Err(RuntimeError::spawn(
                         "stop the lease",
-                        format!("it has not ended after {:?}: {}", self.options.stop_timeout, r.describe()),
+                        format!(
+                            "it has not ended after {:?}: {}",
+                            self.options.stop_timeout,
+                            r.describe()
+                        ),
                     ))
                 }
                 Err(e) => return Err(jobs_error("stop the lease", e)),
@@ -465,14 +470,17 @@ impl Runtime for RayRuntime {
             return Err(RuntimeError::ControlUnsupported {
                 runtime: RUNTIME,
                 control: "ports",
-                reason: "a port published on a fleet node is not reachable as this machine's".into(),
+                reason: "a port published on a fleet node is not reachable as this machine's"
+                    .into(),
             });
         }
         if c.egress_policy.is_some() {
             return Err(RuntimeError::ControlUnsupported {
                 runtime: RUNTIME,
                 control: "egressPolicy",
-                reason: "a node's egress ceiling is its operator's file; a lease does not carry one yet".into(),
+                reason:
+                    "a node's egress ceiling is its operator's file; a lease does not carry one yet"
+                        .into(),
             });
         }
         let meta = tokio::fs::metadata(&config.root_dir)
@@ -575,7 +583,9 @@ impl Runtime for RayRuntime {
                                 self.options.queue_timeout,
                                 record.describe()
                             ),
-                            fix: Some("add nodes with sandbox slots, or wait for running steps".into()),
+                            fix: Some(
+                                "add nodes with sandbox slots, or wait for running steps".into(),
+                            ),
                         });
                     }
                 }

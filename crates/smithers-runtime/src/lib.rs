@@ -50,8 +50,9 @@ pub use config::{
 pub use error::RuntimeError;
 pub use types::{
     check_result_fields, refused_result_field, CollectReport, EnforcementReport, ExecOutcome,
-    NullSink, OutputEvent, OutputSink, NoPlacementEvents, Placement, PlacementSink, Protection, ProtectionStatus, RequestBundle, ResourceUsage,
-    SandboxHandle, ShipReport, StepCommand, StepStdin, Termination, REFUSED_RESULT_FIELDS,
+    NoPlacementEvents, NullSink, OutputEvent, OutputSink, Placement, PlacementSink, Protection,
+    ProtectionStatus, RequestBundle, ResourceUsage, SandboxHandle, ShipReport, StepCommand,
+    StepStdin, Termination, REFUSED_RESULT_FIELDS,
 };
 
 /// A sandbox backend. Object safe: the orchestrator holds `Arc<dyn Runtime>`.

@@ -33,7 +33,11 @@ pub fn token() -> Option<String> {
 
 /// Runs `cluster.sh ARGS`, asserting it succeeds.
 pub fn cluster(args: &[&str]) {
-    let out = Command::new("bash").arg(script()).args(args).output().unwrap();
+    let out = Command::new("bash")
+        .arg(script())
+        .args(args)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "cluster.sh {args:?}: {}{}",
@@ -85,7 +89,10 @@ pub fn wait_whole(timeout: Duration) {
         if slots(&token) == Ok(4) {
             return;
         }
-        assert!(Instant::now() < deadline, "the cluster did not come back whole within {timeout:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the cluster did not come back whole within {timeout:?}"
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
 }

@@ -135,6 +135,13 @@ kill_node() {
     sleep 0.1
   done
   rm -f "$state/$n.pid"
+  # A dead machine's kernel state dies with it; here the nodes share this kernel's cgroup
+  # hierarchies, so the cgroups its sandboxes made stay behind, empty. Remove the empty ones
+  # (rmdir refuses a cgroup with processes or children, so a live sandbox's is kept). Only the
+  # fleet tests kill nodes, one test at a time, with no other sandbox starting meanwhile.
+  for d in $(find /sys/fs/cgroup -mindepth 1 -maxdepth 6 -depth -type d -name 'smithers-*' 2>/dev/null); do
+    rmdir "$d" 2>/dev/null || true
+  done
 }
 
 api() {

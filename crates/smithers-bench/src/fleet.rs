@@ -16,8 +16,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use smithers_runtime::{
-    CancellationToken, Controls, NoPlacementEvents, NullSink, RequestBundle, Runtime,
-    RuntimeError, RuntimeKind, SandboxConfig, StepCommand,
+    CancellationToken, Controls, NoPlacementEvents, NullSink, RequestBundle, Runtime, RuntimeError,
+    RuntimeKind, SandboxConfig, StepCommand,
 };
 use smithers_runtime_ray::{RayOptions, RayRuntime};
 
@@ -47,13 +47,16 @@ fn options() -> anyhow::Result<RayOptions> {
             let state = std::env::var("SMITHERS_RAY_STATE")
                 .unwrap_or_else(|_| "/tmp/smithers-ray-cluster".into());
             let token = std::fs::read_to_string(Path::new(&state).join("token")).map_err(|e| {
-                anyhow::anyhow!("no Ray cluster (scripts/ray/cluster.sh up, or set RAY_ADDRESS): {e}")
+                anyhow::anyhow!(
+                    "no Ray cluster (scripts/ray/cluster.sh up, or set RAY_ADDRESS): {e}"
+                )
             })?;
             RayOptions::new("http://10.88.0.10:8265", Some(token.trim().to_string()))
         }
     };
     if std::env::var_os(smithers_runtime_ray::ENV_SERVE_BIN).is_none() {
-        let release = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/smithers-sandbox");
+        let release =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/smithers-sandbox");
         anyhow::ensure!(
             release.exists(),
             "build the product first (cargo build --release -p smithers-cli) or set SMITHERS_RAY_SERVE_BIN"
@@ -88,7 +91,8 @@ fn throughput(
             })
             .collect();
         for h in handles {
-            h.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
         }
         Ok(())
     })?;
@@ -177,7 +181,10 @@ pub fn run(scratch: &Path, rounds: usize) -> anyhow::Result<String> {
     let lease_phase: Vec<Duration> = ray.phases().iter().skip(2).map(|p| p[0]).collect();
     let mut lease_sorted = lease_phase.clone();
     lease_sorted.sort();
-    let lease_median = lease_sorted.get(lease_sorted.len() / 2).copied().unwrap_or_default();
+    let lease_median = lease_sorted
+        .get(lease_sorted.len() / 2)
+        .copied()
+        .unwrap_or_default();
 
     let fleet_rate = throughput(8, 4, &|| RoundTrip::ray(&project, options.clone()))?;
     let host_rate = throughput(8, 4, &|| RoundTrip::native(&project, scratch))?;

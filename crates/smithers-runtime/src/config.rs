@@ -62,7 +62,7 @@ impl FromStr for RuntimeKind {
             other => Err(RuntimeError::InvalidControl {
                 control: "runtime",
                 reason: format!(
-                    "unknown runtime {other:?} (expected bubblewrap, docker or codeplane)"
+                    "unknown runtime {other:?} (expected bubblewrap, docker, codeplane or ray)"
                 ),
             }),
         }

@@ -203,7 +203,12 @@ case "$cmd" in
     rm -rf "$state"
     ;;
   kill) kill_node "${2:?node}" ;;
-  start) start_node "${2:?node}" ;;
+  start)
+    # One `ray start` per node: a second would outlive the first's pid file.
+    if [ -f "$state/${2:?node}.pid" ] && [ -d "/proc/$(cat "$state/$2.pid")" ]; then
+      die "node $2 is running (kill it first)"
+    fi
+    start_node "$2" ;;
   cut) ip -n "$(ns sw)" link set "${2:?node}-sw" down ;;
   heal) ip -n "$(ns sw)" link set "${2:?node}-sw" up ;;
   status) api '/api/v0/nodes?detail=1'; echo ;;

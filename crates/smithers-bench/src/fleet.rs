@@ -9,7 +9,8 @@
 //!   faster: the row measures what the fleet's hops cost, not what more machines would buy;
 //! * node death to `NODE_LOST`: a worker SIGKILLed mid-step, until `execute` returns it.
 //!
-//! Warm leases are not built yet: that row says so instead of a number.
+//! * warm: the same with a pool of 2 warm leases kept ready (the report says how many rounds
+//!   really found one ready).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -169,15 +170,27 @@ pub fn run(scratch: &Path, rounds: usize) -> anyhow::Result<String> {
         std::fs::write(project.join(format!("f{i}.txt")), format!("file {i}\n"))?;
     }
     let ray = RoundTrip::ray(&project, options.clone())?;
+    let (warm, pool) = RoundTrip::ray_warm(&project, options.clone(), 2)?;
     let local = RoundTrip::native(&project, scratch)?;
     let mut contenders = vec![
         Contender::new("ours: ray lease, cold", || ray.run(&["true"]))
             .with_after(|| ray.discard_bundles()),
+        Contender::new("ours: ray lease, warm", || warm.run(&["true"]))
+            .with_after(|| warm.discard_bundles()),
         Contender::new("ours: native, this host", || local.run(&["true"]))
             .with_after(|| local.discard_bundles()),
     ];
     let series = interleaved(&mut contenders, 2, rounds)?;
     drop(contenders);
+    let warm_rounds = warm.warm_placements();
+    warm.block_on(pool.shutdown_warm());
+    let warm_lease: Vec<Duration> = warm.phases().iter().skip(2).map(|p| p[0]).collect();
+    let mut warm_sorted = warm_lease;
+    warm_sorted.sort();
+    let warm_median = warm_sorted
+        .get(warm_sorted.len() / 2)
+        .copied()
+        .unwrap_or_default();
     let lease_phase: Vec<Duration> = ray.phases().iter().skip(2).map(|p| p[0]).collect();
     let mut lease_sorted = lease_phase.clone();
     lease_sorted.sort();
@@ -198,10 +211,19 @@ pub fn run(scratch: &Path, rounds: usize) -> anyhow::Result<String> {
 
     let mut table = Table::new(&["measure", "fleet (ray)", "one host (native)", "ratio"]);
     table.row(vec![
-        "round trip `true` (create … cleanup), p50".into(),
+        "round trip `true` (create … cleanup), cold lease, p50".into(),
         fmt_ms(series[0].median()),
+        fmt_ms(series[2].median()),
+        format!("{:.1}×", median_ratio(&series[0], &series[2])),
+    ]);
+    table.row(vec![
+        format!(
+            "round trip `true`, warm lease (pool of 2; {warm_rounds} of {} rounds warm), p50",
+            rounds + 2
+        ),
         fmt_ms(series[1].median()),
-        format!("{:.1}×", median_ratio(&series[0], &series[1])),
+        fmt_ms(series[2].median()),
+        format!("{:.1}×", median_ratio(&series[1], &series[2])),
     ]);
     table.row(vec![
         "lease to sandbox (create + place), p50".into(),
@@ -210,8 +232,8 @@ pub fn run(scratch: &Path, rounds: usize) -> anyhow::Result<String> {
         "—".into(),
     ]);
     table.row(vec![
-        "warm lease to first exec".into(),
-        "not built yet".into(),
+        "lease to sandbox, warm (create + place), p50".into(),
+        fmt_ms(warm_median),
         "—".into(),
         "—".into(),
     ]);

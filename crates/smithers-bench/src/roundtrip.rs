@@ -25,6 +25,8 @@ pub struct RoundTrip {
     phases: Mutex<Vec<[Duration; 5]>>,
     /// Result bundles made so far and not yet discarded.
     bundles: Mutex<Vec<std::path::PathBuf>>,
+    /// Round trips whose sandbox was placed on a warm lease (a fleet's pool).
+    warm_placements: AtomicU64,
 }
 
 /// The verbs of a round trip, in the order of [`RoundTrip::phases`].
@@ -60,6 +62,30 @@ impl RoundTrip {
         Self::new(Arc::new(runtime), RuntimeKind::Ray, project, None)
     }
 
+    /// Steps on the fleet with a pool of `warm` leases kept ready (filled before returning).
+    pub fn ray_warm(
+        project: &Path,
+        mut options: smithers_runtime_ray::RayOptions,
+        warm: usize,
+    ) -> anyhow::Result<(Self, smithers_runtime_ray::RayRuntime)> {
+        options.warm = warm;
+        let runtime = smithers_runtime_ray::RayRuntime::new(options)?;
+        let trip = Self::new(Arc::new(runtime.clone()), RuntimeKind::Ray, project, None)?;
+        trip.executor
+            .block_on(runtime.warm_up(Duration::from_secs(120)))?;
+        Ok((trip, runtime))
+    }
+
+    /// Round trips placed on a warm lease so far (warm-up included).
+    pub fn warm_placements(&self) -> u64 {
+        self.warm_placements.load(Ordering::Relaxed)
+    }
+
+    /// Runs `fut` on this round trip's executor (e.g. a pool's shutdown).
+    pub fn block_on<F: std::future::Future>(&self, fut: F) -> F::Output {
+        self.executor.block_on(fut)
+    }
+
     pub fn docker(project: &Path, image: &str) -> anyhow::Result<Self> {
         let runtime = smithers_runtime_docker::DockerRuntime::new(Default::default());
         Self::new(
@@ -88,6 +114,7 @@ impl RoundTrip {
             counter: AtomicU64::new(0),
             phases: Mutex::new(Vec::new()),
             bundles: Mutex::new(Vec::new()),
+            warm_placements: AtomicU64::new(0),
         })
     }
 
@@ -153,7 +180,12 @@ impl RoundTrip {
             // A fleet's lease is granted in `place` (counted with create: lease to sandbox);
             // local runtimes return at once.
             let handle = match rt.place(handle.clone(), &smithers_runtime::NoPlacementEvents).await {
-                Ok((placed, _)) => placed,
+                Ok((placed, placement)) => {
+                    if placement.is_some_and(|p| p.warm) {
+                        self.warm_placements.fetch_add(1, Ordering::Relaxed);
+                    }
+                    placed
+                }
                 Err(e) => {
                     let _ = rt.cleanup(&handle).await;
                     return Err(e.into());

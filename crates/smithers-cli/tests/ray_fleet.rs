@@ -456,3 +456,103 @@ fn creating_the_same_sandbox_twice_makes_one_lease() {
         live_leases_of(&run_id)
     );
 }
+
+#[test]
+fn warm_leases_are_claimed_refilled_and_shut_down() {
+    let _g = serial();
+    if !ray::usable() {
+        return;
+    }
+    let p = project();
+    let mut options = ray::options();
+    options.warm = 2;
+    options.warm_idle_exit = Duration::from_secs(120);
+    let runtime = smithers_runtime_ray::RayRuntime::new(options).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let run_id = unique("warm");
+    // Ray's own records: the warm leases it runs now.
+    let running_warm = || {
+        ray::jobs()
+            .into_iter()
+            .filter(|(id, status)| id.starts_with("smithers-warm-") && status == "RUNNING")
+            .count()
+    };
+    let config = |sandbox: &str, controls: Controls| SandboxConfig {
+        run_id: run_id.clone(),
+        sandbox_id: sandbox.into(),
+        runtime: RuntimeKind::Ray,
+        root_dir: p.path().to_path_buf(),
+        image: None,
+        controls,
+    };
+    rt.block_on(async {
+        runtime.warm_up(Duration::from_secs(120)).await.expect("warm up");
+        assert_eq!(runtime.warm_ready(), 2);
+        assert_eq!(running_warm(), 2, "{:?}", ray::jobs());
+
+        // A step that fits claims one: placed at once, on a lease that was already running.
+        let started = Instant::now();
+        let handle = runtime.create(&config("fits", Controls::default())).await.unwrap();
+        // The same sandbox again: refused, and the warm lease it would have taken goes back.
+        let again = runtime.create(&config("fits", Controls::default())).await;
+        assert!(again.is_err(), "a second create of one sandbox was accepted");
+        let (handle, placement) = runtime.place(handle, &NoPlacementEvents).await.unwrap();
+        let warm_took = started.elapsed();
+        let placement = placement.unwrap();
+        assert!(placement.warm, "{placement:?}");
+        assert!(placement.lease.starts_with("smithers-warm-"), "{placement:?}");
+        let request = smithers_runtime::RequestBundle {
+            request: serde_json::json!({"status": "pending", "sandboxId": "fits", "runtime": "ray", "input": {}}),
+        };
+        runtime.ship(&handle, &request).await.unwrap();
+        let command = smithers_runtime::StepCommand {
+            argv: vec!["sh".into(), "-c".into(), "echo warm > warm.txt".into()],
+            cwd: None,
+            stdin: Default::default(),
+        };
+        let outcome = runtime
+            .execute(&handle, &command, Default::default(), &smithers_runtime::NullSink)
+            .await
+            .unwrap();
+        assert_eq!(outcome.exit_code, Some(0), "{outcome:?}");
+        let collected = runtime.collect(&handle).await.unwrap();
+        assert_eq!(collected.patch_count, 1);
+        runtime.cleanup(&handle).await.unwrap();
+
+        // A step with a memory limit of its own does not fit a warm lease: a cold one.
+        let started = Instant::now();
+        let limited = Controls {
+            memory_limit_bytes: Some(256 << 20),
+            ..Controls::default()
+        };
+        let handle = runtime.create(&config("limited", limited)).await.unwrap();
+        let (handle, placement) = runtime.place(handle, &NoPlacementEvents).await.unwrap();
+        let cold_took = started.elapsed();
+        assert!(!placement.unwrap().warm);
+        runtime.cleanup(&handle).await.unwrap();
+        println!("create + place: warm {warm_took:?}, cold {cold_took:?}");
+
+        // The claimed lease was replaced.
+        let refilled = {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if runtime.warm_ready() == 2 || Instant::now() > deadline {
+                    break runtime.warm_ready() == 2;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        assert!(refilled, "the pool was not refilled: {} ready", runtime.warm_ready());
+        runtime.shutdown_warm().await;
+    });
+    assert!(
+        wait_until(Duration::from_secs(30), || running_warm() == 0),
+        "warm leases outlived the pool's shutdown: {:?}",
+        ray::jobs()
+    );
+    assert!(
+        live_leases_of(&run_id).is_empty(),
+        "{:?}",
+        live_leases_of(&run_id)
+    );
+}

@@ -33,6 +33,15 @@ pub fn submission_id(run_id: &str, sandbox_id: &str) -> String {
 
 /// Every lease's submission id starts with this.
 pub const SUBMISSION_PREFIX: &str = "smithers-";
+/// A warm lease's submission id starts with this (then a random id: it has no sandbox yet).
+pub const WARM_PREFIX: &str = "smithers-warm-";
+/// A claim record's metadata key naming the warm lease it claimed.
+pub const META_CLAIM_OF: &str = "smithers_claim_of";
+
+/// A fresh warm lease id.
+pub fn warm_id() -> String {
+    format!("{WARM_PREFIX}{}", uuid::Uuid::new_v4().simple())
+}
 
 /// Quotes `text` for a POSIX shell (Ray runs the entrypoint with `sh -c`).
 pub fn shell_quote(text: &str) -> String {
@@ -46,7 +55,75 @@ pub fn job_for(
     submission_id: &str,
     token: &str,
 ) -> JobSubmit {
-    let c = &config.controls;
+    let mut job = serve_job(
+        options,
+        Some(&config.controls),
+        submission_id,
+        token,
+        options.lease_idle_exit,
+    );
+    job.metadata
+        .insert(META_RUN_ID.to_string(), config.run_id.clone());
+    job.metadata
+        .insert(META_SANDBOX_ID.to_string(), config.sandbox_id.clone());
+    job
+}
+
+/// A warm lease: a server for whichever step claims it, with the server's default ceilings
+/// and no reservation beyond the slot (so only a step that asks no CPU or memory of its own
+/// may claim it: [`fits_warm`]). It gives its slot back when unclaimed for
+/// `warm_idle_exit`.
+pub fn warm_job(options: &RayOptions, id: &str, token: &str) -> JobSubmit {
+    let mut job = serve_job(options, None, id, token, options.warm_idle_exit);
+    job.metadata.insert("smithers_warm".into(), "1".into());
+    job
+}
+
+/// Whether a step's controls fit a warm lease: no CPU or memory reservation of its own (the
+/// lease reserved none), no network (its server does not allow it), and within its server's
+/// default ceilings (`serve`'s: 4096 pids, 16g disk, 1h, 16m output).
+pub fn fits_warm(c: &smithers_runtime::Controls) -> bool {
+    c.memory_limit_bytes.is_none()
+        && c.cpu_limit.is_none()
+        && !c.allow_network
+        && c.pids_limit.is_none_or(|p| p <= 4096)
+        && c.disk_limit_bytes.is_none_or(|d| d <= 16 << 30)
+        && c.timeout_ms.is_none_or(|t| t <= 3_600_000)
+        && c.max_output_bytes <= 16 << 20
+}
+
+/// The claim record of a warm lease for a sandbox: a job under the sandbox's derived id (so a
+/// second create of it is refused by Ray, as for a cold lease) that runs `true` on no
+/// resources and names the warm lease in its metadata.
+pub fn claim_job(config: &SandboxConfig, submission_id: &str, warm: &str) -> JobSubmit {
+    let mut metadata = BTreeMap::new();
+    metadata.insert(META_RUN_ID.to_string(), config.run_id.clone());
+    metadata.insert(META_SANDBOX_ID.to_string(), config.sandbox_id.clone());
+    metadata.insert(META_CLAIM_OF.to_string(), warm.to_string());
+    JobSubmit {
+        entrypoint: "true".into(),
+        submission_id: submission_id.to_string(),
+        runtime_env: json!({}),
+        metadata,
+        entrypoint_num_cpus: None,
+        entrypoint_memory: None,
+        entrypoint_resources: BTreeMap::new(),
+        entrypoint_label_selector: BTreeMap::new(),
+    }
+}
+
+/// A job running `serve`: with `step`, that step's limits are the server's ceilings and the
+/// lease's reservation; without, the server keeps its defaults and nothing but the slot is
+/// reserved (a warm lease).
+fn serve_job(
+    options: &RayOptions,
+    step: Option<&smithers_runtime::Controls>,
+    submission_id: &str,
+    token: &str,
+    idle_exit: std::time::Duration,
+) -> JobSubmit {
+    let none = smithers_runtime::Controls::default();
+    let c = step.unwrap_or(&none);
     let data_dir = format!("{}/smithers-lease-{submission_id}", options.node_state_dir);
     let mut serve: Vec<String> = vec![
         options.serve_binary.clone(),
@@ -62,8 +139,14 @@ pub fn job_for(
         "1".into(),
         "--max-sandboxes-per-token".into(),
         "1".into(),
+        // A lease nobody uses gives its slot back.
+        "--exit-when-idle".into(),
+        format!("{}ms", idle_exit.as_millis().max(1)),
     ];
     // The node's ceilings are the step's own limits: the lease reserved them from Ray.
+    if step.is_some() {
+        serve.extend(["--max-output".into(), format!("{}b", c.max_output_bytes)]);
+    }
     if let Some(m) = c.memory_limit_bytes {
         serve.extend(["--max-memory".into(), format!("{m}b")]);
     }
@@ -79,7 +162,6 @@ pub fn job_for(
     if let Some(t) = c.timeout_ms {
         serve.extend(["--max-timeout".into(), format!("{t}ms")]);
     }
-    serve.extend(["--max-output".into(), format!("{}b", c.max_output_bytes)]);
     if c.allow_network {
         serve.push("--allow-network".into());
     }
@@ -101,8 +183,6 @@ pub fn job_for(
         labels.insert(options.pool_label.clone(), pool.clone());
     }
     let mut metadata = BTreeMap::new();
-    metadata.insert(META_RUN_ID.to_string(), config.run_id.clone());
-    metadata.insert(META_SANDBOX_ID.to_string(), config.sandbox_id.clone());
     if let Some(pool) = &options.pool {
         metadata.insert(META_POOL.to_string(), pool.clone());
     }

@@ -20,6 +20,7 @@
 pub mod jobs;
 pub mod lease;
 mod runtime;
+mod warm;
 
 use std::time::Duration;
 
@@ -36,6 +37,8 @@ pub const ENV_SERVE_BIN: &str = "SMITHERS_RAY_SERVE_BIN";
 /// The pool a step's lease is placed in: nodes labelled `smithers-pool=<name>`.
 pub const ENV_POOL: &str = "SMITHERS_RAY_POOL";
 
+/// Warm leases to keep ready (a long-lived client: the library, `serve` in front of a fleet).
+pub const ENV_WARM: &str = "SMITHERS_RAY_WARM";
 /// How long a node's `serve` lets a step run that nobody follows (its client died or was cut
 /// off), in milliseconds (default 120000, at least 1000).
 pub const ENV_ORPHAN_TIMEOUT_MS: &str = "SMITHERS_RAY_ORPHAN_TIMEOUT_MS";
@@ -71,6 +74,14 @@ pub struct RayOptions {
     /// How long a node that stopped answering is given for Ray to declare it dead (its
     /// health checks) before the failure is reported as the network's, not NODE_LOST.
     pub loss_grace: Duration,
+    /// Warm leases kept ready per runtime (for its pool): claimed by the next step that fits
+    /// one ([`lease::fits_warm`]), refilled in the background. 0: every lease is cold.
+    pub warm: usize,
+    /// A warm lease nobody claimed for this long gives its slot back (and is refilled).
+    pub warm_idle_exit: Duration,
+    /// A cold lease whose server holds no sandbox for this long (its client vanished between
+    /// the lease and the sandbox) gives its slot back.
+    pub lease_idle_exit: Duration,
     /// How long cleanup waits for a stopped job to end.
     pub stop_timeout: Duration,
     /// Timeout of one Jobs API call.
@@ -99,6 +110,9 @@ impl RayOptions {
             // Ray's default health checks declare a node dead after about 30 s (5 × 3 s
             // period + timeouts); tuned clusters much sooner.
             loss_grace: Duration::from_secs(45),
+            warm: 0,
+            warm_idle_exit: Duration::from_secs(300),
+            lease_idle_exit: Duration::from_secs(600),
             stop_timeout: Duration::from_secs(30),
             api_timeout: Duration::from_secs(15),
             node_retry: RetryPolicy {
@@ -137,6 +151,12 @@ impl RayOptions {
             options.serve_binary = bin;
         }
         options.pool = get(ENV_POOL);
+        if let Some(n) = get(ENV_WARM) {
+            options.warm = n.parse().map_err(|_| RuntimeError::InvalidControl {
+                control: "SMITHERS_RAY_WARM",
+                reason: format!("{n:?} is not a number of leases"),
+            })?;
+        }
         if let Some(ms) = get(ENV_ORPHAN_TIMEOUT_MS) {
             let ms: u64 = ms.parse().map_err(|_| RuntimeError::InvalidControl {
                 control: "SMITHERS_RAY_ORPHAN_TIMEOUT_MS",

@@ -40,6 +40,10 @@ struct Backend {
     /// The Jobs API the lease was submitted to.
     ray_address: String,
     submission_id: String,
+    /// A warm lease claimed for this sandbox: the job that runs its server (the
+    /// `submission_id` record is then the claim, naming it in its metadata).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    warm_lease: Option<String>,
     /// Set once placed: the sandbox on the node (its codeplane handle's backend).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     node: Option<NodeBackend>,
@@ -66,12 +70,16 @@ struct Attached {
 /// The `ray` runtime. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct RayRuntime {
-    options: Arc<RayOptions>,
-    jobs: JobsClient,
+    pub(crate) options: Arc<RayOptions>,
+    pub(crate) jobs: JobsClient,
     /// Configs between `create` and `place` (the node's sandbox is made with them).
     configs: Arc<Mutex<HashMap<String, SandboxConfig>>>,
     /// Leases attached in this process.
     attached: Arc<Mutex<HashMap<String, Attached>>>,
+    /// Warm leases claimed at create, until `place` takes them.
+    pub(crate) claimed: Arc<Mutex<HashMap<String, crate::warm::WarmLease>>>,
+    /// The warm leases kept ready (`RayOptions::warm`).
+    pub(crate) pool: Arc<Mutex<crate::warm::Pool>>,
 }
 
 fn key(run_id: &str, sandbox_id: &str) -> String {
@@ -97,6 +105,13 @@ fn jobs_error(what: &str, e: JobsError) -> RuntimeError {
     }
 }
 
+impl Backend {
+    /// The job that runs the sandbox's server.
+    fn lease_job(&self) -> &str {
+        self.warm_lease.as_deref().unwrap_or(&self.submission_id)
+    }
+}
+
 impl RayRuntime {
     pub fn new(options: RayOptions) -> Result<Self, RuntimeError> {
         let jobs = JobsClient::new(&options.address, options.token.clone(), options.api_timeout)
@@ -106,6 +121,8 @@ impl RayRuntime {
             jobs,
             configs: Arc::default(),
             attached: Arc::default(),
+            claimed: Arc::default(),
+            pool: Arc::default(),
         })
     }
 
@@ -139,6 +156,15 @@ impl RayRuntime {
         }
         smithers_runtime::config::validate_id("runId", &handle.run_id)?;
         smithers_runtime::config::validate_id("sandboxId", &handle.sandbox_id)?;
+        if let Some(w) = &b.warm_lease {
+            smithers_runtime::config::validate_id("warmLease", w)?;
+            if !w.starts_with(lease::WARM_PREFIX) {
+                return Err(RuntimeError::InvalidControl {
+                    control: "handle",
+                    reason: format!("{w:?} is not a warm lease's id"),
+                });
+            }
+        }
         if b.submission_id != lease::submission_id(&handle.run_id, &handle.sandbox_id) {
             return Err(RuntimeError::InvalidControl {
                 control: "handle",
@@ -176,7 +202,7 @@ impl RayRuntime {
 
     /// The node's `serve` for a running lease: address from the job record, port from the
     /// job's log, token from the job's environment.
-    async fn node_client(
+    pub(crate) async fn node_client(
         &self,
         id: &str,
         record: &JobRecord,
@@ -225,11 +251,31 @@ impl RayRuntime {
                 reason: "the lease was never placed (place was not called)".into(),
             });
         };
-        let record = self.job(&b.submission_id).await?;
-        if record.status != JobStatus::Running {
-            return Err(Self::node_lost(&b.submission_id, &record));
+        if let Some(w) = &b.warm_lease {
+            // The claim record (the derived id, which only its creator could submit) must
+            // name this warm lease: a handle cannot borrow another sandbox's lease.
+            let claim = self.job(&b.submission_id).await?;
+            let named = claim
+                .metadata
+                .as_ref()
+                .and_then(|m| m.get(lease::META_CLAIM_OF))
+                .map(String::as_str);
+            if named != Some(w.as_str()) {
+                return Err(RuntimeError::InvalidControl {
+                    control: "handle",
+                    reason: format!(
+                        "the claim {:?} does not name the warm lease {w:?}: not attached",
+                        b.submission_id
+                    ),
+                });
+            }
         }
-        let Some((remote, node_ip)) = self.node_client(&b.submission_id, &record).await? else {
+        let id = b.lease_job();
+        let record = self.job(id).await?;
+        if record.status != JobStatus::Running {
+            return Err(Self::node_lost(id, &record));
+        }
+        let Some((remote, node_ip)) = self.node_client(id, &record).await? else {
             return Err(RuntimeError::OutOfOrder {
                 verb: "attach",
                 reason: "the lease's server has not said where it listens".into(),
@@ -278,17 +324,18 @@ impl RayRuntime {
         fut: impl std::future::Future<Output = Result<T, RuntimeError>>,
     ) -> Result<T, RuntimeError> {
         let b = self.backend(handle)?;
+        let id = b.lease_job();
         let result = tokio::select! {
             r = fut => r,
-            lost = self.watch(&b.submission_id) => return Err(lost),
+            lost = self.watch(id) => return Err(lost),
         };
         let e = match result {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        if let Ok(Some(record)) = self.jobs.get(&b.submission_id).await {
+        if let Ok(Some(record)) = self.jobs.get(id).await {
             if record.status.is_terminal() {
-                return Err(Self::node_lost(&b.submission_id, &record));
+                return Err(Self::node_lost(id, &record));
             }
         }
         // The node does not answer but Ray still holds the lease running: a dead machine
@@ -296,7 +343,7 @@ impl RayRuntime {
         // Ray's verdict rather than call a lost node a network error.
         if let RuntimeError::Unavailable { reason, .. } = &e {
             let grace = self.options.loss_grace;
-            return match tokio::time::timeout(grace, self.watch(&b.submission_id)).await {
+            return match tokio::time::timeout(grace, self.watch(id)).await {
                 Ok(lost) => Err(lost),
                 Err(_) => Err(RuntimeError::Unavailable {
                     runtime: RUNTIME,
@@ -310,8 +357,82 @@ impl RayRuntime {
         Err(e)
     }
 
+    /// Waits while Ray keeps the lease's job pending (each of Ray's reasons told to `sink`
+    /// once), then until its server says where it listens: the node's client, its address,
+    /// the job record and how long the lease queued. A lease that fails to start, or waits
+    /// past the queue timeout, is ended and reported.
+    pub(crate) async fn wait_running(
+        &self,
+        id: &str,
+        sink: &dyn PlacementSink,
+    ) -> Result<(RemoteRuntime, String, JobRecord, Duration), RuntimeError> {
+        let id = id.to_string();
+        let started = Instant::now();
+        let mut said: Option<String> = None;
+        let mut running_since: Option<Instant> = None;
+        let (remote, node_ip, record) = loop {
+            let record = self.job(&id).await?;
+            match record.status {
+                JobStatus::Pending => {
+                    let reason = record
+                        .message
+                        .clone()
+                        .unwrap_or_else(|| "waiting for a free sandbox slot".into());
+                    if said.as_deref() != Some(reason.as_str()) {
+                        sink.queued(&reason);
+                        said = Some(reason);
+                    }
+                    if started.elapsed() > self.options.queue_timeout {
+                        let _ = self.end_lease(&id).await;
+                        return Err(RuntimeError::Unavailable {
+                            runtime: RUNTIME,
+                            reason: format!(
+                                "the lease waited {:?} in Ray's queue without a free slot: {}",
+                                self.options.queue_timeout,
+                                record.describe()
+                            ),
+                            fix: Some(
+                                "add nodes with sandbox slots, or wait for running steps".into(),
+                            ),
+                        });
+                    }
+                }
+                JobStatus::Running => {
+                    let since = *running_since.get_or_insert_with(Instant::now);
+                    if let Some((remote, ip)) = self.node_client(&id, &record).await? {
+                        break (remote, ip, record);
+                    }
+                    if since.elapsed() > self.options.start_timeout {
+                        let log = self.jobs.logs(&id).await.unwrap_or_default();
+                        let _ = self.end_lease(&id).await;
+                        return Err(RuntimeError::spawn(
+                            "start the lease's server",
+                            format!(
+                                "it did not say where it listens within {:?}; its log ends: {}",
+                                self.options.start_timeout,
+                                tail(&log)
+                            ),
+                        ));
+                    }
+                }
+                _ => {
+                    let log = self.jobs.logs(&id).await.unwrap_or_default();
+                    return Err(RuntimeError::spawn(
+                        "start the lease",
+                        format!("{}; its log ends: {}", record.describe(), tail(&log)),
+                    ));
+                }
+            }
+            tokio::time::sleep(self.options.poll_interval).await;
+        };
+        let queued = running_since
+            .map(|r| r.duration_since(started))
+            .unwrap_or_default();
+        Ok((remote, node_ip, record, queued))
+    }
+
     /// Stops the lease's job and deletes its record, waiting (bounded) for it to end.
-    async fn end_lease(&self, id: &str) -> Result<(), RuntimeError> {
+    pub(crate) async fn end_lease(&self, id: &str) -> Result<(), RuntimeError> {
         self.jobs
             .stop(id)
             .await
@@ -493,9 +614,24 @@ impl Runtime for RayRuntime {
             });
         }
         let id = lease::submission_id(&config.run_id, &config.sandbox_id);
+        let claimed = self.claim_warm(config).await?;
+        let warm_lease = claimed.as_ref().map(|w| w.id.clone());
         let token = lease::new_token();
-        let job = lease::job_for(&self.options, config, &id, &token);
-        match self.jobs.submit(&job).await {
+        let job = match &claimed {
+            Some(w) => lease::claim_job(config, &id, &w.id),
+            None => lease::job_for(&self.options, config, &id, &token),
+        };
+        let submitted = self.jobs.submit(&job).await;
+        if let Some(w) = claimed.clone() {
+            if submitted.is_err() {
+                // Not ours after all: back to the pool.
+                self.return_warm(w);
+            } else {
+                // Claimed: its replacement starts now.
+                self.fill_warm();
+            }
+        }
+        match submitted {
             Ok(()) => {}
             Err(JobsError::Duplicate(message)) => {
                 return Err(RuntimeError::InvalidControl {
@@ -517,7 +653,16 @@ impl Runtime for RayRuntime {
         let result_path = sandbox_root.join("result");
         if let Err(e) = tokio::fs::create_dir_all(&request_path).await {
             let _ = self.end_lease(&id).await;
+            if let Some(w) = claimed {
+                let _ = self.end_lease(&w.id).await;
+            }
             return Err(RuntimeError::io("create", &request_path, e));
+        }
+        if let Some(w) = claimed {
+            self.claimed
+                .lock()
+                .expect("claimed table")
+                .insert(key(&config.run_id, &config.sandbox_id), w);
         }
         self.configs
             .lock()
@@ -535,6 +680,7 @@ impl Runtime for RayRuntime {
             backend: serde_json::to_value(Backend {
                 ray_address: self.jobs.base().to_string(),
                 submission_id: id,
+                warm_lease,
                 node: None,
             })
             .unwrap_or(Value::Null),
@@ -558,69 +704,23 @@ impl Runtime for RayRuntime {
                 verb: "place",
                 reason: "the sandbox was not created by this process".into(),
             })?;
-        let id = b.submission_id.clone();
-        let started = Instant::now();
-        let mut said: Option<String> = None;
-        let mut running_since: Option<Instant> = None;
-        let (remote, node_ip, record) = loop {
-            let record = self.job(&id).await?;
-            match record.status {
-                JobStatus::Pending => {
-                    let reason = record
-                        .message
-                        .clone()
-                        .unwrap_or_else(|| "waiting for a free sandbox slot".into());
-                    if said.as_deref() != Some(reason.as_str()) {
-                        sink.queued(&reason);
-                        said = Some(reason);
-                    }
-                    if started.elapsed() > self.options.queue_timeout {
-                        let _ = self.end_lease(&id).await;
-                        return Err(RuntimeError::Unavailable {
-                            runtime: RUNTIME,
-                            reason: format!(
-                                "the lease waited {:?} in Ray's queue without a free slot: {}",
-                                self.options.queue_timeout,
-                                record.describe()
-                            ),
-                            fix: Some(
-                                "add nodes with sandbox slots, or wait for running steps".into(),
-                            ),
-                        });
-                    }
-                }
-                JobStatus::Running => {
-                    let since = *running_since.get_or_insert_with(Instant::now);
-                    if let Some((remote, ip)) = self.node_client(&id, &record).await? {
-                        break (remote, ip, record);
-                    }
-                    if since.elapsed() > self.options.start_timeout {
-                        let log = self.jobs.logs(&id).await.unwrap_or_default();
-                        let _ = self.end_lease(&id).await;
-                        return Err(RuntimeError::spawn(
-                            "start the lease's server",
-                            format!(
-                                "it did not say where it listens within {:?}; its log ends: {}",
-                                self.options.start_timeout,
-                                tail(&log)
-                            ),
-                        ));
-                    }
-                }
-                _ => {
-                    let log = self.jobs.logs(&id).await.unwrap_or_default();
-                    return Err(RuntimeError::spawn(
-                        "start the lease",
-                        format!("{}; its log ends: {}", record.describe(), tail(&log)),
-                    ));
-                }
+        // A warm lease claimed at create: its server is up already.
+        let warm = self.claimed.lock().expect("claimed table").remove(&k);
+        let (id, remote, node_ip, record, queued_ms) = match warm {
+            Some(w) => (w.id, w.remote, w.node_ip, w.record, 0),
+            None if b.warm_lease.is_some() => {
+                return Err(RuntimeError::OutOfOrder {
+                    verb: "place",
+                    reason: "the warm lease was claimed by another process".into(),
+                })
             }
-            tokio::time::sleep(self.options.poll_interval).await;
+            None => {
+                let id = b.submission_id.clone();
+                let (remote, node_ip, record, queued) = self.wait_running(&id, sink).await?;
+                (id, remote, node_ip, record, queued.as_millis() as u64)
+            }
         };
-        let queued_ms = running_since
-            .map(|r| r.duration_since(started))
-            .unwrap_or_default()
-            .as_millis() as u64;
+        let is_warm = b.warm_lease.is_some();
         let node_id = record.driver_node_id.clone().unwrap_or_default();
         // The sandbox on the node, with the same ids and the same local directories.
         let remote_config = SandboxConfig {
@@ -632,8 +732,21 @@ impl Runtime for RayRuntime {
             Err(e) => {
                 return Err(match self.jobs.get(&id).await {
                     Ok(Some(r)) if r.status.is_terminal() => Self::node_lost(&id, &r),
+                    Ok(Some(r)) => {
+                        // Say what the lease itself says: its state and the end of its log.
+                        let log = self.jobs.logs(&id).await.unwrap_or_default();
+                        RuntimeError::spawn(
+                            "make the sandbox on the lease's server",
+                            format!(
+                                "{}: {e}; the lease is {} on node {node_ip}, its log ends: {}",
+                                remote.options().base_url,
+                                r.describe(),
+                                tail(&log)
+                            ),
+                        )
+                    }
                     _ => e,
-                })
+                });
             }
         };
         b.node = Some(NodeBackend {
@@ -661,7 +774,7 @@ impl Runtime for RayRuntime {
                 node_id,
                 lease: id,
                 queued_ms,
-                warm: false,
+                warm: is_warm,
             }),
         ))
     }
@@ -694,12 +807,13 @@ impl Runtime for RayRuntime {
         let report = self.guarded(handle, a.remote.collect(&a.inner)).await?;
         // Downloaded: kept only if the lease is still the live one that ran the step. A node
         // lost during the download may have sent a bundle it never finished.
-        let alive = match self.jobs.get(&b.submission_id).await {
+        let id = b.lease_job();
+        let alive = match self.jobs.get(id).await {
             Ok(Some(r)) if r.status == JobStatus::Running => Ok(()),
-            Ok(Some(r)) => Err(Self::node_lost(&b.submission_id, &r)),
+            Ok(Some(r)) => Err(Self::node_lost(id, &r)),
             Ok(None) => Err(RuntimeError::NodeLost {
                 runtime: RUNTIME,
-                lease: b.submission_id.clone(),
+                lease: id.to_string(),
                 node: Some(a.node.clone()),
                 reason: "the cluster no longer knows the lease's job".into(),
             }),
@@ -724,7 +838,7 @@ impl Runtime for RayRuntime {
         // The sandbox on the node first: its layers and processes go with it. A lease that has
         // ended took its server with it: nothing to ask the node (it may be unreachable).
         let live = matches!(
-            self.jobs.get(&b.submission_id).await,
+            self.jobs.get(b.lease_job()).await,
             Ok(Some(ref r)) if r.status == JobStatus::Running
         );
         let attached = match b.node {
@@ -746,8 +860,21 @@ impl Runtime for RayRuntime {
             }
         }
         self.attached.lock().expect("attached table").remove(&k);
-        if let Err(e) = self.end_lease(&b.submission_id).await {
+        let unplaced = self.claimed.lock().expect("claimed table").remove(&k);
+        if let Some(w) = unplaced {
+            // Claimed at create, never placed: the warm lease goes too (it was promised).
+            if let Err(e) = self.end_lease(&w.id).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let Err(e) = self.end_lease(b.lease_job()).await {
             first_error.get_or_insert(e);
+        }
+        if b.warm_lease.is_some() {
+            // The claim record: ended long ago (it runs `true`), deleted now.
+            if let Err(e) = self.end_lease(&b.submission_id).await {
+                first_error.get_or_insert(e);
+            }
         }
         first_error.map_or(Ok(()), Err)
     }

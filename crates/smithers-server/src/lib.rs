@@ -228,6 +228,11 @@ impl SandboxServer {
         })
     }
 
+    /// How many sandboxes this server holds now (any state, any token).
+    pub fn held(&self) -> usize {
+        state::lock(&self.state.sandboxes).len()
+    }
+
     /// Cleans up the hosted sandboxes a previous server on this data directory left behind
     /// (it died without deleting them: see `recovery`). Call before serving.
     pub async fn recover(&self) -> Vec<Recovered> {

@@ -114,6 +114,12 @@ pub struct ServeArgs {
     /// Most entries in a workspace upload.
     #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     max_workspace_entries: u64,
+
+    /// Stop (gracefully) once the server has held no sandbox for this long, e.g. 5m; 0 never
+    /// does. A fleet lease's server uses it, so that a lease whose client vanished, or a warm
+    /// lease nobody claimed, gives its slot back.
+    #[arg(long, value_name = "DURATION", default_value = "0")]
+    exit_when_idle: String,
 }
 
 fn size(flag: &str, text: &str) -> anyhow::Result<u64> {
@@ -212,9 +218,39 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             "smithers-sandbox serving on http://{addr} (data in {})",
             data_dir.display()
         );
-        server.serve(listener, shutdown_signal()).await.coded()
+        let idle_exit = match args.exit_when_idle.trim() {
+            "0" | "0s" | "0ms" | "0m" | "0h" => Duration::ZERO,
+            text => duration("exit-when-idle", text)?,
+        };
+        let watched = server.clone();
+        let stop = async move {
+            tokio::select! {
+                () = shutdown_signal() => {}
+                () = idle_for(watched, idle_exit) => {
+                    eprintln!("no sandbox held for {idle_exit:?}: stopping (--exit-when-idle)");
+                }
+            }
+        };
+        server.serve(listener, stop).await.coded()
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves once `server` has held no sandbox for `idle` without a break (never for 0).
+async fn idle_for(server: SandboxServer, idle: Duration) {
+    if idle.is_zero() {
+        return std::future::pending().await;
+    }
+    let tick = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let mut empty_since = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(tick).await;
+        if server.held() > 0 {
+            empty_since = std::time::Instant::now();
+        } else if empty_since.elapsed() >= idle {
+            return;
+        }
+    }
 }
 
 /// Connections the kernel holds for us until they are accepted (capped by

@@ -180,10 +180,12 @@ pub fn run(scratch: &Path, rounds: usize) -> anyhow::Result<String> {
         Contender::new("ours: native, this host", || local.run(&["true"]))
             .with_after(|| local.discard_bundles()),
     ];
-    let series = interleaved(&mut contenders, 2, rounds)?;
+    let series = interleaved(&mut contenders, 2, rounds);
     drop(contenders);
-    let warm_rounds = warm.warm_placements();
+    // The pool's leases end whatever happened (they would hold the cluster's slots).
     warm.block_on(pool.shutdown_warm());
+    let series = series?;
+    let warm_rounds = warm.warm_placements();
     let warm_lease: Vec<Duration> = warm.phases().iter().skip(2).map(|p| p[0]).collect();
     let mut warm_sorted = warm_lease;
     warm_sorted.sort();

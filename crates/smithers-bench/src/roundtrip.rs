@@ -27,6 +27,9 @@ pub struct RoundTrip {
     bundles: Mutex<Vec<std::path::PathBuf>>,
     /// Round trips whose sandbox was placed on a warm lease (a fleet's pool).
     warm_placements: AtomicU64,
+    /// No memory or pids limit of the step's own (the runtime's defaults hold): what a warm
+    /// lease, which reserved nothing for one step, can take.
+    unlimited: bool,
 }
 
 /// The verbs of a round trip, in the order of [`RoundTrip::phases`].
@@ -70,7 +73,8 @@ impl RoundTrip {
     ) -> anyhow::Result<(Self, smithers_runtime_ray::RayRuntime)> {
         options.warm = warm;
         let runtime = smithers_runtime_ray::RayRuntime::new(options)?;
-        let trip = Self::new(Arc::new(runtime.clone()), RuntimeKind::Ray, project, None)?;
+        let mut trip = Self::new(Arc::new(runtime.clone()), RuntimeKind::Ray, project, None)?;
+        trip.unlimited = true;
         trip.executor
             .block_on(runtime.warm_up(Duration::from_secs(120)))?;
         Ok((trip, runtime))
@@ -115,6 +119,7 @@ impl RoundTrip {
             phases: Mutex::new(Vec::new()),
             bundles: Mutex::new(Vec::new()),
             warm_placements: AtomicU64::new(0),
+            unlimited: false,
         })
     }
 
@@ -148,18 +153,29 @@ impl RoundTrip {
     }
 
     fn round_trip(&self, argv: &[&str]) -> anyhow::Result<usize> {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        // Unique in the process, not only in this round trip: two round trips on one fleet
+        // must not name the same sandbox (a lease's id is derived from it).
+        static EVERY: AtomicU64 = AtomicU64::new(0);
+        self.counter.fetch_add(1, Ordering::Relaxed);
+        let n = EVERY.fetch_add(1, Ordering::Relaxed);
         let config = SandboxConfig {
             run_id: format!("bench-{}", std::process::id()),
             sandbox_id: format!("s{n}"),
             runtime: self.kind,
             root_dir: self.project.clone(),
             image: self.image.clone(),
-            controls: Controls {
-                memory_limit_bytes: Some(512 << 20),
-                pids_limit: Some(256),
-                timeout_ms: Some(60_000),
-                ..Controls::default()
+            controls: if self.unlimited {
+                Controls {
+                    timeout_ms: Some(60_000),
+                    ..Controls::default()
+                }
+            } else {
+                Controls {
+                    memory_limit_bytes: Some(512 << 20),
+                    pids_limit: Some(256),
+                    timeout_ms: Some(60_000),
+                    ..Controls::default()
+                }
             },
         };
         let command = StepCommand {

@@ -457,6 +457,17 @@ fn creating_the_same_sandbox_twice_makes_one_lease() {
     );
 }
 
+/// Shuts a warm pool down when dropped.
+struct PoolDown(smithers_runtime_ray::RayRuntime);
+
+impl Drop for PoolDown {
+    fn drop(&mut self) {
+        if let Ok(rt) = tokio::runtime::Runtime::new() {
+            rt.block_on(self.0.shutdown_warm());
+        }
+    }
+}
+
 #[test]
 fn warm_leases_are_claimed_refilled_and_shut_down() {
     let _g = serial();
@@ -468,15 +479,20 @@ fn warm_leases_are_claimed_refilled_and_shut_down() {
     options.warm = 2;
     options.warm_idle_exit = Duration::from_secs(120);
     let runtime = smithers_runtime_ray::RayRuntime::new(options).unwrap();
+    // Whatever fails below, this pool's leases do not stay to hold the next test's slots.
+    let _pool = PoolDown(runtime.clone());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let run_id = unique("warm");
-    // Ray's own records: the warm leases it runs now.
-    let running_warm = || {
+    // Ray's own records: the warm leases it runs now, but those running before this test.
+    let running_warm_ids = || -> std::collections::BTreeSet<String> {
         ray::jobs()
             .into_iter()
             .filter(|(id, status)| id.starts_with("smithers-warm-") && status == "RUNNING")
-            .count()
+            .map(|(id, _)| id)
+            .collect()
     };
+    let before = running_warm_ids();
+    let running_warm = || running_warm_ids().difference(&before).count();
     let config = |sandbox: &str, controls: Controls| SandboxConfig {
         run_id: run_id.clone(),
         sandbox_id: sandbox.into(),
@@ -550,6 +566,59 @@ fn warm_leases_are_claimed_refilled_and_shut_down() {
         "warm leases outlived the pool's shutdown: {:?}",
         ray::jobs()
     );
+    assert!(
+        live_leases_of(&run_id).is_empty(),
+        "{:?}",
+        live_leases_of(&run_id)
+    );
+}
+
+#[test]
+fn the_same_ids_run_again_after_a_lease_ended() {
+    let _g = serial();
+    if !ray::usable() {
+        return;
+    }
+    // Ray keeps the log of a submission id after its job is deleted and appends the next
+    // job's to it: the second lease must find its own server, not the first one's.
+    let p = project();
+    let run_id = unique("again");
+    for (i, extra) in [(1, None), (2, Some("--replace"))] {
+        let mut c = ray_run(p.path(), &run_id, "same", &format!("echo {i} > n.txt"));
+        if let Some(flag) = extra {
+            c = {
+                let mut c2 = bin();
+                ray::cli_env(&mut c2);
+                c2.args([
+                    "run",
+                    "--json",
+                    "--runtime",
+                    "ray",
+                    flag,
+                    "--run-id",
+                    &run_id,
+                ])
+                .args(["--sandbox-id", "same", "--root"])
+                .arg(p.path())
+                .args(["--", "sh", "-c", &format!("echo {i} > n.txt")])
+                .stdin(Stdio::null());
+                c2
+            };
+        }
+        let out = c.output().unwrap();
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("run {i}: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+        assert_eq!(doc["status"], "review", "run {i}: {doc}");
+        // Decided, so that --replace may discard it.
+        let rejected = cli(p.path(), &["reject", "same", "--reason", "again"])
+            .output()
+            .unwrap();
+        assert!(
+            rejected.status.success(),
+            "{}",
+            String::from_utf8_lossy(&rejected.stderr)
+        );
+    }
     assert!(
         live_leases_of(&run_id).is_empty(),
         "{:?}",

@@ -172,9 +172,11 @@ fn serve_job(
         .join(" ");
     // `env -u`: neither Ray's cluster token nor the job's config (which repeats the lease
     // token) reaches `serve`, and so neither can reach a step.
+    // The nonce line first: this lease's serving line is the one after it (Ray appends to the
+    // log of a reused submission id).
     let entrypoint = format!(
-        "SMITHERS_SANDBOX_TOKEN=\"${LEASE_TOKEN_ENV}\" exec env -u {LEASE_TOKEN_ENV} \
-         -u RAY_AUTH_TOKEN -u RAY_AUTH_TOKEN_PATH -u RAY_JOB_CONFIG_JSON_ENV_VAR -u RAY_ADDRESS {serve}"
+        "echo \"{NONCE_PREFIX}${LEASE_NONCE_ENV}\"; SMITHERS_SANDBOX_TOKEN=\"${LEASE_TOKEN_ENV}\" exec env -u {LEASE_TOKEN_ENV} \
+         -u {LEASE_NONCE_ENV} -u RAY_AUTH_TOKEN -u RAY_AUTH_TOKEN_PATH -u RAY_JOB_CONFIG_JSON_ENV_VAR -u RAY_ADDRESS {serve}"
     );
     let mut resources = BTreeMap::new();
     resources.insert(options.slot_resource.clone(), 1.0);
@@ -189,7 +191,10 @@ fn serve_job(
     JobSubmit {
         entrypoint,
         submission_id: submission_id.to_string(),
-        runtime_env: json!({ "env_vars": { LEASE_TOKEN_ENV: token } }),
+        runtime_env: json!({ "env_vars": {
+            LEASE_TOKEN_ENV: token,
+            LEASE_NONCE_ENV: uuid::Uuid::new_v4().simple().to_string(),
+        } }),
         metadata,
         entrypoint_num_cpus: c.cpu_limit,
         entrypoint_memory: c.memory_limit_bytes,
@@ -198,10 +203,19 @@ fn serve_job(
     }
 }
 
-/// The port `serve` listens on, from the lease's log (the first serving line; a step's
-/// output never reaches this log: `serve` keeps it in its own event log).
-pub fn serving_port(log: &str) -> Option<u16> {
-    log.lines().find_map(|line| {
+/// The job environment variable holding the lease's nonce, which its entrypoint prints first.
+pub const LEASE_NONCE_ENV: &str = "SMITHERS_LEASE_NONCE";
+const NONCE_PREFIX: &str = "smithers-lease ";
+
+/// The port `serve` listens on, from the lease's log: the first serving line after the line
+/// with this lease's `nonce` (Ray appends to the log of a submission id used before, so an
+/// earlier lease of the same sandbox may have printed one first; a step's output never
+/// reaches this log: `serve` keeps it in its own event log).
+pub fn serving_port(log: &str, nonce: &str) -> Option<u16> {
+    let marker = format!("{NONCE_PREFIX}{nonce}");
+    let mut lines = log.lines();
+    lines.by_ref().find(|l| l.trim() == marker)?;
+    lines.find_map(|line| {
         let rest = line.trim().strip_prefix(SERVING_PREFIX)?;
         let authority = rest.split([' ', '/']).next()?;
         authority.rsplit_once(':')?.1.parse().ok()
@@ -223,11 +237,22 @@ mod tests {
 
     #[test]
     fn the_port_is_read_from_the_serving_line() {
-        let log = "Running entrypoint for job x: ...\nrecovered nothing\nsmithers-sandbox serving on http://0.0.0.0:41235 (data in /tmp/d)\n";
-        assert_eq!(serving_port(log), Some(41235));
-        assert_eq!(serving_port("nothing yet\n"), None);
+        let log = "Running entrypoint for job x: ...\nsmithers-lease n1\nrecovered nothing\nsmithers-sandbox serving on http://0.0.0.0:41235 (data in /tmp/d)\n";
+        assert_eq!(serving_port(log, "n1"), Some(41235));
+        assert_eq!(serving_port("smithers-lease n1\nnothing yet\n", "n1"), None);
+        // A reused submission id's log holds the earlier lease's lines first; until this
+        // lease's server speaks, there is no port (not the earlier one's).
+        let reused = "smithers-lease n0\nsmithers-sandbox serving on http://0.0.0.0:1111 (data in /d)\nsmithers-lease n1\n";
+        assert_eq!(serving_port(reused, "n1"), None);
+        let reused =
+            format!("{reused}smithers-sandbox serving on http://0.0.0.0:2222 (data in /d)\n");
+        assert_eq!(serving_port(&reused, "n1"), Some(2222));
+        assert_eq!(serving_port(&reused, "n0"), Some(1111));
         assert_eq!(
-            serving_port("smithers-sandbox serving on http://[::]:7 (data in /x)"),
+            serving_port(
+                "smithers-lease n\nsmithers-sandbox serving on http://[::]:7 (data in /x)",
+                "n"
+            ),
             Some(7)
         );
     }

@@ -215,7 +215,13 @@ impl RayRuntime {
             .logs(id)
             .await
             .map_err(|e| jobs_error("read the lease's log", e))?;
-        let Some(port) = lease::serving_port(&log) else {
+        let Some(nonce) = record.env_var(lease::LEASE_NONCE_ENV) else {
+            return Err(RuntimeError::spawn(
+                "attach to the lease",
+                "its job carries no lease nonce (not a lease this runtime submitted)",
+            ));
+        };
+        let Some(port) = lease::serving_port(&log, nonce) else {
             return Ok(None);
         };
         let token = record.env_var(lease::LEASE_TOKEN_ENV).ok_or_else(|| {

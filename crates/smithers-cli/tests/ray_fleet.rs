@@ -116,12 +116,12 @@ fn worker_named(ip: &str) -> &'static str {
         .unwrap_or_else(|| panic!("no worker has address {ip}"))
 }
 
-/// Leases of this test process still known to the cluster (ghost records Ray writes back for
-/// deleted jobs excepted: see the runtime's `sweep_ghosts`).
+/// Jobs of this run that hold or wait for a slot (ended records are not leases: Ray's ghost
+/// records of deleted jobs and spent claim records, swept by later cleanups).
 fn live_leases_of(run_id: &str) -> Vec<(String, String)> {
     ray::jobs()
         .into_iter()
-        .filter(|(id, status)| id.contains(run_id) && status != "FAILED")
+        .filter(|(id, status)| id.contains(run_id) && (status == "RUNNING" || status == "PENDING"))
         .collect()
 }
 

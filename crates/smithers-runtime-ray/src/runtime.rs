@@ -437,6 +437,29 @@ impl RayRuntime {
         Ok((remote, node_ip, record, queued))
     }
 
+    /// Whether the record under `id` has ended and holds no lease: a lease that ended, or a
+    /// claim record whose warm lease ended too.
+    async fn ended_record(&self, id: &str) -> bool {
+        let Ok(Some(r)) = self.jobs.get(id).await else {
+            return false;
+        };
+        if !r.status.is_terminal() {
+            return false;
+        }
+        match r
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(lease::META_CLAIM_OF))
+        {
+            None => true,
+            Some(lease) => match self.jobs.get(lease).await {
+                Ok(Some(l)) => l.status.is_terminal(),
+                Ok(None) => true,
+                Err(_) => false,
+            },
+        }
+    }
+
     /// Stops the lease's job and deletes its record, waiting (bounded) for it to end.
     pub(crate) async fn end_lease(&self, id: &str) -> Result<(), RuntimeError> {
         self.jobs
@@ -479,11 +502,19 @@ impl RayRuntime {
     /// out would add a second to every step; instead each cleanup removes the ghosts of the
     /// earlier ones. Only records of that exact shape under our submission-id prefix are
     /// touched. Best effort: a failure here loses nothing.
+    ///
+    /// Ended claim records whose warm lease is no longer running go too (a warm step's
+    /// cleanup does not wait for its claim to end).
     async fn sweep_ghosts(&self) {
         let Ok(records) = self.jobs.list().await else {
             return;
         };
-        for r in records {
+        let live: std::collections::BTreeSet<&str> = records
+            .iter()
+            .filter(|r| !r.status.is_terminal())
+            .filter_map(|r| r.submission_id.as_deref())
+            .collect();
+        for r in &records {
             let Some(id) = r.submission_id.as_deref() else {
                 continue;
             };
@@ -492,7 +523,13 @@ impl RayRuntime {
                 && r.start_time.is_none()
                 && r.runtime_env.is_none()
                 && r.error_type.as_deref() == Some("JOB_SUPERVISOR_ACTOR_DIED");
-            if ghost {
+            let spent_claim = id.starts_with(lease::SUBMISSION_PREFIX)
+                && r.status.is_terminal()
+                && r.metadata
+                    .as_ref()
+                    .and_then(|m| m.get(lease::META_CLAIM_OF))
+                    .is_some_and(|lease| !live.contains(lease.as_str()));
+            if ghost || spent_claim {
                 let _ = self.jobs.delete(id).await;
             }
         }
@@ -627,7 +664,14 @@ impl Runtime for RayRuntime {
             Some(w) => lease::claim_job(config, &id, &w.id),
             None => lease::job_for(&self.options, config, &id, &token),
         };
-        let submitted = self.jobs.submit(&job).await;
+        let mut submitted = self.jobs.submit(&job).await;
+        if matches!(submitted, Err(JobsError::Duplicate(_))) && self.ended_record(&id).await {
+            // The earlier sandbox of these ids has ended and only its record is left (a
+            // cleanup that could not delete it, a claim record not swept yet): it holds no
+            // lease, so it goes and this one is submitted. A live one is refused below.
+            let _ = self.jobs.delete(&id).await;
+            submitted = self.jobs.submit(&job).await;
+        }
         if let Some(w) = claimed.clone() {
             if submitted.is_err() {
                 // Not ours after all: back to the pool.
@@ -877,9 +921,15 @@ impl Runtime for RayRuntime {
             first_error.get_or_insert(e);
         }
         if b.warm_lease.is_some() {
-            // The claim record: ended long ago (it runs `true`), deleted now.
-            if let Err(e) = self.end_lease(&b.submission_id).await {
-                first_error.get_or_insert(e);
+            // The claim record runs `true` on no resources; it may still be starting (a Ray
+            // job takes most of a second). It is stopped, and deleted now if it has ended,
+            // else by the next cleanup's sweep: waiting for it would cost every warm step
+            // that second back.
+            let _ = self.jobs.stop(&b.submission_id).await;
+            if let Ok(Some(r)) = self.jobs.get(&b.submission_id).await {
+                if r.status.is_terminal() {
+                    let _ = self.jobs.delete(&b.submission_id).await;
+                }
             }
         }
         first_error.map_or(Ok(()), Err)

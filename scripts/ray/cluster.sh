@@ -124,14 +124,15 @@ node_pids() {
 kill_node() {
   local n="$1" leader
   leader="$(cat "$state/$n.pid" 2>/dev/null)" || return 0
-  # PID 1 of the node's namespace: its death takes every process of the namespace (and of the
-  # sandboxes' nested namespaces) with it.
+  # The leader is `unshare` (nsenter execs it); its child is PID 1 of the node's PID
+  # namespace, whose death takes every process of the namespace (and of the sandboxes' nested
+  # namespaces) with it. Killing the leader alone would leave the namespace running.
   local init
-  init="$(pgrep -P "$(pgrep -P "$leader" | head -1)" 2>/dev/null | head -1 || true)"
+  init="$(pgrep -P "$leader" 2>/dev/null | head -1 || true)"
   if [ -n "$init" ]; then kill -KILL "$init" 2>/dev/null || true; fi
   kill -KILL "$leader" 2>/dev/null || true
   for _ in $(seq 50); do
-    [ -d "/proc/$leader" ] || break
+    if [ ! -d "/proc/$leader" ] && { [ -z "$init" ] || [ ! -d "/proc/$init" ]; }; then break; fi
     sleep 0.1
   done
   rm -f "$state/$n.pid"

@@ -93,7 +93,7 @@ fn placed_node(root: &Path, run_id: &str) -> Option<String> {
 /// command line does not (it holds the marker cut in two, joined by the step's shell).
 fn marked_sleep(marker: &str) -> String {
     let (a, b) = marker.split_at(marker.len() / 2);
-    format!("M={a}; exec sh -c 'sleep 600; true' \"$M{b}\"")
+    format!("M={a}; exec sh -c 'sleep 600; true' \"${{M}}{b}\"")
 }
 
 fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
@@ -380,14 +380,19 @@ fn a_client_killed_mid_step_is_recovered_from_its_row() {
     let marker = unique("smithers-fleet-crash");
     let mut child = ray_run(p.path(), &run_id, "step", &marked_sleep(&marker))
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(
-        wait_until(Duration::from_secs(60), || !ray::processes_with(&marker)
-            .is_empty()),
-        "the step never started"
-    );
+    if !wait_until(Duration::from_secs(60), || {
+        !ray::processes_with(&marker).is_empty()
+    }) {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "the step never started: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(

@@ -472,7 +472,9 @@ impl RayRuntime {
                 Ok(None) => return Ok(()),
                 Ok(Some(r)) if r.status.is_terminal() => break,
                 Ok(Some(_)) | Err(_) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    // A stopped lease's server ends in a few hundred milliseconds (SIGTERM,
+                    // its drain); asked often, as every step's cleanup waits for it.
+                    tokio::time::sleep(Duration::from_millis(25)).await;
                 }
                 Ok(Some(r)) => {
                     return Err(RuntimeError::spawn(

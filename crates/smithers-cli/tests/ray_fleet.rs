@@ -630,3 +630,81 @@ fn the_same_ids_run_again_after_a_lease_ended() {
         live_leases_of(&run_id)
     );
 }
+
+#[test]
+fn a_crafted_handle_reaches_no_other_cluster_and_ends_no_other_lease() {
+    let _g = serial();
+    if !ray::usable() {
+        return;
+    }
+    let p = project();
+    let mut options = ray::options();
+    options.warm = 1;
+    let runtime = smithers_runtime_ray::RayRuntime::new(options).unwrap();
+    let _pool = PoolDown(runtime.clone());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let warm_before: std::collections::BTreeSet<String> = ray::jobs()
+        .into_iter()
+        .filter(|(id, s)| id.starts_with("smithers-warm-") && s == "RUNNING")
+        .map(|(id, _)| id)
+        .collect();
+    rt.block_on(runtime.warm_up(Duration::from_secs(120)))
+        .unwrap();
+    let victim = ray::jobs()
+        .into_iter()
+        .find(|(id, s)| {
+            id.starts_with("smithers-warm-") && s == "RUNNING" && !warm_before.contains(id)
+        })
+        .map(|(id, _)| id)
+        .expect("the pool's warm lease");
+    let run_id = unique("crafted");
+    let root = p.path().join(".smithers/sandboxes").join(&run_id).join("x");
+    std::fs::create_dir_all(root.join("request")).unwrap();
+    let handle = |backend: Value| smithers_runtime::SandboxHandle {
+        runtime: RuntimeKind::Ray,
+        run_id: run_id.clone(),
+        sandbox_id: "x".into(),
+        sandbox_root: root.clone(),
+        request_path: root.join("request"),
+        result_path: root.join("result"),
+        container_id: None,
+        workspace_id: None,
+        backend,
+    };
+    let derived = smithers_runtime_ray::lease::submission_id(&run_id, "x");
+    rt.block_on(async {
+        // Another cluster: refused before any request.
+        let elsewhere = handle(serde_json::json!({
+            "rayAddress": "http://10.88.0.1:9", "submissionId": derived,
+        }));
+        let err = runtime
+            .cleanup(&elsewhere)
+            .await
+            .expect_err("another cluster");
+        assert!(err.to_string().contains("not contacted"), "{err}");
+        // A warm lease the handle's claim does not name (there is no claim): left running.
+        let borrowed = handle(serde_json::json!({
+            "rayAddress": ray::ADDRESS, "submissionId": derived, "warmLease": victim,
+        }));
+        runtime
+            .cleanup(&borrowed)
+            .await
+            .expect("cleanup of what is its own");
+        assert!(runtime
+            .ship(
+                &borrowed,
+                &smithers_runtime::RequestBundle {
+                    request: serde_json::json!({}),
+                }
+            )
+            .await
+            .is_err());
+    });
+    assert!(
+        ray::jobs()
+            .iter()
+            .any(|(id, s)| id == &victim && s == "RUNNING"),
+        "a crafted handle ended a warm lease it does not own: {:?}",
+        ray::jobs()
+    );
+}

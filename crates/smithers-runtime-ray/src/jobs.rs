@@ -109,7 +109,7 @@ impl JobRecord {
     pub fn describe(&self) -> String {
         let mut text = format!("job {}", self.status.as_str());
         if let Some(t) = &self.error_type {
-            text.push_str(&format!(" ({t})"));
+            text.push_str(&format!(" ({})", t.chars().take(80).collect::<String>()));
         }
         if let Some(m) = &self.message {
             text.push_str(": ");

@@ -27,8 +27,20 @@ const SERVING_PREFIX: &str = "smithers-sandbox serving on http://";
 /// the same sandbox twice (from any process) names the same job and Ray refuses the second,
 /// and a process that finds only the row can still name the job to stop.
 pub fn submission_id(run_id: &str, sandbox_id: &str) -> String {
-    // Both ids are [A-Za-z0-9._-]{1,128} (checked by SandboxConfig::validate).
-    format!("{SUBMISSION_PREFIX}{run_id}--{sandbox_id}")
+    // Both ids are [A-Za-z0-9._-]{1,128} (checked by SandboxConfig::validate). The run id's
+    // length makes the split unambiguous (`a--b`/`c` and `a`/`b--c` differ), and the `r`
+    // keeps cold ids apart from warm ones (`smithers-warm-`).
+    format!("{SUBMISSION_PREFIX}r{}-{run_id}-{sandbox_id}", run_id.len())
+}
+
+/// Whether `id` has exactly the shape of a warm lease's id ([`warm_id`]).
+pub fn is_warm_id(id: &str) -> bool {
+    id.strip_prefix(WARM_PREFIX).is_some_and(|rest| {
+        rest.len() == 32
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    })
 }
 
 /// Every lease's submission id starts with this.
@@ -124,14 +136,20 @@ fn serve_job(
 ) -> JobSubmit {
     let none = smithers_runtime::Controls::default();
     let c = step.unwrap_or(&none);
-    let data_dir = format!("{}/smithers-lease-{submission_id}", options.node_state_dir);
+    // A name nobody can guess ahead (a node's other users share /tmp), made by the
+    // entrypoint with mode 0700 and refused if it exists already.
+    let data_dir = format!(
+        "{}/smithers-lease-{}",
+        options.node_state_dir,
+        uuid::Uuid::new_v4().simple()
+    );
     let mut serve: Vec<String> = vec![
         options.serve_binary.clone(),
         "serve".into(),
         "--listen".into(),
         options.node_listen.clone(),
         "--data-dir".into(),
-        data_dir,
+        data_dir.clone(),
         "--orphan-timeout-ms".into(),
         options.orphan_timeout.as_millis().to_string(),
         // One lease, one sandbox.
@@ -175,8 +193,9 @@ fn serve_job(
     // The nonce line first: this lease's serving line is the one after it (Ray appends to the
     // log of a reused submission id).
     let entrypoint = format!(
-        "echo \"{NONCE_PREFIX}${LEASE_NONCE_ENV}\"; SMITHERS_SANDBOX_TOKEN=\"${LEASE_TOKEN_ENV}\" exec env -u {LEASE_TOKEN_ENV} \
-         -u {LEASE_NONCE_ENV} -u RAY_AUTH_TOKEN -u RAY_AUTH_TOKEN_PATH -u RAY_JOB_CONFIG_JSON_ENV_VAR -u RAY_ADDRESS {serve}"
+        "echo \"{NONCE_PREFIX}${LEASE_NONCE_ENV}\"; mkdir -m 700 {dir} || exit 1; SMITHERS_SANDBOX_TOKEN=\"${LEASE_TOKEN_ENV}\" exec env -u {LEASE_TOKEN_ENV} \
+         -u {LEASE_NONCE_ENV} -u RAY_AUTH_TOKEN -u RAY_AUTH_TOKEN_PATH -u RAY_JOB_CONFIG_JSON_ENV_VAR -u RAY_ADDRESS {serve}",
+        dir = shell_quote(&data_dir),
     );
     let mut resources = BTreeMap::new();
     resources.insert(options.slot_resource.clone(), 1.0);
@@ -265,6 +284,10 @@ mod tests {
 
     #[test]
     fn submission_ids_are_derived_from_the_ids() {
-        assert_eq!(submission_id("run-1", "sbx.2"), "smithers-run-1--sbx.2");
+        assert_eq!(submission_id("run-1", "sbx.2"), "smithers-r5-run-1-sbx.2");
+        assert_ne!(submission_id("a--b", "c"), submission_id("a", "b--c"));
+        assert!(is_warm_id(&warm_id()));
+        assert!(!is_warm_id("smithers-warm-x--y"));
+        assert!(!is_warm_id(&submission_id("warm-x", "y")));
     }
 }

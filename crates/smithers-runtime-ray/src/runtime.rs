@@ -114,6 +114,17 @@ impl Backend {
 
 impl RayRuntime {
     pub fn new(options: RayOptions) -> Result<Self, RuntimeError> {
+        // The entrypoint runs it through `env`, which would take `NAME=…` for an assignment
+        // and `-…` for an option of its own.
+        let bin = &options.serve_binary;
+        if bin.is_empty() || bin.starts_with('-') || bin.contains('=') {
+            return Err(RuntimeError::InvalidControl {
+                control: "SMITHERS_RAY_SERVE_BIN",
+                reason: format!(
+                    "{bin:?} is not a path to smithers-sandbox (no leading '-', no '=')"
+                ),
+            });
+        }
         let jobs = JobsClient::new(&options.address, options.token.clone(), options.api_timeout)
             .map_err(unavailable)?;
         Ok(RayRuntime {
@@ -157,8 +168,7 @@ impl RayRuntime {
         smithers_runtime::config::validate_id("runId", &handle.run_id)?;
         smithers_runtime::config::validate_id("sandboxId", &handle.sandbox_id)?;
         if let Some(w) = &b.warm_lease {
-            smithers_runtime::config::validate_id("warmLease", w)?;
-            if !w.starts_with(lease::WARM_PREFIX) {
+            if !lease::is_warm_id(w) {
                 return Err(RuntimeError::InvalidControl {
                     control: "handle",
                     reason: format!("{w:?} is not a warm lease's id"),
@@ -257,25 +267,7 @@ impl RayRuntime {
                 reason: "the lease was never placed (place was not called)".into(),
             });
         };
-        if let Some(w) = &b.warm_lease {
-            // The claim record (the derived id, which only its creator could submit) must
-            // name this warm lease: a handle cannot borrow another sandbox's lease.
-            let claim = self.job(&b.submission_id).await?;
-            let named = claim
-                .metadata
-                .as_ref()
-                .and_then(|m| m.get(lease::META_CLAIM_OF))
-                .map(String::as_str);
-            if named != Some(w.as_str()) {
-                return Err(RuntimeError::InvalidControl {
-                    control: "handle",
-                    reason: format!(
-                        "the claim {:?} does not name the warm lease {w:?}: not attached",
-                        b.submission_id
-                    ),
-                });
-            }
-        }
+        self.check_claim(&b).await?;
         let id = b.lease_job();
         let record = self.job(id).await?;
         if record.status != JobStatus::Running {
@@ -297,6 +289,32 @@ impl RayRuntime {
             .expect("attached table")
             .insert(k, attached.clone());
         Ok(attached)
+    }
+
+    /// For a warm handle: the claim record under the sandbox's own id must name the warm
+    /// lease the handle names, so that a crafted handle can neither borrow nor end another
+    /// sandbox's warm lease.
+    async fn check_claim(&self, b: &Backend) -> Result<(), RuntimeError> {
+        let Some(w) = &b.warm_lease else {
+            return Ok(());
+        };
+        let claim = self.job(&b.submission_id).await?;
+        let named = claim
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(lease::META_CLAIM_OF))
+            .map(String::as_str);
+        if named == Some(w.as_str()) {
+            Ok(())
+        } else {
+            Err(RuntimeError::InvalidControl {
+                control: "handle",
+                reason: format!(
+                    "the claim {:?} does not name the warm lease {w:?}: not touched",
+                    b.submission_id
+                ),
+            })
+        }
     }
 
     /// Resolves when the lease has ended (or vanished): the NODE_LOST to report. A Jobs API
@@ -380,10 +398,13 @@ impl RayRuntime {
             let record = self.job(&id).await?;
             match record.status {
                 JobStatus::Pending => {
-                    let reason = record
+                    let reason: String = record
                         .message
-                        .clone()
-                        .unwrap_or_else(|| "waiting for a free sandbox slot".into());
+                        .as_deref()
+                        .unwrap_or("waiting for a free sandbox slot")
+                        .chars()
+                        .take(600)
+                        .collect();
                     if said.as_deref() != Some(reason.as_str()) {
                         sink.queued(&reason);
                         said = Some(reason);
@@ -675,12 +696,17 @@ impl Runtime for RayRuntime {
             submitted = self.jobs.submit(&job).await;
         }
         if let Some(w) = claimed.clone() {
-            if submitted.is_err() {
-                // Not ours after all: back to the pool.
-                self.return_warm(w);
-            } else {
+            match &submitted {
                 // Claimed: its replacement starts now.
-                self.fill_warm();
+                Ok(()) => self.fill_warm(),
+                // Not ours after all: back to the pool.
+                Err(JobsError::Duplicate(_)) => self.return_warm(w),
+                // Ray may have taken the claim before the reply was lost: the warm lease may
+                // be named by it, so it is not handed to anyone else.
+                Err(_) => {
+                    let _ = self.end_lease(&w.id).await;
+                    self.fill_warm();
+                }
             }
         }
         match submitted {
@@ -694,7 +720,12 @@ impl Runtime for RayRuntime {
                     ),
                 })
             }
-            Err(e) => return Err(jobs_error("submit the lease", e)),
+            Err(e) => {
+                // A reply lost after Ray took the job would leave a lease nobody holds a
+                // handle for: ended, in case (a job Ray does not know is ended already).
+                let _ = self.end_lease(&id).await;
+                return Err(jobs_error("submit the lease", e));
+            }
         }
         let sandbox_root = config
             .root_dir
@@ -856,7 +887,15 @@ impl Runtime for RayRuntime {
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
         let a = self.attach(handle).await?;
         let b = self.backend(handle)?;
-        let report = self.guarded(handle, a.remote.collect(&a.inner)).await?;
+        let report = match self.guarded(handle, a.remote.collect(&a.inner)).await {
+            Ok(report) => report,
+            Err(e) => {
+                // Whatever came down before the failure (a lost lease, a cut stream) is not a
+                // bundle anyone may review: gone, not left looking complete.
+                let _ = tokio::fs::remove_dir_all(&handle.result_path).await;
+                return Err(e);
+            }
+        };
         // Downloaded: kept only if the lease is still the live one that ran the step. A node
         // lost during the download may have sent a bundle it never finished.
         let id = b.lease_job();
@@ -884,6 +923,17 @@ impl Runtime for RayRuntime {
         let root = handle.project_root()?;
         handle.check_project_dirs_real(&root)?;
         let b = self.backend(handle)?;
+        // A warm handle's lease is touched only if its claim names it.
+        let b = match self.check_claim(&b).await {
+            Ok(()) => b,
+            // The claim is gone (a crash before it was written, a sweep): the warm lease is
+            // not provably this sandbox's; its server ends by itself when idle.
+            Err(RuntimeError::NodeLost { .. }) => Backend {
+                warm_lease: None,
+                ..b
+            },
+            Err(e) => return Err(e),
+        };
         let k = key(&handle.run_id, &handle.sandbox_id);
         self.configs.lock().expect("config table").remove(&k);
         let mut first_error = None;
@@ -907,6 +957,18 @@ impl Runtime for RayRuntime {
                 if let Err(e) = tokio::fs::remove_dir_all(&handle.request_path).await {
                     if e.kind() != std::io::ErrorKind::NotFound {
                         first_error = Some(RuntimeError::io("remove", &handle.request_path, e));
+                    }
+                }
+                // A download cut off by the lost lease leaves its staging directory.
+                if let Ok(mut dir) = tokio::fs::read_dir(&handle.sandbox_root).await {
+                    while let Ok(Some(entry)) = dir.next_entry().await {
+                        if entry
+                            .file_name()
+                            .to_string_lossy()
+                            .starts_with(".result-partial-")
+                        {
+                            let _ = tokio::fs::remove_dir_all(entry.path()).await;
+                        }
                     }
                 }
             }

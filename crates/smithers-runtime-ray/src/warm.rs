@@ -35,6 +35,8 @@ pub(crate) struct WarmLease {
     pub remote: RemoteRuntime,
     pub node_ip: String,
     pub record: JobRecord,
+    /// When its server said it listens: its `--exit-when-idle` clock runs from about then.
+    pub ready_at: Instant,
 }
 
 /// The ready leases and how many are being started.
@@ -70,30 +72,69 @@ fn keeper() -> &'static tokio::runtime::Handle {
 
 impl RayRuntime {
     /// Starts warm leases until the pool holds `RayOptions::warm` of them (ready or starting).
+    /// Whether a ready lease is too close to ending by itself (`warm_idle_exit`) to be given
+    /// to a step.
+    fn stale(&self, w: &WarmLease) -> bool {
+        w.ready_at.elapsed() >= self.options.warm_idle_exit.mul_f64(0.75)
+    }
+
+    /// A copy of this runtime for the keeper thread, with an HTTP client of its own: pooled
+    /// connections belong to the runtime that opened them, and the caller's may be gone by
+    /// the time the keeper reuses one.
+    fn for_keeper(&self) -> RayRuntime {
+        let mut this = self.clone();
+        if let Ok(jobs) = crate::jobs::JobsClient::new(
+            self.jobs.base(),
+            self.options.token.clone(),
+            self.options.api_timeout,
+        ) {
+            this.jobs = jobs;
+        }
+        this
+    }
+
     pub(crate) fn fill_warm(&self) {
         let want = self.options.warm;
         if want == 0 {
             return;
         }
-        let missing = {
+        let (missing, stale) = {
             let mut pool = self.pool.lock().expect("warm pool");
             if pool.closed {
                 return;
             }
+            // Leases about to end by themselves go first, and are replaced.
+            let (stale, fresh): (Vec<_>, Vec<_>) =
+                pool.ready.drain(..).partition(|w| self.stale(w));
+            pool.ready = fresh.into();
+            for w in &stale {
+                pool.owned.retain(|o| o != &w.id);
+            }
             let have = pool.ready.len() + pool.starting;
             let missing = want.saturating_sub(have);
             pool.starting += missing;
-            missing
+            (missing, stale)
         };
+        if !stale.is_empty() {
+            let this = self.for_keeper();
+            keeper().spawn(async move {
+                for w in stale {
+                    let _ = this.end_lease(&w.id).await;
+                }
+            });
+        }
         for _ in 0..missing {
-            let this = self.clone();
+            let this = self.for_keeper();
             keeper().spawn(async move {
                 let started = this.start_warm().await;
                 let late = {
                     let mut pool = this.pool.lock().expect("warm pool");
                     pool.starting -= 1;
                     match started {
-                        Ok(w) if pool.closed => Some(w.id),
+                        Ok(w) if pool.closed => {
+                            pool.owned.retain(|o| o != &w.id);
+                            Some(w.id)
+                        }
                         Ok(w) => {
                             pool.ready.push_back(w);
                             None
@@ -114,18 +155,28 @@ impl RayRuntime {
     async fn start_warm(&self) -> Result<WarmLease, RuntimeError> {
         let id = lease::warm_id();
         let job = lease::warm_job(&self.options, &id, &lease::new_token());
-        self.jobs
-            .submit(&job)
-            .await
-            .map_err(|e| RuntimeError::spawn("submit a warm lease", e))?;
+        if let Err(e) = self.jobs.submit(&job).await {
+            // A reply lost after Ray took the job would leave it holding a slot: ended, in
+            // case (a job Ray does not know is ended already).
+            let _ = self.end_lease(&id).await;
+            return Err(RuntimeError::spawn("submit a warm lease", e));
+        }
         self.pool.lock().expect("warm pool").owned.push(id.clone());
-        let (remote, node_ip, record, _) = self.wait_running(&id, &NoPlacementEvents).await?;
-        Ok(WarmLease {
-            id,
-            remote,
-            node_ip,
-            record,
-        })
+        match self.wait_running(&id, &NoPlacementEvents).await {
+            Ok((remote, node_ip, record, _)) => Ok(WarmLease {
+                id,
+                remote,
+                node_ip,
+                record,
+                ready_at: Instant::now(),
+            }),
+            Err(e) => {
+                // Submitted but not usable: it must not hold a slot for nobody.
+                self.disown(&id);
+                let _ = self.end_lease(&id).await;
+                Err(e)
+            }
+        }
     }
 
     /// Fills the pool and waits until all of it is ready (or `timeout` passes): for a client
@@ -134,10 +185,8 @@ impl RayRuntime {
         self.fill_warm();
         let deadline = Instant::now() + timeout;
         loop {
-            let (ready, starting) = {
-                let pool = self.pool.lock().expect("warm pool");
-                (pool.ready.len(), pool.starting)
-            };
+            let ready = self.warm_ready();
+            let starting = self.pool.lock().expect("warm pool").starting;
             if ready >= self.options.warm {
                 return Ok(());
             }
@@ -161,7 +210,8 @@ impl RayRuntime {
 
     /// How many warm leases are ready now.
     pub fn warm_ready(&self) -> usize {
-        self.pool.lock().expect("warm pool").ready.len()
+        let pool = self.pool.lock().expect("warm pool");
+        pool.ready.iter().filter(|w| !self.stale(w)).count()
     }
 
     /// Claims a ready warm lease for `config` when it fits one (and starts its replacement);
@@ -183,6 +233,10 @@ impl RayRuntime {
             self.disown(&w.id);
             // The replacement is started once the claim is confirmed (`create`), so that a
             // claim given back (a refused duplicate) does not leave the pool over its size.
+            if self.stale(&w) {
+                let _ = self.end_lease(&w.id).await;
+                continue;
+            }
             match self.jobs.get(&w.id).await {
                 Ok(Some(r)) if r.status == JobStatus::Running => return Ok(Some(w)),
                 _ => {
@@ -195,6 +249,14 @@ impl RayRuntime {
     /// Puts back a lease claimed for a create that did not happen.
     pub(crate) fn return_warm(&self, w: WarmLease) {
         let mut pool = self.pool.lock().expect("warm pool");
+        if pool.closed {
+            drop(pool);
+            let this = self.for_keeper();
+            keeper().spawn(async move {
+                let _ = this.end_lease(&w.id).await;
+            });
+            return;
+        }
         pool.owned.push(w.id.clone());
         pool.ready.push_front(w);
     }

@@ -161,6 +161,13 @@ fn wait_whole() -> anyhow::Result<()> {
     cluster(&["up"])
 }
 
+/// The median time of a round trip's create + place (the lease), warm-up rounds left out.
+fn lease_median(trip: &RoundTrip) -> Duration {
+    let mut lease: Vec<Duration> = trip.phases().iter().skip(2).map(|p| p[0]).collect();
+    lease.sort();
+    lease.get(lease.len() / 2).copied().unwrap_or_default()
+}
+
 /// Runs the scenario; its Markdown section.
 pub fn run(scratch: &Path, rounds: usize) -> anyhow::Result<String> {
     let options = options()?;
@@ -186,20 +193,8 @@ pub fn run(scratch: &Path, rounds: usize) -> anyhow::Result<String> {
     warm.block_on(pool.shutdown_warm());
     let series = series?;
     let warm_rounds = warm.warm_placements();
-    let warm_lease: Vec<Duration> = warm.phases().iter().skip(2).map(|p| p[0]).collect();
-    let mut warm_sorted = warm_lease;
-    warm_sorted.sort();
-    let warm_median = warm_sorted
-        .get(warm_sorted.len() / 2)
-        .copied()
-        .unwrap_or_default();
-    let lease_phase: Vec<Duration> = ray.phases().iter().skip(2).map(|p| p[0]).collect();
-    let mut lease_sorted = lease_phase.clone();
-    lease_sorted.sort();
-    let lease_median = lease_sorted
-        .get(lease_sorted.len() / 2)
-        .copied()
-        .unwrap_or_default();
+    let warm_median = lease_median(&warm);
+    let lease_median = lease_median(&ray);
 
     let fleet_rate = throughput(8, 4, &|| RoundTrip::ray(&project, options.clone()))?;
     let host_rate = throughput(8, 4, &|| RoundTrip::native(&project, scratch))?;

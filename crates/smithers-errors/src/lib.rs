@@ -163,6 +163,19 @@ impl CodedError for ErrorReport {
     }
 }
 
+/// An error and its chain of causes, `: `-joined (HTTP clients hide the useful part, "connection
+/// refused", several sources down).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

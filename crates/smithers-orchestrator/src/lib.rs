@@ -523,6 +523,22 @@ impl Orchestrator {
         }
     }
 
+    /// Writes the sandbox's handle to its row (what recovery cleans up from).
+    fn store_handle(
+        &self,
+        run_id: &str,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+    ) -> Result<(), OrchestratorError> {
+        let handle_json =
+            serde_json::to_string(handle).map_err(|source| OrchestratorError::Handle {
+                sandbox_id: sandbox_id.to_string(),
+                source,
+            })?;
+        off_worker(|| self.store.set_handle(run_id, sandbox_id, &handle_json))?;
+        Ok(())
+    }
+
     async fn timed<T>(&self, fut: impl std::future::Future<Output = T>) -> T {
         let started = Instant::now();
         let out = fut.await;
@@ -726,12 +742,7 @@ impl Orchestrator {
             })?;
         progress.handle = Some(handle.clone());
         // Stored at once, so a process that finds us dead can clean up what we created.
-        let handle_json =
-            serde_json::to_string(&handle).map_err(|source| OrchestratorError::Handle {
-                sandbox_id: sid.to_string(),
-                source,
-            })?;
-        off_worker(|| self.store.set_handle(run_id, sid, &handle_json))?;
+        self.store_handle(run_id, sid, &handle)?;
         if ctx.cancel.is_cancelled() {
             return Err(Stop::Cancelled);
         }
@@ -752,12 +763,7 @@ impl Orchestrator {
         })?;
         if progress.handle.as_ref() != Some(&handle) {
             progress.handle = Some(handle.clone());
-            let handle_json =
-                serde_json::to_string(&handle).map_err(|source| OrchestratorError::Handle {
-                    sandbox_id: sid.to_string(),
-                    source,
-                })?;
-            off_worker(|| self.store.set_handle(run_id, sid, &handle_json))?;
+            self.store_handle(run_id, sid, &handle)?;
         }
         if let Some(placement) = &placement {
             self.emit(

@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use smithers_errors::error_chain;
 
 /// Largest JSON reply we read from the Jobs API (a job record, a job list).
 const MAX_REPLY_BYTES: usize = 4 << 20;
@@ -372,17 +373,6 @@ async fn read_capped(resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, Job
         body.extend_from_slice(&chunk);
     }
     Ok(body)
-}
-
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -727,11 +727,11 @@ impl Runtime for RayRuntime {
                 return Err(jobs_error("submit the lease", e));
             }
         }
-        let sandbox_root = config
-            .root_dir
-            .join(".smithers/sandboxes")
-            .join(&config.run_id)
-            .join(&config.sandbox_id);
+        let sandbox_root = SandboxHandle::derived_sandbox_root(
+            &config.root_dir,
+            &config.run_id,
+            &config.sandbox_id,
+        );
         let request_path = sandbox_root.join("request");
         let result_path = sandbox_root.join("result");
         if let Err(e) = tokio::fs::create_dir_all(&request_path).await {
@@ -953,24 +953,12 @@ impl Runtime for RayRuntime {
                     first_error = Some(e);
                 }
             }
+            // What the codeplane client would remove here, the node being out of reach
+            // (a download cut off by the lost lease leaves its staging directory).
             None => {
-                if let Err(e) = tokio::fs::remove_dir_all(&handle.request_path).await {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        first_error = Some(RuntimeError::io("remove", &handle.request_path, e));
-                    }
-                }
-                // A download cut off by the lost lease leaves its staging directory.
-                if let Ok(mut dir) = tokio::fs::read_dir(&handle.sandbox_root).await {
-                    while let Ok(Some(entry)) = dir.next_entry().await {
-                        if entry
-                            .file_name()
-                            .to_string_lossy()
-                            .starts_with(".result-partial-")
-                        {
-                            let _ = tokio::fs::remove_dir_all(entry.path()).await;
-                        }
-                    }
-                }
+                first_error = smithers_runtime_remote::remove_local_leftovers(handle)
+                    .await
+                    .err()
             }
         }
         self.attached.lock().expect("attached table").remove(&k);

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use futures_util::{StreamExt, TryStreamExt};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde_json::Value;
-use smithers_errors::{ErrorCode, ErrorReport};
+use smithers_errors::{error_chain, ErrorCode, ErrorReport};
 use smithers_runtime::{
     CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputEvent, OutputSink,
     Protection, ProtectionStatus, RequestBundle, Runtime, RuntimeError, RuntimeKind, SandboxConfig,
@@ -422,17 +422,6 @@ async fn check(resp: Response, what: &'static str) -> Result<Response, RuntimeEr
     }
 }
 
-fn error_chain(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 fn backend(handle: &SandboxHandle) -> Result<Backend, RuntimeError> {
     serde_json::from_value(handle.backend.clone()).map_err(|e| RuntimeError::OutOfOrder {
         verb: "handle",
@@ -658,6 +647,30 @@ impl RemoteRuntime {
     }
 }
 
+/// Removes what a remote sandbox leaves on this machine but its bundle: the request directory
+/// and the staging directory of a download that was cut off. The caller has checked the
+/// handle's directories (`project_root`, `check_project_dirs_real`).
+pub async fn remove_local_leftovers(handle: &SandboxHandle) -> Result<(), RuntimeError> {
+    let mut local_error = None;
+    match tokio::fs::remove_dir_all(&handle.request_path).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => local_error = Some(RuntimeError::io("remove", &handle.request_path, e)),
+    }
+    if let Ok(mut dir) = tokio::fs::read_dir(&handle.sandbox_root).await {
+        while let Ok(Some(entry)) = dir.next_entry().await {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".result-partial-")
+            {
+                let _ = tokio::fs::remove_dir_all(entry.path()).await;
+            }
+        }
+    }
+    local_error.map_or(Ok(()), Err)
+}
+
 /// The downloaded bundle must be valid by the bundle format's own rules (manifest, no
 /// symlinks, sizes, patch paths), exactly as a locally collected one.
 async fn validate_downloaded(
@@ -879,25 +892,7 @@ impl Runtime for RemoteRuntime {
         let root = handle.project_root()?;
         handle.check_project_dirs_real(&root)?;
         // Local leftovers first: they must go even when the host is unreachable.
-        let mut local_error = None;
-        for leftover in [handle.request_path.clone()] {
-            match tokio::fs::remove_dir_all(&leftover).await {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => local_error = Some(RuntimeError::io("remove", &leftover, e)),
-            }
-        }
-        if let Ok(mut dir) = tokio::fs::read_dir(&handle.sandbox_root).await {
-            while let Ok(Some(entry)) = dir.next_entry().await {
-                if entry
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with(".result-partial-")
-                {
-                    let _ = tokio::fs::remove_dir_all(entry.path()).await;
-                }
-            }
-        }
+        let local_error = remove_local_leftovers(handle).await.err();
         let b = match self.backend(handle) {
             Ok(b) => b,
             // A handle from a create that never reached the host: nothing remote to remove.

@@ -30,7 +30,7 @@
 mod client;
 
 #[cfg(feature = "client")]
-pub use client::{RemoteOptions, RemoteRuntime, RetryPolicy};
+pub use client::{remove_local_leftovers, RemoteOptions, RemoteRuntime, RetryPolicy};
 /// The API's documents, archive and event-stream code, which live in `smithers-wire` (shared
 /// with the server), re-exported for the runtime's callers.
 pub use smithers_wire::{archive, wire, SseFrame, SseParser};

@@ -466,6 +466,15 @@ impl CgroupHost {
         for dir in &cgroups.dirs {
             // v2 controllers were enabled in the parent's subtree_control by `detect`.
             std::fs::create_dir(&dir.path).map_err(|e| cg_err("create cgroup", &dir.path, e))?;
+        }
+        Self::set_limits(cgroups, limits)
+    }
+
+    /// Writes `limits` into existing cgroups (a warm sandbox's, claimed by a step: see the
+    /// `warm` module). A CPU limit needs the `cpu` controller, which only cgroups created
+    /// with one have.
+    pub fn set_limits(cgroups: &SandboxCgroups, limits: &CgroupLimits) -> Result<(), CgroupError> {
+        for dir in &cgroups.dirs {
             let has = |c: &str| dir.controllers.iter().any(|x| x == c);
             let write = |file: &str, value: String| -> Result<(), CgroupError> {
                 let path = dir.path.join(file);

@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 
 use crate::plan::{self, HostLayout, PlanInput, WorkspaceFacts};
 use crate::status::StatusReader;
+use crate::warm::ClaimedWarm;
 use crate::zygote::Zygote;
 use crate::{Backend, HostCaps, InitCommand, StoredConfig};
 
@@ -381,10 +382,10 @@ struct SpawnedInit {
 /// An init forked from the zygote: its pid and the read ends of its stdout and stderr pipes
 /// (plain descriptors, made async only where they are read).
 #[derive(Debug)]
-struct ForkedInit {
-    pid: i32,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+pub(crate) struct ForkedInit {
+    pub(crate) pid: i32,
+    pub(crate) stdout: OwnedFd,
+    pub(crate) stderr: OwnedFd,
 }
 
 impl ForkedInit {
@@ -469,7 +470,7 @@ fn output_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-fn fork_from_zygote(
+pub(crate) fn fork_from_zygote(
     zygote: &std::sync::Mutex<Option<Zygote>>,
     init: &InitCommand,
     control: &std::os::unix::net::UnixStream,
@@ -498,6 +499,22 @@ fn fork_from_zygote(
     None
 }
 
+/// Starts a cold init: the prelude into a fresh control socket, then the init (see
+/// [`spawn_init`]). Returns our end of the socket and the init.
+async fn start_cold(
+    zygote: Option<&ZygoteSlot>,
+    init: &InitCommand,
+    prelude_line: &[u8],
+) -> Result<(std::os::unix::net::UnixStream, SpawnedInit), RuntimeError> {
+    use std::io::Write;
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
+    ours.write_all(prelude_line)
+        .map_err(|e| spawn_err(format!("sending the prelude: {e}")))?;
+    let spawned = spawn_init(zygote, init, theirs).await?;
+    Ok((ours, spawned))
+}
+
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn execute(
     caps: &HostCaps,
     zygote: Option<&ZygoteSlot>,
@@ -506,6 +523,7 @@ pub(crate) async fn execute(
     command: &StepCommand,
     cancel: CancellationToken,
     sink: &dyn OutputSink,
+    warm: Option<ClaimedWarm>,
 ) -> Result<ExecOutcome, RuntimeError> {
     let config_bytes =
         std::fs::read(backend.config_file()).map_err(|e| RuntimeError::OutOfOrder {
@@ -639,14 +657,18 @@ pub(crate) async fn execute(
     let mut prelude = prelude(caps, backend, controls.allow_network);
     prelude.egress = egress_listen;
     let prelude_line = json_line(&prelude)?;
-    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
-    {
-        use std::io::Write;
-        ours.write_all(&prelude_line)
-            .map_err(|e| spawn_err(format!("sending the prelude: {e}")))?;
-    }
+    // A warm init attached at create serves only the prelude a cold one would get (the
+    // plan is compared below, once compiled); otherwise it is dropped, which ends it.
+    let warm = warm.filter(|w| {
+        let mut cold = prelude.clone();
+        cold.warm = true;
+        w.prelude == cold
+    });
     let started = Instant::now();
-    let spawned = spawn_init(zygote, init, theirs).await?;
+    let mut cold = match warm {
+        Some(_) => None,
+        None => Some(start_cold(zygote, init, &prelude_line).await?),
+    };
     let tmp_bytes = controls.disk_limit_bytes.unwrap_or(plan::DEFAULT_TMP_BYTES);
     // The caller's stream as the command's stdin, through a FIFO in the request directory;
     // the feed stops when this function returns.
@@ -725,9 +747,33 @@ pub(crate) async fn execute(
         plan.mounts = mounts;
         plan.root = plan::RootFs::Prepared { source };
     }
+    // The warm init goes on only if what it built is exactly this plan's first part, on the
+    // same root: it is then sent the rest. Else a cold init is started after all.
+    let warm_rest = warm.as_ref().and_then(|w| {
+        let (prefix, rest) = plan::split_warm(plan.mounts.clone());
+        (plan.new_root == w.plan.new_root && plan.root == w.plan.root && prefix == w.plan.mounts)
+            .then_some(rest)
+    });
+    let warm_for = warm.as_ref().map(|w| w.since.elapsed());
+    let (mut ours, spawned, sent) = match (warm, warm_rest) {
+        (Some(w), Some(rest)) => {
+            let mut step = plan.clone();
+            step.mounts = rest;
+            (w.control, ForkedInit::into_spawned(w.init)?, Some(step))
+        }
+        (not_used, _) => {
+            drop(not_used);
+            let (ours, spawned) = match cold.take() {
+                Some(c) => c,
+                None => start_cold(zygote, init, &prelude_line).await?,
+            };
+            (ours, spawned, None)
+        }
+    };
+    let warm_for = warm_for.filter(|_| sent.is_some());
     {
         use std::io::Write;
-        ours.write_all(&json_line(&plan)?)
+        ours.write_all(&json_line(sent.as_ref().unwrap_or(&plan))?)
             .map_err(|e| spawn_err(format!("sending the plan: {e}")))?;
     }
     let init_pid = spawned.pid;
@@ -973,6 +1019,13 @@ pub(crate) async fn execute(
             .and_then(|s| serde_json::to_value(s).ok()),
     };
     let mut lines = log.into_inner().unwrap_or_default();
+    if let Some(waited) = warm_for {
+        lines.insert(
+            0,
+            json!({"type": "warmStart", "timestampMs": now_ms(), "preparedMsBefore": waited.as_millis() as u64})
+                .to_string(),
+        );
+    }
     // Copy mode is a degradation: the log (which goes into the bundle) says so first.
     if let Some(reason) = backend.workspace.copy_reason() {
         let mut record =

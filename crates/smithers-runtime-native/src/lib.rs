@@ -59,6 +59,7 @@ mod report;
 pub mod seccomp;
 mod status;
 mod stdin_feed;
+mod warm;
 mod zygote;
 
 use std::collections::BTreeMap;
@@ -77,6 +78,7 @@ use crate::plan::{BpfInstruction, HostFacts};
 
 pub use plan::DEFAULT_PATH;
 pub use report::protection_names;
+pub use warm::WarmStatus;
 
 const RUNTIME: &str = "bubblewrap";
 
@@ -226,6 +228,12 @@ pub struct NativeOptions {
     /// being a read-only directory of the root rather than a read-only tmpfs of its own.
     /// Default: true.
     pub prepared_root: bool,
+    /// Warm sandboxes kept ready (see the `warm` module): a sandbox that needs no network,
+    /// egress policy, disk or CPU limit or volume claims one at `create`, and its first
+    /// `execute` only does what depends on the step. The pool is refilled in the
+    /// background. Worth it for a process that runs many steps (`serve`, a workflow through
+    /// the library); 0 (the default) keeps none. Needs the zygote and the prepared root.
+    pub warm: usize,
 }
 
 /// What a successful container probe is remembered by: the build, the boot and kernel, and
@@ -299,6 +307,7 @@ impl Default for NativeOptions {
             workspace: WorkspaceMode::Auto,
             zygote: true,
             prepared_root: true,
+            warm: 0,
         }
     }
 }
@@ -340,6 +349,12 @@ pub struct NativeRuntime {
     /// The zygote, started at the first execute (with `NativeOptions::zygote`). Shared with
     /// the blocking thread that talks to it (see `exec::spawn_init`).
     zygote: exec::ZygoteSlot,
+    /// The warm pool (`NativeOptions::warm`), started at the first create or `warm_up`;
+    /// `Err` says why this host cannot have one.
+    warm_pool: OnceLock<Result<Arc<warm::WarmPool>, String>>,
+    /// Warm inits claimed at create, by the claiming sandbox's state directory, until its
+    /// first execute (or its cleanup).
+    attached: Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, warm::ClaimedWarm>>>,
 }
 
 /// The workspace a sandbox got (decided at create, kept in the handle).
@@ -493,8 +508,17 @@ impl Backend {
     fn copy(&self) -> PathBuf {
         self.layer().join("copy")
     }
+    /// The new root's mount point: one empty directory of the state root for every sandbox
+    /// (each init mounts on it in its own mount namespace only, so they never meet; the host
+    /// sees it empty), which a warm sandbox can mount on before it knows its sandbox.
     fn new_root(&self) -> PathBuf {
-        self.state_dir.join("root")
+        match self.state_dir.parent() {
+            Some(state_root) => Backend::new_root_in(state_root),
+            None => self.state_dir.join("root"),
+        }
+    }
+    fn new_root_in(state_root: &Path) -> PathBuf {
+        state_root.join(".mount-root")
     }
     /// `/result`, and below the output directory (the result file): in the size-capped layer
     /// when there is a disk limit, so that `--disk` caps what a step leaves there too (on the
@@ -569,7 +593,95 @@ impl NativeRuntime {
             probe: tokio::sync::OnceCell::new(),
             overlay: tokio::sync::OnceCell::new(),
             zygote: exec::ZygoteSlot::default(),
+            warm_pool: OnceLock::new(),
+            attached: Default::default(),
         }
+    }
+
+    /// The warm pool, started on first use; `None` without `NativeOptions::warm`.
+    fn warm_pool(&self) -> Option<Result<Arc<warm::WarmPool>, String>> {
+        if self.options.warm == 0 {
+            return None;
+        }
+        Some(
+            self.warm_pool
+                .get_or_init(|| {
+                    let caps = self.caps();
+                    if !self.options.zygote || !self.options.prepared_root {
+                        return Err("a warm pool needs the zygote and the prepared root".into());
+                    }
+                    caps.init.as_ref().map_err(Clone::clone)?;
+                    caps.seccomp.as_ref().map_err(Clone::clone)?;
+                    caps.userns.as_ref().map_err(|(reason, _)| reason.clone())?;
+                    let limits = self.default_limits(&caps, None, None);
+                    Ok(Arc::new(warm::WarmPool::start(
+                        self.options.warm,
+                        caps,
+                        self.zygote.clone(),
+                        limits,
+                    )))
+                })
+                .clone(),
+        )
+    }
+
+    /// Starts the warm pool (if `NativeOptions::warm` asks for one) and waits until it is
+    /// full or `timeout` passes. `None` without a pool; a status with `last_error` when the
+    /// pool cannot fill (or this host cannot have one).
+    pub async fn warm_up(&self, timeout: std::time::Duration) -> Option<WarmStatus> {
+        let pool = match self.warm_pool()? {
+            Ok(pool) => pool,
+            Err(reason) => return Some(self.unavailable_pool(reason)),
+        };
+        blocking("wait for the warm pool", move || pool.wait_full(timeout))
+            .await
+            .ok()
+    }
+
+    /// What the warm pool holds now; `None` without `NativeOptions::warm`.
+    pub fn warm_status(&self) -> Option<WarmStatus> {
+        match self.warm_pool()? {
+            Ok(pool) => Some(pool.status()),
+            Err(reason) => Some(self.unavailable_pool(reason)),
+        }
+    }
+
+    fn unavailable_pool(&self, reason: String) -> WarmStatus {
+        WarmStatus {
+            size: self.options.warm,
+            ready: 0,
+            made: 0,
+            claimed: 0,
+            last_error: Some(reason),
+            waiting: vec![],
+        }
+    }
+
+    /// The limits a sandbox gets: its own, else the defaults where the controller exists.
+    fn default_limits(
+        &self,
+        caps: &HostCaps,
+        pids: Option<u32>,
+        memory: Option<u64>,
+    ) -> CgroupLimits {
+        CgroupLimits {
+            pids: pids.or(self
+                .options
+                .default_pids_limit
+                .filter(|_| caps.cgroups.source("pids").is_some())),
+            memory_bytes: memory.or(self
+                .options
+                .default_memory_limit
+                .filter(|_| caps.cgroups.source("memory").is_some())),
+            cpus: None,
+        }
+    }
+
+    fn take_attached(&self, backend: &Backend) -> Option<warm::ClaimedWarm> {
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&backend.state_dir)
     }
 
     fn caps(&self) -> Arc<HostCaps> {
@@ -800,6 +912,19 @@ impl NativeRuntime {
         format!("{}+{}", config.run_id, config.sandbox_id)
     }
 
+    /// A warm sandbox's cgroup name, of the same shape as [`NativeRuntime::cgroup_name`].
+    fn warm_cgroup_name() -> String {
+        use std::hash::{Hash, Hasher};
+        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        "warm".hash(&mut h);
+        MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .hash(&mut h);
+        std::process::id().hash(&mut h);
+        std::time::SystemTime::now().hash(&mut h);
+        format!("smithers-{:016x}", h.finish())
+    }
+
     fn cgroup_name(config: &SandboxConfig) -> String {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -872,11 +997,23 @@ impl NativeRuntime {
             memory: self.options.default_memory_limit,
         };
         let mode = self.options.workspace;
-        blocking("create the sandbox", move || {
+        let pool = match self.warm_pool() {
+            Some(Ok(pool)) if warm::eligible(&config) => Some(pool),
+            _ => None,
+        };
+        let (handle, warm) = blocking("create the sandbox", move || {
             let workspace = check_ownership(mode, workspace, &config.root_dir, &caps)?;
-            create_on_disk(&config, &caps, workspace, defaults)
+            let warm = pool.and_then(|pool| pool.claim());
+            create_on_disk(&config, &caps, workspace, defaults, warm)
         })
-        .await?
+        .await??;
+        if let (Some(warm), Ok(backend)) = (warm, Backend::from_handle(&handle, "create")) {
+            self.attached
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(backend.state_dir, warm);
+        }
+        Ok(handle)
     }
 }
 
@@ -887,7 +1024,8 @@ fn create_on_disk(
     caps: &HostCaps,
     workspace: WorkspaceState,
     defaults: Defaults,
-) -> Result<SandboxHandle, RuntimeError> {
+    warm: Option<warm::WarmSandbox>,
+) -> Result<(SandboxHandle, Option<warm::ClaimedWarm>), RuntimeError> {
     let root_dir = &config.root_dir;
     match std::fs::metadata(root_dir) {
         Ok(m) if m.is_dir() => {}
@@ -933,12 +1071,14 @@ fn create_on_disk(
         cgroups: SandboxCgroups::default(),
         workspace,
     };
-    let result = prepare(config, caps, &mut backend, &request_path, defaults);
-    if let Err(e) = result {
-        let _ = cleanup_backend(&backend, &[], None);
-        return Err(e);
-    }
-    Ok(SandboxHandle {
+    let warm = match prepare(config, caps, &mut backend, &request_path, defaults, warm) {
+        Ok(warm) => warm,
+        Err(e) => {
+            let _ = cleanup_backend(&backend, &[], None);
+            return Err(e);
+        }
+    };
+    let handle = SandboxHandle {
         runtime: RuntimeKind::Bubblewrap,
         run_id: config.run_id.clone(),
         sandbox_id: config.sandbox_id.clone(),
@@ -948,16 +1088,20 @@ fn create_on_disk(
         container_id: None,
         workspace_id: None,
         backend: serde_json::to_value(&backend).unwrap_or_default(),
-    })
+    };
+    Ok((handle, warm))
 }
 
+/// The sandbox's directories, cgroups and config; with a warm sandbox, its cgroups (given the
+/// sandbox's limits) rather than new ones, and its init returned to stay attached.
 fn prepare(
     config: &SandboxConfig,
     caps: &HostCaps,
     backend: &mut Backend,
     request_path: &Path,
     defaults: Defaults,
-) -> Result<(), RuntimeError> {
+    warm: Option<warm::WarmSandbox>,
+) -> Result<Option<warm::ClaimedWarm>, RuntimeError> {
     let c = &config.controls;
     if c.disk_limit_bytes.is_none() && caps.layer_root != caps.state_root {
         std::fs::create_dir_all(&caps.layer_root)
@@ -979,10 +1123,28 @@ fn prepare(
         pids,
         cpus: c.cpu_limit,
     };
-    backend.cgroups = caps
-        .cgroups
-        .create(&NativeRuntime::cgroup_name(config), &limits)
-        .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
+    // A warm sandbox's cgroups take this one's limits (a memory limit below what its init
+    // already uses is refused by the kernel: then it is given up for new cgroups).
+    let warm = warm.and_then(|w| match CgroupHost::set_limits(&w.cgroups, &limits) {
+        Ok(()) => Some(w.claim()),
+        Err(_) => {
+            w.discard();
+            None
+        }
+    });
+    let warm = match warm {
+        Some((init, cgroups)) => {
+            backend.cgroups = cgroups;
+            Some(init)
+        }
+        None => {
+            backend.cgroups = caps
+                .cgroups
+                .create(&NativeRuntime::cgroup_name(config), &limits)
+                .map_err(|e| RuntimeError::spawn("create the sandbox cgroups", e))?;
+            None
+        }
+    };
     // Before anything can join the cgroups: the one record cleanup from another process
     // trusts about what it may kill (the handle comes back from the project's database).
     let record = owned::CleanupRecord::for_self(&config.root_dir, &backend.cgroups);
@@ -1013,12 +1175,18 @@ fn prepare(
             .collect(),
         WorkspaceState::Copy { .. } => vec![],
     };
-    for dir in
-        overlay_dirs
-            .into_iter()
-            .chain([backend.new_root(), backend.artifacts(), backend.out()])
+    for dir in overlay_dirs
+        .into_iter()
+        .chain([backend.artifacts(), backend.out()])
     {
         std::fs::create_dir(&dir).map_err(io_err("create", &dir))?;
+    }
+    let new_root = backend.new_root();
+    match std::fs::create_dir(&new_root) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(RuntimeError::io("create", &new_root, e))
+        }
+        _ => {}
     }
     // The project's state directory, ignored by git when we make it.
     smithers_runtime::ensure_state_dir(&config.root_dir)
@@ -1031,7 +1199,7 @@ fn prepare(
     };
     let path = backend.config_file();
     write_private(&path, &serde_json::to_vec(&stored).unwrap_or_default())?;
-    Ok(())
+    Ok(warm)
 }
 
 /// Makes the workspace copy of copy mode (in a blocking task: it reads the whole project)
@@ -1435,7 +1603,11 @@ impl Runtime for NativeRuntime {
         let backend = Backend::from_handle(handle, "execute")?;
         let caps = self.caps();
         let zygote = self.options.zygote.then_some(&self.zygote);
-        exec::execute(&caps, zygote, &backend, handle, command, cancel, output).await
+        let warm = self.take_attached(&backend);
+        exec::execute(
+            &caps, zygote, &backend, handle, command, cancel, output, warm,
+        )
+        .await
     }
 
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
@@ -1454,6 +1626,8 @@ impl Runtime for NativeRuntime {
             Err(_) if handle.backend.is_null() => return Ok(()),
             Err(e) => return Err(e),
         };
+        // A warm init never executed ends first (its cgroups are the sandbox's).
+        drop(self.take_attached(&backend));
         let caps = self.caps();
         let handle = handle.clone();
         // Kills that wait for the cgroups to empty, removals that retry while they are busy,

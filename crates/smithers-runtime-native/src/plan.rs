@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 pub use smithers_sandbox_init::plan::{
     BpfInstruction, CgroupJoin, ExecSpec, InitPlan, LandlockPlan, MountAttrs, MountOp, Prelude,
-    ProbeInput, RootFs, TargetKind, PLAN_VERSION, ROOT_TMPFS_BYTES,
+    ProbeInput, RootFs, TargetKind, WarmPlan, PLAN_VERSION, ROOT_TMPFS_BYTES,
 };
 
 /// Where the sandbox sees things. Part of the contract with steps.
@@ -93,6 +93,26 @@ pub const DEFAULT_TMP_BYTES: u64 = 512 << 20;
 /// prepared root holds too: see [`MountOp::mount_point`]).
 pub fn split_prepared(ops: Vec<MountOp>) -> (Vec<MountOp>, Vec<MountOp>) {
     ops.into_iter().partition(MountOp::is_file_op)
+}
+
+/// Splits a prepared root's mounts (see [`split_prepared`]) into what a warm sandbox builds
+/// before any step is known (everything up to the workspace: system directories, `/etc`,
+/// `/proc`, `/dev`, `/tmp`, `$HOME`) and the rest, the step's own (the workspace and what
+/// follows it). See [`smithers_sandbox_init::plan::WarmPlan`]. The split is by position: the
+/// mount list puts every op that depends on the step after the workspace (a test holds it to
+/// that).
+pub fn split_warm(mut mounts: Vec<MountOp>) -> (Vec<MountOp>, Vec<MountOp>) {
+    let at = mounts
+        .iter()
+        .position(|op| match op {
+            MountOp::Overlay { path, .. } | MountOp::Bind { path, .. } => {
+                path == Path::new(paths::WORKSPACE)
+            }
+            _ => false,
+        })
+        .unwrap_or(mounts.len());
+    let rest = mounts.split_off(at);
+    (mounts, rest)
 }
 
 /// What the host looks like at a path, as far as the plan cares.

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::plan::{InitPlan, Prelude, PLAN_VERSION};
+use crate::plan::{InitPlan, Prelude, WarmPlan, PLAN_VERSION};
 use crate::sys::{self, SysError, SysResult};
 
 /// The control/status socket the runtime passes as stdin.
@@ -90,10 +90,48 @@ impl ControlReader {
     pub(crate) fn plan(&mut self) -> Result<Vec<u8>, String> {
         self.line("plan")
     }
+
+    /// A warm sandbox's step line (see [`crate::plan::WarmPlan`]), unparsed, once it is whole
+    /// in the buffer; `None` until then.
+    pub(crate) fn complete_line(&mut self) -> Option<Vec<u8>> {
+        let pos = self.buf.iter().position(|b| *b == b'\n')?;
+        let rest = self.buf.split_off(pos + 1);
+        let mut line = std::mem::replace(&mut self.buf, rest);
+        line.pop();
+        Some(line)
+    }
+
+    /// One read of fd 0 into the buffer (after `poll` said it is readable): `Ok(false)` at
+    /// end of file.
+    pub(crate) fn fill(&mut self) -> Result<bool, String> {
+        if self.buf.len() > 64 << 20 {
+            return Err("the step's plan exceeds 64 MiB".to_string());
+        }
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            // SAFETY: `chunk` is a valid writable buffer of the given length.
+            let n = unsafe { libc::read(CONTROL_FD, chunk.as_mut_ptr().cast(), chunk.len()) };
+            if n < 0 {
+                if sys::errno() == libc::EINTR {
+                    continue;
+                }
+                return Err(format!(
+                    "reading the step's plan: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            self.buf.extend_from_slice(&chunk[..n as usize]);
+            return Ok(n > 0);
+        }
+    }
 }
 
 pub(crate) fn parse_plan(line: &[u8]) -> Result<InitPlan, String> {
     serde_json::from_slice(line).map_err(|e| format!("the plan is not valid: {e}"))
+}
+
+pub(crate) fn parse_warm_plan(line: &[u8]) -> Result<WarmPlan, String> {
+    serde_json::from_slice(line).map_err(|e| format!("the warm plan is not valid: {e}"))
 }
 
 pub(crate) fn report_plan_error(message: String) -> i32 {

@@ -24,7 +24,10 @@
 //!
 //! The runtime sends two JSON lines on fd 0: the prelude (what P0 needs, before P0 starts),
 //! then the plan (what P1 needs, compiled while P0 makes its namespaces; P0 passes it on
-//! unparsed). Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
+//! unparsed). A warm sandbox (the runtime's warm pool) gets a [`plan::WarmPlan`] as its second
+//! line instead: P1 builds that much of the root, reports `warm` and waits; the step's plan
+//! comes as a third line when a step claims the sandbox, and P0 passes it to P1 over a socket
+//! of their own (fd 0 stays P0's to read). Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
 //! `{"event":"exit","code":N}` / `{"event":"exit","signal":N}`, `{"event":"error",...}`.
 //! P1 sends `exit` only after killing and reaping every other process of the sandbox
 //! (double-forked, setsid'd, SIGTERM-ignoring ones too): from it on, only P1 is left, and
@@ -66,7 +69,7 @@ use std::path::Path;
 
 use crate::control::{report_error, report_plan_error, ControlReader};
 use crate::namespaces::enter_namespaces;
-use crate::p0::{start, supervise};
+use crate::p0::{forward_step, start, supervise};
 use crate::probe::run_probe;
 
 pub use mounts::{apply, make_mount_point};
@@ -144,7 +147,12 @@ fn run_sandbox() -> i32 {
         Err(message) => return report_plan_error(message),
     };
     match start(&prelude, cgroups, &plan) {
-        Ok(child) => supervise(child, &control.buf),
+        Ok(started) => {
+            if let Some(step) = started.step {
+                forward_step(started.pid, &mut control, step);
+            }
+            supervise(started.pid, &control.buf)
+        }
         Err((stage, err)) => {
             report_error(stage, &err);
             1

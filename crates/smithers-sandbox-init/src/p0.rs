@@ -6,19 +6,28 @@ use rustix::fs::{Mode, OFlags};
 use serde_json::json;
 
 use crate::cgroups::{close_opt, fork_into, join_v2_and_release, CgroupFds};
-use crate::control::{parse_plan, report, report_plan_error, stage, StageResult, CONTROL_FD};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use crate::control::{
+    parse_plan, parse_warm_plan, report, report_plan_error, stage, ControlReader, StageResult,
+    CONTROL_FD,
+};
 use crate::network::send_network_namespace;
-use crate::p1::pid1;
+use crate::p1::{pid1, pid1_warm};
 use crate::plan::Prelude;
 use crate::sys::{self, SysError};
 
+/// P1 as [`start`] forked it: its pid and, for a warm sandbox, P0's end of the socket the
+/// step's plan goes to P1 over (see [`forward_step`]).
+pub(crate) struct Started {
+    pub(crate) pid: libc::pid_t,
+    pub(crate) step: Option<OwnedFd>,
+}
+
 /// P0 with the plan: forks P1 into the cgroups. Returns P1's pid. P1 parses the plan (~0.15 ms
 /// for its ~5 KB here, in a freshly forked process) while P0 makes the network namespace.
-pub(crate) fn start(
-    prelude: &Prelude,
-    cgroups: CgroupFds,
-    plan: &[u8],
-) -> StageResult<libc::pid_t> {
+/// For a warm sandbox the plan is a [`crate::plan::WarmPlan`].
+pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> StageResult<Started> {
     let mut joined = [0 as libc::c_int; 2];
     // SAFETY: `joined` is a valid array of two fds for pipe2 to fill.
     let ret = unsafe { libc::pipe2(joined.as_mut_ptr(), libc::O_CLOEXEC) };
@@ -48,6 +57,17 @@ pub(crate) fn start(
     } else {
         None
     };
+    // A warm P1 waits for its step on a socket of its own: fd 0 stays P0's alone to read.
+    let step_pair = if prelude.warm {
+        let pair = std::os::unix::net::UnixStream::pair().map_err(|e| SysError {
+            op: "socketpair for the step's plan".into(),
+            errno: e.raw_os_error().unwrap_or(libc::EIO),
+        });
+        let (ours, theirs) = stage("fork", pair)?;
+        Some((OwnedFd::from(ours), OwnedFd::from(theirs)))
+    } else {
+        None
+    };
     let (pid, placed) = stage("fork", fork_into(cgroups.v2_dir))?;
     if pid == 0 {
         // SAFETY: closing our copy of the pipe's write end and of the v2 fds, P0's business.
@@ -57,11 +77,23 @@ pub(crate) fn start(
             close_opt(cgroups.v2_procs);
         }
         let netns = netns_pair.map(|((_, theirs), _)| theirs);
-        sys::child_exit(|| match parse_plan(plan) {
-            Ok(plan) => pid1(&plan, &cgroups.v1_tasks, joined[0], netns),
-            Err(message) => report_plan_error(message),
+        // P0's end must not stay open here too, or P1 would never see the end of its step.
+        let step = step_pair.map(|(ours, theirs)| {
+            drop(ours);
+            theirs
+        });
+        sys::child_exit(|| match step {
+            None => match parse_plan(plan) {
+                Ok(plan) => pid1(&plan, &cgroups.v1_tasks, joined[0], netns),
+                Err(message) => report_plan_error(message),
+            },
+            Some(step) => match parse_warm_plan(plan) {
+                Ok(warm) => pid1_warm(&warm, &cgroups.v1_tasks, joined[0], netns, step),
+                Err(message) => report_plan_error(message),
+            },
         });
     }
+    let step = step_pair.map(|(ours, _theirs)| ours);
     if let Some(((ours, theirs), proc_self)) = netns_pair {
         drop(theirs);
         send_network_namespace(&ours, &proc_self, prelude.egress.as_ref());
@@ -83,7 +115,59 @@ pub(crate) fn start(
         close_opt(cgroups.v2_procs);
     }
     join_v2_and_release(pid, procs, joined[1]);
-    Ok(pid)
+    Ok(Started { pid, step })
+}
+
+/// A warm sandbox's P0 between [`start`] and [`supervise`]: waits for the step's plan on
+/// fd 0 (the runtime sends it when a step claims the sandbox) and passes it to P1, then
+/// closes its end, which is how P1 knows the plan is whole. Returns at once if P1 ends
+/// first, or if the runtime goes away (then P1 is killed): [`supervise`] sees either again
+/// and finishes as for any sandbox.
+pub(crate) fn forward_step(child: libc::pid_t, control: &mut ControlReader, step: OwnedFd) {
+    // SAFETY: pidfd_open takes a pid and flags.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, child, 0) } as libc::c_int;
+    let timeout = if pidfd >= 0 { -1 } else { 50 };
+    let line = loop {
+        if let Some(line) = control.complete_line() {
+            break line;
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd: CONTROL_FD,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: pidfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd structs.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+        if n < 0 && sys::errno() == libc::EINTR {
+            continue;
+        }
+        if n < 0 || fds[1].revents != 0 || (pidfd < 0 && sys::child_ended(child)) {
+            close_opt((pidfd >= 0).then_some(pidfd));
+            return;
+        }
+        if fds[0].revents != 0 {
+            match control.fill() {
+                Ok(true) => {}
+                // The runtime is gone, or sent what no plan is: the sandbox must not wait on.
+                Ok(false) | Err(_) => {
+                    let _ = sys::kill(child, libc::SIGKILL);
+                    close_opt((pidfd >= 0).then_some(pidfd));
+                    return;
+                }
+            }
+        }
+    };
+    close_opt((pidfd >= 0).then_some(pidfd));
+    // P1 gone meanwhile (EPIPE) is seen by `supervise`; the step then never started.
+    let _ = sys::write_all_fd(step.as_raw_fd(), &line);
+    drop(step);
 }
 
 /// P0 after the fork: wait for P1, kill it on request or when the runtime goes away.

@@ -2,16 +2,16 @@
 //! enters the network namespace, drops its privileges, starts the command and reaps every
 //! process of the sandbox before reporting the command's exit.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
 use serde_json::{json, Value};
 
 use crate::cgroups::{await_cgroups, join_v1};
-use crate::control::{report, report_error, stage, StageResult};
+use crate::control::{parse_plan, report, report_error, report_plan_error, stage, StageResult};
 use crate::mounts::apply;
 use crate::network::enter_network_namespace;
-use crate::plan::{InitPlan, RootFs};
+use crate::plan::{InitPlan, MountOp, RootFs, WarmPlan};
 use crate::privileges::{read_cap_last_cap, restrict};
 use crate::spawn::PreparedExec;
 use crate::sys::{self, cpath, cstring, SysError, SysResult};
@@ -42,6 +42,103 @@ pub(crate) fn pid1(
             return 1;
         }
     };
+    run_command(plan, ready)
+}
+
+/// P1 of a warm sandbox: builds what the [`WarmPlan`] holds of the root, reports `warm`,
+/// waits for the step's plan on `step` (to its end: P0 closes it once sent), then goes on as
+/// [`pid1`] would with the rest of the mounts. Returns the exit code of P1 itself.
+pub(crate) fn pid1_warm(
+    warm: &WarmPlan,
+    v1_tasks: &[libc::c_int],
+    joined: libc::c_int,
+    netns: Option<OwnedFd>,
+    step: OwnedFd,
+) -> i32 {
+    if let Err(e) = sys::prctl(
+        libc::PR_SET_PDEATHSIG,
+        libc::SIGKILL as libc::c_ulong,
+        "PR_SET_PDEATHSIG",
+    ) {
+        report_error("pdeathsig", &e);
+        return 1;
+    }
+    if let Err(e) = join_v1(v1_tasks) {
+        report_error("cgroup", &e);
+        return 1;
+    }
+    let last_cap = read_cap_last_cap();
+    let prepared = match build_root(&warm.new_root, &warm.root, &warm.mounts) {
+        Ok(p) => p,
+        Err((stage, err)) => {
+            report_error(stage, &err);
+            return 1;
+        }
+    };
+    report(json!({"event": "warm"}));
+    let plan = match read_step(step).and_then(|line| parse_plan(&line)) {
+        Ok(plan) => plan,
+        Err(message) => return report_plan_error(message),
+    };
+    // The step's plan goes on from where the warm one stopped, on the same root: any other
+    // root would leave the first half of its mounts undone.
+    if plan.new_root != warm.new_root || plan.root != warm.root {
+        return report_plan_error(
+            "the step's plan is for another root than this warm sandbox's".to_string(),
+        );
+    }
+    let ready = (|| {
+        for op in &plan.mounts {
+            stage("mount", apply(op, &plan.new_root, prepared))?;
+        }
+        enter_root(&plan, netns, joined, last_cap)
+    })();
+    let ready = match ready {
+        Ok(r) => r,
+        Err((stage, err)) => {
+            report_error(stage, &err);
+            return 1;
+        }
+    };
+    run_command(&plan, ready)
+}
+
+/// Largest step plan a warm P1 reads (as the control socket's lines).
+const MAX_STEP_PLAN_BYTES: usize = 64 << 20;
+
+/// The step's plan, read to the end of `step`.
+fn read_step(step: OwnedFd) -> Result<Vec<u8>, String> {
+    let mut line = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        // SAFETY: `chunk` is a valid writable buffer of the given length.
+        let n = unsafe { libc::read(step.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
+        if n < 0 {
+            if sys::errno() == libc::EINTR {
+                continue;
+            }
+            return Err(format!(
+                "reading the step's plan: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        if n == 0 {
+            break;
+        }
+        line.extend_from_slice(&chunk[..n as usize]);
+        if line.len() > MAX_STEP_PLAN_BYTES {
+            return Err("the step's plan exceeds 64 MiB".to_string());
+        }
+    }
+    if line.is_empty() {
+        return Err("the runtime closed the warm sandbox without a step".to_string());
+    }
+    Ok(line)
+}
+
+/// P1 once set up: starts the command, reaps every process of the sandbox, reports the
+/// command's exit. Returns the exit code of P1 itself.
+fn run_command(plan: &InitPlan, ready: Value) -> i32 {
     report(ready);
     let pid = match PreparedExec::new(plan).and_then(|exec| exec.spawn()) {
         Ok(pid) => pid,
@@ -108,6 +205,13 @@ pub(crate) fn setup(
     joined: libc::c_int,
 ) -> StageResult<Value> {
     let last_cap = read_cap_last_cap();
+    build_root(&plan.new_root, &plan.root, &plan.mounts)?;
+    enter_root(plan, netns, joined, last_cap)
+}
+
+/// Mounts the root at `new_root` and carries out `mounts` on it; returns whether the root is
+/// a prepared one (see [`apply`]).
+fn build_root(new_root: &Path, root_fs: &RootFs, mounts: &[MountOp]) -> StageResult<bool> {
     // Nothing we mount may propagate back to the host.
     stage(
         "mount",
@@ -119,8 +223,8 @@ pub(crate) fn setup(
             None,
         ),
     )?;
-    let root = &plan.new_root;
-    let prepared = match &plan.root {
+    let root = new_root;
+    let prepared = match root_fs {
         RootFs::Tmpfs => {
             let data = cstring(&format!("mode=0755,size={}", crate::plan::ROOT_TMPFS_BYTES));
             stage(
@@ -145,9 +249,21 @@ pub(crate) fn setup(
             true
         }
     };
-    for op in &plan.mounts {
+    for op in mounts {
         stage("mount", apply(op, root, prepared))?;
     }
+    Ok(prepared)
+}
+
+/// Sets the host name, pivots into the root, waits for the cgroups, enters the network
+/// namespace and drops privileges. Returns the `ready` report.
+fn enter_root(
+    plan: &InitPlan,
+    netns: Option<OwnedFd>,
+    joined: libc::c_int,
+    last_cap: u32,
+) -> StageResult<Value> {
+    let root = &plan.new_root;
     // The name's bytes as they are, with their length (a C string made of it would end at a
     // NUL and be read past its end).
     stage(

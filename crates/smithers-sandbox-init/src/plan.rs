@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when the init and the runtime would disagree on the plan's meaning.
-pub const PLAN_VERSION: u32 = 8;
+pub const PLAN_VERSION: u32 = 9;
 
 /// Size of the tmpfs the new root is built on ([`RootFs::Tmpfs`]): it only holds directories,
 /// mount points, symlinks and the `/etc` copies, and is remounted read-only before the
@@ -239,6 +239,10 @@ pub struct Prelude {
     /// (see [`EgressListen`]); `None`: the namespace has no way out at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<EgressListen>,
+    /// A warm sandbox (see [`WarmPlan`]): the second line is a [`WarmPlan`], and the step's
+    /// [`InitPlan`] follows on a third line, whenever the runtime has a step for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm: bool,
 }
 
 /// The sockets of the egress engine, bound by P0 inside the sandbox's network namespace
@@ -287,6 +291,7 @@ impl Prelude {
             cgroups,
             unshare_net: !allow_network,
             egress: None,
+            warm: false,
         }
     }
 }
@@ -306,6 +311,22 @@ pub struct InitPlan {
     /// The seccomp program, installed after everything else (empty: none).
     pub seccomp: Vec<BpfInstruction>,
     pub exec: ExecSpec,
+}
+
+/// The part of a sandbox a warm pool prepares before any step is known: what P1 builds of
+/// the root ahead (the root itself and the mounts that depend on no step: system
+/// directories, `/etc`, `/proc`, `/dev`, `/tmp`, `$HOME`). P1 then reports `warm` and waits;
+/// the step's [`InitPlan`], sent when a step claims the sandbox, must name the same
+/// `new_root` and `root`, and its `mounts` are only the rest (the workspace, `/result`, the
+/// request and out directories, volumes, the read-only root). From there on a warm sandbox
+/// is exactly the cold one the whole plan would have made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmPlan {
+    pub version: u32,
+    pub new_root: PathBuf,
+    pub root: RootFs,
+    pub mounts: Vec<MountOp>,
 }
 
 /// What the host probe (`--probe <scratch>`) reads on its stdin, one JSON value: the seccomp

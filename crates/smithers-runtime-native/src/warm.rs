@@ -1,0 +1,461 @@
+//! The warm pool: sandboxes prepared before any step asks for one, so that a step's sandbox
+//! costs only what depends on the step (`NativeOptions::warm`).
+//!
+//! A warm sandbox is a whole init as `execute` would start it, stopped halfway: forked from
+//! the zygote, its user, mount, pid, IPC, UTS and network namespaces made, P1 born into the
+//! sandbox's cgroups, the prepared root bound and every mount that depends on no step made
+//! (system directories, `/etc`, `/proc`, `/dev`, `/tmp`, `$HOME`: the prefix
+//! [`crate::plan::split_warm`] cuts). P1 then reports `warm` and waits. No step's code has
+//! run in it, nothing of a project is visible in it, and it holds no capability a cold init
+//! would not hold at the same point.
+//!
+//! `create` claims one when the sandbox's configuration is one a warm sandbox can serve
+//! ([`eligible`]: no network, no egress policy, no disk or CPU limit, no volumes): the
+//! warm cgroups get the step's memory and pids limits and become the sandbox's, and the
+//! init stays attached to the sandbox until its first `execute`. There the step's plan is
+//! compiled as for a cold start and its prefix compared, op by op, with what the warm
+//! sandbox built (and its prelude with the cold one's): only when they are equal is the
+//! rest sent to the waiting P1; otherwise the warm init is dropped and a cold one started
+//! in the same cgroups. A warm sandbox is thus never anything but the cold one the same
+//! plan would have made, a few seconds earlier.
+//!
+//! A keeper thread refills the pool to its size after every claim. Dropping the runtime
+//! closes every warm init's control socket, which makes its P0 kill P1, and removes their
+//! cgroups.
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use smithers_runtime::SandboxConfig;
+
+use crate::cgroup::{CgroupLimits, SandboxCgroups};
+use crate::exec::{fork_from_zygote, ForkedInit, ZygoteSlot};
+use crate::plan::{self, HostLayout, PlanInput, Prelude, WarmPlan, WorkspaceFacts};
+use crate::{HostCaps, NativeRuntime};
+
+/// How long a warm init may take to report `warm` before it is given up.
+const WARM_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the keeper waits after a failure before it tries again (doubling to a minute).
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// A prepared sandbox, waiting for a step.
+#[derive(Debug)]
+pub(crate) struct WarmSandbox {
+    /// The runtime's end of the init's control socket: prelude and warm plan sent, the
+    /// `warm` report read. Closing it makes P0 kill P1.
+    pub(crate) control: UnixStream,
+    pub(crate) init: ForkedInit,
+    pub(crate) cgroups: SandboxCgroups,
+    /// What the init was sent, to compare with a step's.
+    pub(crate) prelude: Prelude,
+    pub(crate) plan: WarmPlan,
+    /// When it reported `warm`.
+    pub(crate) since: Instant,
+}
+
+/// A warm sandbox claimed by a sandbox at `create`, attached to it until its first
+/// `execute`: its cgroups are the sandbox's now (the handle's, removed by its cleanup), so
+/// dropping this only ends the init.
+#[derive(Debug)]
+pub(crate) struct ClaimedWarm {
+    pub(crate) control: UnixStream,
+    pub(crate) init: ForkedInit,
+    pub(crate) prelude: Prelude,
+    pub(crate) plan: WarmPlan,
+    pub(crate) since: Instant,
+}
+
+impl WarmSandbox {
+    /// Hands the cgroups to the sandbox that claims this one.
+    pub(crate) fn claim(self) -> (ClaimedWarm, SandboxCgroups) {
+        let claimed = ClaimedWarm {
+            control: self.control,
+            init: self.init,
+            prelude: self.prelude,
+            plan: self.plan,
+            since: self.since,
+        };
+        (claimed, self.cgroups)
+    }
+
+    /// Whether the init is still waiting: nothing may have come on its control socket since
+    /// its `warm` report (an end of file, or an error, means it is gone).
+    fn waiting(&self) -> bool {
+        let mut fds = [libc::pollfd {
+            fd: self.control.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: `fds` is a valid array of one pollfd.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
+        n == 0
+    }
+
+    /// Ends an unclaimed warm sandbox: its init is killed (the socket closes) and, once its
+    /// processes are gone, its cgroups removed.
+    pub(crate) fn discard(self) {
+        let WarmSandbox {
+            control,
+            init,
+            cgroups,
+            ..
+        } = self;
+        drop(control);
+        drop(init);
+        cgroups.kill_all();
+        let _ = cgroups.remove(Duration::from_secs(2));
+    }
+}
+
+/// Whether a sandbox of this configuration may be served by a warm one: a warm sandbox has
+/// no network, the default `/tmp` size and no cpu cgroup. The rest of the plan is compared
+/// at `execute`.
+pub(crate) fn eligible(config: &SandboxConfig) -> bool {
+    let c = &config.controls;
+    !c.allow_network
+        && c.egress_policy.is_none()
+        && c.disk_limit_bytes.is_none()
+        && c.cpu_limit.is_none()
+        && c.volumes.is_empty()
+}
+
+/// The step-independent part of every plan on this host, and the prepared root it is bound
+/// on (made if need be).
+fn warm_plan(caps: &HostCaps) -> Result<WarmPlan, String> {
+    // Placeholders for everything a step brings: none of it reaches the prefix (the test
+    // `the_warm_prefix_depends_on_no_step` holds the plan to that).
+    let step = Path::new("/nonexistent/smithers-warm-step");
+    let layout = HostLayout {
+        root_dir: step.join("project"),
+        upper: step.join("upper"),
+        work: step.join("work"),
+        workspace_copy: None,
+        new_root: crate::Backend::new_root_in(&caps.state_root),
+        artifacts: step.join("artifacts"),
+        out: step.join("out"),
+        request: step.join("request"),
+    };
+    let seccomp = caps.seccomp.clone()?;
+    let argv = vec!["true".to_string()];
+    let empty = Default::default();
+    let plan = plan::compile(&PlanInput {
+        stdin: false,
+        git_common: None,
+        layout: &layout,
+        workspace: WorkspaceFacts {
+            has_smithers_dir: false,
+            has_git_dir: false,
+        },
+        host: &caps.facts,
+        allow_network: false,
+        tmp_bytes: plan::DEFAULT_TMP_BYTES,
+        volumes: &[],
+        argv: &argv,
+        cwd: None,
+        step_env: &empty,
+        host_env: &caps.host_env,
+        egress_etc: None,
+        seccomp,
+        prepared_root: true,
+    });
+    let (files, mounts) = plan::split_prepared(plan.mounts);
+    let source = crate::prepared_root::ensure(&caps.state_root, &files, &mounts)
+        .map_err(|e| format!("prepare the sandbox root: {e}"))?;
+    let (prefix, _) = plan::split_warm(mounts);
+    Ok(WarmPlan {
+        version: plan::PLAN_VERSION,
+        new_root: plan.new_root,
+        root: plan::RootFs::Prepared { source },
+        mounts: prefix,
+    })
+}
+
+/// Makes one warm sandbox: cgroups with the default limits, an init forked from the zygote
+/// and given the warm plan, and its `warm` report.
+fn make(
+    caps: &HostCaps,
+    zygote: &ZygoteSlot,
+    limits: &CgroupLimits,
+) -> Result<WarmSandbox, String> {
+    let init = caps.init.as_ref().map_err(Clone::clone)?;
+    let plan = warm_plan(caps)?;
+    std::fs::create_dir_all(&plan.new_root)
+        .map_err(|e| format!("make {}: {e}", plan.new_root.display()))?;
+    let cgroups = caps
+        .cgroups
+        .create(&NativeRuntime::warm_cgroup_name(), limits)
+        .map_err(|e| format!("create the sandbox cgroups: {e}"))?;
+    let mut prelude = Prelude::new(caps.uid, caps.gid, cgroups.join_plan(), false);
+    prelude.warm = true;
+    let started = (|| {
+        let (mut ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+        let mut lines = serde_json::to_vec(&prelude).map_err(|e| e.to_string())?;
+        lines.push(b'\n');
+        lines.extend(serde_json::to_vec(&plan).map_err(|e| e.to_string())?);
+        lines.push(b'\n');
+        ours.write_all(&lines).map_err(|e| e.to_string())?;
+        let forked = fork_from_zygote(zygote, init, &theirs)
+            .ok_or_else(|| "the zygote could not fork an init".to_string())?;
+        // The init has its own copy now; ours must go so that EOF means "init gone".
+        drop(theirs);
+        let mut sandbox = WarmSandbox {
+            control: ours,
+            init: forked,
+            cgroups: cgroups.clone(),
+            prelude: prelude.clone(),
+            plan: plan.clone(),
+            since: Instant::now(),
+        };
+        match await_warm(&sandbox.control) {
+            Ok(()) => {
+                sandbox.since = Instant::now();
+                Ok(sandbox)
+            }
+            Err(e) => {
+                drop(sandbox.control);
+                Err(e)
+            }
+        }
+    })();
+    started.inspect_err(|_| {
+        cgroups.kill_all();
+        let _ = cgroups.remove(Duration::from_secs(2));
+    })
+}
+
+/// Reads the init's reports up to its `warm` one (bounded in time and size).
+fn await_warm(control: &UnixStream) -> Result<(), String> {
+    let deadline = Instant::now() + WARM_TIMEOUT;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            let v: serde_json::Value = serde_json::from_slice(&line)
+                .map_err(|e| format!("the warm init sent what is not a report: {e}"))?;
+            match v["event"].as_str() {
+                Some("warm") if buf.is_empty() => return Ok(()),
+                Some("error") => {
+                    return Err(format!(
+                        "the warm init failed ({}): {}",
+                        v["stage"].as_str().unwrap_or("init"),
+                        v["message"].as_str().unwrap_or("unknown")
+                    ))
+                }
+                _ => return Err(format!("the warm init reported {v} before it was warm")),
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || buf.len() > 64 << 10 {
+            return Err("the warm init did not report within 10 s".to_string());
+        }
+        control
+            .set_read_timeout(Some(left))
+            .map_err(|e| e.to_string())?;
+        let n = (&*control)
+            .read(&mut chunk)
+            .map_err(|e| format!("reading the warm init's report: {e}"))?;
+        if n == 0 {
+            return Err("the warm init ended before it was warm".to_string());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The pool: its warm sandboxes and the keeper that refills it.
+#[derive(Debug)]
+pub(crate) struct WarmPool {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<PoolState>,
+    changed: Condvar,
+    size: usize,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    ready: Vec<WarmSandbox>,
+    stop: bool,
+    /// Why the last attempt to make one failed (cleared by a success).
+    last_error: Option<String>,
+    /// Sandboxes made since the pool started, and how many were claimed.
+    made: u64,
+    claimed: u64,
+}
+
+/// What the pool holds, for `doctor`, tests and the bench.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmStatus {
+    pub size: usize,
+    pub ready: usize,
+    pub made: u64,
+    pub claimed: u64,
+    pub last_error: Option<String>,
+    /// The waiting sandboxes: their init's (P0's) pid and their cgroup directories.
+    pub waiting: Vec<(i32, Vec<std::path::PathBuf>)>,
+}
+
+impl WarmPool {
+    /// Starts the keeper, which makes `size` warm sandboxes and keeps the pool at that size.
+    pub(crate) fn start(
+        size: usize,
+        caps: Arc<HostCaps>,
+        zygote: ZygoteSlot,
+        limits: CgroupLimits,
+    ) -> WarmPool {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(PoolState::default()),
+            changed: Condvar::new(),
+            size,
+        });
+        let keeper = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("smithers-warm-pool".into())
+            .spawn(move || keep(&keeper, &caps, &zygote, &limits));
+        if let Err(e) = spawned {
+            shared.lock().last_error = Some(format!("could not start the pool's keeper: {e}"));
+        }
+        WarmPool { shared }
+    }
+
+    /// A waiting warm sandbox, if the pool has one (the keeper then makes another).
+    pub(crate) fn claim(&self) -> Option<WarmSandbox> {
+        let mut dead = Vec::new();
+        let found = {
+            let mut state = self.shared.lock();
+            let mut found = None;
+            while let Some(sandbox) = state.ready.pop() {
+                if sandbox.waiting() {
+                    found = Some(sandbox);
+                    break;
+                }
+                dead.push(sandbox);
+            }
+            if found.is_some() {
+                state.claimed += 1;
+            }
+            found
+        };
+        self.shared.changed.notify_all();
+        for sandbox in dead {
+            sandbox.discard();
+        }
+        found
+    }
+
+    pub(crate) fn status(&self) -> WarmStatus {
+        let state = self.shared.lock();
+        WarmStatus {
+            size: self.shared.size,
+            ready: state.ready.len(),
+            made: state.made,
+            claimed: state.claimed,
+            last_error: state.last_error.clone(),
+            waiting: state
+                .ready
+                .iter()
+                .map(|w| {
+                    let dirs = w.cgroups.dirs.iter().map(|d| d.path.clone()).collect();
+                    (w.init.pid, dirs)
+                })
+                .collect(),
+        }
+    }
+
+    /// Waits until the pool is full, or `timeout` passes; returns the status then.
+    pub(crate) fn wait_full(&self, timeout: Duration) -> WarmStatus {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.shared.lock();
+        while state.ready.len() < self.shared.size && state.last_error.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, left)
+                .map(|(s, _)| s)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        drop(state);
+        self.status()
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for WarmPool {
+    fn drop(&mut self) {
+        let ready = {
+            let mut state = self.shared.lock();
+            state.stop = true;
+            std::mem::take(&mut state.ready)
+        };
+        self.shared.changed.notify_all();
+        for sandbox in ready {
+            sandbox.discard();
+        }
+    }
+}
+
+/// The keeper's loop: make warm sandboxes while the pool is short of its size.
+fn keep(shared: &Shared, caps: &HostCaps, zygote: &ZygoteSlot, limits: &CgroupLimits) {
+    let mut retry = RETRY_FIRST;
+    loop {
+        {
+            let mut state = shared.lock();
+            while !state.stop && state.ready.len() >= shared.size {
+                state = shared
+                    .changed
+                    .wait(state)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+            if state.stop {
+                return;
+            }
+        }
+        match make(caps, zygote, limits) {
+            Ok(sandbox) => {
+                retry = RETRY_FIRST;
+                let mut state = shared.lock();
+                if state.stop {
+                    drop(state);
+                    sandbox.discard();
+                    return;
+                }
+                state.ready.push(sandbox);
+                state.made += 1;
+                state.last_error = None;
+                drop(state);
+                shared.changed.notify_all();
+            }
+            Err(e) => {
+                shared.lock().last_error = Some(e);
+                shared.changed.notify_all();
+                // Wait before the next try, waking early only to stop.
+                let state = shared.lock();
+                drop(
+                    shared
+                        .changed
+                        .wait_timeout_while(state, retry, |s| !s.stop)
+                        .map(|(s, _)| s),
+                );
+                retry = (retry * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}

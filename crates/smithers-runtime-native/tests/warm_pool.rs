@@ -1,0 +1,371 @@
+//! The warm pool (`NativeOptions::warm`): real sandboxes prepared ahead and claimed by steps.
+//! A warm sandbox must be the cold one the same plan makes (same patches, output and
+//! enforcement report), take the claiming step's limits, leave no process or cgroup when the
+//! runtime goes, and never be used once its init died. The conformance and containment
+//! suites also run against a warm runtime (`conformance_warm.rs`, `containment_warm.rs`).
+//!
+//! A test needing a kernel feature the host lacks prints `SKIP <reason>`; with `CI=true` the
+//! missing feature fails the test instead.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use smithers_runtime::{
+    CancellationToken, Controls, ExecOutcome, RequestBundle, Runtime, RuntimeKind, SandboxConfig,
+    StepCommand, Termination,
+};
+use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+
+fn runtime(warm: usize) -> NativeRuntime {
+    NativeRuntime::new(NativeOptions {
+        init: Some(InitCommand::binary(env!(
+            "CARGO_BIN_EXE_smithers-sandbox-init"
+        ))),
+        warm,
+        ..NativeOptions::default()
+    })
+}
+
+fn skip_or_fail(reason: &str) -> bool {
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("missing host capability under CI=true: {reason}");
+    }
+    println!("SKIP {reason}");
+    false
+}
+
+async fn usable(rt: &NativeRuntime) -> bool {
+    let report = rt.probe().await;
+    let missing: Vec<&str> = ["user-namespace", "mount-namespace", "pid-namespace"]
+        .into_iter()
+        .filter(|n| !report.is_enforced(n))
+        .collect();
+    missing.is_empty() || skip_or_fail(&format!("native sandboxes unavailable: {missing:?}"))
+}
+
+/// Fills the pool, failing the test if it cannot.
+async fn warm_up(rt: &NativeRuntime) {
+    let status = rt
+        .warm_up(Duration::from_secs(30))
+        .await
+        .expect("the runtime has a pool");
+    assert_eq!(
+        status.ready, status.size,
+        "the pool fills: {:?}",
+        status.last_error
+    );
+}
+
+fn project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("src")).unwrap();
+    std::fs::write(dir.path().join("src/main.rs"), "fn main() {}\n").unwrap();
+    std::fs::write(dir.path().join("README"), "a\nb\n").unwrap();
+    dir
+}
+
+/// What one step left: its outcome, stdout, patches and bundle log.
+struct Ran {
+    outcome: ExecOutcome,
+    stdout: String,
+    patches: Vec<(String, String)>,
+    log: Vec<Value>,
+}
+
+impl Ran {
+    fn warm(&self) -> bool {
+        self.log.iter().any(|r| r["type"] == "warmStart")
+    }
+}
+
+async fn run(rt: &NativeRuntime, root: &Path, controls: Controls, script: &str) -> Ran {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let config = SandboxConfig {
+        run_id: format!("warm-{}", std::process::id()),
+        sandbox_id: format!(
+            "sb-{}",
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ),
+        runtime: RuntimeKind::Bubblewrap,
+        root_dir: root.to_path_buf(),
+        image: None,
+        controls,
+    };
+    let handle = rt.create(&config).await.expect("create");
+    rt.ship(
+        &handle,
+        &RequestBundle {
+            request: json!({"status": "pending", "sandboxId": config.sandbox_id, "runtime": "bubblewrap", "input": {}}),
+        },
+    )
+    .await
+    .expect("ship");
+    let sink = Collect::default();
+    let outcome = rt
+        .execute(
+            &handle,
+            &StepCommand {
+                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+                cwd: None,
+                stdin: Default::default(),
+            },
+            CancellationToken::new(),
+            &sink,
+        )
+        .await
+        .expect("execute");
+    let report = rt.collect(&handle).await.expect("collect");
+    let mut patches = Vec::new();
+    let pdir = report.bundle_path.join("patches");
+    if pdir.is_dir() {
+        let mut names: Vec<PathBuf> = std::fs::read_dir(&pdir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for p in names {
+            let name = p.file_name().unwrap().to_str().unwrap().to_string();
+            patches.push((name, std::fs::read_to_string(&p).unwrap()));
+        }
+    }
+    let log = std::fs::read_to_string(report.bundle_path.join("logs/stream.ndjson"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    rt.cleanup(&handle).await.expect("cleanup");
+    Ran {
+        outcome,
+        stdout: sink.0.into_inner().unwrap(),
+        patches,
+        log,
+    }
+}
+
+#[derive(Default)]
+struct Collect(std::sync::Mutex<String>);
+
+impl smithers_runtime::OutputSink for Collect {
+    fn event(&self, event: smithers_runtime::OutputEvent) {
+        if let smithers_runtime::OutputEvent::Stdout { line, .. } = event {
+            let mut s = self.0.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    }
+}
+
+/// What the step reports of its sandbox: who it is, what it sees, what it may do.
+const PROBE_STEP: &str = r#"
+echo "id=$(id -u):$(id -g) host=$(hostname) pid=$$ cwd=$(pwd)"
+echo "nnp=$(grep NoNewPrivs /proc/self/status | tr -d '[:space:]')"
+echo "caps=$(grep CapEff /proc/self/status | tr -d '[:space:]')"
+echo "seccomp=$(grep '^Seccomp:' /proc/self/status | tr -d '[:space:]')"
+echo "net=$(ls /sys/class/net 2>/dev/null | tr '\n' ' ')$(cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | tr '\n' ' ')"
+echo "tmp=$(ls -A /tmp | wc -l) home=$(ls -A $HOME | wc -l)"
+if touch /etc/x 2>/dev/null; then echo etc-writable; else echo etc-read-only; fi
+if ls /workspace/.smithers 2>/dev/null | grep -q .; then echo smithers-visible; else echo smithers-hidden; fi
+printf 'c\n' >> README
+mkdir -p new && printf 'new\n' > new/file.txt
+rm src/main.rs
+echo done
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_sandbox_is_the_cold_one_the_same_plan_makes() {
+    let warm_rt = runtime(1);
+    if !usable(&warm_rt).await {
+        return;
+    }
+    warm_up(&warm_rt).await;
+    let cold_rt = runtime(0);
+    let (a, b) = (project(), project());
+    let warm = run(&warm_rt, a.path(), Controls::default(), PROBE_STEP).await;
+    let cold = run(&cold_rt, b.path(), Controls::default(), PROBE_STEP).await;
+    assert!(
+        warm.warm(),
+        "the step claimed the warm sandbox: {:?}",
+        warm.log
+    );
+    assert!(!cold.warm());
+    assert_eq!(warm.outcome.termination, Termination::Exited);
+    assert_eq!(warm.outcome.exit_code, Some(0), "{}", warm.stdout);
+    assert_eq!(warm.stdout, cold.stdout, "the step sees the same sandbox");
+    assert!(warm.stdout.contains("nnp=NoNewPrivs:1"), "{}", warm.stdout);
+    assert!(warm.stdout.contains("caps=CapEff:0000000000000000"));
+    assert!(warm.stdout.contains("seccomp=Seccomp:2"));
+    assert!(warm.stdout.contains("etc-read-only"));
+    assert!(warm.stdout.contains("tmp=0 home=0"), "{}", warm.stdout);
+    assert_eq!(warm.patches, cold.patches, "identical patches");
+    assert_eq!(warm.patches.len(), 3, "{:?}", warm.patches);
+    assert_eq!(
+        serde_json::to_value(&warm.outcome.enforcement).unwrap(),
+        serde_json::to_value(&cold.outcome.enforcement).unwrap(),
+        "the same enforcement report"
+    );
+    // The project was not touched by either.
+    assert_eq!(
+        std::fs::read_to_string(a.path().join("README")).unwrap(),
+        "a\nb\n"
+    );
+    // The pool refills after the claim.
+    let status = warm_rt.warm_up(Duration::from_secs(30)).await.unwrap();
+    assert_eq!((status.ready, status.claimed), (1, 1), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_warm_sandbox_takes_the_steps_limits() {
+    let rt = runtime(1);
+    if !usable(&rt).await {
+        return;
+    }
+    let report = rt.probe().await;
+    if !report.is_enforced("pids") {
+        skip_or_fail("no pids controller");
+        return;
+    }
+    warm_up(&rt).await;
+    let root = project();
+    let controls = Controls {
+        pids_limit: Some(16),
+        ..Controls::default()
+    };
+    let ran = run(
+        &rt,
+        root.path(),
+        controls,
+        "cat /sys/fs/cgroup/pids.max 2>/dev/null; for i in $(seq 1 64); do sleep 5 & done; wait",
+    )
+    .await;
+    assert!(ran.warm(), "{:?}", ran.log);
+    assert_eq!(
+        ran.outcome.termination,
+        Termination::Pids,
+        "{ran:?}",
+        ran = ran.stdout
+    );
+    if report.is_enforced("memory") {
+        warm_up(&rt).await;
+        let controls = Controls {
+            memory_limit_bytes: Some(32 << 20),
+            ..Controls::default()
+        };
+        let ran = run(
+            &rt,
+            root.path(),
+            controls,
+            "head -c 200000000 /dev/zero | tail > /dev/null; echo survived",
+        )
+        .await;
+        assert!(ran.warm(), "{:?}", ran.log);
+        assert_eq!(
+            ran.outcome.termination,
+            Termination::Memory,
+            "{}",
+            ran.stdout
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_a_warm_sandbox_cannot_serve_starts_cold() {
+    let rt = runtime(1);
+    if !usable(&rt).await {
+        return;
+    }
+    warm_up(&rt).await;
+    let root = project();
+    let volume = tempfile::tempdir().unwrap();
+    std::fs::write(volume.path().join("v.txt"), "volume\n").unwrap();
+    let with_volume = Controls {
+        volumes: vec![smithers_runtime::VolumeMount {
+            host: volume.path().to_path_buf(),
+            container: PathBuf::from("/data"),
+            readonly: true,
+        }],
+        ..Controls::default()
+    };
+    let with_disk = Controls {
+        disk_limit_bytes: Some(64 << 20),
+        ..Controls::default()
+    };
+    for controls in [with_volume, with_disk] {
+        let ran = run(
+            &rt,
+            root.path(),
+            controls,
+            "cat /data/v.txt 2>/dev/null; echo ok",
+        )
+        .await;
+        assert!(!ran.warm(), "{:?}", ran.log);
+        assert_eq!(ran.outcome.exit_code, Some(0));
+        assert!(ran.stdout.contains("ok"));
+    }
+    let status = rt.warm_status().unwrap();
+    assert_eq!((status.ready, status.claimed), (1, 0), "{status:?}");
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie has no mount namespace link any more; a live process does.
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok()
+}
+
+async fn gone(pid: i32) -> bool {
+    for _ in 0..200 {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_sandbox_whose_init_died_is_never_claimed() {
+    let rt = runtime(1);
+    if !usable(&rt).await {
+        return;
+    }
+    warm_up(&rt).await;
+    let status = rt.warm_status().unwrap();
+    let (pid, _) = status.waiting[0].clone();
+    // SAFETY: kill with a pid of a process this test's runtime started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(gone(pid).await, "the warm init {pid} died");
+    let root = project();
+    let ran = run(&rt, root.path(), Controls::default(), "echo fine").await;
+    assert_eq!(ran.outcome.exit_code, Some(0));
+    assert_eq!(ran.stdout, "fine\n");
+    assert!(!ran.warm(), "the dead one was not used: {:?}", ran.log);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_runtime_ends_its_warm_sandboxes() {
+    let rt = runtime(2);
+    if !usable(&rt).await {
+        return;
+    }
+    warm_up(&rt).await;
+    let waiting = rt.warm_status().unwrap().waiting;
+    assert_eq!(waiting.len(), 2);
+    // One claimed by a sandbox that is created and cleaned up without ever running.
+    let root = project();
+    let config = SandboxConfig {
+        run_id: format!("warm-drop-{}", std::process::id()),
+        sandbox_id: "never-run".into(),
+        runtime: RuntimeKind::Bubblewrap,
+        root_dir: root.path().to_path_buf(),
+        image: None,
+        controls: Controls::default(),
+    };
+    let handle = rt.create(&config).await.expect("create");
+    rt.cleanup(&handle).await.expect("cleanup");
+    drop(rt);
+    for (pid, cgroups) in waiting {
+        assert!(gone(pid).await, "warm init {pid} ended with the runtime");
+        for dir in cgroups {
+            assert!(!dir.exists(), "{} removed", dir.display());
+        }
+    }
+}

@@ -5,6 +5,7 @@
 //! cargo run --release -p smithers-bench -- workspace-scaling   # scenario 2
 //! cargo run --release -p smithers-bench -- throughput          # scenario 3
 //! cargo run --release -p smithers-bench -- whole-cli           # scenario 6
+//! cargo run --release -p smithers-bench -- warm-start          # scenario 7
 //! cargo run --release -p smithers-bench -- change-cost         # scenario 8
 //! cargo run --release -p smithers-bench -- egress              # scenario 9
 //! cargo run --release -p smithers-bench -- fleet               # scenario 10 (a Ray cluster)
@@ -21,6 +22,7 @@ mod measure;
 mod report;
 mod roundtrip;
 mod throughput;
+mod warm;
 mod whole_cli;
 mod workspace;
 
@@ -62,6 +64,9 @@ enum Scenario {
     Throughput,
     /// 6: `smithers-sandbox run -- true` as a user runs it against bare bwrap, whole processes.
     WholeCli,
+    /// 7: asking for a sandbox to its first command running, with a warm pool and without,
+    /// against bare bwrap.
+    WarmStart,
     /// 8: the cost after the step of 1k/10k/100k changed files and huge or sparse files,
     /// time and peak memory, against `git add -A && git diff --cached --binary`.
     ChangeCost,
@@ -85,6 +90,14 @@ fn main() -> anyhow::Result<()> {
             // 300 rounds: as scenario 1, whose ratio moved by ±5% with fewer.
             let body = whole_cli::whole_cli(&cli.scratch, cli.rounds.unwrap_or(300), BWRAP_ARGS)?;
             finish(&cli, "Scenario 6: the whole CLI", "whole-cli", &body, &[])
+        }
+        Scenario::WarmStart => {
+            anyhow::ensure!(
+                have("bwrap"),
+                "bare bwrap is the reference point of this scenario: apt-get install bubblewrap"
+            );
+            let (body, series) = warm::run(&cli.scratch, cli.rounds.unwrap_or(300), BWRAP_ARGS)?;
+            finish(&cli, "Scenario 7: warm start", "warm-start", &body, &series)
         }
         Scenario::ChangeCost => {
             let body = whole_cli::change_cost(&cli.scratch, cli.rounds.unwrap_or(3))?;

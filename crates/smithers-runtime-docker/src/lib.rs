@@ -1082,6 +1082,7 @@ impl DockerRuntime {
                     ),
                     result: None,
                     egress: None,
+                    command_started_after_us: None,
                 },
                 false,
             ));
@@ -1240,6 +1241,7 @@ impl DockerRuntime {
             enforcement: enforcement_for(&live.controls, state, self.opts.watchdog.is_some()),
             result,
             egress: None,
+            command_started_after_us: None,
         };
         pump.write_exit(&outcome)?;
         Ok((outcome, rejected))

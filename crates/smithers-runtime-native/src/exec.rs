@@ -524,7 +524,9 @@ pub(crate) async fn execute(
     cancel: CancellationToken,
     sink: &dyn OutputSink,
     warm: Option<ClaimedWarm>,
+    started_hook: &(dyn Fn() + Send + Sync),
 ) -> Result<ExecOutcome, RuntimeError> {
+    let called = Instant::now();
     let config_bytes =
         std::fs::read(backend.config_file()).map_err(|e| RuntimeError::OutOfOrder {
             verb: "execute",
@@ -734,15 +736,23 @@ pub(crate) async fn execute(
     });
     if caps.prepared_root {
         let (files, mounts) = plan::split_prepared(std::mem::take(&mut plan.mounts));
-        // Usually one stamp of an existing root; making one (and sweeping old ones) is a
-        // tree of file operations: on a blocking thread either way.
-        let state_root = caps.state_root.clone();
-        let (source, mounts) = crate::blocking("prepare the sandbox root", move || {
-            let made = crate::prepared_root::ensure(&state_root, &files, &mounts)
-                .map_err(|e| RuntimeError::io("prepare the sandbox root in", &state_root, e));
-            (made, mounts)
-        })
-        .await?;
+        // Usually one stamp of an existing root, done here; making one (and sweeping old
+        // ones) is a tree of file operations, on a blocking thread.
+        let (source, mounts) =
+            match crate::prepared_root::existing(&caps.state_root, &files, &mounts) {
+                Some(source) => (Ok(source), mounts),
+                None => {
+                    let state_root = caps.state_root.clone();
+                    crate::blocking("prepare the sandbox root", move || {
+                        let made = crate::prepared_root::ensure(&state_root, &files, &mounts)
+                            .map_err(|e| {
+                                RuntimeError::io("prepare the sandbox root in", &state_root, e)
+                            });
+                        (made, mounts)
+                    })
+                    .await?
+                }
+            };
         let source = source?;
         plan.mounts = mounts;
         plan.root = plan::RootFs::Prepared { source };
@@ -814,6 +824,7 @@ pub(crate) async fn execute(
             }
         }
     };
+    let command_started = std::sync::OnceLock::new();
     let status_fut = async {
         let mut events = Vec::new();
         let mut engine = None;
@@ -847,6 +858,11 @@ pub(crate) async fn execute(
                         }
                         None => drop(fds),
                     }
+                    continue;
+                }
+                if v["event"] == "started" {
+                    let _ = command_started.set(Instant::now());
+                    started_hook();
                     continue;
                 }
                 // `exit` is the last word: every other sandbox process is gone by then (see
@@ -1017,6 +1033,9 @@ pub(crate) async fn execute(
         egress: egress_summary
             .as_ref()
             .and_then(|s| serde_json::to_value(s).ok()),
+        command_started_after_us: command_started
+            .get()
+            .map(|at| at.duration_since(called).as_micros() as u64),
     };
     let mut lines = log.into_inner().unwrap_or_default();
     if let Some(waited) = warm_for {

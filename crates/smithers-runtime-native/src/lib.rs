@@ -333,6 +333,8 @@ struct HostCaps {
     /// `NativeOptions::disk_reserve_bytes`.
     disk_reserve: u64,
     host_env: BTreeMap<String, String>,
+    /// `host_diag::container_engine`, once per runtime (four file checks).
+    container_engine: Option<&'static str>,
 }
 
 /// The native runtime. Cheap to clone through `Arc`; host facts are cached inside.
@@ -638,6 +640,14 @@ impl NativeRuntime {
             .ok()
     }
 
+    /// [`NativeRuntime::warm_up`] for a caller that is not async (it blocks its thread).
+    pub fn wait_until_warm(&self, timeout: std::time::Duration) -> Option<WarmStatus> {
+        match self.warm_pool()? {
+            Ok(pool) => Some(pool.wait_full(timeout)),
+            Err(reason) => Some(self.unavailable_pool(reason)),
+        }
+    }
+
     /// What the warm pool holds now; `None` without `NativeOptions::warm`.
     pub fn warm_status(&self) -> Option<WarmStatus> {
         match self.warm_pool()? {
@@ -784,6 +794,7 @@ impl NativeRuntime {
             layer_root,
             disk_reserve: self.options.disk_reserve_bytes,
             host_env: std::env::vars().collect(),
+            container_engine: host_diag::container_engine(),
         }
     }
 
@@ -965,7 +976,7 @@ impl NativeRuntime {
         // In a container the engine's default confinement (seccomp, masked /proc) refuses
         // what the sandbox needs, and nothing cheap shows it: the init's probe tries (once
         // per runtime), and a refusal names the engine's flags instead of failing at execute.
-        if host_diag::container_engine().is_some() {
+        if caps.container_engine.is_some() {
             self.refuse_unless_probe_succeeded(&caps).await?;
         }
         if let Err(reason) = &caps.seccomp {
@@ -1604,8 +1615,18 @@ impl Runtime for NativeRuntime {
         let caps = self.caps();
         let zygote = self.options.zygote.then_some(&self.zygote);
         let warm = self.take_attached(&backend);
+        // A step that claimed a warm sandbox lets the pool refill once its command runs.
+        let pool = match (&warm, self.warm_pool()) {
+            (Some(_), Some(Ok(pool))) => Some(pool),
+            _ => None,
+        };
+        let started = move || {
+            if let Some(pool) = &pool {
+                pool.step_started();
+            }
+        };
         exec::execute(
-            &caps, zygote, &backend, handle, command, cancel, output, warm,
+            &caps, zygote, &backend, handle, command, cancel, output, warm, &started,
         )
         .await
     }

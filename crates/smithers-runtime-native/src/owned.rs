@@ -39,11 +39,32 @@ pub(crate) struct CleanupRecord {
 
 impl CleanupRecord {
     pub(crate) fn for_self(root_dir: &Path, cgroups: &SandboxCgroups) -> CleanupRecord {
+        // Read once per process (two /proc reads were a sixth of a create): neither the
+        // process's start time nor the boot changes while it runs.
+        static OWNER: std::sync::OnceLock<(u32, u64, String)> = std::sync::OnceLock::new();
         let pid = std::process::id();
+        let (owner_pid, owner_start, boot) = OWNER
+            .get_or_init(|| {
+                (
+                    pid,
+                    process_start(pid).unwrap_or(0),
+                    boot_id().unwrap_or_default(),
+                )
+            })
+            .clone();
+        // A forked child (none of ours keeps running the runtime, but be exact) reads again.
+        let (owner_start, boot) = if owner_pid == pid {
+            (owner_start, boot)
+        } else {
+            (
+                process_start(pid).unwrap_or(0),
+                boot_id().unwrap_or_default(),
+            )
+        };
         CleanupRecord {
             owner_pid: pid,
-            owner_start: process_start(pid).unwrap_or(0),
-            boot_id: boot_id().unwrap_or_default(),
+            owner_start,
+            boot_id: boot,
             root_dir: root_dir.to_path_buf(),
             cgroups: cgroups.clone(),
         }

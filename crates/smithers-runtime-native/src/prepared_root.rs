@@ -69,6 +69,18 @@ pub(crate) fn ensure(
     }
 }
 
+/// The prepared root holding `files` and the mount points of `mounts` when it exists (and is
+/// stamped as used): a key and one syscall, cheap enough for an async worker. `None`: it
+/// must be made ([`ensure`], on a blocking thread).
+pub(crate) fn existing(
+    state_root: &Path,
+    files: &[MountOp],
+    mounts: &[MountOp],
+) -> Option<PathBuf> {
+    let dir = state_root.join(format!("{PREFIX}{:016x}", key(files, mounts)));
+    stamp(&dir).then_some(dir)
+}
+
 /// Sets `dir`'s times to now; false when it does not exist (or cannot be stamped, in which
 /// case it is made again).
 fn stamp(dir: &Path) -> bool {

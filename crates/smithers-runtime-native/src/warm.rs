@@ -37,6 +37,11 @@ use crate::exec::{fork_from_zygote, ForkedInit, ZygoteSlot};
 use crate::plan::{self, HostLayout, PlanInput, Prelude, WarmPlan, WorkspaceFacts};
 use crate::{HostCaps, NativeRuntime};
 
+/// How long the keeper holds off after a claim, unless the claiming step's command starts
+/// sooner (see [`WarmPool::step_started`]): making the next warm sandbox takes a few
+/// milliseconds of CPU, which must not compete with the start of the step that claimed one.
+const HOLD_AFTER_CLAIM: Duration = Duration::from_millis(250);
+
 /// How long a warm init may take to report `warm` before it is given up.
 const WARM_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -290,6 +295,8 @@ struct PoolState {
     /// Sandboxes made since the pool started, and how many were claimed.
     made: u64,
     claimed: u64,
+    /// No refill before this (see [`HOLD_AFTER_CLAIM`]).
+    hold_until: Option<Instant>,
 }
 
 /// What the pool holds, for `doctor`, tests and the bench.
@@ -342,6 +349,7 @@ impl WarmPool {
             }
             if found.is_some() {
                 state.claimed += 1;
+                state.hold_until = Some(Instant::now() + HOLD_AFTER_CLAIM);
             }
             found
         };
@@ -350,6 +358,12 @@ impl WarmPool {
             sandbox.discard();
         }
         found
+    }
+
+    /// The command of a step that claimed a warm sandbox has started: the keeper may refill.
+    pub(crate) fn step_started(&self) {
+        self.shared.lock().hold_until = None;
+        self.shared.changed.notify_all();
     }
 
     pub(crate) fn status(&self) -> WarmStatus {
@@ -418,14 +432,30 @@ fn keep(shared: &Shared, caps: &HostCaps, zygote: &ZygoteSlot, limits: &CgroupLi
     loop {
         {
             let mut state = shared.lock();
-            while !state.stop && state.ready.len() >= shared.size {
-                state = shared
-                    .changed
-                    .wait(state)
-                    .unwrap_or_else(|p| p.into_inner());
-            }
-            if state.stop {
-                return;
+            loop {
+                if state.stop {
+                    return;
+                }
+                let held = state
+                    .hold_until
+                    .map(|until| until.saturating_duration_since(Instant::now()))
+                    .filter(|left| !left.is_zero());
+                match held {
+                    _ if state.ready.len() >= shared.size => {
+                        state = shared
+                            .changed
+                            .wait(state)
+                            .unwrap_or_else(|p| p.into_inner())
+                    }
+                    Some(left) => {
+                        state = shared
+                            .changed
+                            .wait_timeout(state, left)
+                            .map(|(s, _)| s)
+                            .unwrap_or_else(|p| p.into_inner().0)
+                    }
+                    None => break,
+                }
             }
         }
         match make(caps, zygote, limits) {

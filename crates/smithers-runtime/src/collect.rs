@@ -700,6 +700,7 @@ mod tests {
             enforcement: EnforcementReport::default(),
             result,
             egress: None,
+            command_started_after_us: None,
         }
     }
 

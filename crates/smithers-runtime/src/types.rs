@@ -348,6 +348,11 @@ pub struct ExecOutcome {
     /// for a step that ran with an egress policy; each decision is also a record of the log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<Value>,
+    /// Microseconds from `execute` being called to the command's exec (its program loaded,
+    /// about to run), where the runtime can tell (the native runtime); what a step waits
+    /// before its own code runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command_started_after_us: Option<u64>,
 }
 
 impl ExecOutcome {

@@ -189,6 +189,7 @@ impl Runtime for HostRunner {
             enforcement: EnforcementReport::default(),
             result: None,
             egress: None,
+            command_started_after_us: None,
         })
     }
 

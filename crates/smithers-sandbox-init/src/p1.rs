@@ -141,7 +141,11 @@ fn read_step(step: OwnedFd) -> Result<Vec<u8>, String> {
 fn run_command(plan: &InitPlan, ready: Value) -> i32 {
     report(ready);
     let pid = match PreparedExec::new(plan).and_then(|exec| exec.spawn()) {
-        Ok(pid) => pid,
+        // posix_spawn returns once the command's exec succeeded: it runs from here on.
+        Ok(pid) => {
+            report(json!({"event": "started"}));
+            pid
+        }
         // The command could not start: what a shell would print and exit with.
         Err((code, message)) => {
             let _ = sys::write_all_fd(2, message.as_bytes());

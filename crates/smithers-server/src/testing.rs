@@ -271,6 +271,7 @@ impl Runtime for HostProcessRuntime {
                 enforcement: self.probe().await,
                 result: ran_result.clone(),
                 egress: None,
+                command_started_after_us: None,
             };
             let ran = Ran {
                 termination,

@@ -201,6 +201,7 @@ impl Runtime for HostProcessTestRuntime {
             enforcement: EnforcementReport::default(),
             result: None,
             egress: None,
+            command_started_after_us: None,
         };
         self.outcomes
             .lock()

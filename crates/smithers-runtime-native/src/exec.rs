@@ -527,6 +527,7 @@ pub(crate) async fn execute(
     started_hook: &(dyn Fn() + Send + Sync),
 ) -> Result<ExecOutcome, RuntimeError> {
     let called = Instant::now();
+    let called_ns = smithers_sandbox_init::sys::monotonic_ns();
     let config_bytes =
         std::fs::read(backend.config_file()).map_err(|e| RuntimeError::OutOfOrder {
             verb: "execute",
@@ -632,6 +633,7 @@ pub(crate) async fn execute(
         artifacts: backend.artifacts(),
         out: backend.out(),
         request: handle.request_path.clone(),
+        mask: crate::prepared_root::mask_dir(&caps.state_root),
     };
     let workspace = match &layout.workspace_copy {
         None => WorkspaceFacts {
@@ -861,7 +863,16 @@ pub(crate) async fn execute(
                     continue;
                 }
                 if v["event"] == "started" {
-                    let _ = command_started.set(Instant::now());
+                    // When the init's spawn returned, on the clock the sandbox shares with us;
+                    // else (a value off the clock's range since `called`) when we read it.
+                    let seen_us = called.elapsed().as_micros() as u64;
+                    let at_us = v["monotonicNs"]
+                        .as_u64()
+                        .and_then(|ns| ns.checked_sub(called_ns))
+                        .map(|ns| ns / 1000)
+                        .filter(|us| *us <= seen_us)
+                        .unwrap_or(seen_us);
+                    let _ = command_started.set(at_us);
                     started_hook();
                     continue;
                 }
@@ -1033,9 +1044,7 @@ pub(crate) async fn execute(
         egress: egress_summary
             .as_ref()
             .and_then(|s| serde_json::to_value(s).ok()),
-        command_started_after_us: command_started
-            .get()
-            .map(|at| at.duration_since(called).as_micros() as u64),
+        command_started_after_us: command_started.get().copied(),
     };
     let mut lines = log.into_inner().unwrap_or_default();
     if let Some(waited) = warm_for {

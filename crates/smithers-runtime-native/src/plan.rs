@@ -181,6 +181,9 @@ pub struct HostLayout {
     pub out: PathBuf,
     /// Bound read-only at `/run/smithers/request`.
     pub request: PathBuf,
+    /// A read-only directory holding only a `.gitignore` of `*`, bound over the project's
+    /// `.smithers/` (see [`MountOp::MaskDir`]); `None`: the init masks it with a tmpfs.
+    pub mask: Option<PathBuf>,
 }
 
 /// The overlay over a worktree's common git directory (see [`PlanInput::git_common`]).
@@ -428,6 +431,7 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
     if input.workspace.has_smithers_dir {
         ops.push(MountOp::MaskDir {
             path: Path::new(paths::WORKSPACE).join(".smithers"),
+            source: layout.mask.clone(),
         });
     }
     // The workspace again at the project's host path, below the repository's `.git` layer
@@ -661,6 +665,7 @@ mod tests {
             artifacts: p("/state/s1/artifacts"),
             out: p("/state/s1/out"),
             request: p("/home/u/project/.smithers/sandboxes/r/s/request"),
+            mask: None,
         }
     }
 
@@ -808,7 +813,7 @@ mod tests {
         let mask = plan
             .mounts
             .iter()
-            .position(|m| matches!(m, MountOp::MaskDir { path } if path == Path::new("/workspace/.smithers")))
+            .position(|m| matches!(m, MountOp::MaskDir { path, .. } if path == Path::new("/workspace/.smithers")))
             .expect("mask");
         // `.git` is part of the copy-on-write view (the step may commit): no mount over it.
         assert!(!plan.mounts.iter().any(|m| matches!(m,
@@ -857,7 +862,7 @@ mod tests {
         let mask = plan
             .mounts
             .iter()
-            .position(|m| matches!(m, MountOp::MaskDir { path } if path == Path::new("/workspace/.smithers")))
+            .position(|m| matches!(m, MountOp::MaskDir { path, .. } if path == Path::new("/workspace/.smithers")))
             .expect("mask");
         let git = plan
             .mounts

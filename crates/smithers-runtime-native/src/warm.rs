@@ -145,6 +145,7 @@ fn warm_plan(caps: &HostCaps) -> Result<WarmPlan, String> {
         artifacts: step.join("artifacts"),
         out: step.join("out"),
         request: step.join("request"),
+        mask: None,
     };
     let seccomp = caps.seccomp.clone()?;
     let argv = vec!["true".to_string()];

@@ -90,38 +90,60 @@ impl ControlReader {
     pub(crate) fn plan(&mut self) -> Result<Vec<u8>, String> {
         self.line("plan")
     }
+}
 
-    /// A warm sandbox's step line (see [`crate::plan::WarmPlan`]), unparsed, once it is whole
-    /// in the buffer; `None` until then.
-    pub(crate) fn complete_line(&mut self) -> Option<Vec<u8>> {
-        let pos = self.buf.iter().position(|b| *b == b'\n')?;
-        let rest = self.buf.split_off(pos + 1);
-        let mut line = std::mem::replace(&mut self.buf, rest);
-        line.pop();
-        Some(line)
-    }
-
-    /// One read of fd 0 into the buffer (after `poll` said it is readable): `Ok(false)` at
-    /// end of file.
-    pub(crate) fn fill(&mut self) -> Result<bool, String> {
-        if self.buf.len() > 64 << 20 {
-            return Err("the step's plan exceeds 64 MiB".to_string());
-        }
-        let mut chunk = [0u8; 16 * 1024];
-        loop {
-            // SAFETY: `chunk` is a valid writable buffer of the given length.
-            let n = unsafe { libc::read(CONTROL_FD, chunk.as_mut_ptr().cast(), chunk.len()) };
-            if n < 0 {
-                if sys::errno() == libc::EINTR {
-                    continue;
-                }
-                return Err(format!(
-                    "reading the step's plan: {}",
-                    std::io::Error::last_os_error()
-                ));
+/// A warm P1's read of its step's plan: the next line of fd 0, not a byte further (what
+/// follows, a `k`, is P0's to read). Peeks to find the newline, then reads up to it.
+pub(crate) fn read_step_line() -> Result<Vec<u8>, String> {
+    let mut line = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        // SAFETY: `chunk` is a valid writable buffer of the given length.
+        let n = unsafe {
+            libc::recv(
+                CONTROL_FD,
+                chunk.as_mut_ptr().cast(),
+                chunk.len(),
+                libc::MSG_PEEK,
+            )
+        };
+        if n < 0 {
+            if sys::errno() == libc::EINTR {
+                continue;
             }
-            self.buf.extend_from_slice(&chunk[..n as usize]);
-            return Ok(n > 0);
+            return Err(format!(
+                "reading the step's plan: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        if n == 0 {
+            return Err("the runtime closed the warm sandbox without a step".to_string());
+        }
+        let peeked = &chunk[..n as usize];
+        let (take, whole) = match peeked.iter().position(|b| *b == b'\n') {
+            Some(pos) => (pos + 1, true),
+            None => (peeked.len(), false),
+        };
+        let mut got = 0;
+        while got < take {
+            // SAFETY: the range lies within `chunk`.
+            let r =
+                unsafe { libc::read(CONTROL_FD, chunk[got..take].as_mut_ptr().cast(), take - got) };
+            if r < 0 && sys::errno() == libc::EINTR {
+                continue;
+            }
+            if r <= 0 {
+                return Err("reading the step's plan: the socket ended".to_string());
+            }
+            got += r as usize;
+        }
+        line.extend_from_slice(&chunk[..take]);
+        if whole {
+            line.pop();
+            return Ok(line);
+        }
+        if line.len() > 64 << 20 {
+            return Err("the step's plan exceeds 64 MiB".to_string());
         }
     }
 }

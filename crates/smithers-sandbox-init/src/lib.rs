@@ -26,8 +26,8 @@
 //! then the plan (what P1 needs, compiled while P0 makes its namespaces; P0 passes it on
 //! unparsed). A warm sandbox (the runtime's warm pool) gets a [`plan::WarmPlan`] as its second
 //! line instead: P1 builds that much of the root, reports `warm` and waits; the step's plan
-//! comes as a third line when a step claims the sandbox, and P0 passes it to P1 over a socket
-//! of their own (fd 0 stays P0's to read). Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
+//! comes as a third line when a step claims the sandbox, and P1 reads it from fd 0 itself
+//! (no further than its newline), while P0 leaves fd 0 alone until P1 has it. Status lines (JSON, one per line) go back over fd 0: `{"event":"ready",...}`,
 //! `{"event":"exit","code":N}` / `{"event":"exit","signal":N}`, `{"event":"error",...}`.
 //! P1 sends `exit` only after killing and reaping every other process of the sandbox
 //! (double-forked, setsid'd, SIGTERM-ignoring ones too): from it on, only P1 is left, and
@@ -69,7 +69,7 @@ use std::path::Path;
 
 use crate::control::{report_error, report_plan_error, ControlReader};
 use crate::namespaces::enter_namespaces;
-use crate::p0::{forward_step, start, supervise};
+use crate::p0::{await_step_taken, start, supervise};
 use crate::probe::run_probe;
 
 pub use mounts::{apply, make_mount_point};
@@ -148,8 +148,17 @@ fn run_sandbox() -> i32 {
     };
     match start(&prelude, cgroups, &plan) {
         Ok(started) => {
-            if let Some(step) = started.step {
-                forward_step(started.pid, &mut control, step);
+            if let Some(taken) = started.step_taken {
+                // Nothing may follow the warm plan before P1 has read its step: the runtime
+                // sends the step only after P1's `warm` report.
+                if !control.buf.is_empty() {
+                    let _ = sys::kill(started.pid, libc::SIGKILL);
+                    report_plan_error(
+                        "the runtime sent more than the warm plan before the sandbox was warm"
+                            .to_string(),
+                    );
+                }
+                await_step_taken(started.pid, taken);
             }
             supervise(started.pid, &control.buf)
         }

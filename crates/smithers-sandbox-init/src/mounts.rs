@@ -309,10 +309,20 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
             }
             Ok(())
         }
-        MountOp::MaskDir { path } => {
+        MountOp::MaskDir { path, source } => {
             let at = join(root, path);
             if !at.is_dir() {
                 return Ok(());
+            }
+            if let Some(source) = source {
+                sys::mount(Some(&cpath(source)), &at, None, libc::MS_BIND, None)?;
+                let attrs = MountAttrs {
+                    readonly: true,
+                    nosuid: true,
+                    nodev: true,
+                    noexec: true,
+                };
+                return set_attrs(&at, attrs, false);
             }
             let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
             sys::mount(

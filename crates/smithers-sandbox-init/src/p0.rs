@@ -9,19 +9,18 @@ use crate::cgroups::{close_opt, fork_into, join_v2_and_release, CgroupFds};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use crate::control::{
-    parse_plan, parse_warm_plan, report, report_plan_error, stage, ControlReader, StageResult,
-    CONTROL_FD,
+    parse_plan, parse_warm_plan, report, report_plan_error, stage, StageResult, CONTROL_FD,
 };
 use crate::network::send_network_namespace;
 use crate::p1::{pid1, pid1_warm};
 use crate::plan::Prelude;
 use crate::sys::{self, SysError};
 
-/// P1 as [`start`] forked it: its pid and, for a warm sandbox, P0's end of the socket the
-/// step's plan goes to P1 over (see [`forward_step`]).
+/// P1 as [`start`] forked it: its pid and, for a warm sandbox, the read end of the pipe P1
+/// closes once it has read its step's plan (see [`await_step_taken`]).
 pub(crate) struct Started {
     pub(crate) pid: libc::pid_t,
-    pub(crate) step: Option<OwnedFd>,
+    pub(crate) step_taken: Option<OwnedFd>,
 }
 
 /// P0 with the plan: forks P1 into the cgroups. Returns P1's pid. P1 parses the plan (~0.15 ms
@@ -57,14 +56,11 @@ pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> Stage
     } else {
         None
     };
-    // A warm P1 waits for its step on a socket of its own: fd 0 stays P0's alone to read.
-    let step_pair = if prelude.warm {
-        let pair = std::os::unix::net::UnixStream::pair().map_err(|e| SysError {
-            op: "socketpair for the step's plan".into(),
-            errno: e.raw_os_error().unwrap_or(libc::EIO),
-        });
-        let (ours, theirs) = stage("fork", pair)?;
-        Some((OwnedFd::from(ours), OwnedFd::from(theirs)))
+    // A warm P1 reads its step's plan from fd 0 itself (P0 leaves fd 0 alone until then),
+    // and closes its end of this pipe once it has.
+    let taken_pipe = if prelude.warm {
+        let pipe = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
+        Some(stage("fork", sys::rx(pipe, || "pipe".to_string()))?)
     } else {
         None
     };
@@ -77,23 +73,23 @@ pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> Stage
             close_opt(cgroups.v2_procs);
         }
         let netns = netns_pair.map(|((_, theirs), _)| theirs);
-        // P0's end must not stay open here too, or P1 would never see the end of its step.
-        let step = step_pair.map(|(ours, theirs)| {
-            drop(ours);
-            theirs
+        // P0's end is P0's alone.
+        let taken = taken_pipe.map(|(read, write)| {
+            drop(read);
+            write
         });
-        sys::child_exit(|| match step {
+        sys::child_exit(|| match taken {
             None => match parse_plan(plan) {
                 Ok(plan) => pid1(&plan, &cgroups.v1_tasks, joined[0], netns),
                 Err(message) => report_plan_error(message),
             },
-            Some(step) => match parse_warm_plan(plan) {
-                Ok(warm) => pid1_warm(&warm, &cgroups.v1_tasks, joined[0], netns, step),
+            Some(taken) => match parse_warm_plan(plan) {
+                Ok(warm) => pid1_warm(&warm, &cgroups.v1_tasks, joined[0], netns, taken),
                 Err(message) => report_plan_error(message),
             },
         });
     }
-    let step = step_pair.map(|(ours, _theirs)| ours);
+    let step_taken = taken_pipe.map(|(read, _write)| read);
     if let Some(((ours, theirs), proc_self)) = netns_pair {
         drop(theirs);
         send_network_namespace(&ours, &proc_self, prelude.egress.as_ref());
@@ -115,25 +111,22 @@ pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> Stage
         close_opt(cgroups.v2_procs);
     }
     join_v2_and_release(pid, procs, joined[1]);
-    Ok(Started { pid, step })
+    Ok(Started { pid, step_taken })
 }
 
-/// A warm sandbox's P0 between [`start`] and [`supervise`]: waits for the step's plan on
-/// fd 0 (the runtime sends it when a step claims the sandbox) and passes it to P1, then
-/// closes its end, which is how P1 knows the plan is whole. Returns at once if P1 ends
-/// first, or if the runtime goes away (then P1 is killed): [`supervise`] sees either again
-/// and finishes as for any sandbox.
-pub(crate) fn forward_step(child: libc::pid_t, control: &mut ControlReader, step: OwnedFd) {
+/// A warm sandbox's P0 between [`start`] and [`supervise`]: leaves fd 0 to P1, which reads
+/// its step's plan there when the runtime sends it, and waits until P1 closes its end of
+/// `taken` (it has the plan) or ends. From then on fd 0 is P0's again, for [`supervise`]:
+/// P1 reads nothing past its plan's line. If the runtime goes away meanwhile, P1 sees the
+/// end of fd 0 and exits, which `supervise` then sees too.
+pub(crate) fn await_step_taken(child: libc::pid_t, taken: OwnedFd) {
     // SAFETY: pidfd_open takes a pid and flags.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, child, 0) } as libc::c_int;
     let timeout = if pidfd >= 0 { -1 } else { 50 };
-    let line = loop {
-        if let Some(line) = control.complete_line() {
-            break line;
-        }
+    loop {
         let mut fds = [
             libc::pollfd {
-                fd: CONTROL_FD,
+                fd: taken.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -148,26 +141,14 @@ pub(crate) fn forward_step(child: libc::pid_t, control: &mut ControlReader, step
         if n < 0 && sys::errno() == libc::EINTR {
             continue;
         }
-        if n < 0 || fds[1].revents != 0 || (pidfd < 0 && sys::child_ended(child)) {
-            close_opt((pidfd >= 0).then_some(pidfd));
-            return;
+        if n < 0 || fds[0].revents != 0 || fds[1].revents != 0 {
+            break;
         }
-        if fds[0].revents != 0 {
-            match control.fill() {
-                Ok(true) => {}
-                // The runtime is gone, or sent what no plan is: the sandbox must not wait on.
-                Ok(false) | Err(_) => {
-                    let _ = sys::kill(child, libc::SIGKILL);
-                    close_opt((pidfd >= 0).then_some(pidfd));
-                    return;
-                }
-            }
+        if pidfd < 0 && sys::child_ended(child) {
+            break;
         }
-    };
+    }
     close_opt((pidfd >= 0).then_some(pidfd));
-    // P1 gone meanwhile (EPIPE) is seen by `supervise`; the step then never started.
-    let _ = sys::write_all_fd(step.as_raw_fd(), &line);
-    drop(step);
 }
 
 /// P0 after the fork: wait for P1, kill it on request or when the runtime goes away.

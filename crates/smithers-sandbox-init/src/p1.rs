@@ -2,13 +2,15 @@
 //! enters the network namespace, drops its privileges, starts the command and reaps every
 //! process of the sandbox before reporting the command's exit.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use serde_json::{json, Value};
 
 use crate::cgroups::{await_cgroups, join_v1};
-use crate::control::{parse_plan, report, report_error, report_plan_error, stage, StageResult};
+use crate::control::{
+    parse_plan, read_step_line, report, report_error, report_plan_error, stage, StageResult,
+};
 use crate::mounts::apply;
 use crate::network::enter_network_namespace;
 use crate::plan::{InitPlan, MountOp, RootFs, WarmPlan};
@@ -46,14 +48,15 @@ pub(crate) fn pid1(
 }
 
 /// P1 of a warm sandbox: builds what the [`WarmPlan`] holds of the root, reports `warm`,
-/// waits for the step's plan on `step` (to its end: P0 closes it once sent), then goes on as
-/// [`pid1`] would with the rest of the mounts. Returns the exit code of P1 itself.
+/// reads the step's plan from fd 0 (the next line; then closes `taken`, which gives fd 0
+/// back to P0), then goes on as [`pid1`] would with the rest of the mounts. Returns the exit
+/// code of P1 itself.
 pub(crate) fn pid1_warm(
     warm: &WarmPlan,
     v1_tasks: &[libc::c_int],
     joined: libc::c_int,
     netns: Option<OwnedFd>,
-    step: OwnedFd,
+    taken: OwnedFd,
 ) -> i32 {
     if let Err(e) = sys::prctl(
         libc::PR_SET_PDEATHSIG,
@@ -76,7 +79,9 @@ pub(crate) fn pid1_warm(
         }
     };
     report(json!({"event": "warm"}));
-    let plan = match read_step(step).and_then(|line| parse_plan(&line)) {
+    let line = read_step_line();
+    drop(taken);
+    let plan = match line.and_then(|line| parse_plan(&line)) {
         Ok(plan) => plan,
         Err(message) => return report_plan_error(message),
     };
@@ -103,39 +108,6 @@ pub(crate) fn pid1_warm(
     run_command(&plan, ready)
 }
 
-/// Largest step plan a warm P1 reads (as the control socket's lines).
-const MAX_STEP_PLAN_BYTES: usize = 64 << 20;
-
-/// The step's plan, read to the end of `step`.
-fn read_step(step: OwnedFd) -> Result<Vec<u8>, String> {
-    let mut line = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        // SAFETY: `chunk` is a valid writable buffer of the given length.
-        let n = unsafe { libc::read(step.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
-        if n < 0 {
-            if sys::errno() == libc::EINTR {
-                continue;
-            }
-            return Err(format!(
-                "reading the step's plan: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        if n == 0 {
-            break;
-        }
-        line.extend_from_slice(&chunk[..n as usize]);
-        if line.len() > MAX_STEP_PLAN_BYTES {
-            return Err("the step's plan exceeds 64 MiB".to_string());
-        }
-    }
-    if line.is_empty() {
-        return Err("the runtime closed the warm sandbox without a step".to_string());
-    }
-    Ok(line)
-}
-
 /// P1 once set up: starts the command, reaps every process of the sandbox, reports the
 /// command's exit. Returns the exit code of P1 itself.
 fn run_command(plan: &InitPlan, ready: Value) -> i32 {
@@ -143,7 +115,7 @@ fn run_command(plan: &InitPlan, ready: Value) -> i32 {
     let pid = match PreparedExec::new(plan).and_then(|exec| exec.spawn()) {
         // posix_spawn returns once the command's exec succeeded: it runs from here on.
         Ok(pid) => {
-            report(json!({"event": "started"}));
+            report(json!({"event": "started", "monotonicNs": sys::monotonic_ns()}));
             pid
         }
         // The command could not start: what a shell would print and exit with.

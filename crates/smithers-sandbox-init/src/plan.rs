@@ -106,9 +106,13 @@ pub enum MountOp {
         path: PathBuf,
         attrs: MountAttrs,
     },
-    /// Hides a host path below a read-only empty tmpfs (the project's `.smithers/`).
+    /// Hides a host path below a read-only directory holding only a `.gitignore` of `*` (the
+    /// project's `.smithers/`): `source`, a directory the runtime made so, bound there; without
+    /// one, a tmpfs the init fills (three mount operations instead of two).
     MaskDir {
         path: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<PathBuf>,
     },
     Proc {
         path: PathBuf,

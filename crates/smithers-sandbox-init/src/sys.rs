@@ -80,6 +80,15 @@ pub fn child_exit(body: impl FnOnce() -> i32) -> ! {
 
 /// How many threads this process has (`Threads:` of `/proc/self/status`); `None` when it
 /// cannot be read.
+/// `CLOCK_MONOTONIC` in nanoseconds: the sandbox has no time namespace of its own, so this
+/// is the host's clock too (the runtime places the command's start on it).
+pub fn monotonic_ns() -> u64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (now.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(now.tv_nsec as u64)
+}
+
 pub fn thread_count() -> Option<usize> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     status

@@ -372,9 +372,10 @@ fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
 /// init is always of the same build as the runtime that sends it a plan (a
 /// `smithers-sandbox-init` left next to us by an older build would not understand it), unless
 /// `$SMITHERS_SANDBOX_INIT` names another. The init's start costs little either way: each
-/// sandbox's init is forked from the runtime's zygote.
-pub fn native_runtime() -> anyhow::Result<NativeRuntime> {
-    native_runtime_with(workspace_from_env()?)
+/// sandbox's init is forked from the runtime's zygote. `warm`: sandboxes kept prepared ahead
+/// (`serve --warm`; 0, for `run`'s one step, keeps none).
+pub fn native_runtime_warm(warm: usize) -> anyhow::Result<NativeRuntime> {
+    native_runtime_options(workspace_from_env()?, warm)
 }
 
 /// The workspace mode `$SMITHERS_SANDBOX_WORKSPACE` names (`auto` when unset).
@@ -391,6 +392,10 @@ pub fn workspace_from_env() -> anyhow::Result<WorkspaceMode> {
 
 /// [`native_runtime`] with an explicit workspace mode.
 pub fn native_runtime_with(workspace: WorkspaceMode) -> anyhow::Result<NativeRuntime> {
+    native_runtime_options(workspace, 0)
+}
+
+fn native_runtime_options(workspace: WorkspaceMode, warm: usize) -> anyhow::Result<NativeRuntime> {
     let init = if std::env::var_os(smithers_runtime_native::INIT_ENV).is_some() {
         InitCommand::locate().map_err(|e| anyhow::anyhow!(e))?
     } else {
@@ -401,6 +406,7 @@ pub fn native_runtime_with(workspace: WorkspaceMode) -> anyhow::Result<NativeRun
         workspace,
         default_memory_limit: default_memory_from_env()?,
         disk_reserve_bytes: disk_reserve_from_env()?,
+        warm,
         ..NativeOptions::default()
     }))
 }

@@ -105,6 +105,10 @@ pub struct ServeArgs {
     /// (created and never run, or finished and never downloaded or deleted); 0 never does.
     #[arg(long, value_name = "DURATION", default_value = "1h")]
     idle_expiry: String,
+    /// Sandboxes kept prepared ahead (a warm pool: namespaces made, root bound, waiting for a
+    /// step), claimed by steps without network, egress policy, disk or CPU limit or volumes.
+    #[arg(long, value_name = "N", env = "SMITHERS_SANDBOX_WARM", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
+    warm: u64,
     /// Largest workspace upload on the wire (compressed), e.g. 1g.
     #[arg(long, value_name = "SIZE", default_value = "1g")]
     max_upload: String,
@@ -178,7 +182,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
     let orchestrator = Arc::new(context::orchestrator(&data_dir.join("sandbox.db"))?);
-    let native = Arc::new(super::run::native_runtime()?);
+    let native = Arc::new(super::run::native_runtime_warm(args.warm as usize)?);
     let mut config = ServerConfig::from_env(&data_dir).coded()?;
     apply_ceilings(args, &mut config)?;
     config.limits.orphan_timeout =

@@ -1093,7 +1093,7 @@ pub(crate) async fn execute(
     Ok(outcome)
 }
 
-fn json_line(value: &impl serde::Serialize) -> Result<Vec<u8>, RuntimeError> {
+pub(crate) fn json_line(value: &impl serde::Serialize) -> Result<Vec<u8>, RuntimeError> {
     let mut line = serde_json::to_vec(value).map_err(spawn_err)?;
     line.push(b'\n');
     Ok(line)

@@ -615,7 +615,9 @@ impl NativeRuntime {
                     caps.init.as_ref().map_err(Clone::clone)?;
                     caps.seccomp.as_ref().map_err(Clone::clone)?;
                     caps.userns.as_ref().map_err(|(reason, _)| reason.clone())?;
-                    let limits = self.default_limits(&caps, None, None);
+                    let limits = self
+                        .defaults()
+                        .limits(&caps, &smithers_runtime::Controls::default());
                     Ok(Arc::new(warm::WarmPool::start(
                         self.options.warm,
                         caps,
@@ -667,23 +669,10 @@ impl NativeRuntime {
         }
     }
 
-    /// The limits a sandbox gets: its own, else the defaults where the controller exists.
-    fn default_limits(
-        &self,
-        caps: &HostCaps,
-        pids: Option<u32>,
-        memory: Option<u64>,
-    ) -> CgroupLimits {
-        CgroupLimits {
-            pids: pids.or(self
-                .options
-                .default_pids_limit
-                .filter(|_| caps.cgroups.source("pids").is_some())),
-            memory_bytes: memory.or(self
-                .options
-                .default_memory_limit
-                .filter(|_| caps.cgroups.source("memory").is_some())),
-            cpus: None,
+    fn defaults(&self) -> Defaults {
+        Defaults {
+            pids: self.options.default_pids_limit,
+            memory: self.options.default_memory_limit,
         }
     }
 
@@ -1003,10 +992,7 @@ impl NativeRuntime {
         // The rest is file system work (directories, cgroups, a tmpfs mount): on a blocking
         // thread, so that no async worker waits on the disk.
         let config = config.clone();
-        let defaults = Defaults {
-            pids: self.options.default_pids_limit,
-            memory: self.options.default_memory_limit,
-        };
+        let defaults = self.defaults();
         let mode = self.options.workspace;
         let pool = match self.warm_pool() {
             Some(Ok(pool)) if warm::eligible(&config) => Some(pool),
@@ -1121,19 +1107,8 @@ fn prepare(
         backend.layer_dir = Some(caps.layer_root.join(NativeRuntime::dir_name(config)));
         backend.flat_layer = true;
     }
-    let mut pids = c.pids_limit;
-    if pids.is_none() && caps.cgroups.source("pids").is_some() {
-        pids = defaults.pids;
-    }
-    let mut memory = c.memory_limit_bytes;
-    if memory.is_none() && caps.cgroups.source("memory").is_some() {
-        memory = defaults.memory;
-    }
-    let limits = CgroupLimits {
-        memory_bytes: memory,
-        pids,
-        cpus: c.cpu_limit,
-    };
+    let limits = defaults.limits(caps, c);
+    let (pids, memory) = (limits.pids, limits.memory_bytes);
     // A warm sandbox's cgroups take this one's limits (a memory limit below what its init
     // already uses is refused by the kernel: then it is given up for new cgroups).
     let warm = warm.and_then(|w| match CgroupHost::set_limits(&w.cgroups, &limits) {
@@ -1265,6 +1240,24 @@ struct StoredConfig {
 struct Defaults {
     pids: Option<u32>,
     memory: Option<u64>,
+}
+
+impl Defaults {
+    /// The cgroup limits of a sandbox with these controls: its own, else the defaults where
+    /// the controller exists (a warm sandbox's are those of a sandbox that sets none).
+    fn limits(&self, caps: &HostCaps, c: &smithers_runtime::Controls) -> CgroupLimits {
+        let pids = c
+            .pids_limit
+            .or(self.pids.filter(|_| caps.cgroups.source("pids").is_some()));
+        let memory = c.memory_limit_bytes.or(self
+            .memory
+            .filter(|_| caps.cgroups.source("memory").is_some()));
+        CgroupLimits {
+            memory_bytes: memory,
+            pids,
+            cpus: c.cpu_limit,
+        }
+    }
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<(), RuntimeError> {

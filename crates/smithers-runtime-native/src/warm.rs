@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use smithers_runtime::SandboxConfig;
 
 use crate::cgroup::{CgroupLimits, SandboxCgroups};
-use crate::exec::{fork_from_zygote, ForkedInit, ZygoteSlot};
+use crate::exec::{fork_from_zygote, json_line, ForkedInit, ZygoteSlot};
 use crate::plan::{self, HostLayout, PlanInput, Prelude, WarmPlan, WorkspaceFacts};
 use crate::{HostCaps, NativeRuntime};
 
@@ -201,10 +201,8 @@ fn make(
     prelude.warm = true;
     let started = (|| {
         let (mut ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
-        let mut lines = serde_json::to_vec(&prelude).map_err(|e| e.to_string())?;
-        lines.push(b'\n');
-        lines.extend(serde_json::to_vec(&plan).map_err(|e| e.to_string())?);
-        lines.push(b'\n');
+        let mut lines = json_line(&prelude).map_err(|e| e.to_string())?;
+        lines.extend(json_line(&plan).map_err(|e| e.to_string())?);
         ours.write_all(&lines).map_err(|e| e.to_string())?;
         let forked = fork_from_zygote(zygote, init, &theirs)
             .ok_or_else(|| "the zygote could not fork an init".to_string())?;

@@ -25,16 +25,7 @@ pub(crate) fn pid1(
     joined: libc::c_int,
     netns: Option<OwnedFd>,
 ) -> i32 {
-    if let Err(e) = sys::prctl(
-        libc::PR_SET_PDEATHSIG,
-        libc::SIGKILL as libc::c_ulong,
-        "PR_SET_PDEATHSIG",
-    ) {
-        report_error("pdeathsig", &e);
-        return 1;
-    }
-    if let Err(e) = join_v1(v1_tasks) {
-        report_error("cgroup", &e);
+    if !enter(v1_tasks) {
         return 1;
     }
     let ready = match setup(plan, netns, joined) {
@@ -45,6 +36,24 @@ pub(crate) fn pid1(
         }
     };
     run_command(plan, ready)
+}
+
+/// P1's first steps, warm or not: dies with P0, joins the v1 cgroups. False (reported) when
+/// either fails.
+fn enter(v1_tasks: &[libc::c_int]) -> bool {
+    if let Err(e) = sys::prctl(
+        libc::PR_SET_PDEATHSIG,
+        libc::SIGKILL as libc::c_ulong,
+        "PR_SET_PDEATHSIG",
+    ) {
+        report_error("pdeathsig", &e);
+        return false;
+    }
+    if let Err(e) = join_v1(v1_tasks) {
+        report_error("cgroup", &e);
+        return false;
+    }
+    true
 }
 
 /// P1 of a warm sandbox: builds what the [`WarmPlan`] holds of the root, reports `warm`,
@@ -58,16 +67,7 @@ pub(crate) fn pid1_warm(
     netns: Option<OwnedFd>,
     taken: OwnedFd,
 ) -> i32 {
-    if let Err(e) = sys::prctl(
-        libc::PR_SET_PDEATHSIG,
-        libc::SIGKILL as libc::c_ulong,
-        "PR_SET_PDEATHSIG",
-    ) {
-        report_error("pdeathsig", &e);
-        return 1;
-    }
-    if let Err(e) = join_v1(v1_tasks) {
-        report_error("cgroup", &e);
+    if !enter(v1_tasks) {
         return 1;
     }
     let last_cap = read_cap_last_cap();

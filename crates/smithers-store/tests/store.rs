@@ -721,3 +721,36 @@ fn close_keeps_the_synced_wal_and_the_next_open_reads_it() {
     let again = Store::open(&path).unwrap();
     assert!(again.get_sandbox("r", "s").unwrap().is_some());
 }
+
+/// A WAL grown past half a megabyte is checkpointed into the database and emptied by
+/// `sync_wal` (the next process would otherwise read and checksum every frame at its first
+/// connection); what it held is in the database for the next store.
+#[test]
+fn sync_wal_checkpoints_and_empties_a_grown_wal() {
+    let (_d, path) = temp_db();
+    let wal = path.with_file_name("smithers.db-wal");
+    let store = Store::open(&path).unwrap();
+    let payload = "x".repeat(2000);
+    let mut n = 0;
+    while std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0) <= 512 << 10 {
+        store
+            .insert_event(&NewEvent {
+                run_id: "grown",
+                timestamp_ms: n,
+                event_type: "T",
+                payload_json: &payload,
+            })
+            .unwrap();
+        n += 1;
+        assert!(n < 10_000, "the WAL grows with the inserts");
+    }
+    store.sync_wal().unwrap();
+    assert_eq!(
+        std::fs::metadata(&wal).unwrap().len(),
+        0,
+        "checkpointed and truncated"
+    );
+    drop(store);
+    let again = Store::open(&path).unwrap();
+    assert_eq!(again.events_since("grown", 0).unwrap().len() as i64, n);
+}

@@ -577,3 +577,56 @@ fn a_result_reporting_patches_or_a_bundle_is_refused_naming_the_field() {
         assert!(notes.contains(&format!("`{field}`")), "{field}: {doc}");
     }
 }
+
+/// The log records of a `run` whose ids are given (`--run-id R --sandbox-id S`).
+fn bundle_log(root: &Path, run: &str, sandbox: &str) -> Vec<serde_json::Value> {
+    let log = root.join(format!(
+        ".smithers/sandboxes/{run}/{sandbox}/result/logs/stream.ndjson"
+    ));
+    std::fs::read_to_string(&log)
+        .unwrap_or_else(|e| panic!("{}: {e}", log.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `run` makes its step's sandbox while it opens the store (the native runtime's prestart): a
+/// step a warm sandbox can serve runs in it, the same as cold; one it cannot serve (network)
+/// starts cold.
+#[test]
+fn run_prepares_the_sandbox_while_it_opens_the_store() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("a.txt"), "one\n").unwrap();
+    let ids = ["--run-id", "r-pre", "--sandbox-id", "s-warm"];
+    let out = run_step(root, &ids, "echo two >> a.txt; echo done");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
+    let log = bundle_log(root, "r-pre", "s-warm");
+    assert!(
+        log.iter().any(|r| r["type"] == "warmStart"),
+        "the prestarted sandbox ran the step: {log:?}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("review   pending: 1 patch file(s)"),
+        "{stderr}"
+    );
+    let ids = [
+        "--run-id",
+        "r-pre",
+        "--sandbox-id",
+        "s-net",
+        "--allow-network",
+    ];
+    let out = run_step(root, &ids, "true");
+    assert!(out.status.success(), "{out:?}");
+    let log = bundle_log(root, "r-pre", "s-net");
+    assert!(
+        !log.iter().any(|r| r["type"] == "warmStart"),
+        "a networked step starts cold: {log:?}"
+    );
+}

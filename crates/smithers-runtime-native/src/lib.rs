@@ -88,6 +88,11 @@ pub(crate) use smithers_sandbox_init::sys;
 pub use smithers_sandbox_init::INIT_ENV;
 /// File name of the init executable looked up next to the current executable.
 pub const INIT_BIN: &str = "smithers-sandbox-init";
+/// How long `create` waits for the warm sandbox [`NativeRuntime::prestart`] is making before
+/// it starts a cold one: making one takes a few milliseconds, so a longer wait means the
+/// making is stuck, and a cold start is no slower than that.
+pub const PRESTART_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Hidden first argument with which `smithers-sandbox` runs as the init.
 pub const INIT_SUBCOMMAND: &str = "__sandbox-init";
 
@@ -341,7 +346,8 @@ struct HostCaps {
 #[derive(Debug)]
 pub struct NativeRuntime {
     options: NativeOptions,
-    caps: OnceLock<Arc<HostCaps>>,
+    /// Shared with the thread [`NativeRuntime::prestart`] starts, which may detect them first.
+    caps: Arc<OnceLock<Arc<HostCaps>>>,
     /// What the init found in probe mode (run once, on the first probe or create that needs
     /// it).
     findings: tokio::sync::OnceCell<Result<serde_json::Value, String>>,
@@ -354,6 +360,8 @@ pub struct NativeRuntime {
     /// The warm pool (`NativeOptions::warm`), started at the first create or `warm_up`;
     /// `Err` says why this host cannot have one.
     warm_pool: OnceLock<Result<Arc<warm::WarmPool>, String>>,
+    /// The one warm sandbox [`NativeRuntime::prestart`] asked for, if it did.
+    prestarted: OnceLock<Arc<warm::WarmPool>>,
     /// Warm inits claimed at create, by the claiming sandbox's state directory, until its
     /// first execute (or its cleanup).
     attached: Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, warm::ClaimedWarm>>>,
@@ -573,6 +581,41 @@ impl Backend {
     }
 }
 
+/// What this host has for the native runtime with these options (see [`HostCaps`]).
+fn detect(options: &NativeOptions) -> HostCaps {
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let init = match &options.init {
+        Some(i) => Ok(i.clone()),
+        None => InitCommand::locate(),
+    };
+    let state_root = options
+        .state_root
+        .clone()
+        .unwrap_or_else(|| default_state_root(uid));
+    let layer_root = match (&options.layer_root, &options.state_root) {
+        (Some(layers), _) => layers.clone(),
+        (None, Some(state)) => state.clone(),
+        (None, None) => std::env::temp_dir().join(format!("smithers-sandbox-{uid}")),
+    };
+    HostCaps {
+        init,
+        facts: HostFacts::gather(),
+        cgroups: CgroupHost::detect(),
+        seccomp: seccomp::compile().map_err(|e| e.to_string()),
+        userns: report::userns_available(uid),
+        uid,
+        gid,
+        host_mounts: uid == 0,
+        prepared_root: options.prepared_root,
+        state_root,
+        layer_root,
+        disk_reserve: options.disk_reserve_bytes,
+        host_env: std::env::vars().collect(),
+        container_engine: host_diag::container_engine(),
+    }
+}
+
 fn io_err<'a>(
     operation: &'static str,
     path: &'a Path,
@@ -590,12 +633,13 @@ impl NativeRuntime {
     pub fn new(options: NativeOptions) -> NativeRuntime {
         NativeRuntime {
             options,
-            caps: OnceLock::new(),
+            caps: Arc::new(OnceLock::new()),
             findings: tokio::sync::OnceCell::new(),
             probe: tokio::sync::OnceCell::new(),
             overlay: tokio::sync::OnceCell::new(),
             zygote: exec::ZygoteSlot::default(),
             warm_pool: OnceLock::new(),
+            prestarted: OnceLock::new(),
             attached: Default::default(),
         }
     }
@@ -627,6 +671,45 @@ impl NativeRuntime {
                 })
                 .clone(),
         )
+    }
+
+    /// Starts making one warm sandbox now, on a thread of its own, for the next `create` of
+    /// a sandbox with these controls (one a warm sandbox can serve: no network, egress
+    /// policy, disk or CPU limit, or volumes; otherwise nothing is started). Never refilled.
+    /// For a process that runs one step, such as the CLI's `run`: the sandbox's init, its
+    /// namespaces, cgroups and step-independent mounts are made on the other core while the
+    /// process opens its store and records the step, and `create` waits for it (up to
+    /// [`PRESTART_PATIENCE`]) instead of starting cold. Does nothing where the host cannot
+    /// have warm sandboxes (`create` then starts cold, as without it), or when already asked.
+    pub fn prestart(&self, controls: &smithers_runtime::Controls) {
+        if !warm::eligible_controls(controls)
+            || !self.options.zygote
+            || !self.options.prepared_root
+            || self.prestarted.get().is_some()
+        {
+            return;
+        }
+        // What this host has is found on the pool's thread too (the first of the two to
+        // ask detects it; `create` finds it done).
+        let (cell, options, defaults) = (self.caps.clone(), self.options.clone(), self.defaults());
+        let setup = move || {
+            let caps = cell.get_or_init(|| Arc::new(detect(&options))).clone();
+            caps.init.as_ref().map_err(Clone::clone)?;
+            caps.seccomp.as_ref().map_err(Clone::clone)?;
+            caps.userns.as_ref().map_err(|(reason, _)| reason.clone())?;
+            let limits = defaults.limits(&caps, &smithers_runtime::Controls::default());
+            Ok((caps, limits))
+        };
+        let _ = self.prestarted.set(Arc::new(warm::WarmPool::start_once(
+            Box::new(setup),
+            self.zygote.clone(),
+        )));
+    }
+
+    /// What became of the warm sandbox [`NativeRuntime::prestart`] started: `None` when none
+    /// was started (not asked, or a step it could not serve).
+    pub fn prestart_status(&self) -> Option<WarmStatus> {
+        self.prestarted.get().map(|pool| pool.status())
     }
 
     /// Starts the warm pool (if `NativeOptions::warm` asks for one) and waits until it is
@@ -684,7 +767,9 @@ impl NativeRuntime {
     }
 
     fn caps(&self) -> Arc<HostCaps> {
-        self.caps.get_or_init(|| Arc::new(self.detect())).clone()
+        self.caps
+            .get_or_init(|| Arc::new(detect(&self.options)))
+            .clone()
     }
 
     /// What the init's probe mode found on this host (run once per runtime).
@@ -750,41 +835,6 @@ impl NativeRuntime {
     /// The workspace mode of this runtime (`NativeOptions::workspace`).
     pub fn workspace_mode(&self) -> WorkspaceMode {
         self.options.workspace
-    }
-
-    fn detect(&self) -> HostCaps {
-        // SAFETY: geteuid/getegid have no preconditions.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        let init = match &self.options.init {
-            Some(i) => Ok(i.clone()),
-            None => InitCommand::locate(),
-        };
-        let state_root = self
-            .options
-            .state_root
-            .clone()
-            .unwrap_or_else(|| default_state_root(uid));
-        let layer_root = match (&self.options.layer_root, &self.options.state_root) {
-            (Some(layers), _) => layers.clone(),
-            (None, Some(state)) => state.clone(),
-            (None, None) => std::env::temp_dir().join(format!("smithers-sandbox-{uid}")),
-        };
-        HostCaps {
-            init,
-            facts: HostFacts::gather(),
-            cgroups: CgroupHost::detect(),
-            seccomp: seccomp::compile().map_err(|e| e.to_string()),
-            userns: report::userns_available(uid),
-            uid,
-            gid,
-            host_mounts: uid == 0,
-            prepared_root: self.options.prepared_root,
-            state_root,
-            layer_root,
-            disk_reserve: self.options.disk_reserve_bytes,
-            host_env: std::env::vars().collect(),
-            container_engine: host_diag::container_engine(),
-        }
     }
 
     /// Refuses, with the probe's failure and the fix for this host, when the init's probe
@@ -998,9 +1048,16 @@ impl NativeRuntime {
             Some(Ok(pool)) if warm::eligible(&config) => Some(pool),
             _ => None,
         };
+        let prestarted = self
+            .prestarted
+            .get()
+            .filter(|_| warm::eligible(&config))
+            .cloned();
         let (handle, warm) = blocking("create the sandbox", move || {
             let workspace = check_ownership(mode, workspace, &config.root_dir, &caps)?;
-            let warm = pool.and_then(|pool| pool.claim());
+            let warm = pool
+                .and_then(|pool| pool.claim())
+                .or_else(|| prestarted.and_then(|pool| pool.claim_waiting(PRESTART_PATIENCE)));
             create_on_disk(&config, &caps, workspace, defaults, warm)
         })
         .await??;

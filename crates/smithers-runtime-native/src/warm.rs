@@ -122,7 +122,11 @@ impl WarmSandbox {
 /// no network, the default `/tmp` size and no cpu cgroup. The rest of the plan is compared
 /// at `execute`.
 pub(crate) fn eligible(config: &SandboxConfig) -> bool {
-    let c = &config.controls;
+    eligible_controls(&config.controls)
+}
+
+/// [`eligible`], of the controls alone.
+pub(crate) fn eligible_controls(c: &smithers_runtime::Controls) -> bool {
     !c.allow_network
         && c.egress_policy.is_none()
         && c.disk_limit_bytes.is_none()
@@ -272,6 +276,10 @@ fn await_warm(control: &UnixStream) -> Result<(), String> {
     }
 }
 
+/// What a pool's thread runs before it makes sandboxes ([`WarmPool::start_once`]).
+pub(crate) type Setup =
+    Box<dyn FnOnce() -> Result<(Arc<HostCaps>, CgroupLimits), String> + Send + 'static>;
+
 /// The pool: its warm sandboxes and the keeper that refills it.
 #[derive(Debug)]
 pub(crate) struct WarmPool {
@@ -283,6 +291,9 @@ struct Shared {
     state: Mutex<PoolState>,
     changed: Condvar,
     size: usize,
+    /// Keep the pool at its size (`false`: make `size` sandboxes once, then stop; see
+    /// [`WarmPool::start_once`]).
+    refill: bool,
 }
 
 #[derive(Debug, Default)]
@@ -296,6 +307,8 @@ struct PoolState {
     claimed: u64,
     /// No refill before this (see [`HOLD_AFTER_CLAIM`]).
     hold_until: Option<Instant>,
+    /// The keeper is making one now.
+    making: bool,
 }
 
 /// What the pool holds, for `doctor`, tests and the bench.
@@ -318,19 +331,76 @@ impl WarmPool {
         zygote: ZygoteSlot,
         limits: CgroupLimits,
     ) -> WarmPool {
+        Self::start_with(size, true, move || Ok((caps, limits)), zygote)
+    }
+
+    /// A pool of one warm sandbox made at once and never refilled: for a process that runs
+    /// one step (the CLI's `run`), so that the sandbox is made on the other core while the
+    /// process opens its store and records the step, and [`WarmPool::claim_waiting`] takes
+    /// it when `create` comes.
+    /// `setup` runs first on the pool's thread: what the host has and the warm sandbox's
+    /// limits, or why it cannot have one.
+    pub(crate) fn start_once(setup: Setup, zygote: ZygoteSlot) -> WarmPool {
+        Self::start_with(1, false, setup, zygote)
+    }
+
+    fn start_with(
+        size: usize,
+        refill: bool,
+        setup: impl FnOnce() -> Result<(Arc<HostCaps>, CgroupLimits), String> + Send + 'static,
+        zygote: ZygoteSlot,
+    ) -> WarmPool {
         let shared = Arc::new(Shared {
-            state: Mutex::new(PoolState::default()),
+            state: Mutex::new(PoolState {
+                // Said before the keeper runs, so that a claim coming first waits for it.
+                making: true,
+                ..PoolState::default()
+            }),
             changed: Condvar::new(),
             size,
+            refill,
         });
         let keeper = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("smithers-warm-pool".into())
-            .spawn(move || keep(&keeper, &caps, &zygote, &limits));
+            .spawn(move || match setup() {
+                Ok((caps, limits)) => keep(&keeper, &caps, &zygote, &limits),
+                Err(e) => {
+                    let mut state = keeper.lock();
+                    state.last_error = Some(e);
+                    state.making = false;
+                    drop(state);
+                    keeper.changed.notify_all();
+                }
+            });
         if let Err(e) = spawned {
-            shared.lock().last_error = Some(format!("could not start the pool's keeper: {e}"));
+            let mut state = shared.lock();
+            state.last_error = Some(format!("could not start the pool's keeper: {e}"));
+            state.making = false;
         }
         WarmPool { shared }
+    }
+
+    /// [`WarmPool::claim`], waiting up to `patience` for the sandbox the keeper is making
+    /// when none is ready (making one takes a few milliseconds; starting cold instead would
+    /// take as long, on the critical path).
+    pub(crate) fn claim_waiting(&self, patience: Duration) -> Option<WarmSandbox> {
+        let deadline = Instant::now() + patience;
+        let mut state = self.shared.lock();
+        while state.ready.is_empty() && state.making && !state.stop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, left)
+                .map(|(s, _)| s)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        drop(state);
+        self.claim()
     }
 
     /// A waiting warm sandbox, if the pool has one (the keeper then makes another).
@@ -432,7 +502,12 @@ fn keep(shared: &Shared, caps: &HostCaps, zygote: &ZygoteSlot, limits: &CgroupLi
         {
             let mut state = shared.lock();
             loop {
-                if state.stop {
+                let done = !shared.refill
+                    && (state.made >= shared.size as u64 || state.last_error.is_some());
+                if state.stop || done {
+                    state.making = false;
+                    drop(state);
+                    shared.changed.notify_all();
                     return;
                 }
                 let held = state
@@ -456,6 +531,7 @@ fn keep(shared: &Shared, caps: &HostCaps, zygote: &ZygoteSlot, limits: &CgroupLi
                     None => break,
                 }
             }
+            state.making = true;
         }
         match make(caps, zygote, limits) {
             Ok(sandbox) => {
@@ -469,12 +545,20 @@ fn keep(shared: &Shared, caps: &HostCaps, zygote: &ZygoteSlot, limits: &CgroupLi
                 state.ready.push(sandbox);
                 state.made += 1;
                 state.last_error = None;
+                state.making = false;
                 drop(state);
                 shared.changed.notify_all();
             }
             Err(e) => {
-                shared.lock().last_error = Some(e);
+                {
+                    let mut state = shared.lock();
+                    state.last_error = Some(e);
+                    state.making = false;
+                }
                 shared.changed.notify_all();
+                if !shared.refill {
+                    return;
+                }
                 // Wait before the next try, waking early only to stop.
                 let state = shared.lock();
                 drop(

@@ -369,3 +369,95 @@ async fn dropping_the_runtime_ends_its_warm_sandboxes() {
         }
     }
 }
+
+/// Waits (bounded) until the prestarted sandbox is ready or its making failed.
+async fn prestarted(rt: &NativeRuntime) -> smithers_runtime_native::WarmStatus {
+    for _ in 0..1000 {
+        let status = rt.prestart_status().expect("a sandbox was prestarted");
+        if status.ready == 1 || status.last_error.is_some() {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the prestarted sandbox was not ready within 10 s");
+}
+
+/// `prestart` (the CLI's `run`): one warm sandbox made at once for the next step, which waits
+/// for it if it is still being made, and none after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prestarted_sandbox_serves_the_next_step_and_is_not_refilled() {
+    let rt = runtime(0);
+    if !usable(&rt).await {
+        return;
+    }
+    let root = project();
+    rt.prestart(&Controls::default());
+    // At once: create waits for the sandbox being made rather than starting cold.
+    let first = run(
+        &rt,
+        root.path(),
+        Controls::default(),
+        "echo first > new.txt; echo hi",
+    )
+    .await;
+    assert!(
+        first.warm(),
+        "the prestarted sandbox served it: {:?}",
+        first.log
+    );
+    assert_eq!(first.outcome.exit_code, Some(0));
+    assert_eq!(first.stdout, "hi\n");
+    assert_eq!(first.patches.len(), 1, "{:?}", first.patches);
+    let second = run(&rt, root.path(), Controls::default(), "echo again").await;
+    assert!(!second.warm(), "nothing was refilled: {:?}", second.log);
+    assert_eq!(second.stdout, "again\n");
+    let status = rt.prestart_status().unwrap();
+    assert_eq!(
+        (status.made, status.claimed, status.ready),
+        (1, 1, 0),
+        "{status:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prestart_starts_nothing_for_a_step_a_warm_sandbox_cannot_serve() {
+    let rt = runtime(0);
+    if !usable(&rt).await {
+        return;
+    }
+    for controls in [
+        Controls {
+            allow_network: true,
+            ..Controls::default()
+        },
+        Controls {
+            disk_limit_bytes: Some(64 << 20),
+            ..Controls::default()
+        },
+    ] {
+        rt.prestart(&controls);
+        assert!(rt.prestart_status().is_none(), "{controls:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unclaimed_prestarted_sandbox_ends_with_the_runtime() {
+    let rt = runtime(0);
+    if !usable(&rt).await {
+        return;
+    }
+    rt.prestart(&Controls::default());
+    let status = prestarted(&rt).await;
+    assert_eq!(status.ready, 1, "{:?}", status.last_error);
+    let waiting = status.waiting;
+    drop(rt);
+    for (pid, cgroups) in waiting {
+        assert!(
+            gone(pid).await,
+            "prestarted init {pid} ended with the runtime"
+        );
+        for dir in cgroups {
+            assert!(!dir.exists(), "{} removed", dir.display());
+        }
+    }
+}

@@ -144,14 +144,32 @@ pub struct Ctx {
     pub db_path: PathBuf,
     /// Sandboxes this start found orphaned and failed.
     pub recovered: Vec<RecoveredSandbox>,
-    /// The async runtime the orchestrator calls run on.
-    pub rt: tokio::runtime::Runtime,
+    /// The async runtime the orchestrator calls run on (`None` only once dropped).
+    rt: Option<tokio::runtime::Runtime>,
 }
 
 impl Ctx {
     /// The store.
     pub fn store(&self) -> &Store {
         self.orchestrator.store()
+    }
+
+    /// The async runtime the orchestrator calls run on.
+    pub fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt
+            .as_ref()
+            .expect("the runtime lives as long as the context")
+    }
+}
+
+impl Drop for Ctx {
+    /// The command's work is done once its context goes: its runtime's idle threads are
+    /// left to end with the process rather than woken and joined one by one (about a
+    /// millisecond of every short command).
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -168,16 +186,24 @@ pub fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// Builds the orchestrator over the store at `db_path` with every runtime this binary has
 /// (native as `bubblewrap`, docker), with the limits from the environment.
 pub fn orchestrator(db_path: &Path) -> anyhow::Result<Orchestrator> {
-    orchestrator_with(db_path, super::run::workspace_from_env()?)
+    orchestrator_with(db_path, super::run::workspace_from_env()?, None)
 }
 
 /// [`orchestrator`] whose native runtime uses `workspace`.
+///
+/// `prestart`: the controls of the one native step this process is about to run: its
+/// sandbox is started before the store is opened, so that the two proceed side by side
+/// (`NativeRuntime::prestart`).
 pub fn orchestrator_with(
     db_path: &Path,
     workspace: smithers_runtime_native::WorkspaceMode,
+    prestart: Option<&smithers_runtime::Controls>,
 ) -> anyhow::Result<Orchestrator> {
-    let store = Arc::new(Store::open(db_path).coded()?);
     let native = super::run::native_runtime_with(workspace)?;
+    if let Some(controls) = prestart {
+        native.prestart(controls);
+    }
+    let store = Arc::new(Store::open(db_path).coded()?);
     // This very binary holds a container step's network namespace for an egress policy.
     let docker = DockerRuntime::new(DockerOptions {
         egress_holder: std::env::current_exe().ok(),
@@ -204,7 +230,7 @@ pub fn orchestrator_with(
 /// Opens the store and runs crash recovery (cheap when nothing is orphaned: one query).
 /// Recovered sandboxes are reported on stderr unless `quiet`.
 pub fn open(args: &StoreArgs, quiet: bool) -> anyhow::Result<Ctx> {
-    open_with(args, quiet, super::run::workspace_from_env()?)
+    open_with(args, quiet, super::run::workspace_from_env()?, None)
 }
 
 /// [`open`] for a command that only reads or decides on what exists: no database is created
@@ -250,9 +276,10 @@ pub fn open_with(
     args: &StoreArgs,
     quiet: bool,
     workspace: smithers_runtime_native::WorkspaceMode,
+    prestart: Option<&smithers_runtime::Controls>,
 ) -> anyhow::Result<Ctx> {
     let db_path = args.db_path()?;
-    let orchestrator = Arc::new(orchestrator_with(&db_path, workspace)?);
+    let orchestrator = Arc::new(orchestrator_with(&db_path, workspace, prestart)?);
     let rt = async_runtime()?;
     let recovered = rt.block_on(orchestrator.recover()).coded()?;
     if !quiet {
@@ -280,7 +307,7 @@ pub fn open_with(
         orchestrator,
         db_path,
         recovered,
-        rt,
+        rt: Some(rt),
     })
 }
 

@@ -239,7 +239,7 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         Some(&review.bundle_path),
         &ctx.store().patches(&row.run_id, &row.sandbox_id).coded()?,
     );
-    let result = ctx.rt.block_on(ctx.orchestrator.accept_onto(
+    let result = ctx.rt().block_on(ctx.orchestrator.accept_onto(
         &row.run_id,
         &row.sandbox_id,
         args.conflict_markers,
@@ -352,7 +352,7 @@ pub fn reject(args: &RejectArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let ctx = context::open_required(&args.store, json_out)?;
     let row = context::resolve(&ctx, &args.id)?;
     let review = review_of(&ctx, &row)?;
-    ctx.rt
+    ctx.rt()
         .block_on(
             ctx.orchestrator
                 .reject(&row.run_id, &row.sandbox_id, &args.reason),
@@ -454,7 +454,7 @@ pub fn hold(args: &HoldArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         remote_run_id: args.remote_id.clone(),
     };
     let pending = ctx
-        .rt
+        .rt()
         .block_on(ctx.orchestrator.hold_for_review(&held))
         .coded()?;
     let hints = decision_hints(&args.sandbox_id, &args.store.hint_flags(&root));

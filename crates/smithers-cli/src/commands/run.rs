@@ -765,7 +765,10 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             "--runtime docker needs --image IMG (a local image)".to_string(),
         ));
     }
-    let ctx = context::open_with(&args.store, json_out, args.workspace.mode())?;
+    // A native step's sandbox is made on the other core while the store opens and the
+    // step is recorded (a step a warm sandbox cannot serve starts cold at create, as before).
+    let prestart = (args.runtime == RuntimeChoice::Bubblewrap).then_some(&controls);
+    let ctx = context::open_with(&args.store, json_out, args.workspace.mode(), prestart)?;
     let run_id = args.run_id.clone().unwrap_or_else(|| new_id("run"));
     let sandbox_id = args.sandbox_id.clone().unwrap_or_else(|| new_id("sbx"));
     refuse_reused_ids(&ctx, &root, &run_id, &sandbox_id, args.replace)?;
@@ -822,7 +825,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         args.runtime.kind().as_str(),
     );
     let orchestrator = ctx.orchestrator.clone();
-    let result = ctx.rt.block_on(async {
+    let result = ctx.rt().block_on(async {
         let on_ctrl_c = cancel.clone();
         let ctrl_display = display.clone();
         let ctrl_c = tokio::spawn(async move {

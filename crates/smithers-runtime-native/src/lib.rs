@@ -1020,11 +1020,9 @@ impl NativeRuntime {
         // In a container the engine's default confinement (seccomp, masked /proc) refuses
         // what the sandbox needs, and nothing cheap shows it: the init's probe tries (once
         // per runtime), and a refusal names the engine's flags instead of failing at execute.
-        if caps.container_engine.is_some() {
-            if self.container_probe_ok.get().is_none() {
-                self.refuse_unless_probe_succeeded(&caps).await?;
-                let _ = self.container_probe_ok.set(());
-            }
+        if caps.container_engine.is_some() && self.container_probe_ok.get().is_none() {
+            self.refuse_unless_probe_succeeded(&caps).await?;
+            let _ = self.container_probe_ok.set(());
         }
         if let Err(reason) = &caps.seccomp {
             return Err(RuntimeError::Unavailable {

@@ -60,7 +60,6 @@ make_network() {
   # The host's leg.
   ip link add "$prefix-host" type veth peer name host-sw netns "$(ns sw)"
   ip -n "$(ns sw)" link set host-sw master br0 up
-  ip addr add "$subnet.1/24" dev "$prefix-host"
   ip link set "$prefix-host" up
   for n in "${nodes[@]}"; do
     ip netns add "$(ns "$n")"
@@ -70,6 +69,22 @@ make_network() {
     ip -n "$(ns "$n")" addr add "$subnet.${octet[$n]}/24" dev "$prefix-$n"
     ip -n "$(ns "$n")" link set "$prefix-$n" up
   done
+}
+
+# The host's address on the cluster's network, given once the head's dashboard is up: with it
+# in place before, Ray 2.60's dashboard died at start on this project's machines (its MetricsHead
+# module's process ended before it could log; the head then never started its raylet), every
+# time, and started every time without it. The cause was not found; the order avoids it.
+address_host_leg() {
+  ip addr replace "$subnet.1/24" dev "$prefix-host"
+}
+
+# The head's API as seen from inside its own network namespace (before the host has an
+# address there).
+head_api_up() {
+  ip netns exec "$(ns head)" curl -sS --max-time 2 \
+    -H "Authorization: Bearer $(cat "$state/token")" \
+    "http://$subnet.${octet[head]}:8265/api/version" >/dev/null 2>&1
 }
 
 remove_network() {
@@ -189,9 +204,10 @@ case "$cmd" in
     make_network
     start_node head
     for _ in $(seq 120); do
-      api /api/version >/dev/null 2>&1 && break
+      head_api_up && break
       sleep 0.5
     done
+    address_host_leg
     start_node w1
     start_node w2
     wait_ready

@@ -60,6 +60,7 @@ make_network() {
   # The host's leg.
   ip link add "$prefix-host" type veth peer name host-sw netns "$(ns sw)"
   ip -n "$(ns sw)" link set host-sw master br0 up
+  ip addr add "$subnet.1/24" dev "$prefix-host"
   ip link set "$prefix-host" up
   for n in "${nodes[@]}"; do
     ip netns add "$(ns "$n")"
@@ -69,22 +70,6 @@ make_network() {
     ip -n "$(ns "$n")" addr add "$subnet.${octet[$n]}/24" dev "$prefix-$n"
     ip -n "$(ns "$n")" link set "$prefix-$n" up
   done
-}
-
-# The host's address on the cluster's network, given once the head's dashboard is up: with it
-# in place before, Ray 2.60's dashboard died at start on this project's machines (its MetricsHead
-# module's process ended before it could log; the head then never started its raylet), every
-# time, and started every time without it. The cause was not found; the order avoids it.
-address_host_leg() {
-  ip addr replace "$subnet.1/24" dev "$prefix-host"
-}
-
-# The head's API as seen from inside its own network namespace (before the host has an
-# address there).
-head_api_up() {
-  ip netns exec "$(ns head)" curl -sS --max-time 2 \
-    -H "Authorization: Bearer $(cat "$state/token")" \
-    "http://$subnet.${octet[head]}:8265/api/version" >/dev/null 2>&1
 }
 
 remove_network() {
@@ -160,6 +145,27 @@ kill_node() {
   done
 }
 
+# Starts the head and waits for its API (a few seconds). On this project's machines Ray 2.60's
+# head sometimes comes up without its dashboard (the dashboard's MetricsHead module process ends
+# about 60 s after its start without a word in its log; `ray start` then goes on without the
+# dashboard, so without the Jobs API): about one start in two at times, none at others, and the
+# same command started again works. So a head whose API has not answered within 30 s is killed
+# and started again, up to five times.
+start_head() {
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    start_node head
+    for _ in $(seq 60); do
+      api /api/version >/dev/null 2>&1 && return 0
+      sleep 0.5
+    done
+    echo "ray cluster: the head's API did not answer within 30 s (start $attempt of 5); starting it again" >&2
+    tail -5 "$state/head.log" >&2 || true
+    kill_node head
+  done
+  die "the head's API never answered"
+}
+
 api() {
   curl -sS --max-time 5 -H "Authorization: Bearer $(cat "$state/token")" "http://$subnet.${octet[head]}:8265$1"
 }
@@ -202,12 +208,7 @@ case "$cmd" in
     head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$state/token"
     chmod 600 "$state/token"
     make_network
-    start_node head
-    for _ in $(seq 120); do
-      head_api_up && break
-      sleep 0.5
-    done
-    address_host_leg
+    start_head
     start_node w1
     start_node w2
     wait_ready

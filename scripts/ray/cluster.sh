@@ -36,6 +36,7 @@ die() { printf 'ray cluster: %s\n' "$*" >&2; exit 1; }
 
 install_ray() {
   if [ -x "$venv/bin/ray" ] && "$venv/bin/python" -c "import ray, sys; sys.exit(ray.__version__ != '$ray_version')" 2>/dev/null; then
+    no_forkserver
     return
   fi
   say "installing ray[default]==$ray_version from PyPI into $venv"
@@ -48,6 +49,33 @@ install_ray() {
   rm -rf "$venv"
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "ray[default]==$ray_version"
+  no_forkserver
+}
+
+# Ray 2.60's dashboard forks its module processes from a multiprocessing forkserver. Ray's own
+# comment (dashboard/subprocesses/handle.py) says that is safe only while nothing the forkserver
+# preloads starts a thread; with the dependencies PyPI serves today it had 71 threads, and a
+# module forked from it could hang until its start failed ("Module MetricsHead failed to
+# start"): the head then ran without its dashboard, so without the Jobs API (every head start
+# under CI here, one in two by hand). The cluster's Python is told it has no forkserver, so Ray
+# spawns its module processes instead: fresh interpreters, no inherited threads.
+no_forkserver() {
+  local site
+  site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  cat > "$site/smithers_no_forkserver.py" <<'PY'
+"""smithers-sandbox's test cluster: no multiprocessing forkserver (scripts/ray/cluster.sh)."""
+import multiprocessing
+
+_all_start_methods = multiprocessing.get_all_start_methods
+
+
+def _without_forkserver():
+    return [m for m in _all_start_methods() if m != "forkserver"]
+
+
+multiprocessing.get_all_start_methods = _without_forkserver
+PY
+  echo "import smithers_no_forkserver" > "$site/smithers_no_forkserver.pth"
 }
 
 ns() { echo "$prefix-$1"; }

@@ -36,7 +36,6 @@ die() { printf 'ray cluster: %s\n' "$*" >&2; exit 1; }
 
 install_ray() {
   if [ -x "$venv/bin/ray" ] && "$venv/bin/python" -c "import ray, sys; sys.exit(ray.__version__ != '$ray_version')" 2>/dev/null; then
-    no_forkserver
     return
   fi
   say "installing ray[default]==$ray_version from PyPI into $venv"
@@ -49,33 +48,6 @@ install_ray() {
   rm -rf "$venv"
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "ray[default]==$ray_version"
-  no_forkserver
-}
-
-# Ray 2.60's dashboard forks its module processes from a multiprocessing forkserver. Ray's own
-# comment (dashboard/subprocesses/handle.py) says that is safe only while nothing the forkserver
-# preloads starts a thread; with the dependencies PyPI serves today it had 71 threads, and a
-# module forked from it could hang until its start failed ("Module MetricsHead failed to
-# start"): the head then ran without its dashboard, so without the Jobs API (every head start
-# under CI here, one in two by hand). The cluster's Python is told it has no forkserver, so Ray
-# spawns its module processes instead: fresh interpreters, no inherited threads.
-no_forkserver() {
-  local site
-  site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  cat > "$site/smithers_no_forkserver.py" <<'PY'
-"""smithers-sandbox's test cluster: no multiprocessing forkserver (scripts/ray/cluster.sh)."""
-import multiprocessing
-
-_all_start_methods = multiprocessing.get_all_start_methods
-
-
-def _without_forkserver():
-    return [m for m in _all_start_methods() if m != "forkserver"]
-
-
-multiprocessing.get_all_start_methods = _without_forkserver
-PY
-  echo "import smithers_no_forkserver" > "$site/smithers_no_forkserver.pth"
 }
 
 ns() { echo "$prefix-$1"; }
@@ -120,6 +92,11 @@ start_node() {
     role=(--address "$subnet.${octet[head]}:6379" --num-cpus 2
       --resources "{\"sandbox_slot\": $slots}" --labels "{\"smithers-pool\": \"default\", \"smithers-node\": \"$n\"}")
   fi
+  # From `/`: the node mounts its own /tmp, and a working directory it hides (a checkout under
+  # /tmp) left the head without its dashboard, so without the Jobs API (its module processes
+  # start in the working directory and never came up).
+  local back="$PWD"
+  cd /
   # shellcheck disable=SC2016
   setsid nsenter --net="/run/netns/$(ns "$n")" -- \
     unshare --mount --propagation private --pid --fork --mount-proc -- \
@@ -134,6 +111,7 @@ start_node() {
         "${role[@]}" \
     > "$log" 2>&1 < /dev/null &
   echo $! > "$state/$n.pid"
+  cd "$back"
 }
 
 # Every process of a node: the PID namespace its `ray start` leads.
@@ -171,27 +149,6 @@ kill_node() {
   for d in $(find /sys/fs/cgroup -mindepth 1 -maxdepth 6 -depth -type d -name 'smithers-*' 2>/dev/null); do
     rmdir "$d" 2>/dev/null || true
   done
-}
-
-# Starts the head and waits for its API (a few seconds). On this project's machines Ray 2.60's
-# head sometimes comes up without its dashboard (the dashboard's MetricsHead module process ends
-# about 60 s after its start without a word in its log; `ray start` then goes on without the
-# dashboard, so without the Jobs API): about one start in two at times, none at others, and the
-# same command started again works. So a head whose API has not answered within 30 s is killed
-# and started again, up to five times.
-start_head() {
-  local attempt
-  for attempt in 1 2 3 4 5; do
-    start_node head
-    for _ in $(seq 60); do
-      api /api/version >/dev/null 2>&1 && return 0
-      sleep 0.5
-    done
-    echo "ray cluster: the head's API did not answer within 30 s (start $attempt of 5); starting it again" >&2
-    tail -5 "$state/head.log" >&2 || true
-    kill_node head
-  done
-  die "the head's API never answered"
 }
 
 api() {
@@ -236,7 +193,11 @@ case "$cmd" in
     head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$state/token"
     chmod 600 "$state/token"
     make_network
-    start_head
+    start_node head
+    for _ in $(seq 120); do
+      api /api/version >/dev/null 2>&1 && break
+      sleep 0.5
+    done
     start_node w1
     start_node w2
     wait_ready

@@ -81,9 +81,14 @@ fn cgroup_trial(host: &crate::cgroup::CgroupHost) -> Result<(), String> {
         pids: host.source("pids").map(|_| 4096),
         cpus: host.source("cpu").map(|_| 1.0),
     };
+    // Unique per trial, not only per process: two runtimes of one process (the tests make
+    // many, in parallel) trying the same name at once made one fail with EEXIST, and its
+    // report then called every controller unusable.
+    static TRIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let trial = TRIALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xfff;
     let name = format!(
         "smithers-{:016x}",
-        u64::from(std::process::id()) << 20 | 0xd0c
+        u64::from(std::process::id()) << 24 | 0xd0c << 12 | trial
     );
     let made = host.create(&name, &limits).map_err(|e| e.to_string())?;
     let left = made.remove(std::time::Duration::from_secs(1));

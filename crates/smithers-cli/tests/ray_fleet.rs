@@ -589,6 +589,14 @@ fn the_same_ids_run_again_after_a_lease_ended() {
     let p = project();
     let run_id = unique("again");
     for (i, extra) in [(1, None), (2, Some("--replace"))] {
+        if i == 2 {
+            // What this test is about is the log Ray keeps. Not about reusing the ids within
+            // the second in which Ray's job monitor may still write its FAILED record for the
+            // first job (see `sweep_ghosts`): that write can land on the second lease's record,
+            // a known race of the runtime (named in the issue 13/16 note of this stop, not
+            // fixed), which failed this test once in six CI runs.
+            std::thread::sleep(Duration::from_secs(2));
+        }
         let mut c = ray_run(p.path(), &run_id, "same", &format!("echo {i} > n.txt"));
         if let Some(flag) = extra {
             c = {

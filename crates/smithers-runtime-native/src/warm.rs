@@ -385,21 +385,8 @@ impl WarmPool {
     /// when none is ready (making one takes a few milliseconds; starting cold instead would
     /// take as long, on the critical path).
     pub(crate) fn claim_waiting(&self, patience: Duration) -> Option<WarmSandbox> {
-        let deadline = Instant::now() + patience;
-        let mut state = self.shared.lock();
-        while state.ready.is_empty() && state.making && !state.stop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            state = self
-                .shared
-                .changed
-                .wait_timeout(state, left)
-                .map(|(s, _)| s)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-        drop(state);
+        self.shared
+            .wait_while(patience, |s| s.ready.is_empty() && s.making && !s.stop);
         self.claim()
     }
 
@@ -456,21 +443,9 @@ impl WarmPool {
 
     /// Waits until the pool is full, or `timeout` passes; returns the status then.
     pub(crate) fn wait_full(&self, timeout: Duration) -> WarmStatus {
-        let deadline = Instant::now() + timeout;
-        let mut state = self.shared.lock();
-        while state.ready.len() < self.shared.size && state.last_error.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            state = self
-                .shared
-                .changed
-                .wait_timeout(state, left)
-                .map(|(s, _)| s)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-        drop(state);
+        let size = self.shared.size;
+        self.shared
+            .wait_while(timeout, |s| s.ready.len() < size && s.last_error.is_none());
         self.status()
     }
 }
@@ -478,6 +453,17 @@ impl WarmPool {
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits while `waiting` holds of the pool's state, woken by every change, for at most
+    /// `timeout`.
+    fn wait_while(&self, timeout: Duration, waiting: impl FnMut(&mut PoolState) -> bool) {
+        let state = self.lock();
+        drop(
+            self.changed
+                .wait_timeout_while(state, timeout, waiting)
+                .unwrap_or_else(|p| p.into_inner()),
+        );
     }
 }
 

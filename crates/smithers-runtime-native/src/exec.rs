@@ -458,8 +458,43 @@ async fn spawn_init(
     })
 }
 
+/// The init mounts its overlays `volatile` (never synced, see the init's `mounts`), and
+/// overlayfs leaves `work/incompat/volatile` in the work directory of such a mount: it refuses
+/// to mount that work directory again, since after a crash the upper layer may have lost
+/// writes. A second `execute` in the same sandbox mounts its layer again, so the mark is
+/// removed first (with the rest of overlayfs' `work/`), but only when it was made since this boot (the layer then cannot have
+/// been through a crash: a crash is a reboot). A mark from before this boot is left, and the
+/// mount refused, as overlayfs means it to be.
+fn clear_volatile_mark(work: &Path) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::MetadataExt;
+    let mark = work.join("work/incompat/volatile");
+    let Ok(meta) = std::fs::symlink_metadata(&mark) else {
+        return Ok(());
+    };
+    let booted = std::fs::read_to_string("/proc/stat").ok().and_then(|stat| {
+        stat.lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .and_then(|t| t.trim().parse::<i64>().ok())
+    });
+    match booted {
+        // Overlayfs' own `work/` (mode 000 directories), which it makes anew at every mount.
+        Some(booted) if meta.is_dir() && meta.ctime() >= booted => {
+            let own = work.join("work");
+            crate::remove_tree(&own)
+                .map_err(|e| RuntimeError::io("remove the overlay's volatile mark", &own, e))
+        }
+        _ => Err(RuntimeError::spawn(
+            "mount the workspace again",
+            format!(
+                "{} is from before this boot: the layer may have lost writes in a crash",
+                mark.display()
+            ),
+        )),
+    }
+}
+
 /// A close-on-exec pipe: (read end, write end).
-fn output_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn output_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     use std::os::fd::FromRawFd;
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
@@ -719,6 +754,13 @@ pub(crate) async fn execute(
             None => None,
         }
     };
+    // A second execute mounts the overlays again over the same layers.
+    if layout.workspace_copy.is_none() {
+        clear_volatile_mark(&layout.work)?;
+    }
+    if let Some(git) = &git_common {
+        clear_volatile_mark(&git.work)?;
+    }
     let mut plan = plan::compile(&PlanInput {
         stdin: _stdin_feed.is_some(),
         git_common,

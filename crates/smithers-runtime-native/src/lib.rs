@@ -1360,7 +1360,7 @@ fn restrict_mode(dir: &Path) -> Result<(), RuntimeError> {
 
 /// Removes a tree we own, making directories writable where the overlay's work dir left
 /// them mode 000.
-fn remove_tree(path: &Path) -> std::io::Result<()> {
+pub(crate) fn remove_tree(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -400,6 +400,34 @@ async fn workspace_is_copy_on_write_and_collected_as_patches() {
     );
 }
 
+/// The workspace overlay is mounted `volatile` where the kernel has the option (Linux 5.10):
+/// its unmount, when the sandbox's last process exits, must not sync the host file system the
+/// upper layer is on. Older kernels get the overlay without it (the init falls back).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_workspace_overlay_is_never_synced() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let (outcome, lines) = sb.run("grep ' /workspace ' /proc/mounts").await;
+    assert_eq!(outcome.exit_code, Some(0), "{:?}", lines.0.lock().unwrap());
+    let mount = lines.stdout().join("\n");
+    println!("the workspace: {mount}");
+    if requires(mount.contains(" overlay "), "an overlay workspace") {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut parts = release.trim().split(['.', '-']);
+        let major: u32 = parts.next().unwrap().parse().unwrap();
+        let minor: u32 = parts.next().unwrap().parse().unwrap();
+        assert_eq!(
+            mount.contains("volatile"),
+            (major, minor) >= (5, 10),
+            "kernel {release}: {mount}"
+        );
+    }
+    sb.done().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn system_is_read_only_and_secrets_invisible() {
     let rt = shared();

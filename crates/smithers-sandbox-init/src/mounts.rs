@@ -282,19 +282,32 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
             attrs,
         } => {
             let at = join(root, path);
-            let data = cstring(&format!(
+            let options = format!(
                 "lowerdir={},upperdir={},workdir={},userxattr",
                 overlay_escape(lower),
                 overlay_escape(upper),
                 overlay_escape(work)
-            ));
-            sys::mount(
-                Some(c"overlay"),
-                &at,
-                Some(c"overlay"),
-                mount_flags(*attrs),
-                Some(&data),
-            )?;
+            );
+            // `volatile` (Linux 5.10): the upper layer is never synced. Without it, the
+            // overlay's unmount, when the sandbox's last process exits, syncs the whole file
+            // system the upper layer is on (`sync_filesystem` of the host's disk, whatever
+            // else is dirty there) on the way to cleanup. The layer is thrown away after
+            // collect, which reads it through the page cache, so a crash can lose nothing it
+            // would have kept. A kernel without the option refuses it (EINVAL): mounted
+            // without it then.
+            let mount = |data: &str| {
+                sys::mount(
+                    Some(c"overlay"),
+                    &at,
+                    Some(c"overlay"),
+                    mount_flags(*attrs),
+                    Some(&cstring(data)),
+                )
+            };
+            match mount(&format!("{options},volatile")) {
+                Err(e) if e.errno == libc::EINVAL => mount(&options)?,
+                other => other?,
+            }
             // A workdir the kernel cannot use makes overlayfs fall back to read-only silently.
             let st = sys::statvfs(&at)?;
             if !attrs.readonly && st.f_flag & libc::ST_RDONLY != 0 {

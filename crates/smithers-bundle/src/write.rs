@@ -657,6 +657,13 @@ fn sync_pool() -> &'static std::sync::mpsc::Sender<PoolJob> {
     })
 }
 
+/// Starts the threads durable bundles are fsync'd on, ahead of the first bundle, which would
+/// otherwise start them on its own critical path (three thread spawns): for a process that
+/// knows it will write one, such as the CLI's `run`. Does nothing the second time.
+pub fn start_sync_threads() {
+    sync_pool();
+}
+
 /// Runs the first job on the calling thread and the others on the kept threads (a job the
 /// pool cannot take runs here too); returns the first error.
 fn run_concurrently(jobs: Vec<SyncJob>) -> Result<(), BundleError> {

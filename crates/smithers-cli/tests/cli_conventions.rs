@@ -630,3 +630,94 @@ fn run_prepares_the_sandbox_while_it_opens_the_store() {
         "a networked step starts cold: {log:?}"
     );
 }
+
+/// The children of `pid`, by their `/proc` records: (pid, comm, command line).
+fn children_of(pid: u32) -> Vec<(u32, String, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{child}/status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        if field("PPid:") == pid.to_string() {
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            found.push((child, field("Name:"), cmdline));
+        }
+    }
+    found
+}
+
+/// `run`, still single-threaded when it knows its step, forks the sandbox's init from itself
+/// (no zygote is executed): while the step runs, the CLI's children are that init, named
+/// `smithers-init`, and no `--zygote`. A networked step (cold) is not prestarted: its init
+/// comes from the zygote as before.
+#[test]
+fn run_forks_the_sandbox_init_from_itself() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let watch = |flags: &[&str]| {
+        let mut child = run_cmd(root, flags, "sleep 1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Until the init shows among the CLI's children (it lives as long as the step).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut seen = Vec::new();
+        while std::time::Instant::now() < deadline {
+            seen = children_of(child.id());
+            if seen.iter().any(|(_, name, _)| name == "smithers-init")
+                || seen.iter().any(|(_, _, cmd)| cmd.contains("--zygote"))
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{status:?}");
+        seen
+    };
+    let warm = watch(&["--run-id", "r-fork", "--sandbox-id", "s-warm"]);
+    assert!(
+        warm.iter().any(|(_, name, _)| name == "smithers-init"),
+        "the init is the CLI's own child: {warm:?}"
+    );
+    assert!(
+        !warm.iter().any(|(_, _, cmd)| cmd.contains("--zygote")),
+        "no zygote was executed: {warm:?}"
+    );
+    let log = bundle_log(root, "r-fork", "s-warm");
+    assert!(log.iter().any(|r| r["type"] == "warmStart"), "{log:?}");
+    let cold = watch(&[
+        "--run-id",
+        "r-fork",
+        "--sandbox-id",
+        "s-net",
+        "--allow-network",
+    ]);
+    assert!(
+        cold.iter().any(|(_, _, cmd)| cmd.contains("--zygote")),
+        "a cold start forks from the zygote: {cold:?}"
+    );
+    assert!(
+        !cold.iter().any(|(_, name, _)| name == "smithers-init"),
+        "{cold:?}"
+    );
+}

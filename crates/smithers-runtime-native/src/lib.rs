@@ -121,6 +121,14 @@ impl InitCommand {
         })
     }
 
+    /// Whether this is [`InitCommand::current_exe_subcommand`]: the init is the code linked in
+    /// this very process, which may then fork one itself (see [`NativeRuntime::prestart`]).
+    pub fn is_current_exe_subcommand(&self) -> bool {
+        self.args.len() == 1
+            && self.args[0] == INIT_SUBCOMMAND
+            && std::env::current_exe().is_ok_and(|exe| exe == self.program)
+    }
+
     /// Finds the init: `$SMITHERS_SANDBOX_INIT`, then `smithers-sandbox-init` next to the
     /// current executable or in its parent directory (test binaries live in `target/*/deps`).
     pub fn locate() -> Result<InitCommand, String> {
@@ -703,11 +711,26 @@ impl NativeRuntime {
             caps.seccomp.as_ref().map_err(Clone::clone)?;
             caps.userns.as_ref().map_err(|(reason, _)| reason.clone())?;
             let limits = defaults.limits(&caps, &smithers_runtime::Controls::default());
+            // The step's bundle will be written durably: its fsync threads start here, on
+            // this thread, rather than on the step's critical path at collect.
+            smithers_bundle::start_sync_threads();
             Ok((caps, limits))
         };
+        // When the init is this very binary and this process is still single-threaded (the
+        // CLI asks before its async runtime or store exist), the init is forked from here at
+        // once, before the host is even looked at: no zygote is executed (~2 ms) and the
+        // init waits for its prelude while the pool's thread detects the host. Otherwise the
+        // zygote forks it, as for any warm sandbox.
+        let preforked = self
+            .options
+            .init
+            .as_ref()
+            .filter(|init| init.is_current_exe_subcommand())
+            .and_then(|_| warm::PreForked::fork().ok());
         let _ = self.prestarted.set(Arc::new(warm::WarmPool::start_once(
             Box::new(setup),
             self.zygote.clone(),
+            preforked,
         )));
     }
 

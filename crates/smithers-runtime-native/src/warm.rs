@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use smithers_runtime::SandboxConfig;
 
 use crate::cgroup::{CgroupLimits, SandboxCgroups};
-use crate::exec::{fork_from_zygote, json_line, ForkedInit, ZygoteSlot};
+use crate::exec::{fork_from_zygote, json_line, output_pipe, ForkedInit, ZygoteSlot};
 use crate::plan::{self, HostLayout, PlanInput, Prelude, WarmPlan, WorkspaceFacts};
 use crate::{HostCaps, NativeRuntime};
 
@@ -118,6 +118,52 @@ impl WarmSandbox {
     }
 }
 
+/// An init forked from this very process (see [`smithers_sandbox_init::zygote::fork_here`])
+/// before the host is even looked at: it waits on its control socket for its prelude, which
+/// the pool's thread sends once it knows the host. It is our child, so the pool's thread
+/// reaps it (see [`WarmPool::start_once`]).
+#[derive(Debug)]
+pub(crate) struct PreForked {
+    control: UnixStream,
+    init: ForkedInit,
+}
+
+impl PreForked {
+    /// Forks it; an error when this process is not single-threaded (or the fork failed).
+    pub(crate) fn fork() -> std::io::Result<PreForked> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let (out_r, out_w) = output_pipe()?;
+        let (err_r, err_w) = output_pipe()?;
+        let pid = smithers_sandbox_init::zygote::fork_here(&[
+            theirs.as_raw_fd(),
+            out_w.as_raw_fd(),
+            err_w.as_raw_fd(),
+        ])?;
+        // The init has its own copies now; ours of its ends must go so that EOF means
+        // "init gone" (dropped here, with the pipes' write ends).
+        Ok(PreForked {
+            control: ours,
+            init: ForkedInit {
+                pid,
+                stdout: out_r,
+                stderr: err_r,
+            },
+        })
+    }
+}
+
+/// Waits for our child `pid` to end and reaps it.
+fn reap(pid: libc::pid_t) {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a valid status pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return;
+        }
+    }
+}
+
 /// Whether a sandbox of this configuration may be served by a warm one: a warm sandbox has
 /// no network, the default `/tmp` size and no cpu cgroup. The rest of the plan is compared
 /// at `execute`.
@@ -192,6 +238,7 @@ fn make(
     caps: &HostCaps,
     zygote: &ZygoteSlot,
     limits: &CgroupLimits,
+    preforked: Option<PreForked>,
 ) -> Result<WarmSandbox, String> {
     let init = caps.init.as_ref().map_err(Clone::clone)?;
     let plan = warm_plan(caps)?;
@@ -204,14 +251,20 @@ fn make(
     let mut prelude = Prelude::new(caps.uid, caps.gid, cgroups.join_plan(), false);
     prelude.warm = true;
     let started = (|| {
-        let (mut ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
         let mut lines = json_line(&prelude).map_err(|e| e.to_string())?;
         lines.extend(json_line(&plan).map_err(|e| e.to_string())?);
+        let (mut ours, forked) = match preforked {
+            Some(PreForked { control, init }) => (control, init),
+            None => {
+                let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+                let forked = fork_from_zygote(zygote, init, &theirs)
+                    .ok_or_else(|| "the zygote could not fork an init".to_string())?;
+                // The init has its own copy now; ours must go so that EOF means "init gone".
+                drop(theirs);
+                (ours, forked)
+            }
+        };
         ours.write_all(&lines).map_err(|e| e.to_string())?;
-        let forked = fork_from_zygote(zygote, init, &theirs)
-            .ok_or_else(|| "the zygote could not fork an init".to_string())?;
-        // The init has its own copy now; ours must go so that EOF means "init gone".
-        drop(theirs);
         let mut sandbox = WarmSandbox {
             control: ours,
             init: forked,
@@ -331,7 +384,7 @@ impl WarmPool {
         zygote: ZygoteSlot,
         limits: CgroupLimits,
     ) -> WarmPool {
-        Self::start_with(size, true, move || Ok((caps, limits)), zygote)
+        Self::start_with(size, true, move || Ok((caps, limits)), zygote, None)
     }
 
     /// A pool of one warm sandbox made at once and never refilled: for a process that runs
@@ -340,8 +393,15 @@ impl WarmPool {
     /// it when `create` comes.
     /// `setup` runs first on the pool's thread: what the host has and the warm sandbox's
     /// limits, or why it cannot have one.
-    pub(crate) fn start_once(setup: Setup, zygote: ZygoteSlot) -> WarmPool {
-        Self::start_with(1, false, setup, zygote)
+    ///
+    /// With `preforked`, that init is the one made warm (instead of one forked by the
+    /// zygote), and the pool's thread then waits for it to end, to reap it.
+    pub(crate) fn start_once(
+        setup: Setup,
+        zygote: ZygoteSlot,
+        preforked: Option<PreForked>,
+    ) -> WarmPool {
+        Self::start_with(1, false, setup, zygote, preforked)
     }
 
     fn start_with(
@@ -349,6 +409,7 @@ impl WarmPool {
         refill: bool,
         setup: impl FnOnce() -> Result<(Arc<HostCaps>, CgroupLimits), String> + Send + 'static,
         zygote: ZygoteSlot,
+        preforked: Option<PreForked>,
     ) -> WarmPool {
         let shared = Arc::new(Shared {
             state: Mutex::new(PoolState {
@@ -363,14 +424,22 @@ impl WarmPool {
         let keeper = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("smithers-warm-pool".into())
-            .spawn(move || match setup() {
-                Ok((caps, limits)) => keep(&keeper, &caps, &zygote, &limits),
-                Err(e) => {
-                    let mut state = keeper.lock();
-                    state.last_error = Some(e);
-                    state.making = false;
-                    drop(state);
-                    keeper.changed.notify_all();
+            .spawn(move || {
+                let ours = preforked.as_ref().map(|p| p.init.pid);
+                match setup() {
+                    Ok((caps, limits)) => keep(&keeper, &caps, &zygote, &limits, preforked),
+                    Err(e) => {
+                        // An init forked for us ends at the end of its input (dropped here).
+                        drop(preforked);
+                        let mut state = keeper.lock();
+                        state.last_error = Some(e);
+                        state.making = false;
+                        drop(state);
+                        keeper.changed.notify_all();
+                    }
+                }
+                if let Some(pid) = ours {
+                    reap(pid);
                 }
             });
         if let Err(e) = spawned {
@@ -482,7 +551,13 @@ impl Drop for WarmPool {
 }
 
 /// The keeper's loop: make warm sandboxes while the pool is short of its size.
-fn keep(shared: &Shared, caps: &HostCaps, zygote: &ZygoteSlot, limits: &CgroupLimits) {
+fn keep(
+    shared: &Shared,
+    caps: &HostCaps,
+    zygote: &ZygoteSlot,
+    limits: &CgroupLimits,
+    mut preforked: Option<PreForked>,
+) {
     let mut retry = RETRY_FIRST;
     loop {
         {
@@ -519,7 +594,7 @@ fn keep(shared: &Shared, caps: &HostCaps, zygote: &ZygoteSlot, limits: &CgroupLi
             }
             state.making = true;
         }
-        match make(caps, zygote, limits) {
+        match make(caps, zygote, limits, preforked.take()) {
             Ok(sandbox) => {
                 retry = RETRY_FIRST;
                 let mut state = shared.lock();

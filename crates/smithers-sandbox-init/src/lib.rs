@@ -125,7 +125,7 @@ pub fn run(args: &[String]) -> i32 {
     }
 }
 
-fn run_sandbox() -> i32 {
+pub(crate) fn run_sandbox() -> i32 {
     // The sandbox, not the host's own processes, is what the OOM killer should take first
     // when memory runs out (with or without a memory limit): every sandbox process inherits
     // this. Raising one's own score needs no privilege; if /proc is not there it stays as is.

@@ -407,6 +407,9 @@ struct Progress {
     handle: Option<SandboxHandle>,
     bundle_path: Option<PathBuf>,
     child_started: Option<Instant>,
+    /// The sandbox's cleanup, started as soon as its bundle is collected (see `lifecycle`):
+    /// its result and how long it took.
+    cleanup: Option<tokio::task::JoinHandle<(Result<(), smithers_runtime::RuntimeError>, f64)>>,
 }
 
 /// Forwards live output to the caller and step heartbeats to a channel (a sink must not block).
@@ -603,16 +606,10 @@ impl Orchestrator {
             handle: None,
             bundle_path: None,
             child_started: None,
+            cleanup: None,
         };
         let result = self
-            .lifecycle(
-                req,
-                ctx,
-                runtime.as_ref(),
-                &config,
-                created_at_ms,
-                &mut progress,
-            )
+            .lifecycle(req, ctx, &runtime, &config, created_at_ms, &mut progress)
             .await;
         let result = match result {
             Ok(outcome) => Ok(outcome),
@@ -624,11 +621,26 @@ impl Orchestrator {
         };
         drop(active);
 
-        // Step 10: always clean up.
-        if let Some(handle) = &progress.handle {
-            if let Err(e) = self.timed(runtime.cleanup(handle)).await {
-                self.cleanup_failed(req, runtime_name, &e);
-            }
+        // Step 10: always clean up (begun already once the bundle was collected).
+        let cleaned = match progress.cleanup.take() {
+            Some(started) => match started.await {
+                Ok((cleaned, ms)) => {
+                    self.metrics.observe_transport_ms(ms);
+                    Some(cleaned)
+                }
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // The runtime is shutting down under us: cleaned up here, as below.
+                Err(_) => None,
+            },
+            None => None,
+        };
+        let cleaned = match (cleaned, &progress.handle) {
+            (Some(cleaned), _) => cleaned,
+            (None, Some(handle)) => self.timed(runtime.cleanup(handle)).await,
+            (None, None) => Ok(()),
+        };
+        if let Err(e) = cleaned {
+            self.cleanup_failed(req, runtime_name, &e);
         }
         let reason = match &result {
             Ok(SandboxOutcome::Completed(c)) => c.status.clone(),
@@ -699,7 +711,7 @@ impl Orchestrator {
         &self,
         req: &SandboxRequest,
         ctx: &StepContext,
-        runtime: &dyn Runtime,
+        runtime: &Arc<dyn Runtime>,
         config: &RedactedConfig,
         created_at_ms: i64,
         progress: &mut Progress,
@@ -829,7 +841,9 @@ impl Orchestrator {
             return Err(Stop::Cancelled);
         }
         Self::heartbeat(ctx, sid, "executing", 40, vec![]);
-        let outcome = self.run_step(req, ctx, runtime, &handle, progress).await?;
+        let outcome = self
+            .run_step(req, ctx, runtime.as_ref(), &handle, progress)
+            .await?;
         Self::heartbeat(
             ctx,
             sid,
@@ -873,6 +887,15 @@ impl Orchestrator {
             }
         };
         progress.bundle_path = Some(collected.bundle_path.clone());
+        // Everything the step left is in its bundle now: the sandbox itself (its processes,
+        // layer, cgroups) is cleaned up beside the rest of the lifecycle (validation, rows,
+        // events, an apply), which reads only the bundle. `execute` waits for it.
+        let (cleaner, cleaned) = (runtime.clone(), handle.clone());
+        progress.cleanup = Some(tokio::spawn(async move {
+            let started = Instant::now();
+            let result = cleaner.cleanup(&cleaned).await;
+            (result, elapsed_ms(started))
+        }));
         let bundle =
             off_worker(|| self.inspector.inspect(&collected.bundle_path)).map_err(|report| {
                 OrchestratorError::Bundle {

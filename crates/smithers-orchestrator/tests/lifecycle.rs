@@ -671,6 +671,38 @@ async fn step_heartbeats_move_the_row_heartbeat() {
     );
 }
 
+/// The sandbox is cleaned up beside the rest of the lifecycle once its bundle is collected
+/// (validation, rows, events read only the bundle), not after it: the `completed` heartbeat,
+/// the lifecycle's last act, waits here for the cleanup to have begun (it would wait in vain,
+/// up to its 10 s, were cleanup still run after the lifecycle). Still exactly one cleanup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_begins_once_the_bundle_is_collected() {
+    let h = harness();
+    let started = h.runtime.cleanup_started.clone();
+    let seen_at_completed = Arc::new(Mutex::new(None));
+    let seen = seen_at_completed.clone();
+    let ctx = StepContext {
+        heartbeat: Some(Arc::new(move |hb: &Heartbeat| {
+            if hb.stage == "completed" {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while !started.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                *seen.lock().unwrap() = Some(started.load(Ordering::SeqCst));
+            }
+        })),
+        ..Default::default()
+    };
+    let out = h
+        .orch
+        .execute(&h.request("sb", &write_result("finished")), &ctx)
+        .await
+        .unwrap();
+    assert!(matches!(out, SandboxOutcome::Completed(ref c) if c.status == "finished"));
+    assert_eq!(*seen_at_completed.lock().unwrap(), Some(true));
+    assert_eq!(h.runtime.cleanup_count(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_failure_is_logged_and_never_masks_the_result() {
     let h = harness();

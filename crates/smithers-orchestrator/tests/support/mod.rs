@@ -33,6 +33,8 @@ pub struct HostProcessTestRuntime {
     /// Collect plants a symlink in the bundle (a hostile step's bundle).
     pub bundle_symlink: AtomicBool,
     pub cleanups: Mutex<Vec<SandboxHandle>>,
+    /// Set when a cleanup begins.
+    pub cleanup_started: Arc<AtomicBool>,
     outcomes: Mutex<HashMap<String, ExecOutcome>>,
 }
 
@@ -276,6 +278,7 @@ impl Runtime for HostProcessTestRuntime {
     }
 
     async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        self.cleanup_started.store(true, Ordering::SeqCst);
         self.cleanups.lock().unwrap().push(handle.clone());
         if self.cleanup_fails.load(Ordering::SeqCst) {
             return Err(RuntimeError::spawn("cleanup", "injected cleanup failure"));

@@ -663,7 +663,9 @@ fn children_of(pid: u32) -> Vec<(u32, String, String)> {
 
 /// `run`, still single-threaded when it knows its step, forks the sandbox's init from itself
 /// (no zygote is executed): while the step runs, the CLI's children are that init, named
-/// `smithers-init`, and no `--zygote`. A networked step (cold) is not prestarted: its init
+/// `smithers-init`, and no `--zygote`. The init's copy of the CLI's command line is scrubbed:
+/// the step, which can read `/proc/1/cmdline`, finds `smithers-init` there, not the CLI's
+/// flags and the project's host path. A networked step (cold) is not prestarted: its init
 /// comes from the zygote as before.
 #[test]
 fn run_forks_the_sandbox_init_from_itself() {
@@ -673,8 +675,8 @@ fn run_forks_the_sandbox_init_from_itself() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let watch = |flags: &[&str]| {
-        let mut child = run_cmd(root, flags, "sleep 1")
-            .stdout(Stdio::null())
+        let child = run_cmd(root, flags, "tr '\\0' ' ' < /proc/1/cmdline; sleep 1")
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
@@ -690,11 +692,15 @@ fn run_forks_the_sandbox_init_from_itself() {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let status = child.wait().unwrap();
-        assert!(status.success(), "{status:?}");
-        seen
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (
+            seen,
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        )
     };
-    let warm = watch(&["--run-id", "r-fork", "--sandbox-id", "s-warm"]);
+    let (warm, pid1) = watch(&["--run-id", "r-fork", "--sandbox-id", "s-warm"]);
+    assert_eq!(pid1, "smithers-init", "the sandbox's pid 1 shows no more");
     assert!(
         warm.iter().any(|(_, name, _)| name == "smithers-init"),
         "the init is the CLI's own child: {warm:?}"
@@ -705,7 +711,7 @@ fn run_forks_the_sandbox_init_from_itself() {
     );
     let log = bundle_log(root, "r-fork", "s-warm");
     assert!(log.iter().any(|r| r["type"] == "warmStart"), "{log:?}");
-    let cold = watch(&[
+    let (cold, _) = watch(&[
         "--run-id",
         "r-fork",
         "--sandbox-id",

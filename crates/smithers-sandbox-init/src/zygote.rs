@@ -182,7 +182,52 @@ pub fn fork_here(fds: &[RawFd; 3]) -> std::io::Result<libc::pid_t> {
             0,
         );
     }
+    if scrub_inherited_strings().is_err() {
+        // SAFETY: _exit is always safe; the child must not return into the caller's frames.
+        unsafe { libc::_exit(127) };
+    }
     crate::sys::child_exit(crate::run_sandbox)
+}
+
+/// In a child forked by [`fork_here`]: zeroes this process's copy of the caller's command
+/// line and environment strings (the kernel's `arg_start..arg_end` and `env_start..env_end`,
+/// on the initial stack), and writes `smithers-init` where the command line was. An exec'd
+/// zygote never had them; a forked init keeps a copy of its caller's memory, and its
+/// command line, unlike its memory, is readable from inside the sandbox (`/proc/1/cmdline`:
+/// the host's project path, the caller's flags). Its environment was never readable there
+/// (the init is not dumpable), but a copy it does not need is better gone.
+fn scrub_inherited_strings() -> std::io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // The fields after the command name (in parentheses, which may hold anything): the
+    // third field of the line is the first here; arg_start is the 48th.
+    let after_name = stat
+        .rfind(')')
+        .map(|i| &stat[i + 1..])
+        .ok_or_else(|| std::io::Error::other("/proc/self/stat has no command name"))?;
+    let fields: Vec<usize> = after_name
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0);
+    let (arg_start, arg_end, env_start, env_end) = (field(48), field(49), field(50), field(51));
+    if arg_start == 0 || arg_end < arg_start || env_end < env_start {
+        return Err(std::io::Error::other(
+            "/proc/self/stat has no argument area",
+        ));
+    }
+    let name = b"smithers-init\0";
+    // SAFETY: the kernel reports these ranges of this process's own initial stack, which is
+    // mapped and writable for the life of the process; this child is single-threaded and
+    // nothing in it reads the strings again (the environment was cleared, and the init reads
+    // no arguments). The name is written only if the argument area can hold it.
+    unsafe {
+        std::ptr::write_bytes(env_start as *mut u8, 0, env_end - env_start);
+        std::ptr::write_bytes(arg_start as *mut u8, 0, arg_end - arg_start);
+        if arg_end - arg_start >= name.len() {
+            std::ptr::copy_nonoverlapping(name.as_ptr(), arg_start as *mut u8, name.len());
+        }
+    }
+    Ok(())
 }
 
 /// The zygote's loop (`smithers-sandbox-init --zygote`); `run_sandbox` is what a fresh init

@@ -670,6 +670,20 @@ fn marker_pids(marker: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The step's own processes carrying `marker`: those whose program is `sh` (the step and
+/// its daemonised child). Any other process is not the step: the `run` process itself, and
+/// for an instant each process it forks (the sandbox's init) or spawns (before its exec),
+/// carry the same command line.
+fn step_pids(marker: &str) -> Vec<u32> {
+    marker_pids(marker)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).next() == Some(b"sh".as_slice()))
+        })
+        .collect()
+}
+
 /// The orchestrating process is SIGKILLed mid-step 20 times in a row (three runs, a new
 /// sandbox each time, each step modifying the workspace and leaving a daemonised child). Then:
 /// no sandbox process is left, every row is terminal, every run's `seq` is gap-free from 0,
@@ -712,21 +726,14 @@ fn twenty_sigkills_in_a_row_leave_nothing_behind() {
             .unwrap();
         // Mid-step: the step (and its daemonised child) is running inside the sandbox.
         let deadline = Instant::now() + Duration::from_secs(60);
-        // (The `run` process itself carries the marker in its argv: count the others.)
-        while marker_pids(&this)
-            .into_iter()
-            .filter(|&pid| pid != child.id())
-            .count()
-            < 2
-        {
+        while step_pids(&this).len() < 2 {
             assert!(
                 Instant::now() < deadline,
                 "iteration {i}: the step never started"
             );
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "iteration {i}: run exited early"
-            );
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("iteration {i}: run exited early: {status:?}");
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
         child.kill().unwrap(); // SIGKILL

@@ -78,6 +78,29 @@ fn off_worker<T>(call: impl FnOnce() -> T) -> T {
 }
 pub use metrics::{HistogramSnapshot, Metrics};
 
+/// An event as the store keeps it: `{type, runId, sandboxId, ...extra, timestampMs}` (a
+/// `null` extra is left out, as `JSON.stringify` leaves out `undefined`).
+fn event_json(
+    event_type: &str,
+    run_id: &str,
+    sandbox_id: &str,
+    extra: Vec<(&str, Value)>,
+    timestamp_ms: i64,
+) -> String {
+    let mut m = Map::new();
+    m.insert("type".into(), json!(event_type));
+    m.insert("runId".into(), json!(run_id));
+    m.insert("sandboxId".into(), json!(sandbox_id));
+    for (k, v) in extra {
+        // `undefined` fields are dropped by JSON.stringify; `None` plays that role here.
+        if !v.is_null() {
+            m.insert(k.to_string(), v);
+        }
+    }
+    m.insert("timestampMs".into(), json!(timestamp_ms));
+    Value::Object(m).to_string()
+}
+
 /// What a shipped step runs when no command is given (the JavaScript default).
 pub const DEFAULT_SANDBOX_COMMAND: &str = "smithers up bundle.tsx";
 
@@ -487,18 +510,7 @@ impl Orchestrator {
         extra: Vec<(&str, Value)>,
         timestamp_ms: i64,
     ) -> Result<i64, StoreError> {
-        let mut m = Map::new();
-        m.insert("type".into(), json!(event_type));
-        m.insert("runId".into(), json!(run_id));
-        m.insert("sandboxId".into(), json!(sandbox_id));
-        for (k, v) in extra {
-            // `undefined` fields are dropped by JSON.stringify; `None` plays that role here.
-            if !v.is_null() {
-                m.insert(k.to_string(), v);
-            }
-        }
-        m.insert("timestampMs".into(), json!(timestamp_ms));
-        let payload = Value::Object(m).to_string();
+        let payload = event_json(event_type, run_id, sandbox_id, extra, timestamp_ms);
         off_worker(|| {
             self.store.insert_event(&NewEvent {
                 run_id,
@@ -808,7 +820,9 @@ impl Orchestrator {
                 verb: "ship",
                 source,
             })?;
-        self.emit(
+        // The event and the row's state change in one transaction.
+        let shipped_at = now_ms();
+        let shipped_event = event_json(
             "SandboxShipped",
             run_id,
             sid,
@@ -816,25 +830,32 @@ impl Orchestrator {
                 ("runtime", json!(runtime_name)),
                 ("bundleSizeBytes", json!(shipped.bundle_size_bytes)),
             ],
-            now_ms(),
-        )?;
-        Self::heartbeat(ctx, sid, "shipped", 25, vec![]);
-        let shipped_at = now_ms();
-        progress.shipped_at_ms = Some(shipped_at);
+            shipped_at,
+        );
         off_worker(|| {
-            self.store.upsert_sandbox(&SandboxUpsert {
-                runtime: Some(runtime_name.to_string()),
-                remote_run_id: Field::Null,
-                workspace_id: Field::from_option(handle.workspace_id.clone()),
-                container_id: Field::from_option(handle.container_id.clone()),
-                status: Some(SandboxStatus::Shipped),
-                shipped_at_ms: Field::Value(shipped_at),
-                heartbeat_at_ms: Field::Value(shipped_at),
-                completed_at_ms: Field::Null,
-                bundle_path: Field::Null,
-                ..SandboxUpsert::key(run_id, sid)
-            })
+            self.store.upsert_sandbox_with_event(
+                &SandboxUpsert {
+                    runtime: Some(runtime_name.to_string()),
+                    remote_run_id: Field::Null,
+                    workspace_id: Field::from_option(handle.workspace_id.clone()),
+                    container_id: Field::from_option(handle.container_id.clone()),
+                    status: Some(SandboxStatus::Shipped),
+                    shipped_at_ms: Field::Value(shipped_at),
+                    heartbeat_at_ms: Field::Value(shipped_at),
+                    completed_at_ms: Field::Null,
+                    bundle_path: Field::Null,
+                    ..SandboxUpsert::key(run_id, sid)
+                },
+                &NewEvent {
+                    run_id,
+                    timestamp_ms: shipped_at,
+                    event_type: "SandboxShipped",
+                    payload_json: &shipped_event,
+                },
+            )
         })?;
+        Self::heartbeat(ctx, sid, "shipped", 25, vec![]);
+        progress.shipped_at_ms = Some(shipped_at);
 
         // Step 5: execute.
         if ctx.cancel.is_cancelled() {
@@ -859,14 +880,26 @@ impl Orchestrator {
             ],
         );
         let hb_at = now_ms();
-        off_worker(|| self.store.heartbeat_sandbox(run_id, sid, hb_at))?;
-        self.emit(
+        let hb_event = event_json(
             "SandboxHeartbeat",
             run_id,
             sid,
             vec![("progress", json!(1))],
             hb_at,
-        )?;
+        );
+        off_worker(|| {
+            self.store.heartbeat_sandbox_with_event(
+                run_id,
+                sid,
+                hb_at,
+                &NewEvent {
+                    run_id,
+                    timestamp_ms: hb_at,
+                    event_type: "SandboxHeartbeat",
+                    payload_json: &hb_event,
+                },
+            )
+        })?;
         let cancelled = outcome.termination == Termination::Cancelled || ctx.cancel.is_cancelled();
 
         // Step 6: collect + validate.
@@ -1006,21 +1039,7 @@ impl Orchestrator {
 
         // Step 8.
         let completed_at = now_ms();
-        off_worker(|| {
-            self.store.upsert_sandbox(&SandboxUpsert {
-                runtime: Some(runtime_name.to_string()),
-                remote_run_id: Field::from_option(bundle.run_id.clone()),
-                workspace_id: Field::from_option(handle.workspace_id.clone()),
-                container_id: Field::from_option(handle.container_id.clone()),
-                status: Some(SandboxStatus::parse(&status)),
-                heartbeat_at_ms: Field::Value(completed_at),
-                shipped_at_ms: Field::from_option(progress.shipped_at_ms),
-                completed_at_ms: Field::Value(completed_at),
-                bundle_path: Field::Value(bundle.bundle_path.to_string_lossy().into_owned()),
-                ..SandboxUpsert::key(run_id, sid)
-            })
-        })?;
-        self.emit(
+        let completed_event = event_json(
             "SandboxCompleted",
             run_id,
             sid,
@@ -1031,7 +1050,29 @@ impl Orchestrator {
                 ("durationMs", json!(duration_ms)),
             ],
             completed_at,
-        )?;
+        );
+        off_worker(|| {
+            self.store.upsert_sandbox_with_event(
+                &SandboxUpsert {
+                    runtime: Some(runtime_name.to_string()),
+                    remote_run_id: Field::from_option(bundle.run_id.clone()),
+                    workspace_id: Field::from_option(handle.workspace_id.clone()),
+                    container_id: Field::from_option(handle.container_id.clone()),
+                    status: Some(SandboxStatus::parse(&status)),
+                    heartbeat_at_ms: Field::Value(completed_at),
+                    shipped_at_ms: Field::from_option(progress.shipped_at_ms),
+                    completed_at_ms: Field::Value(completed_at),
+                    bundle_path: Field::Value(bundle.bundle_path.to_string_lossy().into_owned()),
+                    ..SandboxUpsert::key(run_id, sid)
+                },
+                &NewEvent {
+                    run_id,
+                    timestamp_ms: completed_at,
+                    event_type: "SandboxCompleted",
+                    payload_json: &completed_event,
+                },
+            )
+        })?;
         Self::heartbeat(ctx, sid, "completed", 100, vec![("status", json!(status))]);
         self.metrics.sandbox_completed(runtime_name, &status);
         self.metrics.observe_duration_ms(duration_ms);

@@ -800,17 +800,7 @@ impl Store {
     /// Records a heartbeat (the JavaScript `heartbeatSandbox`): only for a non-terminal row and
     /// never moving the time backwards. Returns whether a row was updated.
     pub fn heartbeat_sandbox(&self, run_id: &str, sandbox_id: &str, at_ms: i64) -> Result<bool> {
-        let n = self
-            .conn()?
-            .execute(
-                "UPDATE _smithers_sandboxes SET heartbeat_at_ms = ?3
-                 WHERE run_id = ?1 AND sandbox_id = ?2
-                   AND status NOT IN ('finished', 'failed', 'cancelled')
-                   AND (heartbeat_at_ms IS NULL OR heartbeat_at_ms <= ?3)",
-                params![run_id, sandbox_id, at_ms],
-            )
-            .map_err(StoreError::query("heartbeat_sandbox"))?;
-        Ok(n > 0)
+        heartbeat_on(&*self.conn()?, run_id, sandbox_id, at_ms)
     }
 
     /// Appends an event and returns its `seq`. Seqs start at 0 per run and have no gaps, also
@@ -818,61 +808,52 @@ impl Store {
     /// in one IMMEDIATE transaction. Inserting an identical (run_id, timestamp_ms, type,
     /// payload_json) again writes nothing and returns the existing seq.
     pub fn insert_event(&self, event: &NewEvent<'_>) -> Result<i64> {
-        let op = StoreError::query("insert_event");
         let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("insert_event"))?;
-        // Cached statements: this is the hottest write path (every event of every sandbox).
-        let existing: Option<i64> = {
-            // INDEXED BY: left alone, the planner walks the primary key backwards to avoid
-            // sorting (ORDER BY seq), reading every event of the run on each insert: O(n) per
-            // append, measured at 0.85 ms per event after 2000 events.
-            let mut st = tx
-                .prepare_cached(
-                    "SELECT seq FROM _smithers_events INDEXED BY _smithers_events_dedupe_idx
-                     WHERE run_id = ?1 AND timestamp_ms = ?2 AND type = ?3 AND payload_json = ?4
-                     ORDER BY seq DESC LIMIT 1",
-                )
-                .map_err(StoreError::query("insert_event"))?;
-            st.query_row(
-                params![
-                    event.run_id,
-                    event.timestamp_ms,
-                    event.event_type,
-                    event.payload_json
-                ],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(StoreError::query("insert_event"))?
-        };
-        if let Some(seq) = existing {
-            tx.commit().map_err(StoreError::query("insert_event"))?;
-            return Ok(seq);
-        }
-        let seq: i64 = tx
-            .prepare_cached(
-                "SELECT COALESCE(MAX(seq), -1) + 1 FROM _smithers_events WHERE run_id = ?1",
-            )
-            .and_then(|mut st| st.query_row([event.run_id], |r| r.get(0)))
-            .map_err(StoreError::query("insert_event"))?;
-        tx.prepare_cached(
-            "INSERT INTO _smithers_events (run_id, seq, timestamp_ms, type, payload_json)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-        )
-        .and_then(|mut st| {
-            st.execute(params![
-                event.run_id,
-                seq,
-                event.timestamp_ms,
-                event.event_type,
-                event.payload_json
-            ])
-        })
-        .map_err(StoreError::query("insert_event"))?;
-        tx.commit().map_err(op)?;
+        let seq = insert_event_on(&tx, event)?;
+        tx.commit().map_err(StoreError::query("insert_event"))?;
         Ok(seq)
+    }
+
+    /// [`Store::upsert_sandbox`] and [`Store::insert_event`] in one transaction: a state
+    /// change and the event that says it, both or neither (and one commit, not two, on the
+    /// step's critical path). Returns the event's `seq`.
+    pub fn upsert_sandbox_with_event(
+        &self,
+        row: &SandboxUpsert,
+        event: &NewEvent<'_>,
+    ) -> Result<i64> {
+        let mut conn = self.conn()?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(StoreError::query("upsert_sandbox_with_event"))?;
+        upsert_sandbox_on(&tx, row)?;
+        let seq = insert_event_on(&tx, event)?;
+        tx.commit()
+            .map_err(StoreError::query("upsert_sandbox_with_event"))?;
+        Ok(seq)
+    }
+
+    /// [`Store::heartbeat_sandbox`] and [`Store::insert_event`] in one transaction. Returns
+    /// whether the row was updated, and the event's `seq`.
+    pub fn heartbeat_sandbox_with_event(
+        &self,
+        run_id: &str,
+        sandbox_id: &str,
+        at_ms: i64,
+        event: &NewEvent<'_>,
+    ) -> Result<(bool, i64)> {
+        let mut conn = self.conn()?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(StoreError::query("heartbeat_sandbox_with_event"))?;
+        let updated = heartbeat_on(&tx, run_id, sandbox_id, at_ms)?;
+        let seq = insert_event_on(&tx, event)?;
+        tx.commit()
+            .map_err(StoreError::query("heartbeat_sandbox_with_event"))?;
+        Ok((updated, seq))
     }
 
     /// Events of a run with `seq >= from_seq`, in seq order.
@@ -1492,6 +1473,70 @@ fn count_active_on(conn: &Connection, run_id: Option<&str>) -> Result<u64> {
     }
     .map_err(StoreError::query("count_active"))?;
     Ok(n as u64)
+}
+
+/// [`Store::insert_event`]'s work inside the caller's IMMEDIATE transaction `tx`.
+fn insert_event_on(tx: &Connection, event: &NewEvent<'_>) -> Result<i64> {
+    // Cached statements: this is the hottest write path (every event of every sandbox).
+    let existing: Option<i64> = {
+        // INDEXED BY: left alone, the planner walks the primary key backwards to avoid
+        // sorting (ORDER BY seq), reading every event of the run on each insert: O(n) per
+        // append, measured at 0.85 ms per event after 2000 events.
+        let mut st = tx
+            .prepare_cached(
+                "SELECT seq FROM _smithers_events INDEXED BY _smithers_events_dedupe_idx
+                 WHERE run_id = ?1 AND timestamp_ms = ?2 AND type = ?3 AND payload_json = ?4
+                 ORDER BY seq DESC LIMIT 1",
+            )
+            .map_err(StoreError::query("insert_event"))?;
+        st.query_row(
+            params![
+                event.run_id,
+                event.timestamp_ms,
+                event.event_type,
+                event.payload_json
+            ],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(StoreError::query("insert_event"))?
+    };
+    if let Some(seq) = existing {
+        return Ok(seq);
+    }
+    let seq: i64 = tx
+        .prepare_cached("SELECT COALESCE(MAX(seq), -1) + 1 FROM _smithers_events WHERE run_id = ?1")
+        .and_then(|mut st| st.query_row([event.run_id], |r| r.get(0)))
+        .map_err(StoreError::query("insert_event"))?;
+    tx.prepare_cached(
+        "INSERT INTO _smithers_events (run_id, seq, timestamp_ms, type, payload_json)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            event.run_id,
+            seq,
+            event.timestamp_ms,
+            event.event_type,
+            event.payload_json
+        ])
+    })
+    .map_err(StoreError::query("insert_event"))?;
+    Ok(seq)
+}
+
+/// [`Store::heartbeat_sandbox`]'s statement on `conn` (a connection or a transaction).
+fn heartbeat_on(conn: &Connection, run_id: &str, sandbox_id: &str, at_ms: i64) -> Result<bool> {
+    let n = conn
+        .prepare_cached(
+            "UPDATE _smithers_sandboxes SET heartbeat_at_ms = ?3
+             WHERE run_id = ?1 AND sandbox_id = ?2
+               AND status NOT IN ('finished', 'failed', 'cancelled')
+               AND (heartbeat_at_ms IS NULL OR heartbeat_at_ms <= ?3)",
+        )
+        .and_then(|mut st| st.execute(params![run_id, sandbox_id, at_ms]))
+        .map_err(StoreError::query("heartbeat_sandbox"))?;
+    Ok(n > 0)
 }
 
 /// UPDATE the present columns of an existing row, else INSERT them. Not one `INSERT .. ON

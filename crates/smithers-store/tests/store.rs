@@ -181,6 +181,76 @@ fn event_seq_is_gap_free_under_concurrent_writers() {
     assert_eq!(b, (0..(THREADS * 4) as i64).collect::<Vec<_>>());
 }
 
+/// A state change and its event are written together or not at all: with the events table
+/// gone, the row keeps its old state (the heartbeat too); with it, both are there.
+#[test]
+fn a_state_change_and_its_event_are_one_transaction() {
+    let (_d, path) = temp_db();
+    let store = Store::open(&path).unwrap();
+    let config = RedactedConfig::new(&json!({}));
+    store
+        .upsert_sandbox(&SandboxUpsert {
+            config: Some(config),
+            ..SandboxUpsert::key("r", "sb")
+        })
+        .unwrap();
+    let shipped = SandboxUpsert {
+        status: Some(SandboxStatus::Shipped),
+        shipped_at_ms: Field::Value(7),
+        ..SandboxUpsert::key("r", "sb")
+    };
+    let event = NewEvent {
+        run_id: "r",
+        timestamp_ms: 7,
+        event_type: "SandboxShipped",
+        payload_json: r#"{"type":"SandboxShipped"}"#,
+    };
+    assert_eq!(
+        store.upsert_sandbox_with_event(&shipped, &event).unwrap(),
+        0
+    );
+    let row = store.get_sandbox("r", "sb").unwrap().unwrap();
+    assert_eq!(row.status, SandboxStatus::Shipped);
+    let beat = NewEvent {
+        timestamp_ms: 8,
+        event_type: "SandboxHeartbeat",
+        ..event
+    };
+    assert_eq!(
+        store
+            .heartbeat_sandbox_with_event("r", "sb", 8, &beat)
+            .unwrap(),
+        (true, 1)
+    );
+    assert_eq!(store.events_since("r", 0).unwrap().len(), 2);
+
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("DROP TABLE _smithers_events;").unwrap();
+    let failed = SandboxUpsert {
+        status: Some(SandboxStatus::Failed),
+        ..SandboxUpsert::key("r", "sb")
+    };
+    let later = NewEvent {
+        timestamp_ms: 9,
+        ..event
+    };
+    assert!(store.upsert_sandbox_with_event(&failed, &later).is_err());
+    assert!(store
+        .heartbeat_sandbox_with_event("r", "sb", 9, &later)
+        .is_err());
+    let row = store.get_sandbox("r", "sb").unwrap().unwrap();
+    assert_eq!(
+        row.status,
+        SandboxStatus::Shipped,
+        "the row change was rolled back"
+    );
+    assert_eq!(
+        row.heartbeat_at_ms,
+        Some(8),
+        "the heartbeat was rolled back"
+    );
+}
+
 #[test]
 fn identical_event_insert_is_idempotent() {
     let (_d, path) = temp_db();

@@ -591,17 +591,37 @@ impl Orchestrator {
         let created_at_ms = now_ms();
 
         // Step 2: the atomic gate, which also writes the `pending` row and our lease.
+        // Step 3's event, SandboxCreated, is written by the gate's own transaction when (and
+        // only when) it admits the sandbox.
+        let created_event = event_json(
+            "SandboxCreated",
+            &req.run_id,
+            sid,
+            vec![
+                ("runtime", json!(runtime_name)),
+                ("configJson", json!(config.as_json())),
+            ],
+            created_at_ms,
+        );
         let admitted = off_worker(|| {
-            self.store.try_admit(&AdmitRequest {
-                run_id: req.run_id.clone(),
-                sandbox_id: req.sandbox_id.clone(),
-                runtime: runtime_name.to_string(),
-                config: config.clone(),
-                per_run_max: self.settings.per_run_max,
-                host_max: self.settings.host_max,
-                owner: self.owner.clone(),
-                now_ms: created_at_ms,
-            })
+            self.store.try_admit_with_event(
+                &AdmitRequest {
+                    run_id: req.run_id.clone(),
+                    sandbox_id: req.sandbox_id.clone(),
+                    runtime: runtime_name.to_string(),
+                    config: config.clone(),
+                    per_run_max: self.settings.per_run_max,
+                    host_max: self.settings.host_max,
+                    owner: self.owner.clone(),
+                    now_ms: created_at_ms,
+                },
+                &NewEvent {
+                    run_id: &req.run_id,
+                    timestamp_ms: created_at_ms,
+                    event_type: "SandboxCreated",
+                    payload_json: &created_event,
+                },
+            )
         });
         if let Err(e) = admitted {
             return Err(self.refused(req, ctx, runtime_name, &config, e));
@@ -620,9 +640,7 @@ impl Orchestrator {
             child_started: None,
             cleanup: None,
         };
-        let result = self
-            .lifecycle(req, ctx, &runtime, &config, created_at_ms, &mut progress)
-            .await;
+        let result = self.lifecycle(req, ctx, &runtime, &mut progress).await;
         let result = match result {
             Ok(outcome) => Ok(outcome),
             Err(Stop::Cancelled) => Ok(self.record_cancelled(req, ctx, runtime_name, &progress)),
@@ -724,25 +742,13 @@ impl Orchestrator {
         req: &SandboxRequest,
         ctx: &StepContext,
         runtime: &Arc<dyn Runtime>,
-        config: &RedactedConfig,
-        created_at_ms: i64,
         progress: &mut Progress,
     ) -> Result<SandboxOutcome, Stop> {
         let run_id = req.run_id.as_str();
         let sid = req.sandbox_id.as_str();
         let runtime_name = req.selected_runtime().as_str();
 
-        // Step 3.
-        self.emit(
-            "SandboxCreated",
-            run_id,
-            sid,
-            vec![
-                ("runtime", json!(runtime_name)),
-                ("configJson", json!(config.as_json())),
-            ],
-            created_at_ms,
-        )?;
+        // Step 3 (its event was written with the admission).
         Self::heartbeat(ctx, sid, "created", 10, vec![]);
 
         // Step 4: create, ship.

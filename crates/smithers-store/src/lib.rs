@@ -913,6 +913,29 @@ impl Store {
     /// processes cannot interleave between the count and the insert, because IMMEDIATE takes
     /// the write lock before the count.
     pub fn try_admit(&self, req: &AdmitRequest) -> Result<Admitted> {
+        self.admit(req, None)
+    }
+
+    /// [`Store::try_admit`] that also appends `created` (the `SandboxCreated` event) in the
+    /// same transaction when, and only when, the sandbox is admitted: one commit, not two, at
+    /// the start of every step. Returns what the gate saw and the event's `seq`.
+    pub fn try_admit_with_event(
+        &self,
+        req: &AdmitRequest,
+        created: &NewEvent<'_>,
+    ) -> Result<(Admitted, i64)> {
+        let mut seq = None;
+        let admitted = self.admit(req, Some((created, &mut seq)))?;
+        let seq = seq
+            .ok_or_else(|| StoreError::query("try_admit")(rusqlite::Error::QueryReturnedNoRows))?;
+        Ok((admitted, seq))
+    }
+
+    fn admit(
+        &self,
+        req: &AdmitRequest,
+        created: Option<(&NewEvent<'_>, &mut Option<i64>)>,
+    ) -> Result<Admitted> {
         let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -994,6 +1017,9 @@ impl Store {
             ],
         )
         .map_err(StoreError::query("try_admit"))?;
+        if let Some((event, seq)) = created {
+            *seq = Some(insert_event_on(&tx, event)?);
+        }
         tx.commit().map_err(StoreError::query("try_admit"))?;
         Ok(Admitted {
             active_in_run,

@@ -251,6 +251,36 @@ fn a_state_change_and_its_event_are_one_transaction() {
     );
 }
 
+/// The gate writes SandboxCreated with the admission, and only with it: a refused start
+/// (here, the run's limit) leaves no event.
+#[test]
+fn the_created_event_is_written_only_by_an_admission() {
+    let (_d, path) = temp_db();
+    let store = Store::open(&path).unwrap();
+    let created = NewEvent {
+        run_id: "r",
+        timestamp_ms: 1_000,
+        event_type: "SandboxCreated",
+        payload_json: r#"{"type":"SandboxCreated","sandboxId":"a"}"#,
+    };
+    let (admitted, seq) = store
+        .try_admit_with_event(&admit_req("r", "a", 1, 10), &created)
+        .unwrap();
+    assert_eq!((admitted.active_in_run, seq), (0, 0));
+    let refused = NewEvent {
+        payload_json: r#"{"type":"SandboxCreated","sandboxId":"b"}"#,
+        ..created
+    };
+    let err = store
+        .try_admit_with_event(&admit_req("r", "b", 1, 10), &refused)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::ConcurrencyLimit { .. }), "{err}");
+    let events = store.events_since("r", 0).unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0].payload_json.contains(r#""sandboxId":"a""#));
+    assert!(store.get_sandbox("r", "b").unwrap().is_none());
+}
+
 #[test]
 fn identical_event_insert_is_idempotent() {
     let (_d, path) = temp_db();

@@ -295,7 +295,7 @@ impl CgroupHost {
             }
             if entered && !wanted.iter().any(|c| enabled.contains(*c)) {
                 // Nothing gained: leave the process where it was.
-                let _ = std::fs::write(dir.join("cgroup.procs"), "0");
+                let _ = move_into(&dir);
             }
         }
         self.v2_controllers = enabled
@@ -619,7 +619,40 @@ fn fix_for(why: &std::io::Error) -> String {
     }
 }
 
-/// Moves this process (all its threads) into `dir/SUPERVISOR_LEAF`.
+/// Children of this process that must go wherever it goes when it moves into its leaf: an
+/// init forked before the host was detected (`warm::PreForked`) is still in the cgroup this
+/// process started in, where it would keep the controllers from being enabled (the
+/// no-internal-processes rule) and stay outside the cgroups its sandbox is made under.
+static COMPANIONS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// Registers `pid` (our child) to move with this process (see [`COMPANIONS`]).
+pub(crate) fn move_with_this_process(pid: u32) {
+    COMPANIONS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(pid);
+}
+
+/// Forgets `pid` (it ended).
+pub(crate) fn forget_companion(pid: u32) {
+    COMPANIONS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|p| *p != pid);
+}
+
+/// Moves this process (all its threads) and its companions into `dir`'s `cgroup.procs`. A
+/// companion that ended meanwhile is no error.
+fn move_into(dir: &Path) -> std::io::Result<()> {
+    // "0" names the writing process: the whole thread group moves.
+    std::fs::write(dir.join("cgroup.procs"), "0")?;
+    for pid in COMPANIONS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let _ = std::fs::write(dir.join("cgroup.procs"), pid.to_string());
+    }
+    Ok(())
+}
+
+/// Moves this process (all its threads) and its companions into `dir/SUPERVISOR_LEAF`.
 fn enter_leaf(dir: &Path) -> std::io::Result<()> {
     let leaf = dir.join(SUPERVISOR_LEAF);
     match std::fs::create_dir(&leaf) {
@@ -627,8 +660,7 @@ fn enter_leaf(dir: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
-    // "0" names the writing process: the whole thread group moves.
-    std::fs::write(leaf.join("cgroup.procs"), "0")
+    move_into(&leaf)
 }
 
 fn enable(dir: &Path, ctrl: &str) -> std::io::Result<()> {

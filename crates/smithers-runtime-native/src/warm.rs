@@ -139,6 +139,9 @@ impl PreForked {
             out_w.as_raw_fd(),
             err_w.as_raw_fd(),
         ])?;
+        // Forked before the host is detected: where detection moves this process (a leaf of
+        // its v2 cgroup), the init must go too.
+        crate::cgroup::move_with_this_process(pid as u32);
         // The init has its own copies now; ours of its ends must go so that EOF means
         // "init gone" (dropped here, with the pipes' write ends).
         Ok(PreForked {
@@ -159,9 +162,10 @@ fn reap(pid: libc::pid_t) {
         // SAFETY: waitpid on our own child with a valid status pointer.
         let r = unsafe { libc::waitpid(pid, &mut status, 0) };
         if r >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return;
+            break;
         }
     }
+    crate::cgroup::forget_companion(pid as u32);
 }
 
 /// Whether a sandbox of this configuration may be served by a warm one: a warm sandbox has

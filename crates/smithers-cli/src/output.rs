@@ -15,6 +15,26 @@ use std::process::ExitCode;
 use serde_json::Value;
 use smithers_errors::{CodedError, ErrorCode, ErrorReport};
 
+/// `eprintln!` that never panics: once stderr's reader is gone (`run ... 2>&1 | head`) a
+/// write fails, and is dropped, where `eprintln!` would panic and take a step still running
+/// with it. What a step printed is in its bundle's log anyway.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+pub(crate) use say;
+
+/// [`say!`] without the newline (`eprint!`).
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+pub(crate) use say_raw;
+
 /// Exit status for rejected input or a failed operation (usage errors exit 2, from clap).
 pub const EXIT_REJECTED: u8 = 1;
 
@@ -65,7 +85,7 @@ pub fn report_error(err: &anyhow::Error, json: bool) -> ExitCode {
     if json {
         println!("{}", report.to_json());
     } else {
-        eprintln!("{}", render_text(&report));
+        say!("{}", render_text(&report));
     }
     ExitCode::from(EXIT_REJECTED)
 }

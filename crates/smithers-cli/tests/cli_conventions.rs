@@ -203,6 +203,30 @@ fn a_closed_pipe_ends_printing_commands_quietly() {
     );
 }
 
+/// `run ... 2>&1 | head`: stderr's reader is gone before the step ends (here, before it
+/// starts). The progress and summary lines are dropped, and the step still runs to its
+/// review: the sandbox is in review with its patch, not failed by a panic on a write.
+#[test]
+fn a_closed_stderr_does_not_lose_the_step() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ids = ["--run-id", "r-err", "--sandbox-id", "s-err"];
+    let mut child = run_cmd(dir.path(), &ids, "seq 1 2000 >&2; echo done > f.txt")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let show = cli(dir.path(), &["show", "s-err", "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(shown["status"], "review", "{shown}");
+    assert_eq!(shown["review"]["patchCount"], 1, "{shown}");
+}
+
 #[test]
 fn a_closed_pipe_does_not_lose_the_step() {
     if !sandboxes_usable() {

@@ -2,6 +2,7 @@
 //! building the orchestrator with its runtimes, crash recovery at start, resolving sandbox
 //! ids, and the patch summary of a bundle.
 
+use crate::output::say;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -285,7 +286,7 @@ pub fn open_with(
     if !quiet {
         for r in &recovered {
             // Ids and runtime come from the database: inert.
-            eprintln!(
+            say!(
                 "{} orphaned sandbox {}:{} ({}){}",
                 if r.marked_failed {
                     "recovered"

@@ -8,6 +8,7 @@
 //! terminal, as is to a pipe or file. Ctrl-C cancels the step (its whole process tree is killed; the
 //! sandbox ends `cancelled` with its bundle kept); a second Ctrl-C exits at once.
 
+use crate::output::{say, say_raw};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -210,7 +211,7 @@ fn to_stdout(line: &str) {
 /// Says, on stderr, that our stdout's reader went away before the end (see [`to_stdout`]).
 fn note_stdout_gone() {
     if STDOUT_GONE.load(std::sync::atomic::Ordering::Relaxed) {
-        eprintln!(
+        say!(
             "note: stdout was closed by its reader; the rest of the step's output is in the bundle's log (logs/stream.ndjson)"
         );
     }
@@ -617,7 +618,7 @@ impl Display {
         st.stage = hb.stage.to_string();
         match self.mode {
             Mode::Quiet => {}
-            Mode::Plain => eprintln!("[{:>7.2}s] {}", self.elapsed(), inert(hb.stage)),
+            Mode::Plain => say!("[{:>7.2}s] {}", self.elapsed(), inert(hb.stage)),
             Mode::Tty => {
                 let mut err = std::io::stderr().lock();
                 self.draw(&mut st, &mut err);
@@ -632,7 +633,7 @@ impl Display {
             Mode::Quiet => {}
             Mode::Plain => {
                 if is_err {
-                    eprintln!(
+                    say!(
                         "{}",
                         relayed(line, self.relay.for_tty(self.relay.stderr_tty))
                     );
@@ -670,7 +671,7 @@ impl Display {
         st.cancelling = true;
         match self.mode {
             Mode::Quiet => {}
-            Mode::Plain => eprintln!(
+            Mode::Plain => say!(
                 "[{:>7.2}s] cancelling (Ctrl-C again to exit now)",
                 self.elapsed()
             ),
@@ -719,7 +720,7 @@ fn step_stdin(runtime: RuntimeChoice, json_out: bool) -> smithers_runtime::StepS
     }
     if runtime != RuntimeChoice::Bubblewrap {
         if !json_out {
-            eprintln!(
+            say!(
                 "note: stdin is not passed to the step: the {} runtime carries no stdin stream (the step reads EOF)",
                 runtime.kind()
             );
@@ -800,7 +801,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     };
     let display = Arc::new(Display::new(mode, Relay::detect()));
     if mode != Mode::Quiet {
-        eprintln!(
+        say!(
             "sandbox {}:{} ({}) over {}",
             inert(&run_id),
             inert(&sandbox_id),
@@ -834,7 +835,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 ctrl_display.cancelling();
                 if tokio::signal::ctrl_c().await.is_ok() {
                     ctrl_display.finish();
-                    eprintln!("interrupted again: exiting without waiting for cleanup");
+                    say!("interrupted again: exiting without waiting for cleanup");
                     std::process::exit(130);
                 }
             }
@@ -857,7 +858,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     // The step's rows are committed but, with `synchronous = NORMAL`, not yet synced: make
     // them durable before reporting (the store's drop does it too, but cannot say it failed).
     if let Err(e) = ctx.store().sync_wal() {
-        eprintln!(
+        say!(
             "warning: the store's last changes may not survive a power loss: {}",
             inert(&e.to_string())
         );
@@ -905,10 +906,10 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 doc["error"] = report.to_json();
                 to_stdout(&doc.to_string());
             } else {
-                eprintln!("{}", render_text(&report));
-                eprintln!("status   failed");
+                say!("{}", render_text(&report));
+                say!("status   failed");
                 if let Some(b) = bundle_path {
-                    eprintln!("bundle   {}", inert(&b));
+                    say!("bundle   {}", inert(&b));
                 }
             }
             return Ok(ExitCode::from(EXIT_REJECTED));
@@ -922,9 +923,9 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 doc["review"] = Value::Null;
                 to_stdout(&doc.to_string());
             } else {
-                eprintln!("status   cancelled (nothing was applied)");
+                say!("status   cancelled (nothing was applied)");
                 if let Some(b) = bundle_path {
-                    eprintln!("bundle   {}", inert(&b.display().to_string()));
+                    say!("bundle   {}", inert(&b.display().to_string()));
                 }
             }
             ExitCode::from(130)
@@ -967,7 +968,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     },
                 );
                 if done.applied_patches > 0 {
-                    eprintln!(
+                    say!(
                         "applied  {} patch file(s) to {}",
                         done.applied_patches,
                         inert(&root.display().to_string())
@@ -1014,9 +1015,10 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                         commits: notes.commits.as_ref(),
                     },
                 );
-                eprintln!(
+                say!(
                     "review   pending: {} patch file(s), {} changed line(s), NOT applied yet",
-                    pending.patch_count, pending.total_diff_lines
+                    pending.patch_count,
+                    pending.total_diff_lines
                 );
                 // The review's warnings, so that nobody accepts from this summary unwarned.
                 let mut findings = smithers_patch::review_findings(
@@ -1024,9 +1026,9 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     &smithers_patch::host_hooks_dirs(&root),
                 );
                 context::add_change_notes(&mut findings, &notes);
-                eprint!("{}", smithers_patch::render_findings(&findings, false));
+                say_raw!("{}", smithers_patch::render_findings(&findings, false));
                 for h in &hints {
-                    eprintln!("  {}", inert(h));
+                    say!("  {}", inert(h));
                 }
             }
             status_exit(&pending.status, termination.as_deref(), exit_code)
@@ -1067,39 +1069,39 @@ fn print_summary(
         (Some(t), _) => format!(" ({})", inert(t)),
         _ => String::new(),
     };
-    eprintln!("status   {}{how}", inert(status));
+    say!("status   {}{how}", inert(status));
     for line in not_held(enforcement) {
-        eprintln!("not held {line}");
+        say!("not held {line}");
     }
     for line in egress_lines(egress) {
-        eprintln!("{line}");
+        say!("{line}");
     }
     for line in log_lines(log) {
-        eprintln!("{line}");
+        say!("{line}");
     }
     match outputs {
         // The step's outputs as JSON, which leaves C1 and bidi characters raw: inert.
-        Some(o) => eprintln!("outputs  {}", inert(&o.to_string())),
-        None => eprintln!("outputs  -"),
+        Some(o) => say!("outputs  {}", inert(&o.to_string())),
+        None => say!("outputs  -"),
     }
-    eprintln!("bundle   {}", inert(&bundle_path.display().to_string()));
+    say!("bundle   {}", inert(&bundle_path.display().to_string()));
     if let Some(series) = commits {
-        eprintln!(
+        say!(
             "commits  {} on {} (accept adds them on top of {})",
             series.commits.len(),
             inert(series.branch.as_deref().unwrap_or("a detached HEAD")),
             &series.base[..12.min(series.base.len())]
         );
         for c in &series.commits {
-            eprintln!("  {} {}", &c.oid[..12.min(c.oid.len())], inert(&c.subject));
+            say!("  {} {}", &c.oid[..12.min(c.oid.len())], inert(&c.subject));
         }
     }
     if changes.is_empty() {
-        eprintln!("patches  none");
+        say!("patches  none");
     } else {
-        eprintln!("patches");
+        say!("patches");
         for line in context::stat_lines(changes) {
-            eprintln!("  {line}");
+            say!("  {line}");
         }
     }
 }

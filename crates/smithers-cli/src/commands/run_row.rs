@@ -2,6 +2,7 @@
 //! run table, so that its tools (`smithers ps`, `inspect`) list our runs beside the workflows'.
 //! See `smithers_store::CliRunStart` for which rows are ours.
 
+use crate::output::say;
 use std::path::Path;
 
 use serde_json::json;
@@ -35,7 +36,7 @@ pub(super) fn begin(
         config_json: Some(json!({ "runtime": runtime, "sandboxId": sandbox_id }).to_string()),
     };
     if let Err(e) = ctx.store().begin_cli_run(&start) {
-        eprintln!(
+        say!(
             "warning: the run's _smithers_runs row was not written: {}",
             inert(&e.to_string())
         );
@@ -60,7 +61,7 @@ pub(super) fn settle(
         .store()
         .settle_cli_run(run_id, status, now_ms(), error.as_deref())
     {
-        eprintln!(
+        say!(
             "warning: the run's _smithers_runs row was not updated: {}",
             inert(&e.to_string())
         );

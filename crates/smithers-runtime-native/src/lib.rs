@@ -1134,14 +1134,18 @@ fn create_on_disk(
     match std::fs::create_dir(&state_dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            return Err(RuntimeError::OutOfOrder {
-                verb: "create",
-                reason: format!(
-                    "sandbox {} already exists (state at {}); clean it up first",
-                    config.entity_id(),
-                    state_dir.display()
-                ),
-            })
+            if !take_over_leftover(config, caps, &state_dir)? {
+                return Err(RuntimeError::OutOfOrder {
+                    verb: "create",
+                    reason: format!(
+                        "sandbox {} already exists (state at {}); clean it up first",
+                        config.entity_id(),
+                        state_dir.display()
+                    ),
+                });
+            }
+            std::fs::create_dir(&state_dir)
+                .map_err(|e| RuntimeError::io("create state directory", &state_dir, e))?;
         }
         Err(e) => return Err(RuntimeError::io("create state directory", &state_dir, e)),
     }
@@ -1173,6 +1177,59 @@ fn create_on_disk(
         backend: serde_json::to_value(&backend).unwrap_or_default(),
     };
     Ok((handle, warm))
+}
+
+/// A sandbox of these ids that a process left when it died between making it and storing
+/// its handle (its row then holds nothing to clean up with, so recovery cannot): cleaned up
+/// here as its own cleanup would, through the same confinement (the record's cgroups under
+/// our parents, the request directory of the record's project through no link, a kept layer
+/// moved into that project), so that the ids can be used again. Only when its cleanup record
+/// names an owner that is not running any more; a sandbox without a record, our own, or
+/// another live process's is left alone (`false`: create refuses, as before).
+fn take_over_leftover(
+    config: &SandboxConfig,
+    caps: &HostCaps,
+    state_dir: &Path,
+) -> Result<bool, RuntimeError> {
+    let Some(record) = owned::read_record(state_dir)? else {
+        return Ok(false);
+    };
+    if !record.owner_is_gone() {
+        return Ok(false);
+    }
+    let name = NativeRuntime::dir_name(config);
+    let layer_dir = caps.layer_root.join(&name);
+    let flat_upper = caps.layer_root.join(format!("{name}.upper"));
+    let layer_exists = std::fs::symlink_metadata(&layer_dir).is_ok();
+    let backend = Backend {
+        state_dir: state_dir.to_path_buf(),
+        root_dir: record.root_dir.clone(),
+        layer_tmpfs: is_mount_point(&state_dir.join("layer")),
+        layer_dir: layer_exists.then(|| layer_dir.clone()),
+        flat_layer: std::fs::symlink_metadata(&flat_upper).is_ok()
+            || (layer_exists && std::fs::symlink_metadata(layer_dir.join("upper")).is_err()),
+        cgroups: record.cgroups.clone(),
+        workspace: WorkspaceState::Overlay,
+    };
+    let sandbox_root = record
+        .root_dir
+        .join(".smithers")
+        .join("sandboxes")
+        .join(&config.run_id)
+        .join(&config.sandbox_id);
+    let handle = SandboxHandle {
+        runtime: RuntimeKind::Bubblewrap,
+        run_id: config.run_id.clone(),
+        sandbox_id: config.sandbox_id.clone(),
+        request_path: sandbox_root.join("request"),
+        result_path: sandbox_root.join("result"),
+        sandbox_root,
+        container_id: None,
+        workspace_id: None,
+        backend: serde_json::to_value(&backend).unwrap_or_default(),
+    };
+    cleanup_confined(&handle, &backend, caps)?;
+    Ok(true)
 }
 
 /// The sandbox's directories, cgroups and config; with a warm sandbox, its cgroups (given the

@@ -70,6 +70,16 @@ impl CleanupRecord {
         }
     }
 
+    /// The owner is not running any more: another boot, or no process with its pid and start
+    /// time (never this process).
+    pub(crate) fn owner_is_gone(&self) -> bool {
+        let me = std::process::id();
+        if self.owner_pid == me && process_start(me) == Some(self.owner_start) {
+            return false;
+        }
+        !self.owned_by_another_live_process()
+    }
+
     /// The owner is another process still running (same boot, same pid and start time).
     fn owned_by_another_live_process(&self) -> bool {
         let me = std::process::id();
@@ -185,7 +195,7 @@ pub(crate) fn confine(
 
 /// The record, read without following a link and size-capped; `None` when the state
 /// directory or the record is gone (then nothing recorded may be killed).
-fn read_record(state_dir: &Path) -> Result<Option<CleanupRecord>, RuntimeError> {
+pub(crate) fn read_record(state_dir: &Path) -> Result<Option<CleanupRecord>, RuntimeError> {
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     match std::fs::symlink_metadata(state_dir) {

@@ -428,6 +428,71 @@ async fn the_workspace_overlay_is_never_synced() {
     sb.done().await;
 }
 
+/// A sandbox left by a process that died before its handle was stored (simulated: its
+/// cleanup record names an owner that is not running) does not block its ids: the next create
+/// of the same ids cleans it up (the step's layer with what it wrote, its cgroups) and makes
+/// the sandbox anew. A sandbox whose owner runs (here, this process) still blocks them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_owners_leftover_is_taken_over_by_a_create_of_its_ids() {
+    let rt = shared();
+    if !usable(&rt).await {
+        return;
+    }
+    let sb = Sandbox::new(rt.clone(), Controls::default()).await;
+    let (outcome, _) = sb.run("echo left > left-behind.txt").await;
+    assert_eq!(outcome.exit_code, Some(0));
+    let left = sb.upper().join("left-behind.txt");
+    assert!(left.exists());
+    let config = SandboxConfig {
+        run_id: sb.handle.run_id.clone(),
+        sandbox_id: sb.handle.sandbox_id.clone(),
+        runtime: RuntimeKind::Bubblewrap,
+        root_dir: sb.project.path().to_path_buf(),
+        image: None,
+        controls: Controls::default(),
+    };
+    let err = rt.create(&config).await.unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+
+    let state_dir = PathBuf::from(sb.handle.backend["stateDir"].as_str().unwrap());
+    let record_path = state_dir.join("cleanup.json");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
+    // No process of this boot started at tick 1 with this pid: the owner is gone.
+    record["ownerStart"] = json!(1);
+    std::fs::write(&record_path, serde_json::to_vec(&record).unwrap()).unwrap();
+    let cgroups: Vec<PathBuf> = record["cgroups"]["dirs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| PathBuf::from(d["path"].as_str().unwrap()))
+        .collect();
+
+    let handle = rt
+        .create(&config)
+        .await
+        .expect("the leftover is taken over");
+    assert!(!left.exists(), "the leftover's layer was removed");
+    for dir in &cgroups {
+        // Made anew for the new sandbox when its name is the same: then empty and fresh.
+        assert!(
+            !dir.join("cgroup.procs").exists()
+                || std::fs::read_to_string(dir.join("cgroup.procs"))
+                    .unwrap()
+                    .trim()
+                    .is_empty(),
+            "{}",
+            dir.display()
+        );
+    }
+    let fresh: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
+    assert_eq!(fresh["ownerPid"], json!(std::process::id()));
+    assert_ne!(fresh["ownerStart"], json!(1));
+    rt.cleanup(&handle).await.expect("cleanup");
+    assert!(!state_dir.exists());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn system_is_read_only_and_secrets_invisible() {
     let rt = shared();

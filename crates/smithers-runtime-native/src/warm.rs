@@ -157,14 +157,7 @@ impl PreForked {
 
 /// Waits for our child `pid` to end and reaps it.
 fn reap(pid: libc::pid_t) {
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid on our own child with a valid status pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            break;
-        }
-    }
+    let _ = smithers_sandbox_init::sys::wait_child(pid, 0);
     crate::cgroup::forget_companion(pid as u32);
 }
 

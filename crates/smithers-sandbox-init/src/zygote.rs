@@ -152,11 +152,28 @@ pub fn fork_here(fds: &[RawFd; 3]) -> std::io::Result<libc::pid_t> {
     if pid > 0 {
         return Ok(pid);
     }
+    become_init(fds, Inherited::CallersMemory, crate::run_sandbox)
+}
+
+/// What a freshly forked init inherited beyond its descriptors.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Inherited {
+    /// The zygote's: executed with an empty environment and a command line of its own.
+    ZygotesImage,
+    /// Its caller's ([`fork_here`]): the caller's environment and command line.
+    CallersMemory,
+}
+
+/// In a child just forked to be an init, by the zygote or by [`fork_here`]: installs `fds`
+/// (control socket, stdout, stderr) as 0-2 and runs the init's sandbox mode, never
+/// returning. What else it does depends on what it inherited (see [`Inherited`]).
+fn become_init(fds: &[RawFd; 3], inherited: Inherited, run_sandbox: fn() -> i32) -> ! {
     // SAFETY: in the child, single-threaded. The descriptors are first moved above 2 (one of
     // them could itself be 0, 1 or 2 in a process started with those closed), then installed
-    // as 0-2; everything else the parent had is dropped (best effort, Linux 5.9, as in the
-    // zygote), as is the environment; SIGCHLD is the default (P0 waits for P1). The name
-    // says what the process is in `ps` (its command line is the caller's).
+    // as 0-2; everything else the parent had is dropped (best effort, Linux 5.9: a sandbox's
+    // P1 marks every descriptor but 0-2 close-on-exec anyway); SIGCHLD is the default (P0
+    // waits for P1; the zygote ignores it). A caller's environment goes, and the name says
+    // what the process is in `ps` (its command line is the caller's until scrubbed below).
     unsafe {
         let mut moved = [0 as libc::c_int; 3];
         for (i, fd) in fds.iter().enumerate() {
@@ -171,22 +188,27 @@ pub fn fork_here(fds: &[RawFd; 3]) -> std::io::Result<libc::pid_t> {
             }
         }
         libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-        if libc::signal(libc::SIGCHLD, libc::SIG_DFL) == libc::SIG_ERR || libc::clearenv() != 0 {
+        if libc::signal(libc::SIGCHLD, libc::SIG_DFL) == libc::SIG_ERR {
             libc::_exit(127);
         }
-        libc::prctl(
-            libc::PR_SET_NAME,
-            c"smithers-init".as_ptr() as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
+        if inherited == Inherited::CallersMemory {
+            if libc::clearenv() != 0 {
+                libc::_exit(127);
+            }
+            libc::prctl(
+                libc::PR_SET_NAME,
+                c"smithers-init".as_ptr() as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+        }
     }
-    if scrub_inherited_strings().is_err() {
+    if inherited == Inherited::CallersMemory && scrub_inherited_strings().is_err() {
         // SAFETY: _exit is always safe; the child must not return into the caller's frames.
         unsafe { libc::_exit(127) };
     }
-    crate::sys::child_exit(crate::run_sandbox)
+    crate::sys::child_exit(run_sandbox)
 }
 
 /// In a child forked by [`fork_here`]: zeroes this process's copy of the caller's command
@@ -255,22 +277,10 @@ pub fn serve(run_sandbox: fn() -> i32) -> i32 {
             // SAFETY: the zygote is single-threaded, so the child may run arbitrary code.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
-                // SAFETY: in the child: restore SIGCHLD (P0 waits for P1), install the three
-                // descriptors as 0-2, drop everything else the zygote had (its socket among
-                // them), then run the init as if freshly executed.
-                unsafe {
-                    if libc::signal(libc::SIGCHLD, libc::SIG_DFL) == libc::SIG_ERR {
-                        libc::_exit(127);
-                    }
-                    for (target, fd) in fds.iter().enumerate() {
-                        if libc::dup2(fd.as_raw_fd(), target as libc::c_int) < 0 {
-                            libc::_exit(127);
-                        }
-                    }
-                    // Best effort, as above.
-                    libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                }
-                crate::sys::child_exit(run_sandbox);
+                // The three descriptors as 0-2, everything else the zygote had (its socket
+                // among them) dropped, then the init as if freshly executed.
+                let raw = [fds[0].as_raw_fd(), fds[1].as_raw_fd(), fds[2].as_raw_fd()];
+                become_init(&raw, Inherited::ZygotesImage, run_sandbox);
             }
             if pid < 0 {
                 -std::io::Error::last_os_error()

@@ -1119,13 +1119,7 @@ fn create_on_disk(
             })
         }
     }
-    let sandbox_root = root_dir
-        .join(".smithers")
-        .join("sandboxes")
-        .join(&config.run_id)
-        .join(&config.sandbox_id);
-    let request_path = sandbox_root.join("request");
-    let result_path = sandbox_root.join("result");
+    let (sandbox_root, request_path, result_path) = project_dirs(root_dir, config);
 
     std::fs::create_dir_all(&caps.state_root)
         .map_err(io_err("create state directory", &caps.state_root))?;
@@ -1179,6 +1173,19 @@ fn create_on_disk(
     Ok((handle, warm))
 }
 
+/// A sandbox's directories in its project: its root
+/// (`<root>/.smithers/sandboxes/<runId>/<sandboxId>`), the request and the result directories.
+fn project_dirs(root_dir: &Path, config: &SandboxConfig) -> (PathBuf, PathBuf, PathBuf) {
+    let sandbox_root = root_dir
+        .join(".smithers")
+        .join("sandboxes")
+        .join(&config.run_id)
+        .join(&config.sandbox_id);
+    let request = sandbox_root.join("request");
+    let result = sandbox_root.join("result");
+    (sandbox_root, request, result)
+}
+
 /// A sandbox of these ids that a process left when it died between making it and storing
 /// its handle (its row then holds nothing to clean up with, so recovery cannot): cleaned up
 /// here as its own cleanup would, through the same confinement (the record's cgroups under
@@ -1211,19 +1218,14 @@ fn take_over_leftover(
         cgroups: record.cgroups.clone(),
         workspace: WorkspaceState::Overlay,
     };
-    let sandbox_root = record
-        .root_dir
-        .join(".smithers")
-        .join("sandboxes")
-        .join(&config.run_id)
-        .join(&config.sandbox_id);
+    let (sandbox_root, request_path, result_path) = project_dirs(&record.root_dir, config);
     let handle = SandboxHandle {
         runtime: RuntimeKind::Bubblewrap,
         run_id: config.run_id.clone(),
         sandbox_id: config.sandbox_id.clone(),
-        request_path: sandbox_root.join("request"),
-        result_path: sandbox_root.join("result"),
         sandbox_root,
+        request_path,
+        result_path,
         container_id: None,
         workspace_id: None,
         backend: serde_json::to_value(&backend).unwrap_or_default(),

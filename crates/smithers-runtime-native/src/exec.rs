@@ -809,27 +809,36 @@ pub(crate) async fn execute(
             .then_some(rest)
     });
     let warm_for = warm.as_ref().map(|w| w.since.elapsed());
-    let (mut ours, spawned, sent) = match (warm, warm_rest) {
+    // The warm init is sent the rest of the plan. It may have died since its claim (killed,
+    // or the OOM killer): the write then fails (its socket's peer is gone) and a cold init
+    // serves the step instead, as if there had been no warm one.
+    let warmed = match (warm, warm_rest) {
         (Some(w), Some(rest)) => {
+            use std::io::Write;
             let mut step = plan.clone();
             step.mounts = rest;
-            (w.control, ForkedInit::into_spawned(w.init)?, Some(step))
+            let mut control = w.control;
+            match control.write_all(&json_line(&step)?) {
+                Ok(()) => Some((control, ForkedInit::into_spawned(w.init)?)),
+                Err(_) => None,
+            }
         }
-        (not_used, _) => {
-            drop(not_used);
-            let (ours, spawned) = match cold.take() {
+        _ => None,
+    };
+    let warm_for = warm_for.filter(|_| warmed.is_some());
+    let (ours, spawned) = match warmed {
+        Some(warm) => warm,
+        None => {
+            let (mut ours, spawned) = match cold.take() {
                 Some(c) => c,
                 None => start_cold(zygote, init, &prelude_line).await?,
             };
-            (ours, spawned, None)
+            use std::io::Write;
+            ours.write_all(&json_line(&plan)?)
+                .map_err(|e| spawn_err(format!("sending the plan: {e}")))?;
+            (ours, spawned)
         }
     };
-    let warm_for = warm_for.filter(|_| sent.is_some());
-    {
-        use std::io::Write;
-        ours.write_all(&json_line(sent.as_ref().unwrap_or(&plan))?)
-            .map_err(|e| spawn_err(format!("sending the plan: {e}")))?;
-    }
     let init_pid = spawned.pid;
     let (stdout, stderr) = (spawned.stdout, spawned.stderr);
     ours.set_nonblocking(true).map_err(spawn_err)?;

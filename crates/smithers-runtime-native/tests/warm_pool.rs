@@ -80,6 +80,17 @@ impl Ran {
 }
 
 async fn run(rt: &NativeRuntime, root: &Path, controls: Controls, script: &str) -> Ran {
+    run_created(rt, root, controls, script, || {}).await
+}
+
+/// [`run`], calling `between` after the sandbox's create and before its execute.
+async fn run_created(
+    rt: &NativeRuntime,
+    root: &Path,
+    controls: Controls,
+    script: &str,
+    between: impl FnOnce(),
+) -> Ran {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let config = SandboxConfig {
         run_id: format!("warm-{}", std::process::id()),
@@ -93,6 +104,7 @@ async fn run(rt: &NativeRuntime, root: &Path, controls: Controls, script: &str) 
         controls,
     };
     let handle = rt.create(&config).await.expect("create");
+    between();
     rt.ship(
         &handle,
         &RequestBundle {
@@ -336,6 +348,35 @@ async fn a_warm_sandbox_whose_init_died_is_never_claimed() {
     let root = project();
     let ran = run(&rt, root.path(), Controls::default(), "echo fine").await;
     assert_eq!(ran.outcome.exit_code, Some(0));
+    assert_eq!(ran.stdout, "fine\n");
+    assert!(!ran.warm(), "the dead one was not used: {:?}", ran.log);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_init_that_dies_after_its_claim_is_replaced_by_a_cold_one() {
+    let rt = runtime(1);
+    if !usable(&rt).await {
+        return;
+    }
+    warm_up(&rt).await;
+    let (pid, _) = rt.warm_status().unwrap().waiting[0].clone();
+    let root = project();
+    // Claimed by the create (it was alive then), killed before the execute sends it the plan.
+    let ran = run_created(&rt, root.path(), Controls::default(), "echo fine", || {
+        // SAFETY: kill with a pid of a process this test's runtime started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        for _ in 0..200 {
+            if !alive(pid) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!alive(pid), "the warm init {pid} died");
+        // Past the kernel's closing of its files, which follows the namespaces' release.
+        std::thread::sleep(Duration::from_millis(50));
+    })
+    .await;
+    assert_eq!(ran.outcome.exit_code, Some(0), "{:?}", ran.outcome);
     assert_eq!(ran.stdout, "fine\n");
     assert!(!ran.warm(), "the dead one was not used: {:?}", ran.log);
 }

@@ -226,6 +226,75 @@ async fn a_warm_sandbox_is_the_cold_one_the_same_plan_makes() {
     assert_eq!((status.ready, status.claimed), (1, 1), "{status:?}");
 }
 
+/// A project that is a git repository of one commit, made with fixed dates and names.
+fn git_project() -> tempfile::TempDir {
+    let dir = project();
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir.path())
+            .env("GIT_AUTHOR_DATE", "2026-01-01T00:00:00Z")
+            .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z")
+            .output()
+            .expect("git");
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "-A"]);
+    git(&[
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@t",
+        "commit",
+        "-qm",
+        "first",
+    ]);
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_sandbox_for_a_git_project_is_the_cold_one() {
+    let warm_rt = runtime(1);
+    if !usable(&warm_rt).await {
+        return;
+    }
+    warm_up(&warm_rt).await;
+    let cold_rt = runtime(0);
+    let (a, b) = (git_project(), git_project());
+    // The step edits, commits through the sandbox's git layer, and edits again.
+    let step =
+        "export GIT_AUTHOR_DATE=2026-01-02T00:00:00Z GIT_COMMITTER_DATE=2026-01-02T00:00:00Z; \
+                echo c >> README && git add README && \
+                git -c user.name=s -c user.email=s@s commit -qm second && \
+                echo new > added && git log --format=%s | tr '\\n' ' '";
+    let warm = run(&warm_rt, a.path(), Controls::default(), step).await;
+    let cold = run(&cold_rt, b.path(), Controls::default(), step).await;
+    assert!(
+        warm.warm(),
+        "the step claimed the warm sandbox: {:?}",
+        warm.log
+    );
+    assert!(!cold.warm());
+    assert_eq!(
+        warm.outcome.exit_code,
+        Some(0),
+        "{:?} {}",
+        warm.outcome,
+        warm.stdout
+    );
+    assert_eq!(warm.stdout, "second first \n");
+    assert_eq!(warm.stdout, cold.stdout);
+    assert_eq!(warm.patches, cold.patches, "identical patches");
+    assert_eq!(warm.patches.len(), 2, "{:?}", warm.patches);
+    // The host's repository and tree are untouched.
+    assert_eq!(
+        std::fs::read_to_string(a.path().join("README")).unwrap(),
+        "a\nb\n"
+    );
+    assert!(!a.path().join("added").exists());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_warm_sandbox_takes_the_steps_limits() {
     let rt = runtime(1);

@@ -811,16 +811,20 @@ pub(crate) async fn execute(
     let warm_for = warm.as_ref().map(|w| w.since.elapsed());
     // The warm init is sent the rest of the plan. It may have died since its claim (killed,
     // or the OOM killer): the write then fails (its socket's peer is gone) and a cold init
-    // serves the step instead, as if there had been no warm one.
+    // serves the step instead, which the bundle's log names (`warmStartLost`).
+    use std::io::Write as _;
+    let mut warm_lost = None;
     let warmed = match (warm, warm_rest) {
         (Some(w), Some(rest)) => {
-            use std::io::Write;
             let mut step = plan.clone();
             step.mounts = rest;
             let mut control = w.control;
             match control.write_all(&json_line(&step)?) {
                 Ok(()) => Some((control, ForkedInit::into_spawned(w.init)?)),
-                Err(_) => None,
+                Err(e) => {
+                    warm_lost = Some(e.to_string());
+                    None
+                }
             }
         }
         _ => None,
@@ -833,7 +837,6 @@ pub(crate) async fn execute(
                 Some(c) => c,
                 None => start_cold(zygote, init, &prelude_line).await?,
             };
-            use std::io::Write;
             ours.write_all(&json_line(&plan)?)
                 .map_err(|e| spawn_err(format!("sending the plan: {e}")))?;
             (ours, spawned)
@@ -1102,6 +1105,16 @@ pub(crate) async fn execute(
         lines.insert(
             0,
             json!({"type": "warmStart", "timestampMs": now_ms(), "preparedMsBefore": waited.as_millis() as u64})
+                .to_string(),
+        );
+    }
+    if let Some(reason) = warm_lost {
+        let message = format!(
+            "the claimed warm sandbox's init was gone when the step's plan was sent ({reason}); a cold one served the step"
+        );
+        lines.insert(
+            0,
+            json!({"type": "warmStartLost", "timestampMs": now_ms(), "reason": message})
                 .to_string(),
         );
     }

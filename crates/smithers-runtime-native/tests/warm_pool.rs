@@ -44,6 +44,17 @@ async fn usable(rt: &NativeRuntime) -> bool {
     missing.is_empty() || skip_or_fail(&format!("native sandboxes unavailable: {missing:?}"))
 }
 
+/// A runtime whose pool of `size` warm sandboxes is full; `None` (after a `SKIP` line) where
+/// native sandboxes are unavailable.
+async fn warm_runtime(size: usize) -> Option<NativeRuntime> {
+    let rt = runtime(size);
+    if !usable(&rt).await {
+        return None;
+    }
+    warm_up(&rt).await;
+    Some(rt)
+}
+
 /// Fills the pool, failing the test if it cannot.
 async fn warm_up(rt: &NativeRuntime) {
     let status = rt
@@ -80,16 +91,16 @@ impl Ran {
 }
 
 async fn run(rt: &NativeRuntime, root: &Path, controls: Controls, script: &str) -> Ran {
-    run_created(rt, root, controls, script, || {}).await
+    run_created(rt, root, controls, script, async {}).await
 }
 
-/// [`run`], calling `between` after the sandbox's create and before its execute.
+/// [`run`], awaiting `between` after the sandbox's create and before its execute.
 async fn run_created(
     rt: &NativeRuntime,
     root: &Path,
     controls: Controls,
     script: &str,
-    between: impl FnOnce(),
+    between: impl std::future::Future<Output = ()>,
 ) -> Ran {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let config = SandboxConfig {
@@ -104,7 +115,7 @@ async fn run_created(
         controls,
     };
     let handle = rt.create(&config).await.expect("create");
-    between();
+    between.await;
     rt.ship(
         &handle,
         &RequestBundle {
@@ -186,11 +197,9 @@ echo done
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_sandbox_is_the_cold_one_the_same_plan_makes() {
-    let warm_rt = runtime(1);
-    if !usable(&warm_rt).await {
+    let Some(warm_rt) = warm_runtime(1).await else {
         return;
-    }
-    warm_up(&warm_rt).await;
+    };
     let cold_rt = runtime(0);
     let (a, b) = (project(), project());
     let warm = run(&warm_rt, a.path(), Controls::default(), PROBE_STEP).await;
@@ -255,11 +264,9 @@ fn git_project() -> tempfile::TempDir {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_sandbox_for_a_git_project_is_the_cold_one() {
-    let warm_rt = runtime(1);
-    if !usable(&warm_rt).await {
+    let Some(warm_rt) = warm_runtime(1).await else {
         return;
-    }
-    warm_up(&warm_rt).await;
+    };
     let cold_rt = runtime(0);
     let (a, b) = (git_project(), git_project());
     // The step edits, commits through the sandbox's git layer, and edits again.
@@ -351,11 +358,9 @@ async fn a_claimed_warm_sandbox_takes_the_steps_limits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_a_warm_sandbox_cannot_serve_starts_cold() {
-    let rt = runtime(1);
-    if !usable(&rt).await {
+    let Some(rt) = warm_runtime(1).await else {
         return;
-    }
-    warm_up(&rt).await;
+    };
     let root = project();
     let volume = tempfile::tempdir().unwrap();
     std::fs::write(volume.path().join("v.txt"), "volume\n").unwrap();
@@ -392,6 +397,13 @@ fn alive(pid: i32) -> bool {
     std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok()
 }
 
+/// SIGKILLs a warm init this test's runtime started and waits (bounded) until it is gone.
+async fn kill_and_wait(pid: i32) {
+    // SAFETY: kill with a pid of a process this test's runtime started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(gone(pid).await, "the warm init {pid} died");
+}
+
 async fn gone(pid: i32) -> bool {
     for _ in 0..200 {
         if !alive(pid) {
@@ -404,16 +416,12 @@ async fn gone(pid: i32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_sandbox_whose_init_died_is_never_claimed() {
-    let rt = runtime(1);
-    if !usable(&rt).await {
+    let Some(rt) = warm_runtime(1).await else {
         return;
-    }
-    warm_up(&rt).await;
+    };
     let status = rt.warm_status().unwrap();
     let (pid, _) = status.waiting[0].clone();
-    // SAFETY: kill with a pid of a process this test's runtime started.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    assert!(gone(pid).await, "the warm init {pid} died");
+    kill_and_wait(pid).await;
     let root = project();
     let ran = run(&rt, root.path(), Controls::default(), "echo fine").await;
     assert_eq!(ran.outcome.exit_code, Some(0));
@@ -423,40 +431,36 @@ async fn a_warm_sandbox_whose_init_died_is_never_claimed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_init_that_dies_after_its_claim_is_replaced_by_a_cold_one() {
-    let rt = runtime(1);
-    if !usable(&rt).await {
+    let Some(rt) = warm_runtime(1).await else {
         return;
-    }
-    warm_up(&rt).await;
+    };
     let (pid, _) = rt.warm_status().unwrap().waiting[0].clone();
     let root = project();
     // Claimed by the create (it was alive then), killed before the execute sends it the plan.
-    let ran = run_created(&rt, root.path(), Controls::default(), "echo fine", || {
-        // SAFETY: kill with a pid of a process this test's runtime started.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        for _ in 0..200 {
-            if !alive(pid) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(!alive(pid), "the warm init {pid} died");
+    let ran = run_created(&rt, root.path(), Controls::default(), "echo fine", async {
+        kill_and_wait(pid).await;
         // Past the kernel's closing of its files, which follows the namespaces' release.
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     })
     .await;
     assert_eq!(ran.outcome.exit_code, Some(0), "{:?}", ran.outcome);
     assert_eq!(ran.stdout, "fine\n");
     assert!(!ran.warm(), "the dead one was not used: {:?}", ran.log);
+    assert!(
+        ran.log.iter().any(|r| r["type"] == "warmStartLost"
+            && r["reason"]
+                .as_str()
+                .is_some_and(|m| m.contains("a cold one served the step"))),
+        "the lost warm sandbox is named in the log: {:?}",
+        ran.log
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_runtime_ends_its_warm_sandboxes() {
-    let rt = runtime(2);
-    if !usable(&rt).await {
+    let Some(rt) = warm_runtime(2).await else {
         return;
-    }
-    warm_up(&rt).await;
+    };
     let waiting = rt.warm_status().unwrap().waiting;
     assert_eq!(waiting.len(), 2);
     // One claimed by a sandbox that is created and cleaned up without ever running.

@@ -632,6 +632,7 @@ pub fn compile(input: &PlanInput<'_>) -> InitPlan {
             search_path,
             stdin: input.stdin.then(|| p(paths::STDIN_FIFO)),
         },
+        exec_follows: false,
     }
 }
 

@@ -152,6 +152,11 @@ pub(crate) fn parse_plan(line: &[u8]) -> Result<InitPlan, String> {
     serde_json::from_slice(line).map_err(|e| format!("the plan is not valid: {e}"))
 }
 
+/// The command of a plan sent with [`crate::plan::InitPlan::exec_follows`].
+pub(crate) fn parse_exec(line: &[u8]) -> Result<crate::plan::ExecSpec, String> {
+    serde_json::from_slice(line).map_err(|e| format!("the command is not valid: {e}"))
+}
+
 pub(crate) fn parse_warm_plan(line: &[u8]) -> Result<WarmPlan, String> {
     serde_json::from_slice(line).map_err(|e| format!("the warm plan is not valid: {e}"))
 }

@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 
 use crate::cgroups::{await_cgroups, join_v1};
 use crate::control::{
-    parse_plan, read_step_line, report, report_error, report_plan_error, stage, StageResult,
+    parse_exec, parse_plan, read_step_line, report, report_error, report_plan_error, stage,
+    StageResult,
 };
 use crate::mounts::apply;
 use crate::network::enter_network_namespace;
@@ -28,6 +29,10 @@ pub(crate) fn pid1(
     if !enter(v1_tasks) {
         return 1;
     }
+    // Only a warm P1 reads a line after its plan (a cold one's fd 0 is P0's from here on).
+    if plan.exec_follows {
+        return report_plan_error("a cold sandbox's plan must hold its command".to_string());
+    }
     let ready = match setup(plan, netns, joined) {
         Ok(r) => r,
         Err((stage, err)) => {
@@ -35,7 +40,7 @@ pub(crate) fn pid1(
             return 1;
         }
     };
-    run_command(plan, ready)
+    run_command(plan, Some(ready))
 }
 
 /// P1's first steps, warm or not: dies with P0, joins the v1 cgroups. False (reported) when
@@ -57,8 +62,10 @@ fn enter(v1_tasks: &[libc::c_int]) -> bool {
 }
 
 /// P1 of a warm sandbox: builds what the [`WarmPlan`] holds of the root, reports `warm`,
-/// reads the step's plan from fd 0 (the next line; then closes `taken`, which gives fd 0
-/// back to P0), then goes on as [`pid1`] would with the rest of the mounts. Returns the exit
+/// reads the step's plan from fd 0 (the next line), then goes on as [`pid1`] would with the
+/// rest of the mounts. A plan with [`InitPlan::exec_follows`] (a sandbox armed at `create`)
+/// is set up whole, `ready` reported, and the command read from the line after. `taken` is
+/// closed once the last line of ours is read, which gives fd 0 back to P0. Returns the exit
 /// code of P1 itself.
 pub(crate) fn pid1_warm(
     warm: &WarmPlan,
@@ -79,12 +86,12 @@ pub(crate) fn pid1_warm(
         }
     };
     report(json!({"event": "warm"}));
-    let line = read_step_line();
-    drop(taken);
-    let plan = match line.and_then(|line| parse_plan(&line)) {
+    let mut plan = match read_step_line().and_then(|line| parse_plan(&line)) {
         Ok(plan) => plan,
         Err(message) => return report_plan_error(message),
     };
+    // Kept (open) only while a line of ours is still to come.
+    let taken = plan.exec_follows.then_some(taken);
     // The step's plan goes on from where the warm one stopped, on the same root: any other
     // root would leave the first half of its mounts undone.
     if plan.new_root != warm.new_root || plan.root != warm.root {
@@ -105,13 +112,27 @@ pub(crate) fn pid1_warm(
             return 1;
         }
     };
-    run_command(&plan, ready)
+    if plan.exec_follows {
+        // Set up and confined as the step will be (what follows needs only read, spawn and
+        // wait): `ready` now, while the runtime is still making the sandbox's other parts.
+        report(ready);
+        plan.exec = match read_step_line().and_then(|line| parse_exec(&line)) {
+            Ok(exec) => exec,
+            Err(message) => return report_plan_error(message),
+        };
+        drop(taken);
+        return run_command(&plan, None);
+    }
+    run_command(&plan, Some(ready))
 }
 
-/// P1 once set up: starts the command, reaps every process of the sandbox, reports the
-/// command's exit. Returns the exit code of P1 itself.
-fn run_command(plan: &InitPlan, ready: Value) -> i32 {
-    report(ready);
+/// P1 once set up: reports `ready` (unless already reported), starts the command, reaps
+/// every process of the sandbox, reports the command's exit. Returns the exit code of P1
+/// itself.
+fn run_command(plan: &InitPlan, ready: Option<Value>) -> i32 {
+    if let Some(ready) = ready {
+        report(ready);
+    }
     let pid = match PreparedExec::new(plan).and_then(|exec| exec.spawn()) {
         // posix_spawn returns once the command's exec succeeded: it runs from here on.
         Ok(pid) => {

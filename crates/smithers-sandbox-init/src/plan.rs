@@ -189,7 +189,7 @@ pub struct LandlockPlan {
 pub type BpfInstruction = (u16, u8, u8, u32);
 
 /// What the command is and how it starts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecSpec {
     pub argv: Vec<String>,
@@ -314,7 +314,13 @@ pub struct InitPlan {
     pub landlock: LandlockPlan,
     /// The seccomp program, installed after everything else (empty: none).
     pub seccomp: Vec<BpfInstruction>,
+    /// Empty when [`InitPlan::exec_follows`].
     pub exec: ExecSpec,
+    /// A warm sandbox armed when a step claims it (at `create`, before the command is
+    /// known): P1 sets the whole sandbox up (mounts, pivot, Landlock, seccomp), reports
+    /// `ready`, and only then reads the command, an [`ExecSpec`] on a line of its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exec_follows: bool,
 }
 
 /// The part of a sandbox a warm pool prepares before any step is known: what P1 builds of

@@ -247,6 +247,7 @@ mod tests {
                 search_path: "/usr/bin:/bin".into(),
                 stdin: None,
             },
+            exec_follows: false,
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 use smithers_runtime::{
     CancellationToken, ExecOutcome, OutputEvent, OutputSink, ResourceUsage, RuntimeError,
-    SandboxHandle, StepCommand, Termination,
+    StepCommand, Termination,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
@@ -493,6 +493,17 @@ fn clear_volatile_mark(work: &Path) -> Result<(), RuntimeError> {
     }
 }
 
+/// [`clear_volatile_mark`] of the workspace's layer (overlay) and of the git layer.
+fn clear_volatile_marks(layout: &HostLayout, git_work: Option<&Path>) -> Result<(), RuntimeError> {
+    if layout.workspace_copy.is_none() {
+        clear_volatile_mark(&layout.work)?;
+    }
+    if let Some(work) = git_work {
+        clear_volatile_mark(work)?;
+    }
+    Ok(())
+}
+
 /// A close-on-exec pipe: (read end, write end).
 pub(crate) fn output_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     use std::os::fd::FromRawFd;
@@ -549,12 +560,98 @@ async fn start_cold(
     Ok((ours, spawned))
 }
 
+/// Where the sandbox's parts are on the host, and what the project holds at its top.
+pub(crate) fn host_layout(
+    caps: &HostCaps,
+    backend: &Backend,
+    copy: Option<std::path::PathBuf>,
+) -> (HostLayout, WorkspaceFacts) {
+    let layout = HostLayout {
+        root_dir: backend.root_dir.clone(),
+        upper: backend.upper(),
+        work: backend.work(),
+        workspace_copy: copy,
+        new_root: backend.new_root(),
+        artifacts: backend.artifacts(),
+        out: backend.out(),
+        request: backend.request_dir(),
+        mask: crate::prepared_root::mask_dir(&caps.state_root),
+    };
+    let workspace = match &layout.workspace_copy {
+        None => WorkspaceFacts {
+            has_smithers_dir: backend.root_dir.join(".smithers").is_dir(),
+            has_git_dir: backend.root_dir.join(".git").is_dir(),
+        },
+        // The copy's stand-ins (see copy.rs): real directories only, never through a link.
+        Some(copy) => {
+            let dir = |name: &str| {
+                std::fs::symlink_metadata(copy.join(name)).is_ok_and(|m| m.is_dir())
+                    && std::fs::symlink_metadata(backend.root_dir.join(name))
+                        .is_ok_and(|m| m.is_dir())
+            };
+            WorkspaceFacts {
+                has_smithers_dir: dir(".smithers"),
+                has_git_dir: dir(".git"),
+            }
+        }
+    };
+    (layout, workspace)
+}
+
+/// The repository an overlay workspace's git layer is over: its common directory, and, for a
+/// project below its repository's top, that top and the project's path in it. `None` for a
+/// copy, or a project in no repository.
+pub(crate) fn git_repository(
+    backend: &Backend,
+    layout: &HostLayout,
+) -> Option<(std::path::PathBuf, Option<(std::path::PathBuf, String)>)> {
+    if layout.workspace_copy.is_some() {
+        return None;
+    }
+    let root = &backend.root_dir;
+    match smithers_git::worktree_dirs(root) {
+        Some((_, common)) => Some((common, None)),
+        None => smithers_git::enclosing_repository(root)
+            .map(|(top, rel)| (top.join(".git"), Some((top, rel)))),
+    }
+}
+
+/// The git layer of an overlay workspace, made (and its index prepared) here.
+///
+/// A git worktree (overlay mode): its repository's common directory becomes writable in the
+/// sandbox through a layer of its own, so the step can commit (collect reads the commits from
+/// that layer; the host's repository is written only on accept). The same for a project
+/// below its repository's top: the top's `.git` through a layer, the host's index copied
+/// there with the files outside the project marked skip-worktree, and the workspace shown
+/// again at the project's host path.
+pub(crate) fn git_layer(
+    backend: &Backend,
+    layout: &HostLayout,
+) -> Result<Option<plan::GitCommonLayer>, RuntimeError> {
+    let Some((common, below)) = git_repository(backend, layout) else {
+        return Ok(None);
+    };
+    let (upper, work) = (backend.git_common_upper(), backend.git_common_work());
+    for dir in [&upper, &work] {
+        std::fs::create_dir_all(dir).map_err(|e| RuntimeError::io("make the git layer", dir, e))?;
+    }
+    if let Some((top, rel)) = &below {
+        smithers_git::prepare_subdir_index(top, rel, &upper)
+            .map_err(|e| RuntimeError::spawn("prepare the step's git index", e))?;
+    }
+    Ok(Some(plan::GitCommonLayer {
+        common,
+        upper,
+        work,
+        workspace_at: below.map(|(top, rel)| top.join(rel)),
+    }))
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn execute(
     caps: &HostCaps,
     zygote: Option<&ZygoteSlot>,
     backend: &Backend,
-    handle: &SandboxHandle,
     command: &StepCommand,
     cancel: CancellationToken,
     sink: &dyn OutputSink,
@@ -571,7 +668,7 @@ pub(crate) async fn execute(
     let stored: StoredConfig = serde_json::from_slice(&config_bytes)
         .map_err(|e| RuntimeError::spawn("read the sandbox config", e))?;
     let controls = &stored.config.controls;
-    let request_file = handle.request_path.join(plan::REQUEST_FILE_NAME);
+    let request_file = backend.request_dir().join(plan::REQUEST_FILE_NAME);
     if !request_file.is_file() {
         return Err(RuntimeError::OutOfOrder {
             verb: "execute",
@@ -644,7 +741,7 @@ pub(crate) async fn execute(
             env
         }
     };
-    let denials_file = handle.request_path.join(crate::egress::DENIALS_FILE);
+    let denials_file = backend.request_dir().join(crate::egress::DENIALS_FILE);
 
     // A result from a previous execute must not be mistaken for this one's.
     let result_file = backend.out().join(plan::RESULT_FILE_NAME);
@@ -659,35 +756,7 @@ pub(crate) async fn execute(
             });
         }
     }
-    let layout = HostLayout {
-        root_dir: backend.root_dir.clone(),
-        upper: backend.upper(),
-        work: backend.work(),
-        workspace_copy: copy,
-        new_root: backend.new_root(),
-        artifacts: backend.artifacts(),
-        out: backend.out(),
-        request: handle.request_path.clone(),
-        mask: crate::prepared_root::mask_dir(&caps.state_root),
-    };
-    let workspace = match &layout.workspace_copy {
-        None => WorkspaceFacts {
-            has_smithers_dir: backend.root_dir.join(".smithers").is_dir(),
-            has_git_dir: backend.root_dir.join(".git").is_dir(),
-        },
-        // The copy's stand-ins (see copy.rs): real directories only, never through a link.
-        Some(copy) => {
-            let dir = |name: &str| {
-                std::fs::symlink_metadata(copy.join(name)).is_ok_and(|m| m.is_dir())
-                    && std::fs::symlink_metadata(backend.root_dir.join(name))
-                        .is_ok_and(|m| m.is_dir())
-            };
-            WorkspaceFacts {
-                has_smithers_dir: dir(".smithers"),
-                has_git_dir: dir(".git"),
-            }
-        }
-    };
+    let (layout, workspace) = host_layout(caps, backend, copy);
     // The prelude goes into the socket's buffer before the init exists, and the init is
     // started before the plan is compiled: the init's fork and its namespaces (~0.4 ms here)
     // overlap the plan's compilation (~0.1 ms), and P0 reads the plan only after its
@@ -696,6 +765,8 @@ pub(crate) async fn execute(
     let mut prelude = prelude(caps, backend, controls.allow_network);
     prelude.egress = egress_listen;
     let prelude_line = json_line(&prelude)?;
+    // An armed warm init has mounted the workspace over this sandbox's layers already.
+    let armed = warm.as_ref().is_some_and(|w| w.armed.is_some());
     // A warm init attached at create serves only the prelude a cold one would get (the
     // plan is compared below, once compiled); otherwise it is dropped, which ends it.
     let warm = warm.filter(|w| {
@@ -705,61 +776,28 @@ pub(crate) async fn execute(
     });
     let started = Instant::now();
     let mut cold = match warm {
+        // An armed init given up must be gone before a cold one joins its cgroups (below).
+        None if armed => None,
         Some(_) => None,
         None => Some(start_cold(zygote, init, &prelude_line).await?),
     };
     let tmp_bytes = controls.disk_limit_bytes.unwrap_or(plan::DEFAULT_TMP_BYTES);
     // The caller's stream as the command's stdin, through a FIFO in the request directory;
     // the feed stops when this function returns.
+    let request_dir = backend.request_dir();
     let _stdin_feed = match command.stdin.take() {
         Some(reader) => Some(
-            crate::stdin_feed::start(&handle.request_path, reader)
-                .map_err(|e| RuntimeError::io("make the stdin FIFO in", &handle.request_path, e))?,
+            crate::stdin_feed::start(&request_dir, reader)
+                .map_err(|e| RuntimeError::io("make the stdin FIFO in", &request_dir, e))?,
         ),
         None => None,
     };
-    // A git worktree (overlay mode): its repository's common directory becomes writable in
-    // the sandbox through a layer of its own, so the step can commit (collect reads the
-    // commits from that layer; the host's repository is written only on accept).
-    // The same for a project below its repository's top: the top's `.git` through a layer,
-    // the host's index copied there with the files outside the project marked
-    // skip-worktree, and the workspace shown again at the project's host path.
-    let git_common = if layout.workspace_copy.is_some() {
-        None
-    } else {
-        let root = &backend.root_dir;
-        let found = match smithers_git::worktree_dirs(root) {
-            Some((_, common)) => Some((common, None)),
-            None => smithers_git::enclosing_repository(root)
-                .map(|(top, rel)| (top.join(".git"), Some((top, rel)))),
-        };
-        match found {
-            Some((common, below)) => {
-                let (upper, work) = (backend.git_common_upper(), backend.git_common_work());
-                for dir in [&upper, &work] {
-                    std::fs::create_dir_all(dir)
-                        .map_err(|e| RuntimeError::io("make the git layer", dir, e))?;
-                }
-                if let Some((top, rel)) = &below {
-                    smithers_git::prepare_subdir_index(top, rel, &upper)
-                        .map_err(|e| RuntimeError::spawn("prepare the step's git index", e))?;
-                }
-                Some(plan::GitCommonLayer {
-                    common,
-                    upper,
-                    work,
-                    workspace_at: below.map(|(top, rel)| top.join(rel)),
-                })
-            }
-            None => None,
-        }
-    };
-    // A second execute mounts the overlays again over the same layers.
-    if layout.workspace_copy.is_none() {
-        clear_volatile_mark(&layout.work)?;
-    }
-    if let Some(git) = &git_common {
-        clear_volatile_mark(&git.work)?;
+    let git_common = git_layer(backend, &layout)?;
+    // A second execute mounts the overlays again over the same layers (an armed init's
+    // mounts are this execute's own: their marks are cleared only if it is given up).
+    let git_work = git_common.as_ref().map(|g| g.work.clone());
+    if !armed {
+        clear_volatile_marks(&layout, git_work.as_deref())?;
     }
     let mut plan = plan::compile(&PlanInput {
         stdin: _stdin_feed.is_some(),
@@ -809,27 +847,55 @@ pub(crate) async fn execute(
             .then_some(rest)
     });
     let warm_for = warm.as_ref().map(|w| w.since.elapsed());
-    // The warm init is sent the rest of the plan. It may have died since its claim (killed,
-    // or the OOM killer): the write then fails (its socket's peer is gone) and a cold init
+    // The warm init is sent the rest of the plan; an armed one, set up with exactly this
+    // plan's rest already, only the command. It may have died since its claim (killed, or
+    // the OOM killer): the write then fails (its socket's peer is gone) and a cold init
     // serves the step instead, which the bundle's log names (`warmStartLost`).
     use std::io::Write as _;
     let mut warm_lost = None;
+    let mut ready = None;
     let warmed = match (warm, warm_rest) {
         (Some(w), Some(rest)) => {
             let mut step = plan.clone();
             step.mounts = rest;
+            let line = match &w.armed {
+                None => Some(json_line(&step)?),
+                Some(armed) => {
+                    step.exec = Default::default();
+                    step.exec_follows = true;
+                    let same = json_line(&step)? == armed.line_for(backend).as_bytes();
+                    ready = Some(armed.ready.clone());
+                    same.then(|| json_line(&plan.exec)).transpose()?
+                }
+            };
             let mut control = w.control;
-            match control.write_all(&json_line(&step)?) {
-                Ok(()) => Some((control, ForkedInit::into_spawned(w.init)?)),
-                Err(e) => {
+            match line.map(|line| control.write_all(&line)) {
+                Some(Ok(())) => Some((control, ForkedInit::into_spawned(w.init)?)),
+                Some(Err(e)) => {
                     warm_lost = Some(e.to_string());
                     None
                 }
+                None => None,
             }
         }
         _ => None,
     };
+    if warmed.is_none() {
+        ready = None;
+    }
+    // An armed init given up (or lost) is ended, and its mounts' volatile marks cleared,
+    // before a cold one mounts the same layers.
+    if armed && warmed.is_none() {
+        let cgroups = backend.cgroups.clone();
+        crate::blocking("end the armed warm init", move || {
+            cgroups.kill_and_wait(KILL_GRACE);
+        })
+        .await?;
+        clear_volatile_marks(&layout, git_work.as_deref())?;
+    }
     let warm_for = warm_for.filter(|_| warmed.is_some());
+    let armed_served = armed && warmed.is_some();
+    let armed_given_up = armed && warmed.is_none() && warm_lost.is_none();
     let (ours, spawned) = match warmed {
         Some(warm) => warm,
         None => {
@@ -882,7 +948,8 @@ pub(crate) async fn execute(
     };
     let command_started = std::sync::OnceLock::new();
     let status_fut = async {
-        let mut events = Vec::new();
+        // An armed init's `ready`, which the pool's keeper read.
+        let mut events: Vec<Value> = ready.into_iter().collect();
         let mut engine = None;
         let mut reader = StatusReader::new(status_rd.as_ref());
         while let Some(line) = reader.next_line().await {
@@ -1104,7 +1171,14 @@ pub(crate) async fn execute(
     if let Some(waited) = warm_for {
         lines.insert(
             0,
-            json!({"type": "warmStart", "timestampMs": now_ms(), "preparedMsBefore": waited.as_millis() as u64})
+            json!({"type": "warmStart", "timestampMs": now_ms(), "preparedMsBefore": waited.as_millis() as u64, "armed": armed_served})
+                .to_string(),
+        );
+    }
+    if armed_given_up {
+        lines.insert(
+            0,
+            json!({"type": "warmStartGivenUp", "timestampMs": now_ms(), "reason": "the step's plan is not the one its armed warm sandbox was set up with (the project or the host changed since); a cold one served the step"})
                 .to_string(),
         );
     }
@@ -1164,7 +1238,7 @@ pub(crate) fn json_line(value: &impl serde::Serialize) -> Result<Vec<u8>, Runtim
 }
 
 /// The prelude of this sandbox's init (see [`plan::Prelude`]).
-fn prelude(caps: &HostCaps, backend: &Backend, allow_network: bool) -> plan::Prelude {
+pub(crate) fn prelude(caps: &HostCaps, backend: &Backend, allow_network: bool) -> plan::Prelude {
     plan::Prelude::new(
         caps.uid,
         caps.gid,

@@ -45,6 +45,7 @@
 //! recorded in the state directory's `cleanup.json`, and a sandbox whose recorded owner is
 //! another live process is left alone.
 
+mod armed;
 pub mod cgroup;
 mod collect;
 mod copy;
@@ -551,6 +552,15 @@ impl Backend {
     fn out(&self) -> PathBuf {
         self.capped_dir("out")
     }
+    /// The request directory the sandbox sees at `/run/smithers/request`: the runtime's own
+    /// copy of the handle's `request_path` (ship writes `request.json` to both), beside
+    /// `/result` and the output directory. Being the sandbox's and named by nothing of the
+    /// project, it can be bound before the sandbox's ids are known (an armed warm sandbox,
+    /// see warm.rs), and nothing in the project tree is ever bound into the sandbox but the
+    /// project itself.
+    fn request_dir(&self) -> PathBuf {
+        self.capped_dir("request")
+    }
     fn capped_dir(&self, name: &str) -> PathBuf {
         if self.layer_tmpfs {
             self.layer().join(name)
@@ -680,6 +690,7 @@ impl NativeRuntime {
                         caps,
                         self.zygote.clone(),
                         limits,
+                        self.defaults(),
                     )))
                 })
                 .clone(),
@@ -776,6 +787,9 @@ impl NativeRuntime {
             made: 0,
             claimed: 0,
             last_error: Some(reason),
+            armed: 0,
+            claimed_armed: 0,
+            last_arm_error: None,
             waiting: vec![],
         }
     }
@@ -1084,8 +1098,9 @@ impl NativeRuntime {
             .cloned();
         let (handle, warm) = blocking("create the sandbox", move || {
             let workspace = check_ownership(mode, workspace, &config.root_dir, &caps)?;
+            let key = armed::ArmKey::of(&config, &workspace);
             let warm = pool
-                .and_then(|pool| pool.claim())
+                .and_then(|pool| pool.claim(Some(&key)))
                 .or_else(|| prestarted.and_then(|pool| pool.claim_waiting(PRESTART_PATIENCE)));
             create_on_disk(&config, &caps, workspace, defaults, warm)
         })
@@ -1125,6 +1140,15 @@ fn create_on_disk(
         .map_err(io_err("create state directory", &caps.state_root))?;
     restrict_mode(&caps.state_root)?;
     let state_dir = caps.state_root.join(NativeRuntime::dir_name(config));
+    let warm = match warm {
+        Some(w) if w.armed.is_some() => {
+            match adopt_armed(config, caps, &workspace, defaults, w, &state_dir) {
+                Ok(adopted) => return Ok(adopted),
+                Err(()) => None,
+            }
+        }
+        other => other,
+    };
     match std::fs::create_dir(&state_dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -1171,6 +1195,71 @@ fn create_on_disk(
         backend: serde_json::to_value(&backend).unwrap_or_default(),
     };
     Ok((handle, warm))
+}
+
+/// Create with an armed warm sandbox (see [`armed`]): its directories renamed to this
+/// sandbox's, its cgroups (already at this configuration's limits) and its init the
+/// sandbox's. `Err(())` when its directories could not take this sandbox's names (a leftover
+/// of these ids is there, say): it is then given up, and create goes on without it.
+fn adopt_armed(
+    config: &SandboxConfig,
+    caps: &HostCaps,
+    workspace: &WorkspaceState,
+    defaults: Defaults,
+    warm: warm::WarmSandbox,
+    state_dir: &Path,
+) -> Result<(SandboxHandle, Option<warm::ClaimedWarm>), ()> {
+    let mut backend = Backend {
+        state_dir: state_dir.to_path_buf(),
+        root_dir: config.root_dir.clone(),
+        layer_tmpfs: false,
+        layer_dir: None,
+        flat_layer: false,
+        cgroups: warm.cgroups.clone(),
+        workspace: workspace.clone(),
+    };
+    let name = NativeRuntime::dir_name(config);
+    let adopted = place_layer(caps, &config.controls, &mut backend, &name).is_ok()
+        && warm
+            .armed
+            .as_ref()
+            .is_some_and(|armed| armed.adopt(&backend).is_ok());
+    if !adopted {
+        warm.discard();
+        return Err(());
+    }
+    let (claimed, _cgroups) = warm.claim();
+    let (sandbox_root, request_path, result_path) = project_dirs(&config.root_dir, config);
+    let limits = defaults.limits(caps, &config.controls);
+    let written = write_cleanup_record(config, &backend).and_then(|()| {
+        finish_on_disk(
+            config,
+            &backend,
+            &request_path,
+            limits.pids,
+            limits.memory_bytes,
+        )
+    });
+    let handle = SandboxHandle {
+        runtime: RuntimeKind::Bubblewrap,
+        run_id: config.run_id.clone(),
+        sandbox_id: config.sandbox_id.clone(),
+        sandbox_root,
+        request_path,
+        result_path,
+        container_id: None,
+        workspace_id: None,
+        backend: serde_json::to_value(&backend).unwrap_or_default(),
+    };
+    match written {
+        Ok(()) => Ok((handle, Some(claimed))),
+        // The sandbox is ours now: undone as a failed create is.
+        Err(_) => {
+            drop(claimed);
+            let _ = cleanup_backend(&backend, &[], None);
+            Err(())
+        }
+    }
 }
 
 /// A sandbox's directories in its project: its root
@@ -1234,6 +1323,54 @@ fn take_over_leftover(
     Ok(true)
 }
 
+/// Where the workspace layer of a sandbox whose directories are named `name` goes: on the
+/// disk-backed layer root, flat, when it has no disk limit and that root is not the state
+/// root (else in the state directory, the default of [`Backend::layer`]).
+fn place_layer(
+    caps: &HostCaps,
+    c: &smithers_runtime::Controls,
+    backend: &mut Backend,
+    name: &str,
+) -> Result<(), RuntimeError> {
+    if c.disk_limit_bytes.is_none() && caps.layer_root != caps.state_root {
+        std::fs::create_dir_all(&caps.layer_root)
+            .map_err(io_err("create layer directory", &caps.layer_root))?;
+        restrict_mode(&caps.layer_root)?;
+        backend.layer_dir = Some(caps.layer_root.join(name));
+        backend.flat_layer = true;
+    }
+    Ok(())
+}
+
+/// What a sandbox's layer holds, made once the layer is (and its tmpfs mounted): the overlay's
+/// upper and work directories (the copy of copy mode is made by ship), `/result`, the output
+/// and request directories; and the new root's mount point, shared by every sandbox.
+fn make_layer_subdirs(backend: &Backend) -> Result<(), RuntimeError> {
+    let layer = backend.layer();
+    let overlay_dirs = match backend.workspace {
+        // (A flat layer is the work directory itself.)
+        WorkspaceState::Overlay => [backend.upper(), backend.work()]
+            .into_iter()
+            .filter(|d| *d != layer)
+            .collect(),
+        WorkspaceState::Copy { .. } => vec![],
+    };
+    for dir in
+        overlay_dirs
+            .into_iter()
+            .chain([backend.artifacts(), backend.out(), backend.request_dir()])
+    {
+        std::fs::create_dir(&dir).map_err(io_err("create", &dir))?;
+    }
+    let new_root = backend.new_root();
+    match std::fs::create_dir(&new_root) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            Err(RuntimeError::io("create", &new_root, e))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The sandbox's directories, cgroups and config; with a warm sandbox, its cgroups (given the
 /// sandbox's limits) rather than new ones, and its init returned to stay attached.
 fn prepare(
@@ -1245,13 +1382,7 @@ fn prepare(
     warm: Option<warm::WarmSandbox>,
 ) -> Result<Option<warm::ClaimedWarm>, RuntimeError> {
     let c = &config.controls;
-    if c.disk_limit_bytes.is_none() && caps.layer_root != caps.state_root {
-        std::fs::create_dir_all(&caps.layer_root)
-            .map_err(io_err("create layer directory", &caps.layer_root))?;
-        restrict_mode(&caps.layer_root)?;
-        backend.layer_dir = Some(caps.layer_root.join(NativeRuntime::dir_name(config)));
-        backend.flat_layer = true;
-    }
+    place_layer(caps, c, backend, &NativeRuntime::dir_name(config))?;
     let limits = defaults.limits(caps, c);
     let (pids, memory) = (limits.pids, limits.memory_bytes);
     // A warm sandbox's cgroups take this one's limits (a memory limit below what its init
@@ -1278,11 +1409,7 @@ fn prepare(
     };
     // Before anything can join the cgroups: the one record cleanup from another process
     // trusts about what it may kill (the handle comes back from the project's database).
-    let record = owned::CleanupRecord::for_self(&config.root_dir, &backend.cgroups);
-    write_private(
-        &backend.state_dir.join(owned::CLEANUP_RECORD),
-        &serde_json::to_vec(&record).unwrap_or_default(),
-    )?;
+    write_cleanup_record(config, backend)?;
     let layer = backend.layer();
     std::fs::create_dir(&layer).map_err(io_err("create", &layer))?;
     if let Some(bytes) = c.disk_limit_bytes {
@@ -1297,28 +1424,29 @@ fn prepare(
         .map_err(|e| RuntimeError::spawn("mount the size-capped upper layer", e))?;
         backend.layer_tmpfs = true;
     }
-    // The copy (copy mode) is made by ship; overlay needs its upper and work directories.
-    let overlay_dirs = match backend.workspace {
-        // (A flat layer is the work directory: made above.)
-        WorkspaceState::Overlay => [backend.upper(), backend.work()]
-            .into_iter()
-            .filter(|d| *d != layer)
-            .collect(),
-        WorkspaceState::Copy { .. } => vec![],
-    };
-    for dir in overlay_dirs
-        .into_iter()
-        .chain([backend.artifacts(), backend.out()])
-    {
-        std::fs::create_dir(&dir).map_err(io_err("create", &dir))?;
-    }
-    let new_root = backend.new_root();
-    match std::fs::create_dir(&new_root) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-            return Err(RuntimeError::io("create", &new_root, e))
-        }
-        _ => {}
-    }
+    make_layer_subdirs(backend)?;
+    finish_on_disk(config, backend, request_path, pids, memory)?;
+    Ok(warm)
+}
+
+/// The record cleanup from another process trusts about what it may kill (see
+/// [`owned::CleanupRecord`]).
+fn write_cleanup_record(config: &SandboxConfig, backend: &Backend) -> Result<(), RuntimeError> {
+    let record = owned::CleanupRecord::for_self(&config.root_dir, &backend.cgroups);
+    write_private(
+        &backend.state_dir.join(owned::CLEANUP_RECORD),
+        &serde_json::to_vec(&record).unwrap_or_default(),
+    )
+}
+
+/// Create's last writes: the project's state and request directories, and the config.
+fn finish_on_disk(
+    config: &SandboxConfig,
+    backend: &Backend,
+    request_path: &Path,
+    pids: Option<u32>,
+    memory: Option<u64>,
+) -> Result<(), RuntimeError> {
     // The project's state directory, ignored by git when we make it.
     smithers_runtime::ensure_state_dir(&config.root_dir)
         .map_err(io_err("create", &config.root_dir.join(".smithers")))?;
@@ -1328,9 +1456,10 @@ fn prepare(
         effective_pids_limit: pids,
         effective_memory_limit: memory,
     };
-    let path = backend.config_file();
-    write_private(&path, &serde_json::to_vec(&stored).unwrap_or_default())?;
-    Ok(warm)
+    write_private(
+        &backend.config_file(),
+        &serde_json::to_vec(&stored).unwrap_or_default(),
+    )
 }
 
 /// Makes the workspace copy of copy mode (in a blocking task: it reads the whole project)
@@ -1730,6 +1859,11 @@ impl Runtime for NativeRuntime {
             .map_err(io_err("create", &handle.request_path))?;
         let path = handle.request_path.join(plan::REQUEST_FILE_NAME);
         write_private(&path, &bytes)?;
+        // The copy the sandbox reads (`Backend::request_dir`); made here too for a handle
+        // from before it existed.
+        let shown = backend.request_dir();
+        std::fs::create_dir_all(&shown).map_err(io_err("create", &shown))?;
+        write_private(&shown.join(plan::REQUEST_FILE_NAME), &bytes)?;
         // An overlay needs no shipping: its lower layer is the project itself. A copy is made
         // now (once: a second ship keeps the copy the step may already have changed). The
         // reported size stays the request's (the spec's bundleSizeBytes); what the copy cost
@@ -1764,7 +1898,7 @@ impl Runtime for NativeRuntime {
             }
         };
         exec::execute(
-            &caps, zygote, &backend, handle, command, cancel, output, warm, &started,
+            &caps, zygote, &backend, command, cancel, output, warm, &started,
         )
         .await
     }

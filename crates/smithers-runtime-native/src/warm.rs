@@ -22,6 +22,12 @@
 //! A keeper thread refills the pool to its size after every claim. Dropping the runtime
 //! closes every warm init's control socket, which makes its P0 kill P1, and removes their
 //! cgroups.
+//!
+//! When a pool's steps repeat one configuration (the same one claimed twice in a row: a
+//! workflow's steps on one project), the keeper also arms its sandboxes for it: the rest of
+//! the plan too is done ahead, up to the command (see [`crate::armed`]). A claim takes one
+//! armed for its configuration first, else one not armed; a claim of another configuration
+//! stops the arming, and the armed ones are discarded and replaced by plain ones.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -32,10 +38,11 @@ use std::time::{Duration, Instant};
 
 use smithers_runtime::SandboxConfig;
 
+use crate::armed::{self, ArmKey, Armed};
 use crate::cgroup::{CgroupLimits, SandboxCgroups};
 use crate::exec::{fork_from_zygote, json_line, output_pipe, ForkedInit, ZygoteSlot};
 use crate::plan::{self, HostLayout, PlanInput, Prelude, WarmPlan, WorkspaceFacts};
-use crate::{HostCaps, NativeRuntime};
+use crate::{Defaults, HostCaps, NativeRuntime};
 
 /// How long the keeper holds off after a claim, unless the claiming step's command starts
 /// sooner (see [`WarmPool::step_started`]): making the next warm sandbox takes a few
@@ -62,6 +69,8 @@ pub(crate) struct WarmSandbox {
     pub(crate) plan: WarmPlan,
     /// When it reported `warm`.
     pub(crate) since: Instant,
+    /// Set up whole for a configuration (see [`crate::armed`]).
+    pub(crate) armed: Option<Armed>,
 }
 
 /// A warm sandbox claimed by a sandbox at `create`, attached to it until its first
@@ -74,6 +83,8 @@ pub(crate) struct ClaimedWarm {
     pub(crate) prelude: Prelude,
     pub(crate) plan: WarmPlan,
     pub(crate) since: Instant,
+    /// Its directories are the sandbox's now (renamed at create).
+    pub(crate) armed: Option<Armed>,
 }
 
 impl WarmSandbox {
@@ -85,6 +96,7 @@ impl WarmSandbox {
             prelude: self.prelude,
             plan: self.plan,
             since: self.since,
+            armed: self.armed,
         };
         (claimed, self.cgroups)
     }
@@ -103,18 +115,22 @@ impl WarmSandbox {
     }
 
     /// Ends an unclaimed warm sandbox: its init is killed (the socket closes) and, once its
-    /// processes are gone, its cgroups removed.
+    /// processes are gone, its cgroups removed, and an armed one's directories.
     pub(crate) fn discard(self) {
         let WarmSandbox {
             control,
             init,
             cgroups,
+            armed,
             ..
         } = self;
         drop(control);
         drop(init);
         cgroups.kill_all();
         let _ = cgroups.remove(Duration::from_secs(2));
+        if let Some(armed) = armed {
+            armed.remove_dirs();
+        }
     }
 }
 
@@ -269,9 +285,10 @@ fn make(
             prelude: prelude.clone(),
             plan: plan.clone(),
             since: Instant::now(),
+            armed: None,
         };
-        match await_warm(&sandbox.control) {
-            Ok(()) => {
+        match await_report(&sandbox.control, "warm") {
+            Ok(_) => {
                 sandbox.since = Instant::now();
                 Ok(sandbox)
             }
@@ -287,8 +304,9 @@ fn make(
     })
 }
 
-/// Reads the init's reports up to its `warm` one (bounded in time and size).
-fn await_warm(control: &UnixStream) -> Result<(), String> {
+/// Reads the init's next report, which must be an `event` one (`warm`, or `ready` of an armed
+/// one), and the last it sent (bounded in time and size).
+pub(crate) fn await_report(control: &UnixStream, event: &str) -> Result<serde_json::Value, String> {
     let deadline = Instant::now() + WARM_TIMEOUT;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -298,7 +316,7 @@ fn await_warm(control: &UnixStream) -> Result<(), String> {
             let v: serde_json::Value = serde_json::from_slice(&line)
                 .map_err(|e| format!("the warm init sent what is not a report: {e}"))?;
             match v["event"].as_str() {
-                Some("warm") if buf.is_empty() => return Ok(()),
+                Some(e) if e == event && buf.is_empty() => return Ok(v),
                 Some("error") => {
                     return Err(format!(
                         "the warm init failed ({}): {}",
@@ -306,12 +324,12 @@ fn await_warm(control: &UnixStream) -> Result<(), String> {
                         v["message"].as_str().unwrap_or("unknown")
                     ))
                 }
-                _ => return Err(format!("the warm init reported {v} before it was warm")),
+                _ => return Err(format!("the warm init reported {v}, not {event}")),
             }
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() || buf.len() > 64 << 10 {
-            return Err("the warm init did not report within 10 s".to_string());
+            return Err(format!("the warm init did not report {event} within 10 s"));
         }
         control
             .set_read_timeout(Some(left))
@@ -320,7 +338,7 @@ fn await_warm(control: &UnixStream) -> Result<(), String> {
             .read(&mut chunk)
             .map_err(|e| format!("reading the warm init's report: {e}"))?;
         if n == 0 {
-            return Err("the warm init ended before it was warm".to_string());
+            return Err(format!("the warm init ended before it reported {event}"));
         }
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -344,6 +362,9 @@ struct Shared {
     /// Keep the pool at its size (`false`: make `size` sandboxes once, then stop; see
     /// [`WarmPool::start_once`]).
     refill: bool,
+    /// The runtime's default limits, for arming (see [`crate::armed`]); `None`: the pool
+    /// never arms.
+    arming: Option<Defaults>,
 }
 
 #[derive(Debug, Default)]
@@ -355,10 +376,22 @@ struct PoolState {
     /// Sandboxes made since the pool started, and how many were claimed.
     made: u64,
     claimed: u64,
+    /// Of those, how many were armed.
+    claimed_armed: u64,
     /// No refill before this (see [`HOLD_AFTER_CLAIM`]).
     hold_until: Option<Instant>,
     /// The keeper is making one now.
     making: bool,
+    /// The configuration of the last claim, and the one new sandboxes are armed for: the
+    /// last claim's when it was the one before's too (see [`crate::armed`]).
+    last_key: Option<ArmKey>,
+    template: Option<ArmKey>,
+    /// A configuration whose arming failed: not tried again while it is the template.
+    unarmable: Option<ArmKey>,
+    /// Why the last arming failed.
+    last_arm_error: Option<String>,
+    /// Armed sandboxes no claim will take any more, for the keeper to discard.
+    stale: Vec<WarmSandbox>,
 }
 
 /// What the pool holds, for `doctor`, tests and the bench.
@@ -369,6 +402,11 @@ pub struct WarmStatus {
     pub made: u64,
     pub claimed: u64,
     pub last_error: Option<String>,
+    /// How many of the ready ones are armed for a configuration, how many claims took an
+    /// armed one, and why the last arming failed.
+    pub armed: usize,
+    pub claimed_armed: u64,
+    pub last_arm_error: Option<String>,
     /// The waiting sandboxes: their init's (P0's) pid and their cgroup directories.
     pub waiting: Vec<(i32, Vec<std::path::PathBuf>)>,
 }
@@ -380,8 +418,15 @@ impl WarmPool {
         caps: Arc<HostCaps>,
         zygote: ZygoteSlot,
         limits: CgroupLimits,
+        defaults: Defaults,
     ) -> WarmPool {
-        Self::start_with(size, true, move || Ok((caps, limits)), zygote, None)
+        Self::start_with(
+            size,
+            Some(defaults),
+            move || Ok((caps, limits)),
+            zygote,
+            None,
+        )
     }
 
     /// A pool of one warm sandbox made at once and never refilled: for a process that runs
@@ -398,12 +443,13 @@ impl WarmPool {
         zygote: ZygoteSlot,
         preforked: Option<PreForked>,
     ) -> WarmPool {
-        Self::start_with(1, false, setup, zygote, preforked)
+        Self::start_with(1, None, setup, zygote, preforked)
     }
 
+    /// A pool that refills and arms with `arming`, or makes `size` once and never arms.
     fn start_with(
         size: usize,
-        refill: bool,
+        arming: Option<Defaults>,
         setup: impl FnOnce() -> Result<(Arc<HostCaps>, CgroupLimits), String> + Send + 'static,
         zygote: ZygoteSlot,
         preforked: Option<PreForked>,
@@ -416,7 +462,8 @@ impl WarmPool {
             }),
             changed: Condvar::new(),
             size,
-            refill,
+            refill: arming.is_some(),
+            arming,
         });
         let keeper = shared.clone();
         let spawned = std::thread::Builder::new()
@@ -453,24 +500,53 @@ impl WarmPool {
     pub(crate) fn claim_waiting(&self, patience: Duration) -> Option<WarmSandbox> {
         self.shared
             .wait_while(patience, |s| s.ready.is_empty() && s.making && !s.stop);
-        self.claim()
+        self.claim(None)
     }
 
-    /// A waiting warm sandbox, if the pool has one (the keeper then makes another).
-    pub(crate) fn claim(&self) -> Option<WarmSandbox> {
+    /// A waiting warm sandbox for a sandbox of `key`, if the pool has one (the keeper then
+    /// makes another): one armed for `key`, else one not armed. The claim also teaches the
+    /// pool what to arm for (see [`crate::armed`]).
+    pub(crate) fn claim(&self, key: Option<&ArmKey>) -> Option<WarmSandbox> {
         let mut dead = Vec::new();
         let found = {
             let mut state = self.shared.lock();
-            let mut found = None;
-            while let Some(sandbox) = state.ready.pop() {
-                if sandbox.waiting() {
-                    found = Some(sandbox);
-                    break;
+            let state = &mut *state;
+            if let (Some(key), Some(_)) = (key, self.shared.arming) {
+                if state.last_key.as_ref() == Some(key) {
+                    state.template = Some(key.clone());
+                } else if state.template.as_ref() != Some(key) {
+                    state.template = None;
                 }
-                dead.push(sandbox);
+                state.last_key = Some(key.clone());
             }
-            if found.is_some() {
+            let mut i = 0;
+            while i < state.ready.len() {
+                let sandbox = &state.ready[i];
+                let stale = sandbox.armed.as_ref().is_some_and(|a| {
+                    state.template.as_ref().is_none_or(|t| !a.armed_for(t))
+                        || key.is_some_and(|k| a.armed_for(k) && !a.serves(k))
+                });
+                if !sandbox.waiting() {
+                    dead.push(state.ready.swap_remove(i));
+                } else if stale {
+                    state.stale.push(state.ready.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            let serves = |w: &WarmSandbox| match (&w.armed, key) {
+                (Some(a), Some(k)) => a.serves(k),
+                _ => false,
+            };
+            let found = state
+                .ready
+                .iter()
+                .position(serves)
+                .or_else(|| state.ready.iter().position(|w| w.armed.is_none()))
+                .map(|at| state.ready.swap_remove(at));
+            if let Some(found) = &found {
                 state.claimed += 1;
+                state.claimed_armed += u64::from(found.armed.is_some());
                 state.hold_until = Some(Instant::now() + HOLD_AFTER_CLAIM);
             }
             found
@@ -496,6 +572,9 @@ impl WarmPool {
             made: state.made,
             claimed: state.claimed,
             last_error: state.last_error.clone(),
+            armed: state.ready.iter().filter(|w| w.armed.is_some()).count(),
+            claimed_armed: state.claimed_armed,
+            last_arm_error: state.last_arm_error.clone(),
             waiting: state
                 .ready
                 .iter()
@@ -547,7 +626,17 @@ impl Drop for WarmPool {
     }
 }
 
-/// The keeper's loop: make warm sandboxes while the pool is short of its size.
+/// The configuration the keeper arms for now, if any (see [`crate::armed`]).
+fn armable_template(shared: &Shared, state: &PoolState) -> Option<ArmKey> {
+    shared.arming?;
+    state
+        .template
+        .clone()
+        .filter(|t| state.unarmable.as_ref() != Some(t))
+}
+
+/// The keeper's loop: make warm sandboxes while the pool is short of its size, and arm them
+/// for the configuration its steps repeat.
 fn keep(
     shared: &Shared,
     caps: &HostCaps,
@@ -555,8 +644,13 @@ fn keep(
     limits: &CgroupLimits,
     mut preforked: Option<PreForked>,
 ) {
+    if shared.arming.is_some() {
+        armed::sweep(caps);
+    }
     let mut retry = RETRY_FIRST;
     loop {
+        // A ready sandbox not armed, taken out to be armed (rather than a new one made).
+        let mut existing = None;
         {
             let mut state = shared.lock();
             loop {
@@ -568,11 +662,28 @@ fn keep(
                     shared.changed.notify_all();
                     return;
                 }
+                if !state.stale.is_empty() {
+                    let stale = std::mem::take(&mut state.stale);
+                    drop(state);
+                    for sandbox in stale {
+                        sandbox.discard();
+                    }
+                    state = shared.lock();
+                    continue;
+                }
                 let held = state
                     .hold_until
                     .map(|until| until.saturating_duration_since(Instant::now()))
                     .filter(|left| !left.is_zero());
+                // With a configuration to arm for, a ready sandbox not armed is armed in place
+                // (a full pool of plain ones would otherwise never be).
+                let armable = armable_template(shared, &state).is_some();
+                let plain = state.ready.iter().position(|w| w.armed.is_none());
                 match held {
+                    None if armable && plain.is_some() => {
+                        existing = plain.map(|at| state.ready.swap_remove(at));
+                        break;
+                    }
                     _ if state.ready.len() >= shared.size => {
                         state = shared
                             .changed
@@ -591,7 +702,31 @@ fn keep(
             }
             state.making = true;
         }
-        match make(caps, zygote, limits, preforked.take()) {
+        let template = armable_template(shared, &shared.lock());
+        let fresh = existing.is_none();
+        let made = match existing {
+            Some(sandbox) => Ok(sandbox),
+            None => make(caps, zygote, limits, preforked.take()),
+        };
+        let made = match (made, template, shared.arming) {
+            (Ok(mut sandbox), Some(template), Some(defaults)) => {
+                match armed::arm(caps, defaults, &mut sandbox, &template) {
+                    Ok(()) => Ok(sandbox),
+                    Err(e) => {
+                        sandbox.discard();
+                        let mut state = shared.lock();
+                        state.last_arm_error = Some(e);
+                        state.unarmable = Some(template);
+                        state.making = false;
+                        drop(state);
+                        shared.changed.notify_all();
+                        continue;
+                    }
+                }
+            }
+            (made, _, _) => made,
+        };
+        match made {
             Ok(sandbox) => {
                 retry = RETRY_FIRST;
                 let mut state = shared.lock();
@@ -600,8 +735,11 @@ fn keep(
                     sandbox.discard();
                     return;
                 }
+                if sandbox.armed.is_some() {
+                    state.last_arm_error = None;
+                }
                 state.ready.push(sandbox);
-                state.made += 1;
+                state.made += u64::from(fresh);
                 state.last_error = None;
                 state.making = false;
                 drop(state);

@@ -575,3 +575,267 @@ async fn an_unclaimed_prestarted_sandbox_ends_with_the_runtime() {
         }
     }
 }
+
+/// Whether the step's sandbox was a warm one armed for its configuration.
+fn armed(ran: &Ran) -> bool {
+    ran.log
+        .iter()
+        .any(|r| r["type"] == "warmStart" && r["armed"] == true)
+}
+
+/// A runtime with a pool of one whose sandbox is armed for `root` with default controls: two
+/// steps of that configuration teach it, and the refill after the second is armed.
+async fn armed_runtime(root: &Path) -> Option<NativeRuntime> {
+    let rt = warm_runtime(1).await?;
+    for _ in 0..2 {
+        let ran = run(&rt, root, Controls::default(), "true").await;
+        assert!(ran.warm() && !armed(&ran), "{:?}", ran.log);
+    }
+    let status = rt.warm_up(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        (status.ready, status.armed),
+        (1, 1),
+        "the refill is armed: {status:?}"
+    );
+    Some(rt)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_armed_sandbox_is_the_cold_one_the_same_plan_makes() {
+    let (a, b) = (project(), project());
+    let Some(rt) = armed_runtime(a.path()).await else {
+        return;
+    };
+    // The cold one's project had the same two steps (its `.smithers` is made by the first).
+    let cold_rt = runtime(0);
+    run(&cold_rt, b.path(), Controls::default(), "true").await;
+    let warm = run(&rt, a.path(), Controls::default(), PROBE_STEP).await;
+    let cold = run(&cold_rt, b.path(), Controls::default(), PROBE_STEP).await;
+    assert!(
+        armed(&warm),
+        "the step claimed the armed sandbox: {:?}",
+        warm.log
+    );
+    assert_eq!(warm.outcome.exit_code, Some(0), "{}", warm.stdout);
+    assert_eq!(warm.stdout, cold.stdout, "the step sees the same sandbox");
+    assert!(warm.stdout.contains("seccomp=Seccomp:2"), "{}", warm.stdout);
+    assert!(warm.stdout.contains("smithers-hidden"), "{}", warm.stdout);
+    assert_eq!(warm.patches, cold.patches, "identical patches");
+    assert_eq!(warm.patches.len(), 3, "{:?}", warm.patches);
+    assert_eq!(
+        serde_json::to_value(&warm.outcome.enforcement).unwrap(),
+        serde_json::to_value(&cold.outcome.enforcement).unwrap(),
+        "the same enforcement report"
+    );
+    assert_eq!(
+        std::fs::read_to_string(a.path().join("README")).unwrap(),
+        "a\nb\n"
+    );
+    let status = rt.warm_up(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(status.claimed_armed, 1, "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_armed_sandbox_sees_the_project_as_it_is_when_its_step_runs() {
+    let a = project();
+    let Some(rt) = armed_runtime(a.path()).await else {
+        return;
+    };
+    // Written on the host after the workspace was mounted in the armed sandbox.
+    std::fs::write(a.path().join("README"), "changed\n").unwrap();
+    std::fs::write(a.path().join("late.txt"), "late\n").unwrap();
+    let ran = run(
+        &rt,
+        a.path(),
+        Controls::default(),
+        "cat README late.txt && echo more >> late.txt",
+    )
+    .await;
+    assert!(armed(&ran), "{:?}", ran.log);
+    assert_eq!(ran.stdout, "changed\nlate\n");
+    assert_eq!(ran.patches.len(), 1, "{:?}", ran.patches);
+    assert!(ran.patches[0].1.contains("+more"), "{:?}", ran.patches);
+    assert_eq!(
+        std::fs::read_to_string(a.path().join("late.txt")).unwrap(),
+        "late\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_replaced_since_arming_is_not_served_by_the_armed_sandbox() {
+    let parent = tempfile::tempdir().unwrap();
+    let root = parent.path().join("project");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("README"), "old\n").unwrap();
+    let Some(rt) = armed_runtime(&root).await else {
+        return;
+    };
+    // A fresh checkout at the same path: another directory than the one the armed
+    // sandbox's workspace is over.
+    std::fs::rename(&root, parent.path().join("old")).unwrap();
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("README"), "new\n").unwrap();
+    let ran = run(&rt, &root, Controls::default(), "cat README").await;
+    assert!(!armed(&ran), "{:?}", ran.log);
+    assert_eq!(ran.outcome.exit_code, Some(0));
+    assert_eq!(ran.stdout, "new\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_with_stdin_is_served_by_the_armed_sandbox() {
+    let a = project();
+    let Some(rt) = armed_runtime(a.path()).await else {
+        return;
+    };
+    // The stdin FIFO is made at execute in the request directory, bound since arming.
+    let config = SandboxConfig {
+        run_id: format!("warm-{}", std::process::id()),
+        sandbox_id: "sb-stdin".into(),
+        runtime: RuntimeKind::Bubblewrap,
+        root_dir: a.path().to_path_buf(),
+        image: None,
+        controls: Controls::default(),
+    };
+    let handle = rt.create(&config).await.expect("create");
+    rt.ship(
+        &handle,
+        &RequestBundle {
+            request: json!({"status": "pending"}),
+        },
+    )
+    .await
+    .expect("ship");
+    let sink = Collect::default();
+    let outcome = rt
+        .execute(
+            &handle,
+            &StepCommand {
+                argv: vec![
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    "cat; echo x >> README".into(),
+                ],
+                cwd: None,
+                stdin: smithers_runtime::StepStdin::from_reader(std::io::Cursor::new(
+                    b"from stdin\n".to_vec(),
+                )),
+            },
+            CancellationToken::new(),
+            &sink,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(outcome.exit_code, Some(0), "{outcome:?}");
+    assert_eq!(sink.0.into_inner().unwrap(), "from stdin\n");
+    let report = rt.collect(&handle).await.expect("collect");
+    let log = std::fs::read_to_string(report.bundle_path.join("logs/stream.ndjson")).unwrap();
+    assert!(log.contains("\"armed\":true"), "{log}");
+    let patch = std::fs::read_dir(report.bundle_path.join("patches"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect::<String>();
+    assert!(patch.contains("+x"), "{patch}");
+    rt.cleanup(&handle).await.expect("cleanup");
+}
+
+/// `git` in `dir`, failing the test if it fails.
+fn git_in(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("git");
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_that_became_a_repository_since_arming_is_served_by_it() {
+    let a = project();
+    let Some(rt) = armed_runtime(a.path()).await else {
+        return;
+    };
+    // Its `.git` is part of the workspace (the overlay's lower layer, read live): the plan is
+    // the one the sandbox was armed with.
+    git_in(a.path(), &["init", "-q", "-b", "main"]);
+    git_in(a.path(), &["add", "README", "src"]);
+    git_in(
+        a.path(),
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "first",
+        ],
+    );
+    let ran = run(
+        &rt,
+        a.path(),
+        Controls::default(),
+        "git log --format=%s && echo c >> README",
+    )
+    .await;
+    assert!(armed(&ran), "{:?}", ran.log);
+    assert_eq!(ran.outcome.exit_code, Some(0), "{}", ran.stdout);
+    assert_eq!(ran.stdout, "first\n");
+    assert!(
+        ran.patches.iter().any(|(_, p)| p.contains("+c")),
+        "{:?}",
+        ran.patches
+    );
+    assert_eq!(
+        std::fs::read_to_string(a.path().join("README")).unwrap(),
+        "a\nb\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_now_below_a_repositorys_top_is_served_cold() {
+    let parent = tempfile::tempdir().unwrap();
+    let root = parent.path().join("project");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("README"), "a\n").unwrap();
+    let Some(rt) = armed_runtime(&root).await else {
+        return;
+    };
+    // Its plan now has a git layer over the parent's repository, which the armed sandbox was
+    // set up without: given up at execute, after its claim, and a cold init mounts the
+    // same layers.
+    git_in(parent.path(), &["init", "-q", "-b", "main"]);
+    git_in(parent.path(), &["add", "project/README"]);
+    git_in(
+        parent.path(),
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "first",
+        ],
+    );
+    let ran = run(
+        &rt,
+        &root,
+        Controls::default(),
+        "git log --format=%s && echo c >> README",
+    )
+    .await;
+    assert!(!ran.warm() && !armed(&ran), "{:?}", ran.log);
+    assert!(
+        ran.log.iter().any(|r| r["type"] == "warmStartGivenUp"),
+        "the log names it: {:?}",
+        ran.log
+    );
+    assert_eq!(ran.outcome.exit_code, Some(0), "{}", ran.stdout);
+    assert_eq!(ran.stdout, "first\n");
+    assert!(
+        ran.patches.iter().any(|(_, p)| p.contains("+c")),
+        "{:?}",
+        ran.patches
+    );
+    assert_eq!(std::fs::read_to_string(root.join("README")).unwrap(), "a\n");
+}

@@ -1,0 +1,113 @@
+//! A native runtime whose every sandbox that a warm one can serve is an armed one (see the
+//! runtime's `armed` module): before each such `create`, two throwaway sandboxes of the same
+//! configuration teach its pool that configuration, and the create waits for the armed refill.
+//! The suites run against it (`conformance_armed.rs`, `containment_armed.rs`): an armed
+//! sandbox must pass every case a cold one passes. A create that should have claimed an
+//! armed sandbox and did not fails, so a case can never pass on a cold one by accident.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use smithers_runtime::conformance::SuiteEnv;
+use smithers_runtime::{
+    CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputSink, RequestBundle,
+    Runtime, RuntimeError, RuntimeKind, SandboxConfig, SandboxHandle, ShipReport, StepCommand,
+};
+use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+
+#[derive(Debug)]
+pub struct ArmedRuntime(NativeRuntime);
+
+/// What the pool serves (the runtime's own rule, `warm::eligible`, seen from outside).
+fn servable(config: &SandboxConfig) -> bool {
+    let c = &config.controls;
+    !c.allow_network
+        && c.egress_policy.is_none()
+        && c.disk_limit_bytes.is_none()
+        && c.cpu_limit.is_none()
+        && c.volumes.is_empty()
+        && config.root_dir.is_dir()
+}
+
+impl ArmedRuntime {
+    fn claimed_armed(&self) -> u64 {
+        self.0.warm_status().map_or(0, |s| s.claimed_armed)
+    }
+}
+
+#[async_trait]
+impl Runtime for ArmedRuntime {
+    fn kind(&self) -> RuntimeKind {
+        self.0.kind()
+    }
+    async fn probe(&self) -> EnforcementReport {
+        self.0.probe().await
+    }
+    async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
+        if !servable(config) {
+            return self.0.create(config).await;
+        }
+        for i in 0..2 {
+            let mut teach = config.clone();
+            teach.sandbox_id = format!("{}-teach{i}", config.sandbox_id);
+            let handle = self.0.create(&teach).await?;
+            self.0.cleanup(&handle).await?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            let status = self.0.warm_status().expect("a pool");
+            if status.armed > 0 || Instant::now() > deadline {
+                break status;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let before = self.claimed_armed();
+        let handle = self.0.create(config).await?;
+        if self.claimed_armed() == before {
+            // Not claimed: it must not look like a pass of an armed sandbox.
+            let _ = self.0.cleanup(&handle).await;
+            return Err(RuntimeError::Spawn {
+                operation: "claim an armed sandbox (test runtime)".into(),
+                reason: format!("no armed sandbox was claimed: {status:?}"),
+            });
+        }
+        Ok(handle)
+    }
+    async fn ship(
+        &self,
+        handle: &SandboxHandle,
+        request: &RequestBundle,
+    ) -> Result<ShipReport, RuntimeError> {
+        self.0.ship(handle, request).await
+    }
+    async fn execute(
+        &self,
+        handle: &SandboxHandle,
+        command: &StepCommand,
+        cancel: CancellationToken,
+        output: &dyn OutputSink,
+    ) -> Result<ExecOutcome, RuntimeError> {
+        self.0.execute(handle, command, cancel, output).await
+    }
+    async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
+        self.0.collect(handle).await
+    }
+    async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        self.0.cleanup(handle).await
+    }
+}
+
+pub fn make_env() -> SuiteEnv {
+    let rt = NativeRuntime::new(NativeOptions {
+        init: Some(InitCommand::binary(env!(
+            "CARGO_BIN_EXE_smithers-sandbox-init"
+        ))),
+        warm: 1,
+        ..NativeOptions::default()
+    });
+    // A host without sandboxes has a pool that never fills: the cases then SKIP (or fail
+    // under CI=true) on their own.
+    let _ = rt.wait_until_warm(Duration::from_secs(20));
+    SuiteEnv::new(Arc::new(ArmedRuntime(rt)))
+}

@@ -149,6 +149,11 @@ impl Steps {
     fn claimed(&self) -> u64 {
         self.runtime.warm_status().map_or(0, |s| s.claimed)
     }
+
+    /// Claims that took a sandbox armed for the project (see the runtime's `armed` module).
+    fn claimed_armed(&self) -> u64 {
+        self.runtime.warm_status().map_or(0, |s| s.claimed_armed)
+    }
 }
 
 /// `bwrap` with scenario 1's isolation running `echo`: spawn → its first byte on our pipe.
@@ -204,6 +209,7 @@ pub fn run(
         })
         .collect();
     let warmup = 5;
+    let mut measured_armed = 0;
     for round in 0..warmup + rounds {
         // Four things run per round, in a rotating order (see `measure::interleaved`).
         for k in 0..4 {
@@ -211,7 +217,11 @@ pub fn run(
                 0 | 1 => {
                     let steps = if (round + k) % 4 == 0 { &warm } else { &cold };
                     let at = (round + k) % 4;
+                    let armed_before = steps.claimed_armed();
                     let (started, first, whole) = steps.step()?;
+                    if round >= warmup && steps.claimed_armed() > armed_before {
+                        measured_armed += 1;
+                    }
                     if round >= warmup {
                         series[at].samples.push(started);
                         series[2 + at].samples.push(first);
@@ -241,6 +251,13 @@ pub fn run(
         "only {claimed} of {} warm steps claimed a warm sandbox",
         warmup + rounds
     );
+    // From its third step on, the pool arms its sandboxes for the project its steps keep
+    // asking for: every measured warm round must have claimed one so set up.
+    anyhow::ensure!(
+        measured_armed == rounds,
+        "only {measured_armed} of {rounds} measured warm steps claimed an armed sandbox: {:?}",
+        warm.runtime.warm_status()
+    );
     let bwrap = &series[5];
     let mut table = Table::new(&["contender", "p50", "p95", "ratio to bare bwrap (whole run)"]);
     for s in &series {
@@ -259,7 +276,9 @@ pub fn run(
          (`ExecOutcome::command_started_after_us`); \"first line\" when its output reached \
          the runtime (so it includes the dynamic loading and start of `echo` itself). The warm \
          pool holds 2 sandboxes and refills between rounds (untimed); all {claimed} warm \
-         steps claimed one.\n\n{}\nWarm ask → first command running / bare bwrap = \
+         steps claimed one, and every measured one claimed one armed for the project (its \
+         workspace mounted, root pivoted, Landlock and seccomp applied while idle, since the \
+         pool's steps repeat one configuration).\n\n{}\nWarm ask → first command running / bare bwrap = \
          **{:.2}×** (target ≤ 0.2×); the same without a pool: **{:.2}×**. Warm ask → first \
          line / bwrap's own spawn → first line = **{:.2}×**. Command: `cargo build --release \
          -p smithers-runtime-native -p smithers-bench && target/release/smithers-bench \

@@ -255,6 +255,8 @@ pub(crate) fn arm(
         project,
     };
     let made = (|| -> Result<(), String> {
+        std::fs::create_dir_all(&caps.state_root).map_err(|e| e.to_string())?;
+        crate::restrict_mode(&caps.state_root).map_err(|e| e.to_string())?;
         std::fs::create_dir(&backend.state_dir).map_err(|e| e.to_string())?;
         crate::place_layer(caps, controls, &mut backend, &name).map_err(|e| e.to_string())?;
         armed.backend = backend.clone();
@@ -269,6 +271,9 @@ pub(crate) fn arm(
             return Err("the warm init's prelude is not this configuration's".into());
         }
         let seccomp = caps.seccomp.clone()?;
+        // Create makes the project's `.smithers` before any execute (and masks it): made here
+        // too, the plan's facts are those execute will find, even for a project's first step.
+        smithers_runtime::ensure_state_dir(&backend.root_dir).map_err(|e| e.to_string())?;
         let (layout, workspace) = host_layout(caps, &backend, None);
         // A project below its repository's top gets a copy of the host's index at execute:
         // made now, it could be older than the step.

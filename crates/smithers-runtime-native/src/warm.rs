@@ -614,10 +614,13 @@ impl Shared {
 
 impl Drop for WarmPool {
     fn drop(&mut self) {
+        // The stale ones too: the keeper stops without discarding what it had not yet.
         let ready = {
             let mut state = self.shared.lock();
             state.stop = true;
-            std::mem::take(&mut state.ready)
+            let mut ready = std::mem::take(&mut state.ready);
+            ready.append(&mut state.stale);
+            ready
         };
         self.shared.changed.notify_all();
         for sandbox in ready {

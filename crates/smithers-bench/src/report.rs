@@ -74,7 +74,9 @@ pub fn write_section(results: &Path, title: &str, body: &str) -> anyhow::Result<
             skipping = true;
             continue;
         }
-        if skipping && line.starts_with("## ") {
+        // The generated part ends at the next section, or at a subsection of notes written
+        // by hand (experiments, history), which a new run keeps.
+        if skipping && (line.starts_with("## ") || line.starts_with("### ")) {
             skipping = false;
         }
         if !skipping {
@@ -182,6 +184,16 @@ mod tests {
         assert!(text.contains("## B\n\ntwo"), "{text}");
         assert!(!text.contains("\none\n"), "{text}");
         assert!(text.find("## A").unwrap() < text.find("## B").unwrap());
+        // Notes written by hand under a section's `###` heading outlive a new run.
+        let with_notes = text.replace("## B\n\ntwo\n", "## B\n\ntwo\n\n### Notes\n\nkept\n");
+        std::fs::write(&file, with_notes).unwrap();
+        write_section(&file, "B", "dos").unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(
+            text.contains("## B\n\ndos\n\n### Notes\n\nkept\n"),
+            "{text}"
+        );
+        assert!(!text.contains("two"), "{text}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

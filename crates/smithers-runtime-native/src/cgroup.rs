@@ -625,6 +625,15 @@ fn fix_for(why: &std::io::Error) -> String {
 /// no-internal-processes rule) and stay outside the cgroups its sandbox is made under.
 static COMPANIONS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
 
+/// SIGKILLs each process listed in the cgroup directory `dir`.
+fn kill_listed(dir: &Path) {
+    if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let _ = crate::sys::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
 /// Registers `pid` (our child) to move with this process (see [`COMPANIONS`]).
 pub(crate) fn move_with_this_process(pid: u32) {
     COMPANIONS
@@ -778,23 +787,33 @@ impl SandboxCgroups {
         }
     }
 
-    /// Kills every process in the sandbox's cgroups: `cgroup.kill` where the kernel has it,
-    /// else SIGKILL to each listed pid until the lists are empty.
+    /// Kills every process in the sandbox's cgroups for good: `cgroup.kill` where the kernel
+    /// has it, else SIGKILL to each listed pid. Only for cgroups about to be removed: see
+    /// [`Self::kill_each`] for the cgroups of a sandbox that may start another init.
     pub fn kill_all(&self) {
         for d in &self.dirs {
-            let kill_file = d.path.join("cgroup.kill");
-            if d.v2 && std::fs::write(&kill_file, "1").is_ok() {
+            if d.v2 && std::fs::write(d.path.join("cgroup.kill"), "1").is_ok() {
                 continue;
             }
-            if let Ok(text) = std::fs::read_to_string(d.path.join("cgroup.procs")) {
-                for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                    let _ = crate::sys::kill(pid, libc::SIGKILL);
-                }
-            }
+            kill_listed(&d.path);
         }
     }
 
-    /// Waits (bounded) until no process is left; kills again while waiting.
+    /// SIGKILLs each process listed in the sandbox's cgroups, leaving them fit for another
+    /// init. Not `cgroup.kill`: on Linux 6.18 (seen here, `cgroup_css_set_fork`) a process
+    /// cloned with `CLONE_INTO_CGROUP` into a v2 cgroup that was ever written `cgroup.kill`
+    /// is SIGKILLed at birth (the fork samples the kill sequence of its parent's cgroup, not of
+    /// the target's, and the two differ from then on), and the init clones P1 that way. One
+    /// by one is enough here: every sandbox process is in the pid namespace whose pid 1 is
+    /// listed, and that namespace dies with its pid 1.
+    pub fn kill_each(&self) {
+        for d in &self.dirs {
+            kill_listed(&d.path);
+        }
+    }
+
+    /// Waits (bounded) until no process is left; kills again while waiting ([`Self::kill_each`],
+    /// so the cgroups may serve another init). Whether they are empty.
     pub fn kill_and_wait(&self, budget: Duration) -> bool {
         let deadline = std::time::Instant::now() + budget;
         let mut pause = Duration::from_millis(1);
@@ -802,7 +821,7 @@ impl SandboxCgroups {
             if !self.populated() {
                 return true;
             }
-            self.kill_all();
+            self.kill_each();
             if std::time::Instant::now() >= deadline {
                 return !self.populated();
             }

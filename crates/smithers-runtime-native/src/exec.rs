@@ -15,6 +15,7 @@ use smithers_runtime::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
+use crate::cgroup::SandboxCgroups;
 use crate::plan::{self, HostLayout, PlanInput, WorkspaceFacts};
 use crate::status::StatusReader;
 use crate::warm::ClaimedWarm;
@@ -493,6 +494,45 @@ fn clear_volatile_mark(work: &Path) -> Result<(), RuntimeError> {
     }
 }
 
+/// Ends an armed warm init that is not used after all, before a cold one mounts the same
+/// layers: closing our end of its control socket tells P0 to kill P1, its cgroups are emptied
+/// (one pid at a time: they serve the cold init next), and P0's closing of the socket, after
+/// it reaped P1, says the sandbox's processes are gone, with or without cgroups. Whether both
+/// happened within `budget`.
+fn end_given_up_init(
+    control: Option<std::os::unix::net::UnixStream>,
+    cgroups: &SandboxCgroups,
+    budget: Duration,
+) -> bool {
+    use std::io::Read as _;
+    let deadline = Instant::now() + budget;
+    if let Some(c) = &control {
+        let _ = c.shutdown(std::net::Shutdown::Write);
+    }
+    let emptied = cgroups.kill_and_wait(budget);
+    let Some(mut control) = control else {
+        return emptied;
+    };
+    if control.set_nonblocking(false).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 512];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || control.set_read_timeout(Some(left)).is_err() {
+            return false;
+        }
+        match control.read(&mut buf) {
+            Ok(0) => return emptied,
+            // P0's reports (its `initExit`), or a peer already gone.
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => return emptied,
+            Err(_) => return false,
+        }
+    }
+}
+
 /// [`clear_volatile_mark`] of the workspace's layer (overlay) and of the git layer.
 fn clear_volatile_marks(layout: &HostLayout, git_work: Option<&Path>) -> Result<(), RuntimeError> {
     if layout.workspace_copy.is_none() {
@@ -769,11 +809,24 @@ pub(crate) async fn execute(
     let armed = warm.as_ref().is_some_and(|w| w.armed.is_some());
     // A warm init attached at create serves only the prelude a cold one would get (the
     // plan is compared below, once compiled); otherwise it is dropped, which ends it.
-    let warm = warm.filter(|w| {
-        let mut cold = prelude.clone();
-        cold.warm = true;
-        w.prelude == cold
-    });
+    // An armed init not used keeps its control socket here until it is known to have ended.
+    let mut given_up_control = None;
+    let warm = match warm {
+        Some(w) => {
+            let mut cold = prelude.clone();
+            cold.warm = true;
+            if w.prelude == cold {
+                Some(w)
+            } else {
+                // A plain one is dropped here, which ends it.
+                if w.armed.is_some() {
+                    given_up_control = Some(w.control);
+                }
+                None
+            }
+        }
+        None => None,
+    };
     let started = Instant::now();
     let mut cold = match warm {
         // An armed init given up must be gone before a cold one joins its cgroups (below).
@@ -873,12 +926,20 @@ pub(crate) async fn execute(
                 Some(Ok(())) => Some((control, ForkedInit::into_spawned(w.init)?)),
                 Some(Err(e)) => {
                     warm_lost = Some(e.to_string());
+                    given_up_control = Some(control);
                     None
                 }
-                None => None,
+                None => {
+                    given_up_control = Some(control);
+                    None
+                }
             }
         }
-        _ => None,
+        (Some(w), None) => {
+            given_up_control = Some(w.control);
+            None
+        }
+        (None, _) => None,
     };
     if warmed.is_none() {
         ready = None;
@@ -887,12 +948,20 @@ pub(crate) async fn execute(
     // before a cold one mounts the same layers.
     if armed && warmed.is_none() {
         let cgroups = backend.cgroups.clone();
-        crate::blocking("end the armed warm init", move || {
-            cgroups.kill_and_wait(KILL_GRACE);
+        let control = given_up_control.take();
+        let ended = crate::blocking("end the armed warm init", move || {
+            end_given_up_init(control, &cgroups, KILL_GRACE)
         })
         .await?;
+        if !ended {
+            return Err(RuntimeError::spawn(
+                "end the armed warm sandbox's init",
+                "it was still running (its mounts are over this sandbox's layers) 5 s after it was told to end and killed; no cold init may mount them meanwhile",
+            ));
+        }
         clear_volatile_marks(&layout, git_work.as_deref())?;
     }
+    drop(given_up_control);
     let warm_for = warm_for.filter(|_| warmed.is_some());
     let armed_served = armed && warmed.is_some();
     let armed_given_up = armed && warmed.is_none() && warm_lost.is_none();
@@ -1038,7 +1107,8 @@ pub(crate) async fn execute(
                 if let Some(pid) = init_pid {
                     let _ = crate::sys::kill(pid, libc::SIGKILL);
                 }
-                cgroups.kill_all();
+                // The sandbox may be executed again: its cgroups must stay fit for an init.
+                cgroups.kill_each();
             }
         }
         drop(control_wr);

@@ -93,32 +93,61 @@ impl Armed {
     }
 
     /// Its directories that are entries of the state or layer root, each with what it is
-    /// called for the sandbox whose directories are `real` (the rest are inside them).
-    fn top_level(&self, real: &Backend) -> Vec<(PathBuf, PathBuf)> {
+    /// called for the sandbox whose directories are `real` (the rest are inside them), and
+    /// whether arming made it for sure (the git layer's are made only for a plan with one).
+    fn top_level(&self, real: &Backend) -> Vec<(PathBuf, PathBuf, bool)> {
         let ours = &self.backend;
-        let mut pairs = vec![(ours.state_dir.clone(), real.state_dir.clone())];
+        let mut pairs = vec![(ours.state_dir.clone(), real.state_dir.clone(), true)];
         if let (Some(w), Some(r)) = (&ours.layer_dir, &real.layer_dir) {
-            pairs.push((w.clone(), r.clone()));
+            pairs.push((w.clone(), r.clone(), true));
             if ours.flat_layer {
-                pairs.push((ours.upper(), real.upper()));
-                pairs.push((ours.git_common_upper(), real.git_common_upper()));
-                pairs.push((ours.git_common_work(), real.git_common_work()));
+                pairs.push((ours.upper(), real.upper(), true));
+                for (w, r) in [
+                    (ours.git_common_upper(), real.git_common_upper()),
+                    (ours.git_common_work(), real.git_common_work()),
+                ] {
+                    let in_plan = self.line.contains(&json_inside(&w));
+                    pairs.push((w, r, in_plan));
+                }
             }
         }
-        pairs.retain(|(w, _)| std::fs::symlink_metadata(w).is_ok());
         pairs
     }
 
     /// Renames its directories to those of the sandbox whose directories are `real`, never
-    /// over an existing one; all or none (what was renamed is renamed back on a failure).
+    /// over an existing one; all or none (what was renamed is renamed back on a failure). One
+    /// its init's mounts need that is gone (removed from under the pool) is an error: the
+    /// sandbox would not be the one it was armed as.
     pub(crate) fn adopt(&self, real: &Backend) -> std::io::Result<()> {
-        let pairs = self.top_level(real);
+        let mut pairs = Vec::new();
+        for (from, to, required) in self.top_level(real) {
+            match std::fs::symlink_metadata(&from) {
+                Ok(_) => pairs.push((from, to)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {}
+                Err(e) => {
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!("the armed sandbox's {}: {e}", from.display()),
+                    ))
+                }
+            }
+        }
         for (done, (from, to)) in pairs.iter().enumerate() {
             if let Err(e) = rename_noreplace(from, to) {
+                let mut not_back = Vec::new();
                 for (from, to) in pairs[..done].iter().rev() {
-                    let _ = rename_noreplace(to, from);
+                    if let Err(back) = rename_noreplace(to, from) {
+                        not_back.push(format!("{} ({back})", to.display()));
+                    }
                 }
-                return Err(e);
+                let mut message = format!("rename {} to {}: {e}", from.display(), to.display());
+                if !not_back.is_empty() {
+                    message.push_str(&format!(
+                        "; not renamed back, left under the sandbox's name: {}",
+                        not_back.join(", ")
+                    ));
+                }
+                return Err(std::io::Error::new(e.kind(), message));
             }
         }
         Ok(())
@@ -140,9 +169,10 @@ impl Armed {
 
     /// Removes its directories (an armed sandbox given up before any claim).
     pub(crate) fn remove_dirs(&self) {
-        let pairs = self.top_level(&self.backend);
-        for (dir, _) in pairs {
-            let _ = crate::remove_tree(&dir);
+        for (dir, _, _) in self.top_level(&self.backend) {
+            if std::fs::symlink_metadata(&dir).is_ok() {
+                let _ = crate::remove_tree(&dir);
+            }
         }
     }
 }
@@ -170,9 +200,10 @@ fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
 /// What the names of armed sandboxes' directories start with, before their process's pid.
 const WARM_PREFIX: &str = ".warm-";
 
-/// A name for an armed sandbox's directories that no sandbox has (ids never start with a
-/// dot) and no other armed sandbox either: [`WARM_PREFIX`], this process's pid (see
-/// [`sweep`]), a random part.
+/// A name for an armed sandbox's directories that no sandbox has and no other armed sandbox
+/// either: [`WARM_PREFIX`], this process's pid (see [`sweep`]), 16 hex digits at random. A
+/// sandbox's directories are named `<run id>+<sandbox id>` (see `NativeRuntime::dir_name`),
+/// with a `+` that a warm name never has: even ids that start with `.warm-` cannot collide.
 fn warm_name() -> String {
     let mut bytes = [0u8; 8];
     // SAFETY: `bytes` is valid for writes of its length.
@@ -189,6 +220,31 @@ fn warm_name() -> String {
     )
 }
 
+/// The pid in an entry's name if the entry is exactly one an armed sandbox makes in the state
+/// or layer root: a [`warm_name`], alone or with one of the layer's suffixes. Anything else
+/// (a sandbox's `run+sandbox` directories above all) is not ours to sweep.
+fn warm_entry_pid(name: &str) -> Option<i32> {
+    let rest = name.strip_prefix(WARM_PREFIX)?;
+    let (pid, rest) = rest.split_once('-')?;
+    if pid.is_empty() || pid.len() > 10 || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (random, suffix) = rest.split_at_checked(16)?;
+    if !random
+        .bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return None;
+    }
+    if !matches!(
+        suffix,
+        "" | ".upper" | ".upper.git-common" | ".upper.git-common-work"
+    ) {
+        return None;
+    }
+    pid.parse::<i32>().ok().filter(|pid| *pid > 0)
+}
+
 /// Removes the directories of armed sandboxes whose process is gone (killed before it could
 /// discard them; their inits ended with it), in the state and layer roots. Run by a pool's
 /// keeper before it makes any. A name whose pid is alive is left, whoever that is now.
@@ -203,13 +259,7 @@ fn sweep_roots(roots: &[&Path]) {
         };
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(pid) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix(WARM_PREFIX))
-                .and_then(|rest| rest.split('-').next())
-                .and_then(|pid| pid.parse::<i32>().ok())
-                .filter(|pid| *pid > 0)
-            else {
+            let Some(pid) = name.to_str().and_then(warm_entry_pid) else {
                 continue;
             };
             // SAFETY: signal 0 only checks that the process exists.
@@ -350,6 +400,10 @@ mod tests {
             format!("{WARM_PREFIX}{ours}-00000000000000bb"),
             "run+sandbox".to_string(),
             format!("{WARM_PREFIX}x-1"),
+            // A sandbox whose run id looks like a warm name, and its layer's upper directory.
+            format!("{WARM_PREFIX}{gone}-00000000000000aa+sb"),
+            format!("{WARM_PREFIX}{gone}-00000000000000aa+sb.upper"),
+            format!("{WARM_PREFIX}{gone}-00000000000000aa.upper.other"),
         ] {
             std::fs::create_dir_all(root.path().join(&name).join("inside")).unwrap();
         }
@@ -359,14 +413,16 @@ mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         left.sort();
-        assert_eq!(
-            left,
-            [
-                format!("{WARM_PREFIX}{ours}-00000000000000bb"),
-                format!("{WARM_PREFIX}x-1"),
-                "run+sandbox".to_string(),
-            ]
-        );
+        let mut expected = [
+            format!("{WARM_PREFIX}{gone}-00000000000000aa+sb"),
+            format!("{WARM_PREFIX}{gone}-00000000000000aa+sb.upper"),
+            format!("{WARM_PREFIX}{gone}-00000000000000aa.upper.other"),
+            format!("{WARM_PREFIX}{ours}-00000000000000bb"),
+            format!("{WARM_PREFIX}x-1"),
+            "run+sandbox".to_string(),
+        ];
+        expected.sort();
+        assert_eq!(left, expected);
     }
 
     #[test]
@@ -408,5 +464,47 @@ mod tests {
         })
         .to_string();
         assert_eq!(armed.line_for(&real), expected);
+    }
+
+    #[test]
+    fn an_armed_sandbox_missing_a_directory_is_not_adopted() {
+        let root = tempfile::tempdir().unwrap();
+        let warm = Backend {
+            state_dir: root.path().join("state/.warm-1-00000000000000ab"),
+            root_dir: "/p".into(),
+            layer_tmpfs: false,
+            layer_dir: Some(root.path().join("layers/.warm-1-00000000000000ab")),
+            flat_layer: true,
+            cgroups: Default::default(),
+            workspace: WorkspaceState::Overlay,
+        };
+        let real = Backend {
+            state_dir: root.path().join("state/r+s"),
+            layer_dir: Some(root.path().join("layers/r+s")),
+            ..warm.clone()
+        };
+        // Its state and layer directories, but not the overlay's upper one.
+        std::fs::create_dir_all(&warm.state_dir).unwrap();
+        std::fs::create_dir_all(warm.layer_dir.as_ref().unwrap()).unwrap();
+        let armed = Armed {
+            key: ArmKey::of(
+                &serde_json::from_value(serde_json::json!({
+                    "runId": "r", "sandboxId": "s", "runtime": "bubblewrap", "rootDir": "/p"
+                }))
+                .unwrap(),
+                &WorkspaceState::Overlay,
+            ),
+            line: String::new(),
+            backend: warm.clone(),
+            ready: serde_json::Value::Null,
+            project: (0, 0),
+        };
+        let err = armed.adopt(&real).unwrap_err();
+        assert!(err.to_string().contains(".upper"), "{err}");
+        assert!(warm.state_dir.is_dir() && !real.state_dir.exists());
+        // With it, all of them are renamed (the git layer's, not in its plan, need not be).
+        std::fs::create_dir(warm.upper()).unwrap();
+        armed.adopt(&real).unwrap();
+        assert!(real.state_dir.is_dir() && real.upper().is_dir() && !warm.state_dir.exists());
     }
 }

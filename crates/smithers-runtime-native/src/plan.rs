@@ -35,7 +35,8 @@ pub mod paths {
     pub const HOME: &str = "/home/sandbox";
 }
 
-/// File name of the request JSON inside the handle's `request_path`.
+/// File name of the request JSON inside the handle's `request_path` (and of its copy in the
+/// sandbox's request directory, which the sandbox sees at [`paths::REQUEST_DIR`]).
 pub const REQUEST_FILE_NAME: &str = "request.json";
 /// File name of the result JSON inside the host out directory.
 pub const RESULT_FILE_NAME: &str = "result.json";

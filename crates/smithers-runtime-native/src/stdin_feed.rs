@@ -24,8 +24,8 @@ pub(crate) struct StdinFeed {
 }
 
 impl Drop for StdinFeed {
-    /// Also removes the FIFO: a node left in the project's `.smithers` would block whatever
-    /// opened it later.
+    /// Also removes the FIFO: a node left in the sandbox's request directory would block
+    /// whatever opened it later (a second execute's step, say).
     fn drop(&mut self) {
         self.done.store(true, Ordering::Relaxed);
         let _ = std::fs::remove_file(&self.fifo);

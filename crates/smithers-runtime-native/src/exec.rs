@@ -696,7 +696,7 @@ pub(crate) async fn execute(
     cancel: CancellationToken,
     sink: &dyn OutputSink,
     warm: Option<ClaimedWarm>,
-    started_hook: &(dyn Fn() + Send + Sync),
+    started_hook: &(dyn Fn(bool) + Send + Sync),
 ) -> Result<ExecOutcome, RuntimeError> {
     let called = Instant::now();
     let called_ns = smithers_sandbox_init::sys::monotonic_ns();
@@ -1063,7 +1063,7 @@ pub(crate) async fn execute(
                         .filter(|us| *us <= seen_us)
                         .unwrap_or(seen_us);
                     let _ = command_started.set(at_us);
-                    started_hook();
+                    started_hook(armed_served);
                     continue;
                 }
                 // `exit` is the last word: every other sandbox process is gone by then (see

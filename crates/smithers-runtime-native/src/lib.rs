@@ -789,6 +789,7 @@ impl NativeRuntime {
             last_error: Some(reason),
             armed: 0,
             claimed_armed: 0,
+            served_armed: 0,
             last_arm_error: None,
             waiting: vec![],
         }
@@ -1892,9 +1893,9 @@ impl Runtime for NativeRuntime {
             (Some(_), Some(Ok(pool))) => Some(pool),
             _ => None,
         };
-        let started = move || {
+        let started = move |armed_served: bool| {
             if let Some(pool) = &pool {
-                pool.step_started();
+                pool.step_started(armed_served);
             }
         };
         exec::execute(

@@ -378,6 +378,7 @@ struct PoolState {
     claimed: u64,
     /// Of those, how many were armed.
     claimed_armed: u64,
+    served_armed: u64,
     /// No refill before this (see [`HOLD_AFTER_CLAIM`]).
     hold_until: Option<Instant>,
     /// The keeper is making one now.
@@ -406,6 +407,9 @@ pub struct WarmStatus {
     /// armed one, and why the last arming failed.
     pub armed: usize,
     pub claimed_armed: u64,
+    /// How many steps' commands ran in the armed init their sandbox claimed (a claimed one
+    /// whose plan differed at execute is given up, and not counted).
+    pub served_armed: u64,
     pub last_arm_error: Option<String>,
     /// The waiting sandboxes: their init's (P0's) pid and their cgroup directories.
     pub waiting: Vec<(i32, Vec<std::path::PathBuf>)>,
@@ -558,9 +562,13 @@ impl WarmPool {
         found
     }
 
-    /// The command of a step that claimed a warm sandbox has started: the keeper may refill.
-    pub(crate) fn step_started(&self) {
-        self.shared.lock().hold_until = None;
+    /// The command of a step that claimed a warm sandbox has started, in the armed init it
+    /// claimed if `armed_served`: the keeper may refill.
+    pub(crate) fn step_started(&self, armed_served: bool) {
+        let mut state = self.shared.lock();
+        state.hold_until = None;
+        state.served_armed += u64::from(armed_served);
+        drop(state);
         self.shared.changed.notify_all();
     }
 
@@ -574,6 +582,7 @@ impl WarmPool {
             last_error: state.last_error.clone(),
             armed: state.ready.iter().filter(|w| w.armed.is_some()).count(),
             claimed_armed: state.claimed_armed,
+            served_armed: state.served_armed,
             last_arm_error: state.last_arm_error.clone(),
             waiting: state
                 .ready

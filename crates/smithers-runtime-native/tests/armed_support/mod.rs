@@ -3,7 +3,9 @@
 //! configuration teach its pool that configuration, and the create waits for the armed refill.
 //! The suites run against it (`conformance_armed.rs`, `containment_armed.rs`): an armed
 //! sandbox must pass every case a cold one passes. A create that should have claimed an
-//! armed sandbox and did not fails, so a case can never pass on a cold one by accident.
+//! armed sandbox and did not fails, and so does a sandbox's first execute whose command did
+//! not run in the armed init (given up for a cold one): a case can never pass on a cold
+//! sandbox by accident.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +19,14 @@ use smithers_runtime::{
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
 
 #[derive(Debug)]
-pub struct ArmedRuntime(NativeRuntime);
+pub struct ArmedRuntime {
+    runtime: NativeRuntime,
+    /// The sandboxes that claimed an armed one and have not executed yet.
+    armed: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// One first execute of an armed sandbox at a time: the pool's count of the steps it
+    /// served armed tells, before and after, whether this one's was.
+    first_execute: tokio::sync::Mutex<()>,
+}
 
 /// What the pool serves (the runtime's own rule, `warm::eligible`, seen from outside).
 fn servable(config: &SandboxConfig) -> bool {
@@ -32,46 +41,50 @@ fn servable(config: &SandboxConfig) -> bool {
 
 impl ArmedRuntime {
     fn claimed_armed(&self) -> u64 {
-        self.0.warm_status().map_or(0, |s| s.claimed_armed)
+        self.runtime.warm_status().map_or(0, |s| s.claimed_armed)
     }
 }
 
 #[async_trait]
 impl Runtime for ArmedRuntime {
     fn kind(&self) -> RuntimeKind {
-        self.0.kind()
+        self.runtime.kind()
     }
     async fn probe(&self) -> EnforcementReport {
-        self.0.probe().await
+        self.runtime.probe().await
     }
     async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
         if !servable(config) {
-            return self.0.create(config).await;
+            return self.runtime.create(config).await;
         }
         for i in 0..2 {
             let mut teach = config.clone();
             teach.sandbox_id = format!("{}-teach{i}", config.sandbox_id);
-            let handle = self.0.create(&teach).await?;
-            self.0.cleanup(&handle).await?;
+            let handle = self.runtime.create(&teach).await?;
+            self.runtime.cleanup(&handle).await?;
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         let status = loop {
-            let status = self.0.warm_status().expect("a pool");
+            let status = self.runtime.warm_status().expect("a pool");
             if status.armed > 0 || Instant::now() > deadline {
                 break status;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         let before = self.claimed_armed();
-        let handle = self.0.create(config).await?;
+        let handle = self.runtime.create(config).await?;
         if self.claimed_armed() == before {
             // Not claimed: it must not look like a pass of an armed sandbox.
-            let _ = self.0.cleanup(&handle).await;
+            let _ = self.runtime.cleanup(&handle).await;
             return Err(RuntimeError::Spawn {
                 operation: "claim an armed sandbox (test runtime)".into(),
                 reason: format!("no armed sandbox was claimed: {status:?}"),
             });
         }
+        self.armed
+            .lock()
+            .unwrap()
+            .insert(format!("{}:{}", handle.run_id, handle.sandbox_id));
         Ok(handle)
     }
     async fn ship(
@@ -79,7 +92,7 @@ impl Runtime for ArmedRuntime {
         handle: &SandboxHandle,
         request: &RequestBundle,
     ) -> Result<ShipReport, RuntimeError> {
-        self.0.ship(handle, request).await
+        self.runtime.ship(handle, request).await
     }
     async fn execute(
         &self,
@@ -88,13 +101,35 @@ impl Runtime for ArmedRuntime {
         cancel: CancellationToken,
         output: &dyn OutputSink,
     ) -> Result<ExecOutcome, RuntimeError> {
-        self.0.execute(handle, command, cancel, output).await
+        let first = self
+            .armed
+            .lock()
+            .unwrap()
+            .remove(&format!("{}:{}", handle.run_id, handle.sandbox_id));
+        if !first {
+            return self.runtime.execute(handle, command, cancel, output).await;
+        }
+        let _one = self.first_execute.lock().await;
+        let served = || self.runtime.warm_status().map_or(0, |s| s.served_armed);
+        let before = served();
+        let outcome = self
+            .runtime
+            .execute(handle, command, cancel, output)
+            .await?;
+        // A command that never started (refused before its exec) was in no init at all.
+        if outcome.command_started_after_us.is_some() && served() == before {
+            return Err(RuntimeError::Spawn {
+                operation: "run the step in its armed sandbox (test runtime)".into(),
+                reason: "the armed init was given up and a cold one served the step".into(),
+            });
+        }
+        Ok(outcome)
     }
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
-        self.0.collect(handle).await
+        self.runtime.collect(handle).await
     }
     async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
-        self.0.cleanup(handle).await
+        self.runtime.cleanup(handle).await
     }
 }
 
@@ -109,5 +144,9 @@ pub fn make_env() -> SuiteEnv {
     // A host without sandboxes has a pool that never fills: the cases then SKIP (or fail
     // under CI=true) on their own.
     let _ = rt.wait_until_warm(Duration::from_secs(20));
-    SuiteEnv::new(Arc::new(ArmedRuntime(rt)))
+    SuiteEnv::new(Arc::new(ArmedRuntime {
+        runtime: rt,
+        armed: Default::default(),
+        first_execute: Default::default(),
+    }))
 }

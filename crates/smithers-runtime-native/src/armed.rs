@@ -425,23 +425,29 @@ mod tests {
         assert_eq!(left, expected);
     }
 
-    #[test]
-    fn a_plan_line_reads_with_the_sandboxs_directories() {
+    /// An armed sandbox's directories under `root` (state and flat layer), and those of the
+    /// sandbox `r+s` it would become.
+    fn warm_and_real(root: &Path) -> (Backend, Backend) {
         let warm = Backend {
-            state_dir: "/state/.warm-1-ab".into(),
+            state_dir: root.join("state/.warm-1-00000000000000ab"),
             root_dir: "/p".into(),
             layer_tmpfs: false,
-            layer_dir: Some("/layers/.warm-1-ab".into()),
+            layer_dir: Some(root.join("layers/.warm-1-00000000000000ab")),
             flat_layer: true,
             cgroups: Default::default(),
             workspace: WorkspaceState::Overlay,
         };
         let real = Backend {
-            state_dir: "/state/r+s".into(),
-            layer_dir: Some("/layers/r+s".into()),
+            state_dir: root.join("state/r+s"),
+            layer_dir: Some(root.join("layers/r+s")),
             ..warm.clone()
         };
-        let armed = Armed {
+        (warm, real)
+    }
+
+    /// An armed sandbox with `backend`'s directories whose init was sent `line`.
+    fn armed_with(backend: Backend, line: String) -> Armed {
+        Armed {
             key: ArmKey::of(
                 &serde_json::from_value(serde_json::json!({
                     "runId": "r", "sandboxId": "s", "runtime": "bubblewrap", "rootDir": "/p"
@@ -449,15 +455,22 @@ mod tests {
                 .unwrap(),
                 &WorkspaceState::Overlay,
             ),
-            line: serde_json::json!({
-                "upper": warm.upper(), "work": warm.work(), "out": warm.out(),
-                "request": warm.request_dir(), "lower": "/p",
-            })
-            .to_string(),
-            backend: warm,
+            line,
+            backend,
             ready: serde_json::Value::Null,
             project: (0, 0),
-        };
+        }
+    }
+
+    #[test]
+    fn a_plan_line_reads_with_the_sandboxs_directories() {
+        let (warm, real) = warm_and_real(Path::new("/"));
+        let line = serde_json::json!({
+            "upper": warm.upper(), "work": warm.work(), "out": warm.out(),
+            "request": warm.request_dir(), "lower": "/p",
+        })
+        .to_string();
+        let armed = armed_with(warm, line);
         let expected = serde_json::json!({
             "upper": real.upper(), "work": real.work(), "out": real.out(),
             "request": real.request_dir(), "lower": "/p",
@@ -469,36 +482,11 @@ mod tests {
     #[test]
     fn an_armed_sandbox_missing_a_directory_is_not_adopted() {
         let root = tempfile::tempdir().unwrap();
-        let warm = Backend {
-            state_dir: root.path().join("state/.warm-1-00000000000000ab"),
-            root_dir: "/p".into(),
-            layer_tmpfs: false,
-            layer_dir: Some(root.path().join("layers/.warm-1-00000000000000ab")),
-            flat_layer: true,
-            cgroups: Default::default(),
-            workspace: WorkspaceState::Overlay,
-        };
-        let real = Backend {
-            state_dir: root.path().join("state/r+s"),
-            layer_dir: Some(root.path().join("layers/r+s")),
-            ..warm.clone()
-        };
+        let (warm, real) = warm_and_real(root.path());
         // Its state and layer directories, but not the overlay's upper one.
         std::fs::create_dir_all(&warm.state_dir).unwrap();
         std::fs::create_dir_all(warm.layer_dir.as_ref().unwrap()).unwrap();
-        let armed = Armed {
-            key: ArmKey::of(
-                &serde_json::from_value(serde_json::json!({
-                    "runId": "r", "sandboxId": "s", "runtime": "bubblewrap", "rootDir": "/p"
-                }))
-                .unwrap(),
-                &WorkspaceState::Overlay,
-            ),
-            line: String::new(),
-            backend: warm.clone(),
-            ready: serde_json::Value::Null,
-            project: (0, 0),
-        };
+        let armed = armed_with(warm.clone(), String::new());
         let err = armed.adopt(&real).unwrap_err();
         assert!(err.to_string().contains(".upper"), "{err}");
         assert!(warm.state_dir.is_dir() && !real.state_dir.exists());

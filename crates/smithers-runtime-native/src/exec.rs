@@ -924,12 +924,8 @@ pub(crate) async fn execute(
             let mut control = w.control;
             match line.map(|line| control.write_all(&line)) {
                 Some(Ok(())) => Some((control, ForkedInit::into_spawned(w.init)?)),
-                Some(Err(e)) => {
-                    warm_lost = Some(e.to_string());
-                    given_up_control = Some(control);
-                    None
-                }
-                None => {
+                not_sent => {
+                    warm_lost = not_sent.and_then(|r| r.err()).map(|e| e.to_string());
                     given_up_control = Some(control);
                     None
                 }
@@ -954,10 +950,13 @@ pub(crate) async fn execute(
         })
         .await?;
         if !ended {
-            return Err(RuntimeError::spawn(
-                "end the armed warm sandbox's init",
-                "it was still running (its mounts are over this sandbox's layers) 5 s after it was told to end and killed; no cold init may mount them meanwhile",
-            ));
+            return Err(RuntimeError::Spawn {
+                operation: "end the armed warm sandbox's init".into(),
+                reason: format!(
+                    "it was still running (its mounts are over this sandbox's layers) {} s after it was told to end and killed; no cold init may mount them meanwhile",
+                    KILL_GRACE.as_secs()
+                ),
+            });
         }
         clear_volatile_marks(&layout, git_work.as_deref())?;
     }

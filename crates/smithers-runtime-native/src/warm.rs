@@ -378,6 +378,7 @@ struct PoolState {
     claimed: u64,
     /// Of those, how many were armed.
     claimed_armed: u64,
+    /// Of those, how many served their step's command (see [`WarmPool::step_started`]).
     served_armed: u64,
     /// No refill before this (see [`HOLD_AFTER_CLAIM`]).
     hold_until: Option<Instant>,

@@ -467,10 +467,29 @@ async fn spawn_init(
 /// been through a crash: a crash is a reboot). A mark from before this boot is left, and the
 /// mount refused, as overlayfs means it to be.
 fn clear_volatile_mark(work: &Path) -> Result<(), RuntimeError> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // Overlayfs makes its `work/` and `work/incompat/` mode 000, owned by whoever mounted it:
+    // root looks inside anyway, an ordinary user (the sandbox's root is their own uid) must
+    // open them up first, or the mark is never seen and the next mount refused. They are
+    // overlayfs' scratch, made anew at every mount.
+    for dir in [work.join("work"), work.join("work/incompat")] {
+        if std::fs::symlink_metadata(&dir)
+            .is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o700 != 0o700)
+        {
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+        }
+    }
     let mark = work.join("work/incompat/volatile");
-    let Ok(meta) = std::fs::symlink_metadata(&mark) else {
-        return Ok(());
+    let meta = match std::fs::symlink_metadata(&mark) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(RuntimeError::io(
+                "look for the overlay's volatile mark",
+                &mark,
+                e,
+            ))
+        }
     };
     let booted = std::fs::read_to_string("/proc/stat").ok().and_then(|stat| {
         stat.lines()

@@ -11,6 +11,7 @@
 #   scripts/ray/cluster.sh up            # install if needed, start, wait for the 4 slots
 #   scripts/ray/cluster.sh down          # stop every node by PID, remove the namespaces
 #   scripts/ray/cluster.sh status        # the Jobs API's view (nodes and their resources)
+#   scripts/ray/cluster.sh alive         # exit 0 if a cluster runs and its head answers
 #   scripts/ray/cluster.sh kill NODE     # SIGKILL a node's whole PID namespace (w1 or w2)
 #   scripts/ray/cluster.sh start NODE    # start a killed node again
 #   scripts/ray/cluster.sh cut NODE      # partition: the node's link to the switch goes down
@@ -111,14 +112,37 @@ start_node() {
         "${role[@]}" \
     > "$log" 2>&1 < /dev/null &
   echo $! > "$state/$n.pid"
+  start_time $! > "$state/$n.start"
   cd "$back"
+}
+
+# A process's start time (clock ticks since boot, /proc/PID/stat field 22): with its PID it
+# names the process, where a PID alone may have been reused since it was written down.
+start_time() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  # Fields after the command name, which may hold spaces and parentheses: 3 is the first.
+  stat="${stat##*) }"
+  # shellcheck disable=SC2086
+  set -- $stat
+  echo "${20}"
+}
+
+# The node's `ray start` leader, if the process its pid file names still runs (same PID and
+# start time); nothing for a node that is down or whose pid file outlived it.
+leader_of() {
+  local pid start
+  pid="$(cat "$state/$1.pid" 2>/dev/null)" || return 0
+  start="$(cat "$state/$1.start" 2>/dev/null)" || return 0
+  [ -n "$pid" ] && [ "$(start_time "$pid" 2>/dev/null)" = "$start" ] && echo "$pid"
+  return 0
 }
 
 # Every process of a node: the PID namespace its `ray start` leads.
 node_pids() {
   local leader
-  leader="$(cat "$state/$1.pid" 2>/dev/null)" || return 0
-  [ -d "/proc/$leader" ] || return 0
+  leader="$(leader_of "$1")"
+  [ -n "$leader" ] || return 0
   # The setsid'd nsenter forks unshare, which forks the namespace's PID 1.
   local pidns
   for p in $(pgrep -s "$leader" 2>/dev/null); do
@@ -129,7 +153,10 @@ node_pids() {
 
 kill_node() {
   local n="$1" leader
-  leader="$(cat "$state/$n.pid" 2>/dev/null)" || return 0
+  leader="$(leader_of "$n")"
+  rm -f "$state/$n.pid" "$state/$n.start"
+  # A pid file whose process is gone (or whose PID now names another process) kills nothing.
+  [ -n "$leader" ] || return 0
   # The leader is `unshare` (nsenter execs it); its child is PID 1 of the node's PID
   # namespace, whose death takes every process of the namespace (and of the sandboxes' nested
   # namespaces) with it. Killing the leader alone would leave the namespace running.
@@ -141,7 +168,6 @@ kill_node() {
     if [ ! -d "/proc/$leader" ] && { [ -z "$init" ] || [ ! -d "/proc/$init" ]; }; then break; fi
     sleep 0.1
   done
-  rm -f "$state/$n.pid"
   # A dead machine's kernel state dies with it; here the nodes share this kernel's cgroup
   # hierarchies, so the cgroups its sandboxes made stay behind, empty. Remove the empty ones
   # (rmdir refuses a cgroup with processes or children, so a live sandbox's is kept). Only the
@@ -185,7 +211,7 @@ case "$cmd" in
   up)
     [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
     install_ray
-    if [ -f "$state/head.pid" ] && [ -d "/proc/$(cat "$state/head.pid")" ]; then
+    if [ -n "$(leader_of head)" ]; then
       say "already up"; wait_ready; exit 0
     fi
     "$0" down >/dev/null 2>&1 || true
@@ -212,13 +238,18 @@ case "$cmd" in
   kill) kill_node "${2:?node}" ;;
   start)
     # One `ray start` per node: a second would outlive the first's pid file.
-    if [ -f "$state/${2:?node}.pid" ] && [ -d "/proc/$(cat "$state/$2.pid")" ]; then
+    if [ -n "$(leader_of "${2:?node}")" ]; then
       die "node $2 is running (kill it first)"
     fi
     start_node "$2" ;;
   cut) ip -n "$(ns sw)" link set "${2:?node}-sw" down ;;
   heal) ip -n "$(ns sw)" link set "${2:?node}-sw" up ;;
   status) api '/api/v0/nodes?detail=1'; echo ;;
+  alive)
+    # A state directory can outlive its cluster (a reboot, a killed CI run, a disk image
+    # copied with its /tmp): its token alone says nothing. Alive = the head's `ray start`
+    # runs and its API answers.
+    [ -n "$(leader_of head)" ] && [ -f "$state/token" ] && api /api/version >/dev/null 2>&1 ;;
   env)
     echo "RAY_ADDRESS=http://$subnet.${octet[head]}:8265"
     echo "RAY_AUTH_TOKEN=$(cat "$state/token")"

@@ -47,19 +47,49 @@ pub fn cluster(args: &[&str]) {
 }
 
 /// Whether the cluster answers with all four slots; prints SKIP (fails under CI) otherwise.
+/// A busy head may miss one request, so the cluster gets a bounded while to answer; if it
+/// never does, the reason says whether its head still runs and what its log ends with.
 pub fn usable() -> bool {
     let Some(token) = token() else {
         return super::native::skip(
             "no Ray cluster (start one with scripts/ray/cluster.sh up; CI does)",
         );
     };
-    match slots(&token) {
-        Ok(4) => true,
-        Ok(n) => super::native::skip(&format!(
-            "the Ray cluster offers {n} sandbox slots, not 4 (scripts/ray/cluster.sh down; up)"
-        )),
-        Err(e) => super::native::skip(&format!("the Ray cluster does not answer: {e}")),
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = slots(&token);
+        if answer == Ok(4) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return match answer {
+                Ok(n) => super::native::skip(&format!(
+                    "the Ray cluster offers {n} sandbox slots, not 4 (scripts/ray/cluster.sh down; up)"
+                )),
+                Err(e) => super::native::skip(&format!(
+                    "the Ray cluster does not answer: {e}\n{}",
+                    head_diagnosis()
+                )),
+            };
+        }
+        std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// Whether the head's `ray start` still runs, and the end of its log.
+fn head_diagnosis() -> String {
+    let dir = state_dir();
+    let pid = std::fs::read_to_string(dir.join("head.pid")).unwrap_or_default();
+    let pid = pid.trim();
+    let alive = !pid.is_empty() && std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let log = std::fs::read_to_string(dir.join("head.log")).unwrap_or_default();
+    let mut tail: Vec<&str> = log.lines().rev().take(15).collect();
+    tail.reverse();
+    format!(
+        "head pid {pid:?} {}; head.log ends:\n{}",
+        if alive { "runs" } else { "is gone" },
+        tail.join("\n")
+    )
 }
 
 /// The sandbox slots of the live nodes, per the cluster's own node table.
@@ -70,6 +100,13 @@ pub fn slots(token: &str) -> Result<u64, String> {
         .arg(format!("{ADDRESS}/api/v0/nodes?detail=1"))
         .output()
         .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "curl {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
     let v: serde_json::Value =
         serde_json::from_slice(&out.stdout).map_err(|e| format!("unreadable: {e}"))?;
     Ok(v["data"]["result"]["result"]

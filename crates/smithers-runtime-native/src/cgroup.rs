@@ -628,7 +628,13 @@ static COMPANIONS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new()
 /// SIGKILLs each process listed in the cgroup directory `dir`.
 fn kill_listed(dir: &Path) {
     if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-        for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        // A member outside this process's pid namespace is listed as 0, and kill(0) would
+        // kill our own process group: only positive pids are signalled.
+        for pid in text
+            .lines()
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+            .filter(|pid| *pid > 0)
+        {
             let _ = crate::sys::kill(pid, libc::SIGKILL);
         }
     }

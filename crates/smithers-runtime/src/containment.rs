@@ -280,7 +280,11 @@ pub async fn row04_system_dirs_read_only(env: &SuiteEnv) -> CaseResult {
         "/root".into(),
         String::new(), // "/" itself
     ];
-    if !dirs.contains(&home) {
+    // A $HOME under /tmp (a test harness's, an ordinary user's without a home) is inside the
+    // sandbox's own private, writable /tmp: writing there is no breach (row 3 and the
+    // "appeared" check cover what reaches the host).
+    let home_in_private_tmp = Path::new(&home).starts_with("/tmp");
+    if !dirs.contains(&home) && !home_in_private_tmp {
         dirs.push(home.clone());
     }
     let targets: Vec<String> = dirs.iter().map(|d| format!("{d}/{name}")).collect();

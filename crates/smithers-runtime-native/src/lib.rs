@@ -791,6 +791,7 @@ impl NativeRuntime {
             claimed_armed: 0,
             served_armed: 0,
             last_arm_error: None,
+            last_adopt_error: None,
             waiting: vec![],
         }
     }
@@ -1101,9 +1102,17 @@ impl NativeRuntime {
             let workspace = check_ownership(mode, workspace, &config.root_dir, &caps)?;
             let key = armed::ArmKey::of(&config, &workspace);
             let warm = pool
+                .as_ref()
                 .and_then(|pool| pool.claim(Some(&key)))
                 .or_else(|| prestarted.and_then(|pool| pool.claim_waiting(PRESTART_PATIENCE)));
-            create_on_disk(&config, &caps, workspace, defaults, warm)
+            // An armed sandbox that could not be adopted is given up and the step starts cold;
+            // the pool's status says why.
+            let given_up = |why: String| {
+                if let Some(pool) = &pool {
+                    pool.adopt_failed(why);
+                }
+            };
+            create_on_disk(&config, &caps, workspace, defaults, warm, given_up)
         })
         .await??;
         if let (Some(warm), Ok(backend)) = (warm, Backend::from_handle(&handle, "create")) {
@@ -1124,6 +1133,7 @@ fn create_on_disk(
     workspace: WorkspaceState,
     defaults: Defaults,
     warm: Option<warm::WarmSandbox>,
+    armed_given_up: impl FnOnce(String),
 ) -> Result<(SandboxHandle, Option<warm::ClaimedWarm>), RuntimeError> {
     let root_dir = &config.root_dir;
     match std::fs::metadata(root_dir) {
@@ -1145,7 +1155,10 @@ fn create_on_disk(
         Some(w) if w.armed.is_some() => {
             match adopt_armed(config, caps, &workspace, defaults, w, &state_dir) {
                 Ok(adopted) => return Ok(adopted),
-                Err(()) => None,
+                Err(why) => {
+                    armed_given_up(why);
+                    None
+                }
             }
         }
         other => other,
@@ -1200,8 +1213,8 @@ fn create_on_disk(
 
 /// Create with an armed warm sandbox (see [`armed`]): its directories renamed to this
 /// sandbox's, its cgroups (already at this configuration's limits) and its init the
-/// sandbox's. `Err(())` when its directories could not take this sandbox's names (a leftover
-/// of these ids is there, say): it is then given up, and create goes on without it.
+/// sandbox's. An error (why) when its directories could not take this sandbox's names (a
+/// leftover of these ids is there, say): it is then given up, and create goes on without it.
 fn adopt_armed(
     config: &SandboxConfig,
     caps: &HostCaps,
@@ -1209,7 +1222,7 @@ fn adopt_armed(
     defaults: Defaults,
     warm: warm::WarmSandbox,
     state_dir: &Path,
-) -> Result<(SandboxHandle, Option<warm::ClaimedWarm>), ()> {
+) -> Result<(SandboxHandle, Option<warm::ClaimedWarm>), String> {
     let mut backend = Backend {
         state_dir: state_dir.to_path_buf(),
         root_dir: config.root_dir.clone(),
@@ -1220,14 +1233,17 @@ fn adopt_armed(
         workspace: workspace.clone(),
     };
     let name = NativeRuntime::dir_name(config);
-    let adopted = place_layer(caps, &config.controls, &mut backend, &name).is_ok()
-        && warm
-            .armed
-            .as_ref()
-            .is_some_and(|armed| armed.adopt(&backend).is_ok());
-    if !adopted {
+    let adopted = place_layer(caps, &config.controls, &mut backend, &name)
+        .map_err(|e| format!("its layer: {e}"))
+        .and_then(|()| match warm.armed.as_ref() {
+            Some(armed) => armed
+                .adopt(&backend)
+                .map_err(|e| format!("its directories: {e}")),
+            None => Err("it is not armed".into()),
+        });
+    if let Err(why) = adopted {
         warm.discard();
-        return Err(());
+        return Err(why);
     }
     let (claimed, _cgroups) = warm.claim();
     let (sandbox_root, request_path, result_path) = project_dirs(&config.root_dir, config);
@@ -1255,10 +1271,10 @@ fn adopt_armed(
     match written {
         Ok(()) => Ok((handle, Some(claimed))),
         // The sandbox is ours now: undone as a failed create is.
-        Err(_) => {
+        Err(e) => {
             drop(claimed);
             let _ = cleanup_backend(&backend, &[], None);
-            Err(())
+            Err(format!("its records: {e}"))
         }
     }
 }

@@ -55,6 +55,9 @@ const WARM_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the keeper waits after a failure before it tries again (doubling to a minute).
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(60);
+/// How long a configuration whose arming failed is not armed for again: a failure may pass (a
+/// full disk, a busy cgroup), and steps meanwhile start cold, which costs only time.
+const UNARMABLE_FOR: Duration = Duration::from_secs(30);
 
 /// A prepared sandbox, waiting for a step.
 #[derive(Debug)]
@@ -388,10 +391,12 @@ struct PoolState {
     /// last claim's when it was the one before's too (see [`crate::armed`]).
     last_key: Option<ArmKey>,
     template: Option<ArmKey>,
-    /// A configuration whose arming failed: not tried again while it is the template.
-    unarmable: Option<ArmKey>,
+    /// A configuration whose arming failed, and when: not tried again for [`UNARMABLE_FOR`].
+    unarmable: Option<(ArmKey, Instant)>,
     /// Why the last arming failed.
     last_arm_error: Option<String>,
+    /// Why the last claimed armed sandbox could not be adopted (its step started cold).
+    last_adopt_error: Option<String>,
     /// Armed sandboxes no claim will take any more, for the keeper to discard.
     stale: Vec<WarmSandbox>,
 }
@@ -412,6 +417,8 @@ pub struct WarmStatus {
     /// whose plan differed at execute is given up, and not counted).
     pub served_armed: u64,
     pub last_arm_error: Option<String>,
+    /// Why the last claimed armed sandbox could not be adopted, its step starting cold.
+    pub last_adopt_error: Option<String>,
     /// The waiting sandboxes: their init's (P0's) pid and their cgroup directories.
     pub waiting: Vec<(i32, Vec<std::path::PathBuf>)>,
 }
@@ -563,6 +570,12 @@ impl WarmPool {
         found
     }
 
+    /// A claimed armed sandbox could not be adopted (see `adopt_armed`): its step started
+    /// cold. `status` reports why.
+    pub(crate) fn adopt_failed(&self, why: String) {
+        self.shared.lock().last_adopt_error = Some(why);
+    }
+
     /// The command of a step that claimed a warm sandbox has started, in the armed init it
     /// claimed if `armed_served`: the keeper may refill.
     pub(crate) fn step_started(&self, armed_served: bool) {
@@ -585,6 +598,7 @@ impl WarmPool {
             claimed_armed: state.claimed_armed,
             served_armed: state.served_armed,
             last_arm_error: state.last_arm_error.clone(),
+            last_adopt_error: state.last_adopt_error.clone(),
             waiting: state
                 .ready
                 .iter()
@@ -642,10 +656,10 @@ impl Drop for WarmPool {
 /// The configuration the keeper arms for now, if any (see [`crate::armed`]).
 fn armable_template(shared: &Shared, state: &PoolState) -> Option<ArmKey> {
     shared.arming?;
-    state
-        .template
-        .clone()
-        .filter(|t| state.unarmable.as_ref() != Some(t))
+    state.template.clone().filter(|t| {
+        !matches!(&state.unarmable,
+                Some((failed, at)) if failed == t && at.elapsed() < UNARMABLE_FOR)
+    })
 }
 
 /// The keeper's loop: make warm sandboxes while the pool is short of its size, and arm them
@@ -729,7 +743,7 @@ fn keep(
                         sandbox.discard();
                         let mut state = shared.lock();
                         state.last_arm_error = Some(e);
-                        state.unarmable = Some(template);
+                        state.unarmable = Some((template, Instant::now()));
                         state.making = false;
                         drop(state);
                         shared.changed.notify_all();

@@ -694,6 +694,41 @@ async fn a_project_replaced_since_arming_is_not_served_by_the_armed_sandbox() {
     assert_eq!(ran.stdout, "new\n");
 }
 
+/// An armed sandbox whose directories cannot take the step's names (a leftover state directory
+/// of the same ids, not this runtime's) is given up: create refuses as a cold one would, the
+/// armed init is gone, and the pool says why instead of starting cold in silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_armed_sandbox_that_cannot_be_adopted_is_given_up_and_said() {
+    let a = project();
+    let Some(rt) = armed_runtime(a.path()).await else {
+        return;
+    };
+    let armed_pid = rt.warm_up(Duration::from_secs(30)).await.unwrap().waiting[0].0;
+    let config = SandboxConfig {
+        run_id: format!("leftover-{}", std::process::id()),
+        sandbox_id: "sb".into(),
+        runtime: RuntimeKind::Bubblewrap,
+        root_dir: a.path().to_path_buf(),
+        image: None,
+        controls: Controls::default(),
+    };
+    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
+    let state_root = smithers_runtime_native::default_state_root(uid);
+    let leftover = state_root.join(format!("{}+{}", config.run_id, config.sandbox_id));
+    std::fs::create_dir_all(&leftover).unwrap();
+    let created = rt.create(&config).await;
+    let _ = std::fs::remove_dir_all(&leftover);
+    let err = created.expect_err("a leftover of the same ids is refused");
+    assert!(err.to_string().contains("already exists"), "{err}");
+    let status = rt.warm_up(Duration::from_secs(30)).await.unwrap();
+    let why = status.last_adopt_error.clone().unwrap_or_default();
+    assert!(why.contains("its directories"), "{status:?}");
+    assert!(
+        gone(armed_pid).await,
+        "the given-up armed init {armed_pid} ended"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_with_stdin_is_served_by_the_armed_sandbox() {
     let a = project();

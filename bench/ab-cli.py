@@ -8,7 +8,8 @@ own under /var/tmp, its sandboxes removed after, untimed) and bare bwrap with th
 isolation as `smithers-bench whole-cli`, interleaved, after 5 warm-up rounds. Prints each
 binary's p50 and the median of its per-round ratios to bwrap: on a machine whose load moves
 (bwrap's own p50 went from 5.4 to 10 ms over a day here), only such a same-run comparison
-says what a change gave.
+says what a change gave. Needs `bwrap` on PATH (`apt-get install bubblewrap`; scripts/setup
+does not install it, the product does not use it).
 """
 import subprocess, time, statistics, sys, os, shutil
 bins=sys.argv[1:-1]; N=int(sys.argv[-1])

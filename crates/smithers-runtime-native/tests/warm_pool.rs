@@ -90,6 +90,18 @@ impl Ran {
     }
 }
 
+/// A native sandbox's configuration for `root`.
+fn config(run_id: String, sandbox_id: String, root: &Path, controls: Controls) -> SandboxConfig {
+    SandboxConfig {
+        run_id,
+        sandbox_id,
+        runtime: RuntimeKind::Bubblewrap,
+        root_dir: root.to_path_buf(),
+        image: None,
+        controls,
+    }
+}
+
 async fn run(rt: &NativeRuntime, root: &Path, controls: Controls, script: &str) -> Ran {
     run_created(rt, root, controls, script, async {}).await
 }
@@ -103,17 +115,15 @@ async fn run_created(
     between: impl std::future::Future<Output = ()>,
 ) -> Ran {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let config = SandboxConfig {
-        run_id: format!("warm-{}", std::process::id()),
-        sandbox_id: format!(
+    let config = config(
+        format!("warm-{}", std::process::id()),
+        format!(
             "sb-{}",
             N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ),
-        runtime: RuntimeKind::Bubblewrap,
-        root_dir: root.to_path_buf(),
-        image: None,
+        root,
         controls,
-    };
+    );
     let handle = rt.create(&config).await.expect("create");
     between.await;
     rt.ship(
@@ -476,14 +486,12 @@ async fn dropping_the_runtime_ends_its_warm_sandboxes() {
     assert_eq!(waiting.len(), 2);
     // One claimed by a sandbox that is created and cleaned up without ever running.
     let root = project();
-    let config = SandboxConfig {
-        run_id: format!("warm-drop-{}", std::process::id()),
-        sandbox_id: "never-run".into(),
-        runtime: RuntimeKind::Bubblewrap,
-        root_dir: root.path().to_path_buf(),
-        image: None,
-        controls: Controls::default(),
-    };
+    let config = config(
+        format!("warm-drop-{}", std::process::id()),
+        "never-run".into(),
+        root.path(),
+        Controls::default(),
+    );
     let handle = rt.create(&config).await.expect("create");
     rt.cleanup(&handle).await.expect("cleanup");
     drop(rt);
@@ -704,14 +712,12 @@ async fn an_armed_sandbox_that_cannot_be_adopted_is_given_up_and_said() {
         return;
     };
     let armed_pid = rt.warm_up(Duration::from_secs(30)).await.unwrap().waiting[0].0;
-    let config = SandboxConfig {
-        run_id: format!("leftover-{}", std::process::id()),
-        sandbox_id: "sb".into(),
-        runtime: RuntimeKind::Bubblewrap,
-        root_dir: a.path().to_path_buf(),
-        image: None,
-        controls: Controls::default(),
-    };
+    let config = config(
+        format!("leftover-{}", std::process::id()),
+        "sb".into(),
+        a.path(),
+        Controls::default(),
+    );
     let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
     let state_root = smithers_runtime_native::default_state_root(uid);
     let leftover = state_root.join(format!("{}+{}", config.run_id, config.sandbox_id));
@@ -736,14 +742,12 @@ async fn a_step_with_stdin_is_served_by_the_armed_sandbox() {
         return;
     };
     // The stdin FIFO is made at execute in the request directory, bound since arming.
-    let config = SandboxConfig {
-        run_id: format!("warm-{}", std::process::id()),
-        sandbox_id: "sb-stdin".into(),
-        runtime: RuntimeKind::Bubblewrap,
-        root_dir: a.path().to_path_buf(),
-        image: None,
-        controls: Controls::default(),
-    };
+    let config = config(
+        format!("warm-{}", std::process::id()),
+        "sb-stdin".into(),
+        a.path(),
+        Controls::default(),
+    );
     let handle = rt.create(&config).await.expect("create");
     rt.ship(
         &handle,

@@ -76,18 +76,21 @@ pub fn usable() -> bool {
     }
 }
 
-/// Whether the head's `ray start` still runs, and the end of its log.
+/// Whether the head's `ray start` still runs (per `cluster.sh pids`, which checks the pid's
+/// start time, not only that the pid exists), and the end of its log.
 fn head_diagnosis() -> String {
-    let dir = state_dir();
-    let pid = std::fs::read_to_string(dir.join("head.pid")).unwrap_or_default();
-    let pid = pid.trim();
-    let alive = !pid.is_empty() && std::path::Path::new(&format!("/proc/{pid}")).exists();
-    let log = std::fs::read_to_string(dir.join("head.log")).unwrap_or_default();
+    let pids = Command::new("bash")
+        .arg(script())
+        .args(["pids", "head"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(0);
+    let log = std::fs::read_to_string(state_dir().join("head.log")).unwrap_or_default();
     let mut tail: Vec<&str> = log.lines().rev().take(15).collect();
     tail.reverse();
     format!(
-        "head pid {pid:?} {}; head.log ends:\n{}",
-        if alive { "runs" } else { "is gone" },
+        "the head {}; head.log ends:\n{}",
+        if pids > 0 { "runs" } else { "is gone" },
         tail.join("\n")
     )
 }

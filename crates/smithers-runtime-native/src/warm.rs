@@ -56,7 +56,8 @@ const WARM_TIMEOUT: Duration = Duration::from_secs(10);
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(60);
 /// How long a configuration whose arming failed is not armed for again: a failure may pass (a
-/// full disk, a busy cgroup), and steps meanwhile start cold, which costs only time.
+/// full disk, a busy cgroup), and steps meanwhile start cold, which costs only time. The keeper
+/// looks again at its next wake-up after that (a claim wakes it).
 const UNARMABLE_FOR: Duration = Duration::from_secs(30);
 
 /// A prepared sandbox, waiting for a step.

@@ -123,6 +123,11 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "the host serves whatever Runtime it is given (the CLI injects one): it depends on no backend",
     ),
     (
+        "smithers-resident",
+        &["*"],
+        "the resident service's socket, admission and descriptor passing know nothing of steps: the CLI decides what a served request runs",
+    ),
+    (
         "smithers-sandbox-init",
         &["*"],
         "the init is a security boundary of its own: it knows nothing of the runtime that starts it",

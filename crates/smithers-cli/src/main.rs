@@ -67,6 +67,9 @@ enum Command {
     Doctor(commands::doctor::DoctorArgs),
     /// Egress policies: what one decides for a destination (`egress check`).
     Egress(commands::egress::EgressArgs),
+    /// The resident service: keeps projects open and sandboxes prepared so that `run` is
+    /// a thin client (start, serve, stop, status).
+    Daemon(commands::daemon::DaemonArgs),
     /// Serve sandboxes to remote clients over HTTP (the codeplane runtime's server).
     // Boxed: its many operator flags would make every other variant as large.
     Serve(Box<commands::serve::ServeArgs>),
@@ -111,6 +114,53 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Doctor(args) => commands::doctor::run(args, cli.json),
         Command::Egress(args) => commands::egress::run(args, cli.json),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Daemon(args) => commands::daemon::run(args, cli.json),
+    }
+}
+
+/// A `run` command line's arguments (and `--json`), as the resident service parses a
+/// client's; `None` for any other command line (or one that does not parse).
+pub(crate) fn parse_run(argv: &[std::ffi::OsString]) -> Option<(commands::run::RunArgs, bool)> {
+    let cli = Cli::try_parse_from(argv).ok()?;
+    let json = cli.json;
+    match cli.command {
+        Command::Run(args) => Some((*args, json)),
+        _ => None,
+    }
+}
+
+/// Hands a `run` to the resident service when one of this build runs and admits it:
+/// `Some(exit status)` when it ran the step, `None` when this process should run it.
+fn through_resident_service(json: bool) -> Option<ExitCode> {
+    use smithers_resident::{client, Mode};
+    let mode = match Mode::from_env() {
+        Ok(Mode::Off) => return None,
+        Ok(mode) => mode,
+        Err(why) => {
+            let err = output::coded_error(
+                smithers_errors::ErrorCode::InvalidInput,
+                why,
+                serde_json::Value::Null,
+            );
+            return Some(output::report_error(&err, json));
+        }
+    };
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    match client::run(&argv) {
+        client::Served::Exit(code) => Some(ExitCode::from(code)),
+        client::Served::NotServed(why) if mode == Mode::Require => {
+            let err = output::coded_error(
+                smithers_errors::ErrorCode::InvalidInput,
+                format!(
+                    "the resident service did not serve this run ({}=require): {}",
+                    smithers_resident::MODE_ENV,
+                    output::inert(&why)
+                ),
+                serde_json::Value::Null,
+            );
+            Some(output::report_error(&err, json))
+        }
+        client::Served::NotServed(_) => None,
     }
 }
 
@@ -126,6 +176,11 @@ fn main() -> ExitCode {
         return ExitCode::from(smithers_sandbox_init::run(&args).clamp(0, 255) as u8);
     }
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Run(_)) {
+        if let Some(code) = through_resident_service(cli.json) {
+            return code;
+        }
+    }
     // Commands that only print (`ls | head`, `review | less`) end quietly when their reader
     // goes away, as `cat` does. `run`, `accept`, `reject`, `serve` and `bundle` are left out:
     // they have work to finish (run's step, an apply) whatever the reader does.

@@ -81,13 +81,19 @@ pub fn color_allowed() -> bool {
 
 /// Prints `err` (JSON on stdout with `json`, text on stderr otherwise) and returns exit 1.
 pub fn report_error(err: &anyhow::Error, json: bool) -> ExitCode {
+    ExitCode::from(report_error_code(err, json))
+}
+
+/// [`report_error`], the exit status as a number (the resident service sends it).
+pub fn report_error_code(err: &anyhow::Error, json: bool) -> u8 {
+    use std::io::Write as _;
     let report = to_report(err);
     if json {
-        println!("{}", report.to_json());
+        let _ = writeln!(std::io::stdout(), "{}", report.to_json());
     } else {
         say!("{}", render_text(&report));
     }
-    ExitCode::from(EXIT_REJECTED)
+    EXIT_REJECTED
 }
 
 /// `error [CODE]: message`, then one indented `key: value` line per detail; the message and

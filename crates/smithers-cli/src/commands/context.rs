@@ -204,6 +204,15 @@ pub fn orchestrator_with(
     if let Some(controls) = prestart {
         native.prestart(controls);
     }
+    orchestrator_over(db_path, Arc::new(native))
+}
+
+/// The orchestrator over the store at `db_path` with `native` as its native runtime (and
+/// docker, codeplane and ray as the environment configures them).
+fn orchestrator_over(
+    db_path: &Path,
+    native: Arc<smithers_runtime_native::NativeRuntime>,
+) -> anyhow::Result<Orchestrator> {
     let store = Arc::new(Store::open(db_path).coded()?);
     // This very binary holds a container step's network namespace for an egress policy.
     let docker = DockerRuntime::new(DockerOptions {
@@ -212,7 +221,7 @@ pub fn orchestrator_with(
     });
     let orchestrator = Orchestrator::new(store, Arc::new(AtomicPatchApplier), Settings::from_env())
         .coded()?
-        .with_runtime(Arc::new(native))
+        .with_runtime(native)
         .with_runtime(Arc::new(docker));
     // The codeplane runtime (a `smithers-sandbox serve` host) where its URL and token are
     // set; `run --runtime codeplane` says what is missing otherwise.
@@ -283,33 +292,182 @@ pub fn open_with(
     let orchestrator = Arc::new(orchestrator_with(&db_path, workspace, prestart)?);
     let rt = async_runtime()?;
     let recovered = rt.block_on(orchestrator.recover()).coded()?;
-    if !quiet {
-        for r in &recovered {
-            // Ids and runtime come from the database: inert.
-            say!(
-                "{} orphaned sandbox {}:{} ({}){}",
-                if r.marked_failed {
-                    "recovered"
-                } else {
-                    "found (database not ours to act on: reported only)"
-                },
-                inert(&r.run_id),
-                inert(&r.sandbox_id),
-                inert(&r.runtime),
-                match &r.cleanup_error {
-                    None if r.marked_failed => ": marked failed, leftovers cleaned up".to_string(),
-                    None => String::new(),
-                    Some(e) => format!(": cleanup not done: {}", inert(e)),
-                }
-            );
-        }
-    }
+    report_recovered(&recovered, quiet);
     Ok(Ctx {
         orchestrator,
         db_path,
         recovered,
         rt: Some(rt),
     })
+}
+
+/// Says what the recovery pass found (unless `quiet`).
+fn report_recovered(recovered: &[RecoveredSandbox], quiet: bool) {
+    if quiet {
+        return;
+    }
+    for r in recovered {
+        // Ids and runtime come from the database: inert.
+        say!(
+            "{} orphaned sandbox {}:{} ({}){}",
+            if r.marked_failed {
+                "recovered"
+            } else {
+                "found (database not ours to act on: reported only)"
+            },
+            inert(&r.run_id),
+            inert(&r.sandbox_id),
+            inert(&r.runtime),
+            match &r.cleanup_error {
+                None if r.marked_failed => ": marked failed, leftovers cleaned up".to_string(),
+                None => String::new(),
+                Some(e) => format!(": cleanup not done: {}", inert(e)),
+            }
+        );
+    }
+}
+
+/// A context for one command: its own, or one the resident service keeps open across
+/// requests (with the recovery pass of this request).
+pub enum CtxHandle {
+    Own(Ctx),
+    Shared(Arc<Ctx>, Vec<RecoveredSandbox>),
+}
+
+impl std::ops::Deref for CtxHandle {
+    type Target = Ctx;
+    fn deref(&self) -> &Ctx {
+        match self {
+            CtxHandle::Own(ctx) => ctx,
+            CtxHandle::Shared(ctx, _) => ctx,
+        }
+    }
+}
+
+impl CtxHandle {
+    /// What this request's recovery pass found.
+    pub fn recovered(&self) -> &[RecoveredSandbox] {
+        match self {
+            CtxHandle::Own(ctx) => &ctx.recovered,
+            CtxHandle::Shared(_, recovered) => recovered,
+        }
+    }
+}
+
+/// The projects the resident service keeps open: each one's store, async runtime and native
+/// runtime, whose warm pool prepares (and, for a configuration that repeats, arms) the next
+/// step's sandbox while the service waits.
+pub struct ContextCache {
+    /// Sandboxes each project's pool keeps prepared.
+    warm: usize,
+    entries: Vec<CachedCtx>,
+}
+
+struct CachedCtx {
+    db_path: PathBuf,
+    workspace: smithers_runtime_native::WorkspaceMode,
+    /// The database file's (device, inode) when it was opened: a database removed or
+    /// replaced since (`rm -r .smithers`) is opened anew, never written through a
+    /// descriptor of a file nobody will read again.
+    file: (u64, u64),
+    ctx: Arc<Ctx>,
+    /// The context's native runtime (the orchestrator holds it too), for its pool's status.
+    native: Arc<smithers_runtime_native::NativeRuntime>,
+    used: std::time::Instant,
+}
+
+/// The most projects kept open at once (the least recently used is closed first).
+pub const MAX_CACHED_PROJECTS: usize = 4;
+
+impl ContextCache {
+    pub fn new(warm: usize) -> ContextCache {
+        ContextCache {
+            warm,
+            entries: Vec::new(),
+        }
+    }
+
+    /// The warm pools' state, project by project.
+    pub fn warm_status(&self) -> Vec<(PathBuf, Option<smithers_runtime_native::WarmStatus>)> {
+        self.entries
+            .iter()
+            .map(|e| (e.db_path.clone(), e.native.warm_status()))
+            .collect()
+    }
+
+    /// Closes every project (their warm sandboxes are killed and removed).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    /// The context of the project `args` names, opened when it is not kept yet (or its
+    /// database file changed), with a recovery pass either way.
+    pub fn get(
+        &mut self,
+        args: &StoreArgs,
+        quiet: bool,
+        workspace: smithers_runtime_native::WorkspaceMode,
+    ) -> anyhow::Result<CtxHandle> {
+        let db_path = args.db_path()?;
+        let file_now = file_id(&db_path);
+        if let Some(at) = self
+            .entries
+            .iter()
+            .position(|e| e.db_path == db_path && e.workspace == workspace)
+        {
+            if file_now == Some(self.entries[at].file) {
+                let entry = &mut self.entries[at];
+                entry.used = std::time::Instant::now();
+                let ctx = entry.ctx.clone();
+                let recovered = ctx.rt().block_on(ctx.orchestrator.recover()).coded()?;
+                report_recovered(&recovered, quiet);
+                return Ok(CtxHandle::Shared(ctx, recovered));
+            }
+            self.entries.remove(at);
+        }
+        if self.entries.len() >= MAX_CACHED_PROJECTS {
+            if let Some(oldest) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.used)
+                .map(|(i, _)| i)
+            {
+                self.entries.remove(oldest);
+            }
+        }
+        let native = Arc::new(super::run::native_runtime_warm_with(workspace, self.warm)?);
+        let orchestrator = Arc::new(orchestrator_over(&db_path, native.clone())?);
+        let rt = async_runtime()?;
+        let recovered = rt.block_on(orchestrator.recover()).coded()?;
+        report_recovered(&recovered, quiet);
+        let file = file_id(&db_path).with_context(|| {
+            format!(
+                "the database {} vanished as it was opened",
+                db_path.display()
+            )
+        })?;
+        let ctx = Arc::new(Ctx {
+            orchestrator,
+            db_path: db_path.clone(),
+            recovered: Vec::new(),
+            rt: Some(rt),
+        });
+        self.entries.push(CachedCtx {
+            db_path,
+            workspace,
+            file,
+            ctx: ctx.clone(),
+            native,
+            used: std::time::Instant::now(),
+        });
+        Ok(CtxHandle::Shared(ctx, recovered))
+    }
+}
+
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// Recovered sandboxes as JSON (for `--json` documents).

@@ -2,6 +2,7 @@
 
 pub mod bundle;
 pub mod context;
+pub mod daemon;
 pub mod doctor;
 pub mod egress;
 pub mod inspect;

@@ -391,6 +391,14 @@ pub fn workspace_from_env() -> anyhow::Result<WorkspaceMode> {
     }
 }
 
+/// [`native_runtime_warm`] with an explicit workspace mode (the resident service's projects).
+pub fn native_runtime_warm_with(
+    workspace: WorkspaceMode,
+    warm: usize,
+) -> anyhow::Result<NativeRuntime> {
+    native_runtime_options(workspace, warm)
+}
+
 /// [`native_runtime`] with an explicit workspace mode.
 pub fn native_runtime_with(workspace: WorkspaceMode) -> anyhow::Result<NativeRuntime> {
     native_runtime_options(workspace, 0)
@@ -710,6 +718,7 @@ impl OutputSink for Sink {
 /// user's keystrokes into it unasked would surprise. Docker and codeplane carry no stream, so
 /// there a piped stdin is left out and said so.
 fn step_stdin(runtime: RuntimeChoice, json_out: bool) -> smithers_runtime::StepStdin {
+    use std::os::fd::AsFd;
     use std::os::unix::fs::FileTypeExt;
     let piped = std::fs::metadata("/proc/self/fd/0").is_ok_and(|m| {
         let t = m.file_type();
@@ -727,11 +736,46 @@ fn step_stdin(runtime: RuntimeChoice, json_out: bool) -> smithers_runtime::StepS
         }
         return smithers_runtime::StepStdin::default();
     }
-    smithers_runtime::StepStdin::from_reader(std::io::stdin())
+    // Read through a descriptor of its own, not std's buffered stdin: what the step leaves
+    // unread must not stay in a buffer of this process (the resident service serves the next
+    // client from it).
+    match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => smithers_runtime::StepStdin::from_reader(std::fs::File::from(fd)),
+        Err(_) => smithers_runtime::StepStdin::from_reader(std::io::stdin()),
+    }
 }
 
-/// Runs `run`.
+/// How `run` learns of the user's Ctrl-C.
+pub enum Interrupts {
+    /// Its own SIGINT: the first cancels the step, the second exits at once.
+    Signals,
+    /// The resident service's client: it relays the first, and exits at the second itself
+    /// (the service goes on with the cleanup).
+    Client(smithers_resident::server::Interrupts),
+}
+
+/// Runs `run` in this process.
 pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    run_with(args, json_out, Interrupts::Signals, None).map(ExitCode::from)
+}
+
+/// Runs `run` for a client of the resident service (whose stdio and working directory are
+/// this process's for the time), in a project the service keeps open.
+pub fn run_served(
+    args: &RunArgs,
+    json_out: bool,
+    interrupts: smithers_resident::server::Interrupts,
+    cache: &mut context::ContextCache,
+) -> anyhow::Result<u8> {
+    run_with(args, json_out, Interrupts::Client(interrupts), Some(cache))
+}
+
+fn run_with(
+    args: &RunArgs,
+    json_out: bool,
+    interrupts: Interrupts,
+    cache: Option<&mut context::ContextCache>,
+) -> anyhow::Result<u8> {
     let controls = controls(args)?;
     // Said before anything is created: where the host or the cluster is, or what to set.
     match args.runtime {
@@ -768,8 +812,17 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     }
     // A native step's sandbox is made on the other core while the store opens and the
     // step is recorded (a step a warm sandbox cannot serve starts cold at create, as before).
+    // (The resident service's projects have a warm pool instead.)
     let prestart = (args.runtime == RuntimeChoice::Bubblewrap).then_some(&controls);
-    let ctx = context::open_with(&args.store, json_out, args.workspace.mode(), prestart)?;
+    let ctx = match cache {
+        None => context::CtxHandle::Own(context::open_with(
+            &args.store,
+            json_out,
+            args.workspace.mode(),
+            prestart,
+        )?),
+        Some(cache) => cache.get(&args.store, json_out, args.workspace.mode())?,
+    };
     let run_id = args.run_id.clone().unwrap_or_else(|| new_id("run"));
     let sandbox_id = args.sandbox_id.clone().unwrap_or_else(|| new_id("sbx"));
     refuse_reused_ids(&ctx, &root, &run_id, &sandbox_id, args.replace)?;
@@ -829,17 +882,28 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let result = ctx.rt().block_on(async {
         let on_ctrl_c = cancel.clone();
         let ctrl_display = display.clone();
-        let ctrl_c = tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                on_ctrl_c.cancel();
-                ctrl_display.cancelling();
+        let ctrl_c = match interrupts {
+            Interrupts::Signals => Some(tokio::spawn(async move {
                 if tokio::signal::ctrl_c().await.is_ok() {
-                    ctrl_display.finish();
-                    say!("interrupted again: exiting without waiting for cleanup");
-                    std::process::exit(130);
+                    on_ctrl_c.cancel();
+                    ctrl_display.cancelling();
+                    if tokio::signal::ctrl_c().await.is_ok() {
+                        ctrl_display.finish();
+                        say!("interrupted again: exiting without waiting for cleanup");
+                        std::process::exit(130);
+                    }
                 }
+            })),
+            Interrupts::Client(from_client) => {
+                from_client.on_interrupt(move || {
+                    if !on_ctrl_c.is_cancelled() {
+                        on_ctrl_c.cancel();
+                        ctrl_display.cancelling();
+                    }
+                });
+                None
             }
-        });
+        };
         let tick_display = display.clone();
         let ticker = tokio::spawn(async move {
             loop {
@@ -849,7 +913,9 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         });
         let r = orchestrator.execute(&req, &step_ctx).await;
         ticker.abort();
-        ctrl_c.abort();
+        if let Some(ctrl_c) = ctrl_c {
+            ctrl_c.abort();
+        }
         r
     });
     display.finish();
@@ -881,7 +947,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         "db": ctx.db_path,
         "termination": termination,
         "exitCode": exit_code,
-        "recovered": context::recovered_json(&ctx.recovered),
+        "recovered": context::recovered_json(ctx.recovered()),
         "enforcement": enforcement,
     });
     let mut doc = base;
@@ -912,7 +978,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     say!("bundle   {}", inert(&b));
                 }
             }
-            return Ok(ExitCode::from(EXIT_REJECTED));
+            return Ok(EXIT_REJECTED);
         }
         Ok(SandboxOutcome::Cancelled { bundle_path }) => {
             if json_out {
@@ -928,7 +994,7 @@ pub fn run(args: &RunArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     say!("bundle   {}", inert(&b.display().to_string()));
                 }
             }
-            ExitCode::from(130)
+            130
         }
         Ok(SandboxOutcome::Completed(done)) => {
             let (patches, notes) = context::bundle_contents(&done.bundle_path).unwrap_or_default();
@@ -1195,17 +1261,17 @@ fn not_held(enforcement: Option<&Value>) -> Vec<String> {
 
 /// 0 for a finished step; the step's own exit code when it failed with one; 124 for a
 /// timeout (like timeout(1)); 1 otherwise.
-fn status_exit(status: &str, termination: Option<&str>, exit_code: Option<i64>) -> ExitCode {
+fn status_exit(status: &str, termination: Option<&str>, exit_code: Option<i64>) -> u8 {
     if status == "finished" {
-        return ExitCode::SUCCESS;
+        return 0;
     }
     if status == "cancelled" {
-        return ExitCode::from(130);
+        return 130;
     }
     match (termination, exit_code) {
-        (Some("timeout"), _) => ExitCode::from(124),
-        (_, Some(c)) if (1..=255).contains(&c) => ExitCode::from(c as u8),
-        _ => ExitCode::from(EXIT_REJECTED),
+        (Some("timeout"), _) => 124,
+        (_, Some(c)) if (1..=255).contains(&c) => c as u8,
+        _ => EXIT_REJECTED,
     }
 }
 
@@ -1281,19 +1347,10 @@ mod tests {
 
     #[test]
     fn exit_codes_follow_the_step() {
-        assert_eq!(
-            status_exit("finished", Some("exited"), Some(0)),
-            ExitCode::SUCCESS
-        );
-        assert_eq!(
-            status_exit("failed", Some("exited"), Some(3)),
-            ExitCode::from(3)
-        );
-        assert_eq!(
-            status_exit("failed", Some("timeout"), None),
-            ExitCode::from(124)
-        );
-        assert_eq!(status_exit("cancelled", None, None), ExitCode::from(130));
-        assert_eq!(status_exit("failed", None, None), ExitCode::from(1));
+        assert_eq!(status_exit("finished", Some("exited"), Some(0)), 0);
+        assert_eq!(status_exit("failed", Some("exited"), Some(3)), 3);
+        assert_eq!(status_exit("failed", Some("timeout"), None), 124);
+        assert_eq!(status_exit("cancelled", None, None), 130);
+        assert_eq!(status_exit("failed", None, None), 1);
     }
 }

@@ -1,0 +1,426 @@
+//! `smithers-sandbox daemon`: the resident service of one user.
+//!
+//! It keeps each project it has served open (its store, async runtime and native runtime)
+//! with a warm pool that prepares the next step's sandbox, and arms it once a configuration
+//! repeats (`crate::commands::context::ContextCache`). `run` hands it its command line, its
+//! environment and its stdio ([`smithers_resident`]) and waits; a request it cannot serve as
+//! the client would have run it (another user, namespace, build or environment; busy with
+//! another step) is declined, and `run` runs the step itself. `SMITHERS_RESIDENT=off` never
+//! uses it; `=require` fails with the reason when it does not serve.
+//!
+//! Nothing about a step differs when it is served: the same code runs it, with the client's
+//! stdio, working directory and umask, and the same environment. What does differ: the step's
+//! sandbox is made in the service's cgroup and with its resource limits (rlimits), not the
+//! shell's; `doctor` describes the user who runs it, and so holds for both.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use smithers_errors::ErrorCode;
+use smithers_resident::place::Place;
+use smithers_resident::server::{BindError, Incoming, Listener, Session};
+use smithers_resident::wire::{self, Ask, Frame};
+
+use super::context::ContextCache;
+use crate::output::{coded_error, inert, say};
+
+/// Arguments of `daemon`.
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Debug, Subcommand)]
+enum Action {
+    /// Start the service in the background (it ends by itself after --idle without a step).
+    Start(ServeOptions),
+    /// Run the service in the foreground (under a service manager, or to watch it).
+    Serve(ServeOptions),
+    /// Stop the service (its prepared sandboxes are removed).
+    Stop,
+    /// Whether the service runs, and what it holds.
+    Status,
+}
+
+#[derive(Debug, Args, Clone)]
+struct ServeOptions {
+    /// End after this long without a request: 30s, 15m, 2h; 0 never ends.
+    #[arg(long, value_name = "DURATION", default_value = "15m")]
+    idle: String,
+    /// Sandboxes each project keeps prepared for its next step.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    warm: usize,
+}
+
+fn invalid(message: String) -> anyhow::Error {
+    coded_error(ErrorCode::InvalidInput, message, Value::Null)
+}
+
+/// Runs `daemon`.
+pub fn run(args: &DaemonArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    match &args.action {
+        Action::Start(options) => start(options, json_out),
+        Action::Serve(options) => serve(options),
+        Action::Stop => stop(json_out),
+        Action::Status => status(json_out),
+    }
+}
+
+fn idle_limit(options: &ServeOptions) -> anyhow::Result<Option<Duration>> {
+    if options.idle.trim() == "0" {
+        return Ok(None);
+    }
+    super::run::parse_duration_ms(&options.idle)
+        .map(|ms| Some(Duration::from_millis(ms)))
+        .ok_or_else(|| {
+            invalid(format!(
+                "--idle {:?} is not a duration (30s, 15m, 2h, 0)",
+                options.idle
+            ))
+        })
+}
+
+/// Asks the running service for `kind` (`status`, `stop`); `None` when none answers.
+fn ask(place: &Place, kind: &str) -> Option<Value> {
+    let sock = std::os::unix::net::UnixStream::connect(&place.socket).ok()?;
+    sock.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    Frame::control(&place.build, kind).send(&sock, &[]).ok()?;
+    let line = wire::read_line(&sock).ok()??;
+    Some(match line.strip_prefix("status ") {
+        Some(doc) => serde_json::from_str(doc).unwrap_or(Value::Null),
+        None => json!(line),
+    })
+}
+
+fn start(options: &ServeOptions, json_out: bool) -> anyhow::Result<ExitCode> {
+    idle_limit(options)?;
+    let place = Place::of_this_build(true).context("the service's directory")?;
+    if let Some(doc) = ask(&place, "status") {
+        if json_out {
+            println!("{}", json!({ "started": false, "status": doc }));
+        } else {
+            say!(
+                "the resident service is already running (pid {})",
+                doc["pid"]
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&place.log)
+        .with_context(|| format!("opening {}", place.log.display()))?;
+    let exe = std::env::current_exe().context("locating the current executable")?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(["daemon", "serve", "--idle", &options.idle, "--warm"])
+        .arg(options.warm.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    smithers_resident::detach(&mut command);
+    let mut child = command.spawn().context("starting the service")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(doc) = ask(&place, "status") {
+            if json_out {
+                println!("{}", json!({ "started": true, "status": doc }));
+            } else {
+                say!(
+                    "resident service started (pid {}); `run` uses it from shells with this environment\n  socket {}\n  log    {}",
+                    doc["pid"],
+                    inert(&place.socket.display().to_string()),
+                    inert(&place.log.display().to_string())
+                );
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(anyhow::anyhow!(
+                "the service exited at once ({status}); see {}",
+                place.log.display()
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(anyhow::anyhow!(
+                "the service did not answer within 10 s; see {}",
+                place.log.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn stop(json_out: bool) -> anyhow::Result<ExitCode> {
+    // No directory (or not a private one of ours): no service of ours can be behind it.
+    let place = Place::of_this_build(false).ok();
+    let stopped = place.as_ref().is_some_and(|p| ask(p, "stop").is_some());
+    if let (true, Some(place)) = (stopped, &place) {
+        // It answers, then closes its projects: wait for its socket to go.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while place.socket.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    if json_out {
+        println!("{}", json!({ "stopped": stopped }));
+    } else if stopped {
+        say!("resident service stopped");
+    } else {
+        say!("no resident service of this build is running");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status(json_out: bool) -> anyhow::Result<ExitCode> {
+    let place = Place::of_this_build(false).ok();
+    let doc = place.as_ref().and_then(|p| ask(p, "status"));
+    if json_out {
+        println!("{}", json!({ "running": doc.is_some(), "status": doc }));
+    } else {
+        match &doc {
+            None => say!(
+                "no resident service of this build is running (`smithers-sandbox daemon start`)"
+            ),
+            Some(doc) => {
+                say!(
+                    "running  pid {}, for {} s",
+                    doc["pid"],
+                    doc["uptimeSeconds"]
+                );
+                say!(
+                    "served   {} step(s), declined {}",
+                    doc["served"],
+                    doc["declined"]
+                );
+                if let Some(why) = doc["lastDeclined"].as_str() {
+                    say!("         last declined: {}", inert(why));
+                }
+                for p in doc["projects"].as_array().into_iter().flatten() {
+                    say!(
+                        "project  {} (warm: {} ready, {} armed)",
+                        inert(p["db"].as_str().unwrap_or("")),
+                        p["warm"]["ready"],
+                        p["warm"]["armed"]
+                    );
+                }
+            }
+        }
+    }
+    Ok(if doc.is_some() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
+}
+
+/// What the service has done, for `status`.
+#[derive(Default)]
+struct Counters {
+    served: AtomicU64,
+    declined: AtomicU64,
+    last_declined: Mutex<Option<String>>,
+}
+
+impl Counters {
+    fn declined(&self, why: &str) {
+        self.declined.fetch_add(1, Ordering::Relaxed);
+        *self.last_declined.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.to_string());
+    }
+}
+
+struct Service {
+    /// The projects kept open; locked by the one request being served.
+    projects: Mutex<ContextCache>,
+    counters: Counters,
+    started: Instant,
+    last_request: Mutex<Instant>,
+    stopping: AtomicBool,
+}
+
+fn serve(options: &ServeOptions) -> anyhow::Result<ExitCode> {
+    let idle = idle_limit(options)?;
+    let place = Place::of_this_build(true).context("the service's directory")?;
+    let listener = match Listener::bind(&place) {
+        Ok(l) => l,
+        Err(BindError::AlreadyRunning) => {
+            say!("a resident service of this build is already running");
+            return Ok(ExitCode::from(crate::output::EXIT_REJECTED));
+        }
+        Err(BindError::Io(e)) => {
+            return Err(
+                anyhow::anyhow!(e).context(format!("listening on {}", place.socket.display()))
+            )
+        }
+    };
+    say!(
+        "resident service {} listening on {}",
+        std::process::id(),
+        inert(&place.socket.display().to_string())
+    );
+    let service = Arc::new(Service {
+        projects: Mutex::new(ContextCache::new(options.warm)),
+        counters: Counters::default(),
+        started: Instant::now(),
+        last_request: Mutex::new(Instant::now()),
+        stopping: AtomicBool::new(false),
+    });
+    loop {
+        if service.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        match listener.next(Duration::from_millis(500)) {
+            Ok(Some(incoming)) => {
+                *service
+                    .last_request
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                let service = service.clone();
+                std::thread::Builder::new()
+                    .name("resident-request".into())
+                    .spawn(move || handle(incoming, &service))
+                    .context("starting a request's thread")?;
+            }
+            Ok(None) => {
+                let quiet_for = service
+                    .last_request
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .elapsed();
+                let busy = service.projects.try_lock().is_err();
+                if idle.is_some_and(|limit| quiet_for > limit) && !busy {
+                    say!("no request for {} s: exiting", quiet_for.as_secs());
+                    break;
+                }
+            }
+            Err(e) => return Err(anyhow::anyhow!(e).context("accepting a client")),
+        }
+    }
+    // No new client from here; the step being served (if any) finishes first.
+    drop(listener);
+    service
+        .projects
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn handle(incoming: Incoming, service: &Service) {
+    let (ask, connection) = match incoming.read() {
+        Ok(x) => x,
+        Err(why) => return service.counters.declined(&why),
+    };
+    match ask {
+        Ask::Status => connection.answer(&format!("status {}", status_doc(service))),
+        Ask::Stop => {
+            service.stopping.store(true, Ordering::SeqCst);
+            connection.answer("ok");
+        }
+        Ask::Run(request) => {
+            if let Err(why) = connection.admit(&request) {
+                service.counters.declined(&why);
+                return connection.decline(&why);
+            }
+            let Some((args, json_out)) = crate::parse_run(&request.argv) else {
+                let why = "not a `run` command line";
+                service.counters.declined(why);
+                return connection.decline(why);
+            };
+            let mut projects = match service.projects.try_lock() {
+                Ok(p) => p,
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    let why = "busy with another step";
+                    service.counters.declined(why);
+                    return connection.decline(why);
+                }
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            };
+            if service.stopping.load(Ordering::SeqCst) {
+                return connection.decline("stopping");
+            }
+            let Ok(session) = connection.start(request) else {
+                return;
+            };
+            service.counters.served.fetch_add(1, Ordering::Relaxed);
+            let code = serve_run(&session, &args, json_out, &mut projects);
+            *service
+                .last_request
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            session.finish(code);
+        }
+    }
+}
+
+/// Runs the client's step with its stdio and working directory in place of ours.
+fn serve_run(
+    session: &Session,
+    args: &super::run::RunArgs,
+    json_out: bool,
+    projects: &mut ContextCache,
+) -> u8 {
+    let guard = match session.redirect() {
+        Ok(g) => g,
+        Err(e) => {
+            say!("taking the client's stdio: {e}");
+            return crate::output::EXIT_REJECTED;
+        }
+    };
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        super::run::run_served(args, json_out, session.interrupts(), projects)
+    }));
+    let code = match outcome {
+        Ok(Ok(code)) => code,
+        Ok(Err(e)) => crate::output::report_error_code(&e, json_out),
+        Err(_) => {
+            // A bug: the projects' state is not trusted any more; closing them removes
+            // their sandboxes (a step's own is cleaned up by the next recovery pass).
+            projects.clear();
+            say!("error: the resident service failed while running this step (a bug); its projects were closed");
+            101
+        }
+    };
+    let _ = std::io::stdout().flush();
+    drop(guard);
+    code
+}
+
+fn status_doc(service: &Service) -> Value {
+    let projects: Vec<Value> = match service.projects.try_lock() {
+        Ok(p) => p
+            .warm_status()
+            .into_iter()
+            .map(|(db, warm)| {
+                json!({
+                    "db": db,
+                    "warm": warm.map(|w| json!({
+                        "ready": w.ready,
+                        "armed": w.armed,
+                        "servedArmed": w.served_armed,
+                        "lastError": w.last_error,
+                        "lastArmError": w.last_arm_error,
+                    })),
+                })
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    json!({
+        "pid": std::process::id(),
+        "uptimeSeconds": service.started.elapsed().as_secs(),
+        "served": service.counters.served.load(Ordering::Relaxed),
+        "declined": service.counters.declined.load(Ordering::Relaxed),
+        "lastDeclined": *service.counters.last_declined.lock().unwrap_or_else(|p| p.into_inner()),
+        "busy": service.projects.try_lock().is_err(),
+        "projects": projects,
+    })
+}

@@ -1,0 +1,489 @@
+//! The resident service (`smithers-sandbox daemon`), through the real binary and real native
+//! sandboxes: a served `run` is the same run (output, stdin, exit status, working
+//! directory, bundle and review); a client the service must not serve (another environment,
+//! another user, the service busy) is declined with the reason and runs its step itself;
+//! Ctrl-C and a killed client cancel the served step; a project's database removed between
+//! two steps is opened anew.
+//!
+//! Each test runs its own service in a private directory (`SMITHERS_RESIDENT_DIR`), which it
+//! stops at its end.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::native::{bin, bin_path, sandboxes_usable};
+
+/// A service of the binary under test, in a directory of its own; stopped when dropped.
+struct Service {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Service {
+    fn start() -> Service {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // The service refuses a directory others can enter.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let child = bin()
+            .env("SMITHERS_RESIDENT_DIR", dir.path())
+            .args(["daemon", "serve", "--idle", "5m"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Service { dir, child };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while s.status().is_none() {
+            assert!(Instant::now() < deadline, "the service did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    /// The binary as a client of this service (same environment as the service's).
+    fn client(&self) -> Command {
+        let mut c = bin();
+        c.env("SMITHERS_RESIDENT_DIR", self.dir.path());
+        c
+    }
+
+    /// The binary as a client that must be served.
+    fn required(&self) -> Command {
+        let mut c = self.client();
+        c.env("SMITHERS_RESIDENT", "require");
+        c
+    }
+
+    fn status(&self) -> Option<Value> {
+        let out = self
+            .client()
+            .args(["--json", "daemon", "status"])
+            .output()
+            .unwrap();
+        let doc: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (doc["running"] == true).then(|| doc["status"].clone())
+    }
+
+    fn served(&self) -> u64 {
+        self.status().unwrap()["served"].as_u64().unwrap()
+    }
+
+    /// Waits until no step is being served (its cancellation and cleanup are over).
+    fn wait_idle(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.status().unwrap()["busy"] == true {
+            assert!(Instant::now() < deadline, "the service stayed busy");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.client().args(["daemon", "stop"]).output();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("README"), "hello\n").unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    // Marks the project's top, so that a run from `sub` is a run of this project.
+    std::fs::create_dir(dir.path().join(".smithers")).unwrap();
+    dir
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `cmd` with `input` on its stdin.
+fn with_stdin(mut cmd: Command, input: &str) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_served_run_is_the_same_run() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let service = Service::start();
+    let proj = project();
+
+    // Output to our stdout and stderr, our stdin, the step's exit status, from a
+    // subdirectory (the step starts in the same place in /workspace).
+    let mut cmd = service.required();
+    cmd.current_dir(proj.path().join("sub")).args([
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; pwd; cat; exit 3",
+    ]);
+    let out = with_stdin(cmd, "from stdin\n");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("out\n/workspace/sub\nfrom stdin\n"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("err") && stderr.contains("status   failed (exit 3)"),
+        "{stderr}"
+    );
+    assert_eq!(service.served(), 1);
+
+    // A change comes back for review, exactly as without the service.
+    let out = service
+        .required()
+        .current_dir(proj.path())
+        .args(["--json", "run", "--", "sh", "-c", "echo new > made.txt"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["status"], "review", "{doc}");
+    assert_eq!(doc["patches"][0]["path"], "made.txt", "{doc}");
+    assert!(
+        !proj.path().join("made.txt").exists(),
+        "nothing is applied before review"
+    );
+    let sandbox = doc["sandboxId"].as_str().unwrap();
+    let out = bin()
+        .args(["accept", sandbox, "--root"])
+        .arg(proj.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(proj.path().join("made.txt")).unwrap(),
+        "new\n"
+    );
+    assert_eq!(service.served(), 2);
+
+    // The third step of one configuration in a row gets an armed sandbox; its output is the
+    // same.
+    for _ in 0..2 {
+        let out = service
+            .required()
+            .current_dir(proj.path())
+            .args(["run", "--", "cat", "README"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(text(&out.stdout), "hello\n");
+    }
+    // The project is kept open, and its rows are in its database like any other run's.
+    let status = service.status().unwrap();
+    let db = proj.path().join(".smithers/sandbox.db");
+    let db = std::fs::canonicalize(db).unwrap();
+    assert_eq!(
+        status["projects"][0]["db"],
+        db.display().to_string(),
+        "{status}"
+    );
+    let out = bin()
+        .args(["--json", "ls", "--root"])
+        .arg(proj.path())
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(4), "{listed}");
+}
+
+#[test]
+fn a_client_with_another_environment_is_declined_and_runs_itself() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let service = Service::start();
+    let proj = project();
+    let out = service
+        .required()
+        .env("SOME_TOKEN", "s3cret-value")
+        .current_dir(proj.path())
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("did not serve") && stderr.contains("SOME_TOKEN"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("s3cret"),
+        "a value is never shown: {stderr}"
+    );
+
+    // Without `require` the client runs its step itself.
+    let out = service
+        .client()
+        .env("SOME_TOKEN", "s3cret-value")
+        .current_dir(proj.path())
+        .args(["run", "--", "sh", "-c", "echo ran"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(text(&out.stdout), "ran\n");
+    let status = service.status().unwrap();
+    assert_eq!(status["served"], 0, "{status}");
+    assert_eq!(status["declined"], 2, "{status}");
+
+    // `off` does not even ask.
+    let out = service
+        .client()
+        .env("SMITHERS_RESIDENT", "off")
+        .current_dir(proj.path())
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(service.status().unwrap()["declined"], 2);
+    // And a typo in the mode is an error, not a silent `auto`.
+    let out = service
+        .client()
+        .env("SMITHERS_RESIDENT", "of")
+        .current_dir(proj.path())
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+}
+
+#[test]
+fn a_busy_service_declines_and_the_second_client_runs_itself() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let service = Service::start();
+    let proj = project();
+    let mut first = service
+        .required()
+        .current_dir(proj.path())
+        .args(["run", "--", "sleep", "4"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while service.status().unwrap()["busy"] != true {
+        assert!(Instant::now() < deadline, "the first step was not served");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = service
+        .required()
+        .current_dir(proj.path())
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(text(&out.stderr).contains("busy"), "{out:?}");
+    let out = service
+        .client()
+        .current_dir(proj.path())
+        .args(["run", "--", "sh", "-c", "echo second"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(text(&out.stdout), "second\n");
+    assert!(first.wait().unwrap().success());
+}
+
+/// Starts `run -- sleep 60` through the service and waits until its sandbox is shipped (the
+/// step starts then).
+fn sleeping_client(service: &Service, dir: &Path) -> Child {
+    // Returned to the caller, which waits for it (the lint cannot see past the return).
+    #[allow(clippy::zombie_processes)]
+    let mut child = service
+        .required()
+        .current_dir(dir)
+        .args(["run", "--", "sleep", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = bin()
+            .args(["--json", "ls", "--root"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        let rows: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if rows
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["status"] == "shipped")
+        {
+            return child;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the step did not start: {rows}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn statuses(dir: &Path) -> Vec<String> {
+    let out = bin()
+        .args(["--json", "ls", "--root"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn ctrl_c_of_the_client_cancels_the_served_step() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let service = Service::start();
+    let proj = project();
+    let child = sleeping_client(&service, proj.path());
+    let started = Instant::now();
+    // SAFETY: kill(2) on the child we spawned and have not waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the step was not cancelled"
+    );
+    assert!(text(&out.stderr).contains("status   cancelled"), "{out:?}");
+    assert_eq!(statuses(proj.path()), vec!["cancelled"]);
+}
+
+#[test]
+fn a_killed_client_makes_the_service_cancel_its_step() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let service = Service::start();
+    let proj = project();
+    let mut child = sleeping_client(&service, proj.path());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    service.wait_idle(Duration::from_secs(30));
+    assert_eq!(statuses(proj.path()), vec!["cancelled"]);
+}
+
+#[test]
+fn a_database_removed_between_steps_is_opened_anew() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let service = Service::start();
+    let proj = project();
+    let run = |script: &str| {
+        let out = service
+            .required()
+            .current_dir(proj.path())
+            .args(["--json", "run", "--no-review", "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    run("true");
+    std::fs::remove_dir_all(proj.path().join(".smithers")).unwrap();
+    run("echo again > again.txt");
+    // The second step's row is in the database that is there now, and its change applied.
+    assert_eq!(statuses(proj.path()), vec!["finished"]);
+    assert!(proj.path().join("again.txt").exists());
+}
+
+#[test]
+fn another_user_cannot_reach_the_service() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let other = "smithers-ordinary";
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    let has_user = Command::new("id")
+        .arg(other)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !is_root || !has_user {
+        support::native::skip(&format!("needs root and the user {other} (scripts/setup)"));
+        return;
+    }
+    let service = Service::start();
+    // Even given the service's directory, the other user's client finds it is not theirs.
+    let binary = copy_readable_binary();
+    let out = Command::new("runuser")
+        .args([
+            "-u",
+            other,
+            "--",
+            "env",
+            "SMITHERS_RESIDENT=require",
+            "NO_COLOR=1",
+        ])
+        .arg(format!(
+            "SMITHERS_RESIDENT_DIR={}",
+            service.dir.path().display()
+        ))
+        .arg(&binary)
+        .args(["run", "--root", "/tmp", "--", "true"])
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&binary);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("did not serve") && stderr.contains("owned by uid 0"),
+        "{stderr}"
+    );
+    assert_eq!(service.status().unwrap()["served"], 0);
+}
+
+/// The binary where another user can execute it (the build directory may not be).
+fn copy_readable_binary() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = Path::new("/tmp/smithers-resident-test-bin");
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let to = dir.join(format!("smithers-sandbox-{}", std::process::id()));
+    std::fs::copy(bin_path(), &to).unwrap();
+    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+    to
+}

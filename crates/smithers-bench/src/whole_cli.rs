@@ -1,7 +1,8 @@
 //! Scenarios measured on the `smithers-sandbox` binary as a user runs it, whole processes:
 //!
 //! - 6, the whole CLI: `smithers-sandbox run -- true` (store, lifecycle, durable bundle)
-//!   against bare `bwrap` with the same isolation, interleaved.
+//!   against bare `bwrap` with the same isolation, interleaved; on its own and through the
+//!   resident service (`smithers-sandbox daemon`, started by the bench in its scratch space).
 //! - 8, the cost of what a step changed: 1k, 10k and 100k new files, one 300 MB new file and a
 //!   4 GiB sparse one. The time after the step ends (collect, patches, bundle, review rows:
 //!   `run`'s own progress clock, from `child-finished` to its last line) and the CLI's peak RSS,
@@ -66,16 +67,80 @@ fn run_measured(cmd: &mut Command) -> anyhow::Result<(Duration, u64, String)> {
     Ok((took, usage.ru_maxrss as u64, err))
 }
 
+/// The resident service of the CLI binary under test, in a private directory of the bench's
+/// scratch space; stopped when dropped.
+struct Resident {
+    dir: PathBuf,
+    child: std::process::Child,
+}
+
+impl Resident {
+    fn start(bin: &Path, scratch: &Path) -> anyhow::Result<Resident> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch.join("resident");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        let child = Command::new(bin)
+            .env("SMITHERS_RESIDENT_DIR", &dir)
+            .args(["daemon", "serve", "--idle", "10m"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the resident service")?;
+        let service = Resident { dir, child };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let status = service
+                .command(bin)
+                .args(["daemon", "status"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()?;
+            if status.success() {
+                return Ok(service);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the resident service did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `bin` as a client that must be served by this service.
+    fn command(&self, bin: &Path) -> Command {
+        let mut c = Command::new(bin);
+        c.env("SMITHERS_RESIDENT_DIR", &self.dir)
+            .env("SMITHERS_RESIDENT", "require");
+        c
+    }
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Scenario 6.
 pub fn whole_cli(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::Result<String> {
     let bin = cli_binary()?;
-    let project = scratch.join("whole-cli-project");
-    let _ = std::fs::remove_dir_all(&project);
-    std::fs::create_dir_all(&project)?;
-    std::fs::write(project.join("README"), "a tiny project\n")?;
-    let root = project.to_str().context("project path")?.to_string();
-    let run_cli = |args: &[&str]| -> anyhow::Result<()> {
-        let status = Command::new(&bin)
+    let project = |name: &str| -> anyhow::Result<(PathBuf, String)> {
+        let dir = scratch.join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("README"), "a tiny project\n")?;
+        let root = dir.to_str().context("project path")?.to_string();
+        Ok((dir, root))
+    };
+    let (project_dir, root) = project("whole-cli-project")?;
+    let (served_dir, served_root) = project("whole-cli-served-project")?;
+    let resident = Resident::start(&bin, scratch)?;
+    let quiet = |mut cmd: Command, args: &[&str]| -> anyhow::Result<()> {
+        let status = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -84,10 +149,17 @@ pub fn whole_cli(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::
         anyhow::ensure!(status.success(), "smithers-sandbox {args:?}: {status}");
         Ok(())
     };
-    let sandboxes = project.join(".smithers/sandboxes");
+    // The process on its own: no service asked, whatever runs on this machine.
+    let alone = || {
+        let mut c = Command::new(&bin);
+        c.env("SMITHERS_RESIDENT", "off");
+        c
+    };
+    let sandboxes = project_dir.join(".smithers/sandboxes");
+    let served_sandboxes = served_dir.join(".smithers/sandboxes");
     let mut contenders = vec![
         Contender::new("smithers-sandbox run -- true (whole process)", || {
-            run_cli(&["run", "--root", &root, "--", "true"])
+            quiet(alone(), &["run", "--root", &root, "--", "true"])
         })
         // Untimed: the bundles a user keeps for review until accepted or rejected.
         .with_after(|| {
@@ -97,11 +169,24 @@ pub fn whole_cli(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::
             crate::run_quiet("bwrap", bwrap_args)
         }),
         Contender::new("smithers-sandbox --version (process start only)", || {
-            run_cli(&["--version"])
+            quiet(alone(), &["--version"])
+        }),
+        Contender::new(
+            "smithers-sandbox run -- true through the resident service (`daemon`)",
+            || {
+                quiet(
+                    resident.command(&bin),
+                    &["run", "--root", &served_root, "--", "true"],
+                )
+            },
+        )
+        .with_after(|| {
+            let _ = std::fs::remove_dir_all(&served_sandboxes);
         }),
     ];
     let series: Vec<Series> = interleaved(&mut contenders, 5, rounds)?;
     drop(contenders);
+    drop(resident);
     let bwrap = &series[1];
     let mut table = Table::new(&["contender", "p50", "p95", "ratio to bare bwrap"]);
     for s in &series {
@@ -116,12 +201,17 @@ pub fn whole_cli(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::
         "Machine: {}. {rounds} interleaved rounds after 5 warm-up rounds, whole processes \
          (`run` opens the project's SQLite store, records every state change and event, \
          writes the bundle durably — its files and directories fsync'd — and opens the \
-         review). Ratios are medians of per-round pairs.\n\n{}\n\
-         Ours / bare bwrap = **{:.2}×**. Command: `cargo build --release -p smithers-cli -p \
-         smithers-bench && target/release/smithers-bench whole-cli`\n",
+         review). Ratios are medians of per-round pairs. Through the resident service, `run` \
+         is a client that hands the step (and its stdio) to `smithers-sandbox daemon`, which \
+         keeps the project's store open and its next sandbox armed; it does the same work, in \
+         the same code.\n\n{}\n\
+         Ours / bare bwrap = **{:.2}×** on its own, **{:.2}×** through the resident service. \
+         Command: `cargo build --release -p smithers-cli -p smithers-bench && \
+         target/release/smithers-bench whole-cli`\n",
         machine_line(),
         table.to_markdown(),
         median_ratio(&series[0], bwrap),
+        median_ratio(&series[3], bwrap),
     ))
 }
 

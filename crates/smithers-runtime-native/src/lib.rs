@@ -248,6 +248,12 @@ pub struct NativeOptions {
     /// background. Worth it for a process that runs many steps (`serve`, a workflow through
     /// the library); 0 (the default) keeps none. Needs the zygote and the prepared root.
     pub warm: usize,
+    /// Refill the warm pool only once a step is over ([`NativeRuntime::steps_over`]), not as
+    /// soon as its command starts: making a sandbox takes a few milliseconds of CPU, which
+    /// then never competes with a step a user is waiting for (the resident service, which
+    /// serves one step at a time and says when each is over). Default `false` (`serve`'s
+    /// concurrent steps would otherwise wait for one another's end).
+    pub warm_refill_after_step: bool,
 }
 
 /// What a successful container probe is remembered by: the build, the boot and kernel, and
@@ -322,6 +328,7 @@ impl Default for NativeOptions {
             zygote: true,
             prepared_root: true,
             warm: 0,
+            warm_refill_after_step: false,
         }
     }
 }
@@ -685,16 +692,28 @@ impl NativeRuntime {
                     let limits = self
                         .defaults()
                         .limits(&caps, &smithers_runtime::Controls::default());
-                    Ok(Arc::new(warm::WarmPool::start(
+                    let pool = warm::WarmPool::start(
                         self.options.warm,
                         caps,
                         self.zygote.clone(),
                         limits,
                         self.defaults(),
-                    )))
+                    );
+                    if self.options.warm_refill_after_step {
+                        pool.refill_when_steps_end();
+                    }
+                    Ok(Arc::new(pool))
                 })
                 .clone(),
         )
+    }
+
+    /// The steps that claimed warm sandboxes are over: with
+    /// [`NativeOptions::warm_refill_after_step`], the pool refills now.
+    pub fn steps_over(&self) {
+        if let Some(Ok(pool)) = self.warm_pool.get() {
+            pool.step_over();
+        }
     }
 
     /// Starts making one warm sandbox now, on a thread of its own, for the next `create` of

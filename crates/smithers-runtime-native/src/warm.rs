@@ -49,6 +49,10 @@ use crate::{Defaults, HostCaps, NativeRuntime};
 /// milliseconds of CPU, which must not compete with the start of the step that claimed one.
 const HOLD_AFTER_CLAIM: Duration = Duration::from_millis(250);
 
+/// With [`WarmPool::refill_when_steps_end`]: the longest the keeper holds off after a claim
+/// when nobody says the step is over (a caller that forgot, or a step that runs long).
+const HOLD_UNTIL_STEP_OVER: Duration = Duration::from_secs(5);
+
 /// How long a warm init may take to report `warm` before it is given up.
 const WARM_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -386,6 +390,9 @@ struct PoolState {
     served_armed: u64,
     /// No refill before this (see [`HOLD_AFTER_CLAIM`]).
     hold_until: Option<Instant>,
+    /// Hold the refill until the claiming step is over, not just started (see
+    /// [`WarmPool::refill_when_steps_end`]).
+    refill_when_steps_end: bool,
     /// The keeper is making one now.
     making: bool,
     /// The configuration of the last claim, and the one new sandboxes are armed for: the
@@ -560,7 +567,12 @@ impl WarmPool {
             if let Some(found) = &found {
                 state.claimed += 1;
                 state.claimed_armed += u64::from(found.armed.is_some());
-                state.hold_until = Some(Instant::now() + HOLD_AFTER_CLAIM);
+                let hold = if state.refill_when_steps_end {
+                    HOLD_UNTIL_STEP_OVER
+                } else {
+                    HOLD_AFTER_CLAIM
+                };
+                state.hold_until = Some(Instant::now() + hold);
             }
             found
         };
@@ -581,9 +593,24 @@ impl WarmPool {
     /// claimed if `armed_served`: the keeper may refill.
     pub(crate) fn step_started(&self, armed_served: bool) {
         let mut state = self.shared.lock();
-        state.hold_until = None;
+        if !state.refill_when_steps_end {
+            state.hold_until = None;
+        }
         state.served_armed += u64::from(armed_served);
         drop(state);
+        self.shared.changed.notify_all();
+    }
+
+    /// From now on the pool refills after a claim only once the step is over
+    /// ([`WarmPool::step_over`]), not as soon as its command starts (or after
+    /// [`HOLD_UNTIL_STEP_OVER`] at the latest).
+    pub(crate) fn refill_when_steps_end(&self) {
+        self.shared.lock().refill_when_steps_end = true;
+    }
+
+    /// The step that claimed the last sandbox is over: the keeper may refill.
+    pub(crate) fn step_over(&self) {
+        self.shared.lock().hold_until = None;
         self.shared.changed.notify_all();
     }
 

@@ -891,3 +891,31 @@ async fn a_project_now_below_a_repositorys_top_is_served_cold() {
     );
     assert_eq!(std::fs::read_to_string(root.join("README")).unwrap(), "a\n");
 }
+
+#[tokio::test]
+async fn a_pool_that_refills_after_the_step_waits_to_be_told_the_step_is_over() {
+    // The resident service's pools: preparing the next sandbox must not take CPU from the
+    // step a user waits for, so the refill waits for `steps_over` (not the command's start).
+    let rt = NativeRuntime::new(NativeOptions {
+        init: Some(InitCommand::binary(env!(
+            "CARGO_BIN_EXE_smithers-sandbox-init"
+        ))),
+        warm: 1,
+        warm_refill_after_step: true,
+        ..NativeOptions::default()
+    });
+    if !usable(&rt).await {
+        return;
+    }
+    warm_up(&rt).await;
+    let dir = project();
+    let ran = run(&rt, dir.path(), Controls::default(), "true").await;
+    assert!(ran.warm(), "the step claimed the warm sandbox: {:?}", ran.log);
+    // Well past the 250 ms a pool otherwise waits once a step's command has started.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let status = rt.warm_status().unwrap();
+    assert_eq!((status.ready, status.claimed), (0, 1), "{status:?}");
+    rt.steps_over();
+    let status = rt.warm_up(Duration::from_secs(30)).await.unwrap();
+    assert_eq!((status.ready, status.claimed), (1, 1), "{status:?}");
+}

@@ -395,6 +395,14 @@ impl ContextCache {
             .collect()
     }
 
+    /// The step served is over (its client has its answer): the warm pools may prepare the
+    /// next sandboxes now.
+    pub fn step_over(&self) {
+        for e in &self.entries {
+            e.native.steps_over();
+        }
+    }
+
     /// Closes every project (their warm sandboxes are killed and removed).
     pub fn clear(&mut self) {
         self.entries.clear();
@@ -436,7 +444,7 @@ impl ContextCache {
                 self.entries.remove(oldest);
             }
         }
-        let native = Arc::new(super::run::native_runtime_warm_with(workspace, self.warm)?);
+        let native = Arc::new(super::run::native_runtime_resident(workspace, self.warm)?);
         let orchestrator = Arc::new(orchestrator_over(&db_path, native.clone())?);
         let rt = async_runtime()?;
         let recovered = rt.block_on(orchestrator.recover()).coded()?;

@@ -357,6 +357,8 @@ fn handle(incoming: Incoming, service: &Service) {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = Instant::now();
             session.finish(code);
+            // Only now, with the client answered, is the next sandbox prepared.
+            projects.step_over();
         }
     }
 }

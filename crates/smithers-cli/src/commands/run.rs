@@ -391,12 +391,14 @@ pub fn workspace_from_env() -> anyhow::Result<WorkspaceMode> {
     }
 }
 
-/// [`native_runtime_warm`] with an explicit workspace mode (the resident service's projects).
-pub fn native_runtime_warm_with(
+/// The runtime of a project the resident service keeps open: `warm` sandboxes prepared, and
+/// refilled once each step is over (the service says so after answering its client), so
+/// that preparing the next never takes CPU from the step a user is waiting for.
+pub fn native_runtime_resident(
     workspace: WorkspaceMode,
     warm: usize,
 ) -> anyhow::Result<NativeRuntime> {
-    native_runtime_options(workspace, warm)
+    native_runtime_built(workspace, warm, true)
 }
 
 /// [`native_runtime`] with an explicit workspace mode.
@@ -405,6 +407,14 @@ pub fn native_runtime_with(workspace: WorkspaceMode) -> anyhow::Result<NativeRun
 }
 
 fn native_runtime_options(workspace: WorkspaceMode, warm: usize) -> anyhow::Result<NativeRuntime> {
+    native_runtime_built(workspace, warm, false)
+}
+
+fn native_runtime_built(
+    workspace: WorkspaceMode,
+    warm: usize,
+    warm_refill_after_step: bool,
+) -> anyhow::Result<NativeRuntime> {
     let init = if std::env::var_os(smithers_runtime_native::INIT_ENV).is_some() {
         InitCommand::locate().map_err(|e| anyhow::anyhow!(e))?
     } else {
@@ -416,6 +426,7 @@ fn native_runtime_options(workspace: WorkspaceMode, warm: usize) -> anyhow::Resu
         default_memory_limit: default_memory_from_env()?,
         disk_reserve_bytes: disk_reserve_from_env()?,
         warm,
+        warm_refill_after_step,
         ..NativeOptions::default()
     }))
 }

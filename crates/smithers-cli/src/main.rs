@@ -129,9 +129,24 @@ pub(crate) fn parse_run(argv: &[std::ffi::OsString]) -> Option<(commands::run::R
     }
 }
 
+/// Whether `argv` is a `run` (`run ...` or `--json run ...`), and whether `--json` is among
+/// its options: `None` for any other command.
+fn run_command_line(argv: &[std::ffi::OsString]) -> Option<bool> {
+    let rest = match argv.get(1).and_then(|a| a.to_str()) {
+        Some("run") => &argv[2..],
+        Some("--json") if argv.get(2).and_then(|a| a.to_str()) == Some("run") => return Some(true),
+        _ => return None,
+    };
+    Some(
+        rest.iter()
+            .take_while(|a| a.as_os_str() != "--")
+            .any(|a| a.as_os_str() == "--json"),
+    )
+}
+
 /// Hands a `run` to the resident service when one of this build runs and admits it:
 /// `Some(exit status)` when it ran the step, `None` when this process should run it.
-fn through_resident_service(json: bool) -> Option<ExitCode> {
+fn through_resident_service(argv: &[std::ffi::OsString], json: bool) -> Option<ExitCode> {
     use smithers_resident::{client, Mode};
     let mode = match Mode::from_env() {
         Ok(Mode::Off) => return None,
@@ -145,9 +160,10 @@ fn through_resident_service(json: bool) -> Option<ExitCode> {
             return Some(output::report_error(&err, json));
         }
     };
-    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    match client::run(&argv) {
+    match client::run(argv) {
         client::Served::Exit(code) => Some(ExitCode::from(code)),
+        // Parsed here, where clap says what is wrong with it (or prints the help asked for).
+        client::Served::NotServed(why) if why == commands::daemon::NOT_A_RUN => None,
         client::Served::NotServed(why) if mode == Mode::Require => {
             let err = output::coded_error(
                 smithers_errors::ErrorCode::InvalidInput,
@@ -175,12 +191,15 @@ fn main() -> ExitCode {
         let args: Vec<String> = std::env::args().skip(2).collect();
         return ExitCode::from(smithers_sandbox_init::run(&args).clamp(0, 255) as u8);
     }
-    let cli = Cli::parse();
-    if matches!(cli.command, Command::Run(_)) {
-        if let Some(code) = through_resident_service(cli.json) {
+    // A `run` goes to the resident service first, before this process parses its arguments
+    // (the service parses them; one it cannot is declined and parsed here, to say why).
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(json) = run_command_line(&argv) {
+        if let Some(code) = through_resident_service(&argv, json) {
             return code;
         }
     }
+    let cli = Cli::parse();
     // Commands that only print (`ls | head`, `review | less`) end quietly when their reader
     // goes away, as `cat` does. `run`, `accept`, `reject`, `serve` and `bundle` are left out:
     // they have work to finish (run's step, an apply) whatever the reader does.

@@ -487,3 +487,23 @@ fn copy_readable_binary() -> PathBuf {
     std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
     to
 }
+
+#[test]
+fn a_command_line_the_service_cannot_parse_is_parsed_by_the_client() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let service = Service::start();
+    // Help and usage errors are clap's, printed by the client, as without a service.
+    let out = service.required().args(["run", "--help"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(text(&out.stdout).contains("Usage:"), "{out:?}");
+    let out = service
+        .required()
+        .args(["run", "--no-such-flag", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(text(&out.stderr).contains("--no-such-flag"), "{out:?}");
+    assert_eq!(service.served(), 0);
+}

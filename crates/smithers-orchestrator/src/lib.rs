@@ -425,6 +425,15 @@ impl From<StoreError> for Stop {
 }
 
 /// Mutable state of one execution, read by the failure/cancel bookkeeping.
+/// What is left of a sandbox once its outcome is recorded (see [`Orchestrator::finish`]).
+struct Tail {
+    runtime: Arc<dyn Runtime>,
+    runtime_name: &'static str,
+    cleanup: Option<tokio::task::JoinHandle<(Result<(), smithers_runtime::RuntimeError>, f64)>>,
+    handle: Option<SandboxHandle>,
+    reason: String,
+}
+
 struct Progress {
     shipped_at_ms: Option<i64>,
     handle: Option<SandboxHandle>,
@@ -570,6 +579,83 @@ impl Orchestrator {
         req: &SandboxRequest,
         ctx: &StepContext,
     ) -> Result<SandboxOutcome, OrchestratorError> {
+        let (result, tail) = self.execute_to_outcome(req, ctx).await;
+        if let Some(tail) = tail {
+            self.finish(req, tail).await;
+        }
+        result
+    }
+
+    /// [`Orchestrator::execute`] that returns as soon as the step's outcome is recorded: the
+    /// sandbox's cleanup (begun when its bundle was collected) and the release of its lease
+    /// go on in a task of the current async runtime, whose handle is returned. For a process
+    /// that lives on after the step and answers its caller first (the resident service): the
+    /// caller must await the handle before it exits or reuses the sandbox's ids. A cleanup
+    /// failure is recorded as with `execute` (`SandboxCleanupFailed`, after the last event).
+    pub async fn execute_then_finish(
+        self: &Arc<Self>,
+        req: &SandboxRequest,
+        ctx: &StepContext,
+    ) -> (
+        Result<SandboxOutcome, OrchestratorError>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (result, tail) = self.execute_to_outcome(req, ctx).await;
+        let me = self.clone();
+        let req = req.clone();
+        let finishing = tokio::spawn(async move {
+            if let Some(tail) = tail {
+                me.finish(&req, tail).await;
+            }
+        });
+        (result, finishing)
+    }
+
+    /// Step 10 of a sandbox whose outcome is recorded: its cleanup, then its lease.
+    async fn finish(&self, req: &SandboxRequest, tail: Tail) {
+        let Tail {
+            runtime,
+            runtime_name,
+            cleanup,
+            handle,
+            reason,
+        } = tail;
+        let sid = req.sandbox_id.as_str();
+        // Step 10: always clean up (begun already once the bundle was collected).
+        let cleaned = match cleanup {
+            Some(started) => match started.await {
+                Ok((cleaned, ms)) => {
+                    self.metrics.observe_transport_ms(ms);
+                    Some(cleaned)
+                }
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // The runtime is shutting down under us: cleaned up here, as below.
+                Err(_) => None,
+            },
+            None => None,
+        };
+        let cleaned = match (cleaned, &handle) {
+            (Some(cleaned), _) => cleaned,
+            (None, Some(handle)) => self.timed(runtime.cleanup(handle)).await,
+            (None, None) => Ok(()),
+        };
+        if let Err(e) = cleaned {
+            self.cleanup_failed(req, runtime_name, &e);
+        }
+        if let Err(e) = off_worker(|| {
+            self.store
+                .release_lease(&req.run_id, sid, now_ms(), &reason)
+        }) {
+            warn!(run_id = %req.run_id, sandbox_id = sid, error = %e, "sandbox lease release failed");
+        }
+    }
+
+    /// Steps 1–9; `None` for step 10 when the gate never admitted the sandbox.
+    async fn execute_to_outcome(
+        &self,
+        req: &SandboxRequest,
+        ctx: &StepContext,
+    ) -> (Result<SandboxOutcome, OrchestratorError>, Option<Tail>) {
         let sid = req.sandbox_id.as_str();
         Self::heartbeat(ctx, sid, "initializing", 0, vec![]);
         let kind = req.selected_runtime();
@@ -585,7 +671,7 @@ impl Orchestrator {
                 100,
                 vec![("error", json!(err.to_string()))],
             );
-            return Err(err);
+            return (Err(err), None);
         };
         let config = RedactedConfig::new(&req.config_value());
         let created_at_ms = now_ms();
@@ -624,7 +710,7 @@ impl Orchestrator {
             )
         });
         if let Err(e) = admitted {
-            return Err(self.refused(req, ctx, runtime_name, &config, e));
+            return (Err(self.refused(req, ctx, runtime_name, &config, e)), None);
         }
         self.metrics.sandbox_created(runtime_name);
         self.metrics.active_add(runtime_name, 1);
@@ -651,40 +737,20 @@ impl Orchestrator {
         };
         drop(active);
 
-        // Step 10: always clean up (begun already once the bundle was collected).
-        let cleaned = match progress.cleanup.take() {
-            Some(started) => match started.await {
-                Ok((cleaned, ms)) => {
-                    self.metrics.observe_transport_ms(ms);
-                    Some(cleaned)
-                }
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // The runtime is shutting down under us: cleaned up here, as below.
-                Err(_) => None,
-            },
-            None => None,
-        };
-        let cleaned = match (cleaned, &progress.handle) {
-            (Some(cleaned), _) => cleaned,
-            (None, Some(handle)) => self.timed(runtime.cleanup(handle)).await,
-            (None, None) => Ok(()),
-        };
-        if let Err(e) = cleaned {
-            self.cleanup_failed(req, runtime_name, &e);
-        }
         let reason = match &result {
             Ok(SandboxOutcome::Completed(c)) => c.status.clone(),
             Ok(SandboxOutcome::AwaitingReview(_)) => "review".into(),
             Ok(SandboxOutcome::Cancelled { .. }) => "cancelled".into(),
             Err(_) => "failed".into(),
         };
-        if let Err(e) = off_worker(|| {
-            self.store
-                .release_lease(&req.run_id, sid, now_ms(), &reason)
-        }) {
-            warn!(run_id = %req.run_id, sandbox_id = sid, error = %e, "sandbox lease release failed");
-        }
-        result
+        let tail = Tail {
+            runtime,
+            runtime_name,
+            cleanup: progress.cleanup.take(),
+            handle: progress.handle.take(),
+            reason,
+        };
+        (result, Some(tail))
     }
 
     /// The gate refused: record it like 0.16 (row `failed` when the id is not in use,

@@ -910,7 +910,11 @@ async fn a_pool_that_refills_after_the_step_waits_to_be_told_the_step_is_over() 
     warm_up(&rt).await;
     let dir = project();
     let ran = run(&rt, dir.path(), Controls::default(), "true").await;
-    assert!(ran.warm(), "the step claimed the warm sandbox: {:?}", ran.log);
+    assert!(
+        ran.warm(),
+        "the step claimed the warm sandbox: {:?}",
+        ran.log
+    );
     // Well past the 250 ms a pool otherwise waits once a step's command has started.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let status = rt.warm_status().unwrap();

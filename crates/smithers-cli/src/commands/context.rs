@@ -145,6 +145,9 @@ pub struct Ctx {
     pub db_path: PathBuf,
     /// Sandboxes this start found orphaned and failed.
     pub recovered: Vec<RecoveredSandbox>,
+    /// Sandboxes whose cleanup and lease release go on after their step was answered (the
+    /// resident service's): awaited before the next step and before the context goes.
+    finishing: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The async runtime the orchestrator calls run on (`None` only once dropped).
     rt: Option<tokio::runtime::Runtime>,
 }
@@ -163,11 +166,33 @@ impl Ctx {
     }
 }
 
+impl Ctx {
+    /// Keeps a sandbox's cleanup (`Orchestrator::execute_then_finish`) to be awaited later.
+    pub fn finishing(&self, task: tokio::task::JoinHandle<()>) {
+        self.finishing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(task);
+    }
+
+    /// Waits for the cleanups still going on (from a thread outside the async runtime).
+    pub fn wait_finishing(&self) {
+        let tasks = std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some(rt) = &self.rt {
+            for task in tasks {
+                // A cleanup that panicked was reported by tokio; nothing more to do here.
+                let _ = rt.block_on(task);
+            }
+        }
+    }
+}
+
 impl Drop for Ctx {
-    /// The command's work is done once its context goes: its runtime's idle threads are
-    /// left to end with the process rather than woken and joined one by one (about a
-    /// millisecond of every short command).
+    /// The command's work is done once its context goes (cleanups still going on are
+    /// awaited first): its runtime's idle threads are left to end with the process rather
+    /// than woken and joined one by one (about a millisecond of every short command).
     fn drop(&mut self) {
+        self.wait_finishing();
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }
@@ -297,6 +322,7 @@ pub fn open_with(
         orchestrator,
         db_path,
         recovered,
+        finishing: Default::default(),
         rt: Some(rt),
     })
 }
@@ -427,6 +453,9 @@ impl ContextCache {
                 let entry = &mut self.entries[at];
                 entry.used = std::time::Instant::now();
                 let ctx = entry.ctx.clone();
+                // The last step's cleanup is over before this one starts (it is, by now,
+                // almost always).
+                ctx.wait_finishing();
                 let recovered = ctx.rt().block_on(ctx.orchestrator.recover()).coded()?;
                 report_recovered(&recovered, quiet);
                 return Ok(CtxHandle::Shared(ctx, recovered));
@@ -459,6 +488,7 @@ impl ContextCache {
             orchestrator,
             db_path: db_path.clone(),
             recovered: Vec::new(),
+            finishing: Default::default(),
             rt: Some(rt),
         });
         self.entries.push(CachedCtx {

@@ -59,6 +59,10 @@ struct ServeOptions {
     warm: usize,
 }
 
+/// The service's answer to a command line that does not parse as a `run` (a usage error,
+/// `run --help`): the client parses it itself, which says what clap has to say.
+pub const NOT_A_RUN: &str = "not a `run` command line";
+
 fn invalid(message: String) -> anyhow::Error {
     coded_error(ErrorCode::InvalidInput, message, Value::Null)
 }
@@ -331,9 +335,8 @@ fn handle(incoming: Incoming, service: &Service) {
                 return connection.decline(&why);
             }
             let Some((args, json_out)) = crate::parse_run(&request.argv) else {
-                let why = "not a `run` command line";
-                service.counters.declined(why);
-                return connection.decline(why);
+                service.counters.declined(NOT_A_RUN);
+                return connection.decline(NOT_A_RUN);
             };
             let mut projects = match service.projects.try_lock() {
                 Ok(p) => p,

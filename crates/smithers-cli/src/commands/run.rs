@@ -825,6 +825,7 @@ fn run_with(
     // step is recorded (a step a warm sandbox cannot serve starts cold at create, as before).
     // (The resident service's projects have a warm pool instead.)
     let prestart = (args.runtime == RuntimeChoice::Bubblewrap).then_some(&controls);
+    let served = cache.is_some();
     let ctx = match cache {
         None => context::CtxHandle::Own(context::open_with(
             &args.store,
@@ -922,7 +923,15 @@ fn run_with(
                 tick_display.tick();
             }
         });
-        let r = orchestrator.execute(&req, &step_ctx).await;
+        // Served, the step's answer does not wait for its sandbox's cleanup: the service
+        // awaits that after answering (before its next step on this project).
+        let r = if served {
+            let (r, finishing) = orchestrator.execute_then_finish(&req, &step_ctx).await;
+            ctx.finishing(finishing);
+            r
+        } else {
+            orchestrator.execute(&req, &step_ctx).await
+        };
         ticker.abort();
         if let Some(ctrl_c) = ctrl_c {
             ctrl_c.abort();

@@ -181,6 +181,27 @@ impl SandboxStatus {
 /// SQL fragment selecting rows that take a gate slot (kept next to [`SandboxStatus::is_active`]).
 const ACTIVE_SQL: &str = "status NOT IN ('finished', 'failed', 'cancelled', 'review')";
 
+/// The active sandboxes with their leases: the recovery pass's candidates. Unordered, so that
+/// SQLite reads them through the partial index of active rows (a few) rather than the table.
+fn orphan_candidates_sql() -> String {
+    let sandbox_cols = SANDBOX_COLUMNS
+        .split(", ")
+        .map(|c| format!("s.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let lease_cols = LEASE_COLUMNS
+        .split(", ")
+        .map(|c| format!("l.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "SELECT {sandbox_cols}, {lease_cols} FROM _smithers_sandboxes s
+         JOIN _smithers_sandbox_leases l
+           ON l.run_id = s.run_id AND l.sandbox_id = s.sandbox_id
+         WHERE s.{ACTIVE_SQL}"
+    )
+}
+
 /// An upsert of one `_smithers_sandboxes` row keyed by (run_id, sandbox_id).
 ///
 /// NOT NULL columns are `Option` (absent or set; they cannot be cleared), nullable ones are
@@ -1131,25 +1152,10 @@ impl Store {
     /// are not ours to judge and are not returned either. Rows in `review` are never orphans.
     pub fn orphaned_sandboxes(&self) -> Result<Vec<Orphan>> {
         let conn = self.conn()?;
-        let sandbox_cols = SANDBOX_COLUMNS
-            .split(", ")
-            .map(|c| format!("s.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let lease_cols = LEASE_COLUMNS
-            .split(", ")
-            .map(|c| format!("l.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ");
         let mut stmt = conn
-            .prepare(&format!(
-                "SELECT {sandbox_cols}, {lease_cols} FROM _smithers_sandboxes s
-                 JOIN _smithers_sandbox_leases l
-                   ON l.run_id = s.run_id AND l.sandbox_id = s.sandbox_id
-                 WHERE s.{ACTIVE_SQL} ORDER BY s.run_id, s.sandbox_id"
-            ))
+            .prepare(&orphan_candidates_sql())
             .map_err(StoreError::query("orphaned_sandboxes"))?;
-        let candidates: Vec<Orphan> = stmt
+        let mut candidates: Vec<Orphan> = stmt
             .query_map([], |r| {
                 Ok(Orphan {
                     sandbox: sandbox_row(r)?,
@@ -1158,10 +1164,29 @@ impl Store {
             })
             .and_then(|r| r.collect())
             .map_err(StoreError::query("orphaned_sandboxes"))?;
+        // Sorted here, not by the query: an ORDER BY made SQLite walk the whole table in key
+        // order instead of the few active rows of the partial index (every `run` pays this).
+        candidates.sort_by(|a, b| {
+            (&a.sandbox.run_id, &a.sandbox.sandbox_id)
+                .cmp(&(&b.sandbox.run_id, &b.sandbox.sandbox_id))
+        });
         Ok(candidates
             .into_iter()
             .filter(|o| o.lease.owner.liveness() == Liveness::Dead)
             .collect())
+    }
+
+    /// How SQLite runs the recovery pass's query, one line per step (`EXPLAIN QUERY PLAN`).
+    pub fn orphan_query_plan(&self) -> Result<Vec<String>> {
+        let conn = self.conn()?;
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", orphan_candidates_sql()))
+            .map_err(StoreError::query("orphan_query_plan"))?;
+        let plan = stmt
+            .query_map([], |r| r.get::<_, String>(3))
+            .and_then(|r| r.collect())
+            .map_err(StoreError::query("orphan_query_plan"))?;
+        Ok(plan)
     }
 
     /// Compare-and-set for recovery: marks an orphan `failed` (completed now) and its lease

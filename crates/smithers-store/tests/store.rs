@@ -854,3 +854,23 @@ fn sync_wal_checkpoints_and_empties_a_grown_wal() {
     let again = Store::open(&path).unwrap();
     assert_eq!(again.events_since("grown", 0).unwrap().len() as i64, n);
 }
+
+#[test]
+fn the_recovery_pass_reads_only_the_active_rows() {
+    // Every `run` starts with it: its cost must not grow with the database's history.
+    let (_dir, path) = temp_db();
+    let store = Store::open(&path).unwrap();
+    let plan = store.orphan_query_plan().unwrap();
+    assert!(
+        plan.iter()
+            .any(|step| step.contains("_smithers_sandboxes_active_idx")),
+        "the partial index of active rows is used: {plan:?}"
+    );
+    assert!(
+        !plan
+            .iter()
+            .any(|step| step.starts_with("SCAN s")
+                && !step.contains("_smithers_sandboxes_active_idx")),
+        "no scan of the whole table: {plan:?}"
+    );
+}

@@ -109,6 +109,27 @@ impl Resident {
         }
     }
 
+    /// Waits (up to 2 s) until the service has its next sandbox ready again: it prepares it
+    /// once a step is answered, and that work must not be timed as another contender's.
+    fn wait_ready(&self, bin: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let out = self
+                .command(bin)
+                .args(["--json", "daemon", "status"])
+                .output();
+            let ready = out.ok().and_then(|o| {
+                let doc: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+                let project = doc["status"]["projects"].get(0)?.clone();
+                Some(project["warm"]["ready"].as_u64()? >= 1 && doc["status"]["busy"] == false)
+            });
+            if ready == Some(true) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// `bin` as a client that must be served by this service.
     fn command(&self, bin: &Path) -> Command {
         let mut c = Command::new(bin);
@@ -182,6 +203,7 @@ pub fn whole_cli(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::
         )
         .with_after(|| {
             let _ = std::fs::remove_dir_all(&served_sandboxes);
+            resident.wait_ready(&bin);
         }),
     ];
     let series: Vec<Series> = interleaved(&mut contenders, 5, rounds)?;
@@ -204,7 +226,8 @@ pub fn whole_cli(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::
          review). Ratios are medians of per-round pairs. Through the resident service, `run` \
          is a client that hands the step (and its stdio) to `smithers-sandbox daemon`, which \
          keeps the project's store open and its next sandbox armed; it does the same work, in \
-         the same code.\n\n{}\n\
+         the same code. The service prepares the next sandbox once a step is answered; each \
+         round waits for that (untimed) before the next contender runs.\n\n{}\n\
          Ours / bare bwrap = **{:.2}×** on its own, **{:.2}×** through the resident service. \
          Command: `cargo build --release -p smithers-cli -p smithers-bench && \
          target/release/smithers-bench whole-cli`\n",

@@ -31,6 +31,42 @@ pub struct Listener {
     place: Place,
     /// Holds the lock for the service's life.
     _lock: File,
+    /// What a client must share with the service, read once.
+    own: Arc<Surroundings>,
+}
+
+/// A process's namespaces and root, as admission compares them.
+#[derive(Debug, PartialEq, Eq)]
+struct Surroundings {
+    namespaces: Vec<std::path::PathBuf>,
+    root: (u64, u64),
+}
+
+impl Surroundings {
+    /// Those of `pid` (`"self"` for ours).
+    fn of(pid: &str) -> Result<Surroundings, String> {
+        let namespaces = NAMESPACES
+            .iter()
+            .map(|ns| {
+                std::fs::read_link(format!("/proc/{pid}/ns/{ns}"))
+                    .map_err(|e| format!("the {ns} namespace of process {pid} cannot be read: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let root = std::fs::metadata(format!("/proc/{pid}/root"))
+            .map(|m| (m.dev(), m.ino()))
+            .map_err(|e| format!("the root of process {pid} cannot be read: {e}"))?;
+        Ok(Surroundings { namespaces, root })
+    }
+
+    /// Why a client in `theirs` may not be served by a service in `self`.
+    fn differences(&self, theirs: &Surroundings) -> Option<String> {
+        for (i, ns) in NAMESPACES.iter().enumerate() {
+            if self.namespaces[i] != theirs.namespaces[i] {
+                return Some(format!("the client is in another {ns} namespace"));
+            }
+        }
+        (self.root != theirs.root).then(|| "the client has another root directory".to_string())
+    }
 }
 
 /// Why a service could not start.
@@ -74,10 +110,12 @@ impl Listener {
         // The directory already keeps others out; the socket says so too.
         std::fs::set_permissions(&place.socket, std::fs::Permissions::from_mode(0o600))
             .map_err(BindError::Io)?;
+        let own = Surroundings::of("self").map_err(|e| BindError::Io(io::Error::other(e)))?;
         Ok(Listener {
             listener,
             place: place.clone(),
             _lock: lock,
+            own: Arc::new(own),
         })
     }
 
@@ -105,6 +143,7 @@ impl Listener {
             stream,
             peer,
             build: self.place.build.clone(),
+            own: self.own.clone(),
         }))
     }
 
@@ -126,6 +165,7 @@ pub struct Incoming {
     stream: UnixStream,
     peer: UCred,
     build: String,
+    own: Arc<Surroundings>,
 }
 
 impl Incoming {
@@ -158,6 +198,7 @@ impl Incoming {
                 Connection {
                     stream: self.stream,
                     peer_pid: self.peer.pid.as_raw_nonzero().get(),
+                    own: self.own,
                 },
             )),
             Err(why) => {
@@ -173,6 +214,7 @@ impl Incoming {
 pub struct Connection {
     stream: UnixStream,
     peer_pid: i32,
+    own: Arc<Surroundings>,
 }
 
 impl Connection {
@@ -193,24 +235,9 @@ impl Connection {
         if self.peer_pid <= 0 {
             return Err("the client's process is not visible from the service".into());
         }
-        for ns in NAMESPACES {
-            let theirs = std::fs::read_link(format!("/proc/{}/ns/{ns}", self.peer_pid));
-            let ours = std::fs::read_link(format!("/proc/self/ns/{ns}"));
-            match (theirs, ours) {
-                (Ok(t), Ok(o)) if t == o => {}
-                (Ok(_), Ok(_)) => return Err(format!("the client is in another {ns} namespace")),
-                (Err(e), _) | (_, Err(e)) => {
-                    return Err(format!("the client's {ns} namespace cannot be read: {e}"))
-                }
-            }
-        }
-        let same_root = std::fs::metadata(format!("/proc/{}/root", self.peer_pid))
-            .and_then(|t| std::fs::metadata("/proc/self/root").map(|o| (t, o)))
-            .map(|(t, o)| (t.dev(), t.ino()) == (o.dev(), o.ino()));
-        match same_root {
-            Ok(true) => {}
-            Ok(false) => return Err("the client has another root directory".into()),
-            Err(e) => return Err(format!("the client's root cannot be read: {e}")),
+        let theirs = Surroundings::of(&self.peer_pid.to_string())?;
+        if let Some(why) = self.own.differences(&theirs) {
+            return Err(why);
         }
         let differing = env_differences(
             &request.env,

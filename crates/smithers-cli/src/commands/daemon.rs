@@ -222,7 +222,7 @@ fn status(json_out: bool) -> anyhow::Result<ExitCode> {
     Ok(if doc.is_some() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(3)
+        ExitCode::from(crate::output::EXIT_REJECTED)
     })
 }
 

@@ -164,6 +164,8 @@ fn through_resident_service(argv: &[std::ffi::OsString], json: bool) -> Option<E
         client::Served::Exit(code) => Some(ExitCode::from(code)),
         // Parsed here, where clap says what is wrong with it (or prints the help asked for).
         client::Served::NotServed(why) if why == commands::daemon::NOT_A_RUN => None,
+        // Under `require` too: help, or a usage error, is this process's to print.
+        client::Served::NotServed(_) if Cli::try_parse_from(argv).is_err() => None,
         client::Served::NotServed(why) if mode == Mode::Require => {
             let err = output::coded_error(
                 smithers_errors::ErrorCode::InvalidInput,

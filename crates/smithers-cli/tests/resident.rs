@@ -401,6 +401,50 @@ fn a_killed_client_makes_the_service_cancel_its_step() {
     child.wait().unwrap();
     service.wait_idle(Duration::from_secs(30));
     assert_eq!(statuses(proj.path()), vec!["cancelled"]);
+    // The service is whole after it: the next client gets its own output.
+    let out = service
+        .required()
+        .current_dir(proj.path())
+        .args(["run", "--", "echo", "next"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(text(&out.stdout), "next\n");
+}
+
+#[test]
+fn a_reader_that_went_away_is_the_last_clients_not_the_next_ones() {
+    if !sandboxes_usable() {
+        return;
+    }
+    use std::io::BufRead;
+    let service = Service::start();
+    let proj = project();
+    // `run ... | head -1`: the reader goes after one line.
+    let mut first = service
+        .required()
+        .current_dir(proj.path())
+        .args(["run", "--", "sh", "-c", "seq 1 50000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(first.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "1\n");
+    assert!(first.wait().unwrap().success());
+    // The next client's stdout is its own: nothing of the first's, nothing missing.
+    let out = service
+        .required()
+        .current_dir(proj.path())
+        .args(["run", "--", "echo", "second"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(text(&out.stdout), "second\n");
+    assert_eq!(service.served(), 2);
 }
 
 #[test]
@@ -516,4 +560,12 @@ fn a_command_line_the_service_cannot_parse_is_parsed_by_the_client() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(text(&out.stderr).contains("--no-such-flag"), "{out:?}");
     assert_eq!(service.served(), 0);
+    // And where no service runs at all.
+    let out = bin()
+        .env("SMITHERS_RESIDENT", "require")
+        .env("SMITHERS_RESIDENT_DIR", "/nonexistent")
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
 }

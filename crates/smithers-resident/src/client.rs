@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use crate::peer::Identity;
 use crate::place::Place;
 use crate::wire::{self, Frame};
 
@@ -42,6 +43,19 @@ fn try_run(argv: &[OsString]) -> io::Result<Served> {
             )))
         }
     };
+    // Nothing is sent to a service that is not ours: the same user, namespaces, root and
+    // confinement (a process of ours in a container sharing this directory could have bound
+    // the name, to receive our environment and descriptors).
+    let server = Identity::of_peer(&sock).map_err(io::Error::other)?;
+    if let Some(why) = Identity::of_self()
+        .map_err(io::Error::other)?
+        .differences(&server)
+    {
+        return Ok(Served::NotServed(format!(
+            "the process listening on {} is not a service of ours: {why}",
+            place.socket.display()
+        )));
+    }
     let env: Vec<OsString> = std::env::vars_os()
         .map(|(k, v)| {
             let mut e = k;
@@ -178,12 +192,20 @@ const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, 
 impl Signals {
     fn take() -> io::Result<Signals> {
         // SAFETY: sigemptyset/sigaddset write only into the local set, which is a plain C
-        // struct and fully initialised by sigemptyset before it is read.
+        // struct and fully initialised by sigemptyset before it is read; sigaction with a
+        // null new action only reads the current one into `old`.
         let set = unsafe {
             let mut set = std::mem::zeroed::<libc::sigset_t>();
             libc::sigemptyset(&mut set);
             for sig in FORWARDED {
-                libc::sigaddset(&mut set, sig);
+                // A signal this process ignores (`nohup` ignores SIGHUP) is left alone: it
+                // would not have ended `run` either.
+                let mut old = std::mem::zeroed::<libc::sigaction>();
+                let ignored = libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                    && old.sa_sigaction == libc::SIG_IGN;
+                if !ignored {
+                    libc::sigaddset(&mut set, sig);
+                }
             }
             set
         };

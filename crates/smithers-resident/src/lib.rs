@@ -26,6 +26,7 @@
 //! itself, as it does when no service is running.
 
 pub mod client;
+pub mod peer;
 pub mod place;
 pub mod server;
 pub mod wire;

@@ -2,27 +2,22 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
-use rustix::net::UCred;
 
+use crate::peer::Identity;
 use crate::place::Place;
 use crate::wire::{self, Ask, RunRequest};
 
 /// How long a connected client may take to send its request, or its go.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The namespaces a client must share with the service: a step served here sees this
-/// service's file systems, network, users, processes and cgroups, so they must be the
-/// client's own.
-const NAMESPACES: &[&str] = &["mnt", "net", "user", "pid", "ipc", "uts", "cgroup"];
 
 /// The listening socket of the one service of this build.
 #[derive(Debug)]
@@ -31,42 +26,8 @@ pub struct Listener {
     place: Place,
     /// Holds the lock for the service's life.
     _lock: File,
-    /// What a client must share with the service, read once.
-    own: Arc<Surroundings>,
-}
-
-/// A process's namespaces and root, as admission compares them.
-#[derive(Debug, PartialEq, Eq)]
-struct Surroundings {
-    namespaces: Vec<std::path::PathBuf>,
-    root: (u64, u64),
-}
-
-impl Surroundings {
-    /// Those of `pid` (`"self"` for ours).
-    fn of(pid: &str) -> Result<Surroundings, String> {
-        let namespaces = NAMESPACES
-            .iter()
-            .map(|ns| {
-                std::fs::read_link(format!("/proc/{pid}/ns/{ns}"))
-                    .map_err(|e| format!("the {ns} namespace of process {pid} cannot be read: {e}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let root = std::fs::metadata(format!("/proc/{pid}/root"))
-            .map(|m| (m.dev(), m.ino()))
-            .map_err(|e| format!("the root of process {pid} cannot be read: {e}"))?;
-        Ok(Surroundings { namespaces, root })
-    }
-
-    /// Why a client in `theirs` may not be served by a service in `self`.
-    fn differences(&self, theirs: &Surroundings) -> Option<String> {
-        for (i, ns) in NAMESPACES.iter().enumerate() {
-            if self.namespaces[i] != theirs.namespaces[i] {
-                return Some(format!("the client is in another {ns} namespace"));
-            }
-        }
-        (self.root != theirs.root).then(|| "the client has another root directory".to_string())
-    }
+    /// The service itself, as clients are compared with it (read once).
+    own: Arc<Identity>,
 }
 
 /// Why a service could not start.
@@ -110,7 +71,7 @@ impl Listener {
         // The directory already keeps others out; the socket says so too.
         std::fs::set_permissions(&place.socket, std::fs::Permissions::from_mode(0o600))
             .map_err(BindError::Io)?;
-        let own = Surroundings::of("self").map_err(|e| BindError::Io(io::Error::other(e)))?;
+        let own = Identity::of_self().map_err(|e| BindError::Io(io::Error::other(e)))?;
         Ok(Listener {
             listener,
             place: place.clone(),
@@ -138,7 +99,9 @@ impl Listener {
             Err(e) => return Err(e.into()),
         }
         let (stream, _) = self.listener.accept()?;
-        let peer = rustix::net::sockopt::socket_peercred(&stream)?;
+        // Read at once, while the process that connected is the one at its pid (it waits
+        // for our answer); checked again before its step starts.
+        let peer = Identity::of_peer(&stream);
         Ok(Some(Incoming {
             stream,
             peer,
@@ -163,32 +126,28 @@ impl Drop for Listener {
 #[derive(Debug)]
 pub struct Incoming {
     stream: UnixStream,
-    peer: UCred,
+    peer: Result<Identity, String>,
     build: String,
-    own: Arc<Surroundings>,
+    own: Arc<Identity>,
 }
 
 impl Incoming {
-    /// The client's process (in the service's pid namespace; 0 when it is not visible).
-    pub fn peer_pid(&self) -> i32 {
-        self.peer.pid.as_raw_nonzero().get()
-    }
-
-    /// Reads the request, after checking that the peer is this user and group. An error
-    /// has been said to the client (when it can still hear it) and the connection closed.
+    /// Reads the request, after checking that the peer is this user and group, in the
+    /// service's namespaces and root, with its groups, capabilities and confinement: anyone
+    /// else is turned away before a byte of its request is read. An error has been said to
+    /// the client (when it can still hear it) and the connection closed.
     pub fn read(self) -> Result<(Ask, Connection), String> {
-        let me = (rustix::process::geteuid(), rustix::process::getegid());
-        if (self.peer.uid, self.peer.gid) != me {
-            let why = format!(
-                "uid {} gid {} is not this service's user ({} {})",
-                self.peer.uid.as_raw(),
-                self.peer.gid.as_raw(),
-                me.0.as_raw(),
-                me.1.as_raw()
-            );
-            let _ = wire::write_line(&self.stream, &format!("no {why}"));
-            return Err(why);
-        }
+        let peer = self.peer.and_then(|p| match self.own.differences(&p) {
+            None => Ok(p),
+            Some(why) => Err(why),
+        });
+        let peer = match peer {
+            Ok(p) => p,
+            Err(why) => {
+                let _ = wire::write_line(&self.stream, &format!("no {why}"));
+                return Err(why);
+            }
+        };
         self.stream
             .set_read_timeout(Some(CLIENT_TIMEOUT))
             .map_err(|e| e.to_string())?;
@@ -197,8 +156,7 @@ impl Incoming {
                 ask,
                 Connection {
                     stream: self.stream,
-                    peer_pid: self.peer.pid.as_raw_nonzero().get(),
-                    own: self.own,
+                    peer,
                 },
             )),
             Err(why) => {
@@ -213,8 +171,7 @@ impl Incoming {
 #[derive(Debug)]
 pub struct Connection {
     stream: UnixStream,
-    peer_pid: i32,
-    own: Arc<Surroundings>,
+    peer: Identity,
 }
 
 impl Connection {
@@ -232,12 +189,11 @@ impl Connection {
     /// the same environment (but [`crate::IGNORED_ENV`]), and a working directory that is a
     /// directory. The reason when not (names only: values may be secrets).
     pub fn admit(&self, request: &RunRequest) -> Result<(), String> {
-        if self.peer_pid <= 0 {
-            return Err("the client's process is not visible from the service".into());
-        }
-        let theirs = Surroundings::of(&self.peer_pid.to_string())?;
-        if let Some(why) = self.own.differences(&theirs) {
+        if let Some(why) = self.peer.confined() {
             return Err(why);
+        }
+        if !self.peer.still_there() {
+            return Err("the process that connected is gone".into());
         }
         let differing = env_differences(
             &request.env,
@@ -284,10 +240,11 @@ impl Connection {
                 let mut byte = [0u8; 1];
                 loop {
                     match io::Read::read(&mut &reader, &mut byte) {
-                        Ok(1) if byte[0] == b'i' => latch.fire(),
+                        Ok(1) if byte[0] == b'i' => latch.fire(false),
                         Ok(1) => {}
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         Ok(_) | Err(_) => {
-                            latch.fire();
+                            latch.fire(true);
                             return;
                         }
                     }
@@ -341,7 +298,9 @@ pub struct Interrupts(Arc<Mutex<Latch>>);
 struct Latch {
     pending: bool,
     over: bool,
-    handler: Option<Box<dyn Fn() + Send>>,
+    handler: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// The client's stdio is in place of the service's ([`Session::redirect`]).
+    redirected: bool,
 }
 
 impl std::fmt::Debug for Interrupts {
@@ -352,34 +311,72 @@ impl std::fmt::Debug for Interrupts {
 
 impl Interrupts {
     /// Calls `handler` at each interrupt from now on (at once for one already received).
-    pub fn on_interrupt(&self, handler: impl Fn() + Send + 'static) {
-        let mut latch = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if latch.over {
-            return;
-        }
-        if std::mem::take(&mut latch.pending) {
+    pub fn on_interrupt(&self, handler: impl Fn() + Send + Sync + 'static) {
+        let handler: Arc<dyn Fn() + Send + Sync> = Arc::new(handler);
+        let call_now = {
+            let mut latch = self.lock();
+            if latch.over {
+                return;
+            }
+            latch.handler = Some(handler.clone());
+            std::mem::take(&mut latch.pending)
+        };
+        if call_now {
             handler();
         }
-        latch.handler = Some(Box::new(handler));
     }
 
-    fn fire(&self) {
-        let mut latch = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if latch.over {
-            return;
-        }
-        match &latch.handler {
-            Some(h) => h(),
-            None => latch.pending = true,
+    fn lock(&self) -> std::sync::MutexGuard<'_, Latch> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An interrupt: a Ctrl-C, or (`gone`) the client's end. A client that is gone gets
+    /// nothing more written to its terminal or pipes: the rest of the step's output and its
+    /// summary go to /dev/null (the bundle's log keeps the output), so that a user's prompt
+    /// is not written over and a pipe nobody reads cannot block the service.
+    fn fire(&self, gone: bool) {
+        let handler = {
+            let mut latch = self.lock();
+            if latch.over {
+                return;
+            }
+            if gone && latch.redirected {
+                silence_stdio();
+            }
+            match &latch.handler {
+                Some(h) => Some(h.clone()),
+                None => {
+                    latch.pending = true;
+                    None
+                }
+            }
+        };
+        // Called without the lock: a handler that writes may block, and the restore of the
+        // service's stdio takes the lock.
+        if let Some(handler) = handler {
+            handler();
         }
     }
 
     /// No handler is called after this (the request is over: the client's end of the
     /// connection closing then is no cancellation).
     fn end(&self) {
-        let mut latch = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut latch = self.lock();
         latch.over = true;
         latch.handler = None;
+    }
+}
+
+/// /dev/null over stdin, stdout and stderr (best effort: they stay as they were otherwise).
+fn silence_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        let _ = rustix::stdio::dup2_stdin(&null);
+        let _ = rustix::stdio::dup2_stdout(&null);
+        let _ = rustix::stdio::dup2_stderr(&null);
     }
 }
 
@@ -405,11 +402,14 @@ impl Session {
     /// requests are served one at a time, and what other threads write to stderr meanwhile
     /// reaches the client.
     pub fn redirect(&self) -> io::Result<Redirected> {
+        let mut latch = self.interrupts.lock();
         let saved = Redirected {
+            // Close-on-exec: what the step's own processes start (git, an init) must not
+            // inherit the service's stdio.
             stdio: [
-                rustix::io::dup(std::io::stdin().as_fd())?,
-                rustix::io::dup(std::io::stdout().as_fd())?,
-                rustix::io::dup(std::io::stderr().as_fd())?,
+                rustix::io::fcntl_dupfd_cloexec(std::io::stdin(), 3)?,
+                rustix::io::fcntl_dupfd_cloexec(std::io::stdout(), 3)?,
+                rustix::io::fcntl_dupfd_cloexec(std::io::stderr(), 3)?,
             ],
             cwd: rustix::fs::open(
                 ".",
@@ -417,13 +417,23 @@ impl Session {
                 Mode::empty(),
             )?,
             umask: rustix::process::umask(Mode::from_raw_mode(self.request.umask)),
+            interrupts: self.interrupts.clone(),
         };
         let fds = &self.request.fds;
+        // From here a failure restores what was saved (the guard's drop).
+        latch.redirected = true;
+        drop(latch);
         rustix::stdio::dup2_stdin(&fds[0])?;
         rustix::stdio::dup2_stdout(&fds[1])?;
         rustix::stdio::dup2_stderr(&fds[2])?;
         rustix::process::fchdir(&fds[3])?;
         Ok(saved)
+    }
+
+    /// Writes `message` to the client's stderr directly (for what goes wrong before its
+    /// stdio is in place).
+    pub fn tell_client(&self, message: &str) {
+        let _ = rustix::io::write(&self.request.fds[2], message.as_bytes());
     }
 
     /// Says the step is over with `code`, and closes the connection.
@@ -440,10 +450,30 @@ pub struct Redirected {
     stdio: [OwnedFd; 3],
     cwd: OwnedFd,
     umask: Mode,
+    interrupts: Interrupts,
+}
+
+impl Redirected {
+    /// Flushes std's buffered stdout to the client. When that fails (the client's reader is
+    /// gone), what is left in the buffer is discarded, never written to the next client.
+    pub fn flush_stdout(&self) {
+        use std::io::Write as _;
+        if std::io::stdout().flush().is_err() {
+            if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+                if rustix::stdio::dup2_stdout(&null).is_ok() {
+                    let _ = std::io::stdout().flush();
+                }
+            }
+        }
+    }
 }
 
 impl Drop for Redirected {
     fn drop(&mut self) {
+        // Under the latch's lock, so that a client going away now cannot silence the
+        // service's own stdio once restored.
+        let mut latch = self.interrupts.lock();
+        latch.redirected = false;
         let _ = rustix::stdio::dup2_stdin(&self.stdio[0]);
         let _ = rustix::stdio::dup2_stdout(&self.stdio[1]);
         let _ = rustix::stdio::dup2_stderr(&self.stdio[2]);
@@ -485,17 +515,17 @@ mod tests {
     fn an_interrupt_before_the_handler_is_kept_and_none_after_the_end() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let i = Interrupts::default();
-        i.fire();
+        i.fire(false);
         let n = Arc::new(AtomicUsize::new(0));
         let m = n.clone();
         i.on_interrupt(move || {
             m.fetch_add(1, Ordering::SeqCst);
         });
         assert_eq!(n.load(Ordering::SeqCst), 1);
-        i.fire();
+        i.fire(false);
         assert_eq!(n.load(Ordering::SeqCst), 2);
         i.end();
-        i.fire();
+        i.fire(true);
         assert_eq!(n.load(Ordering::SeqCst), 2);
     }
 }

@@ -9,11 +9,12 @@
 //! uses it; `=require` fails with the reason when it does not serve.
 //!
 //! Nothing about a step differs when it is served: the same code runs it, with the client's
-//! stdio, working directory and umask, and the same environment. What does differ: the step's
-//! sandbox is made in the service's cgroup and with its resource limits (rlimits), not the
-//! shell's; `doctor` describes the user who runs it, and so holds for both.
+//! stdio, working directory and umask, and the same environment, user, groups, capabilities
+//! and (no) confinement. What does differ: the step's sandbox is made in the service's cgroup
+//! and with its resource limits (rlimits), nice value and CPU affinity, not the shell's; the
+//! answer comes before the sandbox's cleanup ends; Ctrl-Z stops the client only. `doctor`
+//! describes the user who runs it, and so holds for both.
 
-use std::io::Write as _;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -58,6 +59,9 @@ struct ServeOptions {
     #[arg(long, value_name = "N", default_value_t = 1)]
     warm: usize,
 }
+
+/// The exit status of a step whose serving panicked (as Rust's own for a panic).
+const PANICKED: u8 = 101;
 
 /// The service's answer to a command line that does not parse as a `run` (a usage error,
 /// `run --help`): the client parses it itself, which says what clap has to say.
@@ -166,11 +170,16 @@ fn start(options: &ServeOptions, json_out: bool) -> anyhow::Result<ExitCode> {
 fn stop(json_out: bool) -> anyhow::Result<ExitCode> {
     // No directory (or not a private one of ours): no service of ours can be behind it.
     let place = Place::of_this_build(false).ok();
+    let pid = place
+        .as_ref()
+        .and_then(|p| ask(p, "status"))
+        .and_then(|doc| doc["pid"].as_u64());
     let stopped = place.as_ref().is_some_and(|p| ask(p, "stop").is_some());
-    if let (true, Some(place)) = (stopped, &place) {
-        // It answers, then closes its projects: wait for its socket to go.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while place.socket.exists() && Instant::now() < deadline {
+    if let (true, Some(pid)) = (stopped, pid) {
+        // It answers, then finishes the step it serves and closes its projects: wait for
+        // the process to end (a new service could otherwise start beside it).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while running(pid) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -182,6 +191,16 @@ fn stop(json_out: bool) -> anyhow::Result<ExitCode> {
         say!("no resident service of this build is running");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether process `pid` still runs (a zombie waiting for its parent does not).
+fn running(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat
+            .rfind(')')
+            .and_then(|at| stat[at + 1..].split_whitespace().next());
+        !matches!(state, Some("Z") | Some("X") | None)
+    })
 }
 
 fn status(json_out: bool) -> anyhow::Result<ExitCode> {
@@ -241,7 +260,12 @@ impl Counters {
     }
 }
 
+/// The most connections handled at once.
+const MAX_CONNECTIONS: usize = 64;
+
 struct Service {
+    /// Connections being handled now.
+    connections: std::sync::atomic::AtomicUsize,
     /// The projects kept open; locked by the one request being served.
     projects: Mutex<ContextCache>,
     counters: Counters,
@@ -271,6 +295,7 @@ fn serve(options: &ServeOptions) -> anyhow::Result<ExitCode> {
         inert(&place.socket.display().to_string())
     );
     let service = Arc::new(Service {
+        connections: Default::default(),
         projects: Mutex::new(ContextCache::new(options.warm)),
         counters: Counters::default(),
         started: Instant::now(),
@@ -287,11 +312,25 @@ fn serve(options: &ServeOptions) -> anyhow::Result<ExitCode> {
                     .last_request
                     .lock()
                     .unwrap_or_else(|p| p.into_inner()) = Instant::now();
-                let service = service.clone();
-                std::thread::Builder::new()
+                // A bounded number of connections at once (each may hold a request of up to
+                // 4 MiB while it is read); one over it is closed, and its client runs its step
+                // itself.
+                if service.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    service.connections.fetch_sub(1, Ordering::SeqCst);
+                    service.counters.declined("too many connections at once");
+                    continue;
+                }
+                let for_thread = service.clone();
+                let spawned = std::thread::Builder::new()
                     .name("resident-request".into())
-                    .spawn(move || handle(incoming, &service))
-                    .context("starting a request's thread")?;
+                    .spawn(move || {
+                        handle(incoming, &for_thread);
+                        for_thread.connections.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if let Err(e) = spawned {
+                    service.connections.fetch_sub(1, Ordering::SeqCst);
+                    say!("starting a request's thread: {e}");
+                }
             }
             Ok(None) => {
                 let quiet_for = service
@@ -302,10 +341,16 @@ fn serve(options: &ServeOptions) -> anyhow::Result<ExitCode> {
                 let busy = service.projects.try_lock().is_err();
                 if idle.is_some_and(|limit| quiet_for > limit) && !busy {
                     say!("no request for {} s: exiting", quiet_for.as_secs());
+                    service.stopping.store(true, Ordering::SeqCst);
                     break;
                 }
             }
-            Err(e) => return Err(anyhow::anyhow!(e).context("accepting a client")),
+            // Out of descriptors, a connection reset before it was accepted...: the service
+            // goes on (a step being served must not lose its service).
+            Err(e) => {
+                say!("accepting a client: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     }
     // No new client from here; the step being served (if any) finishes first.
@@ -355,6 +400,11 @@ fn handle(incoming: Incoming, service: &Service) {
             };
             service.counters.served.fetch_add(1, Ordering::Relaxed);
             let code = serve_run(&session, &args, json_out, &mut projects);
+            if code == PANICKED {
+                // Its sandbox is recovered once this process is gone (the recovery pass
+                // acts on the leases of dead owners): the service ends after this answer.
+                service.stopping.store(true, Ordering::SeqCst);
+            }
             *service
                 .last_request
                 .lock()
@@ -376,7 +426,9 @@ fn serve_run(
     let guard = match session.redirect() {
         Ok(g) => g,
         Err(e) => {
-            say!("taking the client's stdio: {e}");
+            session.tell_client(&format!(
+                "error: the resident service could not take this command's stdio and working directory: {e}\n"
+            ));
             return crate::output::EXIT_REJECTED;
         }
     };
@@ -388,13 +440,13 @@ fn serve_run(
         Ok(Err(e)) => crate::output::report_error_code(&e, json_out),
         Err(_) => {
             // A bug: the projects' state is not trusted any more; closing them removes
-            // their sandboxes (a step's own is cleaned up by the next recovery pass).
+            // their prepared sandboxes, and the service ends (see `handle`).
             projects.clear();
-            say!("error: the resident service failed while running this step (a bug); its projects were closed");
-            101
+            say!("error: the resident service failed while running this step (a bug); it ends now, and the next run recovers the step's sandbox");
+            PANICKED
         }
     };
-    let _ = std::io::stdout().flush();
+    guard.flush_stdout();
     drop(guard);
     code
 }

@@ -825,6 +825,9 @@ fn run_with(
     // step is recorded (a step a warm sandbox cannot serve starts cold at create, as before).
     // (The resident service's projects have a warm pool instead.)
     let prestart = (args.runtime == RuntimeChoice::Bubblewrap).then_some(&controls);
+    // A process may run more than one `run` (the resident service): a reader that went
+    // away was the last client's.
+    STDOUT_GONE.store(false, std::sync::atomic::Ordering::SeqCst);
     let served = cache.is_some();
     let ctx = match cache {
         None => context::CtxHandle::Own(context::open_with(

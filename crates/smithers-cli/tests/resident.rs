@@ -569,3 +569,37 @@ fn a_command_line_the_service_cannot_parse_is_parsed_by_the_client() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
 }
+
+#[test]
+fn a_confined_client_runs_its_step_itself() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let has_setpriv = Command::new("setpriv")
+        .arg("--help")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_setpriv {
+        support::native::skip("setpriv (util-linux) is not installed");
+        return;
+    }
+    let service = Service::start();
+    let proj = project();
+    // no_new_privs, as every Landlock-confined agent has: the service would act outside the
+    // agent's confinement, so it declines.
+    let out = Command::new("setpriv")
+        .arg("--no-new-privs")
+        .arg(bin_path())
+        .env("SMITHERS_RESIDENT_DIR", service.dir.path())
+        .env("SMITHERS_RESIDENT", "require")
+        .env_remove("SMITHERS_DB")
+        .env("NO_COLOR", "1")
+        .current_dir(proj.path())
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("NoNewPrivs"), "{stderr}");
+    assert_eq!(service.served(), 0);
+}

@@ -164,9 +164,11 @@ fn through_resident_service(argv: &[std::ffi::OsString], json: bool) -> Option<E
         client::Served::Exit(code) => Some(ExitCode::from(code)),
         // Parsed here, where clap says what is wrong with it (or prints the help asked for).
         client::Served::NotServed(why) if why == commands::daemon::NOT_A_RUN => None,
-        // Under `require` too: help, or a usage error, is this process's to print.
+        // Not served: this process runs it (and parses it, once, in `main`).
+        client::Served::NotServed(_) if mode != Mode::Require => None,
+        // Under `require` too, help or a usage error is this process's to print.
         client::Served::NotServed(_) if Cli::try_parse_from(argv).is_err() => None,
-        client::Served::NotServed(why) if mode == Mode::Require => {
+        client::Served::NotServed(why) => {
             let err = output::coded_error(
                 smithers_errors::ErrorCode::InvalidInput,
                 format!(
@@ -178,7 +180,6 @@ fn through_resident_service(argv: &[std::ffi::OsString], json: bool) -> Option<E
             );
             Some(output::report_error(&err, json))
         }
-        client::Served::NotServed(_) => None,
     }
 }
 

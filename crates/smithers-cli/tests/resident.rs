@@ -52,6 +52,15 @@ impl Service {
         c
     }
 
+    /// `run ARGS` (or any command line) in `dir` as a client that must be served.
+    fn run_in(&self, dir: &Path, args: &[&str]) -> Output {
+        self.required()
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
     /// The binary as a client that must be served.
     fn required(&self) -> Command {
         let mut c = self.client();
@@ -161,12 +170,10 @@ fn a_served_run_is_the_same_run() {
     assert_eq!(service.served(), 1);
 
     // A change comes back for review, exactly as without the service.
-    let out = service
-        .required()
-        .current_dir(proj.path())
-        .args(["--json", "run", "--", "sh", "-c", "echo new > made.txt"])
-        .output()
-        .unwrap();
+    let out = service.run_in(
+        proj.path(),
+        &["--json", "run", "--", "sh", "-c", "echo new > made.txt"],
+    );
     assert!(out.status.success(), "{out:?}");
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["status"], "review", "{doc}");
@@ -191,12 +198,7 @@ fn a_served_run_is_the_same_run() {
     // The third step of one configuration in a row gets an armed sandbox; its output is the
     // same.
     for _ in 0..2 {
-        let out = service
-            .required()
-            .current_dir(proj.path())
-            .args(["run", "--", "cat", "README"])
-            .output()
-            .unwrap();
+        let out = service.run_in(proj.path(), &["run", "--", "cat", "README"]);
         assert!(out.status.success(), "{out:?}");
         assert_eq!(text(&out.stdout), "hello\n");
     }
@@ -298,12 +300,7 @@ fn a_busy_service_declines_and_the_second_client_runs_itself() {
         assert!(Instant::now() < deadline, "the first step was not served");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let out = service
-        .required()
-        .current_dir(proj.path())
-        .args(["run", "--", "true"])
-        .output()
-        .unwrap();
+    let out = service.run_in(proj.path(), &["run", "--", "true"]);
     assert!(text(&out.stderr).contains("busy"), "{out:?}");
     let out = service
         .client()
@@ -402,12 +399,7 @@ fn a_killed_client_makes_the_service_cancel_its_step() {
     service.wait_idle(Duration::from_secs(30));
     assert_eq!(statuses(proj.path()), vec!["cancelled"]);
     // The service is whole after it: the next client gets its own output.
-    let out = service
-        .required()
-        .current_dir(proj.path())
-        .args(["run", "--", "echo", "next"])
-        .output()
-        .unwrap();
+    let out = service.run_in(proj.path(), &["run", "--", "echo", "next"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(text(&out.stdout), "next\n");
 }
@@ -436,12 +428,7 @@ fn a_reader_that_went_away_is_the_last_clients_not_the_next_ones() {
     assert_eq!(line, "1\n");
     assert!(first.wait().unwrap().success());
     // The next client's stdout is its own: nothing of the first's, nothing missing.
-    let out = service
-        .required()
-        .current_dir(proj.path())
-        .args(["run", "--", "echo", "second"])
-        .output()
-        .unwrap();
+    let out = service.run_in(proj.path(), &["run", "--", "echo", "second"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(text(&out.stdout), "second\n");
     assert_eq!(service.served(), 2);
@@ -455,12 +442,10 @@ fn a_database_removed_between_steps_is_opened_anew() {
     let service = Service::start();
     let proj = project();
     let run = |script: &str| {
-        let out = service
-            .required()
-            .current_dir(proj.path())
-            .args(["--json", "run", "--no-review", "--", "sh", "-c", script])
-            .output()
-            .unwrap();
+        let out = service.run_in(
+            proj.path(),
+            &["--json", "run", "--no-review", "--", "sh", "-c", script],
+        );
         assert!(out.status.success(), "{out:?}");
     };
     run("true");
@@ -521,6 +506,10 @@ fn another_user_cannot_reach_the_service() {
         .output()
         .unwrap();
     let _ = std::fs::remove_file(&binary);
+    // The directory too, once no other test's copy is in it.
+    if let Some(dir) = binary.parent() {
+        let _ = std::fs::remove_dir(dir);
+    }
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

@@ -6,7 +6,6 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -108,10 +107,6 @@ impl Listener {
             build: self.place.build.clone(),
             own: self.own.clone(),
         }))
-    }
-
-    pub fn place(&self) -> &Place {
-        &self.place
     }
 }
 
@@ -389,10 +384,6 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn argv(&self) -> &[std::ffi::OsString] {
-        &self.request.argv
-    }
-
     pub fn interrupts(&self) -> Interrupts {
         self.interrupts.clone()
     }
@@ -480,11 +471,6 @@ impl Drop for Redirected {
         let _ = rustix::process::fchdir(&self.cwd);
         rustix::process::umask(self.umask);
     }
-}
-
-/// Whether a directory entry is a live service's socket: something answers on it.
-pub fn answers(socket: &Path) -> bool {
-    UnixStream::connect(socket).is_ok()
 }
 
 #[cfg(test)]

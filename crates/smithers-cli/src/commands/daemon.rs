@@ -24,6 +24,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use smithers_errors::ErrorCode;
+use smithers_resident::peer::Identity;
 use smithers_resident::place::Place;
 use smithers_resident::server::{BindError, Incoming, Listener, Session};
 use smithers_resident::wire::{self, Ask, Frame};
@@ -98,6 +99,11 @@ fn idle_limit(options: &ServeOptions) -> anyhow::Result<Option<Duration>> {
 /// Asks the running service for `kind` (`status`, `stop`); `None` when none answers.
 fn ask(place: &Place, kind: &str) -> Option<Value> {
     let sock = std::os::unix::net::UnixStream::connect(&place.socket).ok()?;
+    // Only a service of ours is asked (as `run`'s client checks it).
+    let me = Identity::of_self().ok()?;
+    if me.differences(&Identity::of_peer(&sock).ok()?).is_some() {
+        return None;
+    }
     sock.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     Frame::control(&place.build, kind).send(&sock, &[]).ok()?;
     let line = wire::read_line(&sock).ok()??;

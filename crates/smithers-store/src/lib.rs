@@ -621,6 +621,33 @@ impl Drop for Pooled<'_> {
 /// `busy_timeout` (first, so that a connection opened while another holds a lock waits
 /// instead of failing), foreign keys on, `synchronous = NORMAL`. The WAL journal mode is the
 /// file's, set once by [`Store::open`].
+/// Statements through the connection's cache of prepared statements: preparing one (parsing
+/// and planning its SQL) cost more than running it, several times per step's transaction.
+pub(crate) trait CachedSql {
+    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+    fn row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
+}
+
+impl CachedSql for Connection {
+    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    fn row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+}
+
+/// Enough for every statement a step's lifecycle runs (the default, 16, was not).
+const STATEMENT_CACHE: usize = 64;
+
 fn connect(path: &Path) -> Result<Connection> {
     let open_err = |source| StoreError::Open {
         path: path.display().to_string(),
@@ -628,6 +655,7 @@ fn connect(path: &Path) -> Result<Connection> {
     };
     let conn = Connection::open(path).map_err(open_err)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
         .map_err(open_err)?;
     // No checkpoint when the last connection closes: it cost two fsyncs (WAL, database),
@@ -792,7 +820,7 @@ impl Store {
     /// One sandbox row.
     pub fn get_sandbox(&self, run_id: &str, sandbox_id: &str) -> Result<Option<SandboxRow>> {
         self.conn()?
-            .query_row(
+            .row(
                 &format!(
                     "SELECT {SANDBOX_COLUMNS} FROM _smithers_sandboxes WHERE run_id = ?1 AND sandbox_id = ?2"
                 ),
@@ -807,7 +835,7 @@ impl Store {
     pub fn list_sandboxes(&self, run_id: &str) -> Result<Vec<SandboxRow>> {
         let conn = self.conn()?;
         let mut stmt = conn
-            .prepare(&format!(
+            .prepare_cached(&format!(
                 "SELECT {SANDBOX_COLUMNS} FROM _smithers_sandboxes WHERE run_id = ?1 ORDER BY sandbox_id"
             ))
             .map_err(StoreError::query("list_sandboxes"))?;
@@ -962,7 +990,7 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("try_admit"))?;
         let existing: Option<String> = tx
-            .query_row(
+            .row(
                 "SELECT status FROM _smithers_sandboxes WHERE run_id = ?1 AND sandbox_id = ?2",
                 params![req.run_id, req.sandbox_id],
                 |r| r.get(0),
@@ -1016,13 +1044,13 @@ impl Store {
         // A re-run of a finished sandbox id starts clean: its old review and patches belong to
         // the previous execution (its events stay: they are history).
         for table in ["_smithers_sandbox_reviews", "_smithers_sandbox_patches"] {
-            tx.execute(
+            tx.exec(
                 &format!("DELETE FROM {table} WHERE run_id = ?1 AND sandbox_id = ?2"),
                 params![req.run_id, req.sandbox_id],
             )
             .map_err(StoreError::query("try_admit"))?;
         }
-        tx.execute(
+        tx.exec(
             "INSERT OR REPLACE INTO _smithers_sandbox_leases
                 (run_id, sandbox_id, owner_host, owner_boot_id, owner_pid, owner_start_time,
                  handle_json, acquired_at_ms, released_at_ms, release_reason)
@@ -1065,7 +1093,7 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("record_refused"))?;
         let existing: Option<String> = tx
-            .query_row(
+            .row(
                 "SELECT status FROM _smithers_sandboxes WHERE run_id = ?1 AND sandbox_id = ?2",
                 params![run_id, sandbox_id],
                 |r| r.get(0),
@@ -1100,7 +1128,7 @@ impl Store {
     pub fn set_handle(&self, run_id: &str, sandbox_id: &str, handle_json: &str) -> Result<()> {
         let n = self
             .conn()?
-            .execute(
+            .exec(
                 "UPDATE _smithers_sandbox_leases SET handle_json = ?3
                  WHERE run_id = ?1 AND sandbox_id = ?2",
                 params![run_id, sandbox_id, handle_json],
@@ -1125,7 +1153,7 @@ impl Store {
         reason: &str,
     ) -> Result<()> {
         self.conn()?
-            .execute(
+            .exec(
                 "UPDATE _smithers_sandbox_leases SET released_at_ms = ?3, release_reason = ?4
                  WHERE run_id = ?1 AND sandbox_id = ?2 AND released_at_ms IS NULL",
                 params![run_id, sandbox_id, at_ms, reason],
@@ -1137,7 +1165,7 @@ impl Store {
     /// The lease of a sandbox.
     pub fn lease(&self, run_id: &str, sandbox_id: &str) -> Result<Option<Lease>> {
         self.conn()?
-            .query_row(
+            .row(
                 &format!("SELECT {LEASE_COLUMNS} FROM _smithers_sandbox_leases l WHERE run_id = ?1 AND sandbox_id = ?2"),
                 params![run_id, sandbox_id],
                 |r| lease_row(r, 0),
@@ -1153,7 +1181,7 @@ impl Store {
     pub fn orphaned_sandboxes(&self) -> Result<Vec<Orphan>> {
         let conn = self.conn()?;
         let mut stmt = conn
-            .prepare(&orphan_candidates_sql())
+            .prepare_cached(&orphan_candidates_sql())
             .map_err(StoreError::query("orphaned_sandboxes"))?;
         let mut candidates: Vec<Orphan> = stmt
             .query_map([], |r| {
@@ -1199,7 +1227,7 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("mark_orphan_failed"))?;
         let n = tx
-            .execute(
+            .exec(
                 &format!(
                     "UPDATE _smithers_sandboxes SET status = 'failed', completed_at_ms = ?3,
                         heartbeat_at_ms = ?3
@@ -1220,7 +1248,7 @@ impl Store {
             )
             .map_err(StoreError::query("mark_orphan_failed"))?;
         if n == 1 {
-            tx.execute(
+            tx.exec(
                 "UPDATE _smithers_sandbox_leases SET released_at_ms = ?3, release_reason = 'orphaned'
                  WHERE run_id = ?1 AND sandbox_id = ?2",
                 params![orphan.sandbox.run_id, orphan.sandbox.sandbox_id, now_ms],
@@ -1242,7 +1270,7 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("delete_sandbox"))?;
         let status: Option<String> = tx
-            .query_row(
+            .row(
                 "SELECT status FROM _smithers_sandboxes WHERE run_id = ?1 AND sandbox_id = ?2",
                 params![run_id, sandbox_id],
                 |r| r.get(0),
@@ -1265,7 +1293,7 @@ impl Store {
             "_smithers_sandbox_leases",
             "_smithers_sandboxes",
         ] {
-            tx.execute(
+            tx.exec(
                 &format!("DELETE FROM {table} WHERE run_id = ?1 AND sandbox_id = ?2"),
                 params![run_id, sandbox_id],
             )
@@ -1283,7 +1311,7 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::query("open_review"))?;
         let n = tx
-            .execute(
+            .exec(
                 "UPDATE _smithers_sandboxes SET status = 'review', bundle_path = ?3
                  WHERE run_id = ?1 AND sandbox_id = ?2",
                 params![review.run_id, review.sandbox_id, review.bundle_path],
@@ -1295,7 +1323,7 @@ impl Store {
                 sandbox_id: review.sandbox_id.clone(),
             });
         }
-        tx.execute(
+        tx.exec(
             &format!(
                 "INSERT OR REPLACE INTO _smithers_sandbox_reviews ({REVIEW_COLUMNS})
                  VALUES (?1, ?2, 'pending', NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, NULL, ?11, ?12)"
@@ -1316,13 +1344,13 @@ impl Store {
             ],
         )
         .map_err(StoreError::query("open_review"))?;
-        tx.execute(
+        tx.exec(
             "DELETE FROM _smithers_sandbox_patches WHERE run_id = ?1 AND sandbox_id = ?2",
             params![review.run_id, review.sandbox_id],
         )
         .map_err(StoreError::query("open_review"))?;
         for (idx, p) in patches.iter().enumerate() {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO _smithers_sandbox_patches
                     (run_id, sandbox_id, idx, path, operation, base_hash, new_hash, patch_path)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -1345,7 +1373,7 @@ impl Store {
     /// The review of a sandbox.
     pub fn get_review(&self, run_id: &str, sandbox_id: &str) -> Result<Option<ReviewRow>> {
         self.conn()?
-            .query_row(
+            .row(
                 &format!(
                     "SELECT {REVIEW_COLUMNS} FROM _smithers_sandbox_reviews WHERE run_id = ?1 AND sandbox_id = ?2"
                 ),
@@ -1360,7 +1388,7 @@ impl Store {
     pub fn list_reviews(&self, state: Option<ReviewState>) -> Result<Vec<ReviewRow>> {
         let conn = self.conn()?;
         let mut stmt = conn
-            .prepare(&format!(
+            .prepare_cached(&format!(
                 "SELECT {REVIEW_COLUMNS} FROM _smithers_sandbox_reviews
                  WHERE ?1 IS NULL OR state = ?1 ORDER BY requested_at_ms, run_id, sandbox_id"
             ))
@@ -1376,7 +1404,7 @@ impl Store {
     pub fn patches(&self, run_id: &str, sandbox_id: &str) -> Result<Vec<PatchRecord>> {
         let conn = self.conn()?;
         let mut stmt = conn
-            .prepare(
+            .prepare_cached(
                 "SELECT path, operation, base_hash, new_hash, patch_path
                  FROM _smithers_sandbox_patches WHERE run_id = ?1 AND sandbox_id = ?2 ORDER BY idx",
             )
@@ -1439,7 +1467,7 @@ impl Store {
         };
         let n = self
             .conn()?
-            .execute(
+            .exec(
                 &format!(
                     "UPDATE _smithers_sandbox_reviews
                      SET state = ?4, {time_column} = ?5, reason = COALESCE(?6, reason)
@@ -1472,7 +1500,7 @@ impl Store {
     /// Records why applying an accepted review failed.
     pub fn record_apply_error(&self, run_id: &str, sandbox_id: &str, error: &str) -> Result<()> {
         self.conn()?
-            .execute(
+            .exec(
                 "UPDATE _smithers_sandbox_reviews SET apply_error = ?3
                  WHERE run_id = ?1 AND sandbox_id = ?2",
                 params![run_id, sandbox_id, error],
@@ -1505,7 +1533,7 @@ fn lease_row(r: &Row<'_>, base: usize) -> rusqlite::Result<Lease> {
 fn count_active_on(conn: &Connection, run_id: Option<&str>) -> Result<u64> {
     // INDEXED BY the partial index of active rows (migration 2): O(active), not O(history).
     let n: i64 = match run_id {
-        Some(run_id) => conn.query_row(
+        Some(run_id) => conn.row(
             &format!(
                 "SELECT COUNT(*) FROM _smithers_sandboxes INDEXED BY _smithers_sandboxes_active_idx
                  WHERE {ACTIVE_SQL} AND run_id = ?1"
@@ -1513,7 +1541,7 @@ fn count_active_on(conn: &Connection, run_id: Option<&str>) -> Result<u64> {
             [run_id],
             |r| r.get(0),
         ),
-        None => conn.query_row(
+        None => conn.row(
             &format!(
                 "SELECT COUNT(*) FROM _smithers_sandboxes INDEXED BY _smithers_sandboxes_active_idx
                  WHERE {ACTIVE_SQL}"
@@ -1603,7 +1631,7 @@ fn upsert_sandbox_on(conn: &Connection, row: &SandboxUpsert) -> Result<()> {
     debug_assert_eq!(keys.len(), 2);
     // Column names come from our fixed list, never from input.
     let exists = if sets.is_empty() {
-        conn.query_row(
+        conn.row(
             "SELECT 1 FROM _smithers_sandboxes WHERE run_id = ?1 AND sandbox_id = ?2",
             key,
             |_| Ok(()),
@@ -1627,7 +1655,7 @@ fn upsert_sandbox_on(conn: &Connection, row: &SandboxUpsert) -> Result<()> {
         ]
         .into_iter()
         .chain(sets.iter().map(|(_, v)| v.clone()));
-        conn.execute(&sql, rusqlite::params_from_iter(values))
+        conn.exec(&sql, rusqlite::params_from_iter(values))
             .map_err(StoreError::query("upsert_sandbox"))?
             > 0
     };
@@ -1641,7 +1669,7 @@ fn upsert_sandbox_on(conn: &Connection, row: &SandboxUpsert) -> Result<()> {
         names.join(", "),
         placeholders.join(", ")
     );
-    conn.execute(
+    conn.exec(
         &sql,
         rusqlite::params_from_iter(columns.into_iter().map(|(_, v)| v)),
     )

@@ -7,7 +7,7 @@
 
 use rusqlite::params;
 
-use crate::{Result, Store, StoreError};
+use crate::{CachedSql as _, Result, Store, StoreError};
 
 /// `workflow_name` of a run our CLI started (Smithers allows 256 characters here).
 pub const CLI_WORKFLOW_NAME: &str = "smithers-sandbox run";
@@ -73,7 +73,7 @@ impl Store {
     pub fn begin_cli_run(&self, start: &CliRunStart) -> Result<bool> {
         let n = self
             .conn()?
-            .execute(
+            .exec(
                 "INSERT OR IGNORE INTO _smithers_runs
                     (run_id, workflow_name, status, created_at_ms, started_at_ms, heartbeat_at_ms,
                      vcs_type, vcs_root, vcs_revision, config_json)
@@ -105,7 +105,7 @@ impl Store {
         let finished = status.is_terminal().then_some(at_ms);
         let n = self
             .conn()?
-            .execute(
+            .exec(
                 "UPDATE _smithers_runs
                     SET status = ?3, heartbeat_at_ms = ?4, finished_at_ms = ?5,
                         error_json = COALESCE(?6, error_json)

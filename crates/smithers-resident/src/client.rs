@@ -47,10 +47,8 @@ fn try_run(argv: &[OsString]) -> io::Result<Served> {
     // confinement (a process of ours in a container sharing this directory could have bound
     // the name, to receive our environment and descriptors).
     let server = Identity::of_peer(&sock).map_err(io::Error::other)?;
-    if let Some(why) = Identity::of_self()
-        .map_err(io::Error::other)?
-        .differences(&server)
-    {
+    let me = Identity::of_self().map_err(io::Error::other)?;
+    if let Some(why) = me.differences(&server) {
         return Ok(Served::NotServed(format!(
             "the process listening on {} is not a service of ours: {why}",
             place.socket.display()
@@ -71,7 +69,10 @@ fn try_run(argv: &[OsString]) -> io::Result<Served> {
     )?;
     let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     let fds = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd(), cwd.as_fd()];
-    Frame::run(&place.build, argv, &env, current_umask()?).send(&sock, &fds)?;
+    let umask = me
+        .umask
+        .ok_or_else(|| io::Error::other("no Umask in /proc/self/status"))?;
+    Frame::run(&place.build, argv, &env, umask).send(&sock, &fds)?;
     sock.set_read_timeout(Some(ADMISSION_TIMEOUT))?;
     match wire::read_line(&sock)? {
         Some(line) if line == "ok" => {}
@@ -152,16 +153,6 @@ fn wait(sock: &UnixStream, signals: &Signals, place: &Place) -> u8 {
             };
         }
     }
-}
-
-/// The umask, read without changing it (`/proc/self/status`, Linux 4.7+).
-fn current_umask() -> io::Result<u32> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Umask:"))
-        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-        .ok_or_else(|| io::Error::other("no Umask in /proc/self/status"))
 }
 
 trait WriteNoSignal {

@@ -53,6 +53,6 @@ pub use manifest::{
 pub use smithers_paths::PathError;
 pub use validate::{assert_patch_path_safe, parse_change_notes, parse_manifest, validate_bundle};
 pub use write::{
-    start_sync_threads, write_bundle, write_bundle_with, BundleFile, WriteOptions, WriteParams,
-    WrittenBundle,
+    holds_only_prepared_dirs, prepare_bundle_dirs, start_sync_threads, write_bundle,
+    write_bundle_with, BundleFile, WriteOptions, WriteParams, WrittenBundle,
 };

@@ -497,6 +497,53 @@ fn plan_targets(params: &WriteParams) -> Result<Vec<PathBuf>, BundleError> {
     Ok(targets)
 }
 
+/// The directories a bundle is written into, below its root.
+const BUNDLE_DIRS: [&str; 3] = ["patches", "artifacts", "logs"];
+
+/// Makes a bundle's directories ahead of its writing (a runtime does it while its step runs:
+/// four `mkdir`s are ~0.25 ms of a short step's collect on ext4). The root is the caller's
+/// (trusted), as in [`write_bundle`]; the rest is made through `Beneath`. Writing the bundle
+/// later keeps them; [`holds_only_prepared_dirs`] tells them from an earlier bundle.
+pub fn prepare_bundle_dirs(root: &Path) -> Result<(), BundleError> {
+    fs::create_dir_all(root).map_err(|e| BundleError::WriteBundle {
+        path: root.to_path_buf(),
+        source: e,
+    })?;
+    let beneath = Beneath::open(root).map_err(|e| confined_err(".", e))?;
+    for dir in BUNDLE_DIRS {
+        beneath
+            .create_dir_all(Path::new(dir), 0o755)
+            .map_err(|e| confined_err(dir, e))?;
+    }
+    Ok(())
+}
+
+/// Whether `root` holds nothing but what [`prepare_bundle_dirs`] made: a real directory
+/// whose entries are among the bundle's directories, each real and empty. Anything else
+/// (a bundle, a partial one, a link) is not.
+pub fn holds_only_prepared_dirs(root: &Path) -> bool {
+    let real_dir = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    let Ok(entries) = fs::read_dir(root) else {
+        return false;
+    };
+    if !real_dir(root) {
+        return false;
+    }
+    for entry in entries {
+        let Ok(entry) = entry else { return false };
+        let name = entry.file_name();
+        if !BUNDLE_DIRS.iter().any(|d| name == *d) {
+            return false;
+        }
+        let path = entry.path();
+        let empty = fs::read_dir(&path).is_ok_and(|mut d| d.next().is_none());
+        if !real_dir(&path) || !empty {
+            return false;
+        }
+    }
+    true
+}
+
 /// Up to this many files a bundle is made durable file by file (fsync of each file and of
 /// each directory that received one); beyond it, by one `syncfs`.
 pub const PER_FILE_SYNC_MAX: usize = 64;
@@ -520,7 +567,7 @@ fn write_files(
     let beneath = Beneath::open(root).map_err(|e| confined_err(".", e))?;
     // An old README.md would mark a half-rewritten directory as complete.
     remove_if_present(&beneath, Path::new("README.md"))?;
-    for dir in ["patches", "artifacts", "logs"] {
+    for dir in BUNDLE_DIRS {
         beneath
             .create_dir_all(Path::new(dir), 0o755)
             .map_err(|e| confined_err(dir, e))?;

@@ -6,8 +6,9 @@ use std::os::unix::fs::symlink;
 
 use serde_json::json;
 use smithers_bundle::{
-    validate_bundle, write_bundle, BundleError, BundleFile, BundleStatus, DiffBundle,
-    DiffOperation, DiffPatch, WriteParams, SANDBOX_MAX_BUNDLE_BYTES,
+    holds_only_prepared_dirs, prepare_bundle_dirs, validate_bundle, write_bundle, BundleError,
+    BundleFile, BundleStatus, DiffBundle, DiffOperation, DiffPatch, WriteParams,
+    SANDBOX_MAX_BUNDLE_BYTES,
 };
 use smithers_errors::{CodedError, ErrorCode};
 
@@ -256,4 +257,49 @@ fn manifest_entries_normalise_to_bundle_relative_paths() {
         v.manifest_patch_files(),
         vec!["patches/0001.patch", "patches/z.patch", "patches/y.patch"]
     );
+}
+
+#[test]
+fn directories_prepared_ahead_are_told_from_a_bundle_and_written_into() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("sandbox/result");
+    prepare_bundle_dirs(&dir).unwrap();
+    assert!(holds_only_prepared_dirs(&dir));
+    // Made again (a second execute): still only prepared.
+    prepare_bundle_dirs(&dir).unwrap();
+    assert!(holds_only_prepared_dirs(&dir));
+    // A bundle written into them is complete, and no longer "only prepared".
+    write_bundle(&params(&dir)).unwrap();
+    validate_bundle(&dir).unwrap();
+    assert!(!holds_only_prepared_dirs(&dir));
+}
+
+#[test]
+fn anything_but_the_empty_directories_is_not_only_prepared() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fresh = |name: &str| {
+        let dir = tmp.path().join(name);
+        prepare_bundle_dirs(&dir).unwrap();
+        dir
+    };
+    // A file in one of them (a partial bundle).
+    let partial = fresh("partial");
+    fs::write(partial.join("logs/stream.ndjson"), "{}\n").unwrap();
+    assert!(!holds_only_prepared_dirs(&partial));
+    // Another entry at the root.
+    let extra = fresh("extra");
+    fs::write(extra.join(".README.md.1.2.tmp"), "x").unwrap();
+    assert!(!holds_only_prepared_dirs(&extra));
+    // A link in place of one of them.
+    let linked = fresh("linked");
+    fs::remove_dir(linked.join("patches")).unwrap();
+    symlink(tmp.path(), linked.join("patches")).unwrap();
+    assert!(!holds_only_prepared_dirs(&linked));
+    // The root itself a link to prepared directories.
+    let real = fresh("real");
+    let link = tmp.path().join("link");
+    symlink(&real, &link).unwrap();
+    assert!(!holds_only_prepared_dirs(&link));
+    // Nothing there at all.
+    assert!(!holds_only_prepared_dirs(&tmp.path().join("absent")));
 }

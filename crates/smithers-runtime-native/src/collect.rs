@@ -39,8 +39,11 @@ pub(crate) fn collect(
             manifest: Some(&manifest),
         },
     };
-    // A second collect replaces the first bundle.
-    if handle.result_path.exists() {
+    // A second collect replaces the first bundle. The empty directories execute made for
+    // this one (`prepare_bundle_dirs`) are kept.
+    if handle.result_path.exists()
+        && !smithers_bundle::holds_only_prepared_dirs(&handle.result_path)
+    {
         crate::remove_tree(&handle.result_path)
             .map_err(|e| RuntimeError::io("replace the previous bundle", &handle.result_path, e))?;
     }

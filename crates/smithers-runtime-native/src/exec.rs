@@ -996,6 +996,14 @@ pub(crate) async fn execute(
         }
     };
     let init_pid = spawned.pid;
+    // While the sandbox starts the command (over half a millisecond before it even runs),
+    // the directories its bundle is written into are made, off collect's path. A failure
+    // here is collect's to report: it makes them again.
+    let (_, _, result_path) = crate::project_dirs(&backend.root_dir, &stored.config);
+    let _ = crate::blocking("prepare the bundle's directories", move || {
+        smithers_bundle::prepare_bundle_dirs(&result_path)
+    })
+    .await;
     let (stdout, stderr) = (spawned.stdout, spawned.stderr);
     ours.set_nonblocking(true).map_err(spawn_err)?;
     let ours = tokio::net::UnixStream::from_std(ours).map_err(spawn_err)?;

@@ -145,9 +145,10 @@ pub struct Ctx {
     pub db_path: PathBuf,
     /// Sandboxes this start found orphaned and failed.
     pub recovered: Vec<RecoveredSandbox>,
-    /// Sandboxes whose cleanup and lease release go on after their step was answered (the
-    /// resident service's): awaited before the next step and before the context goes.
-    finishing: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Sandboxes whose cleanup and lease release come after their step was answered (the
+    /// resident service's): started once the answer is given, awaited before the next step
+    /// and before the context goes.
+    finishing: std::sync::Mutex<Vec<Finishing>>,
     /// The async runtime the orchestrator calls run on (`None` only once dropped).
     rt: Option<tokio::runtime::Runtime>,
 }
@@ -166,22 +167,48 @@ impl Ctx {
     }
 }
 
+/// A sandbox's cleanup and lease release (`Orchestrator::execute_then_finish`).
+enum Finishing {
+    /// Not started: its step's answer is still being given.
+    Waiting(smithers_orchestrator::Finish),
+    Started(tokio::task::JoinHandle<()>),
+}
+
 impl Ctx {
-    /// Keeps a sandbox's cleanup (`Orchestrator::execute_then_finish`) to be awaited later.
-    pub fn finishing(&self, task: tokio::task::JoinHandle<()>) {
+    /// Keeps a sandbox's cleanup (`Orchestrator::execute_then_finish`), to be started once
+    /// the step is answered ([`Ctx::start_finishing`]).
+    pub fn finishing(&self, finish: smithers_orchestrator::Finish) {
         self.finishing
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(task);
+            .push(Finishing::Waiting(finish));
     }
 
-    /// Waits for the cleanups still going on (from a thread outside the async runtime).
+    /// Starts the cleanups kept, in the async runtime's tasks.
+    pub fn start_finishing(&self) {
+        let Some(rt) = &self.rt else { return };
+        let mut kept = self.finishing.lock().unwrap_or_else(|p| p.into_inner());
+        *kept = std::mem::take(&mut *kept)
+            .into_iter()
+            .map(|f| match f {
+                Finishing::Waiting(finish) => Finishing::Started(rt.spawn(finish)),
+                started => started,
+            })
+            .collect();
+    }
+
+    /// Runs or waits for the cleanups kept (from a thread outside the async runtime).
     pub fn wait_finishing(&self) {
-        let tasks = std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
+        let kept = std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
         if let Some(rt) = &self.rt {
-            for task in tasks {
-                // A cleanup that panicked was reported by tokio; nothing more to do here.
-                let _ = rt.block_on(task);
+            for f in kept {
+                match f {
+                    Finishing::Waiting(finish) => rt.block_on(finish),
+                    // A cleanup that panicked was reported by tokio; nothing more to do here.
+                    Finishing::Started(task) => {
+                        let _ = rt.block_on(task);
+                    }
+                }
             }
         }
     }
@@ -421,10 +448,11 @@ impl ContextCache {
             .collect()
     }
 
-    /// The step served is over (its client has its answer): the warm pools may prepare the
-    /// next sandboxes now.
+    /// The step served is over (its client has its answer): its sandbox's cleanup starts,
+    /// and the warm pools may prepare the next sandboxes now.
     pub fn step_over(&self) {
         for e in &self.entries {
+            e.ctx.start_finishing();
             e.native.steps_over();
         }
     }

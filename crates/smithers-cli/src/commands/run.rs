@@ -1020,7 +1020,13 @@ fn run_with(
             130
         }
         Ok(SandboxOutcome::Completed(done)) => {
-            let (patches, notes) = context::bundle_contents(&done.bundle_path).unwrap_or_default();
+            // Read again only when there are patches to show (the lifecycle inspected the
+            // bundle: its notes are in the outcome).
+            let (patches, notes) = if done.patch_files.is_empty() {
+                (Vec::new(), done.change_notes.clone())
+            } else {
+                context::bundle_contents(&done.bundle_path).unwrap_or_default()
+            };
             let changes = context::changes(&patches);
             let review_state = if args.auto_accept && done.applied_patches > 0 {
                 json!("applied")

@@ -505,10 +505,18 @@ const BUNDLE_DIRS: [&str; 3] = ["patches", "artifacts", "logs"];
 /// (trusted), as in [`write_bundle`]; the rest is made through `Beneath`. Writing the bundle
 /// later keeps them; [`holds_only_prepared_dirs`] tells them from an earlier bundle.
 pub fn prepare_bundle_dirs(root: &Path) -> Result<(), BundleError> {
-    fs::create_dir_all(root).map_err(|e| BundleError::WriteBundle {
+    let werr = |source| BundleError::WriteBundle {
         path: root.to_path_buf(),
-        source: e,
-    })?;
+        source,
+    };
+    // Anything there already that is not a real directory (a link the project tree brought,
+    // say) is left alone, not followed: the bundle's writing replaces it.
+    match fs::symlink_metadata(root) {
+        Ok(meta) if !meta.is_dir() => return Ok(()),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(root).map_err(werr)?,
+        Err(e) => return Err(werr(e)),
+    }
     let beneath = Beneath::open(root).map_err(|e| confined_err(".", e))?;
     for dir in BUNDLE_DIRS {
         beneath

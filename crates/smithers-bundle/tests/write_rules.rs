@@ -303,3 +303,16 @@ fn anything_but_the_empty_directories_is_not_only_prepared() {
     // Nothing there at all.
     assert!(!holds_only_prepared_dirs(&tmp.path().join("absent")));
 }
+
+#[test]
+fn a_link_planted_where_the_bundle_goes_is_not_followed_by_the_preparation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let elsewhere = tmp.path().join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    let sandbox = tmp.path().join("sandbox");
+    fs::create_dir(&sandbox).unwrap();
+    symlink(&elsewhere, sandbox.join("result")).unwrap();
+    prepare_bundle_dirs(&sandbox.join("result")).unwrap();
+    assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
+    assert!(!holds_only_prepared_dirs(&sandbox.join("result")));
+}

@@ -122,7 +122,10 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
 /// client's; `None` for any other command line (or one that does not parse).
 pub(crate) fn parse_run(argv: &[std::ffi::OsString]) -> Option<(commands::run::RunArgs, bool)> {
     // The command tree is built once per service, not per request (building it is most of a
-    // parse: ~0.2 ms of each served step). clap parses again and again with a built one.
+    // parse: ~0.2 ms of each served step). clap parses again and again with a built one. It
+    // reads the defaults of arguments taken from the environment (`SMITHERS_DB`, the
+    // workspace mode) when it is built: right for every request only because a client is
+    // served only with the service's own environment (see `smithers_resident::IGNORED_ENV`).
     static COMMAND: std::sync::OnceLock<std::sync::Mutex<clap::Command>> =
         std::sync::OnceLock::new();
     let matches = COMMAND

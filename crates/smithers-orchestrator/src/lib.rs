@@ -448,8 +448,8 @@ struct Progress {
     handle: Option<SandboxHandle>,
     bundle_path: Option<PathBuf>,
     child_started: Option<Instant>,
-    /// The sandbox's cleanup, started as soon as its bundle is collected (see `lifecycle`):
-    /// its result and how long it took.
+    /// The sandbox's cleanup, started as soon as its bundle is collected when
+    /// `cleanup_at_collect` (see `lifecycle`): its result and how long it took.
     cleanup: Option<tokio::task::JoinHandle<(Result<(), smithers_runtime::RuntimeError>, f64)>>,
     /// Whether the cleanup starts once the bundle is collected (`execute`), or is left to
     /// the finish (`execute_then_finish`: after the caller's answer).
@@ -637,7 +637,8 @@ impl Orchestrator {
             reason,
         } = tail;
         let sid = req.sandbox_id.as_str();
-        // Step 10: always clean up (begun already once the bundle was collected).
+        // Step 10: always clean up (begun already once the bundle was collected, for
+        // `execute`; here now for `execute_then_finish`, or for a step that got no bundle).
         let cleaned = match cleanup {
             Some(started) => match started.await {
                 Ok((cleaned, ms)) => {
@@ -1010,9 +1011,12 @@ impl Orchestrator {
             }
         };
         progress.bundle_path = Some(collected.bundle_path.clone());
-        // Everything the step left is in its bundle now: the sandbox itself (its processes,
-        // layer, cgroups) is cleaned up beside the rest of the lifecycle (validation, rows,
-        // events, an apply), which reads only the bundle. `execute` waits for it.
+        // Everything the step left is in its bundle now: for `execute`, the sandbox itself
+        // (its processes, layer, cgroups) is cleaned up beside the rest of the lifecycle
+        // (validation, rows, events, an apply), which reads only the bundle, and `execute`
+        // waits for it. `execute_then_finish` leaves it to its Finish: should the lifecycle
+        // panic from here, no tail is returned and the sandbox, whose owner is then the
+        // resident service that stops after a panic, is recovered as a dead owner's.
         if progress.cleanup_at_collect {
             let (cleaner, cleaned) = (runtime.clone(), handle.clone());
             progress.cleanup = Some(tokio::spawn(async move {

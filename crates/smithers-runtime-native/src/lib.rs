@@ -2002,9 +2002,10 @@ fn cleanup_confined(
 /// the worker's other tasks to another thread; on the thread of a `block_on` (the CLI's `run`
 /// and the resident service drive their one step there, and no task waits on that thread)
 /// the job simply runs, without the two thread hand-offs of the blocking pool (~0.15 ms of a
-/// served step). A runtime with one thread has nothing to hand its tasks to: the job goes to
-/// the blocking pool. A panic there is a panic of the verb, as it was inline; `operation`
-/// names the failure when the runtime is shutting down and the job cannot run.
+/// served step). A current-thread runtime has no other thread to hand its tasks to: the job
+/// goes to the blocking pool. A panic there is a panic of the verb, as it was inline;
+/// `operation` names the failure when the runtime is shutting down and a job sent to the
+/// blocking pool cannot run.
 pub(crate) async fn blocking<T, F>(operation: &'static str, job: F) -> Result<T, RuntimeError>
 where
     T: Send + 'static,

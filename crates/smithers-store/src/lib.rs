@@ -617,10 +617,6 @@ impl Drop for Pooled<'_> {
     }
 }
 
-/// Opens one connection to `path` with the settings every connection of a store has:
-/// `busy_timeout` (first, so that a connection opened while another holds a lock waits
-/// instead of failing), foreign keys on, `synchronous = NORMAL`. The WAL journal mode is the
-/// file's, set once by [`Store::open`].
 /// Statements through the connection's cache of prepared statements: preparing one (parsing
 /// and planning its SQL) cost more than running it, several times per step's transaction.
 pub(crate) trait CachedSql {
@@ -648,6 +644,10 @@ impl CachedSql for Connection {
 /// Enough for every statement a step's lifecycle runs (the default, 16, was not).
 const STATEMENT_CACHE: usize = 64;
 
+/// Opens one connection to `path` with the settings every connection of a store has:
+/// `busy_timeout` (first, so that a connection opened while another holds a lock waits
+/// instead of failing), foreign keys on, `synchronous = NORMAL`. The WAL journal mode is the
+/// file's, set once by [`Store::open`].
 fn connect(path: &Path) -> Result<Connection> {
     let open_err = |source| StoreError::Open {
         path: path.display().to_string(),

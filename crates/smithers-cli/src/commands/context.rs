@@ -202,13 +202,13 @@ impl Ctx {
         let kept = std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
         if let Some(rt) = &self.rt {
             for f in kept {
-                match f {
-                    Finishing::Waiting(finish) => rt.block_on(finish),
-                    // A cleanup that panicked was reported by tokio; nothing more to do here.
-                    Finishing::Started(task) => {
-                        let _ = rt.block_on(task);
-                    }
-                }
+                // In a task either way, so that a cleanup that panics is contained (reported
+                // by tokio) rather than unwinding through the caller (a drop, maybe).
+                let task = match f {
+                    Finishing::Waiting(finish) => rt.spawn(finish),
+                    Finishing::Started(task) => task,
+                };
+                let _ = rt.block_on(task);
             }
         }
     }

@@ -421,8 +421,10 @@ impl Handlers {
                 let next = take.lock().unwrap_or_else(|p| p.into_inner()).recv();
                 let Ok(incoming) = next else { return };
                 handle(incoming, &service);
-                service.connections.fetch_sub(1, Ordering::SeqCst);
+                // Waiting again before the connection is counted gone: a connection accepted
+                // in between finds this thread instead of starting another.
                 waiting.fetch_add(1, Ordering::SeqCst);
+                service.connections.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = started {
             if spare {

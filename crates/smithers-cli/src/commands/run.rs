@@ -927,7 +927,7 @@ fn run_with(
             }
         });
         // Served, the step's answer does not wait for its sandbox's cleanup: the service
-        // awaits that after answering (before its next step on this project).
+        // starts it once it has answered, and awaits it before its next step on this project.
         let r = if served {
             let (r, finishing) = orchestrator.execute_then_finish(&req, &step_ctx).await;
             ctx.finishing(finishing);

@@ -87,6 +87,10 @@ fn main() -> anyhow::Result<()> {
     match cli.scenario {
         Scenario::ColdStart => cold_start(&cli),
         Scenario::WholeCli => {
+            anyhow::ensure!(
+                have("bwrap"),
+                "bare bwrap is the reference point of this scenario: apt-get install bubblewrap"
+            );
             // 300 rounds: as scenario 1, whose ratio moved by ±5% with fewer.
             let body = whole_cli::whole_cli(&cli.scratch, cli.rounds.unwrap_or(300), BWRAP_ARGS)?;
             finish(&cli, "Scenario 6: the whole CLI", "whole-cli", &body, &[])

@@ -531,12 +531,13 @@ pub fn prepare_bundle_dirs(root: &Path) -> Result<(), BundleError> {
 /// (a bundle, a partial one, a link) is not.
 pub fn holds_only_prepared_dirs(root: &Path) -> bool {
     let real_dir = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
-    let Ok(entries) = fs::read_dir(root) else {
-        return false;
-    };
+    // A link is not listed (read_dir would follow it).
     if !real_dir(root) {
         return false;
     }
+    let Ok(entries) = fs::read_dir(root) else {
+        return false;
+    };
     for entry in entries {
         let Ok(entry) = entry else { return false };
         let name = entry.file_name();

@@ -186,14 +186,11 @@ impl Ctx {
 
     /// Starts the cleanups kept, in the async runtime's tasks.
     pub fn start_finishing(&self) {
-        let Some(rt) = &self.rt else { return };
         let mut kept = self.finishing.lock().unwrap_or_else(|p| p.into_inner());
-        *kept = std::mem::take(&mut *kept)
+        *kept = self
+            .started(std::mem::take(&mut *kept))
             .into_iter()
-            .map(|f| match f {
-                Finishing::Waiting(finish) => Finishing::Started(rt.spawn(finish)),
-                started => started,
-            })
+            .map(Finishing::Started)
             .collect();
     }
 
@@ -201,16 +198,25 @@ impl Ctx {
     pub fn wait_finishing(&self) {
         let kept = std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
         if let Some(rt) = &self.rt {
-            for f in kept {
-                // In a task either way, so that a cleanup that panics is contained (reported
-                // by tokio) rather than unwinding through the caller (a drop, maybe).
-                let task = match f {
-                    Finishing::Waiting(finish) => rt.spawn(finish),
-                    Finishing::Started(task) => task,
-                };
+            for task in self.started(kept) {
                 let _ = rt.block_on(task);
             }
         }
+    }
+
+    /// `kept`'s cleanups, each in a task of the async runtime (started now if it was not):
+    /// a cleanup that panics is contained there (reported by tokio) rather than unwinding
+    /// through whoever waits for it (a drop, maybe). None without the runtime (dropped).
+    fn started(&self, kept: Vec<Finishing>) -> Vec<tokio::task::JoinHandle<()>> {
+        let Some(rt) = &self.rt else {
+            return Vec::new();
+        };
+        kept.into_iter()
+            .map(|f| match f {
+                Finishing::Waiting(finish) => rt.spawn(finish),
+                Finishing::Started(task) => task,
+            })
+            .collect()
     }
 }
 

@@ -7,7 +7,7 @@ then reports the server's open descriptors while they are held, how long a well-
 the server closed (waiting at most 15 s after the health check) and its descriptors after.
 
     bench/connection-flood.py BINARY N [serve flags...]
-    bench/connection-flood.py target/debug/smithers-sandbox 500 --header-timeout-ms 1000 --max-connections 64
+    bench/connection-flood.py "$(scripts/bin-dir debug)/smithers-sandbox" 500 --header-timeout-ms 1000 --max-connections 64
 
 Prints one Markdown table row:
 | flags | silent conns | fds before | fds while held | /health | closed by the server | fds after |

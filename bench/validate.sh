@@ -20,14 +20,14 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 pairs="${1:-10}"
 tool="${SMITHERS_JS_TOOL:-$here/../shared/tools/smithers-js/smithers-bundle.mjs}"
-target="${CARGO_TARGET_DIR:-$here/target}"
+release="$("$here/scripts/bin-dir" release)"
 
 command -v node >/dev/null || { echo "node is required" >&2; exit 1; }
 [ -f "$tool" ] || { echo "JS tool not found: $tool" >&2; exit 1; }
 
 echo "==> building smithers-sandbox (release)" >&2
 (cd "$here" && cargo build --release -q -p smithers-cli && cargo build --release -q -p smithers-bundle --example validate_timing)
-bin="$target/release/smithers-sandbox"
+bin="$release/smithers-sandbox"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -93,7 +93,7 @@ js_inproc() {
     console.log((performance.now() - s).toFixed(3));
   ' "$1"
 }
-ex="$target/release/examples/validate_timing"
+ex="$release/examples/validate_timing"
 in_ours=(); in_js=(); in_ratios=()
 for i in $(seq 1 "$pairs"); do
   a="$("$ex" "$b" 1)"; j="$(js_inproc "$b")"

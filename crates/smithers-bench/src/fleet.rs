@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+
 use smithers_runtime::{
     CancellationToken, Controls, NoPlacementEvents, NullSink, RequestBundle, Runtime, RuntimeError,
     RuntimeKind, SandboxConfig, StepCommand,
@@ -56,12 +58,10 @@ fn options() -> anyhow::Result<RayOptions> {
         }
     };
     if std::env::var_os(smithers_runtime_ray::ENV_SERVE_BIN).is_none() {
-        let release =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/smithers-sandbox");
-        anyhow::ensure!(
-            release.exists(),
-            "build the product first (cargo build --release -p smithers-cli) or set SMITHERS_RAY_SERVE_BIN"
-        );
+        // The CLI built with this bench (same profile and target directory).
+        let release = crate::whole_cli::cli_binary().context(
+            "build the product first (cargo build --release -p smithers-cli) or set SMITHERS_RAY_SERVE_BIN",
+        )?;
         o.serve_binary = std::fs::canonicalize(release)?.display().to_string();
     }
     o.orphan_timeout = Duration::from_secs(5);

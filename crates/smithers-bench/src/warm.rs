@@ -281,8 +281,8 @@ pub fn run(
          pool's steps repeat one configuration).\n\n{}\nWarm ask → first command running / bare bwrap = \
          **{:.2}×** (target ≤ 0.2×); the same without a pool: **{:.2}×**. Warm ask → first \
          line / bwrap's own spawn → first line = **{:.2}×**. Command: `cargo build --release \
-         -p smithers-runtime-native -p smithers-bench && target/release/smithers-bench \
-         warm-start`\n",
+         -p smithers-runtime-native -p smithers-bench && cargo run --release -p smithers-bench \
+         -- warm-start`\n",
         machine_line(),
         table.to_markdown(),
         median_ratio(&series[0], bwrap),

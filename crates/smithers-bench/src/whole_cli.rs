@@ -230,7 +230,7 @@ pub fn whole_cli(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::
          round waits for that (untimed) before the next contender runs.\n\n{}\n\
          Ours / bare bwrap = **{:.2}×** on its own, **{:.2}×** through the resident service. \
          Command: `cargo build --release -p smithers-cli -p smithers-bench && \
-         target/release/smithers-bench whole-cli`\n",
+         cargo run --release -p smithers-bench -- whole-cli`\n",
         machine_line(),
         table.to_markdown(),
         median_ratio(&series[0], bwrap),
@@ -389,7 +389,7 @@ pub fn change_cost(scratch: &Path, rounds: usize) -> anyhow::Result<String> {
          patch passes that, the 4 GiB sparse file before any of it is read (over the 1 GiB \
          bound on changed content); git hashes and stores all of both.\n\n{}\n\
          Command: `cargo build --release -p smithers-cli -p smithers-bench && \
-         target/release/smithers-bench change-cost`\n",
+         cargo run --release -p smithers-bench -- change-cost`\n",
         machine_line(),
         table.to_markdown()
     ))

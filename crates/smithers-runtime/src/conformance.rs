@@ -260,7 +260,7 @@ pub fn locate_attack_bin() -> Result<PathBuf, String> {
         };
     }
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    // target/debug/deps/<test> → target/debug/smithers-attack
+    // target/<host tuple>/debug/deps/<test> → target/<host tuple>/debug/smithers-attack
     let profile_dir = exe
         .parent()
         .and_then(Path::parent)
@@ -290,7 +290,17 @@ pub fn locate_attack_bin() -> Result<PathBuf, String> {
                 .arg(&target_dir)
                 .status()
                 .map_err(|e| format!("cannot run cargo to build smithers-attack: {e}"))?;
-            let bin = target_dir.join("debug").join("smithers-attack");
+            // Under <target dir>/<host tuple>/debug, as the workspace's cargo configuration
+            // names the target (.cargo/config.toml), or under <target dir>/debug without it.
+            let host = profile_dir
+                .parent()
+                .and_then(Path::file_name)
+                .unwrap_or_default();
+            let bin = [target_dir.join(host), target_dir.clone()]
+                .into_iter()
+                .map(|dir| dir.join("debug").join("smithers-attack"))
+                .find(|bin| bin.is_file())
+                .unwrap_or_default();
             if status.success() && bin.is_file() {
                 Ok(bin)
             } else {

@@ -190,9 +190,12 @@ impl Signals {
             libc::sigemptyset(&mut set);
             for sig in FORWARDED {
                 // A signal this process ignores (`nohup` ignores SIGHUP) is left alone: it
-                // would not have ended `run` either.
+                // would not have ended `run` either. But for SIGINT: `run` on its own cancels
+                // at a Ctrl-C even when started with SIGINT ignored (as a shell without job
+                // control starts what it puts in the background), and so does a served one.
                 let mut old = std::mem::zeroed::<libc::sigaction>();
-                let ignored = libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                let ignored = sig != libc::SIGINT
+                    && libc::sigaction(sig, std::ptr::null(), &mut old) == 0
                     && old.sa_sigaction == libc::SIG_IGN;
                 if !ignored {
                     libc::sigaddset(&mut set, sig);

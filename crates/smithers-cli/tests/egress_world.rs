@@ -413,10 +413,11 @@ fn assert_rows(r: &Value, log: &[String], egress: &Value) {
         log.iter().filter(|l| l.ends_with(" websocket")).count() == 2,
         "{log:?}"
     );
-    // 400 slow heads: the engine holds at most its cap (256) and tells the rest at once.
+    // 400 slow heads: the engine holds at most its cap (256) and tells the rest at once (a
+    // 429 read, or the reset that follows it, met before the head was even sent).
     let flood = &r["flood"];
     assert!(
-        flood["told_429"].as_u64().unwrap() >= 400 - 256 - 10,
+        flood["told_429"].as_u64().unwrap() + flood["reset"].as_u64().unwrap() >= 400 - 256 - 10,
         "{flood}"
     );
     assert!(
@@ -527,13 +528,22 @@ except Exception as e:
 # 400 slow CONNECTs (a head never finished): at most 256 held, the rest told at once.
 import resource
 resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
-held, told, other = [], 0, 0
+held, told, reset, other = [], 0, 0, 0
 t = time.time()
 for i in range(400):
     try:
         c = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    except Exception:
+        other += 1
+        continue
+    try:
         c.sendall(b"CONNECT allowed.test:80 HTTP/1.1\r\n")
         held.append(c)
+    except (BrokenPipeError, ConnectionResetError):
+        # Over the cap the engine answers 429 and resets at once: a loaded machine can
+        # schedule that before this half head is sent.
+        reset += 1
+        c.close()
     except Exception:
         other += 1
 for c in held:
@@ -548,7 +558,7 @@ for c in held:
         pass
     except Exception:
         other += 1
-r["flood"] = {"opened": len(held), "told_429": told, "other": other, "s": round(time.time() - t, 2)}
+r["flood"] = {"opened": len(held), "told_429": told, "reset": reset, "other": other, "s": round(time.time() - t, 2)}
 for c in held:
     c.close()
 r["denials"] = [json.loads(l) for l in open(os.environ["SMITHERS_EGRESS_DENIALS"]) if l.strip()]

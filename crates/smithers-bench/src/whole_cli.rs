@@ -71,6 +71,7 @@ fn run_measured(cmd: &mut Command) -> anyhow::Result<(Duration, u64, String)> {
 /// scratch space; stopped when dropped.
 struct Resident {
     dir: PathBuf,
+    bin: PathBuf,
     child: std::process::Child,
 }
 
@@ -89,7 +90,11 @@ impl Resident {
             .stderr(Stdio::null())
             .spawn()
             .context("starting the resident service")?;
-        let service = Resident { dir, child };
+        let service = Resident {
+            dir,
+            bin: bin.to_path_buf(),
+            child,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let status = service
@@ -140,7 +145,24 @@ impl Resident {
 }
 
 impl Drop for Resident {
+    /// Stops the service as a user would (`daemon stop`), so that it removes its prepared
+    /// sandbox and the sandbox's cgroups: killed, it left one set of cgroups per bench run,
+    /// which the next runs then paid for. Killed only if it has not ended after that.
     fn drop(&mut self) {
+        let _ = Command::new(&self.bin)
+            .env("SMITHERS_RESIDENT_DIR", &self.dir)
+            .args(["daemon", "stop"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

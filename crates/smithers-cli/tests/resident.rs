@@ -316,10 +316,14 @@ fn a_busy_service_declines_and_the_second_client_runs_itself() {
 /// Starts `run -- sleep 60` through the service and waits until its sandbox is shipped (the
 /// step starts then).
 fn sleeping_client(service: &Service, dir: &Path) -> Child {
+    sleeping_client_with(dir, service.required())
+}
+
+/// [`sleeping_client`] from `command` (the binary as a client that must be served).
+fn sleeping_client_with(dir: &Path, mut command: Command) -> Child {
     // Returned to the caller, which waits for it (the lint cannot see past the return).
     #[allow(clippy::zombie_processes)]
-    let mut child = service
-        .required()
+    let mut child = command
         .current_dir(dir)
         .args(["run", "--", "sleep", "60"])
         .stdout(Stdio::null())
@@ -382,6 +386,45 @@ fn ctrl_c_of_the_client_cancels_the_served_step() {
         started.elapsed() < Duration::from_secs(30),
         "the step was not cancelled"
     );
+    assert!(text(&out.stderr).contains("status   cancelled"), "{out:?}");
+    assert_eq!(statuses(proj.path()), vec!["cancelled"]);
+}
+
+/// A shell without job control starts what it puts in the background with SIGINT ignored;
+/// `run` on its own still cancels at a SIGINT (its handler replaces the disposition), and so
+/// must a served one.
+#[test]
+fn ctrl_c_reaches_a_client_started_with_sigint_ignored() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let service = Service::start();
+    let proj = project();
+    let mut command = service.required();
+    // SAFETY: signal(2) is async-signal-safe; the closure runs in the forked child before
+    // exec and allocates nothing.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let child = sleeping_client_with(proj.path(), command);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let ignored = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap();
+    assert_ne!(
+        ignored & (1 << (libc::SIGINT - 1)),
+        0,
+        "SIGINT is not ignored"
+    );
+    // SAFETY: kill(2) on the child we spawned and have not waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
     assert!(text(&out.stderr).contains("status   cancelled"), "{out:?}");
     assert_eq!(statuses(proj.path()), vec!["cancelled"]);
 }

@@ -22,11 +22,9 @@
 //! succeed undoes itself (an accidental tmpfs mount is unmounted, a bpf map closed, a traced
 //! process detached), so running it on an unconfined host does no lasting damage.
 //!
-//! Static linking (for busybox-style images without glibc) is not configured in the repo; a
-//! backend that needs it can build this crate with
-//! `RUSTFLAGS="-C target-feature=+crt-static" cargo build -p smithers-attack --target
-//! x86_64-unknown-linux-gnu`, which links glibc statically (the `getaddrinfo`-free code here
-//! has no NSS dependency).
+//! It is linked statically, as every binary of the workspace is (`.cargo/config.toml`), so it
+//! runs in images without glibc (busybox) as it is; `resolve`'s `getaddrinfo` then reads the
+//! image's `/etc/nsswitch.conf` and hosts files through glibc's built-in `files` and `dns`.
 
 use std::ffi::CString;
 use std::io::{self, Write};

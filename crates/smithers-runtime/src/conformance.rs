@@ -314,52 +314,6 @@ pub fn locate_attack_bin() -> Result<PathBuf, String> {
         .clone()
 }
 
-/// Builds (once per process) a statically linked `smithers-attack` for images without glibc
-/// (a busybox container): `RUSTFLAGS=-C target-feature=+crt-static` with an explicit
-/// `--target x86_64-unknown-linux-gnu`, in a target directory of its own. Pass the result to
-/// [`SuiteEnv::with_attack_bin`]. `$SMITHERS_ATTACK_STATIC_BIN` overrides it.
-pub fn locate_static_attack_bin() -> Result<PathBuf, String> {
-    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    if let Some(p) = std::env::var_os("SMITHERS_ATTACK_STATIC_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    BUILT
-        .get_or_init(|| {
-            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("..")
-                .join("smithers-attack")
-                .join("Cargo.toml");
-            let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-            let target_dir = exe
-                .ancestors()
-                .nth(3)
-                .map(|t| t.join("suite-attack-static"))
-                .unwrap_or_else(|| std::env::temp_dir().join("smithers-suite-attack-static"));
-            let triple = "x86_64-unknown-linux-gnu";
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let status = std::process::Command::new(cargo)
-                .env("RUSTFLAGS", "-C target-feature=+crt-static")
-                .args(["build", "--quiet", "--target", triple, "--manifest-path"])
-                .arg(&manifest)
-                .arg("--target-dir")
-                .arg(&target_dir)
-                .status()
-                .map_err(|e| format!("cannot run cargo to build a static smithers-attack: {e}"))?;
-            let bin = target_dir
-                .join(triple)
-                .join("debug")
-                .join("smithers-attack");
-            if status.success() && bin.is_file() {
-                Ok(bin)
-            } else {
-                Err(format!(
-                    "building a static smithers-attack failed ({status})"
-                ))
-            }
-        })
-        .clone()
-}
-
 /// Runs one case like [`run_case`], except that a case named in `known_failures` (a runtime
 /// bug recorded in the backend's test file) must fail: its failure is printed as
 /// `KNOWN FAILURE <case>: <message>`, and a pass fails the test so the entry gets removed.

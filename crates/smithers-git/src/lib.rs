@@ -24,6 +24,9 @@ use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 
 pub use smithers_bundle::{CommitFile, CommitInfo, CommitSeries, COMMITS_BUNDLE_FILE};
+pub use verify::{compare_with_review, refused_path, ReviewedFile, ReviewedState, SeriesChange};
+
+mod verify;
 
 /// At most this many commits make a series; more are left out (their files still come back
 /// as patches).
@@ -46,6 +49,10 @@ pub enum Collected {
     Series {
         series: CommitSeries,
         bundle: Vec<u8>,
+        /// What the series changes from its base to its tip, paths from the project: the
+        /// caller checks them against the patches ([`compare_with_review`]) before it brings
+        /// the series back.
+        changes: Vec<SeriesChange>,
     },
     /// The step changed the repository's history in a way that is not applied: why.
     LeftOut(String),
@@ -129,10 +136,24 @@ fn run(mut cmd: Command, what: &str, max: u64) -> Result<Vec<u8>, String> {
 
 /// Runs `cmd` with `input` on its stdin (written from a thread, so a large input cannot
 /// deadlock against the command's own output), its stderr as the error.
-fn run_with_input(mut cmd: Command, input: Vec<u8>, what: &str) -> Result<(), String> {
+fn run_with_input(cmd: Command, input: Vec<u8>, what: &str) -> Result<(), String> {
+    run_with_output(cmd, input, what, 0).map(drop)
+}
+
+/// [`run_with_input`], returning the command's stdout (refused over `max` bytes).
+fn run_with_output(
+    mut cmd: Command,
+    input: Vec<u8>,
+    what: &str,
+    max: u64,
+) -> Result<Vec<u8>, String> {
     let mut child = cmd
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(if max == 0 {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        })
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("{what}: cannot run git: {e}"))?;
@@ -151,53 +172,68 @@ fn run_with_input(mut cmd: Command, input: Vec<u8>, what: &str) -> Result<(), St
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    Ok(())
+    if max > 0 && out.stdout.len() as u64 > max {
+        return Err(format!("{what}: more than {max} bytes of output"));
+    }
+    Ok(out.stdout)
 }
 
-/// One file a series changes from its base to its tip (`diff-tree --raw`).
-struct SeriesChange {
-    /// From the repository's top, as git has it.
-    path: Vec<u8>,
-    new_mode: String,
-    /// The blob after, or `None` for a deletion.
-    after: Option<String>,
-}
-
-/// What the series changes, from its base to its tip, in the host's repository.
+/// What the series changes, from its base to its tip, in the host's repository (paths from
+/// the repository's top).
 fn series_changes(project: &Path, series: &CommitSeries) -> Result<Vec<SeriesChange>, String> {
-    // ":oldmode newmode oldoid newoid status\0path\0" per changed file.
-    let raw = run(
-        in_project(
-            project,
-            &[
-                "diff-tree",
-                "-r",
-                "-z",
-                "--no-renames",
-                "--no-ext-diff",
-                "--raw",
-                &series.base,
-                &series.tip,
-            ],
-        ),
+    raw_changes(in_project(project, &[]), &series.base, &series.tip)
+}
+
+/// `diff-tree --raw` from `base` to `tip` through `cmd` (a host `git` in some repository).
+fn raw_changes(mut cmd: Command, base: &str, tip: &str) -> Result<Vec<SeriesChange>, String> {
+    cmd.args([
+        "diff-tree",
+        "-r",
+        "-z",
+        "--no-renames",
+        "--no-ext-diff",
+        "--raw",
+        base,
+        tip,
+    ]);
+    Ok(verify::parse_raw(&run(
+        cmd,
         "the series' files",
         256 << 20,
-    )?;
-    let mut out = Vec::new();
-    let mut fields = raw.split(|b| *b == 0);
-    while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
-        let meta = String::from_utf8_lossy(meta);
-        let parts: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
-        let [_, new_mode, _, new_oid, status] = parts.as_slice() else {
-            continue;
-        };
-        out.push(SeriesChange {
-            path: path.to_vec(),
-            new_mode: new_mode.to_string(),
-            after: (!status.starts_with('D')).then(|| new_oid.to_string()),
-        });
+    )?))
+}
+
+/// Refuses a series one of whose commits changes a path [`refused_path`] refuses, or a path
+/// outside `prefix` (the project's place in its repository, `dir/`; empty at the top): each
+/// commit against its first parent, through `cmd` (a host `git` in the repository that has
+/// the series' objects).
+fn check_series_paths(
+    cmd: Command,
+    commits: &[(String, Option<String>)],
+    prefix: &str,
+) -> Result<(), String> {
+    let mut cmd = cmd;
+    cmd.args([
+        "diff-tree",
+        "--stdin",
+        "--root",
+        "-r",
+        "-z",
+        "--no-renames",
+        "--name-only",
+    ]);
+    let mut input = String::new();
+    for (oid, parent) in commits {
+        input.push_str(oid);
+        if let Some(p) = parent {
+            input.push(' ');
+            input.push_str(p);
+        }
+        input.push('\n');
     }
-    Ok(out)
+    let listing = run_with_output(cmd, input.into_bytes(), "the commits' files", 256 << 20)?;
+    let ids: Vec<String> = commits.iter().map(|(oid, _)| oid.clone()).collect();
+    verify::check_commit_paths(&listing, &ids, prefix.as_bytes())
 }
 
 fn is_oid(s: &str) -> bool {
@@ -634,36 +670,25 @@ pub fn collect_from(layers: &GitLayers) -> Result<Collected, String> {
             "the step made more than {MAX_COMMITS} commits"
         )));
     }
-    if let Some(rel) = &layers.within {
-        // A project below the repository's top: the series may change only the project.
-        let names = run(
-            in_repo(&[
-                "diff-tree",
-                "-r",
-                "-z",
-                "--no-renames",
-                "--name-only",
-                &base,
-                &tip,
-            ]),
-            "the series' files",
-            256 << 20,
-        )?;
-        let lead = format!("{rel}/");
-        if let Some(outside) = names
-            .split(|b| *b == 0)
-            .find(|p| !p.is_empty() && !p.starts_with(lead.as_bytes()))
-        {
-            return Ok(Collected::LeftOut(format!(
-                "the step's commits change {}, outside the project {rel}/",
-                String::from_utf8_lossy(outside)
-            )));
-        }
-    }
     let mut commits = Vec::with_capacity(oids.len());
     for oid in &oids {
         commits.push(commit_info(&in_repo, oid)?);
     }
+    let prefix = layers
+        .within
+        .as_ref()
+        .map_or(String::new(), |rel| format!("{rel}/"));
+    let firsts: Vec<(String, Option<String>)> = commits
+        .iter()
+        .map(|c| (c.oid.clone(), c.parents.first().cloned()))
+        .collect();
+    if let Err(why) = check_series_paths(in_repo(&[]), &firsts, &prefix) {
+        return Ok(Collected::LeftOut(why));
+    }
+    let changes: Vec<SeriesChange> = raw_changes(in_repo(&[]), &base, &tip)?
+        .into_iter()
+        .filter_map(|c| c.within(prefix.as_bytes()))
+        .collect();
     // The series' objects, as a git bundle whose prerequisite is the base.
     run(
         in_repo(&["update-ref", "refs/heads/series", &tip]),
@@ -701,6 +726,7 @@ pub fn collect_from(layers: &GitLayers) -> Result<Collected, String> {
             commits,
         },
         bundle,
+        changes,
     })
 }
 
@@ -840,8 +866,14 @@ pub fn check(project: &Path, series: &CommitSeries) -> Result<(), String> {
     }
     let want = series.branch.as_ref().map(|b| format!("refs/heads/{b}"));
     if branch != want {
+        let hint = match &series.branch {
+            Some(b) => format!(
+                "; `accept --branch {b}` puts them on a new branch {b} without touching the working tree, or check out {b} and accept again"
+            ),
+            None => "; `accept --branch NAME` puts them on a new branch without touching the working tree".into(),
+        };
         return Err(format!(
-            "the host is on {} but the step committed on {}",
+            "the host is on {} but the step committed on {}{hint}",
             branch.as_deref().unwrap_or("a detached HEAD"),
             want.as_deref().unwrap_or("a detached HEAD")
         ));
@@ -885,6 +917,78 @@ pub fn fetch(project: &Path, series: &CommitSeries, bundle_file: &Path) -> Resul
         1 << 10,
     )?;
     Ok(())
+}
+
+/// The series' commits as the host's repository has them after [`fetch`] (each with its
+/// first parent), not as the bundle lists them: what is checked is what the branch gets.
+fn host_series(
+    project: &Path,
+    series: &CommitSeries,
+) -> Result<Vec<(String, Option<String>)>, String> {
+    let exclude = format!("^{}", series.base);
+    let listed = run(
+        in_project(
+            project,
+            &[
+                "rev-list",
+                "--parents",
+                &format!("--max-count={}", MAX_COMMITS + 1),
+                &series.tip,
+                &exclude,
+            ],
+        ),
+        "the step's commits",
+        1 << 20,
+    )?;
+    let text = String::from_utf8_lossy(&listed);
+    let commits: Vec<(String, Option<String>)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut ids = l.split(' ').filter(|s| is_oid(s));
+            Some((ids.next()?.to_string(), ids.next().map(str::to_string)))
+        })
+        .collect();
+    if commits.len() > MAX_COMMITS {
+        return Err(format!("the step made more than {MAX_COMMITS} commits"));
+    }
+    Ok(commits)
+}
+
+/// The project's place in its repository, as `git rev-parse --show-prefix` says it (`dir/`,
+/// or empty at the top).
+fn project_prefix(project: &Path) -> Result<String, String> {
+    let prefix = run(
+        in_project(project, &["rev-parse", "--show-prefix"]),
+        "the project's place in the repository",
+        4096,
+    )?;
+    Ok(String::from_utf8_lossy(&prefix).trim().to_string())
+}
+
+/// Refuses, after [`fetch`], a series that would write what the review did not show: a
+/// commit that changes a refused path ([`refused_path`], or outside the project), or a file
+/// the series leaves otherwise than the reviewed patches do ([`compare_with_review`]).
+/// `reviewed` are the files the reviewed patches change, paths from the project.
+pub fn verify_against_review(
+    project: &Path,
+    series: &CommitSeries,
+    reviewed: &[ReviewedFile],
+) -> Result<(), String> {
+    let prefix = project_prefix(project)?;
+    check_series_paths(
+        in_project(project, &[]),
+        &host_series(project, series)?,
+        &prefix,
+    )?;
+    let mut changes = Vec::new();
+    for c in series_changes(project, series)? {
+        let path = String::from_utf8_lossy(&c.path).into_owned();
+        changes.push(
+            c.within(prefix.as_bytes())
+                .ok_or_else(|| format!("the commits change {path:?}, outside the project"))?,
+        );
+    }
+    compare_with_review(&changes, reviewed)
 }
 
 /// Moves the host's branch (or detached HEAD) from the series' base to its tip, refused if
@@ -973,6 +1077,12 @@ pub fn onto_branch(
         ));
     }
     fetch(project, series, bundle_file)?;
+    let prefix = project_prefix(project)?;
+    check_series_paths(
+        in_project(project, &[]),
+        &host_series(project, series)?,
+        &prefix,
+    )?;
     // What the series changes, from the base to the tip: (path from the top, blob after).
     let committed: std::collections::BTreeMap<String, Option<String>> =
         series_changes(project, series)?
@@ -980,12 +1090,6 @@ pub fn onto_branch(
             .map(|c| (String::from_utf8_lossy(&c.path).into_owned(), c.after))
             .collect();
     // The patches' paths are the project's; the series' the top's (a project below it).
-    let prefix = run(
-        in_project(project, &["rev-parse", "--show-prefix"]),
-        "the project's place in the repository",
-        4096,
-    )?;
-    let prefix = String::from_utf8_lossy(&prefix).trim().to_string();
     let patched: std::collections::BTreeMap<String, Option<String>> = files
         .iter()
         .map(|(path, after)| (format!("{prefix}{path}"), after.clone()))

@@ -319,6 +319,7 @@ fn with_commits<T>(
     root_dir: &Path,
     bundle_path: &Path,
     commits: Option<&smithers_bundle::CommitSeries>,
+    texts: &[String],
     apply: impl FnOnce() -> Result<T, ErrorReport>,
 ) -> Result<T, ErrorReport> {
     let Some(series) = commits else {
@@ -334,6 +335,11 @@ fn with_commits<T>(
     smithers_git::check(root_dir, series).map_err(refused)?;
     smithers_git::fetch(root_dir, series, &smithers_git::bundle_file(bundle_path))
         .map_err(refused)?;
+    // Nothing the review did not show: the series' tip must leave every file it changes as
+    // the patches about to be applied leave it (checked again here, not only at collect: the
+    // bundle may come from a remote host).
+    smithers_git::verify_against_review(root_dir, series, &reviewed_files(texts)?)
+        .map_err(refused)?;
     let applied = apply()?;
     smithers_git::advance(root_dir, series, "smithers-sandbox: accept the step's commits")
         .map_err(|e| {
@@ -346,6 +352,27 @@ fn with_commits<T>(
             )
         })?;
     Ok(applied)
+}
+
+/// Every file `texts` (git-format patches) change, and how they leave it.
+fn reviewed_files(texts: &[String]) -> Result<Vec<smithers_git::ReviewedFile>, ErrorReport> {
+    use smithers_errors::CodedError;
+    let mut out = Vec::new();
+    for text in texts {
+        for fp in smithers_patch::parse_patch(text).map_err(|e| e.report())? {
+            out.push(smithers_git::ReviewedFile {
+                path: fp.path_bytes(),
+                state: match fp.new_mode {
+                    Some(mode) => smithers_git::ReviewedState::Present {
+                        mode: mode.as_str().to_string(),
+                        oid: fp.new_oid.clone(),
+                    },
+                    None => smithers_git::ReviewedState::Absent,
+                },
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The real applier: `smithers_patch::apply_patch_texts`, all or nothing, confined to the
@@ -502,9 +529,13 @@ impl PatchApplier for AtomicPatchApplier {
         let commits = smithers_bundle::parse_change_notes(&bytes.readme)
             .ok()
             .and_then(|n| n.commits);
-        with_commits(root_dir, &bundle.bundle_path, commits.as_ref(), || {
-            Self::apply_texts(root_dir, &texts, host_changed, conflict_markers)
-        })
+        with_commits(
+            root_dir,
+            &bundle.bundle_path,
+            commits.as_ref(),
+            &texts,
+            || Self::apply_texts(root_dir, &texts, host_changed, conflict_markers),
+        )
     }
 
     fn apply_reviewed_onto_branch(
@@ -552,6 +583,7 @@ impl PatchApplier for AtomicPatchApplier {
             root_dir,
             &bundle.bundle_path,
             bundle.change_notes.commits.as_ref(),
+            &texts,
             || Self::apply_texts(root_dir, &texts, host_changed, false),
         )
         .map(|_| ())

@@ -267,6 +267,26 @@ pub fn fit_patches(project: &Path, bundle: WorkspaceBundle, budget: u64) -> Work
     render_changes(project, changes, status)
 }
 
+/// Every file the patches of `changes` change, and how they leave it, for
+/// [`smithers_git::compare_with_review`].
+fn reviewed_files(changes: &ChangeSet) -> Vec<smithers_git::ReviewedFile> {
+    changes
+        .changes
+        .iter()
+        .map(|c| smithers_git::ReviewedFile {
+            path: smithers_patch::path_to_bytes(&c.path)
+                .unwrap_or_else(|| c.path.as_bytes().to_vec()),
+            state: match &c.new {
+                Some(v) => smithers_git::ReviewedState::Present {
+                    mode: v.mode.as_str().to_string(),
+                    oid: Some(v.oid.clone()),
+                },
+                None => smithers_git::ReviewedState::Absent,
+            },
+        })
+        .collect()
+}
+
 /// What the bundle's README.md says beyond the patches: the paths whose base the host
 /// changed meanwhile, and every change of the step that no patch carries, with why.
 pub fn change_notes(changes: &ChangeSet) -> ChangeNotes {
@@ -402,12 +422,16 @@ pub fn write_workspace_bundle_with(
         };
         match collected {
             Ok(smithers_git::Collected::Nothing) => {}
-            Ok(smithers_git::Collected::Series { series, bundle }) => {
+            Ok(smithers_git::Collected::Series {
+                series,
+                bundle,
+                changes,
+            }) => {
                 git_files.push(smithers_bundle::BundleFile::new(
                     smithers_bundle::COMMITS_BUNDLE_FILE,
                     bundle,
                 ));
-                commits = Some(series);
+                commits = Some((series, changes));
             }
             Ok(smithers_git::Collected::LeftOut(why)) => git_notes.push(format!(
                 "the step's commits are not brought back: {why}; its files come back as patches"
@@ -424,6 +448,23 @@ pub fn write_workspace_bundle_with(
         .saturating_sub(NOTES_RESERVE)
         .saturating_sub(git_bytes);
     let mut bundle = fit_patches(from.project, bundle, patch_budget);
+    // One truth: the series comes back only when its tip leaves every file it changes as
+    // the patches (what the review shows) do; else the patches alone come back.
+    let commits = match commits {
+        Some((series, changes)) => {
+            match smithers_git::compare_with_review(&changes, &reviewed_files(&bundle.changes)) {
+                Ok(()) => Some(series),
+                Err(why) => {
+                    git_files.clear();
+                    git_notes.push(format!(
+                        "the step's commits are not brought back: {why}; its files come back as patches"
+                    ));
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     if commits.is_some() {
         // The repository's own files are never patched; what of them comes back is the
         // series, which the left-out entry then points at.

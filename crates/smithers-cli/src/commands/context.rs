@@ -754,7 +754,7 @@ pub fn render_commits(series: &smithers_bundle::CommitSeries, bold: &str, reset:
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{bold}{} commit(s) on {}{reset}, on top of {} (accept adds them and moves the branch; the files are the patches below)",
+        "{bold}{} commit(s) on {}{reset}, on top of {} (accept adds them and moves the branch; what they leave at their tip is exactly the patches below, checked when the step ended and again at accept)",
         series.commits.len(),
         inert(series.branch.as_deref().unwrap_or("a detached HEAD")),
         &series.base[..12.min(series.base.len())]

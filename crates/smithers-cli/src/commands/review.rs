@@ -311,14 +311,17 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         Err(err) => {
             let report = err.report();
             let conflicts = conflicts_of(&report);
+            // What the rows say now, not what a failed accept usually leaves: an accept of a
+            // review already accepted or rejected changed nothing, and says so.
+            let (status, review_state) = stored_state(&ctx, &row.run_id, &row.sandbox_id);
             if json_out {
                 println!(
                     "{}",
                     json!({
                         "runId": row.run_id,
                         "sandboxId": row.sandbox_id,
-                        "status": "failed",
-                        "review": "pending",
+                        "status": status,
+                        "review": review_state,
                         "applied": false,
                         "conflicts": conflicts.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect::<Vec<_>>(),
                         "patches": patches_json,
@@ -328,6 +331,12 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             } else {
                 if conflicts.is_empty() {
                     eprintln!("{}", render_text(&report));
+                    if review_state != "pending" && review_state != "none" {
+                        eprintln!(
+                            "its review was {review_state} already (status {}); nothing was applied now",
+                            inert(&status)
+                        );
+                    }
                 } else {
                     eprintln!("error [{}]: {}", report.code, inert(&report.message));
                     eprintln!(
@@ -345,6 +354,23 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(EXIT_REJECTED))
         }
     }
+}
+
+/// The sandbox row's status and its review's state, as the store has them now.
+fn stored_state(ctx: &context::Ctx, run_id: &str, sandbox_id: &str) -> (String, String) {
+    let status = ctx
+        .store()
+        .get_sandbox(run_id, sandbox_id)
+        .ok()
+        .flatten()
+        .map_or("unknown".to_string(), |r| r.status.as_str().to_string());
+    let review = ctx
+        .store()
+        .get_review(run_id, sandbox_id)
+        .ok()
+        .flatten()
+        .map_or("none".to_string(), |r| r.state.as_str().to_string());
+    (status, review)
 }
 
 /// Runs `reject`.

@@ -46,8 +46,12 @@
 //!   byte sequence, always valid UTF-8), rendered and parsed as git quotes it
 //!   (core.quotePath), and applied to exactly those bytes. `.gitignore` rules see such a name
 //!   in its lossy form.
-//! - **Binary** = NUL in the first 8000 bytes (git's rule) *or* not valid UTF-8, so every patch
-//!   is valid UTF-8 text (bundle patches and `diffBundle.diff` are strings). Binary patches
+//! - **Binary** in transport = NUL in the first 8000 bytes (git's rule) *or* not valid UTF-8, so
+//!   every patch is valid UTF-8 text (bundle patches and `diffBundle.diff` are strings). The
+//!   review goes by git's rule alone (plus the host's top-level `.gitattributes`): a file
+//!   carried binary only for not being UTF-8 is decoded and shown as text ([`PatchReview`]),
+//!   with its `+`/`-` counts and its warnings, while accept applies the exact binary patch.
+//!   Binary patches
 //!   are git binary patches (zlib + base85) with both directions, as
 //!   `git diff --binary --full-index` writes: each direction is a `delta` hunk (a git pack
 //!   delta against the other side, from a linear-time encoder) when that deflates smaller,
@@ -71,6 +75,7 @@
 #![forbid(unsafe_code)]
 
 mod apply;
+mod attributes;
 mod binary;
 mod bundle;
 mod compare;
@@ -87,6 +92,7 @@ mod overlay;
 mod parse;
 mod patch;
 mod review;
+mod reviewtext;
 
 pub use apply::{
     apply_patch_texts, apply_patches, recover_apply, AppliedAction, AppliedFile, ApplyOptions,
@@ -112,8 +118,8 @@ pub fn parse_git_index(bytes: &[u8], sha256: bool) -> Result<Vec<String>, String
 }
 pub use manifest::{CopyIdentity, CopyManifest, CopyManifestWriter, MAX_MANIFEST_BYTES};
 pub use model::{
-    git_blob_oid, is_binary_content, path_from_bytes, path_to_bytes, quote_git_path,
-    quote_git_path_bytes, GitMode, ZERO_OID,
+    git_blob_oid, git_sniffs_binary, is_binary_content, path_from_bytes, path_to_bytes,
+    quote_git_path, quote_git_path_bytes, GitMode, ZERO_OID,
 };
 pub use parse::parse_patch;
 pub use patch::{
@@ -125,3 +131,4 @@ pub use review::{
     render_review_with, review_findings, shown_path, total_diff_lines, tree_relative_hooks_dir,
     FileStat, ReviewFindings, ReviewOptions, RiskyPath,
 };
+pub use reviewtext::{PatchReview, MAX_REVIEW_DECODED_BYTES};

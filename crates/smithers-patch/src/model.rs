@@ -84,14 +84,20 @@ pub(crate) fn hex(digest: &[u8]) -> String {
     out
 }
 
-/// Whether content is rendered as a binary patch.
-///
-/// Git's rule is "a NUL in the first 8000 bytes". We additionally treat content that is not
-/// valid UTF-8 as binary: patch files and the manifest's `diff` strings are JSON/UTF-8 text,
-/// and a binary literal carries such files byte-exactly where a lossy text diff would not.
+/// Whether content *travels* as a binary patch: when git calls it binary
+/// ([`git_sniffs_binary`]), or when it is not valid UTF-8. The second is a matter of transport
+/// only: patch files and the manifest's `diff` strings are JSON/UTF-8 text, and a git binary
+/// patch carries such a file byte-exactly where a lossy text diff would not. The review does
+/// not go by this: it decodes such a patch and shows the file as the text git sees
+/// ([`crate::PatchReview`]).
 pub fn is_binary_content(content: &[u8]) -> bool {
-    let sniff = &content[..content.len().min(BINARY_SNIFF_LEN)];
-    sniff.contains(&0) || std::str::from_utf8(content).is_err()
+    git_sniffs_binary(content) || std::str::from_utf8(content).is_err()
+}
+
+/// Git's own test of content (xdiff's `buffer_is_binary`): a NUL in the first 8000 bytes.
+/// Bytes that are not UTF-8 are text to git, and a NUL further in too.
+pub fn git_sniffs_binary(content: &[u8]) -> bool {
+    content[..content.len().min(BINARY_SNIFF_LEN)].contains(&0)
 }
 
 /// Whether git would C-quote this path (core.quotePath=true, the default): control
@@ -250,6 +256,11 @@ mod tests {
         assert!(is_binary_content(b"a\0b"));
         assert!(is_binary_content(&[0xff, 0xfe, b'a']));
         assert!(!is_binary_content("héllo".as_bytes()));
+        // Git's rule alone: a Latin-1 byte is text, a NUL only counts in the first 8000 bytes.
+        assert!(!git_sniffs_binary(b"caf\xe9\n"));
+        assert!(git_sniffs_binary(&[b"a".repeat(7999), vec![0]].concat()));
+        assert!(!git_sniffs_binary(&[b"a".repeat(8000), vec![0]].concat()));
+        assert!(!is_binary_content(&[b"a".repeat(8000), vec![0]].concat()));
     }
 
     #[test]

@@ -124,6 +124,52 @@ impl FilePatch {
 
     /// Renders this section as git does (`git diff --binary --full-index`).
     pub fn render(&self) -> String {
+        let mut out = self.render_header();
+        match &self.body {
+            PatchBody::Empty => {}
+            PatchBody::Text(hunks) => {
+                if hunks.is_empty() {
+                    return out;
+                }
+                out.push_str(&self.file_labels());
+                for h in hunks {
+                    render_hunk(h, &mut out);
+                }
+            }
+            PatchBody::Binary { forward, reverse } => {
+                out.push_str("GIT binary patch\n");
+                forward.render(&mut out);
+                if let Some(r) = reverse {
+                    r.render(&mut out);
+                }
+            }
+        }
+        out
+    }
+
+    /// The `--- a/...` and `+++ b/...` lines of a text diff (`/dev/null` for a missing side).
+    pub(crate) fn file_labels(&self) -> String {
+        let name = self.path_bytes();
+        let a = quote_git_path_bytes("a/", &name);
+        let b = quote_git_path_bytes("b/", &name);
+        let minus = if self.old_mode.is_some() {
+            a.as_str()
+        } else {
+            "/dev/null"
+        };
+        let plus = if self.new_mode.is_some() {
+            b.as_str()
+        } else {
+            "/dev/null"
+        };
+        // Git appends a tab to a file label containing a space (diff.c), so that tools
+        // splitting on whitespace still find the whole name.
+        let tab = |l: &str| if l.contains(' ') { "\t" } else { "" };
+        format!("--- {minus}{}\n+++ {plus}{}\n", tab(minus), tab(plus))
+    }
+
+    /// The section's lines before its content: `diff --git`, modes, `index`.
+    pub(crate) fn render_header(&self) -> String {
         // The path string may hold a name that is not UTF-8 in its quoted form; git quotes
         // the raw bytes (with the prefix inside the quotes).
         let name = self.path_bytes();
@@ -148,42 +194,6 @@ impl FilePatch {
                 }
             }
             out.push('\n');
-        }
-        match &self.body {
-            PatchBody::Empty => {}
-            PatchBody::Text(hunks) => {
-                if hunks.is_empty() {
-                    return out;
-                }
-                let minus = if self.old_mode.is_some() {
-                    a.as_str()
-                } else {
-                    "/dev/null"
-                };
-                let plus = if self.new_mode.is_some() {
-                    b.as_str()
-                } else {
-                    "/dev/null"
-                };
-                // Git appends a tab to a file label containing a space (diff.c), so that
-                // tools splitting on whitespace still find the whole name.
-                let tab = |l: &str| if l.contains(' ') { "\t" } else { "" };
-                out.push_str(&format!(
-                    "--- {minus}{}\n+++ {plus}{}\n",
-                    tab(minus),
-                    tab(plus)
-                ));
-                for h in hunks {
-                    render_hunk(h, &mut out);
-                }
-            }
-            PatchBody::Binary { forward, reverse } => {
-                out.push_str("GIT binary patch\n");
-                forward.render(&mut out);
-                if let Some(r) = reverse {
-                    r.render(&mut out);
-                }
-            }
         }
         out
     }
@@ -226,35 +236,105 @@ const MAX_HEADING_BYTES: usize = 80;
 
 /// Git's default function-context rule (xdiff `def_ff`): the nearest line above the hunk
 /// that starts with an ASCII letter, `_` or `$`, trailing whitespace trimmed, at most 80
-/// bytes (cut back to a character boundary).
-fn heading_before(old_lines: &[&str], first: usize) -> String {
+/// bytes (cut back so as not to split a UTF-8 sequence).
+fn heading_before<'a>(old_lines: &[&'a [u8]], first: usize) -> &'a [u8] {
     for line in old_lines[..first.min(old_lines.len())].iter().rev() {
-        let b = line.as_bytes();
-        if b.first()
+        if line
+            .first()
             .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_' || *c == b'$')
         {
             let mut end = line.len().min(MAX_HEADING_BYTES);
-            while !line.is_char_boundary(end) {
+            // Not before a UTF-8 continuation byte: for UTF-8 text exactly `is_char_boundary`.
+            while end < line.len() && (0x80..0xc0).contains(&line[end]) {
                 end -= 1;
             }
             // C's isspace, as xdiff trims: ASCII whitespace and \v, not Unicode spaces
             // (a trailing no-break space stays, as in git's output).
-            return line[..end]
-                .trim_end_matches(|c: char| c.is_ascii_whitespace() || c == '\x0b')
-                .to_string();
+            let mut cut = &line[..end];
+            while let [rest @ .., last] = cut {
+                if !(last.is_ascii_whitespace() || *last == 0x0b) {
+                    break;
+                }
+                cut = rest;
+            }
+            return cut;
         }
     }
-    String::new()
+    &[]
 }
 
-/// Text hunks turning `old` into `new`, with [`CONTEXT_LINES`] of context (Myers diff).
-///
-/// Lines are split at `\n` only, as git does: `similar`'s own line splitting also ends a line
-/// at a lone `\r`, which made a line `a\rb\n` two lines and rendered `a\r` as a line without
-/// final newline, a patch neither our apply nor `git apply` accepts.
-pub fn text_hunks(old: &str, new: &str) -> Vec<Hunk> {
-    let old_lines: Vec<&str> = old.split_inclusive('\n').collect();
-    let new_lines: Vec<&str> = new.split_inclusive('\n').collect();
+/// A hunk over lines that need not be UTF-8: [`text_hunks`]' work, and the review's text of a
+/// file carried as a git binary patch (see [`crate::PatchReview`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ByteHunk {
+    pub old_start: usize,
+    pub old_len: usize,
+    pub new_start: usize,
+    pub new_len: usize,
+    pub heading: Vec<u8>,
+    /// Each line with its `\n` (none on a last line without one).
+    pub lines: Vec<(LineKind, Vec<u8>)>,
+}
+
+impl ByteHunk {
+    /// This hunk as a [`Hunk`]; only for lines known to be UTF-8 (split at `\n` out of UTF-8
+    /// text, the heading cut at a character boundary), else lossy.
+    fn into_text(self) -> Hunk {
+        let text = |b: Vec<u8>| {
+            String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into())
+        };
+        Hunk {
+            old_start: self.old_start,
+            old_len: self.old_len,
+            new_start: self.new_start,
+            new_len: self.new_len,
+            heading: text(self.heading),
+            lines: self
+                .lines
+                .into_iter()
+                .map(|(kind, t)| HunkLine {
+                    kind,
+                    text: text(t),
+                })
+                .collect(),
+        }
+    }
+
+    /// The hunk as git renders it (`@@` line, then each line with its `+`/`-`/space and, for
+    /// a last line without a newline, `\ No newline at end of file`).
+    pub(crate) fn render(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(
+            format!(
+                "@@ -{} +{} @@",
+                range(self.old_start, self.old_len),
+                range(self.new_start, self.new_len)
+            )
+            .as_bytes(),
+        );
+        if !self.heading.is_empty() {
+            out.push(b' ');
+            out.extend_from_slice(&self.heading);
+        }
+        out.push(b'\n');
+        for (kind, text) in &self.lines {
+            out.push(match kind {
+                LineKind::Context => b' ',
+                LineKind::Remove => b'-',
+                LineKind::Add => b'+',
+            });
+            out.extend_from_slice(text);
+            if !text.ends_with(b"\n") {
+                out.extend_from_slice(b"\n\\ No newline at end of file\n");
+            }
+        }
+    }
+}
+
+/// Hunks turning `old` into `new`, with [`CONTEXT_LINES`] of context (Myers diff), over lines
+/// split at `\n` only, as git splits them.
+pub(crate) fn byte_hunks(old: &[u8], new: &[u8]) -> Vec<ByteHunk> {
+    let old_lines: Vec<&[u8]> = old.split_inclusive(|b| *b == b'\n').collect();
+    let new_lines: Vec<&[u8]> = new.split_inclusive(|b| *b == b'\n').collect();
     let diff = TextDiff::configure()
         .algorithm(Algorithm::Myers)
         .diff_slices(&old_lines, &new_lines);
@@ -274,17 +354,15 @@ pub fn text_hunks(old: &str, new: &str) -> Vec<Hunk> {
         let mut lines = Vec::new();
         for op in &group {
             for ch in diff.iter_changes(op) {
-                lines.push(HunkLine {
-                    kind: match ch.tag() {
-                        ChangeTag::Equal => LineKind::Context,
-                        ChangeTag::Delete => LineKind::Remove,
-                        ChangeTag::Insert => LineKind::Add,
-                    },
-                    text: ch.value().to_string(),
-                });
+                let kind = match ch.tag() {
+                    ChangeTag::Equal => LineKind::Context,
+                    ChangeTag::Delete => LineKind::Remove,
+                    ChangeTag::Insert => LineKind::Add,
+                };
+                lines.push((kind, ch.value().to_vec()));
             }
         }
-        hunks.push(Hunk {
+        hunks.push(ByteHunk {
             old_start: if old_len == 0 {
                 old_begin
             } else {
@@ -297,11 +375,24 @@ pub fn text_hunks(old: &str, new: &str) -> Vec<Hunk> {
                 new_begin + 1
             },
             new_len,
-            heading: heading_before(&old_lines, old_begin),
+            heading: heading_before(&old_lines, old_begin).to_vec(),
             lines,
         });
     }
     hunks
+}
+
+/// Text hunks turning `old` into `new`, with [`CONTEXT_LINES`] of context (Myers diff).
+///
+/// Lines are split at `\n` only, as git does: `similar`'s own line splitting also ends a line
+/// at a lone `\r`, which made a line `a\rb\n` two lines and rendered `a\r` as a line without
+/// final newline, a patch neither our apply nor `git apply` accepts.
+pub fn text_hunks(old: &str, new: &str) -> Vec<Hunk> {
+    // One differ for text and for the review's bytes, so that both count lines alike.
+    byte_hunks(old.as_bytes(), new.as_bytes())
+        .into_iter()
+        .map(ByteHunk::into_text)
+        .collect()
 }
 
 fn as_text(v: &FileVersion) -> &str {

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use crate::patch::{FilePatch, LineKind, PatchBody};
+use crate::reviewtext::PatchReview;
 
 /// Per-path statistics.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,13 +40,30 @@ pub fn total_diff_lines(patch_text: &str) -> usize {
         .count()
 }
 
-/// Statistics per path (the sections of a type change are merged), in input order.
+/// Statistics per path (the sections of a type change are merged), in input order; files
+/// carried as git binary patches counted as the text git sees in them, as far as the patches
+/// carry it ([`PatchReview::stats`] with the host tree reads the rest).
 pub fn diff_stats(patches: &[FilePatch]) -> Vec<FileStat> {
-    let mut out: Vec<FileStat> = Vec::new();
-    // A path's stats are found through this index, not by a search of `out`: with a search,
-    // 40k changed files took 12 s here (quadratic), now linear.
-    let mut index: HashMap<&str, usize> = HashMap::new();
-    for p in patches {
+    PatchReview::new(patches, None).stats()
+}
+
+impl PatchReview<'_> {
+    /// Lines added and removed by section `i`, and its sizes (old, new) when it is shown as
+    /// binary.
+    fn section_stats(&self, i: usize) -> (usize, usize, Option<(u64, u64)>) {
+        let p = &self.patches[i];
+        if let Some(hunks) = &self.texts[i] {
+            let kinds = hunks.iter().flat_map(|h| h.lines.iter().map(|(k, _)| *k));
+            let (mut added, mut removed) = (0, 0);
+            for k in kinds {
+                match k {
+                    LineKind::Add => added += 1,
+                    LineKind::Remove => removed += 1,
+                    LineKind::Context => {}
+                }
+            }
+            return (added, removed, None);
+        }
         let (added, removed) = p.line_stats();
         let binary = match &p.body {
             PatchBody::Binary { forward, reverse } => Some((
@@ -54,24 +72,37 @@ pub fn diff_stats(patches: &[FilePatch]) -> Vec<FileStat> {
             )),
             _ => None,
         };
-        if let Some(s) = index.get(p.path.as_str()).map(|&i| &mut out[i]) {
-            s.added += added;
-            s.removed += removed;
-            s.binary = match (s.binary, binary) {
-                (Some((o, _)), Some((_, n))) => Some((o, n)),
-                (a, b) => a.or(b),
-            };
-        } else {
-            index.insert(p.path.as_str(), out.len());
-            out.push(FileStat {
-                path: p.path.clone(),
-                added,
-                removed,
-                binary,
-            });
-        }
+        (added, removed, binary)
     }
-    out
+
+    /// Statistics per path (the sections of a type change are merged), in input order, as
+    /// `git diff --numstat` counts them.
+    pub fn stats(&self) -> Vec<FileStat> {
+        let mut out: Vec<FileStat> = Vec::new();
+        // A path's stats are found through this index, not by a search of `out`: with a
+        // search, 40k changed files took 12 s here (quadratic), now linear.
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        for (i, p) in self.patches.iter().enumerate() {
+            let (added, removed, binary) = self.section_stats(i);
+            if let Some(s) = index.get(p.path.as_str()).map(|&i| &mut out[i]) {
+                s.added += added;
+                s.removed += removed;
+                s.binary = match (s.binary, binary) {
+                    (Some((o, _)), Some((_, n))) => Some((o, n)),
+                    (a, b) => a.or(b),
+                };
+            } else {
+                index.insert(p.path.as_str(), out.len());
+                out.push(FileStat {
+                    path: p.path.clone(),
+                    added,
+                    removed,
+                    binary,
+                });
+            }
+        }
+        out
+    }
 }
 
 const RED: &str = "\x1b[31m";
@@ -120,6 +151,10 @@ pub struct ReviewFindings {
     /// Left-out entries beyond those listed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub left_out_unlisted: u64,
+    /// Files carried as git binary patches that git may call text but the review could not
+    /// read as text, with why: shown by size only (see [`PatchReview`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_shown_as_text: Vec<RiskyPath>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -134,6 +169,7 @@ impl ReviewFindings {
             && self.host_changed.is_empty()
             && self.left_out.is_empty()
             && self.left_out_unlisted == 0
+            && self.not_shown_as_text.is_empty()
     }
 }
 
@@ -433,78 +469,124 @@ fn is_git_config(path: &str) -> bool {
         || path == ".config/git/config"
 }
 
-/// The text a patch adds or keeps (context and added lines), for reading config out of it.
-fn new_side_text(p: &FilePatch) -> String {
-    let PatchBody::Text(hunks) = &p.body else {
-        return String::new();
-    };
-    hunks
-        .iter()
-        .flat_map(|h| h.lines.iter())
-        .filter(|l| l.kind != LineKind::Remove)
-        .map(|l| l.text.as_str())
-        .collect()
-}
-
 /// A hunk line's text without its line ending (`\n`, or `\r\n`: a CR that ends a line hides
 /// nothing and is not counted as a control character), and whether it had that CR.
-fn split_line_end(text: &str) -> (&str, bool) {
-    let t = text.strip_suffix('\n').unwrap_or(text);
-    match t.strip_suffix('\r') {
+fn split_line_end(text: &[u8]) -> (&[u8], bool) {
+    let t = text.strip_suffix(b"\n").unwrap_or(text);
+    match t.strip_suffix(b"\r") {
         Some(t) => (t, true),
         None => (t, false),
     }
 }
 
-/// Whether a patch's name, headings or changed lines hold control characters.
-fn patch_has_controls(p: &FilePatch) -> bool {
-    use smithers_terminal::{has_controls, Inert};
-    if has_controls(&p.path, Inert::LINE) {
-        return true;
-    }
-    let PatchBody::Text(hunks) = &p.body else {
-        return false;
-    };
-    hunks.iter().any(|h| {
-        has_controls(&h.heading, Inert::BODY)
-            || h.lines
-                .iter()
-                .any(|l| has_controls(split_line_end(&l.text).0, Inert::BODY))
+/// Whether a line's bytes hold control characters. UTF-8 is judged as any text; a byte that
+/// is not UTF-8 counts when it is a C1 control in the 8-bit character sets such files are
+/// written in (0x80-0x9f: CSI, OSC, ... in ISO 8859, which a terminal set to one obeys), not
+/// when it is a letter there (Latin-1 `\xe9`): shown escaped either way, but only the former
+/// is something to warn about.
+fn bytes_have_controls(line: &[u8], how: smithers_terminal::Inert) -> bool {
+    line.utf8_chunks().any(|c| {
+        smithers_terminal::has_controls(c.valid(), how)
+            || c.invalid().iter().any(|b| (0x80..0xa0).contains(b))
     })
 }
 
-/// What the reviewer must be warned about: files with control characters, and files that run
-/// on the host. `host_hooks_dirs` are the tree-relative `core.hooksPath` directories of the
-/// host's repository ([`host_hooks_dirs`]); those set by patched git config files are added.
-pub fn review_findings(patches: &[FilePatch], host_hooks_dirs: &[String]) -> ReviewFindings {
-    let mut hooks: Vec<String> = host_hooks_dirs.to_vec();
-    for p in patches.iter().filter(|p| is_git_config(&p.path)) {
-        hooks.extend(
-            hooks_paths_in_config(&new_side_text(p))
+impl PatchReview<'_> {
+    /// The text section `i` adds or keeps (context and added lines), for reading config out
+    /// of it.
+    fn new_side_text(&self, i: usize) -> String {
+        let kept = |k: &LineKind| *k != LineKind::Remove;
+        if let Some(hunks) = &self.texts[i] {
+            let bytes: Vec<u8> = hunks
                 .iter()
-                .filter_map(|v| tree_relative_hooks_dir(v, None)),
-        );
+                .flat_map(|h| h.lines.iter())
+                .filter(|(k, _)| kept(k))
+                .flat_map(|(_, t)| t.iter().copied())
+                .collect();
+            return String::from_utf8_lossy(&bytes).into_owned();
+        }
+        let PatchBody::Text(hunks) = &self.patches[i].body else {
+            return String::new();
+        };
+        hunks
+            .iter()
+            .flat_map(|h| h.lines.iter())
+            .filter(|l| kept(&l.kind))
+            .map(|l| l.text.as_str())
+            .collect()
     }
-    let mut findings = ReviewFindings::default();
-    // Paths already named, so that a type change (two sections of one path) is named once;
-    // sets, not searches of the lists: a step can make every one of 100k files a finding.
-    let mut with_controls: HashSet<&str> = HashSet::new();
-    let mut judged: HashSet<&str> = HashSet::new();
-    for p in patches {
-        if patch_has_controls(p) && with_controls.insert(p.path.as_str()) {
-            findings.control_characters.push(p.path.clone());
+
+    /// Whether section `i`'s name, headings or changed lines hold control characters.
+    fn has_controls(&self, i: usize) -> bool {
+        use smithers_terminal::{has_controls, Inert};
+        let p = &self.patches[i];
+        if has_controls(&p.path, Inert::LINE) {
+            return true;
         }
-        if !judged.insert(p.path.as_str()) {
-            continue;
-        }
-        if let Some(reason) = risk_of(&p.path, &hooks) {
-            findings.runs_on_host.push(RiskyPath {
-                path: p.path.clone(),
-                reason,
+        if let Some(hunks) = &self.texts[i] {
+            return hunks.iter().any(|h| {
+                bytes_have_controls(&h.heading, Inert::BODY)
+                    || h.lines
+                        .iter()
+                        .any(|(_, t)| bytes_have_controls(split_line_end(t).0, Inert::BODY))
             });
         }
+        let PatchBody::Text(hunks) = &p.body else {
+            return false;
+        };
+        hunks.iter().any(|h| {
+            has_controls(&h.heading, Inert::BODY)
+                || h.lines
+                    .iter()
+                    .any(|l| bytes_have_controls(split_line_end(l.text.as_bytes()).0, Inert::BODY))
+        })
     }
-    findings
+
+    /// What the reviewer must be warned about: files with control characters, files that
+    /// run on the host, and binary-carried files not shown as text. `host_hooks_dirs` are the
+    /// tree-relative `core.hooksPath` directories of the host's repository
+    /// ([`host_hooks_dirs`]); those set by patched git config files are added.
+    pub fn findings(&self, host_hooks_dirs: &[String]) -> ReviewFindings {
+        let mut hooks: Vec<String> = host_hooks_dirs.to_vec();
+        for (i, p) in self.patches.iter().enumerate() {
+            if is_git_config(&p.path) {
+                hooks.extend(
+                    hooks_paths_in_config(&self.new_side_text(i))
+                        .iter()
+                        .filter_map(|v| tree_relative_hooks_dir(v, None)),
+                );
+            }
+        }
+        let mut findings = ReviewFindings {
+            not_shown_as_text: self.unread.clone(),
+            ..ReviewFindings::default()
+        };
+        // Paths already named, so that a type change (two sections of one path) is named
+        // once; sets, not searches of the lists: a step can make every one of 100k files a
+        // finding.
+        let mut with_controls: HashSet<&str> = HashSet::new();
+        let mut judged: HashSet<&str> = HashSet::new();
+        for (i, p) in self.patches.iter().enumerate() {
+            if self.has_controls(i) && with_controls.insert(p.path.as_str()) {
+                findings.control_characters.push(p.path.clone());
+            }
+            if !judged.insert(p.path.as_str()) {
+                continue;
+            }
+            if let Some(reason) = risk_of(&p.path, &hooks) {
+                findings.runs_on_host.push(RiskyPath {
+                    path: p.path.clone(),
+                    reason,
+                });
+            }
+        }
+        findings
+    }
+}
+
+/// What the reviewer must be warned about ([`PatchReview::findings`] of the patches alone).
+pub fn review_findings(patches: &[FilePatch], host_hooks_dirs: &[String]) -> ReviewFindings {
+    PatchReview::new(patches, None).findings(host_hooks_dirs)
 }
 
 /// The warning lines of `findings`, as the review shows them above the stat block (one per
@@ -566,6 +648,15 @@ fn render_warnings(findings: &ReviewFindings, c: &dyn Fn(&'static str) -> &'stat
             c(WARN),
             c(RESET),
             names.join(", ")
+        ));
+    }
+    for u in &findings.not_shown_as_text {
+        out.push_str(&format!(
+            "{}warning: shown by size only, not as text:{} {} ({})\n",
+            c(WARN),
+            c(RESET),
+            shown_path(&u.path),
+            smithers_terminal::line(&u.reason)
         ));
     }
     for l in findings.left_out.iter().take(LEFT_OUT_SHOWN) {
@@ -636,49 +727,86 @@ fn render_stats(stats: &[FileStat], c: &dyn Fn(&'static str) -> &'static str) ->
     out
 }
 
-/// One patch's diff, every line made inert. Lines are classified by position, not by how
-/// they look: the header is everything before the first hunk (or binary body), so an added
-/// line reading `+++ b/x` or `diff --git` is coloured and shown as the added line it is.
-fn render_patch_diff(p: &FilePatch, color: bool, out: &mut String) {
-    use smithers_terminal::{escape_into, Inert};
-    let mut in_header = true;
-    for line in p.render().split_inclusive('\n') {
-        if line.starts_with("@@") || line.starts_with("GIT binary patch") {
-            in_header = false;
-        }
-        let (body, cr) = split_line_end(line);
-        let colour = if in_header {
-            BOLD
-        } else if body.starts_with("@@") {
-            CYAN
-        } else if body.starts_with('+') {
-            GREEN
-        } else if body.starts_with('-') {
-            RED
-        } else {
-            ""
+impl PatchReview<'_> {
+    /// Section `i` as git renders it: the patch itself, or for a binary-carried file shown
+    /// as text, its header and the decoded hunks (bytes that need not be UTF-8).
+    fn rendered(&self, i: usize) -> Vec<u8> {
+        let p = &self.patches[i];
+        let Some(hunks) = &self.texts[i] else {
+            return p.render().into_bytes();
         };
-        let styled = color && !colour.is_empty();
-        if styled {
-            out.push_str(colour);
+        let mut out = p.render_header().into_bytes();
+        if !hunks.is_empty() {
+            out.extend_from_slice(p.file_labels().as_bytes());
+            for h in hunks {
+                h.render(&mut out);
+            }
         }
-        escape_into(out, body, Inert::BODY.marked(color));
-        if cr {
-            // The CR of a CRLF line ending: shown, so the line's bytes are all visible.
-            escape_into(out, "\r", Inert::BODY.marked(color));
+        out
+    }
+
+    /// Section `i`'s diff, every line made inert. Lines are classified by position, not by
+    /// how they look: the header is everything before the first hunk (or binary body), so an
+    /// added line reading `+++ b/x` or `diff --git` is coloured and shown as the added line
+    /// it is.
+    fn render_diff(&self, i: usize, color: bool, out: &mut String) {
+        use smithers_terminal::{escape_bytes_into, Inert};
+        let mut in_header = true;
+        for line in self.rendered(i).split_inclusive(|b| *b == b'\n') {
+            if line.starts_with(b"@@") || line.starts_with(b"GIT binary patch") {
+                in_header = false;
+            }
+            let (body, cr) = split_line_end(line);
+            let colour = if in_header {
+                BOLD
+            } else if body.starts_with(b"@@") {
+                CYAN
+            } else if body.starts_with(b"+") {
+                GREEN
+            } else if body.starts_with(b"-") {
+                RED
+            } else {
+                ""
+            };
+            let styled = color && !colour.is_empty();
+            if styled {
+                out.push_str(colour);
+            }
+            // Bytes that are not UTF-8 (a binary-carried file shown as text) as `\xNN`.
+            escape_bytes_into(out, body, Inert::BODY.marked(color));
+            if cr {
+                // The CR of a CRLF line ending: shown, so the line's bytes are all visible.
+                escape_bytes_into(out, b"\r", Inert::BODY.marked(color));
+            }
+            if styled {
+                out.push_str(RESET);
+            }
+            out.push('\n');
         }
-        if styled {
-            out.push_str(RESET);
-        }
+    }
+
+    /// The warnings, the stat block, the summary line, then the unified diff of every patch.
+    /// Everything from the patches is made inert (`smithers_terminal`): names quoted as git
+    /// quotes them, control characters in content shown escaped. `findings` are the ones
+    /// the caller computed ([`PatchReview::findings`], with the host's hooks directories and
+    /// whatever else it adds).
+    pub fn render(&self, opts: &ReviewOptions, findings: &ReviewFindings) -> String {
+        let c = |code: &'static str| if opts.color { code } else { "" };
+        let mut out = render_warnings(findings, &c);
+        out.push_str(&render_stats(&self.stats(), &c));
         out.push('\n');
+        for i in 0..self.patches.len() {
+            self.render_diff(i, opts.color, &mut out);
+        }
+        out
     }
 }
 
-/// The warnings, the stat block, the summary line, then the unified diff of every patch.
-/// Everything from the patches is made inert (`smithers_terminal`): names quoted as git
-/// quotes them, control characters in content shown escaped.
+/// The warnings, the stat block, the summary line, then the unified diff of every patch
+/// ([`PatchReview::render`] of the patches alone).
 pub fn render_review(patches: &[FilePatch], opts: &ReviewOptions) -> String {
-    render_review_with(patches, opts, &review_findings(patches, &[]))
+    let review = PatchReview::new(patches, None);
+    review.render(opts, &review.findings(&[]))
 }
 
 /// [`render_review`] with findings the caller computed ([`review_findings`] with the host's
@@ -688,14 +816,7 @@ pub fn render_review_with(
     opts: &ReviewOptions,
     findings: &ReviewFindings,
 ) -> String {
-    let c = |code: &'static str| if opts.color { code } else { "" };
-    let mut out = render_warnings(findings, &c);
-    out.push_str(&render_stats(&diff_stats(patches), &c));
-    out.push('\n');
-    for p in patches {
-        render_patch_diff(p, opts.color, &mut out);
-    }
-    out
+    PatchReview::new(patches, None).render(opts, findings)
 }
 
 #[cfg(test)]

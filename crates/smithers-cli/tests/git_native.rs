@@ -239,6 +239,11 @@ fn a_commit_whose_content_the_patches_do_not_show_is_never_accepted() {
     let id = doc["sandboxId"].as_str().unwrap();
     let (review, accept) = review_then_accept(dir.path(), id);
     assert!(!review.contains("1 commit(s)"), "{review}");
+    // The review says why the commits are not there, naming the file.
+    assert!(
+        review.contains("not brought back") && review.contains(".envrc"),
+        "{review}"
+    );
     assert!(accept.status.success(), "{accept:?}");
     // The reviewed patch, and nothing else: HEAD, the index and the tree hold no .envrc.
     assert_eq!(git(dir.path(), &["rev-parse", "HEAD"]), head);

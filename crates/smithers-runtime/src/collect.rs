@@ -456,9 +456,20 @@ pub fn write_workspace_bundle_with(
                 Ok(()) => Some(series),
                 Err(why) => {
                     git_files.clear();
-                    git_notes.push(format!(
+                    let said = format!(
                         "the step's commits are not brought back: {why}; its files come back as patches"
-                    ));
+                    );
+                    // The review lists what was left out: it says why here too, not only
+                    // in the log.
+                    for l in bundle
+                        .notes
+                        .left_out
+                        .iter_mut()
+                        .filter(|l| l.path == ".git/")
+                    {
+                        l.reason = said.clone();
+                    }
+                    git_notes.push(said);
                     None
                 }
             }

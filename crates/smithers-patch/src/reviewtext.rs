@@ -172,7 +172,8 @@ fn read_as_text(
 
 /// The content apply resolves the forward hunk against: empty for a new file; else the
 /// patch's own copy or the host's file, whichever hashes to the id the patch was made
-/// against (with no id named, apply takes the host's file as it is, and so does this).
+/// against, or the host's file taken back through the reverse hunk when it already holds
+/// the result (with no id named, apply takes the host's file as it is, and so does this).
 fn old_side<'p>(
     p: &FilePatch,
     forward: &'p BinaryHunk,
@@ -196,10 +197,20 @@ fn old_side<'p>(
         return Ok(o);
     }
     let o = host_file(p, host)?;
-    if git_blob_oid(&o) != oid {
-        return Err("the host's file is no longer the one the change was made against; accept refuses it as a conflict".into());
+    let found = git_blob_oid(&o);
+    if found == oid {
+        return Ok(Cow::Owned(o));
     }
-    Ok(Cow::Owned(o))
+    // Already applied (a review read after accept): the host holds the result, and the
+    // reverse hunk leads back from it.
+    if let (Some(r), Some(n)) = (reverse, p.new_oid.as_deref()) {
+        if found == n {
+            if let Some(back) = r.resolve(&o).ok().filter(|b| git_blob_oid(b) == oid) {
+                return Ok(Cow::Owned(back));
+            }
+        }
+    }
+    Err("the host's file is neither the one the change was made against nor its result; accept refuses it as a conflict".into())
 }
 
 /// The host's file at the patch's path, bounded and confined.

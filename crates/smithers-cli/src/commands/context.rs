@@ -799,7 +799,14 @@ pub fn change_notes_json(notes: &smithers_bundle::ChangeNotes) -> Value {
 
 /// Per-file +/- statistics of parsed patches.
 pub fn changes(patches: &[smithers_patch::FilePatch]) -> Vec<FileChange> {
-    let stats = smithers_patch::diff_stats(patches);
+    changes_from(patches, smithers_patch::diff_stats(patches))
+}
+
+/// [`changes`] with the statistics already made (a review's, read against the host tree).
+pub fn changes_from(
+    patches: &[smithers_patch::FilePatch],
+    stats: Vec<smithers_patch::FileStat>,
+) -> Vec<FileChange> {
     // The first section of each path (a type change has two), found through a map: a search
     // of `patches` per path made 40k changed files take seconds (quadratic).
     let mut first: std::collections::HashMap<&str, &smithers_patch::FilePatch> =

@@ -104,11 +104,12 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let row = context::resolve(&ctx, &args.id)?;
     let review = review_of(&ctx, &row)?;
     let (patches, notes) = context::bundle_contents(std::path::Path::new(&review.bundle_path))?;
-    let changes = context::changes(&patches);
-    let mut findings = smithers_patch::review_findings(
-        &patches,
-        &smithers_patch::host_hooks_dirs(std::path::Path::new(&review.root_dir)),
-    );
+    let root = std::path::Path::new(&review.root_dir);
+    // Read once against the host tree, for the counts, the warnings and the diff alike: a
+    // file carried as a git binary patch only for not being UTF-8 is the text git sees.
+    let shown = smithers_patch::PatchReview::new(&patches, Some(root));
+    let changes = context::changes_from(&patches, shown.stats());
+    let mut findings = shown.findings(&smithers_patch::host_hooks_dirs(root));
     context::add_change_notes(&mut findings, &notes);
     if json_out {
         let diff = smithers_patch::render_patches(&patches);
@@ -141,7 +142,7 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         inert(&row.sandbox_id),
         inert(&state_text(&review)),
         review.patch_count,
-        review.total_diff_lines
+        changes.iter().map(|c| c.added + c.removed).sum::<usize>()
     );
     println!("root:   {}", inert(&review.root_dir));
     println!("bundle: {}", inert(&review.bundle_path));
@@ -152,11 +153,7 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     }
     print!(
         "{}",
-        smithers_patch::render_review_with(
-            &patches,
-            &smithers_patch::ReviewOptions { color },
-            &findings
-        )
+        shown.render(&smithers_patch::ReviewOptions { color }, &findings)
     );
     if review.state == ReviewState::Pending {
         let root = std::path::PathBuf::from(&review.root_dir);

@@ -8,9 +8,11 @@
 //! first flight that begins a TLS handshake is held until its ClientHello is whole
 //! (reassembled across records, within bounds), and one that never is, cannot be read or
 //! names another server than the destination closes the tunnel before any of its bytes
-//! reaches the origin. A denial is answered at once, in the entry point's own terms: an
-//! HTTP 403 with a JSON reason, a SOCKS5 "not allowed by ruleset", a reset for a captured
-//! connection, NXDOMAIN in DNS.
+//! reaches the origin, as does one that begins with a TLS record other than a handshake
+//! (an alert, a change_cipher_spec: a server may skip it and read a hello behind it). A
+//! denial is answered at once, in the entry point's own terms: an HTTP 403 with a JSON
+//! reason, a SOCKS5 "not allowed by ruleset", a reset for a captured connection, NXDOMAIN
+//! in DNS.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
@@ -888,7 +890,7 @@ enum Flight {
 }
 
 /// The client's first bytes of a tunnel: whatever arrives within `wait` (nothing, for a
-/// protocol whose server speaks first), then, when they begin a TLS handshake, the rest of
+/// protocol whose server speaks first), then, when they begin a TLS record, the rest of
 /// its ClientHello, checked ([`hello_flight`]).
 async fn first_flight(
     shared: &Shared,
@@ -912,8 +914,10 @@ async fn first_flight(
 /// Reads the rest of a ClientHello that `flight` begins, across as many TLS records as it
 /// spans, within `limit` and [`proxy::MAX_HELLO_FLIGHT`] bytes, and checks its server name
 /// against `host`. A hello that is not whole when the client closes or a bound is hit is
-/// refused: a partial hello is never read as one without a server name. Bytes that do not
-/// begin a TLS handshake are forwarded as they are.
+/// refused: a partial hello is never read as one without a server name. A flight that
+/// begins with a TLS record other than a handshake is refused too (a server may skip an
+/// alert or a change_cipher_spec and read the hello behind it). Bytes that do not begin a
+/// TLS record (ssh, plain text) are forwarded as they are.
 async fn hello_flight<R: AsyncRead + Unpin>(
     client: &mut R,
     mut flight: Vec<u8>,

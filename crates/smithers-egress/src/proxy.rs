@@ -158,8 +158,15 @@ pub fn socks_reply(code: u8) -> [u8; 10] {
     [5, code, 0, 1, 0, 0, 0, 0, 0, 0]
 }
 
-/// TLS record content type of a handshake.
+/// TLS record content types (RFC 8446 5.1, RFC 6520): a handshake, and the others a
+/// first flight may not begin with.
+const TLS_CHANGE_CIPHER_SPEC: u8 = 20;
+const TLS_ALERT: u8 = 21;
 const TLS_HANDSHAKE: u8 = 22;
+const TLS_APPLICATION_DATA: u8 = 23;
+const TLS_HEARTBEAT: u8 = 24;
+/// The major version byte of every TLS record (SSL 3.0 to TLS 1.3 alike).
+const TLS_MAJOR: u8 = 3;
 /// Handshake message type of a ClientHello.
 const CLIENT_HELLO: u8 = 1;
 /// Largest TLS plaintext record payload (RFC 8446 5.1): a larger record is not TLS.
@@ -177,10 +184,11 @@ pub const MAX_HELLO_FLIGHT: usize = 64 << 10;
 /// What a tunnel's first bytes are, as far as the server-name check goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FirstFlight {
-    /// They do not begin a TLS handshake record: another protocol, not checked.
+    /// They do not begin a TLS record: another protocol (ssh, plain text), not checked.
     NotTls,
-    /// A TLS handshake whose ClientHello is not whole yet: more must be read. Never to be
-    /// taken as a hello without a server name.
+    /// A TLS handshake whose ClientHello is not whole yet, or a first byte that may begin
+    /// a TLS record whose version byte has not come yet: more must be read. Never to be
+    /// taken as a hello without a server name, nor as another protocol.
     Incomplete,
     /// A whole ClientHello, and its server name (lowercased) if it has one.
     Hello(Option<String>),
@@ -201,14 +209,27 @@ pub struct HelloReader {
 impl HelloReader {
     /// Reads what `flight` adds since the last call: every byte of the first flight read
     /// so far, each call's a continuation of the last's. `Err`: not a ClientHello this
-    /// reader will vouch for (malformed, over a bound, or interleaved with other records),
-    /// which a tunnel refuses rather than let through unread.
+    /// reader will vouch for (malformed, over a bound, interleaved with other records, or
+    /// after a TLS record of another type), which a tunnel refuses rather than let through
+    /// unread.
     pub fn feed(&mut self, flight: &[u8]) -> Result<FirstFlight, &'static str> {
         match flight.first() {
             None => return Ok(FirstFlight::Incomplete),
             Some(&TLS_HANDSHAKE) => {}
-            // Another protocol through the tunnel (ssh, plain text): not TLS, not checked.
-            Some(_) => return Ok(FirstFlight::NotTls),
+            Some(&ty) => {
+                let Some(why) = not_a_handshake(ty) else {
+                    // Another protocol through the tunnel (ssh, plain text): not checked.
+                    return Ok(FirstFlight::NotTls);
+                };
+                // A TLS record, but not a handshake: a server may skip a warning alert or a
+                // change_cipher_spec before the hello, which would then go unchecked. The
+                // version byte tells such a record from another protocol's first byte.
+                return match flight.get(1) {
+                    None => Ok(FirstFlight::Incomplete),
+                    Some(&TLS_MAJOR) => Err(why),
+                    Some(_) => Ok(FirstFlight::NotTls),
+                };
+            }
         }
         loop {
             if let Some(hello) = self.whole_hello()? {
@@ -224,7 +245,7 @@ impl HelloReader {
                     "a TLS record other than a handshake came before the ClientHello was whole",
                 );
             }
-            if header[1] != 3 {
+            if header[1] != TLS_MAJOR {
                 return Err("not a TLS record (its version is not 3.x)");
             }
             let len = u16::from_be_bytes([header[3], header[4]]) as usize;
@@ -262,6 +283,18 @@ impl HelloReader {
             None => Ok(None),
         }
     }
+}
+
+/// Why a first flight that begins with a TLS record of content type `ty` is refused, if
+/// `ty` is a TLS record type other than a handshake.
+fn not_a_handshake(ty: u8) -> Option<&'static str> {
+    Some(match ty {
+        TLS_CHANGE_CIPHER_SPEC => "a TLS change_cipher_spec record came before the ClientHello",
+        TLS_ALERT => "a TLS alert record came before the ClientHello",
+        TLS_APPLICATION_DATA => "a TLS application_data record came before the ClientHello",
+        TLS_HEARTBEAT => "a TLS heartbeat record came before the ClientHello",
+        _ => return None,
+    })
 }
 
 /// A cursor over hostile bytes: every length is checked against what is left.
@@ -359,9 +392,9 @@ fn host_name(data: &[u8]) -> Result<Option<String>, &'static str> {
 }
 
 /// The server name of a first flight given whole (one [`HelloReader::feed`]). `Ok(None)`:
-/// not a TLS handshake, or a whole hello without a server name; `Err`: a hello that is
-/// incomplete in `flight` or cannot be read, which a tunnel refuses rather than let
-/// through unread.
+/// not TLS, or a whole hello without a server name; `Err`: a hello that is incomplete in
+/// `flight` or cannot be read, or a first TLS record that is not a handshake, which a
+/// tunnel refuses rather than let through unread.
 pub fn tls_server_name(flight: &[u8]) -> Result<Option<String>, &'static str> {
     match HelloReader::default().feed(flight)? {
         FirstFlight::NotTls => Ok(None),
@@ -690,19 +723,70 @@ mod tests {
     }
 
     #[test]
-    fn a_first_flight_that_is_not_a_handshake_is_not_checked() {
-        assert_eq!(
-            tls_first_flight(b"SSH-2.0-OpenSSH\r\n"),
-            Ok(FirstFlight::NotTls)
-        );
-        assert_eq!(
-            tls_first_flight(&[0x17, 3, 3, 0, 1, 0]),
-            Ok(FirstFlight::NotTls)
-        );
-        assert_eq!(
-            tls_first_flight(&[0x15, 3, 3, 0, 2, 1, 0]),
-            Ok(FirstFlight::NotTls)
-        );
+    fn a_first_flight_that_is_not_tls_is_not_checked() {
+        // ssh, plain text, and bytes that begin like a TLS record type but are followed by
+        // no TLS version: another protocol's, forwarded as they are.
+        for flight in [
+            &b"SSH-2.0-OpenSSH\r\n"[..],
+            b"GET / HTTP/1.1\r\n",
+            &[0x15, 0x00, 0x03],
+            &[0x17, b'x'],
+            &[0x14, 0x02, 3, 3],
+            &[0x18, 0xff],
+            &[0x19, 3, 3, 0, 1, 0],
+            &[0x13, 3, 3, 0, 1, 0],
+        ] {
+            assert_eq!(
+                tls_first_flight(flight),
+                Ok(FirstFlight::NotTls),
+                "{flight:?}"
+            );
+            assert_eq!(tls_server_name(flight), Ok(None), "{flight:?}");
+        }
         assert_eq!(tls_first_flight(b""), Ok(FirstFlight::Incomplete));
+    }
+
+    #[test]
+    fn a_tls_record_other_than_a_handshake_first_is_refused() {
+        // A server that skips a warning alert or a change_cipher_spec before the hello
+        // would read this hello; it must not pass unchecked behind the record.
+        let hello = records(&hello_message(Some("denied.test")), &[]);
+        let before: [&[u8]; 6] = [
+            &[0x15, 3, 1, 0, 2, 1, 112],  // alert: warning, unrecognized_name
+            &[0x15, 3, 3, 0, 2, 1, 0],    // alert: warning, close_notify
+            &[0x14, 3, 1, 0, 1, 1],       // change_cipher_spec
+            &[0x17, 3, 3, 0, 1, 0],       // application_data
+            &[0x18, 3, 3, 0, 3, 1, 0, 0], // heartbeat
+            &[0x15, 3, 0, 0, 0],          // an empty alert, SSL 3.0's version
+        ];
+        for record in before {
+            let flight = [record, &hello[..]].concat();
+            assert!(tls_first_flight(&flight).is_err(), "{record:?}");
+            assert!(tls_server_name(&flight).is_err(), "{record:?}");
+            assert!(tls_first_flight(record).is_err(), "{record:?}");
+            // Read as it arrives: its first byte alone is not yet known to be TLS, the
+            // version byte after it refuses it.
+            assert_eq!(
+                tls_first_flight(&record[..1]),
+                Ok(FirstFlight::Incomplete),
+                "{record:?}"
+            );
+            for step in [1, 2, 5] {
+                assert!(fed_in_steps(&flight, step).is_err(), "{record:?} by {step}");
+            }
+        }
+        // The reason names the record.
+        let alert = [&[0x15, 3, 3, 0, 2, 1, 0][..], &hello[..]].concat();
+        assert_eq!(
+            tls_first_flight(&alert),
+            Err("a TLS alert record came before the ClientHello")
+        );
+        let ccs = [&[0x14, 3, 3, 0, 1, 1][..], &hello[..]].concat();
+        assert_eq!(
+            tls_first_flight(&ccs),
+            Err("a TLS change_cipher_spec record came before the ClientHello")
+        );
+        // The same hello alone is read, and names its server.
+        assert_eq!(tls_first_flight(&hello), named("denied.test"));
     }
 }

@@ -681,3 +681,130 @@ async fn a_client_hello_split_over_records_is_checked_whole() {
         "{forwarded:?}"
     );
 }
+
+/// A first flight that begins with a TLS record other than a handshake is refused before
+/// anything reaches the origin: a server may skip a warning alert or a change_cipher_spec
+/// sent before the ClientHello, so a hello behind one, naming a denied host through a
+/// tunnel to an allowed one, would otherwise go unchecked. Another protocol's first bytes
+/// (ssh) are still forwarded as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_record_before_the_client_hello_is_refused() {
+    let (port, received, accepted) = recording_origin();
+    let policy = Policy::from_json(&format!(
+        r#"{{"allow":[{{"host":"allowed.test","ports":[{port}]}},{{"cidr":"127.0.0.1","ports":[{port}]}}]}}"#
+    ))
+    .unwrap();
+    assert!(!policy.decide("denied.test", port).allowed);
+    let mut fixed = HashMap::new();
+    fixed.insert(
+        "allowed.test".to_string(),
+        vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    );
+    let (http, http_port) = listener();
+    let (socks, socks_port) = listener();
+    let mut opts = EngineOptions {
+        resolver: Resolver::Fixed(fixed),
+        ..Default::default()
+    };
+    opts.limits.first_flight = Duration::from_millis(50);
+    opts.limits.handshake = Duration::from_millis(500);
+    let engine = Engine::start(
+        policy,
+        Listeners {
+            http: Some(http),
+            socks: Some(socks),
+            ..Default::default()
+        },
+        opts,
+    )
+    .unwrap();
+    let ssh = b"SSH-2.0-client\r\n".to_vec();
+    let ssh_sent = ssh.clone();
+    tokio::task::spawn_blocking(move || {
+        let evil = smithers_egress::proxy::minimal_client_hello("denied.test");
+        let alert: &[u8] = &[0x15, 3, 3, 0, 2, 1, 0]; // warning, close_notify
+        let ccs: &[u8] = &[0x14, 3, 3, 0, 1, 1];
+        // The record, then the hello as a read of its own; the engine may have reset the
+        // tunnel by then, which the hello's write then meets.
+        let then = |s: &mut TcpStream, record: &[u8], hello: &[u8]| {
+            s.write_all(record).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = s.write_all(hello);
+        };
+        // CONNECT: a warning alert, then a hello naming a denied host.
+        let mut s = connect(http_port, port);
+        then(&mut s, alert, &evil);
+        read_all(s);
+        // CONNECT: the same in one write.
+        let mut s = connect(http_port, port);
+        s.write_all(&[alert, &evil].concat()).unwrap();
+        read_all(s);
+        // SOCKS5 (the origin is dialed before the first flight): a change_cipher_spec first.
+        let mut s = TcpStream::connect(("127.0.0.1", socks_port)).unwrap();
+        s.write_all(&[5, 1, 0]).unwrap();
+        let mut req = vec![5, 1, 0, 3, 12];
+        req.extend_from_slice(b"allowed.test");
+        req.extend_from_slice(&port.to_be_bytes());
+        s.write_all(&req).unwrap();
+        then(&mut s, ccs, &evil);
+        read_all(s);
+        // Silent past the first-flight wait (the origin dialed), then the alert and hello.
+        let mut s = connect(http_port, port);
+        std::thread::sleep(Duration::from_millis(300));
+        then(&mut s, alert, &evil);
+        read_all(s);
+        // Another protocol: forwarded as it is.
+        let mut s = connect(http_port, port);
+        s.write_all(&ssh).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let got = read_all(s);
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    })
+    .await
+    .unwrap();
+    let summary = engine.stop().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while received.lock().unwrap().len() < accepted.load(Ordering::SeqCst)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sent: Vec<Vec<u8>> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|b| !b.is_empty())
+        .cloned()
+        .collect();
+    assert_eq!(
+        sent,
+        vec![ssh_sent.clone()],
+        "the origin got bytes other than the ssh client's"
+    );
+    let denials: Vec<&str> = summary
+        .records
+        .iter()
+        .filter(|r| r.verdict == "deny")
+        .map(|r| r.reason.as_str())
+        .collect();
+    assert_eq!(denials.len(), 4, "{denials:?}");
+    let named = |what: &str| denials.iter().filter(|r| r.contains(what)).count();
+    assert_eq!(
+        named("a TLS alert record came before the ClientHello: closed before any byte"),
+        3,
+        "{denials:?}"
+    );
+    assert_eq!(
+        named("a TLS change_cipher_spec record came before the ClientHello"),
+        1,
+        "{denials:?}"
+    );
+    let allowed: Vec<_> = summary
+        .records
+        .iter()
+        .filter(|r| r.verdict == "allow")
+        .collect();
+    assert_eq!(allowed.len(), 1, "{allowed:?}");
+    assert_eq!(allowed[0].bytes_up, ssh_sent.len() as u64, "{allowed:?}");
+    assert!(allowed[0].error.is_none(), "{allowed:?}");
+}

@@ -217,7 +217,9 @@ fn old_side<'p>(
 fn host_file(p: &FilePatch, host: &Host) -> Result<Vec<u8>, String> {
     use std::os::unix::ffi::OsStringExt;
     let Some(tree) = &host.tree else {
-        return Err("its old side is the host's file, which this view does not read".into());
+        return Err(
+            "its old side is the host's file, not read here (the full review reads it)".into(),
+        );
     };
     let rel = PathBuf::from(std::ffi::OsString::from_vec(p.path_bytes()));
     match tree.read_regular(&rel, MAX_SIDE_BYTES) {

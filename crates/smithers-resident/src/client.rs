@@ -72,8 +72,11 @@ fn try_run(argv: &[OsString]) -> io::Result<Served> {
     let umask = me
         .umask
         .ok_or_else(|| io::Error::other("no Umask in /proc/self/status"))?;
-    Frame::run(&place.build, argv, &env, umask).send(&sock, &fds)?;
     sock.set_read_timeout(Some(ADMISSION_TIMEOUT))?;
+    Frame::run(&place.build, argv, &env, umask).send(&sock, &fds)?;
+    if let Some(why) = prove(&sock, server.pid)? {
+        return Ok(Served::NotServed(why));
+    }
     match wire::read_line(&sock)? {
         Some(line) if line == "ok" => {}
         Some(line) => {
@@ -95,6 +98,31 @@ fn try_run(argv: &[OsString]) -> io::Result<Served> {
         return Ok(Served::NotServed(format!("confirming the request: {e}")));
     }
     Ok(Served::Exit(wait(&sock, &signals, &place)))
+}
+
+/// Answers the service's challenge (its `prove <n>` line, which comes first; see
+/// [`crate::peer::Challenge`]), once the request is sent. `Some(reason)` when the service
+/// declined instead. A client that cannot read the challenge sends a proof that fails: the
+/// service declines it with the reason, and counts it.
+pub fn prove(sock: &UnixStream, service_pid: i32) -> io::Result<Option<String>> {
+    let Some(line) = wire::read_line(sock)? else {
+        return Ok(Some("the service closed the connection".into()));
+    };
+    let Some(fd) = line
+        .strip_prefix(wire::PROVE)
+        .and_then(|rest| rest.strip_prefix(' '))
+    else {
+        return Ok(Some(line.strip_prefix("no ").unwrap_or(&line).to_string()));
+    };
+    let fd: i32 = fd.parse().map_err(|_| {
+        io::Error::other(format!(
+            "the service said {:?}",
+            line.escape_debug().to_string()
+        ))
+    })?;
+    let proof = crate::peer::answer_challenge(service_pid, fd).unwrap_or(wire::NO_PROOF);
+    sock.write_all_nosignal(&proof)?;
+    Ok(None)
 }
 
 /// Waits for the step's end, relaying Ctrl-C: the first cancels the step (the service says

@@ -16,9 +16,11 @@
 //!   reads and writes exactly where the client would have.
 //! - [`server`]: who is served. The peer must be the same user and group (`SO_PEERCRED`),
 //!   in the same mount, network, user, pid, IPC, UTS and cgroup namespaces and root, and have
-//!   the same environment (but for a few variables a shell changes as it goes); anything
-//!   else is declined with the reason, and the client runs the step itself. A served
-//!   request's stdio and working directory replace the service's for its duration.
+//!   the same environment (but for a few variables a shell changes as it goes), and must
+//!   answer a challenge only a process that may inspect the service can (so no Landlock
+//!   domain narrower than the service's confines it: [`peer::Challenge`]); anything else is
+//!   declined with the reason, and the client runs the step itself. A served request's
+//!   stdio and working directory replace the service's for its duration.
 //! - [`client`]: the other end. It forwards the first Ctrl-C as a cancellation and exits at
 //!   the second, as `run` does; a client that dies makes the service cancel its step.
 //!

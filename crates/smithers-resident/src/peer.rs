@@ -8,7 +8,7 @@
 //! them.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
@@ -17,8 +17,9 @@ use std::path::PathBuf;
 const NAMESPACES: &[&str] = &["mnt", "net", "user", "pid", "ipc", "uts", "cgroup"];
 
 /// The lines of `/proc/<pid>/status` that say what a process may do: its groups, its
-/// capabilities, and whether it is confined (no_new_privs: every Landlock domain needs it;
-/// a seccomp filter).
+/// capabilities, and whether it is confined (no_new_privs; a seccomp filter). A Landlock
+/// domain shows in none of them (a process with `CAP_SYS_ADMIN` enters one without
+/// no_new_privs): that is what a [`Challenge`] answers.
 const CONFINEMENT: &[&str] = &[
     "Groups:",
     "CapInh:",
@@ -147,8 +148,9 @@ impl Identity {
     }
 
     /// Whether this process is confined in a way a peer's equal status lines cannot show
-    /// (a Landlock domain needs no_new_privs; a seccomp filter's rules are not visible): such
-    /// a client runs its step itself, within its confinement.
+    /// (a seccomp filter's rules are not visible; no_new_privs, which an ordinary user's
+    /// Landlock domain needs): such a client runs its step itself, within its confinement.
+    /// A Landlock domain entered without no_new_privs is caught by the [`Challenge`].
     pub fn confined(&self) -> Option<String> {
         self.confinement
             .iter()
@@ -163,6 +165,100 @@ impl Identity {
     pub fn still_there(&self) -> bool {
         start_time(&self.pid.to_string()).is_ok_and(|s| s == self.start)
     }
+}
+
+/// The length of a proof: a 128-bit nonce in hexadecimal.
+pub const PROOF_LEN: usize = 32;
+
+/// A challenge's descriptor is named this, then its nonce.
+const PROOF_NAME: &str = "smithers-resident-proof:";
+
+/// The service's question to one client: "what is the name of my descriptor `n`?"
+///
+/// Everything else a client is compared on is in `/proc`; its Landlock domain is not, and a
+/// process with `CAP_SYS_ADMIN` (root) enters one without no_new_privs, so a confined root
+/// client looks exactly like its service. A step served for it would run with the service's
+/// access (a `--mount` of what its domain forbids it, say). What the kernel does enforce is a
+/// domain's rule for inspecting other processes: a process in a Landlock domain gets no ptrace
+/// access, in any mode, to a process outside it (the tracer's domain must be the tracee's or
+/// one of its ancestors). Reading the link `/proc/<pid>/fd/<n>` needs that access
+/// (`PTRACE_MODE_READ_FSCREDS`), which a process of the same user, capabilities and label
+/// otherwise has, and which Yama leaves alone (its `ptrace_scope` restricts attaching only).
+///
+/// So the service makes, per connection, an empty memfd whose name holds a fresh random nonce
+/// and tells the client its descriptor's number; the client reads the link and sends the
+/// nonce back. A client that can is in the service's Landlock domain or an ancestor of it: it
+/// may do at least what the service may. One that cannot (a narrower domain, or a security
+/// module that keeps it from inspecting the service) is declined and runs its step itself,
+/// inside its confinement. The memfd is closed with the challenge, once answered.
+#[derive(Debug)]
+pub struct Challenge {
+    memfd: OwnedFd,
+    nonce: [u8; PROOF_LEN],
+}
+
+impl Challenge {
+    /// A challenge with a fresh nonce (`getrandom`: nothing a client saw before predicts it).
+    pub fn new() -> io::Result<Challenge> {
+        let mut random = [0u8; PROOF_LEN / 2];
+        // SAFETY: `random` is a writable buffer of exactly the length given; with no flags
+        // getrandom blocks only until the kernel's pool is first initialised (at boot).
+        let got = unsafe { libc::getrandom(random.as_mut_ptr().cast(), random.len(), 0) };
+        if got != random.len() as isize {
+            return Err(io::Error::last_os_error());
+        }
+        let mut nonce = [0u8; PROOF_LEN];
+        for (pair, byte) in nonce.chunks_exact_mut(2).zip(random) {
+            pair[0] = HEX[usize::from(byte >> 4)];
+            pair[1] = HEX[usize::from(byte & 0xf)];
+        }
+        let mut name = PROOF_NAME.as_bytes().to_vec();
+        name.extend_from_slice(&nonce);
+        // Close-on-exec: the processes a step starts never hold it.
+        let memfd = rustix::fs::memfd_create(name.as_slice(), rustix::fs::MemfdFlags::CLOEXEC)?;
+        Ok(Challenge { memfd, nonce })
+    }
+
+    /// The descriptor's number in the service, which the client is told.
+    pub fn descriptor(&self) -> i32 {
+        self.memfd.as_raw_fd()
+    }
+
+    /// Whether `proof` is the nonce. Compared in constant time: how long a wrong guess takes
+    /// says nothing about how much of it was right.
+    pub fn verify(&self, proof: &[u8]) -> bool {
+        if proof.len() != PROOF_LEN {
+            return false;
+        }
+        let diff = self
+            .nonce
+            .iter()
+            .zip(proof)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        std::hint::black_box(diff) == 0
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// The client's answer to a challenge: the nonce in the name of descriptor `fd` of process
+/// `pid` (the service). An error when the link cannot be read (the client may not inspect the
+/// service) or is not a challenge's.
+pub fn answer_challenge(pid: i32, fd: i32) -> io::Result<[u8; PROOF_LEN]> {
+    use std::os::unix::ffi::OsStrExt;
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))?;
+    let link = link.as_os_str().as_bytes();
+    // The link reads `/memfd:<name> (deleted)`.
+    let nonce = link
+        .windows(PROOF_NAME.len())
+        .position(|w| w == PROOF_NAME.as_bytes())
+        .and_then(|at| link.get(at + PROOF_NAME.len()..at + PROOF_NAME.len() + PROOF_LEN))
+        .ok_or_else(|| {
+            io::Error::other(format!("descriptor {fd} of process {pid} is no challenge"))
+        })?;
+    let mut proof = [0u8; PROOF_LEN];
+    proof.copy_from_slice(nonce);
+    Ok(proof)
 }
 
 /// A small `/proc` file, read whole in (usually) one system call: `fs::read_to_string` sizes
@@ -227,6 +323,99 @@ mod tests {
         let peer = Identity::of_peer(&a).unwrap();
         assert_eq!(me.differences(&peer), None);
         assert!(peer.still_there());
+    }
+
+    #[test]
+    fn a_challenge_is_answered_by_reading_its_descriptor_and_only_so() {
+        let challenge = Challenge::new().unwrap();
+        let me = std::process::id() as i32;
+        let proof = answer_challenge(me, challenge.descriptor()).unwrap();
+        assert!(challenge.verify(&proof));
+        assert!(!challenge.verify(&crate::wire::NO_PROOF));
+        assert!(!challenge.verify(&proof[1..]));
+        let mut wrong = proof;
+        wrong[PROOF_LEN - 1] ^= 1;
+        assert!(!challenge.verify(&wrong));
+        // Every challenge has its own nonce.
+        let other = Challenge::new().unwrap();
+        assert!(!other.verify(&proof));
+        // A descriptor that is not a challenge's answers nothing.
+        let file = std::fs::File::open("/").unwrap();
+        assert!(answer_challenge(me, file.as_raw_fd()).is_err());
+    }
+
+    /// What the service relies on: a process in a Landlock domain of its own cannot read the
+    /// link of a descriptor of a process outside its domain, whatever the domain forbids (here
+    /// only executing files; no root needed: no_new_privs first). A process, not a thread: a
+    /// thread always has access to its own process, before any security module is asked.
+    #[test]
+    fn a_landlocked_process_cannot_answer_a_challenge() {
+        let challenge = Challenge::new().unwrap();
+        let (me, fd) = (std::process::id() as i32, challenge.descriptor());
+        let path = std::ffi::CString::new(format!("/proc/{me}/fd/{fd}")).unwrap();
+        match read_link_landlocked(&path) {
+            Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
+                panic!("cannot run: Landlock is not available: {why}")
+            }
+            Err(why) => eprintln!("SKIP Landlock is not available: {why}"),
+            Ok(errno) => assert_eq!(errno, libc::EACCES),
+        }
+        // Outside the domain, the same read works.
+        assert!(challenge.verify(&answer_challenge(me, fd).unwrap()));
+    }
+
+    /// The errno of `readlink(path)` in a child process that first puts itself in a Landlock
+    /// domain forbidding only executing files (0 when it read the link).
+    fn read_link_landlocked(path: &std::ffi::CStr) -> Result<i32, String> {
+        #[repr(C)]
+        struct RulesetAttr {
+            handled_access_fs: u64,
+        }
+        const LANDLOCK_ACCESS_FS_EXECUTE: u64 = 1;
+        const NO_LANDLOCK: i32 = 200;
+        let attr = RulesetAttr {
+            handled_access_fs: LANDLOCK_ACCESS_FS_EXECUTE,
+        };
+        // SAFETY: the child makes system calls only (no allocation, no lock: the test process
+        // has other threads), on memory prepared before the fork, and ends with _exit.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: as above; `attr` and `path` live through the calls, which read them.
+            unsafe {
+                let ruleset = libc::syscall(
+                    libc::SYS_landlock_create_ruleset,
+                    &attr as *const RulesetAttr,
+                    std::mem::size_of::<RulesetAttr>(),
+                    0u32,
+                );
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || ruleset < 0
+                    || libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) != 0
+                {
+                    libc::_exit(NO_LANDLOCK);
+                }
+                let mut buf = [0u8; 256];
+                let n = libc::readlink(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+                let errno = *libc::__errno_location();
+                libc::_exit(if n >= 0 {
+                    0
+                } else {
+                    errno.min(NO_LANDLOCK - 1)
+                });
+            }
+        }
+        if child < 0 {
+            return Err(format!("fork: {}", io::Error::last_os_error()));
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked; `status` is writable.
+        if unsafe { libc::waitpid(child, &mut status, 0) } != child || !libc::WIFEXITED(status) {
+            return Err("the child did not exit".into());
+        }
+        match libc::WEXITSTATUS(status) {
+            NO_LANDLOCK => Err("landlock_create_ruleset or landlock_restrict_self failed".into()),
+            errno => Ok(errno),
+        }
     }
 
     #[test]

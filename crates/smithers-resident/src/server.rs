@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
-use crate::peer::Identity;
+use crate::peer::{Challenge, Identity};
 use crate::place::Place;
 use crate::wire::{self, Ask, RunRequest};
 
@@ -129,36 +129,58 @@ pub struct Incoming {
 impl Incoming {
     /// Reads the request, after checking that the peer is this user and group, in the
     /// service's namespaces and root, with its groups, capabilities and confinement: anyone
-    /// else is turned away before a byte of its request is read. An error has been said to
-    /// the client (when it can still hear it) and the connection closed.
+    /// else is turned away before a byte of its request is read. Then the peer must answer
+    /// the service's [`Challenge`] (it may inspect the service, so no Landlock domain narrower
+    /// than the service's confines it), or it is turned away with its request unused. An
+    /// error has been said to the client (when it can still hear it) and the connection closed.
     pub fn read(self) -> Result<(Ask, Connection), String> {
+        let stream = self.stream;
+        let decline = |why: String| {
+            let _ = wire::write_line(&stream, &format!("no {why}"));
+            Err(why)
+        };
         let peer = self.peer.and_then(|p| match self.own.differences(&p) {
             None => Ok(p),
             Some(why) => Err(why),
         });
         let peer = match peer {
             Ok(p) => p,
-            Err(why) => {
-                let _ = wire::write_line(&self.stream, &format!("no {why}"));
-                return Err(why);
-            }
+            Err(why) => return decline(why),
         };
-        self.stream
+        // Asked before the request is read: the client sends its request without waiting,
+        // and finds the question when it has.
+        let challenge = match Challenge::new() {
+            Ok(c) => c,
+            Err(e) => return decline(format!("the service could not make a challenge: {e}")),
+        };
+        wire::write_line(
+            &stream,
+            &format!("{} {}", wire::PROVE, challenge.descriptor()),
+        )
+        .map_err(|e| e.to_string())?;
+        stream
             .set_read_timeout(Some(CLIENT_TIMEOUT))
             .map_err(|e| e.to_string())?;
-        match wire::read_request(&self.stream, &self.build) {
-            Ok(ask) => Ok((
-                ask,
-                Connection {
-                    stream: self.stream,
-                    peer,
-                },
-            )),
-            Err(why) => {
-                let _ = wire::write_line(&self.stream, &format!("no {why}"));
-                Err(why)
-            }
+        let ask = match wire::read_request(&stream, &self.build) {
+            Ok(ask) => ask,
+            Err(why) => return decline(why),
+        };
+        let mut proof = [0u8; wire::PROOF_LEN];
+        if let Err(e) = io::Read::read_exact(&mut &stream, &mut proof) {
+            return decline(format!("the client sent no answer to the challenge: {e}"));
         }
+        if !challenge.verify(&proof) {
+            return decline(format!(
+                "the client did not show it may inspect the service (by reading its \
+                 /proc/{}/fd/{}): it is confined where the service is not (a Landlock domain \
+                 of its own?), and a step served here would run outside that confinement",
+                std::process::id(),
+                challenge.descriptor()
+            ));
+        }
+        // Answered: its descriptor goes now, not with the connection.
+        drop(challenge);
+        Ok((ask, Connection { stream, peer }))
     }
 }
 
@@ -477,6 +499,51 @@ impl Drop for Redirected {
 mod tests {
     use super::*;
     use std::ffi::OsString;
+    use std::io::Write as _;
+
+    /// A connection from this process, as the listener hands it over.
+    fn accepted() -> (Incoming, UnixStream) {
+        let (service_end, client_end) = UnixStream::pair().unwrap();
+        let incoming = Incoming {
+            peer: Identity::of_peer(&service_end),
+            stream: service_end,
+            build: "b1".into(),
+            own: Arc::new(Identity::of_self().unwrap()),
+        };
+        (incoming, client_end)
+    }
+
+    #[test]
+    fn a_client_that_answers_the_challenge_is_read_and_one_that_does_not_is_declined() {
+        let me = std::process::id() as i32;
+        let (incoming, client) = accepted();
+        let honest = std::thread::spawn(move || {
+            wire::Frame::control("b1", "status")
+                .send(&client, &[])
+                .unwrap();
+            assert_eq!(crate::client::prove(&client, me).unwrap(), None);
+            client
+        });
+        let (ask, _connection) = incoming.read().unwrap();
+        assert!(matches!(ask, Ask::Status));
+        drop(honest.join().unwrap());
+
+        // A proof it could not read (or a guess): declined, with the reason, and the request
+        // it sent is not used.
+        let (incoming, client) = accepted();
+        let guessing = std::thread::spawn(move || {
+            wire::Frame::control("b1", "stop")
+                .send(&client, &[])
+                .unwrap();
+            let line = wire::read_line(&client).unwrap().unwrap();
+            assert!(line.starts_with("prove "), "{line}");
+            (&client).write_all(&[b'0'; wire::PROOF_LEN]).unwrap();
+            wire::read_line(&client).unwrap().unwrap()
+        });
+        let why = incoming.read().unwrap_err();
+        assert!(why.contains("inspect the service"), "{why}");
+        assert_eq!(guessing.join().unwrap(), format!("no {why}"));
+    }
 
     #[test]
     fn environment_differences_are_named_not_shown() {

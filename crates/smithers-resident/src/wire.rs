@@ -4,22 +4,27 @@
 //! length and its bytes: the protocol, the build, the kind of request, then for `run` the
 //! umask, the arguments and the environment. With it go four descriptors (`SCM_RIGHTS`):
 //! stdin, stdout, stderr and the working directory (for `status` and `stop`, none). The
-//! service answers with lines:
+//! service speaks with lines:
 //!
 //! | service → client | meaning |
 //! |---|---|
+//! | `prove <n>` | first, as soon as the client is accepted: the client reads the link `/proc/<service>/fd/<n>` and sends back the nonce it names ([`crate::peer::Challenge`]) |
 //! | `no <reason>` | declined: the client runs the step itself |
 //! | `ok` | admitted: the service waits for the client's `g` (go) before it starts |
 //! | `exit <n>` | the step is over; the client exits with `n` |
 //! | `status <json>` | the answer to `status` |
 //!
-//! and the client sends single bytes: `g` (go) once, then `i` for a Ctrl-C. The service
-//! reads a closed connection as a cancellation. The `g` closes a race: a client that gave up
-//! waiting for the answer closes the socket, and a request that was never confirmed is never
-//! started.
+//! The client sends its frame at once, without waiting for the `prove` line (the service
+//! writes it while the client sends), then its proof: [`PROOF_LEN`] bytes, the nonce, or as
+//! many `-` when it could not read it. The service reads the frame, then the proof, and
+//! declines a wrong one before anything else. Then the client sends single bytes: `g` (go)
+//! once, then `i` for a Ctrl-C. The service reads a closed connection as a cancellation. The
+//! `g` closes a race: a client that gave up waiting for the answer closes the socket, and a
+//! request that was never confirmed is never started.
 //!
 //! Everything read is bounded before it is read (the frame, each field, their number, each
-//! answer line), and a frame must carry exactly the descriptors its kind has.
+//! answer line), the frame is read to its length and no further (the proof follows it), and
+//! a frame must carry exactly the descriptors its kind has.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
@@ -35,7 +40,15 @@ use rustix::net::{
 
 /// The protocol's name and version: a client and service of different versions never meet
 /// (it is part of the socket's name too), and a frame of another one is declined.
-pub const PROTOCOL: &str = "smithers-resident/1";
+pub const PROTOCOL: &str = "smithers-resident/2";
+
+/// The service's first line to a client it accepted: `prove <n>`.
+pub const PROVE: &str = "prove";
+
+pub use crate::peer::PROOF_LEN;
+
+/// The proof of a client that could not read the challenge: it is declined, with the reason.
+pub const NO_PROOF: [u8; PROOF_LEN] = [b'-'; PROOF_LEN];
 
 /// The largest frame: argv and environment together (Linux's own limit for both is about
 /// 2 MiB by default).
@@ -141,7 +154,9 @@ impl Frame {
 /// Reads one request: the frame, bounded, and its descriptors, which must be exactly those
 /// its kind carries. `build`: ours; a frame of another build or protocol is an error.
 pub fn read_request(sock: &UnixStream, build: &str) -> Result<Ask, String> {
-    let mut head = [0u8; 4096];
+    // The length alone first, with the descriptors (they come with the frame's first byte):
+    // a read of more could take in the proof that follows the frame.
+    let mut head = [0u8; 4];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(RUN_FDS + 1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = recvmsg(
@@ -160,21 +175,18 @@ pub fn read_request(sock: &UnixStream, build: &str) -> Result<Ask, String> {
     if got.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
         return Err("the request carried more descriptors than any request has".into());
     }
-    let head = &head[..got.bytes];
-    if head.len() < 4 {
+    if got.bytes == 0 {
         return Err("the request ended before its length".into());
     }
-    let len = u32::from_le_bytes(head[..4].try_into().expect("four bytes")) as usize;
+    (&*sock)
+        .read_exact(&mut head[got.bytes..])
+        .map_err(|_| "the request ended before its length".to_string())?;
+    let len = u32::from_le_bytes(head) as usize;
     if len + 4 > MAX_FRAME {
         return Err(format!("the request is {len} bytes, over {MAX_FRAME}"));
     }
     let mut body = Vec::with_capacity(len);
-    body.extend_from_slice(&head[4..]);
-    if body.len() > len {
-        return Err("the request has bytes after its frame".into());
-    }
-    let rest = len - body.len();
-    sock.take(rest as u64)
+    sock.take(len as u64)
         .read_to_end(&mut body)
         .map_err(|e| format!("reading the request: {e}"))?;
     if body.len() != len {
@@ -356,6 +368,38 @@ mod tests {
         f.send(&a, &fds).unwrap();
         let e = read_request(&b, "b1").unwrap_err();
         assert!(e.contains("argument count"), "{e}");
+    }
+
+    #[test]
+    fn the_proof_after_a_frame_is_left_for_its_own_read() {
+        // Sent back to back, as a client does: the frame's read must not take the proof in,
+        // with descriptors (the frame's first part carries them) or without.
+        let proof = [b'7'; PROOF_LEN];
+        let (a, b) = UnixStream::pair().unwrap();
+        Frame::control("b1", "status").send(&a, &[]).unwrap();
+        (&a).write_all(&proof).unwrap();
+        assert!(matches!(read_request(&b, "b1").unwrap(), Ask::Status));
+        let mut got = [0u8; PROOF_LEN];
+        (&b).read_exact(&mut got).unwrap();
+        assert_eq!(got, proof);
+
+        let (a, b) = UnixStream::pair().unwrap();
+        let dir = std::fs::File::open("/").unwrap();
+        let fds = [dir.as_fd(), dir.as_fd(), dir.as_fd(), dir.as_fd()];
+        let env = vec![OsString::from(format!("BIG={}", "x".repeat(300 << 10)))];
+        // Larger than the socket's buffer: sent while it is read.
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                Frame::run("b1", &["x"], &env, 0o22).send(&a, &fds).unwrap();
+                (&a).write_all(&proof).unwrap();
+            });
+            let Ask::Run(req) = read_request(&b, "b1").unwrap() else {
+                panic!("not a run")
+            };
+            assert_eq!(req.env[0].len(), 4 + (300 << 10));
+            (&b).read_exact(&mut got).unwrap();
+            assert_eq!(got, proof);
+        });
     }
 
     #[test]

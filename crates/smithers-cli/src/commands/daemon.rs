@@ -10,10 +10,12 @@
 //!
 //! Nothing about a step differs when it is served: the same code runs it, with the client's
 //! stdio, working directory and umask, and the same environment, user, groups, capabilities
-//! and (no) confinement. What does differ: the step's sandbox is made in the service's cgroup
-//! and with its resource limits (rlimits), nice value and CPU affinity, not the shell's; the
-//! answer comes before the sandbox's cleanup ends; Ctrl-Z stops the client only. `doctor`
-//! describes the user who runs it, and so holds for both.
+//! and (no) confinement (a client also proves it may inspect the service, which a Landlock
+//! domain of its own forbids: `smithers_resident::peer::Challenge`). What does differ: the
+//! step's sandbox is made in the service's cgroup and with its resource limits (rlimits),
+//! nice value and CPU affinity, not the shell's (a restriction attached to the client's
+//! cgroup does not hold for it); the answer comes before the sandbox's cleanup ends; Ctrl-Z
+//! stops the client only. `doctor` describes the user who runs it, and so holds for both.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -101,11 +103,20 @@ fn ask(place: &Place, kind: &str) -> Option<Value> {
     let sock = std::os::unix::net::UnixStream::connect(&place.socket).ok()?;
     // Only a service of ours is asked (as `run`'s client checks it).
     let me = Identity::of_self().ok()?;
-    if me.differences(&Identity::of_peer(&sock).ok()?).is_some() {
+    let service = Identity::of_peer(&sock).ok()?;
+    if me.differences(&service).is_some() {
         return None;
     }
     sock.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     Frame::control(&place.build, kind).send(&sock, &[]).ok()?;
+    // A control request answers the service's challenge too: a client confined where the
+    // service is not (see `smithers_resident::peer::Challenge`) may not stop it either.
+    if smithers_resident::client::prove(&sock, service.pid)
+        .ok()?
+        .is_some()
+    {
+        return None;
+    }
     let line = wire::read_line(&sock).ok()??;
     Some(match line.strip_prefix("status ") {
         Some(doc) => serde_json::from_str(doc).unwrap_or(Value::Null),

@@ -1,9 +1,9 @@
 //! The resident service (`smithers-sandbox daemon`), through the real binary and real native
 //! sandboxes: a served `run` is the same run (output, stdin, exit status, working
 //! directory, bundle and review); a client the service must not serve (another environment,
-//! another user, the service busy) is declined with the reason and runs its step itself;
-//! Ctrl-C and a killed client cancel the served step; a project's database removed between
-//! two steps is opened anew.
+//! another user, the service busy, a Landlock domain of its own even without no_new_privs)
+//! is declined with the reason and runs its step itself; Ctrl-C and a killed client cancel
+//! the served step; a project's database removed between two steps is opened anew.
 //!
 //! Each test runs its own service in a private directory (`SMITHERS_RESIDENT_DIR`), which it
 //! stops at its end.
@@ -617,8 +617,8 @@ fn a_confined_client_runs_its_step_itself() {
     }
     let service = Service::start();
     let proj = project();
-    // no_new_privs, as every Landlock-confined agent has: the service would act outside the
-    // agent's confinement, so it declines.
+    // no_new_privs, as every Landlock-confined agent but root's has: the service would act
+    // outside the agent's confinement, so it declines.
     let out = Command::new("setpriv")
         .arg("--no-new-privs")
         .arg(bin_path())
@@ -634,4 +634,347 @@ fn a_confined_client_runs_its_step_itself() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("NoNewPrivs"), "{stderr}");
     assert_eq!(service.served(), 0);
+}
+
+/// Whether this process runs as root (uid 0).
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+/// A Landlock ruleset that allows everything beneath `allowed` (the directories that exist)
+/// and no other file access; `Err` when the kernel has no Landlock. Made here, applied in a
+/// child by [`landlocked`].
+fn landlock_ruleset(allowed: &[&Path]) -> Result<std::os::fd::OwnedFd, String> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    #[repr(C)]
+    struct RulesetAttr {
+        handled_access_fs: u64,
+    }
+    #[repr(C, packed)]
+    struct PathBeneathAttr {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    const CREATE_RULESET_VERSION: u32 = 1;
+    const RULE_PATH_BENEATH: u32 = 1;
+    // SAFETY: a null attribute of size 0 with the version flag only asks for the ABI version.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<RulesetAttr>(),
+            0usize,
+            CREATE_RULESET_VERSION,
+        )
+    };
+    if abi < 1 {
+        return Err(format!("no Landlock: {}", std::io::Error::last_os_error()));
+    }
+    // Every file-system right this ABI has: execute .. make_sym (1), refer (2), truncate (3),
+    // ioctl on devices (5).
+    let mut all = (1u64 << 13) - 1;
+    for (since, right) in [(2, 1u64 << 13), (3, 1 << 14), (5, 1 << 15)] {
+        if abi >= since {
+            all |= right;
+        }
+    }
+    let attr = RulesetAttr {
+        handled_access_fs: all,
+    };
+    // SAFETY: `attr` is a valid ruleset attribute of the size given.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &attr as *const RulesetAttr,
+            std::mem::size_of::<RulesetAttr>(),
+            0u32,
+        )
+    };
+    if fd < 0 {
+        return Err(format!(
+            "landlock_create_ruleset: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: a fresh descriptor returned by the kernel, owned by nobody else.
+    let ruleset = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    for dir in allowed.iter().filter(|d| d.is_dir()) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(dir)
+            .unwrap();
+        let rule = PathBeneathAttr {
+            allowed_access: all,
+            parent_fd: opened.as_raw_fd(),
+        };
+        // SAFETY: the ruleset and a path-beneath rule naming an open directory, both valid
+        // for the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_add_rule,
+                ruleset.as_raw_fd(),
+                RULE_PATH_BENEATH,
+                &rule as *const PathBeneathAttr,
+                0u32,
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "landlock_add_rule {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(ruleset)
+}
+
+/// Makes `command`'s process enter `ruleset`'s Landlock domain before it execs, *without*
+/// no_new_privs: root (`CAP_SYS_ADMIN`) may, and then nothing in `/proc/<pid>/status` shows
+/// that it is confined.
+fn landlocked(command: &mut Command, ruleset: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = ruleset.as_raw_fd();
+    // SAFETY: the closure runs between fork and exec and makes one system call (no
+    // allocation); the ruleset's descriptor is open in the child until its exec.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The directories a confined client here may use: the system's, the build's, `project`
+/// and the service's; not the rest of /tmp, where the secret is.
+fn landlock_for_client(service: &Service, project: &Path) -> Option<std::os::fd::OwnedFd> {
+    let build = Path::new(bin_path()).parent().unwrap();
+    let mut allowed: Vec<&Path> = [
+        "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/dev", "/sys", "/run",
+    ]
+    .iter()
+    .map(Path::new)
+    .collect();
+    allowed.extend([build, project, service.dir.path()]);
+    match landlock_ruleset(&allowed) {
+        Ok(ruleset) => Some(ruleset),
+        Err(why) => {
+            support::native::skip(&why);
+            None
+        }
+    }
+}
+
+/// A secret the client may not read: a file in a directory of its own in /tmp.
+fn secret_dir() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = format!("secret-{}-{:?}", std::process::id(), Instant::now());
+    std::fs::write(dir.path().join("secret"), &secret).unwrap();
+    (dir, secret)
+}
+
+/// `run --mount <secret dir>:/mnt/s:ro -- cat /mnt/s/secret` in `project`.
+fn cat_secret_args(project: &Path, secret: &Path) -> Vec<String> {
+    vec![
+        "run".into(),
+        "--root".into(),
+        project.display().to_string(),
+        "--mount".into(),
+        format!("{}:/mnt/s:ro", secret.display()),
+        "--".into(),
+        "cat".into(),
+        "/mnt/s/secret".into(),
+    ]
+}
+
+#[test]
+fn a_landlocked_root_client_gets_nothing_through_the_service() {
+    if !sandboxes_usable() {
+        return;
+    }
+    if !running_as_root() {
+        support::native::skip("needs root (to enter Landlock without no_new_privs)");
+        return;
+    }
+    let service = Service::start();
+    let proj = project();
+    let (secret_dir, secret) = secret_dir();
+    let Some(ruleset) = landlock_for_client(&service, proj.path()) else {
+        return;
+    };
+    let args = cat_secret_args(proj.path(), secret_dir.path());
+    // The client itself may not read the secret: confined, `run` is not served (under
+    // `require` it says so; `run`'s own check of the service already needs the access the
+    // challenge asks for), and on its own it cannot make its sandbox (its domain keeps it
+    // from the sandboxes' directory, and from mounting anything at all).
+    for mode in ["require", "auto"] {
+        let mut cmd = service.client();
+        cmd.env("SMITHERS_RESIDENT", mode)
+            .current_dir(proj.path())
+            .args(&args);
+        landlocked(&mut cmd, &ruleset);
+        let out = cmd.output().unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(!stdout.contains(&secret), "{mode}: {stdout}");
+        assert!(!out.status.success(), "{mode}: {stdout} {stderr}");
+        if mode == "require" {
+            assert!(stderr.contains("did not serve"), "{stderr}");
+        }
+        assert_eq!(service.served(), 0, "{mode}: {stderr}");
+    }
+    // Unconfined, the same command is served, and reads it.
+    let out = service.run_in(
+        proj.path(),
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&secret), "{out:?}");
+    assert_eq!(service.served(), 1);
+}
+
+/// Where [`landlocked_client_speaking_the_protocol_itself`] finds what it needs.
+const ATTACK_ENV: &[&str] = &[
+    "SMITHERS_TEST_ATTACK_SOCKET",
+    "SMITHERS_TEST_ATTACK_SERVICE_PID",
+    "SMITHERS_TEST_ATTACK_ARGS",
+];
+
+/// The test binary as a client that speaks to the service's socket itself, as a process in
+/// its own Landlock domain (any program it runs is) may: no check of the service first, and
+/// the best answer to its challenge it can give. Its stdout is the step's; what the service
+/// said goes to its stderr.
+fn attacker(service: &Service, proj: &Path, args: &[String]) -> Command {
+    let socket = std::fs::read_dir(service.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "sock"))
+        .unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "landlocked_client_speaking_the_protocol_itself",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    // The service's own environment: it declines any other.
+    .env_remove("SMITHERS_DB")
+    .env("NO_COLOR", "1")
+    .env("SMITHERS_RESIDENT_DIR", service.dir.path())
+    .env(ATTACK_ENV[0], socket)
+    .env(ATTACK_ENV[1], service.child.id().to_string())
+    .env(ATTACK_ENV[2], args.join("\n"))
+    .current_dir(proj)
+    .stdin(Stdio::null());
+    cmd
+}
+
+#[test]
+#[ignore = "a client of a_landlocked_process_speaking_to_the_socket_is_refused, which runs it"]
+fn landlocked_client_speaking_the_protocol_itself() {
+    use smithers_resident::wire::{self, Frame};
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    const PROOF_LEN: usize = 32;
+    let Ok(socket) = std::env::var(ATTACK_ENV[0]) else {
+        return;
+    };
+    let pid = std::env::var(ATTACK_ENV[1]).unwrap();
+    let mut argv = vec![bin_path().to_string()];
+    argv.extend(
+        std::env::var(ATTACK_ENV[2])
+            .unwrap()
+            .lines()
+            .map(String::from),
+    );
+    let env: Vec<std::ffi::OsString> = std::env::vars_os()
+        .filter(|(k, _)| !ATTACK_ENV.iter().any(|a| k == a))
+        .map(|(k, v)| {
+            let mut e = k;
+            e.push("=");
+            e.push(v);
+            e
+        })
+        .collect();
+    let build = socket
+        .rsplit_once("run-")
+        .unwrap()
+        .1
+        .trim_end_matches(".sock");
+    let sock = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let cwd = std::fs::File::open(".").unwrap();
+    let (i, o, e) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    let fds = [i.as_fd(), o.as_fd(), e.as_fd(), cwd.as_fd()];
+    Frame::run(build, &argv, &env, 0o022)
+        .send(&sock, &fds)
+        .unwrap();
+    loop {
+        let Some(line) = wire::read_line(&sock).unwrap() else {
+            eprintln!("attacker: the service closed the connection");
+            return;
+        };
+        if let Some(fd) = line.strip_prefix("prove ") {
+            // The nonce ends the name of the service's descriptor: read it if we may.
+            let proof = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+                .ok()
+                .and_then(|l| {
+                    let l = l.to_string_lossy().replace(" (deleted)", "");
+                    l.get(l.len().checked_sub(PROOF_LEN)?..).map(String::from)
+                })
+                .unwrap_or_else(|| "-".repeat(PROOF_LEN));
+            (&sock).write_all(proof.as_bytes()).unwrap();
+        } else if line == "ok" {
+            (&sock).write_all(b"g").unwrap();
+        } else {
+            eprintln!("attacker: the service said: {line}");
+            if !line.starts_with("exit ") {
+                return;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_landlocked_process_speaking_to_the_socket_is_refused() {
+    if !sandboxes_usable() {
+        return;
+    }
+    if !running_as_root() {
+        support::native::skip("needs root (to enter Landlock without no_new_privs)");
+        return;
+    }
+    let service = Service::start();
+    let proj = project();
+    let (secret_dir, secret) = secret_dir();
+    let Some(ruleset) = landlock_for_client(&service, proj.path()) else {
+        return;
+    };
+    let args = cat_secret_args(proj.path(), secret_dir.path());
+    // Confined: it cannot answer the challenge, and nothing is run for it.
+    let mut cmd = attacker(&service, proj.path(), &args);
+    landlocked(&mut cmd, &ruleset);
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(!stdout.contains(&secret), "{stdout}");
+    assert!(
+        stderr.contains("attacker: the service said: no ")
+            && stderr.contains("inspect the service"),
+        "{stderr}"
+    );
+    assert_eq!(service.served(), 0);
+    // The same client unconfined answers it, and is served: what stopped it was its domain.
+    let out = attacker(&service, proj.path(), &args).output().unwrap();
+    assert!(text(&out.stdout).contains(&secret), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("attacker: the service said: exit 0"),
+        "{out:?}"
+    );
+    assert_eq!(service.served(), 1);
 }

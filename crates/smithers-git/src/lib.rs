@@ -26,6 +26,7 @@ use std::process::{Command, Stdio};
 pub use smithers_bundle::{CommitFile, CommitInfo, CommitSeries, COMMITS_BUNDLE_FILE};
 pub use verify::{compare_with_review, refused_path, ReviewedFile, ReviewedState, SeriesChange};
 
+mod objects;
 mod verify;
 
 /// At most this many commits make a series; more are left out (their files still come back
@@ -376,15 +377,23 @@ fn copy_objects(from: &Path, dest: &Path) -> Result<(), String> {
                 let f = o.file_name();
                 let Some(f) = f.to_str() else { continue };
                 if f.len() == 38 && f.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    copy(&o.path(), &dest.join(name).join(f))?;
+                    // git trusts a loose object's name on read: one named after a host
+                    // commit, with other content, would be read in its place (and described
+                    // in the review), while the host keeps its own. Only objects whose
+                    // content hashes to their name are copied.
+                    if objects::loose_object_named_right(&o.path(), &format!("{name}{f}")) {
+                        copy(&o.path(), &dest.join(name).join(f))?;
+                    }
                 }
             }
         } else if name == "pack" {
             for o in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
                 let f = o.file_name();
                 let Some(f) = f.to_str() else { continue };
+                // Only the pack: its index, which names the objects, is made anew from the
+                // pack's content by `git index-pack` (see `index_packs`), never the step's.
                 let ok = f.starts_with("pack-")
-                    && (f.ends_with(".pack") || f.ends_with(".idx"))
+                    && f.ends_with(".pack")
                     && f.bytes()
                         .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b));
                 if ok {
@@ -620,6 +629,14 @@ pub fn collect_from(layers: &GitLayers) -> Result<Collected, String> {
     init.args(["init", "--bare", "-q"]).arg(&repo);
     run(init, "git init", 1 << 20)?;
     if let Err(e) = copy_objects(&upper_common.join("objects"), &repo.join("objects")) {
+        return Ok(Collected::LeftOut(e));
+    }
+    if let Err(e) = objects::index_packs(&repo, |args| {
+        let mut c = git();
+        c.env("GIT_DIR", &repo).args(args);
+        bound_memory(&mut c);
+        c
+    }) {
         return Ok(Collected::LeftOut(e));
     }
     let host_objects = std::fs::canonicalize(host_common.join("objects"))
@@ -974,12 +991,50 @@ pub fn verify_against_review(
     series: &CommitSeries,
     reviewed: &[ReviewedFile],
 ) -> Result<(), String> {
+    let changes = verified_changes(project, series)?;
+    compare_with_review(&changes, reviewed)
+}
+
+/// The series' changes from its base to its tip, paths from the project, as the host's
+/// repository has them after [`fetch`], refused unless the series is there exactly what the
+/// review listed: its base an ancestor of its tip, the same commits (the review's metadata
+/// was read from objects whose names were checked, and the host's are the real ones), and
+/// no commit changing a refused path.
+fn verified_changes(project: &Path, series: &CommitSeries) -> Result<Vec<SeriesChange>, String> {
+    let ancestor = in_project(
+        project,
+        &["merge-base", "--is-ancestor", &series.base, &series.tip],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .status()
+    .map_err(|e| format!("git merge-base: {e}"))?;
+    if !ancestor.success() {
+        return Err(format!(
+            "the step's last commit {} does not build on the reviewed base {}",
+            short(&series.tip),
+            short(&series.base)
+        ));
+    }
+    let host = host_series(project, series)?;
+    let listed: std::collections::BTreeSet<&str> =
+        series.commits.iter().map(|c| c.oid.as_str()).collect();
+    let found: std::collections::BTreeSet<&str> = host.iter().map(|(o, _)| o.as_str()).collect();
+    if listed != found || host.len() != series.commits.len() {
+        let unlisted: Vec<&str> = found.difference(&listed).map(|o| short(o)).collect();
+        return Err(format!(
+            "the branch would get {} commit(s), the review listed {} (not listed: {})",
+            host.len(),
+            series.commits.len(),
+            if unlisted.is_empty() {
+                "none".to_string()
+            } else {
+                unlisted.join(", ")
+            }
+        ));
+    }
     let prefix = project_prefix(project)?;
-    check_series_paths(
-        in_project(project, &[]),
-        &host_series(project, series)?,
-        &prefix,
-    )?;
+    check_series_paths(in_project(project, &[]), &host, &prefix)?;
     let mut changes = Vec::new();
     for c in series_changes(project, series)? {
         let path = String::from_utf8_lossy(&c.path).into_owned();
@@ -988,7 +1043,7 @@ pub fn verify_against_review(
                 .ok_or_else(|| format!("the commits change {path:?}, outside the project"))?,
         );
     }
-    compare_with_review(&changes, reviewed)
+    Ok(changes)
 }
 
 /// Moves the host's branch (or detached HEAD) from the series' base to its tip, refused if
@@ -1047,14 +1102,15 @@ fn toplevel(project: &Path) -> Result<PathBuf, String> {
 /// one (`accept --branch`): the objects added as [`fetch`] does, then `refs/heads/<name>`
 /// created at the tip (refused if it exists). The host's HEAD, index and working tree are not
 /// touched, so this is refused when the step left changes it did not commit: `files`, what
-/// the working-tree patches change (path, blob id after, `None` for a deletion), must be
-/// exactly what the series changes from its base.
+/// the reviewed working-tree patches change, must be exactly what the series changes from
+/// its base (mode and blob), checked on the host's copy of the series ([`verify_against_review`]'s
+/// checks, both ways).
 pub fn onto_branch(
     project: &Path,
     series: &CommitSeries,
     bundle_file: &Path,
     name: &str,
-    files: &[(String, Option<String>)],
+    files: &[ReviewedFile],
 ) -> Result<(), String> {
     let checked = run(
         in_project(project, &["check-ref-format", "--branch", name]),
@@ -1077,36 +1133,22 @@ pub fn onto_branch(
         ));
     }
     fetch(project, series, bundle_file)?;
-    let prefix = project_prefix(project)?;
-    check_series_paths(
-        in_project(project, &[]),
-        &host_series(project, series)?,
-        &prefix,
-    )?;
-    // What the series changes, from the base to the tip: (path from the top, blob after).
-    let committed: std::collections::BTreeMap<String, Option<String>> =
-        series_changes(project, series)?
-            .into_iter()
-            .map(|c| (String::from_utf8_lossy(&c.path).into_owned(), c.after))
-            .collect();
-    // The patches' paths are the project's; the series' the top's (a project below it).
-    let patched: std::collections::BTreeMap<String, Option<String>> = files
+    // The branch gets the tip's tree: it must be exactly the reviewed patches, both ways
+    // (a file the patches change that the commits do not would be lost).
+    let changes = verified_changes(project, series)?;
+    compare_with_review(&changes, files)?;
+    let committed: std::collections::BTreeSet<&[u8]> =
+        changes.iter().map(|c| c.path.as_slice()).collect();
+    let uncommitted: Vec<String> = files
         .iter()
-        .map(|(path, after)| (format!("{prefix}{path}"), after.clone()))
-        .collect();
-    let differing: Vec<&str> = committed
-        .keys()
-        .chain(patched.keys())
-        .filter(|p| committed.get(*p) != patched.get(*p))
-        .map(String::as_str)
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
+        .filter(|f| !committed.contains(f.path.as_slice()))
         .take(10)
+        .map(|f| String::from_utf8_lossy(&f.path).into_owned())
         .collect();
-    if !differing.is_empty() {
+    if !uncommitted.is_empty() {
         return Err(format!(
             "the step left changes it did not commit ({}): --branch would lose them; accept without --branch to apply them to the working tree",
-            differing.join(", ")
+            uncommitted.join(", ")
         ));
     }
     let zero = "0".repeat(series.tip.len());

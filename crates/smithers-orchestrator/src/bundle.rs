@@ -560,12 +560,10 @@ impl PatchApplier for AtomicPatchApplier {
                 "the step made no commits (accept without --branch applies its files)".into(),
             ));
         };
-        // What the reviewed patches change, each file with its blob id after.
-        let files: Vec<(String, Option<String>)> = self
-            .describe(bundle)?
-            .into_iter()
-            .map(|r| (r.path, r.new_hash))
-            .collect();
+        // What the reviewed patches change (from the bytes whose digest was just checked),
+        // each file with its mode and blob after.
+        let (texts, _) = Self::reviewed_texts(&bytes)?;
+        let files = reviewed_files(&texts)?;
         smithers_git::onto_branch(
             root_dir,
             &series,

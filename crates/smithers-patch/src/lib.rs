@@ -128,7 +128,7 @@ pub use patch::{
 };
 pub use review::{
     diff_stats, hooks_paths_in_config, host_hooks_dirs, render_findings, render_review,
-    render_review_with, review_findings, shown_path, total_diff_lines, tree_relative_hooks_dir,
-    FileStat, ReviewFindings, ReviewOptions, RiskyPath,
+    render_review_with, review_findings, runs_on_host, shown_path, total_diff_lines,
+    tree_relative_hooks_dir, FileStat, ReviewFindings, ReviewOptions, RiskyPath,
 };
 pub use reviewtext::{PatchReview, MAX_REVIEW_DECODED_BYTES};

@@ -361,6 +361,13 @@ fn rule_matches(rule: &RiskRule, path: &str) -> bool {
 
 /// Why `path` runs on the host, if it does: the first matching rule, else a `core.hooksPath`
 /// directory (tree-relative, from the host's or a patched git config) it lies in.
+/// Why the host runs the file at `path` by itself (a hook, a CI workflow, `.envrc`, an
+/// editor task...), or `None`: the rule the review's warnings use, for any list of paths
+/// (a commit's files too).
+pub fn runs_on_host(path: &str, hooks_dirs: &[String]) -> Option<String> {
+    risk_of(path, hooks_dirs)
+}
+
 fn risk_of(path: &str, hooks_dirs: &[String]) -> Option<String> {
     if let Some(rule) = RISK_RULES.iter().find(|r| rule_matches(r, path)) {
         return Some(rule.reason.to_string());

@@ -749,7 +749,12 @@ pub fn add_change_notes(
 
 /// The step's commits as the review lists them: the branch, then each commit oldest first
 /// (short id, subject, author, date, its files' +/-), everything from the step made inert.
-pub fn render_commits(series: &smithers_bundle::CommitSeries, bold: &str, reset: &str) -> String {
+pub fn render_commits(
+    series: &smithers_bundle::CommitSeries,
+    hooks_dirs: &[String],
+    bold: &str,
+    reset: &str,
+) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
@@ -759,6 +764,7 @@ pub fn render_commits(series: &smithers_bundle::CommitSeries, bold: &str, reset:
         inert(series.branch.as_deref().unwrap_or("a detached HEAD")),
         &series.base[..12.min(series.base.len())]
     );
+    let mut runs = 0usize;
     for c in &series.commits {
         let _ = writeln!(
             out,
@@ -773,6 +779,10 @@ pub fn render_commits(series: &smithers_bundle::CommitSeries, bold: &str, reset:
             inert(&c.author_email),
             inert(&c.author_date)
         );
+        // The body is part of what goes into the history: shown, inert.
+        for line in c.body.lines().filter(|l| !l.trim().is_empty()) {
+            let _ = writeln!(out, "      | {}", inert(line));
+        }
         for f in &c.files {
             let stat = match (f.added, f.removed) {
                 (Some(a), Some(r)) => format!("+{a} -{r}"),
@@ -783,10 +793,25 @@ pub fn render_commits(series: &smithers_bundle::CommitSeries, bold: &str, reset:
                 "      {stat:>12}  {}",
                 smithers_terminal::quote_path(&f.path)
             );
+            if let Some(why) = smithers_patch::runs_on_host(&f.path, hooks_dirs) {
+                runs += 1;
+                let _ = writeln!(
+                    out,
+                    "      {:>12}  ^ runs on the host: {}",
+                    "!",
+                    inert(&why)
+                );
+            }
         }
         if c.files_unlisted > 0 {
             let _ = writeln!(out, "      ... and {} more file(s)", c.files_unlisted);
         }
+    }
+    if runs > 0 {
+        let _ = writeln!(
+            out,
+            "{bold}warning:{reset} {runs} file(s) the host runs by itself are in the commits' history (marked !); a later checkout, revert or push of those commits brings them back"
+        );
     }
     out
 }

@@ -148,7 +148,8 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     println!("bundle: {}", inert(&review.bundle_path));
     println!();
     if let Some(series) = &notes.commits {
-        print!("{}", context::render_commits(series, bold, reset));
+        let hooks = smithers_patch::host_hooks_dirs(std::path::Path::new(&review.root_dir));
+        print!("{}", context::render_commits(series, &hooks, bold, reset));
         println!();
     }
     print!(

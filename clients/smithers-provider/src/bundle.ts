@@ -41,6 +41,24 @@ function patchFilePath(dir: string, listed: unknown): string {
   return join(dir, rel);
 }
 
+/**
+ * The manifest (README.md) of the unpacked bundle at `dir`, read bounded
+ * ({@link MAX_README_BYTES}) and never through a link; `where` names the sandbox in errors.
+ */
+export async function readManifest(dir: string, where: string): Promise<Record<string, unknown>> {
+  const readmePath = join(dir, "README.md");
+  const info = await lstat(readmePath).catch(() => null);
+  if (!info || !info.isFile()) throw refuse(`the bundle of ${where} has no README.md manifest`, { sandbox: where });
+  if (info.size > MAX_README_BYTES) throw refuse(`the bundle of ${where} has a README.md over ${MAX_README_BYTES} bytes`, { sandbox: where });
+  try {
+    const parsed: unknown = JSON.parse(await readFile(readmePath, "utf8"));
+    if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) throw new Error("not an object");
+    return parsed as Record<string, unknown>;
+  } catch (error) {
+    throw refuse(`the bundle of ${where} has an unreadable README.md: ${error instanceof Error ? error.message : String(error)}`, { sandbox: where });
+  }
+}
+
 export type SingleSourceReport = { patchFilesRemoved: number; diffBundlePatches: number };
 
 /**
@@ -49,17 +67,7 @@ export type SingleSourceReport = { patchFilesRemoved: number; diffBundlePatches:
  */
 export async function keepChangesOnce(dir: string, where: string): Promise<SingleSourceReport> {
   const readmePath = join(dir, "README.md");
-  const info = await lstat(readmePath).catch(() => null);
-  if (!info || !info.isFile()) throw refuse(`the bundle of ${where} has no README.md manifest`, { sandbox: where });
-  if (info.size > MAX_README_BYTES) throw refuse(`the bundle of ${where} has a README.md over ${MAX_README_BYTES} bytes`, { sandbox: where });
-  let manifest: Record<string, unknown>;
-  try {
-    const parsed: unknown = JSON.parse(await readFile(readmePath, "utf8"));
-    if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) throw new Error("not an object");
-    manifest = parsed as Record<string, unknown>;
-  } catch (error) {
-    throw refuse(`the bundle of ${where} has an unreadable README.md: ${error instanceof Error ? error.message : String(error)}`, { sandbox: where });
-  }
+  const manifest = await readManifest(dir, where);
   const patches = Array.isArray(manifest.patches) ? (manifest.patches as unknown[]) : [];
   const diffBundle = manifest.diffBundle as { patches?: unknown } | undefined;
   const diffPatches = diffBundle && Array.isArray(diffBundle.patches) ? diffBundle.patches.length : 0;

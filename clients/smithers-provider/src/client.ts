@@ -51,7 +51,11 @@ export type SandboxInfo = {
 export type ExecOutcome = {
   exitCode?: number | null;
   signal?: number | null;
+  /** exited, signaled, timeout, cancelled, memory, pids, output or disk. */
   termination?: string;
+  stderrTruncated?: boolean;
+  /** The egress engine's summary (policy, mode, allowed, denied, wouldDeny, destinations), with an egress policy. */
+  egress?: Record<string, unknown> | null;
   [key: string]: unknown;
 };
 
@@ -63,6 +67,8 @@ export type WireEvent =
   | { type: "stdout"; line: string; timestampMs: number }
   | { type: "stderr"; line: string; timestampMs: number }
   | { type: "heartbeat"; progress: number | null; timestampMs: number }
+  /** A decision of the egress engine (a `smithers_egress::EgressRecord`: host, port, verdict, reason, ...). */
+  | { type: "egress"; record: Record<string, unknown>; timestampMs: number }
   | { type: "completed"; outcome: ExecOutcome; result: ResultInfo }
   | { type: "failed"; error: HostErrorReport }
   | { type: "cancelled" };

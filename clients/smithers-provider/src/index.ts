@@ -23,7 +23,12 @@ export type { PackOptions, PackStats, UnpackLimits, UnpackStats } from "./tar.js
 export type { SandboxProvider, SandboxProviderBundleResult, SandboxProviderRequest, SandboxBundleStatus } from "./types.js";
 export { selectUpload, workflowDatabasePath, SMITHERS_DB_NAMES } from "./upload.js";
 export type { UploadOptions, UploadSelection } from "./upload.js";
-export { keepChangesOnce } from "./bundle.js";
+export { keepChangesOnce, readManifest } from "./bundle.js";
+export { sandboxSettings, STEP_SETTINGS_KEY, STEP_SETTING_NAMES } from "./settings.js";
+export type { SmithersSandboxStepSettings } from "./settings.js";
+export { STDERR_TAIL_BYTES } from "./failure.js";
+export { EgressDecisions } from "./egress.js";
+export type { EgressBeat, EgressTotals } from "./egress.js";
 export type { SingleSourceReport } from "./bundle.js";
 export { holdForReview, waitForDecision, reviewBin } from "./review.js";
 export type { DurableReviewOptions, ReviewDecision, Held } from "./review.js";

@@ -5,8 +5,9 @@
  * One `run(request)`:
  *
  * 1. `POST /v1/sandboxes` with the controls taken from the request (allowNetwork,
- *    maxOutputBytes, toolTimeoutMs → timeoutMs) and its `config` (env, memoryLimit, cpuLimit,
- *    pidsLimit, diskLimit, ports, image, workspace);
+ *    maxOutputBytes), its `config` (env, memoryLimit, cpuLimit, ports, image) and the step's
+ *    settings (timeoutMs, egressPolicy, diskLimit, pidsLimit, cwd: from
+ *    `config.workspace.smithersSandbox`, see `settings.ts`, else the provider's options);
  * 2. `PUT …/workspace`: `rootDir` as a gzip tar streamed from disk, without `.smithers/` (the
  *    project's own state, as the Rust client) — `.git/` is included unless `includeGit: false`;
  * 3. `PUT …/request`: `{status: "pending", runId, sandboxId, provider, runtime, input}`, which
@@ -15,22 +16,29 @@
  *    provider's `command` option, else `smithers up bundle.tsx` (a string runs as
  *    `/bin/sh -c <string>`, an array is the argv);
  * 5. `GET …/events` (SSE) until the step ends, turned into `heartbeat({sandboxId, stage,
- *    progress, ...})` calls; aborting `signal` cancels the step on the host, which still
- *    collects its bundle (status `cancelled`);
+ *    progress, ...})` calls (the egress engine's decisions among them, see `egress.ts`);
+ *    aborting `signal` cancels the step on the host, which still collects its bundle (status
+ *    `cancelled`);
  * 6. `GET …/bundle` unpacked, confined, into `resultBundlePath`; returns
  *    `{ bundlePath, remoteRunId, workspaceId }` for `executeSandbox` to validate and review.
+ *    Only a `finished` bundle is returned: any other is moved aside (`<resultBundlePath>-failed`)
+ *    and `run` throws SANDBOX_EXECUTION_FAILED (PROCESS_ABORTED when `signal` cancelled it)
+ *    saying how the step ended, so Smithers applies none of its changes (see `failure.ts`).
  *
  * `cleanup(request)` deletes the sandbox on the host (idempotent). Errors are
  * {@link SmithersSandboxError}s with the host's stable `code`.
  */
 
-import { cp, rm, stat } from "node:fs/promises";
+import { cp, rename, rm, stat } from "node:fs/promises";
 
 import { abortedError, ENV_API_KEY, ENV_API_URL, SandboxHostClient } from "./client.js";
 import type { Controls, CreateSandbox, RetryPolicy, StepCommand, WireEvent } from "./client.js";
 import { describeError, ErrorCodes, SmithersSandboxError } from "./errors.js";
-import { keepChangesOnce } from "./bundle.js";
+import { keepChangesOnce, readManifest } from "./bundle.js";
 import type { SingleSourceReport } from "./bundle.js";
+import { EgressDecisions } from "./egress.js";
+import { longest, redactor, resultRejection, StderrTail, stepFailure } from "./failure.js";
+import { invalid, parseSize, positiveNumber, stepSettingsOf } from "./settings.js";
 import { holdForReview, waitForDecision } from "./review.js";
 import type { DurableReviewOptions } from "./review.js";
 import { selectUpload, workflowDatabasePath } from "./upload.js";
@@ -50,13 +58,17 @@ export type SmithersSandboxProviderOptions = {
   token?: string;
   /** The command when a step's `config.command` does not name one. */
   command?: string | string[];
-  /** Working directory inside the sandbox (default `/workspace`); `config.cwd` wins. */
+  /** Working directory inside the sandbox (default `/workspace`); a step's `cwd` setting wins. */
   cwd?: string;
   /** Environment of every step; a step's `config.env` is merged over it. */
   env?: Record<string, string>;
   /** The egress policy of every step ({mode?, allow, deny}: see `smithers-sandbox egress
-   * check`); a step's `config.egressPolicy` replaces it. The host confines it to its own. */
+   * check`); a step's `egressPolicy` setting replaces it. The host confines it to its own. */
   egressPolicy?: Record<string, unknown>;
+  /** Bytes every step may write (`"1g"` or a count); a step's `diskLimit` setting wins. */
+  diskLimit?: string | number;
+  /** Processes and threads every step may have at once; a step's `pidsLimit` setting wins. */
+  pidsLimit?: number;
   /** Upload `.git/` with the workspace (default true: steps need it). */
   includeGit?: boolean;
   /** Leave out what git ignores (default true). See `upload.ts` for everything left out. */
@@ -64,7 +76,7 @@ export type SmithersSandboxProviderOptions = {
   /** Smithers' database, when it is not a `smithers.db` in the tree (default `$SMITHERS_DB`): never uploaded. */
   databasePath?: string;
   /**
-   * The whole step's timeout on the host, in milliseconds. A step's `config.timeoutMs` wins.
+   * The whole step's timeout on the host, in milliseconds. A step's `timeoutMs` setting wins.
    * Neither set: the host's ceiling (`serve --max-timeout`). Smithers' `toolTimeoutMs` (60 s by
    * default) bounds one tool call of an agent, not a sandboxed step, and is not used here.
    */
@@ -103,10 +115,6 @@ function env(name: string): string | undefined {
   return value !== undefined && value.trim() !== "" ? value : undefined;
 }
 
-function invalid(control: string, reason: string): SmithersSandboxError {
-  return new SmithersSandboxError(ErrorCodes.INVALID_INPUT, `invalid sandbox config ${control}: ${reason}`, { details: { control } });
-}
-
 function unsupported(control: string, reason: string): SmithersSandboxError {
   return new SmithersSandboxError(
     ErrorCodes.TASK_RUNTIME_UNAVAILABLE,
@@ -115,27 +123,7 @@ function unsupported(control: string, reason: string): SmithersSandboxError {
   );
 }
 
-/** A `512m`-style size (binary multiples; `b`, `k`, `m`, `g`, `t`, optional `b`/`ib`), or a byte count. */
-export function parseSize(control: string, value: unknown): number {
-  if (typeof value === "number") {
-    if (!Number.isFinite(value) || value < 1) throw invalid(control, `must be a positive size, got ${value}`);
-    return Math.floor(value);
-  }
-  if (typeof value !== "string") throw invalid(control, `must be a size such as "512m", got ${typeof value}`);
-  const m = /^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-z]*)\s*$/i.exec(value);
-  const units: Record<string, number> = { "": 1, b: 1, k: 2 ** 10, kb: 2 ** 10, kib: 2 ** 10, m: 2 ** 20, mb: 2 ** 20, mib: 2 ** 20, g: 2 ** 30, gb: 2 ** 30, gib: 2 ** 30, t: 2 ** 40, tb: 2 ** 40, tib: 2 ** 40 };
-  const multiplier = m ? units[m[2]!.toLowerCase()] : undefined;
-  if (!m || multiplier === undefined) throw invalid(control, `unrecognised size ${JSON.stringify(value)} (expected e.g. 512m, 2g)`);
-  const bytes = Number(m[1]) * multiplier;
-  if (!Number.isFinite(bytes) || bytes < 1 || bytes > Number.MAX_SAFE_INTEGER) throw invalid(control, `size ${JSON.stringify(value)} out of range`);
-  return Math.floor(bytes);
-}
-
-function positiveNumber(control: string, value: unknown): number {
-  const n = typeof value === "string" ? Number(value.trim()) : value;
-  if (typeof n !== "number" || !Number.isFinite(n) || n <= 0) throw invalid(control, `must be a positive number, got ${JSON.stringify(value)}`);
-  return n;
-}
+export { parseSize };
 
 function stringRecord(control: string, value: unknown): Record<string, string> {
   if (value === undefined || value === null) return {};
@@ -148,17 +136,21 @@ function stringRecord(control: string, value: unknown): Record<string, string> {
   return out;
 }
 
-/** The host's controls for one request: the execution options, then the step's config. */
+/**
+ * The host's controls for one request: the execution options, then the step's config and its
+ * settings (`config.workspace.smithersSandbox`, see `settings.ts`).
+ */
 export function controlsFor(request: SandboxProviderRequest, options: SmithersSandboxProviderOptions = {}): { controls: Controls; image?: string } {
   const config = request.config ?? {};
+  const { settings: step, workspace } = stepSettingsOf(config);
   const controls: Controls = { allowNetwork: request.allowNetwork === true };
   if (typeof request.maxOutputBytes === "number" && Number.isFinite(request.maxOutputBytes) && request.maxOutputBytes > 0) {
     controls.maxOutputBytes = Math.floor(request.maxOutputBytes);
   }
-  // The step's own timeout: config.timeoutMs, else the provider's. Not request.toolTimeoutMs:
-  // that is the engine's bound on one tool call (60 s by default), and a build or an agent's
-  // whole session inside the sandbox is no tool call.
-  const timeout = config.timeoutMs ?? options.timeoutMs;
+  // The step's own timeout: its setting, else the provider's. Not request.toolTimeoutMs: that
+  // is the engine's bound on one tool call (60 s by default), and a build or an agent's whole
+  // session inside the sandbox is no tool call.
+  const timeout = step.timeoutMs ?? options.timeoutMs;
   if (timeout !== undefined && timeout !== null) {
     const ms = positiveNumber("timeoutMs", timeout);
     controls.timeoutMs = Math.ceil(ms);
@@ -166,10 +158,12 @@ export function controlsFor(request: SandboxProviderRequest, options: SmithersSa
   const mergedEnv = { ...stringRecord("env", options.env), ...stringRecord("env", config.env) };
   if (Object.keys(mergedEnv).length > 0) controls.env = mergedEnv;
   if (config.memoryLimit !== undefined) controls.memoryLimitBytes = parseSize("memoryLimit", config.memoryLimit);
-  if (config.diskLimit !== undefined) controls.diskLimitBytes = parseSize("diskLimit", config.diskLimit);
+  const diskLimit = step.diskLimit ?? options.diskLimit;
+  if (diskLimit !== undefined && diskLimit !== null) controls.diskLimitBytes = parseSize("diskLimit", diskLimit);
   if (config.cpuLimit !== undefined) controls.cpuLimit = positiveNumber("cpuLimit", config.cpuLimit);
-  if (config.pidsLimit !== undefined) {
-    const p = positiveNumber("pidsLimit", config.pidsLimit);
+  const pidsLimit = step.pidsLimit ?? options.pidsLimit;
+  if (pidsLimit !== undefined && pidsLimit !== null) {
+    const p = positiveNumber("pidsLimit", pidsLimit);
     if (!Number.isInteger(p)) throw invalid("pidsLimit", "must be a whole number");
     controls.pidsLimit = p;
   }
@@ -181,8 +175,8 @@ export function controlsFor(request: SandboxProviderRequest, options: SmithersSa
       return { host: port.host as number, container: port.container as number };
     });
   }
-  if (config.workspace !== undefined) controls.workspace = config.workspace;
-  const egressPolicy = config.egressPolicy ?? options.egressPolicy;
+  if (workspace !== undefined && workspace !== null) controls.workspace = workspace;
+  const egressPolicy = step.egressPolicy ?? options.egressPolicy;
   if (egressPolicy !== undefined && egressPolicy !== null) {
     if (typeof egressPolicy !== "object" || Array.isArray(egressPolicy)) {
       throw invalid("egressPolicy", "must be a policy object ({mode?, allow: [...], deny: [...]})");
@@ -217,11 +211,15 @@ function commandFrom(value: unknown, what: string): string[] | undefined {
   throw invalid(what, "must be a non-empty string (run by /bin/sh -c) or a non-empty array of strings (the argv)");
 }
 
-/** The step's command: `config.command`, else the provider's, else Smithers' default. */
+/**
+ * The step's command: `config.command`, else the provider's, else Smithers' default; in the
+ * step's `cwd` setting, else the provider's.
+ */
 export function stepCommandFor(request: SandboxProviderRequest, options: SmithersSandboxProviderOptions = {}): StepCommand {
   const config = request.config ?? {};
   const argv = commandFrom(config.command, "command") ?? commandFrom(options.command, "command") ?? ["/bin/sh", "-c", DEFAULT_SANDBOX_COMMAND];
-  const cwd = typeof config.cwd === "string" && config.cwd !== "" ? config.cwd : options.cwd;
+  const { settings } = stepSettingsOf(config);
+  const cwd = typeof settings.cwd === "string" && settings.cwd !== "" ? settings.cwd : options.cwd;
   return cwd === undefined ? { argv } : { argv, cwd };
 }
 
@@ -360,12 +358,20 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
     // Not abortable in flight: once sent the step may have started, and only the event
     // follower below (which cancels on the host) can stop it cleanly.
     await client.execute(hostId, command);
+    // What the step leaves for its error, should it fail: the end of its stderr and the egress
+    // engine's decisions, with the request's environment values redacted from both.
+    const secrets = Object.values(controls.env ?? {});
+    const redact = redactor(secrets);
+    const stderr = new StderrTail(undefined, longest(secrets));
+    const egress = new EgressDecisions(redact, livenessMs);
+    // Smithers keeps only the latest heartbeat it is given: the egress totals ride on each.
+    const withEgress = (extra: Record<string, unknown>) => (egress.seen ? { ...extra, egressTotals: { ...egress.totals } } : extra);
     let lastLiveness = 0;
     const alive = (extra: Record<string, unknown>) => {
       const now = Date.now();
       if (now - lastLiveness >= livenessMs) {
         lastLiveness = now;
-        beat("remote-alive", 50, { hostId, ...extra });
+        beat("remote-alive", 50, withEgress({ hostId, ...extra }));
       }
     };
     const terminal = await client.follow(hostId, {
@@ -380,14 +386,22 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
           case "state":
             // created and shipped were reported as they happened (remote-created, request-shipped).
             if (event.state !== "created" && event.state !== "shipped") {
-              beat(`remote-${event.state}`, 50, { hostId });
+              beat(`remote-${String(event.state).slice(0, 32)}`, 50, withEgress({ hostId }));
             }
             break;
           case "heartbeat":
-            beat("remote-heartbeat", 50, { hostId, remoteProgress: event.progress });
+            beat("remote-heartbeat", 50, withEgress({ hostId, remoteProgress: typeof event.progress === "number" ? event.progress : null }));
+            break;
+          case "egress": {
+            const decision = egress.take(event.record);
+            if (decision !== null) beat("remote-egress", 50, { hostId, egress: decision });
+            break;
+          }
+          case "stderr":
+            if (typeof event.line === "string") stderr.push(event.line);
+            alive({ stream: event.type });
             break;
           case "stdout":
-          case "stderr":
             alive({ stream: event.type });
             break;
           default:
@@ -405,26 +419,69 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
     if (terminal.type === "cancelled") {
       throw abortedError("the sandbox step (cancelled on the host before it ran)");
     }
-    beat("remote-completed", 75, {
+    const unsent = egress.flush();
+    if (unsent !== null) beat("remote-egress", 50, { hostId, egress: unsent });
+    beat("remote-completed", 75, withEgress({
       hostId,
       exitCode: terminal.outcome.exitCode ?? null,
       termination: terminal.outcome.termination ?? null,
       patchCount: terminal.result.patchCount,
-    });
+    }));
     let once: SingleSourceReport = { patchFilesRemoved: 0, diffBundlePatches: 0 };
     const review = options.durableReview === true ? {} : options.durableReview === false ? undefined : options.durableReview;
     // The bundle as the host sent it, kept for the durable review (our review reads its patch
     // files; the copy handed to Smithers has only the diffBundle).
     const reviewCopy = `${request.resultBundlePath}-review`;
+    const where = `sandbox ${hostId} (${request.runId}:${request.sandboxId})`;
     let held = false;
+    let status = "failed";
+    let rejection: string | null = null;
     const unpacked = await client.downloadBundle(hostId, request.resultBundlePath, async (staging) => {
+      const manifest = await readManifest(staging, where);
+      // Anything but the three statuses of the format is a failure (fail closed).
+      status = manifest.status === "finished" || manifest.status === "cancelled" ? manifest.status : "failed";
+      if (status !== "finished") {
+        // Never handed to Smithers nor held for review (see failure.ts): only read for why.
+        rejection = await resultRejection(staging);
+        return;
+      }
       if (review !== undefined) {
         await rm(reviewCopy, { recursive: true, force: true });
         await cp(staging, reviewCopy, { recursive: true, errorOnExist: true, force: false, verbatimSymlinks: true });
       }
-      once = await keepChangesOnce(staging, `sandbox ${hostId} (${request.runId}:${request.sandboxId})`);
+      once = await keepChangesOnce(staging, where);
       held = review !== undefined && once.diffBundlePatches > 0;
     });
+    if (status !== "finished") {
+      // Smithers applies the diffBundle of any bundle at resultBundlePath it is handed, and
+      // would apply a failed step's half-done changes: the bundle is moved aside, where a
+      // person can read its log, and the step's failure is thrown instead.
+      const kept = `${request.resultBundlePath}-failed`;
+      let keptBundle: string | null = kept;
+      try {
+        await rm(kept, { recursive: true, force: true });
+        await rename(request.resultBundlePath, kept);
+      } catch {
+        await rm(request.resultBundlePath, { recursive: true, force: true });
+        keptBundle = null;
+      }
+      beat("bundle-downloaded", 80, { hostId, entries: unpacked.entries, bytes: unpacked.bytes, status, applied: false });
+      throw stepFailure({
+        status,
+        provider: id,
+        runId: request.runId,
+        sandboxId: request.sandboxId,
+        hostId,
+        outcome: terminal.outcome,
+        timeoutMs: controls.timeoutMs,
+        rejection,
+        stderr,
+        redact,
+        denials: egress.denials(),
+        keptBundle,
+        aborted: status === "cancelled" && signal?.aborted === true,
+      });
+    }
     beat("bundle-downloaded", 80, {
       hostId,
       entries: unpacked.entries,
@@ -435,8 +492,7 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
     if (review !== undefined && !held) {
       await rm(reviewCopy, { recursive: true, force: true });
     } else if (review !== undefined) {
-      const where = { rootDir: request.rootDir, runId: request.runId, sandboxId: request.sandboxId, hostId, runtime: id };
-      const pending = await holdForReview(review, where, reviewCopy);
+      const pending = await holdForReview(review, { rootDir: request.rootDir, runId: request.runId, sandboxId: request.sandboxId, hostId, runtime: id }, reviewCopy);
       const decide = `smithers-sandbox accept ${pending.id} --root ${request.rootDir}`;
       beat("review-pending", 85, { hostId, review: pending.id, patchCount: pending.patchCount, totalDiffLines: pending.totalDiffLines, decide });
       let lastWaiting = Date.now();

@@ -12,7 +12,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
-import { controlsFor, createSmithersSandboxProvider, DEFAULT_SANDBOX_COMMAND, parseSize, stepCommandFor } from "../src/index.js";
+import { controlsFor, createSmithersSandboxProvider, DEFAULT_SANDBOX_COMMAND, parseSize, sandboxSettings, stepCommandFor } from "../src/index.js";
 import type { SandboxProviderRequest } from "../src/index.js";
 
 let root = "";
@@ -83,6 +83,79 @@ test("execution options and config map to the host's controls", () => {
   // Zero or missing limits are left to the host's defaults.
   assert.deepEqual(controlsFor(request({ maxOutputBytes: 0, toolTimeoutMs: 0 })).controls, { allowNetwork: false });
   assert.equal(parseSize("memoryLimit", "1.5KiB"), 1536);
+});
+
+test("a step's settings ride in its workspace prop (what Smithers 0.32 hands a provider), over the provider's", () => {
+  // What <Sandbox workspace={sandboxSettings({...})}> becomes in request.config (Smithers
+  // builds config from image, env, egress, ports, volumes, memoryLimit, cpuLimit, command and
+  // workspace only).
+  const policy = { allow: [{ host: "api.example.com", ports: [443] }] };
+  const workspace = sandboxSettings({ timeoutMs: 2500, cwd: "/workspace/app", diskLimit: "1g", pidsLimit: 64, egressPolicy: policy });
+  assert.deepEqual(workspace, {
+    name: "smithers-sandbox-settings",
+    smithersSandbox: { timeoutMs: 2500, cwd: "/workspace/app", diskLimit: "1g", pidsLimit: 64, egressPolicy: policy },
+  });
+  const config = { image: undefined, env: { A: "1" }, egress: undefined, ports: undefined, volumes: undefined, memoryLimit: "512m", cpuLimit: undefined, command: "make", workspace };
+  const options = { timeoutMs: 90_000, cwd: "/workspace", diskLimit: "8g", pidsLimit: 4096, egressPolicy: { allow: [] } };
+  const { controls } = controlsFor(request({ config }), options);
+  // The settings' workspace is never sent to the host as a workspace.
+  assert.equal(controls.workspace, undefined);
+  assert.deepEqual(controls, {
+    allowNetwork: false,
+    maxOutputBytes: 4096,
+    timeoutMs: 2500,
+    env: { A: "1" },
+    memoryLimitBytes: 512 * 1024 * 1024,
+    diskLimitBytes: 1024 ** 3,
+    pidsLimit: 64,
+    egressPolicy: policy,
+  });
+  assert.deepEqual(stepCommandFor(request({ config }), options), { argv: ["/bin/sh", "-c", "make"], cwd: "/workspace/app" });
+  // The plain object works as well; settings not given fall back to the provider's options.
+  const plain = { workspace: { smithersSandbox: { cwd: "/workspace/sub" } } };
+  assert.deepEqual(controlsFor(request({ config: plain }), options).controls, {
+    allowNetwork: false,
+    maxOutputBytes: 4096,
+    timeoutMs: 90_000,
+    diskLimitBytes: 8 * 1024 ** 3,
+    pidsLimit: 4096,
+    egressPolicy: { allow: [] },
+  });
+  assert.equal(stepCommandFor(request({ config: plain })).cwd, "/workspace/sub");
+  // The workspace's settings win over the same ones at the top of config (executeSandbox callers).
+  assert.equal(controlsFor(request({ config: { timeoutMs: 100, workspace: { smithersSandbox: { timeoutMs: 200 } } } })).controls.timeoutMs, 200);
+  // A workspace without settings is forwarded as before (the host decides).
+  assert.deepEqual(controlsFor(request({ config: { workspace: { name: "ws" } } })).controls.workspace, { name: "ws" });
+});
+
+test("a wrong step setting is refused where it is written, never dropped", async () => {
+  // A typo must not leave a step without its bound.
+  assert.throws(() => sandboxSettings({ timeout: 5 } as unknown as Parameters<typeof sandboxSettings>[0]), (error: { code?: string; message?: string; details?: { unknown?: string[] } }) => {
+    assert.equal(error.code, "INVALID_INPUT");
+    assert.match(String(error.message), /unknown setting\(s\) "timeout"/);
+    assert.deepEqual(error.details?.unknown, ["timeout"]);
+    return true;
+  });
+  assert.throws(() => sandboxSettings({ timeoutMs: -1 }), { code: "INVALID_INPUT" });
+  assert.throws(() => sandboxSettings({ cwd: "relative" }), { code: "INVALID_INPUT" });
+  assert.throws(() => sandboxSettings({ pidsLimit: 1.5 }), { code: "INVALID_INPUT" });
+  assert.throws(() => sandboxSettings({ diskLimit: "lots" }), { code: "INVALID_INPUT" });
+  assert.throws(() => sandboxSettings({ egressPolicy: [] as unknown as Record<string, unknown> }), { code: "INVALID_INPUT" });
+  // The same checks when the workspace is written by hand, before anything is sent.
+  const provider = createSmithersSandboxProvider(closedPort);
+  for (const [workspace, control] of [
+    [{ smithersSandbox: { timout: 5 } }, "workspace.smithersSandbox"],
+    [{ smithersSandbox: "timeoutMs=5" }, "workspace.smithersSandbox"],
+    [{ smithersSandbox: { diskLimit: "lots" } }, "diskLimit"],
+    [{ smithersSandbox: { cwd: "" } }, "cwd"],
+    [{ name: "ws", snapshotId: "snap", smithersSandbox: { timeoutMs: 5 } }, "workspace"],
+  ] as const) {
+    await assert.rejects(provider.run(request({ config: { workspace } })), (error: { code?: string; details?: { control?: string } }) => {
+      assert.equal(error.code, "INVALID_INPUT");
+      assert.equal(error.details?.control, control, JSON.stringify(workspace));
+      return true;
+    });
+  }
 });
 
 test("the command: config.command, else the provider's, else Smithers' default", () => {

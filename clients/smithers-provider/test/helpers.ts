@@ -34,6 +34,17 @@ export function binPath(): string | undefined {
   return bin && existsSync(bin) ? bin : undefined;
 }
 
+/** Whether `doctor --json` reports protection `name` (e.g. `memory`) enforced on this host. */
+export function enforced(bin: string, name: string): boolean {
+  const out = spawnSync(bin, ["doctor", "--json"], { encoding: "utf8", env: { ...process.env, NO_COLOR: "1" } });
+  try {
+    const report = JSON.parse(out.stdout) as { protections?: Array<{ name: string; status: string }> };
+    return (report.protections ?? []).some((p) => p.name === name && p.status === "enforced");
+  } catch {
+    return false;
+  }
+}
+
 /** Why native sandboxes cannot run here (`doctor --json`), or null when they can. */
 export function nativeUnavailable(bin: string): string | null {
   const out = spawnSync(bin, ["doctor", "--json"], { encoding: "utf8", env: { ...process.env, NO_COLOR: "1" } });
@@ -50,10 +61,10 @@ export function nativeUnavailable(bin: string): string | null {
 
 export type Server = { url: string; dataDir: string; child: ChildProcess; stop: () => Promise<void> };
 
-/** Starts `smithers-sandbox serve --listen 127.0.0.1:0` and waits for the address it prints. */
-export async function startServer(bin: string): Promise<Server> {
+/** Starts `smithers-sandbox serve --listen 127.0.0.1:0 [args]` and waits for the address it prints. */
+export async function startServer(bin: string, args: string[] = []): Promise<Server> {
   const dataDir = await mkdtemp(join(tmpdir(), "smithers-provider-server-"));
-  const child = spawn(bin, ["serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir], {
+  const child = spawn(bin, ["serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, ...args], {
     env: { ...process.env, SMITHERS_SANDBOX_TOKEN: TOKEN, NO_COLOR: "1" },
     stdio: ["ignore", "ignore", "pipe"],
   });

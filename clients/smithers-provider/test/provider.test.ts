@@ -21,6 +21,7 @@ import { startFaultProxy } from "./faultproxy.js";
 import type { SandboxProviderRequest, SmithersSandboxProviderOptions, WireEvent } from "../src/index.js";
 import {
   binPath,
+  enforced,
   importReference,
   nativeUnavailable,
   skipOrFail,
@@ -214,16 +215,101 @@ test("registerSandboxProvider + resolveSandboxProvider find the provider by id, 
   assert.throws(() => execute.resolveSandboxProvider(id), { code: "INVALID_INPUT" });
 });
 
-test("a step that fails comes back with status failed, not as an error", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+/** A failed step's error, as `run` throws it. */
+type StepError = { code?: string; message?: string; details?: Record<string, unknown> };
+
+const EDIT_AND_FAIL = `echo edited > change.txt; echo added > new.txt; echo "compiling"; printf 'the key is %s\\n' "$STEP_TOKEN" >&2; echo 'error: the build broke' >&2; exit 3`;
+
+test("a step that fails is an error with its exit code and stderr tail, and no bundle reaches Smithers", { timeout: TEST_TIMEOUT_MS }, async (t) => {
   if (!ready(t)) return;
-  const p = provider();
-  const req = request(await project(), { config: { command: "echo oops >&2; exit 3" } });
+  const secret = "tok-0123456789abcdef-secret";
+  const p = provider({ env: { STEP_TOKEN: secret } });
+  const root = await project();
+  const req = request(root, { config: { command: EDIT_AND_FAIL } });
   try {
-    const result = await p.run(req);
-    const validated = await reference.validateSandboxBundle(result.bundlePath);
-    assert.equal(validated.manifest.status, "failed");
+    await assert.rejects(p.run(req), (error: StepError) => {
+      assert.equal(error.code, "SANDBOX_EXECUTION_FAILED");
+      assert.match(String(error.message), /^Sandbox step step \(smithers-sandbox sbx-[0-9a-f]+\) exited with code 3; none of its changes were applied\n/);
+      assert.match(String(error.message), /\nits stderr:\nthe key is \[redacted\]\nerror: the build broke$/);
+      assert.ok(!JSON.stringify({ message: error.message, details: error.details }).includes(secret), "the env value leaked");
+      assert.equal(error.details?.exitCode, 3);
+      assert.equal(error.details?.termination, "exited");
+      assert.equal(error.details?.status, "failed");
+      assert.equal(error.details?.bundlePath, `${req.resultBundlePath}-failed`);
+      return true;
+    });
+    // Nothing where Smithers reads a bundle; the host's (with its patches) kept aside.
+    assert.ok(!existsSync(req.resultBundlePath));
+    const kept = await reference.validateSandboxBundle(`${req.resultBundlePath}-failed`);
+    assert.equal(kept.manifest.status, "failed");
+    assert.equal(await readFile(join(root, "change.txt"), "utf8"), "before\n");
     const completed = req.beats.find((b) => b.stage === "remote-completed");
     assert.equal(completed?.exitCode, 3);
+    assert.ok(req.beats.some((b) => b.stage === "bundle-downloaded" && b.applied === false));
+  } finally {
+    await p.cleanup(req);
+  }
+});
+
+test("a failed step's stderr in its error is its last 4 KiB, redacted, with escapes made visible", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const secret = "long-secret-value-0123456789";
+  const p = provider();
+  // 20000 lines (about 400 KB) of stderr, a terminal escape, and the secret (from the step's
+  // config.env) right at the end.
+  const req = request(await project(), {
+    config: { env: { API_SECRET: secret }, command: `i=0; while [ $i -lt 20000 ]; do echo "noise line $i" >&2; i=$((i+1)); done; printf '\\033[2Jcleared %s\\n' "$API_SECRET" >&2; exit 1` },
+  });
+  try {
+    await assert.rejects(p.run(req), (error: StepError) => {
+      const message = String(error.message);
+      assert.equal(error.code, "SANDBOX_EXECUTION_FAILED");
+      assert.ok(message.length < 4096 + 400, String(message.length));
+      assert.match(message, /\nlast 4096 bytes of its stderr:\n/);
+      assert.ok(message.endsWith("noise line 19999\n\\u001b[2Jcleared [redacted]"), message.slice(-80));
+      assert.ok(!message.includes("noise line 100\n"));
+      assert.ok(!message.includes("\x1b") && !message.includes(secret));
+      assert.equal(error.details?.stderrTruncated, true);
+      return true;
+    });
+  } finally {
+    await p.cleanup(req);
+  }
+});
+
+test("a result file the host rejects fails the step, and the error says why", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const p = provider();
+  const req = request(await project(), { config: { command: `echo edited > change.txt; printf '{"status":"finished", oops' > "$SMITHERS_SANDBOX_RESULT_PATH"` } });
+  try {
+    await assert.rejects(p.run(req), (error: StepError) => {
+      assert.equal(error.code, "SANDBOX_EXECUTION_FAILED");
+      assert.match(String(error.message), /exited with code 0; none of its changes were applied\nits result file was rejected: the result JSON is not valid JSON/);
+      assert.match(String(error.details?.resultRejected), /not valid JSON/);
+      return true;
+    });
+    assert.ok(!existsSync(req.resultBundlePath));
+  } finally {
+    await p.cleanup(req);
+  }
+});
+
+test("a step killed by its memory limit says so", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  if (!enforced(binPath()!, "memory")) {
+    // Not a prerequisite of the suite: hosts without a memory controller run the rest.
+    t.diagnostic("this host does not enforce memory limits (doctor); the memory case is not run here");
+    return;
+  }
+  const p = provider();
+  const req = request(await project(), { config: { memoryLimit: "64m", command: `python3 -c 'b = [bytearray(1 << 20) for _ in range(1024)]'` } });
+  try {
+    await assert.rejects(p.run(req), (error: StepError) => {
+      assert.equal(error.code, "SANDBOX_EXECUTION_FAILED");
+      assert.equal(error.details?.termination, "memory", String(error.message));
+      assert.match(String(error.message), /was killed by its memory limit \(memoryLimit\)/);
+      return true;
+    });
   } finally {
     await p.cleanup(req);
   }
@@ -246,18 +332,63 @@ test("the engine's toolTimeoutMs is not the step's timeout: a step longer than i
   }
 });
 
-test("the provider's timeoutMs (or config.timeoutMs) is the host's timeout: a step that overruns it is killed and failed", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+test("the provider's timeoutMs (or the step's setting) is the host's timeout: a step that overruns it is killed, and its error says so", { timeout: TEST_TIMEOUT_MS }, async (t) => {
   if (!ready(t)) return;
-  for (const [options, config] of [[{ timeoutMs: 500 }, {}], [{ timeoutMs: 600_000 }, { timeoutMs: 500 }]] as const) {
+  for (const [options, config] of [
+    [{ timeoutMs: 500 }, {}],
+    [{ timeoutMs: 600_000 }, { timeoutMs: 500 }],
+    [{ timeoutMs: 600_000 }, { workspace: { smithersSandbox: { timeoutMs: 500 } } }],
+  ] as const) {
     const p = provider(options);
-    const req = request(await project(), { toolTimeoutMs: 600_000, config: { command: "sleep 600", ...config } });
+    const req = request(await project(), { toolTimeoutMs: 600_000, config: { command: "echo edited > change.txt; echo 'waiting…' >&2; sleep 600", ...config } });
     try {
-      const result = await p.run(req);
-      const validated = await reference.validateSandboxBundle(result.bundlePath);
-      assert.equal(validated.manifest.status, "failed");
+      await assert.rejects(p.run(req), (error: StepError) => {
+        assert.equal(error.code, "SANDBOX_EXECUTION_FAILED");
+        assert.match(String(error.message), /timed out after 500 ms \(timeoutMs\) and was killed; none of its changes were applied\nits stderr:\nwaiting…$/);
+        assert.equal(error.details?.termination, "timeout");
+        assert.equal(error.details?.timeoutMs, 500);
+        return true;
+      });
       assert.equal(req.beats.find((b) => b.stage === "remote-completed")?.termination, "timeout");
+      assert.ok(!existsSync(req.resultBundlePath));
     } finally {
       await p.cleanup(req);
+    }
+  }
+});
+
+test("a step's cwd, pidsLimit and diskLimit settings (in its workspace) reach the host", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const root = await project();
+  await mkdir(join(root, "sub"));
+  const p = provider({ cwd: "/workspace" });
+  const req = request(root, {
+    config: {
+      command: `printf '{"status":"finished","outputs":{"cwd":"%s"}}' "$(pwd)" > "$SMITHERS_SANDBOX_RESULT_PATH"`,
+      workspace: { name: "x", smithersSandbox: { cwd: "/workspace/sub", ...(enforced(binPath()!, "pids") ? { pidsLimit: 128 } : {}), ...(enforced(binPath()!, "disk") ? { diskLimit: "256m" } : {}) } },
+    },
+  });
+  try {
+    const result = await p.run(req);
+    const validated = await reference.validateSandboxBundle(result.bundlePath);
+    assert.deepEqual(validated.manifest.outputs, { cwd: "/workspace/sub" });
+  } finally {
+    await p.cleanup(req);
+  }
+  // A limit too small for the step: the host enforced the step's own pidsLimit.
+  if (enforced(binPath()!, "pids")) {
+    const tight = request(root, {
+      config: { command: `for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16; do sleep 5 & done; wait`, workspace: { smithersSandbox: { pidsLimit: 4 } } },
+    });
+    try {
+      await assert.rejects(p.run(tight), (error: StepError) => {
+        assert.equal(error.code, "SANDBOX_EXECUTION_FAILED");
+        assert.equal(error.details?.termination, "pids", String(error.message));
+        assert.match(String(error.message), /hit its process limit \(pidsLimit\)/);
+        return true;
+      });
+    } finally {
+      await p.cleanup(tight);
     }
   }
 });
@@ -352,7 +483,7 @@ test("the upload leaves out Smithers' database and what .gitignore ignores, and 
   }
 });
 
-test("aborting the signal cancels the running step on the host; its bundle says cancelled", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+test("aborting the signal cancels the running step on the host; run throws PROCESS_ABORTED and applies nothing", { timeout: TEST_TIMEOUT_MS }, async (t) => {
   if (!ready(t)) return;
   const controller = new AbortController();
   const p = provider({
@@ -360,12 +491,16 @@ test("aborting the signal cancels the running step on the host; its bundle says 
       if (e.type === "stdout" && e.line === "started") controller.abort(new Error("user pressed Ctrl-C"));
     },
   });
-  const req = request(await project(), { signal: controller.signal, config: { command: "echo started; sleep 600" } });
+  const req = request(await project(), { signal: controller.signal, config: { command: "echo edited > change.txt; echo started; sleep 600" } });
   try {
-    const result = await p.run(req);
-    const validated = await reference.validateSandboxBundle(result.bundlePath);
-    assert.equal(validated.manifest.status, "cancelled");
+    await assert.rejects(p.run(req), (error: StepError) => {
+      assert.equal(error.code, "PROCESS_ABORTED");
+      assert.equal(error.details?.status, "cancelled");
+      assert.match(String(error.message), /was cancelled/);
+      return true;
+    });
     assert.equal(req.beats.find((b) => b.stage === "remote-completed")?.termination, "cancelled");
+    assert.ok(!existsSync(req.resultBundlePath));
   } finally {
     await p.cleanup(req);
   }
@@ -557,5 +692,145 @@ test("executeSandbox of the real package runs a step end to end through the prov
     assert.equal(await readFile(join(root, "change.txt"), "utf8"), "before\n");
   } finally {
     unregister();
+  }
+});
+
+test("executeSandbox of the real package applies nothing of a failed step, on every attempt, and fails with its error", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const id = `smithers-sandbox-failed-${process.pid}`;
+  const p = provider({ id, env: { STEP_TOKEN: "a-token-value-never-shown" } });
+  const unregister = execute.registerSandboxProvider(p);
+  const applied: unknown[] = [];
+  // Smithers' own applier would write the files; this one records that it was called.
+  const applyDiffBundle = async (bundle: unknown) => void applied.push(bundle);
+  try {
+    const root = await project();
+    const runId = `run-failed-${process.pid}`;
+    // Two attempts, as a task with retries makes them: each a new sandbox, each failing.
+    for (const attempt of [1, 2]) {
+      const db = memoryDb();
+      const beats: Array<Record<string, unknown>> = [];
+      await assert.rejects(
+        taskRuntime.withTaskRuntime(
+          { runId, stepId: "edit", attempt, iteration: 0, rootDir: root, signal: new AbortController().signal, db, heartbeat: (d: unknown) => beats.push(d as Record<string, unknown>), lastHeartbeat: null },
+          () =>
+            execute.executeSandbox({
+              sandboxId: "edit",
+              provider: id,
+              rootDir: root,
+              allowNetwork: false,
+              maxOutputBytes: 1024 * 1024,
+              toolTimeoutMs: 600_000,
+              autoAcceptDiffs: true,
+              applyDiffBundle,
+              config: { command: EDIT_AND_FAIL },
+            }),
+        ),
+        (error: StepError) => {
+          assert.equal(error.code, "SANDBOX_EXECUTION_FAILED");
+          assert.match(String(error.message), /exited with code 3; none of its changes were applied/);
+          assert.match(String(error.message), /error: the build broke$/);
+          return true;
+        },
+      );
+      assert.deepEqual(db.events.map((e) => e.type), ["SandboxCreated", "SandboxShipped", "SandboxFailed"], `attempt ${attempt}`);
+      const failed = db.events[2]!.payload.error as StepError;
+      assert.equal(failed.code, "SANDBOX_EXECUTION_FAILED");
+      assert.equal(failed.details?.exitCode, 3);
+      assert.ok(!JSON.stringify(db.events).includes("a-token-value-never-shown"));
+      assert.equal(db.rows.get(`${runId}:edit`)?.status, "failed");
+      // The task's last heartbeat carries the error too.
+      assert.match(String(beats.at(-1)?.error), /exited with code 3/);
+    }
+    assert.deepEqual(applied, [], "Smithers was handed a failed step's changes");
+    assert.equal(await readFile(join(root, "change.txt"), "utf8"), "before\n");
+    assert.ok(!existsSync(join(root, "new.txt")));
+
+    // The same step finishing: its changes are handed over (the applier is called once).
+    const db = memoryDb();
+    await taskRuntime.withTaskRuntime(
+      { runId: `${runId}-ok`, stepId: "edit", attempt: 1, iteration: 0, rootDir: root, signal: new AbortController().signal, db, heartbeat: () => {}, lastHeartbeat: null },
+      () =>
+        execute.executeSandbox({
+          sandboxId: "edit",
+          provider: id,
+          rootDir: root,
+          allowNetwork: false,
+          maxOutputBytes: 1024 * 1024,
+          toolTimeoutMs: 600_000,
+          autoAcceptDiffs: true,
+          applyDiffBundle,
+          config: { command: `echo edited > change.txt; printf '{"status":"finished","outputs":{}}' > "$SMITHERS_SANDBOX_RESULT_PATH"` },
+        }),
+    );
+    assert.equal(applied.length, 1);
+  } finally {
+    unregister();
+  }
+});
+
+test("with the durable review, a failed step's changes are never held for review", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const p = provider({ durableReview: { pollMs: 50 } });
+  const root = await project();
+  await rm(join(root, ".smithers"), { recursive: true, force: true });
+  const req = request(root, { config: { command: EDIT_AND_FAIL } });
+  try {
+    await assert.rejects(p.run(req), { code: "SANDBOX_EXECUTION_FAILED" });
+    assert.ok(!existsSync(`${req.resultBundlePath}-review`));
+    assert.ok(!req.beats.some((b) => String(b.stage).startsWith("review-")), JSON.stringify(req.beats.map((b) => b.stage)));
+    // Nothing in the project's review.
+    assert.ok(!existsSync(join(root, ".smithers", "sandbox.db")), "a review store was made");
+  } finally {
+    await p.cleanup(req);
+  }
+});
+
+test("egress decisions reach Smithers as heartbeats, and a denial is named in the step's error", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  // A host with an egress ceiling: a step's own policy is confined to it.
+  const ceilingDir = await mkdtemp(join(tmpdir(), "smithers-provider-ceiling-"));
+  scratch.push(ceilingDir);
+  const ceiling = join(ceilingDir, "ceiling.json");
+  await writeFile(ceiling, JSON.stringify({ allow: [{ host: "allowed.test", ports: [443] }, { host: "*.allowed.test", ports: [443] }] }));
+  const host = await startServer(binPath()!, ["--egress-ceiling", ceiling]);
+  try {
+    const p = createSmithersSandboxProvider({ url: host.url, token: TOKEN, livenessIntervalMs: 60_000 });
+    const policy = { allow: [{ host: "allowed.test", ports: [443] }, { host: "*.allowed.test", ports: [443] }] };
+    const lookups = "getent hosts allowed.test; getent hosts denied.test; getent hosts denied.test; for i in 1 2 3 4 5 6 7 8; do getent hosts n$i.allowed.test; done";
+    // A step that finishes: its decisions are heartbeats, its totals ride on later ones.
+    const ok = request(await project(), {
+      config: { command: `${lookups}; printf '{"status":"finished","outputs":{}}' > "$SMITHERS_SANDBOX_RESULT_PATH"`, workspace: { smithersSandbox: { egressPolicy: policy } } },
+    });
+    try {
+      await p.run(ok);
+    } finally {
+      await p.cleanup(ok);
+    }
+    const egress = ok.beats.filter((b) => b.stage === "remote-egress").map((b) => b.egress as Record<string, unknown>);
+    const denied = egress.find((e) => e.host === "denied.test");
+    assert.ok(denied, JSON.stringify(egress));
+    assert.equal(denied.verdict, "deny");
+    assert.match(String(denied.reason), /denied\.test/);
+    assert.ok(egress.some((e) => e.host === "allowed.test" && e.verdict === "allow"), JSON.stringify(egress));
+    const completed = ok.beats.find((b) => b.stage === "remote-completed")!;
+    const totals = completed.egressTotals as { allowed: number; denied: number };
+    assert.ok(totals.denied >= 1 && totals.allowed >= 9, JSON.stringify(totals));
+    // A step that fails: the denial is in its error.
+    const failing = request(await project(), {
+      config: { command: `getent hosts denied.test || { echo 'cannot resolve denied.test' >&2; exit 6; }`, workspace: { smithersSandbox: { egressPolicy: policy } } },
+    });
+    try {
+      await assert.rejects(p.run(failing), (error: StepError) => {
+        assert.equal(error.code, "SANDBOX_EXECUTION_FAILED");
+        assert.match(String(error.message), /exited with code 6; none of its changes were applied\negress denied: denied\.test( ×\d+)? \([^)]*denied\.test[^)]*\)\nits stderr:\ncannot resolve denied\.test$/);
+        assert.equal((error.details?.egressDenied as Array<{ host: string }>)[0]?.host, "denied.test");
+        return true;
+      });
+    } finally {
+      await p.cleanup(failing);
+    }
+  } finally {
+    await host.stop();
   }
 });

@@ -8,7 +8,14 @@
 //!   the run finishes, counting each change once (2 files: `patchCount` 2, 3 diff lines);
 //! * the upload left out Smithers' database and what `.gitignore` ignores;
 //! * a rejected review fails the task once, without a retry, and applies nothing;
-//! * a run our CLI starts against Smithers' database is listed by `smithers ps`.
+//! * a run our CLI starts against Smithers' database is listed by `smithers ps`;
+//! * a step that edits two files and exits 3 (`e2e/workflows/failure.tsx`), retried twice,
+//!   with and without the durable review: neither edit lands nor is held for review on any
+//!   attempt, and every attempt fails with `SANDBOX_EXECUTION_FAILED`, its exit code and the
+//!   end of its stderr (the request's env values redacted), never "received undefined";
+//! * per-step settings from the workflow (`e2e/workflows/settings.tsx`, in `workspace`): a
+//!   `cwd`, an egress policy whose denial the error names, a `timeoutMs` that kills a `sleep`
+//!   with the error naming the timeout; and the README's example, run as it is written.
 //!
 //! And the provider kit's own contract suite (`createSandboxProviderContractSuite`, bun:test)
 //! against the kit's command provider on our session (`e2e/contract.test.ts`), every command
@@ -476,5 +483,316 @@ fn the_provider_kits_contract_suite_passes_on_our_session() {
     assert!(count(" pass") >= 16, "{report}");
     assert_eq!(count(" fail"), 0, "{report}");
     assert_eq!(count(" skip"), 0, "{report}");
+    drop(server);
+}
+
+/// A project for the workflows of `e2e/workflows/` and the README's example: a repository
+/// with `a.txt`, `b.txt` and `src/main.txt`, the engine's modules linked in, and the workflow
+/// `source` as `name`, its import of the provider pointed at the built package.
+fn workflow_project(name: &str, source: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("a.txt"), "one\n").unwrap();
+    std::fs::write(root.join("b.txt"), "two\n").unwrap();
+    std::fs::create_dir(root.join("src")).unwrap();
+    std::fs::write(root.join("src/main.txt"), "code\n").unwrap();
+    std::fs::write(root.join(".gitignore"), "node_modules\n").unwrap();
+    std::os::unix::fs::symlink(e2e_dir().join("node_modules"), root.join("node_modules")).unwrap();
+    super::support::native::git(root, &["init", "-q", "-b", "main"]);
+    super::support::native::git(root, &["add", "-A"]);
+    super::support::native::git(root, &["commit", "-q", "-m", "base"]);
+    let provider = super::package_dir().join("dist/src/index.js");
+    let specifier = "\"smithers-sandbox-provider\"";
+    assert!(source.contains(specifier), "{name} imports the provider");
+    let workflow = source.replace(specifier, &format!("\"{}\"", provider.display()));
+    std::fs::write(root.join(name), workflow).unwrap();
+    dir
+}
+
+fn e2e_workflow(name: &str) -> String {
+    std::fs::read_to_string(e2e_dir().join("workflows").join(name)).unwrap()
+}
+
+/// `smithers up` of `args` in `root`, bounded; its output (stdout and stderr) and success.
+fn up(root: &Path, url: &str, args: &[&str]) -> (bool, String) {
+    let child = smithers(root, url, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = finish(child);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+/// `(sandboxId, type, payload)` of every Sandbox* event in the project's Smithers store.
+fn sandbox_events(root: &Path) -> Vec<(String, String, Value)> {
+    let conn = rusqlite::Connection::open(root.join("smithers.db")).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT type, payload_json FROM _smithers_events WHERE type LIKE 'Sandbox%' ORDER BY seq")
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+        .unwrap()
+        .map(|r| {
+            let (t, p) = r.unwrap();
+            let payload: Value = serde_json::from_str(&p).unwrap();
+            (
+                payload["sandboxId"].as_str().unwrap_or("").to_string(),
+                t,
+                payload,
+            )
+        })
+        .collect()
+}
+
+/// `(attempt, state, error)` of each attempt of task `node`.
+fn attempts(root: &Path, node: &str) -> Vec<(i64, String, Value)> {
+    let conn = rusqlite::Connection::open(root.join("smithers.db")).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT attempt, state, error_json FROM _smithers_attempts WHERE node_id = ?1 ORDER BY attempt")
+        .unwrap();
+    stmt.query_map([node], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Option<String>>(2)?,
+        ))
+    })
+    .unwrap()
+    .map(|r| {
+        let (a, s, e) = r.unwrap();
+        let error = e.map_or(Value::Null, |e| serde_json::from_str(&e).unwrap());
+        (a, s, error)
+    })
+    .collect()
+}
+
+/// The value of the step's API key in `e2e/workflows/failure.tsx`: never in what Smithers shows.
+const FAILURE_SECRET: &str = "sk-e2e-0123456789-secret";
+
+#[test]
+fn a_failed_step_applies_nothing_on_any_attempt_and_fails_with_its_exit_code_and_stderr() {
+    if !super::provider_built() || !sandboxes_usable() || !engine_installed() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let server = ServeChild::start(&ServeOptions {
+        token: TOKEN.into(),
+        data_dir: data.path().to_path_buf(),
+        ..Default::default()
+    })
+    .unwrap();
+    let url = server.url();
+    let source = e2e_workflow("failure.tsx");
+    // Without and with the durable review: neither may apply nor hold a failed step's edits.
+    for provider in ["smithers-sandbox", "smithers-sandbox-review"] {
+        let dir = workflow_project("workflow.tsx", &source);
+        let root = dir.path();
+        let input = format!(r#"{{"provider":"{provider}"}}"#);
+        let (ok, said) = up(root, &url, &["up", "workflow.tsx", "--input", &input]);
+        assert!(
+            !ok,
+            "{provider}: a step that exits 3 must fail the run:\n{said}"
+        );
+        // Neither edit landed, on any of the three attempts.
+        assert_eq!(
+            std::fs::read_to_string(root.join("a.txt")).unwrap(),
+            "one\n",
+            "{provider}: a failed step's edit was applied:\n{said}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("b.txt")).unwrap(),
+            "two\n",
+            "{provider}: a failed step's edit was applied:\n{said}"
+        );
+        let dirty =
+            super::support::native::git(root, &["status", "--porcelain", "--", "a.txt", "b.txt"]);
+        assert_eq!(dirty, "", "{provider}");
+
+        // Three attempts (retries={2}), each created, shipped and failed: no bundle was
+        // received, reviewed or completed.
+        let events = sandbox_events(root);
+        let types: Vec<&str> = events.iter().map(|(_, t, _)| t.as_str()).collect();
+        assert_eq!(
+            types,
+            ["SandboxCreated", "SandboxShipped", "SandboxFailed"].repeat(3),
+            "{provider}:\n{said}"
+        );
+        for (_, t, payload) in events.iter().filter(|(_, t, _)| t == "SandboxFailed") {
+            let error = &payload["error"];
+            assert_eq!(error["code"], "SANDBOX_EXECUTION_FAILED", "{t}: {payload}");
+            assert_eq!(error["details"]["exitCode"], 3, "{payload}");
+            assert_eq!(error["details"]["termination"], "exited", "{payload}");
+            let message = error["message"].as_str().unwrap();
+            assert!(message.contains("exited with code 3"), "{message}");
+            assert!(
+                message.contains("none of its changes were applied"),
+                "{message}"
+            );
+            // The end of its stderr, with the API key's value redacted.
+            assert!(
+                message.contains("error: the build broke (3 errors)"),
+                "{message}"
+            );
+            assert!(message.contains("using the key [redacted]"), "{message}");
+            assert!(!payload.to_string().contains(FAILURE_SECRET), "{payload}");
+        }
+        // The task's attempts carry the same error, and so does what `smithers up` printed.
+        let tried = attempts(root, "edit");
+        assert_eq!(tried.len(), 3, "{tried:?}");
+        for (_, state, error) in &tried {
+            assert_eq!(state, "failed");
+            assert_eq!(error["code"], "SANDBOX_EXECUTION_FAILED", "{error}");
+            assert!(
+                !error["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("received undefined"),
+                "{error}"
+            );
+        }
+        assert!(said.contains("exited with code 3"), "{said}");
+        assert!(said.contains("error: the build broke (3 errors)"), "{said}");
+        assert!(
+            !said.contains(FAILURE_SECRET),
+            "the key's value was shown:\n{said}"
+        );
+
+        // Nothing was held for review, nor left where Smithers would read a bundle; the
+        // host's bundle was kept aside for a person.
+        if root.join(".smithers/sandbox.db").exists() {
+            let listed = ours(root, &["ls"]);
+            assert_eq!(listed, serde_json::json!([]), "{provider}: {listed}");
+        }
+        let runs = std::fs::read_dir(root.join(".smithers/sandboxes")).unwrap();
+        let run_dirs: Vec<PathBuf> = runs.map(|e| e.unwrap().path()).collect();
+        assert_eq!(run_dirs.len(), 1, "{run_dirs:?}");
+        let step = run_dirs[0].join("edit");
+        assert!(!step.join("result").exists(), "{provider}");
+        assert!(!step.join("result-review").exists(), "{provider}");
+        assert!(step.join("result-failed/README.md").is_file(), "{provider}");
+    }
+    drop(server);
+}
+
+#[test]
+fn per_step_settings_from_a_workflow_reach_the_host() {
+    if !super::provider_built() || !sandboxes_usable() || !engine_installed() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    // The operator's egress ceiling, which the step's own policy is confined to.
+    let ceiling = data.path().join("ceiling.json");
+    std::fs::write(
+        &ceiling,
+        r#"{"allow":[{"host":"allowed.test","ports":[443]}]}"#,
+    )
+    .unwrap();
+    let server = ServeChild::start(&ServeOptions {
+        token: TOKEN.into(),
+        data_dir: data.path().join("data"),
+        args: vec!["--egress-ceiling".into(), ceiling.display().to_string()],
+        ..Default::default()
+    })
+    .unwrap();
+    let url = server.url();
+    let dir = workflow_project("workflow.tsx", &e2e_workflow("settings.tsx"));
+    let root = dir.path();
+    let started = Instant::now();
+    let (ok, said) = up(root, &url, &["up", "workflow.tsx"]);
+    // `slow` sleeps 120 s; its own timeoutMs (1.5 s) ends it, not the host's hour.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the step's timeoutMs did not reach the host:\n{said}"
+    );
+    assert!(!ok, "`slow` must fail the run:\n{said}");
+
+    // `where` ran in its own cwd.
+    let conn = rusqlite::Connection::open(root.join("smithers.db")).unwrap();
+    let dir_of_where: String = conn
+        .query_row("SELECT dir FROM result WHERE node_id = 'where'", [], |r| {
+            r.get(0)
+        })
+        .unwrap_or_else(|e| panic!("where's output row: {e}\n{said}"));
+    assert_eq!(dir_of_where, "/workspace/src", "{said}");
+    // Smithers recorded the settings each step ran with.
+    let events = sandbox_events(root);
+    let created = events
+        .iter()
+        .find(|(s, t, _)| s == "where" && t == "SandboxCreated")
+        .map(|(_, _, p)| p)
+        .unwrap();
+    let config: Value = serde_json::from_str(created["configJson"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        config["workspace"]["smithersSandbox"]["cwd"],
+        "/workspace/src"
+    );
+
+    let failure = |sandbox: &str| -> Value {
+        events
+            .iter()
+            .find(|(s, t, _)| s == sandbox && t == "SandboxFailed")
+            .map(|(_, _, p)| p["error"].clone())
+            .unwrap_or_else(|| panic!("no SandboxFailed of {sandbox}: {events:?}\n{said}"))
+    };
+    // `egress`: its policy denied the name, and its error says so.
+    let egress = failure("egress");
+    assert_eq!(egress["code"], "SANDBOX_EXECUTION_FAILED", "{egress}");
+    assert_eq!(egress["details"]["exitCode"], 6, "{egress}");
+    assert_eq!(
+        egress["details"]["egressDenied"][0]["host"], "denied.test",
+        "{egress}"
+    );
+    let message = egress["message"].as_str().unwrap();
+    assert!(message.contains("egress denied: denied.test"), "{message}");
+    assert!(message.contains("cannot resolve denied.test"), "{message}");
+
+    // `slow`: killed by its own timeout, which its error names.
+    let slow = failure("slow");
+    assert_eq!(slow["code"], "SANDBOX_EXECUTION_FAILED", "{slow}");
+    assert_eq!(slow["details"]["termination"], "timeout", "{slow}");
+    assert_eq!(slow["details"]["timeoutMs"], 1500, "{slow}");
+    let message = slow["message"].as_str().unwrap();
+    assert!(message.contains("timed out after 1500 ms"), "{message}");
+    assert!(message.contains("going to sleep"), "{message}");
+    assert!(said.contains("timed out after 1500 ms"), "{said}");
+    drop(server);
+}
+
+/// The README's example (its first `tsx` block), run as it is written: the per-step settings
+/// it shows reach the host.
+#[test]
+fn the_readmes_example_runs() {
+    if !super::provider_built() || !sandboxes_usable() || !engine_installed() {
+        return;
+    }
+    let readme = std::fs::read_to_string(super::package_dir().join("README.md")).unwrap();
+    let start = readme
+        .find("```tsx\n")
+        .expect("the README has a tsx example")
+        + "```tsx\n".len();
+    let example = &readme[start..start + readme[start..].find("\n```").unwrap()];
+    assert!(example.contains("sandboxSettings("), "{example}");
+    let data = tempfile::tempdir().unwrap();
+    let server = ServeChild::start(&ServeOptions {
+        token: TOKEN.into(),
+        data_dir: data.path().to_path_buf(),
+        ..Default::default()
+    })
+    .unwrap();
+    let url = server.url();
+    let dir = workflow_project("example.tsx", example);
+    let root = dir.path();
+    let (ok, said) = up(root, &url, &["up", "example.tsx"]);
+    assert!(ok, "the README's example failed:\n{said}");
+    let conn = rusqlite::Connection::open(root.join("smithers.db")).unwrap();
+    let dir_of_report: String = conn
+        .query_row("SELECT dir FROM report", [], |r| r.get(0))
+        .unwrap_or_else(|e| panic!("the example's output row: {e}\n{said}"));
+    assert_eq!(dir_of_report, "/workspace/src");
     drop(server);
 }

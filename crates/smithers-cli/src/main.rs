@@ -157,6 +157,32 @@ fn run_command_line(argv: &[std::ffi::OsString]) -> Option<bool> {
     )
 }
 
+/// The hint for `run echo hi`: a word clap does not know, in a `run` command line, is most
+/// likely the step's command written without the `--` before it.
+fn run_without_dashes_hint(argv: &[std::ffi::OsString], e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::UnknownArgument || run_command_line(argv).is_none() {
+        return None;
+    }
+    let Some(ContextValue::String(word)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    if word.starts_with('-') {
+        return None;
+    }
+    let at = argv
+        .iter()
+        .position(|a| a.to_str() == Some(word.as_str()))?;
+    let command: Vec<String> = argv[at..]
+        .iter()
+        .map(|a| smithers_terminal::escape(&a.to_string_lossy(), smithers_terminal::Inert::LINE))
+        .collect();
+    Some(format!(
+        "tip: the step's command goes after `--`: smithers-sandbox run [OPTIONS] -- {}",
+        command.join(" ")
+    ))
+}
+
 /// Hands a `run` to the resident service when one of this build runs and admits it:
 /// `Some(exit status)` when it ran the step, `None` when this process should run it.
 fn through_resident_service(argv: &[std::ffi::OsString], json: bool) -> Option<ExitCode> {
@@ -215,7 +241,17 @@ fn main() -> ExitCode {
             return code;
         }
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let hint = run_without_dashes_hint(&argv, &e);
+            let _ = e.print();
+            if let Some(hint) = hint {
+                eprintln!("{hint}");
+            }
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
     // Commands that only print (`ls | head`, `review | less`) end quietly when their reader
     // goes away, as `cat` does. `run`, `accept`, `reject`, `serve` and `bundle` are left out:
     // they have work to finish (run's step, an apply) whatever the reader does.

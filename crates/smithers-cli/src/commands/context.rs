@@ -637,6 +637,39 @@ pub fn resolve(ctx: &Ctx, id: &str) -> anyhow::Result<SandboxRow> {
     }
 }
 
+/// Resolves a run as `events` takes it: its full id, a unique prefix or a unique end of at
+/// least 4 characters, or any form of one of its sandboxes' ids ([`resolve`]), as `run`'s
+/// summary prints that. An id no run has is returned as it is (the caller says it is unknown).
+pub fn resolve_run(ctx: &Ctx, id: &str) -> anyhow::Result<String> {
+    let runs = run_ids(&ctx.db_path)?;
+    if runs.iter().any(|r| r == id) {
+        return Ok(id.to_string());
+    }
+    let mut matches: Vec<&String> = Vec::new();
+    if id.len() >= 4 {
+        matches = runs.iter().filter(|r| r.starts_with(id)).collect();
+        if matches.is_empty() {
+            matches = runs.iter().filter(|r| r.ends_with(id)).collect();
+        }
+    }
+    match matches.len() {
+        1 => return Ok(matches[0].clone()),
+        0 => {}
+        n => {
+            return Err(coded_error(
+                ErrorCode::InvalidInput,
+                format!("run id {id:?} matches {n} runs; say which with a longer id"),
+                json!({ "runId": id, "candidates": matches }),
+            ))
+        }
+    }
+    // A sandbox's id names its run too.
+    match resolve(ctx, id) {
+        Ok(row) => Ok(row.run_id),
+        Err(_) => Ok(id.to_string()),
+    }
+}
+
 /// One file's change, for summaries.
 #[derive(Debug, Clone)]
 pub struct FileChange {
@@ -645,17 +678,29 @@ pub struct FileChange {
     pub added: usize,
     pub removed: usize,
     pub binary: bool,
+    /// For a deletion and an addition of the same content (git's exact rename): the other
+    /// path. The patches still carry a deletion and an addition; this is how they are shown.
+    pub renamed: Option<String>,
 }
 
 impl FileChange {
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "path": self.path,
             "operation": self.operation,
             "added": self.added,
             "removed": self.removed,
             "binary": self.binary,
-        })
+        });
+        if let Some(other) = &self.renamed {
+            let key = if self.operation == "add" {
+                "renamedFrom"
+            } else {
+                "renamedTo"
+            };
+            v[key] = json!(other);
+        }
+        v
     }
 }
 
@@ -839,7 +884,7 @@ pub fn changes_from(
     for p in patches {
         first.entry(p.path.as_str()).or_insert(p);
     }
-    stats
+    let mut out = stats
         .into_iter()
         .map(|s| {
             let operation = first
@@ -856,9 +901,12 @@ pub fn changes_from(
                 added: s.added,
                 removed: s.removed,
                 binary: s.binary.is_some(),
+                renamed: None,
             }
         })
-        .collect()
+        .collect::<Vec<_>>();
+    mark_renames(&mut out, patches);
+    out
 }
 
 /// The per-file changes of a bundle, or of the recorded patches when the bundle is gone.
@@ -876,8 +924,57 @@ pub fn changes_of(bundle_path: Option<&str>, recorded: &[PatchRecord]) -> Vec<Fi
             added: 0,
             removed: 0,
             binary: false,
+            renamed: None,
         })
         .collect()
+}
+
+/// Pairs each deleted file with an added file of the same content (the same blob id, and
+/// each used once), as git's exact rename detection does, so that a move is shown as one.
+fn mark_renames(changes: &mut [FileChange], patches: &[smithers_patch::FilePatch]) {
+    use smithers_patch::Operation;
+    let mut deleted: std::collections::HashMap<&str, Vec<&str>> = Default::default();
+    for p in patches
+        .iter()
+        .filter(|p| p.operation() == Operation::Delete)
+    {
+        if let Some(oid) = p.old_oid.as_deref() {
+            deleted.entry(oid).or_default().push(p.path.as_str());
+        }
+    }
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for p in patches.iter().filter(|p| p.operation() == Operation::Add) {
+        let from = p
+            .new_oid
+            .as_deref()
+            .and_then(|oid| deleted.get_mut(oid))
+            .and_then(Vec::pop);
+        if let Some(from) = from {
+            pairs.push((from.to_string(), p.path.clone()));
+        }
+    }
+    let index: std::collections::HashMap<&str, usize> = changes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.path.as_str(), i))
+        .collect();
+    let found: Vec<(usize, usize, String, String)> = pairs
+        .into_iter()
+        .filter_map(|(from, to)| {
+            Some((
+                *index.get(from.as_str())?,
+                *index.get(to.as_str())?,
+                from,
+                to,
+            ))
+        })
+        .collect();
+    for (i, j, from, to) in found {
+        if changes[i].operation == "delete" && changes[j].operation == "add" {
+            changes[i].renamed = Some(to);
+            changes[j].renamed = Some(from);
+        }
+    }
 }
 
 /// `git diff --stat`-like lines plus the summary line; names quoted as git quotes them, so a
@@ -891,10 +988,12 @@ pub fn stat_lines(changes: &[FileChange]) -> Vec<String> {
         ins += c.added;
         del += c.removed;
         let pad = w - shown.chars().count();
-        let tag = match c.operation {
-            "add" => " (new)",
-            "delete" => " (deleted)",
-            _ => "",
+        let tag = match (c.operation, &c.renamed) {
+            ("add", Some(from)) => format!(" (renamed from {})", name(from)),
+            ("delete", Some(to)) => format!(" (renamed to {})", name(to)),
+            ("add", None) => " (new)".to_string(),
+            ("delete", None) => " (deleted)".to_string(),
+            _ => String::new(),
         };
         if c.binary {
             lines.push(format!("{shown}{} | Bin{tag}", " ".repeat(pad)));
@@ -955,6 +1054,7 @@ mod tests {
                 added: 1,
                 removed: 1,
                 binary: false,
+                renamed: None,
             },
             FileChange {
                 path: "NOTES.md".into(),
@@ -962,6 +1062,7 @@ mod tests {
                 added: 2,
                 removed: 0,
                 binary: false,
+                renamed: None,
             },
         ]);
         assert_eq!(lines[0], "app.py   |   2 +-");
@@ -978,6 +1079,7 @@ mod tests {
             added: 1,
             removed: 0,
             binary: false,
+            renamed: None,
         }]);
         assert_eq!(
             lines,

@@ -552,13 +552,15 @@ pub fn events(args: &EventsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         }
     };
     let mut next = args.since;
-    let first = ctx.store().events_since(&args.run, next).coded()?;
+    // A short id, or a sandbox's, as the other commands take them.
+    let run = context::resolve_run(&ctx, &args.run)?;
+    let first = ctx.store().events_since(&run, next).coded()?;
     // Unknown at once, with --follow too: a mistyped id must not wait forever.
-    if first.is_empty() && ctx.store().list_sandboxes(&args.run).coded()?.is_empty() {
+    if first.is_empty() && ctx.store().list_sandboxes(&run).coded()?.is_empty() {
         return Err(coded_error(
             ErrorCode::InvalidInput,
-            format!("no run {:?} in {}", args.run, ctx.db_path.display()),
-            json!({ "runId": args.run }),
+            format!("no run {:?} in {}", run, ctx.db_path.display()),
+            json!({ "runId": run }),
         ));
     }
     for e in &first {
@@ -572,7 +574,7 @@ pub fn events(args: &EventsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     // running (a sandbox in review is waiting for a person, not running). Ctrl-C ends the
     // process with the default signal disposition.
     loop {
-        let rows = ctx.store().list_sandboxes(&args.run).coded()?;
+        let rows = ctx.store().list_sandboxes(&run).coded()?;
         let settled = !rows.is_empty()
             && rows
                 .iter()
@@ -582,7 +584,7 @@ pub fn events(args: &EventsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         let batch = ctx
             .store()
             .wait_for_events(
-                &args.run,
+                &run,
                 next,
                 if settled {
                     Duration::ZERO

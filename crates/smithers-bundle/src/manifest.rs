@@ -173,6 +173,11 @@ pub struct ChangeNotes {
     /// and moves its branch to `tip`. The working-tree patches still carry the files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commits: Option<CommitSeries>,
+    /// Paths whose change the step staged (`git add`, `git rm`) without committing, at
+    /// exactly the content the patches leave: `accept` stages them as the step did, with the
+    /// mode and blob of the reviewed patch (a path the patches do not change is refused).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub staged: Vec<String>,
 }
 
 /// Where a bundle keeps the objects of its [`CommitSeries`].

@@ -613,3 +613,49 @@ fn a_file_the_host_runs_in_an_intermediate_commit_is_flagged_in_the_review() {
     assert!(text.contains("runs on the host"), "{text}");
     assert!(text.contains("| body line"), "{text}");
 }
+
+#[test]
+fn what_the_step_staged_is_staged_on_accept_and_shown_first() {
+    if !sandboxes_usable() {
+        return;
+    }
+    // `git add` of a new file, `git rm` of a tracked one, an unstaged edit, and a file added
+    // then edited again (its staged content was never reviewed: left unstaged).
+    let dir = repo();
+    std::fs::write(dir.path().join("gone.txt"), "bye\n").unwrap();
+    git(dir.path(), &["add", "gone.txt"]);
+    git(dir.path(), &["commit", "-q", "-m", "gone"]);
+    let (out, doc) = run_json(
+        dir.path(),
+        "set -e; echo new > n.txt; git add n.txt; git rm -q gone.txt; echo v2 > a.txt; \
+         echo first > later.txt; git add later.txt; echo second > later.txt",
+    );
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let id = doc["sandboxId"].as_str().unwrap();
+    let review = cli(dir.path(), &["review", id]);
+    let text = String::from_utf8_lossy(&review.stdout);
+    let staged_at = text
+        .find("staged")
+        .expect("the review names what is staged");
+    assert!(
+        staged_at < text.find("diff --git").unwrap_or(usize::MAX),
+        "{text}"
+    );
+    let json = cli(dir.path(), &["--json", "review", id]);
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let mut staged: Vec<&str> = doc["staged"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    staged.sort();
+    assert_eq!(staged, ["gone.txt", "n.txt"], "{doc}");
+    let accept = cli(dir.path(), &["accept", id]);
+    assert!(accept.status.success(), "{accept:?}");
+    let status = git(dir.path(), &["status", "--porcelain"]);
+    assert_eq!(
+        status, " M a.txt\nD  gone.txt\nA  n.txt\n?? later.txt\n",
+        "{status}"
+    );
+}

@@ -20,6 +20,7 @@
 //! hooks, fsmonitor, automatic gc or prompts: the project's own repository may be crafted.
 
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -1083,6 +1084,45 @@ pub fn advance(project: &Path, series: &CommitSeries, reason: &str) -> Result<()
         in_project(&toplevel(project)?, &["update-index", "-z", "--index-info"]),
         info,
         "updating the index",
+    )
+}
+
+/// Stages `files` (paths from the project, a plain repository at its top) as the step did
+/// (`changeNotes.staged`), after the reviewed patches were applied: each file present is
+/// hashed from the working tree as it is (`hash-object --no-filters`: no filter of the
+/// repository's runs) and must be the reviewed blob; a deletion is removed from the index.
+/// Written with `update-index --index-info`, as [`advance`] does.
+pub fn stage(project: &Path, files: &[ReviewedFile]) -> Result<(), String> {
+    let mut info = Vec::new();
+    for f in files {
+        let path = String::from_utf8_lossy(&f.path).into_owned();
+        match &f.state {
+            ReviewedState::Present { mode, oid } => {
+                let mut c = in_project(project, &["hash-object", "-w", "--no-filters", "--"]);
+                c.arg(std::ffi::OsStr::from_bytes(&f.path));
+                let got = run(c, &format!("staging {path:?}"), 1 << 10)?;
+                let got = String::from_utf8_lossy(&got).trim().to_string();
+                if oid.as_ref().is_some_and(|o| *o != got) {
+                    return Err(format!(
+                        "{path:?} is not the reviewed content on disk, so it was not staged"
+                    ));
+                }
+                info.extend_from_slice(format!("{mode} {got}\t").as_bytes());
+            }
+            ReviewedState::Absent => {
+                info.extend_from_slice(b"0 0000000000000000000000000000000000000000\t")
+            }
+        }
+        info.extend_from_slice(&f.path);
+        info.push(0);
+    }
+    if info.is_empty() {
+        return Ok(());
+    }
+    run_with_input(
+        in_project(project, &["update-index", "-z", "--index-info"]),
+        info,
+        "staging the step's staged files",
     )
 }
 

@@ -354,6 +354,35 @@ fn with_commits<T>(
     Ok(applied)
 }
 
+/// The reviewed files the step staged (`changeNotes.staged`), refused before anything is
+/// written when one is not among the reviewed patches' files.
+fn staged_files(
+    staged: &[String],
+    texts: &[String],
+) -> Result<Vec<smithers_git::ReviewedFile>, ErrorReport> {
+    if staged.is_empty() {
+        return Ok(Vec::new());
+    }
+    let reviewed = reviewed_files(texts)?;
+    staged
+        .iter()
+        .map(|p| {
+            let raw = smithers_patch::path_to_bytes(p).unwrap_or_else(|| p.as_bytes().to_vec());
+            reviewed
+                .iter()
+                .rev()
+                .find(|f| f.path == raw)
+                .cloned()
+                .ok_or_else(|| {
+                    ErrorReport::new(
+                        ErrorCode::ToolPatchFailed,
+                        format!("the bundle stages {p:?}, which its patches do not change; nothing was applied"),
+                    )
+                })
+        })
+        .collect()
+}
+
 /// Every file `texts` (git-format patches) change, and how they leave it.
 fn reviewed_files(texts: &[String]) -> Result<Vec<smithers_git::ReviewedFile>, ErrorReport> {
     use smithers_errors::CodedError;
@@ -526,16 +555,27 @@ impl PatchApplier for AtomicPatchApplier {
         let (texts, host_changed) = Self::reviewed_texts(&bytes)?;
         // The commits are those of the reviewed README.md (its digest was just checked);
         // their objects are named by id, so the git bundle file needs no digest of its own.
-        let commits = smithers_bundle::parse_change_notes(&bytes.readme)
-            .ok()
-            .and_then(|n| n.commits);
-        with_commits(
+        let notes = smithers_bundle::parse_change_notes(&bytes.readme).unwrap_or_default();
+        let staged = staged_files(&notes.staged, &texts)?;
+        let marked = with_commits(
             root_dir,
             &bundle.bundle_path,
-            commits.as_ref(),
+            notes.commits.as_ref(),
             &texts,
             || Self::apply_texts(root_dir, &texts, host_changed, conflict_markers),
-        )
+        )?;
+        // A file written with conflict markers is not what the step staged.
+        let staged: Vec<_> = staged
+            .into_iter()
+            .filter(|f| !marked.iter().any(|m| m.as_bytes() == f.path.as_slice()))
+            .collect();
+        smithers_git::stage(root_dir, &staged).map_err(|e| {
+            ErrorReport::new(
+                ErrorCode::ToolPatchFailed,
+                format!("the step's files were applied, but what it staged was not staged: {e}"),
+            )
+        })?;
+        Ok(marked)
     }
 
     fn apply_reviewed_onto_branch(

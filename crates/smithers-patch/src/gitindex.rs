@@ -91,6 +91,70 @@ pub(crate) fn read_tracked(root: &Path) -> Result<Option<Tracked>, String> {
     })
 }
 
+/// The stage-0 entries of the index file `index` (in a repository whose object ids are
+/// `id_len` bytes), by path; `None` when there is no such file or it cannot be read.
+pub(crate) fn read_entries(
+    index: &Path,
+    id_len: usize,
+) -> Option<std::collections::HashMap<String, IndexEntry>> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_o_nofollow())
+        .open(index)
+        .ok()?;
+    let md = file.metadata().ok()?;
+    if !md.is_file() || md.len() > MAX_INDEX_BYTES {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(md.len() as usize);
+    file.take(MAX_INDEX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let entries = parse_entries(&bytes, id_len).ok()?;
+    Some(
+        entries
+            .into_iter()
+            .filter(|e| e.stage == 0)
+            .map(|e| (e.path.clone(), e))
+            .collect(),
+    )
+}
+
+/// The paths of `changes` the step staged (`git add`, `git rm`) without committing: its
+/// index (`step_index`, the layer's) holds exactly the change's result (same mode and blob,
+/// or no entry for a deletion) where the host's index (`<host_root>/.git/index`) does not.
+/// Accept then stages them as the step did; a file staged at other content than the
+/// working tree's (`git add` then another edit) is not staged, since that content was never
+/// reviewed. Only a plain repository at the project's top is read (not a worktree or a
+/// project below its repository's top: their index is elsewhere).
+pub fn staged_paths(
+    changes: &crate::ChangeSet,
+    host_root: &Path,
+    step_index: &Path,
+) -> Vec<String> {
+    let git = host_root.join(".git");
+    if !std::fs::symlink_metadata(&git).is_ok_and(|m| m.is_dir()) {
+        return Vec::new();
+    }
+    let id_len = object_id_len(&git);
+    let Some(step) = read_entries(step_index, id_len) else {
+        return Vec::new();
+    };
+    let host = read_entries(&git.join("index"), id_len).unwrap_or_default();
+    let mode_of = |m: crate::GitMode| u32::from_str_radix(m.as_str(), 8).unwrap_or(0);
+    changes
+        .changes
+        .iter()
+        .filter(|c| {
+            let want = c.new.as_ref().map(|v| (mode_of(v.mode), v.oid.as_str()));
+            let in_step = step.get(&c.path).map(|e| (e.mode, e.oid.as_str()));
+            let in_host = host.get(&c.path).map(|e| (e.mode, e.oid.as_str()));
+            in_step == want && in_host != want
+        })
+        .map(|c| c.path.clone())
+        .collect()
+}
+
 fn libc_o_nofollow() -> i32 {
     rustix::fs::OFlags::NOFOLLOW.bits() as i32
 }
@@ -124,6 +188,24 @@ fn object_id_len(git: &Path) -> usize {
 /// conflict is tracked), as change path strings ([`crate::model::path_from_bytes`]: a name
 /// that is not UTF-8 in git's quoted form, as detection names it).
 pub(crate) fn parse_index(b: &[u8], id_len: usize) -> Result<Vec<String>, String> {
+    parse_entries(b, id_len).map(|e| e.into_iter().map(|e| e.path).collect())
+}
+
+/// One entry of an index file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IndexEntry {
+    /// As [`parse_index`] gives it.
+    pub(crate) path: String,
+    /// The git mode (`0o100644`, `0o100755`, `0o120000`, `0o160000`).
+    pub(crate) mode: u32,
+    /// The object id, in lowercase hex.
+    pub(crate) oid: String,
+    /// 0, or the conflict stage (1 to 3).
+    pub(crate) stage: u8,
+}
+
+/// The entries of an index file (see [`parse_index`]).
+pub(crate) fn parse_entries(b: &[u8], id_len: usize) -> Result<Vec<IndexEntry>, String> {
     let bad = |what: &str| format!(".git/index is malformed: {what}");
     if b.len() < 12 || &b[..4] != b"DIRC" {
         return Err(bad("no DIRC header"));
@@ -148,6 +230,8 @@ pub(crate) fn parse_index(b: &[u8], id_len: usize) -> Result<Vec<String>, String
             .get(flags_at..flags_at + 2)
             .ok_or_else(|| bad("truncated entry"))?;
         let flags = u16::from_be_bytes([flags[0], flags[1]]);
+        let mode = u32::from_be_bytes([b[start + 24], b[start + 25], b[start + 26], b[start + 27]]);
+        let oid = crate::model::hex(&b[start + 40..flags_at]);
         pos = flags_at + 2;
         if flags & 0x4000 != 0 {
             if version < 3 {
@@ -186,7 +270,12 @@ pub(crate) fn parse_index(b: &[u8], id_len: usize) -> Result<Vec<String>, String
             }
             name
         };
-        out.push(crate::model::path_from_bytes(&name));
+        out.push(IndexEntry {
+            path: crate::model::path_from_bytes(&name),
+            mode,
+            oid,
+            stage: ((flags >> 12) & 3) as u8,
+        });
         prev = name;
     }
     // Extensions follow the entries (then the trailing checksum). A split index keeps most

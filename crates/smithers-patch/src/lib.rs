@@ -98,7 +98,8 @@ pub use apply::{
     apply_patch_texts, apply_patches, recover_apply, AppliedAction, AppliedFile, ApplyOptions,
     ApplyReport, RecoveryReport, HOST_CHANGED,
 };
-pub use binary::{BinaryHunk, EncodedLiteral, MAX_BINARY_BYTES};
+pub use binary::{BinaryHunk, EncodedHunk, MAX_BINARY_BYTES};
+pub use delta::DeltaSizes;
 pub use bundle::{
     build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_BINARY_CONTENT_BYTES,
     MAX_PATCH_FILES,
@@ -109,6 +110,7 @@ pub use detect::{
     IgnoredPath, SkippedEntry, DEFAULT_MAX_STREAMED_HUNK_BYTES, STREAM_THRESHOLD_BYTES,
 };
 pub use error::{Conflict, PatchError};
+pub use gitindex::staged_paths;
 pub use limit::leave_out_largest;
 
 /// The paths a `.git/index` file's bytes list (SHA-256 ids when `sha256`): the reader change

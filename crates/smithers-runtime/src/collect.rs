@@ -450,10 +450,14 @@ pub fn write_workspace_bundle_with(
     let mut bundle = fit_patches(from.project, bundle, patch_budget);
     // One truth: the series comes back only when its tip leaves every file it changes as
     // the patches (what the review shows) do; else the patches alone come back.
+    let mut committed: std::collections::HashSet<Vec<u8>> = Default::default();
     let commits = match commits {
         Some((series, changes)) => {
             match smithers_git::compare_with_review(&changes, &reviewed_files(&bundle.changes)) {
-                Ok(()) => Some(series),
+                Ok(()) => {
+                    committed = changes.into_iter().map(|c| c.path).collect();
+                    Some(series)
+                }
                 Err(why) => {
                     git_files.clear();
                     let said = format!(
@@ -489,6 +493,24 @@ pub fn write_workspace_bundle_with(
         }
     }
     bundle.notes.commits = commits;
+    // What the step staged without committing (a plain repository at the project's top):
+    // accept stages it too, so a `git add`ed new file does not come back untracked. The
+    // series' own files are set in the index from its tip anyway.
+    if let WorkspaceLayer::Upper(upper) = from.layer {
+        if from.git_common_layer.is_none() {
+            bundle.notes.staged = smithers_patch::staged_paths(
+                &bundle.changes,
+                from.project,
+                &upper.join(".git").join("index"),
+            )
+            .into_iter()
+            .filter(|p| {
+                let raw = smithers_patch::path_to_bytes(p).unwrap_or_else(|| p.as_bytes().to_vec());
+                !committed.contains(&raw)
+            })
+            .collect();
+        }
+    }
     let keep_layer = !bundle.changes.over_limit.is_empty();
     if keep_layer {
         bundle.notes.kept_layer = options

@@ -126,6 +126,7 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 "diff": diff,
                 "findings": findings,
                 "commits": notes.commits,
+                "staged": notes.staged,
             })
         );
         return Ok(ExitCode::SUCCESS);
@@ -150,6 +151,16 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     if let Some(series) = &notes.commits {
         let hooks = smithers_patch::host_hooks_dirs(std::path::Path::new(&review.root_dir));
         print!("{}", context::render_commits(series, &hooks, bold, reset));
+        println!();
+    }
+    if !notes.staged.is_empty() {
+        // The index is written too: said before the diff, as the commits are.
+        println!(
+            "{bold}staged{reset} (the step ran git add/rm without committing; accept stages them too):"
+        );
+        for p in &notes.staged {
+            println!("  {}", name(p));
+        }
         println!();
     }
     print!(

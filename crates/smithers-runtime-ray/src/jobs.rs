@@ -123,25 +123,125 @@ impl JobRecord {
 /// How a Jobs API call failed.
 #[derive(Debug, Clone)]
 pub enum JobsError {
-    /// The API could not be reached or answered unreadably.
-    Unreachable(String),
+    /// The API could not be reached, or the connection failed or timed out mid-call
+    /// (refused, reset, closed before the reply, timed out): the kind of failure that passes
+    /// (a head restarting, a busy dashboard). `kind` names it in a few words.
+    Unreachable { kind: &'static str, message: String },
+    /// The call could not be made or its reply not used (a name that does not resolve, TLS,
+    /// a reply that is not what the API sends, or over its cap): asking again will not help.
+    Unusable(String),
     /// A job with this submission id exists already (Ray answers HTTP 500 with this message).
     Duplicate(String),
     /// The API refused the token (401/403).
     Unauthorized(String),
     /// Any other refusal, with the status and the (capped) body.
     Refused(StatusCode, String),
+    /// Transient failures retried until the placement window ran out
+    /// ([`crate::retry::ApiRetry`]): what was asked, how often, what failed, each wait.
+    GaveUp(Box<crate::retry::Waited>),
+}
+
+impl JobsError {
+    /// A failure worth asking again (within a bound): the API out of reach for a moment, or
+    /// answering 5xx (a dashboard whose agent is starting, a proxy in front of it), 408 or
+    /// 429. An answer that refuses the request itself (4xx: the token, a bad request) is
+    /// final, as is everything that asking again cannot change.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            JobsError::Unreachable { .. } => true,
+            JobsError::Refused(s, _) => {
+                (s.is_server_error()
+                    && !matches!(
+                        *s,
+                        StatusCode::NOT_IMPLEMENTED | StatusCode::HTTP_VERSION_NOT_SUPPORTED
+                    ))
+                    || matches!(
+                        *s,
+                        StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS
+                    )
+            }
+            JobsError::Unusable(_)
+            | JobsError::Duplicate(_)
+            | JobsError::Unauthorized(_)
+            | JobsError::GaveUp(_) => false,
+        }
+    }
+
+    /// The failure in a few words, for a count of failures of one kind ("HTTP 500 Internal
+    /// Server Error", "connection refused").
+    pub fn kind(&self) -> String {
+        match self {
+            JobsError::Unreachable { kind, .. } => (*kind).to_string(),
+            JobsError::Unusable(_) => "unusable reply".into(),
+            JobsError::Duplicate(_) => "duplicate submission id".into(),
+            JobsError::Unauthorized(_) => "token refused".into(),
+            JobsError::Refused(s, _) => format!("HTTP {s}"),
+            JobsError::GaveUp(_) => "gave up".into(),
+        }
+    }
 }
 
 impl std::fmt::Display for JobsError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            JobsError::Unreachable(m) => write!(f, "the Ray Jobs API is unreachable: {m}"),
+            JobsError::Unreachable { message, .. } => {
+                write!(f, "the Ray Jobs API is unreachable: {message}")
+            }
+            JobsError::Unusable(m) => write!(f, "the Ray Jobs API cannot be used: {m}"),
             JobsError::Duplicate(m) => write!(f, "a job with this submission id exists: {m}"),
             JobsError::Unauthorized(m) => write!(f, "the Ray Jobs API refused the token: {m}"),
             JobsError::Refused(s, m) => write!(f, "the Ray Jobs API answered HTTP {s}: {m}"),
+            JobsError::GaveUp(w) => write!(f, "{w}"),
         }
     }
+}
+
+/// A failed request or reply body: transient (refused, reset, closed early, timed out) or not
+/// (no such name, TLS, a request that cannot be built).
+fn transport(e: &reqwest::Error) -> JobsError {
+    let message = error_chain(e);
+    match transient_kind(e) {
+        Some(kind) => JobsError::Unreachable { kind, message },
+        None => JobsError::Unusable(message),
+    }
+}
+
+/// The kind of a transport failure that passes, from the error and its sources.
+fn transient_kind(e: &reqwest::Error) -> Option<&'static str> {
+    if e.is_timeout() {
+        return Some("timed out");
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            let kind = match io.kind() {
+                K::ConnectionRefused => Some("connection refused"),
+                K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => {
+                    Some("connection reset")
+                }
+                K::TimedOut => Some("timed out"),
+                K::UnexpectedEof | K::NotConnected => Some("connection closed before the reply"),
+                K::HostUnreachable | K::NetworkUnreachable => Some("no route to the head"),
+                _ => None,
+            };
+            if kind.is_some() {
+                return kind;
+            }
+        }
+        // hyper's own words for a connection that closed before (or while) the reply came.
+        let text = s.to_string();
+        if text.contains("connection closed before message completed")
+            || text.contains("end of file before message length reached")
+        {
+            return Some("connection closed before the reply");
+        }
+        if text.contains("connection reset") {
+            return Some("connection reset");
+        }
+        source = s.source();
+    }
+    None
 }
 
 /// A client of one cluster's Jobs API.
@@ -192,10 +292,7 @@ impl JobsClient {
         req: reqwest::RequestBuilder,
         cap: usize,
     ) -> Result<(StatusCode, Vec<u8>), JobsError> {
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| JobsError::Unreachable(error_chain(&e)))?;
+        let resp = req.send().await.map_err(|e| transport(&e))?;
         let status = resp.status();
         let body = read_capped(resp, cap).await?;
         Ok((status, body))
@@ -236,7 +333,7 @@ impl JobsClient {
         }
         serde_json::from_slice(&body)
             .map(Some)
-            .map_err(|e| JobsError::Unreachable(format!("unreadable job record: {e}")))
+            .map_err(|e| JobsError::Unusable(format!("unreadable job record: {e}")))
     }
 
     /// Every job the cluster keeps a record of (at most 16 MiB of records).
@@ -248,7 +345,7 @@ impl JobsClient {
             return Err(refusal(status, &String::from_utf8_lossy(&body)));
         }
         let rows: Vec<Value> = serde_json::from_slice(&body)
-            .map_err(|e| JobsError::Unreachable(format!("unreadable job list: {e}")))?;
+            .map_err(|e| JobsError::Unusable(format!("unreadable job list: {e}")))?;
         Ok(rows
             .into_iter()
             .filter_map(|r| serde_json::from_value(r).ok())
@@ -272,7 +369,7 @@ impl JobsClient {
         }
         serde_json::from_slice::<Logs>(&body)
             .map(|l| l.logs)
-            .map_err(|e| JobsError::Unreachable(format!("unreadable job log: {e}")))
+            .map_err(|e| JobsError::Unusable(format!("unreadable job log: {e}")))
     }
 
     /// Asks Ray to stop the job (SIGTERM to its entrypoint, SIGKILL after Ray's grace time).
@@ -316,7 +413,7 @@ impl JobsClient {
             return Err(refusal(status, &String::from_utf8_lossy(&body)));
         }
         let v: Value = serde_json::from_slice(&body)
-            .map_err(|e| JobsError::Unreachable(format!("unreadable node list: {e}")))?;
+            .map_err(|e| JobsError::Unusable(format!("unreadable node list: {e}")))?;
         let rows = v["data"]["result"]["result"]
             .as_array()
             .cloned()
@@ -364,9 +461,9 @@ async fn read_capped(resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, Job
     let mut body = Vec::new();
     let mut stream = resp.bytes_stream();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| JobsError::Unreachable(error_chain(&e)))?;
+        let chunk = chunk.map_err(|e| transport(&e))?;
         if body.len() + chunk.len() > cap {
-            return Err(JobsError::Unreachable(format!(
+            return Err(JobsError::Unusable(format!(
                 "the reply is larger than {cap} bytes"
             )));
         }

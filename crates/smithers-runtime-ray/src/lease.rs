@@ -241,6 +241,23 @@ pub fn serving_port(log: &str, nonce: &str) -> Option<u16> {
     })
 }
 
+/// Whether `record` is the job `job` submitted (not another submit under the same id): the
+/// same lease nonce, or for a claim record the same warm lease. Both are fresh per submit.
+pub fn same_submission(record: &crate::jobs::JobRecord, job: &JobSubmit) -> bool {
+    let nonce = job
+        .runtime_env
+        .get("env_vars")
+        .and_then(|v| v.get(LEASE_NONCE_ENV))
+        .and_then(|v| v.as_str());
+    if let Some(nonce) = nonce {
+        return record.env_var(LEASE_NONCE_ENV) == Some(nonce);
+    }
+    match job.metadata.get(META_CLAIM_OF) {
+        Some(warm) => record.metadata.as_ref().and_then(|m| m.get(META_CLAIM_OF)) == Some(warm),
+        None => false,
+    }
+}
+
 /// A fresh lease token (256 bits).
 pub fn new_token() -> String {
     format!(

@@ -19,6 +19,7 @@
 
 pub mod jobs;
 pub mod lease;
+pub mod retry;
 mod runtime;
 mod warm;
 
@@ -86,6 +87,11 @@ pub struct RayOptions {
     pub stop_timeout: Duration,
     /// Timeout of one Jobs API call.
     pub api_timeout: Duration,
+    /// How placement (the lease's submit, the reads of its job and log until its server
+    /// listens) rides out a Jobs API that fails transiently (5xx, refused or reset
+    /// connections, timeouts): asked again with backoff within this window, each wait told
+    /// (a `SandboxQueued` event and the log); a refusal (4xx) fails at once.
+    pub api_retry: retry::ApiRetry,
     /// Retries of safe requests to a node (few: a node that does not answer is watched).
     pub node_retry: RetryPolicy,
     pub node_event_idle_timeout: Duration,
@@ -115,6 +121,7 @@ impl RayOptions {
             lease_idle_exit: Duration::from_secs(600),
             stop_timeout: Duration::from_secs(30),
             api_timeout: Duration::from_secs(15),
+            api_retry: retry::ApiRetry::default(),
             node_retry: RetryPolicy {
                 max_attempts: 3,
                 initial_backoff: Duration::from_millis(200),

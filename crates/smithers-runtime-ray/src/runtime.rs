@@ -12,6 +12,7 @@
 //!   and deletes its record.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,13 +20,13 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use smithers_runtime::{
-    CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputSink, Placement,
-    PlacementSink, Protection, ProtectionStatus, RequestBundle, Runtime, RuntimeError, RuntimeKind,
-    SandboxConfig, SandboxHandle, ShipReport, StepCommand,
+    CancellationToken, CollectReport, EnforcementReport, ExecOutcome, NoPlacementEvents,
+    OutputSink, Placement, PlacementSink, Protection, ProtectionStatus, RequestBundle, Runtime,
+    RuntimeError, RuntimeKind, SandboxConfig, SandboxHandle, ShipReport, StepCommand,
 };
 use smithers_runtime_remote::{RemoteOptions, RemoteRuntime};
 
-use crate::jobs::{JobRecord, JobStatus, JobsClient, JobsError};
+use crate::jobs::{JobRecord, JobStatus, JobSubmit, JobsClient, JobsError};
 use crate::lease;
 use crate::{RayOptions, ENV_ADDRESS, ENV_TOKEN};
 
@@ -98,10 +99,45 @@ fn unavailable(reason: impl Into<String>) -> RuntimeError {
 
 fn jobs_error(what: &str, e: JobsError) -> RuntimeError {
     match e {
-        JobsError::Unreachable(_) | JobsError::Unauthorized(_) => {
+        JobsError::GaveUp(_) => RuntimeError::Unavailable {
+            runtime: RUNTIME,
+            reason: format!("{what}: {e}"),
+            fix: Some(
+                "the cluster's Jobs API (the head's dashboard) did not recover within the placement window: \
+                 check the head (`ray status` there, its dashboard log), then run the step again"
+                    .into(),
+            ),
+        },
+        JobsError::Unreachable { .. } | JobsError::Unusable(_) | JobsError::Unauthorized(_) => {
             unavailable(format!("{what}: {e}"))
         }
         other => RuntimeError::spawn(what.to_string(), other),
+    }
+}
+
+/// Tells a reason to `sink` only when it is not the one told last: Ray's unchanged "pending"
+/// message, or the same Jobs API failure again, is one event.
+struct Said<'a> {
+    sink: &'a dyn PlacementSink,
+    last: Mutex<Option<String>>,
+}
+
+impl<'a> Said<'a> {
+    fn new(sink: &'a dyn PlacementSink) -> Self {
+        Said {
+            sink,
+            last: Mutex::new(None),
+        }
+    }
+}
+
+impl PlacementSink for Said<'_> {
+    fn queued(&self, reason: &str) {
+        let mut last = self.last.lock().expect("said");
+        if last.as_deref() != Some(reason) {
+            self.sink.queued(reason);
+            *last = Some(reason.to_string());
+        }
     }
 }
 
@@ -210,21 +246,93 @@ impl RayRuntime {
         }
     }
 
+    /// A Jobs API call made while a lease is placed: a transient failure (5xx, a refused or
+    /// reset connection, a timeout) is asked again with backoff within the placement window
+    /// (`RayOptions::api_retry`), each wait logged and each kind of failure told to `sink`
+    /// (a `SandboxQueued` event: what placement waits for); a refusal fails at once. When
+    /// the window runs out, the error ([`JobsError::GaveUp`]) names every wait.
+    pub(crate) async fn patiently<T, F, Fut>(
+        &self,
+        what: &str,
+        sink: &dyn PlacementSink,
+        call: F,
+    ) -> Result<T, JobsError>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: Future<Output = Result<T, JobsError>>,
+    {
+        let mut told: Vec<String> = Vec::new();
+        crate::retry::with_retry(
+            &self.options.api_retry,
+            what,
+            |r| {
+                tracing::warn!(
+                    what = r.what,
+                    attempt = r.attempt,
+                    wait_ms = r.wait.as_millis() as u64,
+                    window_left_ms = r.left.as_millis() as u64,
+                    error = %r.error,
+                    "the Ray Jobs API failed while a lease is placed; asking again"
+                );
+                let kind = r.error.kind();
+                if !told.contains(&kind) {
+                    sink.queued(&format!(
+                        "waiting for the Ray Jobs API to {what}: {}; asking again with backoff for up to {}",
+                        r.error,
+                        crate::retry::secs(r.window)
+                    ));
+                    told.push(kind);
+                }
+            },
+            call,
+        )
+        .await
+    }
+
+    /// Submits `job` (`what` names it), riding out transient failures ([`Self::patiently`]).
+    /// A retry refused as a duplicate is this very submit when the record Ray holds under
+    /// its id is this job's (its nonce, or for a claim the same warm lease): an earlier
+    /// attempt reached Ray and only its reply was lost.
+    pub(crate) async fn submit(
+        &self,
+        what: &str,
+        job: &JobSubmit,
+        sink: &dyn PlacementSink,
+    ) -> Result<(), JobsError> {
+        self.patiently(what, sink, move |attempt| async move {
+            match self.jobs.submit(job).await {
+                Err(JobsError::Duplicate(message)) if attempt > 1 => {
+                    match self.jobs.get(&job.submission_id).await? {
+                        Some(record) if lease::same_submission(&record, job) => Ok(()),
+                        _ => Err(JobsError::Duplicate(message)),
+                    }
+                }
+                other => other,
+            }
+        })
+        .await
+    }
+
     /// The node's `serve` for a running lease: address from the job record, port from the
-    /// job's log, token from the job's environment.
+    /// job's log, token from the job's environment. With a `sink` (placement), the log's
+    /// read rides out transient Jobs API failures ([`Self::patiently`]).
     pub(crate) async fn node_client(
         &self,
         id: &str,
         record: &JobRecord,
+        sink: Option<&dyn PlacementSink>,
     ) -> Result<Option<(RemoteRuntime, String)>, RuntimeError> {
         let Some(ip) = record.node_ip() else {
             return Ok(None);
         };
-        let log = self
-            .jobs
-            .logs(id)
-            .await
-            .map_err(|e| jobs_error("read the lease's log", e))?;
+        let log = match sink {
+            Some(sink) => {
+                self.patiently("read the lease's log", sink, move |_| self.jobs.logs(id))
+                    .await
+            }
+            None => self.jobs.logs(id).await,
+        }
+        .map_err(|e| jobs_error("read the lease's log", e))?;
         let Some(nonce) = record.env_var(lease::LEASE_NONCE_ENV) else {
             return Err(RuntimeError::spawn(
                 "attach to the lease",
@@ -273,7 +381,7 @@ impl RayRuntime {
         if record.status != JobStatus::Running {
             return Err(Self::node_lost(id, &record));
         }
-        let Some((remote, node_ip)) = self.node_client(id, &record).await? else {
+        let Some((remote, node_ip)) = self.node_client(id, &record, None).await? else {
             return Err(RuntimeError::OutOfOrder {
                 verb: "attach",
                 reason: "the lease's server has not said where it listens".into(),
@@ -392,10 +500,24 @@ impl RayRuntime {
     ) -> Result<(RemoteRuntime, String, JobRecord, Duration), RuntimeError> {
         let id = id.to_string();
         let started = Instant::now();
-        let mut said: Option<String> = None;
+        let sink = Said::new(sink);
         let mut running_since: Option<Instant> = None;
         let (remote, node_ip, record) = loop {
-            let record = self.job(&id).await?;
+            let record = match self
+                .patiently("read the lease's job", &sink, |_| self.jobs.get(&id))
+                .await
+            {
+                Ok(Some(record)) => record,
+                Ok(None) => {
+                    return Err(RuntimeError::NodeLost {
+                        runtime: RUNTIME,
+                        lease: id.clone(),
+                        node: None,
+                        reason: "the cluster no longer knows the lease's job".into(),
+                    })
+                }
+                Err(e) => return Err(jobs_error("read the lease", e)),
+            };
             match record.status {
                 JobStatus::Pending => {
                     let reason: String = record
@@ -405,10 +527,7 @@ impl RayRuntime {
                         .chars()
                         .take(600)
                         .collect();
-                    if said.as_deref() != Some(reason.as_str()) {
-                        sink.queued(&reason);
-                        said = Some(reason);
-                    }
+                    sink.queued(&reason);
                     if started.elapsed() > self.options.queue_timeout {
                         let _ = self.end_lease(&id).await;
                         return Err(RuntimeError::Unavailable {
@@ -426,7 +545,7 @@ impl RayRuntime {
                 }
                 JobStatus::Running => {
                     let since = *running_since.get_or_insert_with(Instant::now);
-                    if let Some((remote, ip)) = self.node_client(&id, &record).await? {
+                    if let Some((remote, ip)) = self.node_client(&id, &record, Some(&sink)).await? {
                         break (remote, ip, record);
                     }
                     if since.elapsed() > self.options.start_timeout {
@@ -461,7 +580,12 @@ impl RayRuntime {
     /// Whether the record under `id` has ended and holds no lease: a lease that ended, or a
     /// claim record whose warm lease ended too.
     async fn ended_record(&self, id: &str) -> bool {
-        let Ok(Some(r)) = self.jobs.get(id).await else {
+        let read = self.patiently(
+            "read the earlier lease's job",
+            &NoPlacementEvents,
+            move |_| self.jobs.get(id),
+        );
+        let Ok(Some(r)) = read.await else {
             return false;
         };
         if !r.status.is_terminal() {
@@ -687,13 +811,17 @@ impl Runtime for RayRuntime {
             Some(w) => lease::claim_job(config, &id, &w.id),
             None => lease::job_for(&self.options, config, &id, &token),
         };
-        let mut submitted = self.jobs.submit(&job).await;
+        let what = match &claimed {
+            Some(_) => "submit the claim of a warm lease",
+            None => "submit the lease",
+        };
+        let mut submitted = self.submit(what, &job, &NoPlacementEvents).await;
         if matches!(submitted, Err(JobsError::Duplicate(_))) && self.ended_record(&id).await {
             // The earlier sandbox of these ids has ended and only its record is left (a
             // cleanup that could not delete it, a claim record not swept yet): it holds no
             // lease, so it goes and this one is submitted. A live one is refused below.
             let _ = self.jobs.delete(&id).await;
-            submitted = self.jobs.submit(&job).await;
+            submitted = self.submit(what, &job, &NoPlacementEvents).await;
         }
         if let Some(w) = claimed.clone() {
             match &submitted {

@@ -155,7 +155,10 @@ impl RayRuntime {
     async fn start_warm(&self) -> Result<WarmLease, RuntimeError> {
         let id = lease::warm_id();
         let job = lease::warm_job(&self.options, &id, &lease::new_token());
-        if let Err(e) = self.jobs.submit(&job).await {
+        if let Err(e) = self
+            .submit("submit a warm lease", &job, &NoPlacementEvents)
+            .await
+        {
             // A reply lost after Ray took the job would leave it holding a slot: ended, in
             // case (a job Ray does not know is ended already).
             let _ = self.end_lease(&id).await;

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::dns::{self, Answer};
-use crate::policy::{escape, normalize_name, Decision, Policy};
+use crate::policy::{escape, normalize_name, Decision, Fix, Policy};
 use crate::proxy::{self, socks_reply, FirstFlight, HttpTarget};
 
 /// The first synthetic address the resolver gives (127.100.0.1, then upward). Inside the
@@ -172,6 +172,9 @@ pub struct EgressRecord {
     /// An allowed connection that still failed (resolution, dial).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// For a denial an allow rule would lift: that rule ([`Fix`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<Fix>,
 }
 
 /// Per destination, for the step's result.
@@ -184,6 +187,12 @@ pub struct DestinationSummary {
     pub count: u64,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// A denial's reason (denials of one destination for different reasons are apart).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The rule that would lift the denial, where one would.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<Fix>,
 }
 
 /// What the engine did over a sandbox's life.
@@ -323,8 +332,8 @@ impl Engine {
         while tasks.join_next().await.is_some() {}
         let shared = &self.shared;
         let rec = shared.records.lock().expect("records lock");
-        let mut by_dest: BTreeMap<(bool, String, u16, &'static str), DestinationSummary> =
-            BTreeMap::new();
+        type Key = (bool, String, u16, &'static str, Option<String>);
+        let mut by_dest: BTreeMap<Key, DestinationSummary> = BTreeMap::new();
         let (mut allowed, mut denied, mut would) = (0, 0, 0);
         for r in rec.list.iter() {
             match r.verdict {
@@ -332,7 +341,10 @@ impl Engine {
                 "would-deny" => would += 1,
                 _ => denied += 1,
             }
-            let key = (r.verdict == "allow", r.host.clone(), r.port, r.verdict);
+            let allowed = r.verdict == "allow";
+            // A denial is told with its reason, so its reasons are kept apart.
+            let reason = (!allowed).then(|| r.reason.clone());
+            let key = (allowed, r.host.clone(), r.port, r.verdict, reason.clone());
             let d = by_dest.entry(key).or_insert_with(|| DestinationSummary {
                 host: r.host.clone(),
                 port: r.port,
@@ -340,6 +352,8 @@ impl Engine {
                 count: 0,
                 bytes_up: 0,
                 bytes_down: 0,
+                fix: r.fix.clone().filter(|_| !allowed),
+                reason,
             });
             d.count += 1;
             d.bytes_up += r.bytes_up;
@@ -389,8 +403,11 @@ impl Shared {
                 let mut line = serde_json::json!({
                     "host": r.host, "port": r.port, "entry": r.entry,
                     "verdict": r.verdict, "reason": r.reason, "policy": self.hash,
-                })
-                .to_string();
+                });
+                if let Some(fix) = &r.fix {
+                    line["fix"] = serde_json::json!(fix);
+                }
+                let mut line = line.to_string();
                 if rec.denial_lines == self.opts.limits.max_denial_lines {
                     line.push_str("\n{\"note\":\"later denials are in the bundle's log only\"}");
                 }
@@ -430,6 +447,7 @@ impl Shared {
             bytes_down: 0,
             ms: 0,
             error: None,
+            fix: d.fix.clone(),
         }
     }
 
@@ -453,55 +471,15 @@ impl Shared {
         self.names.lock().ok()?.by_addr.get(&a).cloned()
     }
 
-    async fn resolve(&self, host: &str, port: u16) -> Result<Vec<IpAddr>, String> {
-        if let Ok(ip) = host.parse::<IpAddr>() {
-            return Ok(vec![ip]);
-        }
-        match &self.opts.resolver {
-            Resolver::Fixed(map) => map
-                .get(host)
-                .cloned()
-                .ok_or_else(|| format!("{host} does not resolve")),
-            Resolver::System => {
-                let found = tokio::time::timeout(
-                    self.opts.limits.connect,
-                    tokio::net::lookup_host((host, port)),
-                )
-                .await
-                .map_err(|_| format!("resolving {host} took over {:?}", self.opts.limits.connect))?
-                .map_err(|e| format!("{host} does not resolve: {e}"))?;
-                Ok(found.map(|a| a.ip()).collect())
-            }
-        }
-    }
-
-    /// Resolves an allowed destination and decides each IPv4 answer: the addresses that
-    /// passed, in order. `Err((decision, reason))`: the decision that refused an answer (a
-    /// denial), or none when the name did not resolve (the connection was allowed).
+    /// [`resolve_checked`] with this engine's resolver, bound and policy.
     async fn resolve_checked(
         &self,
         host: &str,
         port: u16,
     ) -> Result<Vec<SocketAddr>, (Option<Decision>, String)> {
-        let answers = self.resolve(host, port).await.map_err(|e| (None, e))?;
-        let mut refusal = None;
-        let mut passed = Vec::new();
-        for ip in answers.into_iter().filter(IpAddr::is_ipv4) {
-            let d = self.policy.decide_resolved(ip, port, &self.host_addrs);
-            if d.allowed {
-                passed.push(SocketAddr::new(ip, port));
-            } else {
-                refusal.get_or_insert(d);
-            }
-        }
-        match (passed.is_empty(), refusal) {
-            (false, _) => Ok(passed),
-            (true, Some(d)) => {
-                let reason = d.reason.clone();
-                Err((Some(d), reason))
-            }
-            (true, None) => Err((None, format!("{host} has no IPv4 address"))),
-        }
+        let within = self.opts.limits.connect;
+        let resolver = &self.opts.resolver;
+        resolve_checked(&self.policy, resolver, within, &self.host_addrs, host, port).await
     }
 
     /// Dials the checked addresses in order: the address dialed is one that was decided.
@@ -530,6 +508,68 @@ impl Shared {
     ) -> Result<(TcpStream, SocketAddr), (Option<Decision>, String)> {
         let addrs = self.resolve_checked(host, port).await?;
         self.dial(&addrs).await.map_err(|e| (None, e))
+    }
+}
+
+/// Resolves `host` as the engine does before it dials: an IP literal is itself; a name is
+/// asked of `resolver` within `within`. `Err` is why it did not resolve.
+pub async fn resolve(
+    resolver: &Resolver,
+    within: Duration,
+    host: &str,
+    port: u16,
+) -> Result<Vec<IpAddr>, String> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![ip]);
+    }
+    match resolver {
+        Resolver::Fixed(map) => map
+            .get(host)
+            .cloned()
+            .ok_or_else(|| format!("{host} does not resolve")),
+        Resolver::System => {
+            let found = tokio::time::timeout(within, tokio::net::lookup_host((host, port)))
+                .await
+                .map_err(|_| format!("resolving {host} took over {within:?}"))?
+                .map_err(|e| format!("{host} does not resolve: {e}"))?;
+            Ok(found.map(|a| a.ip()).collect())
+        }
+    }
+}
+
+/// Resolves an allowed destination and decides each IPv4 answer
+/// ([`Policy::decide_resolved`]): the addresses that passed, in order, the only ones the
+/// engine dials. `Err((decision, reason))`: the decision that refused an answer (a denial),
+/// or none when the name did not resolve (the connection was allowed). The engine and
+/// `egress check` both ask this, so a check says what a connection would meet.
+pub async fn resolve_checked(
+    policy: &Policy,
+    resolver: &Resolver,
+    within: Duration,
+    host_addrs: &[IpAddr],
+    host: &str,
+    port: u16,
+) -> Result<Vec<SocketAddr>, (Option<Decision>, String)> {
+    let answers = resolve(resolver, within, host, port)
+        .await
+        .map_err(|e| (None, e))?;
+    let mut refusal = None;
+    let mut passed = Vec::new();
+    for ip in answers.into_iter().filter(IpAddr::is_ipv4) {
+        let d = policy.decide_resolved(ip, port, host_addrs);
+        if d.allowed {
+            passed.push(SocketAddr::new(ip, port));
+        } else {
+            refusal.get_or_insert(d);
+        }
+    }
+    match (passed.is_empty(), refusal) {
+        (false, _) => Ok(passed),
+        (true, Some(d)) => {
+            let reason = d.reason.clone();
+            Err((Some(d), reason))
+        }
+        (true, None) => Err((None, format!("{host} has no IPv4 address"))),
     }
 }
 
@@ -643,6 +683,7 @@ fn answer_dns(shared: &Shared, msg: &[u8]) -> Option<Vec<u8>> {
                     allowed: false,
                     would_deny: false,
                     rule: None,
+                    fix: None,
                     reason: format!(
                         "the sandbox's resolver has given out {} names, its limit",
                         shared.opts.limits.max_names
@@ -678,9 +719,20 @@ fn record_dns_once(shared: &Shared, name: &str, d: &Decision) {
     }
 }
 
+/// Why no request head was read.
+enum HeadError {
+    /// The client closed before it sent a byte: no request to answer or record.
+    Silent,
+    /// Bytes came but no head the proxy can take: why, and the bytes seen (bounded).
+    Bad { reason: String, seen: Vec<u8> },
+}
+
 /// Reads an HTTP request head (through the blank line) within the handshake time and the
 /// head bound; the head and any bytes after it.
-async fn read_head(shared: &Shared, stream: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), String> {
+async fn read_head(
+    shared: &Shared,
+    stream: &mut TcpStream,
+) -> Result<(Vec<u8>, Vec<u8>), HeadError> {
     let max = shared.opts.limits.max_head_bytes;
     let mut buf = Vec::with_capacity(1024);
     let deadline = Instant::now() + shared.opts.limits.handshake;
@@ -689,20 +741,29 @@ async fn read_head(shared: &Shared, stream: &mut TcpStream) -> Result<(Vec<u8>, 
             let rest = buf.split_off(i + 4);
             return Ok((buf, rest));
         }
+        let bad = |reason: String, seen: Vec<u8>| Err(HeadError::Bad { reason, seen });
+        // A TLS handshake sent to the proxy itself (a proxy URL written https://) never
+        // ends in a blank line: told at once, not after the handshake time.
+        if buf.starts_with(&[0x16, 0x03]) {
+            let why = "a TLS handshake: the proxy speaks plain HTTP (http://127.0.0.1:3128, not https://)";
+            return bad(why.into(), Vec::new());
+        }
         if buf.len() > max {
-            return Err(format!("the request head is over {max} bytes"));
+            return bad(format!("the request head is over {max} bytes"), buf);
         }
         let mut chunk = [0u8; 4096];
         let left = deadline.saturating_duration_since(Instant::now());
         let n = match tokio::time::timeout(left, stream.read(&mut chunk)).await {
             Err(_) => {
-                return Err(format!(
-                    "the request head did not arrive within {:?}",
-                    shared.opts.limits.handshake
-                ))
+                let within = shared.opts.limits.handshake;
+                return bad(
+                    format!("the request head did not arrive within {within:?}"),
+                    buf,
+                );
             }
-            Ok(Err(e)) => return Err(e.to_string()),
-            Ok(Ok(0)) => return Err("closed before the request head ended".into()),
+            Ok(Err(e)) => return bad(format!("reading the request head: {e}"), buf),
+            Ok(Ok(0)) if buf.is_empty() => return Err(HeadError::Silent),
+            Ok(Ok(0)) => return bad("closed before the request head ended".into(), buf),
             Ok(Ok(n)) => n,
         };
         buf.extend_from_slice(&chunk[..n]);
@@ -712,25 +773,24 @@ async fn read_head(shared: &Shared, stream: &mut TcpStream) -> Result<(Vec<u8>, 
 async fn serve_http(shared: &Shared, mut stream: TcpStream) {
     let (head, rest) = match read_head(shared, &mut stream).await {
         Ok(h) => h,
-        Err(reason) => {
-            let _ = stream
-                .write_all(&proxy::http_denied(400, "", 0, &reason, &shared.hash))
-                .await;
+        Err(HeadError::Silent) => return,
+        Err(HeadError::Bad { reason, seen }) => {
+            bad_request(shared, &mut stream, &seen, reason).await;
             return;
         }
     };
     let target = match proxy::parse_http_head(&head) {
         Ok(t) => t,
         Err(reason) => {
-            let _ = stream
-                .write_all(&proxy::http_denied(400, "", 0, &reason, &shared.hash))
-                .await;
+            bad_request(shared, &mut stream, &head, reason).await;
             return;
         }
     };
     let (entry, host, port) = match &target {
         HttpTarget::Connect { host, port } => ("http-connect", host.clone(), *port),
-        HttpTarget::Forward { host, port, .. } => ("http", host.clone(), *port),
+        HttpTarget::Forward {
+            host, port, tls, ..
+        } => (if *tls { "https" } else { "http" }, host.clone(), *port),
     };
     let d = shared.policy.decide(&host, port);
     let mut rec = shared.decided(entry, &host, port, &d);
@@ -767,26 +827,83 @@ async fn serve_http(shared: &Shared, mut stream: TcpStream) {
             }
             tunnel(shared, stream, rest, rec, &host, addrs).await;
         }
-        HttpTarget::Forward { head, .. } => {
-            let started = Instant::now();
-            let (mut origin, addr) = match shared.connect_checked(&host, port).await {
-                Ok(c) => c,
-                Err((refusal, reason)) => {
-                    answer_refused(shared, &mut stream, &mut rec, &host, port, refusal, reason)
-                        .await;
-                    return;
-                }
-            };
-            rec.address = Some(addr.to_string());
-            let mut first = head;
-            first.extend_from_slice(&rest);
-            if origin.write_all(&first).await.is_err() {
-                return;
-            }
-            let up = first.len() as u64;
-            splice(shared, stream, origin, rec, started, up, None).await;
+        HttpTarget::Forward { mut head, tls, .. } => {
+            head.extend_from_slice(&rest);
+            forward(shared, stream, rec, &host, port, head, tls).await;
         }
     }
+}
+
+/// A request the proxy could not read, or does not serve: a 400 whose JSON says why, and
+/// a denial record naming what the request named as far as it could be read. No request
+/// that reached the proxy goes unanswered or unrecorded.
+async fn bad_request(shared: &Shared, stream: &mut TcpStream, seen: &[u8], reason: String) {
+    let (host, port) = proxy::request_target_hint(seen).unwrap_or_default();
+    let d = Decision {
+        allowed: false,
+        would_deny: false,
+        rule: None,
+        fix: None,
+        reason: format!("the proxy could not take the request: {reason}"),
+    };
+    shared.record(shared.decided("http", &host, port, &d));
+    let _ = stream
+        .write_all(&proxy::http_denied(
+            400,
+            &host,
+            port,
+            &d.reason,
+            &shared.hash,
+        ))
+        .await;
+}
+
+/// An allowed absolute-form request: its checked address dialed (TLS spoken to it for an
+/// `https://` target, the origin verified against the host's trust store), the request's
+/// first bytes (`first`: its head in origin form and what followed) sent, then both ways
+/// spliced. A failure before the origin has the request is the client's 502, recorded.
+async fn forward(
+    shared: &Shared,
+    mut stream: TcpStream,
+    mut rec: EgressRecord,
+    host: &str,
+    port: u16,
+    first: Vec<u8>,
+    tls: bool,
+) {
+    let started = Instant::now();
+    let (origin, addr) = match shared.connect_checked(host, port).await {
+        Ok(c) => c,
+        Err((refusal, reason)) => {
+            answer_refused(shared, &mut stream, &mut rec, host, port, refusal, reason).await;
+            return;
+        }
+    };
+    rec.address = Some(addr.to_string());
+    let up = first.len() as u64;
+    if !tls {
+        let mut origin = origin;
+        if let Err(e) = origin.write_all(&first).await {
+            let reason = format!("sending the request to {addr}: {e}");
+            answer_refused(shared, &mut stream, &mut rec, host, port, None, reason).await;
+            return;
+        }
+        splice(shared, stream, origin, rec, started, up, None).await;
+        return;
+    }
+    let mut origin = match crate::tls::connect(origin, host, shared.opts.limits.connect).await {
+        Ok(o) => o,
+        Err(reason) => {
+            answer_refused(shared, &mut stream, &mut rec, host, port, None, reason).await;
+            return;
+        }
+    };
+    if let Err(e) = origin.write_all(&first).await {
+        let reason = format!("sending the request to {addr} over TLS: {e}");
+        answer_refused(shared, &mut stream, &mut rec, host, port, None, reason).await;
+        return;
+    }
+    splice(shared, stream, origin, rec, started, up, None).await;
 }
 
 /// An HTTP client's answer when resolving or dialing its allowed destination failed: a 403
@@ -826,6 +943,7 @@ fn finish_refused(
             rec.verdict = d.verdict();
             rec.rule = d.rule;
             rec.reason = d.reason;
+            rec.fix = d.fix;
         }
         None => rec.error = Some(reason),
     }
@@ -983,14 +1101,35 @@ fn deny_flight(rec: &mut EgressRecord, why: String) {
     rec.rule = None;
     rec.reason = why;
     rec.error = None;
+    rec.fix = None;
 }
 
 async fn serve_socks(shared: &Shared, mut stream: TcpStream) {
     let limit = shared.opts.limits.handshake;
-    let greeting = tokio::time::timeout(limit, socks_greeting(&mut stream)).await;
-    let (host, port) = match greeting {
-        Ok(Ok(Some(t))) => t,
-        _ => return,
+    let mut seen = false;
+    let greeting = tokio::time::timeout(limit, socks_greeting(&mut stream, &mut seen)).await;
+    let reason = match greeting {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(why)) => Err(why),
+        Err(_) => Err(format!(
+            "the SOCKS5 request did not arrive within {limit:?}"
+        )),
+    };
+    let (host, port) = match reason {
+        Ok(t) => t,
+        // A connection that sent nothing made no request.
+        Err(_) if !seen => return,
+        Err(why) => {
+            let d = Decision {
+                allowed: false,
+                would_deny: false,
+                rule: None,
+                fix: None,
+                reason: format!("the proxy could not take the request: {why}"),
+            };
+            shared.record(shared.decided("socks5", "", 0, &d));
+            return;
+        }
     };
     let d = shared.policy.decide(&host, port);
     let mut rec = shared.decided("socks5", &host, port, &d);
@@ -1048,70 +1187,94 @@ async fn serve_socks(shared: &Shared, mut stream: TcpStream) {
     splice(shared, stream, origin, rec, started, n as u64, check).await;
 }
 
-/// The SOCKS5 greeting and CONNECT request; `Ok(None)` when it was refused (a reply sent).
+/// The SOCKS5 greeting and CONNECT request. `Err` is why it was refused (a SOCKS5 reply
+/// sent where the protocol has one); `seen` is set once a byte has arrived.
 /// Username/password authentication is accepted and ignored: some clients insist on it.
-async fn socks_greeting(s: &mut TcpStream) -> std::io::Result<Option<(String, u16)>> {
+async fn socks_greeting(s: &mut TcpStream, seen: &mut bool) -> Result<(String, u16), String> {
+    let cut = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => "closed before the SOCKS5 request ended".to_string(),
+        _ => format!("reading the SOCKS5 request: {e}"),
+    };
     let mut hdr = [0u8; 2];
-    s.read_exact(&mut hdr).await?;
+    let n = s.read(&mut hdr[..1]).await.map_err(cut)?;
+    if n == 0 {
+        return Err("closed before the SOCKS5 request ended".into());
+    }
+    *seen = true;
+    s.read_exact(&mut hdr[1..]).await.map_err(cut)?;
     if hdr[0] != 5 {
-        return Ok(None);
+        return Err(format!(
+            "not a SOCKS5 greeting (version byte {}; SOCKS4 and other protocols are not served here)",
+            hdr[0]
+        ));
     }
     let mut methods = vec![0u8; hdr[1] as usize];
-    s.read_exact(&mut methods).await?;
-    if methods.contains(&0) {
-        s.write_all(&[5, 0]).await?;
-    } else if methods.contains(&2) {
-        s.write_all(&[5, 2]).await?;
-        let mut v = [0u8; 2];
-        s.read_exact(&mut v).await?;
-        let mut user = vec![0u8; v[1] as usize];
-        s.read_exact(&mut user).await?;
-        let mut plen = [0u8; 1];
-        s.read_exact(&mut plen).await?;
-        let mut pass = vec![0u8; plen[0] as usize];
-        s.read_exact(&mut pass).await?;
-        s.write_all(&[1, 0]).await?;
-    } else {
-        s.write_all(&[5, 0xff]).await?;
-        return Ok(None);
-    }
+    s.read_exact(&mut methods).await.map_err(cut)?;
+    socks_auth(s, &methods).await?;
     let mut req = [0u8; 4];
-    s.read_exact(&mut req).await?;
+    s.read_exact(&mut req).await.map_err(cut)?;
     if req[0] != 5 {
-        return Ok(None);
+        return Err(format!("a SOCKS5 request of version {}", req[0]));
     }
     if req[1] != 1 {
-        s.write_all(&socks_reply(socks_reply::COMMAND_NOT_SUPPORTED))
-            .await?;
-        return Ok(None);
+        let _ = s
+            .write_all(&socks_reply(socks_reply::COMMAND_NOT_SUPPORTED))
+            .await;
+        return Err(format!(
+            "SOCKS5 command {} (only CONNECT, 1, is served)",
+            req[1]
+        ));
     }
     let host = match req[3] {
         1 => {
             let mut a = [0u8; 4];
-            s.read_exact(&mut a).await?;
+            s.read_exact(&mut a).await.map_err(cut)?;
             Ipv4Addr::from(a).to_string()
         }
         3 => {
             let mut len = [0u8; 1];
-            s.read_exact(&mut len).await?;
+            s.read_exact(&mut len).await.map_err(cut)?;
             let mut name = vec![0u8; len[0] as usize];
-            s.read_exact(&mut name).await?;
+            s.read_exact(&mut name).await.map_err(cut)?;
             String::from_utf8_lossy(&name).into_owned()
         }
         4 => {
             let mut a = [0u8; 16];
-            s.read_exact(&mut a).await?;
+            s.read_exact(&mut a).await.map_err(cut)?;
             std::net::Ipv6Addr::from(a).to_string()
         }
-        _ => {
-            s.write_all(&socks_reply(socks_reply::ADDRESS_NOT_SUPPORTED))
-                .await?;
-            return Ok(None);
+        t => {
+            let _ = s
+                .write_all(&socks_reply(socks_reply::ADDRESS_NOT_SUPPORTED))
+                .await;
+            return Err(format!("SOCKS5 address type {t}"));
         }
     };
     let mut port = [0u8; 2];
-    s.read_exact(&mut port).await?;
-    Ok(Some((host, u16::from_be_bytes(port))))
+    s.read_exact(&mut port).await.map_err(cut)?;
+    Ok((host, u16::from_be_bytes(port)))
+}
+
+/// The SOCKS5 method negotiation: none, or username/password (read and ignored).
+async fn socks_auth(s: &mut TcpStream, methods: &[u8]) -> Result<(), String> {
+    let io = |e: std::io::Error| format!("the SOCKS5 negotiation was cut short: {e}");
+    if methods.contains(&0) {
+        return s.write_all(&[5, 0]).await.map_err(io);
+    }
+    if !methods.contains(&2) {
+        let _ = s.write_all(&[5, 0xff]).await;
+        return Err("no SOCKS5 method served (none or username/password)".into());
+    }
+    s.write_all(&[5, 2]).await.map_err(io)?;
+    let mut v = [0u8; 2];
+    s.read_exact(&mut v).await.map_err(io)?;
+    let mut user = vec![0u8; v[1] as usize];
+    s.read_exact(&mut user).await.map_err(io)?;
+    let mut plen = [0u8; 1];
+    s.read_exact(&mut plen).await.map_err(io)?;
+    let mut pass = vec![0u8; plen[0] as usize];
+    s.read_exact(&mut pass).await.map_err(io)?;
+    s.write_all(&[1, 0]).await.map_err(io)
 }
 
 async fn serve_capture(shared: &Shared, stream: TcpStream) {
@@ -1128,6 +1291,7 @@ async fn serve_capture(shared: &Shared, stream: TcpStream) {
             allowed: false,
             would_deny: false,
             rule: None,
+            fix: None,
             reason: format!(
                 "{} is not an address the sandbox's resolver gave out: connect by name",
                 local.ip()
@@ -1155,6 +1319,30 @@ async fn serve_capture(shared: &Shared, stream: TcpStream) {
     tunnel(shared, stream, Vec::new(), rec, &name, addrs).await;
 }
 
+/// An origin connection [`splice`] copies to and from: a TCP stream, or TLS over one (an
+/// `https://` request the proxy relays).
+trait Origin {
+    type Read: AsyncRead + Unpin + Send;
+    type Write: tokio::io::AsyncWrite + Unpin + Send;
+    fn halves(self) -> (Self::Read, Self::Write);
+}
+
+impl Origin for TcpStream {
+    type Read = tokio::net::tcp::OwnedReadHalf;
+    type Write = tokio::net::tcp::OwnedWriteHalf;
+    fn halves(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+impl Origin for tokio_rustls::client::TlsStream<TcpStream> {
+    type Read = tokio::io::ReadHalf<Self>;
+    type Write = tokio::io::WriteHalf<Self>;
+    fn halves(self) -> (Self::Read, Self::Write) {
+        tokio::io::split(self)
+    }
+}
+
 /// Copies both ways until both end, counting bytes; the record is written when the
 /// connection ends, or when the engine stops it (the guard's drop).
 ///
@@ -1162,10 +1350,10 @@ async fn serve_capture(shared: &Shared, stream: TcpStream) {
 /// dialed (a slow client, or one that waited for the server): its first bytes must then
 /// still pass the server-name check, a ClientHello read whole ([`hello_flight`]), before
 /// any is forwarded; if they do not, both sides are closed.
-async fn splice(
+async fn splice<O: Origin>(
     shared: &Shared,
     client: TcpStream,
-    origin: TcpStream,
+    origin: O,
     rec: EgressRecord,
     started: Instant,
     up_already: u64,
@@ -1196,7 +1384,7 @@ async fn splice(
         started,
     };
     let (mut cr, mut cw) = client.into_split();
-    let (mut or, mut ow) = origin.into_split();
+    let (mut or, mut ow) = origin.halves();
     let up = open.up.clone();
     let down = open.down.clone();
     let stop = tokio::sync::Notify::new();

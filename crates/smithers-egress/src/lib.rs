@@ -18,6 +18,7 @@
 //! - [`proxy`]: the entry points' protocols (HTTP head, SOCKS5, TLS server name).
 //! - [`engine`]: the listeners served, the caps, the records.
 //! - [`sandbox`]: what a sandbox sees of it (ports, `/etc` files, proxy variables).
+//! - [`tls`]: TLS to an origin for an absolute-form `https://` request (busybox `wget`).
 
 pub mod addr;
 pub mod dns;
@@ -27,6 +28,7 @@ pub mod policy;
 pub mod proxy;
 pub mod sandbox;
 pub mod suffix;
+pub mod tls;
 
 pub use engine::{EgressLimits, EgressRecord, Engine, Listeners, Summary};
-pub use policy::{Decision, Mode, Policy, PolicyError};
+pub use policy::{Decision, Fix, Mode, Policy, PolicyError};

@@ -1,7 +1,8 @@
 //! The policy: the names, address ranges and ports a step may reach, from the caller only,
 //! and the one decision function every entry point asks.
 //!
-//! Two forms: the CLI's `--allow-host NAME[:PORT]` (port 443 when omitted) and a JSON file:
+//! Two forms: the CLI's `--allow-host NAME[:PORTS]` and `--allow-cidr NET[:PORTS]` (port 443
+//! when omitted; PORTS a comma-separated list of ports and `lo-hi` ranges) and a JSON file:
 //!
 //! ```json
 //! {"mode": "enforce",
@@ -315,42 +316,68 @@ fn port_range(spec: &PortSpec) -> Result<(u16, u16), String> {
     }
 }
 
+/// One `--allow-host NAME[:PORTS]` (`cidr` false; an IPv4 address there is a one-address
+/// range) or `--allow-cidr NET[:PORTS]` (`cidr` true) flag as an allow rule.
+fn flag_rule(spec: &str, cidr: bool) -> Result<Rule, String> {
+    if spec.starts_with('[') || spec.matches(':').count() > 1 {
+        return Err("IPv6 is not carried (names are dialed over IPv4)".to_string());
+    }
+    let (target, ports) = match spec.split_once(':') {
+        Some((t, p)) => (t, flag_ports(p)?),
+        None => (spec, Ports(Some(vec![(443, 443)]))),
+    };
+    let target = if cidr || target.parse::<Ipv4Addr>().is_ok() {
+        cidr_target(target)?
+    } else if target.contains('/') {
+        return Err("an address range is a cidr rule: write it as --allow-cidr".to_string());
+    } else {
+        host_target(target)?
+    };
+    Ok(Rule { target, ports })
+}
+
+/// The PORTS of a flag: `443`, `80,443`, `8000-8100`, `22,8000-8100`.
+fn flag_ports(text: &str) -> Result<Ports, String> {
+    if text.is_empty() {
+        return Err("no port after ':'".to_string());
+    }
+    let mut ranges = Vec::new();
+    for part in text.split(',') {
+        if ranges.len() == MAX_RULES {
+            return Err(format!("more than {MAX_RULES} port ranges"));
+        }
+        ranges.push(port_range(&PortSpec::Range(part.to_string()))?);
+    }
+    Ok(Ports(Some(ranges)))
+}
+
 impl Policy {
-    /// The policy of `--allow-host` flags: each `NAME[:PORT]` (443 when omitted; an IPv4
-    /// address becomes a one-address cidr rule).
+    /// The policy of `--allow-host` flags: each `NAME[:PORTS]` (an IPv4 address becomes a
+    /// one-address cidr rule).
     pub fn from_allow_hosts<S: AsRef<str>>(hosts: &[S]) -> Result<Policy, PolicyError> {
+        Policy::from_flags(hosts, &[] as &[&str])
+    }
+
+    /// The policy of `--allow-host NAME[:PORTS]` and `--allow-cidr NET[:PORTS]` flags, PORTS
+    /// a comma-separated list of ports and `lo-hi` ranges, 443 when omitted. Every problem
+    /// is reported, each naming its flag.
+    pub fn from_flags<H: AsRef<str>, C: AsRef<str>>(
+        hosts: &[H],
+        cidrs: &[C],
+    ) -> Result<Policy, PolicyError> {
         let mut policy = Policy::default();
         let mut problems = Vec::new();
-        for h in hosts {
-            let h = h.as_ref();
-            let (name, port) = match h.rsplit_once(':') {
-                Some((n, p)) if !n.contains(':') => match p.parse::<u16>() {
-                    Ok(p) if p != 0 => (n, p),
-                    _ => {
-                        problems.push(format!("{:?}: port {p:?} is not 1–65535", escape(h)));
-                        continue;
-                    }
-                },
-                Some(_) => {
-                    problems.push(format!(
-                        "{:?}: IPv6 is not carried (names are dialed over IPv4)",
-                        escape(h)
-                    ));
-                    continue;
+        let specs = hosts
+            .iter()
+            .map(|h| (h.as_ref(), false))
+            .chain(cidrs.iter().map(|c| (c.as_ref(), true)));
+        for (spec, cidr) in specs {
+            match flag_rule(spec, cidr) {
+                Ok(rule) => policy.allow.push(rule),
+                Err(e) => {
+                    let flag = if cidr { "--allow-cidr" } else { "--allow-host" };
+                    problems.push(format!("{flag} {:?}: {e}", escape(spec)));
                 }
-                None => (h, 443),
-            };
-            let target = if name.parse::<Ipv4Addr>().is_ok() {
-                cidr_target(name)
-            } else {
-                host_target(name)
-            };
-            match target {
-                Ok(target) => policy.allow.push(Rule {
-                    target,
-                    ports: Ports(Some(vec![(port, port)])),
-                }),
-                Err(e) => problems.push(e),
             }
         }
         if problems.is_empty() {
@@ -558,6 +585,7 @@ impl Policy {
                 } else {
                     Decision {
                         reason: format!("the host's ceiling: {}", theirs.reason),
+                        fix: theirs.fix.map(Fix::in_ceiling),
                         ..theirs
                     }
                 }
@@ -588,7 +616,9 @@ impl Policy {
             }
             match self.allow.iter().find(|r| r.target.matches_name(&name)) {
                 Some(r) => Verdict::allow(Some(r), format!("{name} is named by rule {r}")),
-                None => Verdict::deny(None, format!("no rule allows {name}")),
+                // A query has no port: the fix names the flag's default, 443.
+                None => Verdict::deny(None, format!("no rule allows {name}"))
+                    .fixed_by(Fix::host(&name, 443)),
             }
         })();
         self.confined(self.in_mode(verdict), |c| c.decide_name(host))
@@ -609,10 +639,20 @@ impl Policy {
             };
             match self.ip_verdict(v4, port) {
                 v if v.allowed => v,
+                // A deny rule names the address: no allow rule lifts that.
+                Verdict {
+                    rule: Some(rule), ..
+                } => Verdict::deny(
+                    None,
+                    format!("the name resolved to {ip}, {why}, which is denied by rule {rule}"),
+                ),
                 _ => Verdict::deny(
                     None,
-                    format!("the name resolved to {ip}, {why}, which no cidr rule names"),
-                ),
+                    format!(
+                        "the name resolved to {ip}, {why}, which no cidr rule names on port {port}"
+                    ),
+                )
+                .fixed_by(Fix::cidr(v4, port)),
             }
         })();
         self.confined(self.in_mode(verdict), |c| {
@@ -627,12 +667,14 @@ impl Policy {
                 would_deny: true,
                 rule: v.rule,
                 reason: v.reason,
+                fix: v.fix,
             },
             _ => Decision {
                 allowed: v.allowed,
                 would_deny: false,
                 rule: v.rule,
                 reason: v.reason,
+                fix: v.fix,
             },
         }
     }
@@ -675,7 +717,7 @@ impl Policy {
             .filter(|r| r.target.matches_name(&name))
             .map(|r| r.ports.to_string())
             .collect();
-        if other_ports.is_empty() {
+        let denied = if other_ports.is_empty() {
             Verdict::deny(None, format!("no rule allows {name}"))
         } else {
             Verdict::deny(
@@ -685,7 +727,8 @@ impl Policy {
                     other_ports.join(",")
                 ),
             )
-        }
+        };
+        denied.fixed_by(Fix::host(&name, port))
     }
 
     fn ip_verdict(&self, ip: Ipv4Addr, port: u16) -> Verdict {
@@ -707,6 +750,7 @@ impl Policy {
             None,
             format!("no cidr rule allows {ip}:{port} (an IP literal needs a cidr rule)"),
         )
+        .fixed_by(Fix::cidr(ip, port))
     }
 }
 
@@ -715,6 +759,7 @@ struct Verdict {
     allowed: bool,
     rule: Option<String>,
     reason: String,
+    fix: Option<Fix>,
 }
 
 impl Verdict {
@@ -723,6 +768,7 @@ impl Verdict {
             allowed: true,
             rule: rule.map(Rule::to_string),
             reason,
+            fix: None,
         }
     }
     fn deny(rule: Option<&Rule>, reason: String) -> Verdict {
@@ -730,6 +776,78 @@ impl Verdict {
             allowed: false,
             rule: rule.map(Rule::to_string),
             reason,
+            fix: None,
+        }
+    }
+    /// A denial that one more allow rule would lift.
+    fn fixed_by(mut self, fix: Fix) -> Verdict {
+        self.fix = Some(fix);
+        self
+    }
+}
+
+/// The rule that would allow what was denied, so a denial says how to lift it: as the flag
+/// of `run` that adds it and as the policy file's rule (for `--egress-policy`, `serve
+/// --egress-ceiling` and a client's `egressPolicy`). None is offered where an added allow
+/// rule would not help: a deny rule that names the destination, an IPv6 literal, a name
+/// that is not one, a TLS server name other than the tunnel's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fix {
+    /// `--allow-host NAME[:PORT]` or `--allow-cidr NET[:PORT]`; none when the rule belongs
+    /// in the operator's ceiling, which no flag of the step's widens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flag: Option<String>,
+    /// The same rule in the file form: `{"host": NAME, "ports": [PORT]}` or `{"cidr": NET,
+    /// "ports": [PORT]}`.
+    pub rule: serde_json::Value,
+    /// Whose policy needs it: `step` (the step's own) or `ceiling` (the operator's).
+    pub scope: &'static str,
+}
+
+impl Fix {
+    /// Allow `name` on `port` (443, the flag's default, is left implicit).
+    pub fn host(name: &str, port: u16) -> Fix {
+        let flag = if port == 443 {
+            format!("--allow-host {name}")
+        } else {
+            format!("--allow-host {name}:{port}")
+        };
+        Fix {
+            flag: Some(flag),
+            rule: serde_json::json!({"host": name, "ports": [port]}),
+            scope: "step",
+        }
+    }
+
+    /// Allow the one address `ip` on `port` (the narrowest range that lifts the denial; a
+    /// wider one is the operator's choice).
+    pub fn cidr(ip: Ipv4Addr, port: u16) -> Fix {
+        let net = format!("{ip}/32");
+        Fix {
+            flag: Some(format!("--allow-cidr {net}:{port}")),
+            rule: serde_json::json!({"cidr": net, "ports": [port]}),
+            scope: "step",
+        }
+    }
+
+    /// The same rule, needed in the operator's ceiling instead.
+    fn in_ceiling(self) -> Fix {
+        Fix {
+            flag: None,
+            scope: "ceiling",
+            ..self
+        }
+    }
+
+    /// One line for a person: the flag, or where the rule goes.
+    pub fn describe(&self) -> String {
+        match &self.flag {
+            Some(flag) => format!("{flag} (policy file: {})", self.rule),
+            None => format!(
+                "the host's ceiling (serve --egress-ceiling) must allow it too: {}",
+                self.rule
+            ),
         }
     }
 }
@@ -746,6 +864,9 @@ pub struct Decision {
     pub rule: Option<String>,
     /// Why, in words a step's agent can act on.
     pub reason: String,
+    /// For a denial an allow rule would lift: that rule.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<Fix>,
 }
 
 impl Decision {
@@ -882,6 +1003,122 @@ mod tests {
             !p.decide_resolved("10.2.2.3".parse().unwrap(), 443, &host)
                 .allowed
         );
+    }
+
+    #[test]
+    fn flags_take_port_lists_and_ranges_of_addresses() {
+        let p = Policy::from_flags(
+            &["a.example:80,443", "b.example:8000-8002"],
+            &["10.1.2.0/24:443", "10.9.9.9", "11.0.0.7:22,80"],
+        )
+        .unwrap();
+        assert!(p.decide("a.example", 80).allowed && p.decide("a.example", 443).allowed);
+        assert!(p.decide("b.example", 8001).allowed && !p.decide("b.example", 8003).allowed);
+        assert!(p.decide("10.1.2.7", 443).allowed && !p.decide("10.1.2.7", 80).allowed);
+        assert!(p.decide("11.0.0.7", 22).allowed && !p.decide("11.0.0.8", 22).allowed);
+        // A name that resolves into the range, on the range's ports.
+        let host: [IpAddr; 0] = [];
+        assert!(
+            p.decide_resolved("10.1.2.7".parse().unwrap(), 443, &host)
+                .allowed
+        );
+        assert!(
+            p.decide_resolved("10.9.9.9".parse().unwrap(), 443, &host)
+                .allowed
+        );
+        assert!(
+            !p.decide_resolved("10.9.9.9".parse().unwrap(), 80, &host)
+                .allowed
+        );
+        let none: [&str; 0] = [];
+        for (hosts, cidrs, says) in [
+            (&none[..], &["0.0.0.0/0:443"][..], "--allow-network"),
+            (&none, &["fd00::/8"], "IPv6"),
+            (&none, &["10.1.2.0/24:0"], "1–65535"),
+            (&none, &["10.1.2.0/24:"], "no port"),
+            (&none, &["x.example"], "IPv4"),
+            (&["10.0.0.0/8"], &none, "--allow-cidr"),
+            (&["a.example:9-1"], &none, "empty"),
+            (&["[::1]:443"], &none, "IPv6"),
+        ] {
+            let e = Policy::from_flags(hosts, cidrs).unwrap_err().to_string();
+            assert!(e.contains(says), "{hosts:?} {cidrs:?}: {e}");
+        }
+        // Each problem names its flag.
+        let e = Policy::from_flags(&["a b"], &["x"]).unwrap_err();
+        assert_eq!(e.problems.len(), 2, "{e}");
+        assert!(
+            e.problems[0].starts_with("--allow-host") && e.problems[1].starts_with("--allow-cidr")
+        );
+    }
+
+    #[test]
+    fn a_denial_names_the_rule_that_would_lift_it() {
+        let none: [&str; 0] = [];
+        let p = Policy::from_flags(&["a.example:80"], &none).unwrap();
+        let flag = |d: Decision| d.fix.and_then(|f| f.flag);
+        let host: [IpAddr; 1] = ["11.9.9.9".parse().unwrap()];
+        for (d, want) in [
+            (p.decide("b.example", 443), "--allow-host b.example"),
+            (p.decide("a.example", 8080), "--allow-host a.example:8080"),
+            (p.decide("11.0.0.3", 22), "--allow-cidr 11.0.0.3/32:22"),
+            (p.decide_name("c.example"), "--allow-host c.example"),
+            (
+                p.decide_resolved("10.1.2.3".parse().unwrap(), 80, &host),
+                "--allow-cidr 10.1.2.3/32:80",
+            ),
+            (
+                p.decide_resolved("11.9.9.9".parse().unwrap(), 80, &host),
+                "--allow-cidr 11.9.9.9/32:80",
+            ),
+        ] {
+            assert!(!d.allowed, "{d:?}");
+            assert_eq!(flag(d).as_deref(), Some(want));
+        }
+        // The fix, taken, lifts the denial; its file form is a rule the file form reads.
+        let d = p.decide_resolved("10.1.2.3".parse().unwrap(), 80, &host);
+        let fix = d.fix.unwrap();
+        let fixed = p
+            .clone()
+            .merge(Policy::from_flags(&none, &["10.1.2.3/32:80"]).unwrap());
+        assert!(
+            fixed
+                .decide_resolved("10.1.2.3".parse().unwrap(), 80, &host)
+                .allowed
+        );
+        let as_file = serde_json::json!({"allow": [fix.rule]}).to_string();
+        assert!(
+            Policy::from_json(&as_file)
+                .unwrap()
+                .decide("10.1.2.3", 80)
+                .allowed
+        );
+        // Where an allow rule would not help, none is offered.
+        let q = file(
+            r#"{"allow":[{"host":"*.example.com","ports":[443]},{"cidr":"10.0.0.0/8","ports":[443]}],
+                "deny":[{"host":"uploads.example.com"},{"cidr":"10.0.0.9"}]}"#,
+        );
+        assert_eq!(q.decide("uploads.example.com", 443).fix, None);
+        assert_eq!(q.decide("10.0.0.9", 443).fix, None);
+        let d = q.decide_resolved("10.0.0.9".parse().unwrap(), 443, &host);
+        assert!(!d.allowed && d.fix.is_none(), "{d:?}");
+        assert_eq!(q.decide("[::1]", 443).fix, None);
+        assert_eq!(q.decide("a b", 443).fix, None);
+        // The ceiling's denial: its rule, in the ceiling, and no flag of the step's.
+        let c = Policy::from_flags(&["a.example:80", "b.example:80"], &none)
+            .unwrap()
+            .within(Policy::from_flags(&["a.example:80"], &none).unwrap());
+        let fix = c.decide("b.example", 80).fix.unwrap();
+        assert_eq!((fix.flag, fix.scope), (None, "ceiling"));
+        assert_eq!(
+            fix.rule,
+            serde_json::json!({"host": "b.example", "ports": [80]})
+        );
+        // Audit mode: allowed, would deny, and the same fix.
+        let a = file(r#"{"mode":"audit","allow":[{"host":"a.example","ports":[443]}]}"#);
+        let d = a.decide("b.example", 443);
+        assert!(d.would_deny);
+        assert_eq!(flag(d).as_deref(), Some("--allow-host b.example"));
     }
 
     #[test]

@@ -9,11 +9,14 @@ pub enum HttpTarget {
     /// `CONNECT host:port`: a tunnel.
     Connect { host: String, port: u16 },
     /// `GET http://host[:port]/path`: one request, forwarded in origin form with the rest of
-    /// the head (`Proxy-*` headers dropped, `Host` set to the target).
+    /// the head (`Proxy-*` headers dropped, `Host` set to the target). `tls`: the target was
+    /// `https://` (busybox `wget` sends every https URL so to its `http_proxy`), so the
+    /// proxy speaks TLS to the origin ([`crate::tls`]).
     Forward {
         host: String,
         port: u16,
         head: Vec<u8>,
+        tls: bool,
     },
 }
 
@@ -42,12 +45,20 @@ pub fn parse_http_head(head: &[u8]) -> Result<HttpTarget, String> {
         let (host, port) = split_authority(target, None)?;
         return Ok(HttpTarget::Connect { host, port });
     }
-    let Some(rest) = target.strip_prefix("http://") else {
+    let scheme = target
+        .get(..8)
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    let (rest, tls, default_port) = if scheme.starts_with("http://") {
+        (&target[7..], false, 80)
+    } else if scheme == "https://" {
+        (&target[8..], true, 443)
+    } else {
         return Err(if target.starts_with('/') {
             "this is the sandbox's egress proxy: send an absolute-form request (http://host/path) or CONNECT".into()
         } else {
             format!(
-                "only http:// targets are forwarded (use CONNECT for TLS), not {:?}",
+                "only http:// and https:// targets are forwarded, not {:?}",
                 crate::policy::escape(target)
             )
         });
@@ -59,9 +70,9 @@ pub fn parse_http_head(head: &[u8]) -> Result<HttpTarget, String> {
     if authority.contains('@') {
         return Err("credentials in the URL are not forwarded".into());
     }
-    let (host, port) = split_authority(authority, Some(80))?;
+    let (host, port) = split_authority(authority, Some(default_port))?;
     let mut out = format!("{method} {path} {version}\r\n");
-    let host_header = if port == 80 {
+    let host_header = if port == default_port {
         host.clone()
     } else {
         format!("{host}:{port}")
@@ -86,7 +97,32 @@ pub fn parse_http_head(head: &[u8]) -> Result<HttpTarget, String> {
         host,
         port,
         head: out.into_bytes(),
+        tls,
     })
+}
+
+/// The destination a request head names, as far as its request line can be read: for the
+/// record of a request refused before it was understood (malformed, cut short, over a
+/// bound). Never a decision: only what the record names.
+pub fn request_target_hint(head: &[u8]) -> Option<(String, u16)> {
+    let line = head.split(|b| *b == b'\r' || *b == b'\n').next()?;
+    let line = std::str::from_utf8(line.get(..line.len().min(8 << 10))?).ok()?;
+    let mut parts = line.split(' ');
+    let (method, target) = (parts.next()?, parts.next()?);
+    if method == "CONNECT" {
+        return split_authority(target, None).ok();
+    }
+    let lower = target.get(..8).map(str::to_ascii_lowercase)?;
+    let (rest, port) = if lower.starts_with("http://") {
+        (&target[7..], 80)
+    } else if lower == "https://" {
+        (&target[8..], 443)
+    } else {
+        return None;
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit('@').next()?;
+    split_authority(authority, Some(port)).ok()
 }
 
 /// `host:port` (or `[v6]:port`); the port is required unless `default` is given.
@@ -447,7 +483,12 @@ mod tests {
                 port: 443
             }
         );
-        let HttpTarget::Forward { host, port, head } = parse_http_head(
+        let HttpTarget::Forward {
+            host,
+            port,
+            head,
+            tls: false,
+        } = parse_http_head(
             b"GET http://www.example.com:8080/a?b HTTP/1.1\r\nHost: evil.example\r\nProxy-Authorization: x\r\nAccept: */*\r\n\r\n",
         )
         .unwrap() else {
@@ -458,10 +499,37 @@ mod tests {
             String::from_utf8(head).unwrap(),
             "GET /a?b HTTP/1.1\r\nHost: www.example.com:8080\r\nAccept: */*\r\n\r\n"
         );
+        // busybox wget's https through http_proxy: the proxy is to speak TLS to the origin.
+        let HttpTarget::Forward {
+            host,
+            port,
+            head,
+            tls: true,
+        } = parse_http_head(
+            b"GET https://x.example/p?q HTTP/1.1\r\nHost: x.example\r\nUser-Agent: Wget\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((host.as_str(), port), ("x.example", 443));
+        assert_eq!(
+            String::from_utf8(head).unwrap(),
+            "GET /p?q HTTP/1.1\r\nHost: x.example\r\nUser-Agent: Wget\r\nConnection: close\r\n\r\n"
+        );
+        let Ok(HttpTarget::Forward {
+            port: 8443,
+            tls: true,
+            ..
+        }) = parse_http_head(b"GET HTTPS://x.example:8443/ HTTP/1.1\r\n\r\n")
+        else {
+            panic!()
+        };
         for bad in [
             &b"GET /x HTTP/1.1\r\n\r\n"[..],
             b"CONNECT example.com HTTP/1.1\r\n\r\n",
-            b"GET https://x.example/ HTTP/1.1\r\n\r\n",
+            b"GET ftp://x.example/ HTTP/1.1\r\n\r\n",
+            b"GET https:// HTTP/1.1\r\n\r\n",
             b"GET http://u:p@x.example/ HTTP/1.1\r\n\r\n",
             b"get http://x.example/ HTTP/1.1\r\n\r\n",
             b"GET http://x.example/ SPDY/3\r\n\r\n",
@@ -471,6 +539,35 @@ mod tests {
                 parse_http_head(bad).is_err(),
                 "{:?}",
                 String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_request_still_names_what_it_could() {
+        for (head, want) in [
+            (
+                &b"CONNECT a.example:443 HTTP/1.1\r\n"[..],
+                Some(("a.example", 443)),
+            ),
+            (
+                b"GET https://u@b.example/x HTTP/1.1",
+                Some(("b.example", 443)),
+            ),
+            (
+                b"GET http://c.example:8080?x HTTP/1.1\r\n\r\n",
+                Some(("c.example", 8080)),
+            ),
+            (b"GET /x HTTP/1.1\r\n", None),
+            (b"\xff\xfe", None),
+            (b"", None),
+        ] {
+            let got = request_target_hint(head);
+            assert_eq!(
+                got.as_ref().map(|(h, p)| (h.as_str(), *p)),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(head)
             );
         }
     }

@@ -808,3 +808,101 @@ async fn a_tls_record_before_the_client_hello_is_refused() {
     assert_eq!(allowed[0].bytes_up, ssh_sent.len() as u64, "{allowed:?}");
     assert!(allowed[0].error.is_none(), "{allowed:?}");
 }
+
+/// A request the proxy cannot take is answered with why (an HTTP 400 whose JSON says so)
+/// and recorded, naming what it could read of the destination; a connection that sent
+/// nothing made no request and leaves no record. The same for SOCKS5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_proxy_cannot_take_is_answered_and_recorded() {
+    let policy = Policy::from_allow_hosts(&["allowed.test"]).unwrap();
+    let (http, http_port) = listener();
+    let (socks, socks_port) = listener();
+    let mut opts = EngineOptions::default();
+    opts.limits.handshake = Duration::from_millis(500);
+    let engine = Engine::start(
+        policy,
+        Listeners {
+            http: Some(http),
+            socks: Some(socks),
+            ..Default::default()
+        },
+        opts,
+    )
+    .unwrap();
+    let heads: [(&[u8], &str); 6] = [
+        (b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n", "absolute-form"),
+        (b"GET ftp://files.test/ HTTP/1.1\r\n\r\n", "not \\\"ftp://"),
+        (b"GET \xff\xfe HTTP/1.1\r\n\r\n", "not UTF-8"),
+        (b"\x16\x03\x01\x00\x05hello", "plain HTTP"),
+        (b"CONNECT half.test:443 HTTP/1.1\r\n", "closed before"),
+        (
+            b"CONNECT slow.test:443 HTTP/1.1\r\n",
+            "did not arrive within",
+        ),
+    ];
+    let answers = tokio::task::spawn_blocking(move || {
+        let mut answers = Vec::new();
+        for (i, (head, _)) in heads.iter().enumerate() {
+            let mut s = TcpStream::connect(("127.0.0.1", http_port)).unwrap();
+            s.write_all(head).unwrap();
+            if i == 4 {
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+            }
+            answers.push(read_all(s));
+        }
+        // Nothing sent, closed: no request.
+        drop(TcpStream::connect(("127.0.0.1", http_port)).unwrap());
+        drop(TcpStream::connect(("127.0.0.1", socks_port)).unwrap());
+        // SOCKS4, and a SOCKS5 BIND.
+        let mut s = TcpStream::connect(("127.0.0.1", socks_port)).unwrap();
+        s.write_all(&[4, 1, 0, 80, 11, 0, 0, 1, 0]).unwrap();
+        let _ = read_all(s);
+        let mut s = TcpStream::connect(("127.0.0.1", socks_port)).unwrap();
+        s.write_all(&[5, 1, 0, 5, 2, 0, 1, 11, 0, 0, 1, 0, 80])
+            .unwrap();
+        let _ = read_all(s);
+        std::thread::sleep(Duration::from_millis(200));
+        answers
+    })
+    .await
+    .unwrap();
+    for ((_, says), got) in heads.iter().zip(&answers) {
+        assert!(got.starts_with("HTTP/1.1 400"), "{got}");
+        assert!(got.contains(says), "{says}: {got}");
+        assert!(got.contains("X-Smithers-Egress-Policy: sha256:"), "{got}");
+    }
+    let summary = engine.stop().await;
+    let records: Vec<(&str, &str, u16, &str)> = summary
+        .records
+        .iter()
+        .map(|r| (r.entry, r.host.as_str(), r.port, r.verdict))
+        .collect();
+    assert_eq!(summary.records.len(), 8, "{records:?}");
+    for r in &summary.records {
+        assert_eq!(r.verdict, "deny", "{r:?}");
+        assert!(
+            r.reason
+                .starts_with("the proxy could not take the request: "),
+            "{r:?}"
+        );
+    }
+    for want in [
+        ("http", "half.test", 443),
+        ("http", "slow.test", 443),
+        ("http", "", 0),
+        ("socks5", "", 0),
+    ] {
+        assert!(
+            records.iter().any(|(e, h, p, _)| (*e, *h, *p) == want),
+            "{want:?} not in {records:?}"
+        );
+    }
+    assert!(summary
+        .records
+        .iter()
+        .any(|r| r.entry == "socks5" && r.reason.contains("SOCKS4")));
+    assert!(summary
+        .records
+        .iter()
+        .any(|r| r.entry == "socks5" && r.reason.contains("command 2")));
+}

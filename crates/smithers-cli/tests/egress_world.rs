@@ -981,3 +981,700 @@ printf '{"outputs":{"checks":{"proxy_allowed":"%s","captured_allowed":"%s","prox
         "a holder was left behind"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Egress explains itself, and the clients a step uses work through it: a TLS origin in the
+// world (a test CA made with openssl for the test; the engine trusts it through the CLI's
+// SSL_CERT_FILE, a step through the client's own CA option), each client run by the CLI
+// in text mode, its summary read as a person reads it.
+// ---------------------------------------------------------------------------------------
+
+/// The TLS origin's certificates: a test CA, and a certificate it signed for allowed.test
+/// and private.test (and their addresses).
+struct TestTls {
+    dir: tempfile::TempDir,
+    config: Arc<rustls::ServerConfig>,
+}
+
+impl TestTls {
+    /// The CA's certificate (PEM): what the engine and a step's client trust.
+    fn ca(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+}
+
+/// Makes the test CA and the origin's certificate with the openssl command; SKIP without it.
+fn test_tls() -> Option<TestTls> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    if Command::new("openssl").arg("version").output().is_err() {
+        skip("openssl is not installed (it makes the TLS origin's test certificates)");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("leaf.ext"),
+        "subjectAltName=DNS:allowed.test,DNS:private.test,IP:11.0.0.2,IP:10.9.9.9\n\
+         basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+         extendedKeyUsage=serverAuth\nauthorityKeyIdentifier=keyid,issuer\n\
+         subjectKeyIdentifier=hash\n",
+    )
+    .unwrap();
+    let ec = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+    for args in [
+        format!("req -x509 {ec} -keyout ca.key -out ca.pem -days 2 -subj /CN=smithers-egress-test-ca -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign"),
+        format!("req {ec} -keyout leaf.key -out leaf.csr -subj /CN=allowed.test"),
+        "x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out leaf.pem -days 2 -extfile leaf.ext".to_string(),
+    ] {
+        let out = Command::new("openssl")
+            .args(args.split(' '))
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(d.join("leaf.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(d.join("leaf.key")).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    Some(TestTls {
+        dir,
+        config: Arc::new(config),
+    })
+}
+
+/// What the TLS origin serves: a greeting, and just enough of a Python simple index, an npm
+/// registry, a cargo sparse index and a git repository (dumb HTTP) for each client to do
+/// its everyday read.
+fn tls_route(path: &str) -> (u16, &'static str, String) {
+    const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+    let path = path.split('?').next().unwrap_or(path);
+    let (ctype, body) = match path {
+        "/hello" => ("text/plain", "tls origin says hello\n".to_string()),
+        "/simple/demo/" => (
+            "text/html",
+            "<!DOCTYPE html><html><body><a href=\"/files/demo-1.0-py3-none-any.whl\">demo-1.0-py3-none-any.whl</a></body></html>\n".to_string(),
+        ),
+        "/demo" => (
+            "application/json",
+            serde_json::json!({"name": "demo", "dist-tags": {"latest": "1.0.0"},
+                "versions": {"1.0.0": {"name": "demo", "version": "1.0.0",
+                    "dist": {"tarball": "https://allowed.test:8443/demo/-/demo-1.0.0.tgz",
+                             "shasum": "0000000000000000000000000000000000000000"}}}})
+            .to_string(),
+        ),
+        "/index/config.json" => (
+            "application/json",
+            r#"{"dl":"https://allowed.test:8443/dl"}"#.to_string(),
+        ),
+        "/index/de/mo/demo" => (
+            "text/plain",
+            format!(
+                "{}\n",
+                serde_json::json!({"name": "demo", "vers": "1.0.0", "deps": [],
+                    "cksum": "0".repeat(64), "features": {}, "yanked": false})
+            ),
+        ),
+        "/repo.git/info/refs" => ("text/plain", format!("{SHA}\trefs/heads/main\n")),
+        "/repo.git/HEAD" => ("text/plain", "ref: refs/heads/main\n".to_string()),
+        _ => return (404, "text/plain", "not here\n".to_string()),
+    };
+    (200, ctype, body)
+}
+
+/// Starts the TLS origin at each of `addrs` in the world's namespace; each request is
+/// logged as `tls-origin ADDR METHOD PATH host=HOST`.
+fn serve_tls(w: &World, tls: &TestTls, addrs: &[&'static str]) {
+    let ns = std::fs::File::open(format!("/run/netns/{}", w.world)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let log = w.log.clone();
+    let config = tls.config.clone();
+    let addrs = addrs.to_vec();
+    std::thread::spawn(move || {
+        // SAFETY: setns on this thread only, with a namespace descriptor we opened.
+        let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+        for a in addrs {
+            let l = TcpListener::bind(a).unwrap();
+            let (log, config) = (log.clone(), config.clone());
+            std::thread::spawn(move || {
+                for s in l.incoming() {
+                    let Ok(s) = s else { continue };
+                    let (log, config) = (log.clone(), config.clone());
+                    std::thread::spawn(move || tls_exchange(s, config, a, log));
+                }
+            });
+        }
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+}
+
+/// One TLS connection: one request, one answer, closed.
+fn tls_exchange(s: std::net::TcpStream, config: Arc<rustls::ServerConfig>, at: &str, log: Log) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let conn = rustls::ServerConnection::new(config).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, s);
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 16 << 10 {
+        match tls.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            Ok(_) => break,
+            Err(e) => {
+                log.lock()
+                    .unwrap()
+                    .push(format!("tls-origin {at} failed: {e}"));
+                return;
+            }
+        }
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let mut first = head.lines().next().unwrap_or("").split(' ');
+    let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+    let host = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("host").then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    log.lock()
+        .unwrap()
+        .push(format!("tls-origin {at} {method} {path} host={host}"));
+    let (status, ctype, body) = tls_route(path);
+    let _ = write!(
+        tls,
+        "HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.conn.send_close_notify();
+    let _ = tls.flush();
+}
+
+/// `run` in text mode, the CLI in the client namespace trusting the test CA, of `script`
+/// (sh) in a fresh project holding that CA as `ca.pem` (/workspace/ca.pem inside): the
+/// exit status, stdout (the step's), stderr (the summary) and the project.
+fn run_text(
+    w: &World,
+    tls: &TestTls,
+    flags: &[&str],
+    script: &str,
+) -> (Option<i32>, String, String, tempfile::TempDir) {
+    let project = tempfile::tempdir().unwrap();
+    std::fs::copy(tls.ca(), project.path().join("ca.pem")).unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &w.client, bin_path(), "run", "--root"])
+        .arg(project.path())
+        .args(flags)
+        .args(["--", "/bin/sh", "-c", script])
+        .env_remove("SMITHERS_DB")
+        .env("NO_COLOR", "1")
+        .env("SSL_CERT_FILE", tls.ca())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        project,
+    )
+}
+
+/// The egress records of a run's bundle (its path is the summary's `bundle` line).
+fn bundle_records(stderr: &str) -> Vec<Value> {
+    let path = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("bundle   "))
+        .unwrap_or_else(|| panic!("no bundle line in:\n{stderr}"));
+    std::fs::read_to_string(std::path::Path::new(path.trim()).join("logs/stream.ndjson"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["type"] == "egress")
+        .collect()
+}
+
+/// A client of the step's, through the engine against the world's TLS origin: `allowed`
+/// (a shell command) must print `expect` from the origin, which must have seen the request;
+/// `denied`, the same read from private.test, which resolves into private space, must be
+/// refused, and the run's summary must say why and name the flag that would allow it.
+struct ClientCase<'a> {
+    /// The client, for SKIP: its executable on this machine.
+    name: &'a str,
+    program: &'a str,
+    /// Extra `run` flags (`--env`, `--toolchain`).
+    flags: &'a [&'a str],
+    allowed: &'a str,
+    denied: &'a str,
+    expect: &'a str,
+}
+
+/// What the step printed for the denied read, the summary, and the project (its bundle
+/// lives as long).
+fn client_case(c: &ClientCase<'_>) -> Option<(String, String, tempfile::TempDir)> {
+    if !std::path::Path::new(c.program).exists() {
+        skip(&format!(
+            "{} is not installed on this machine ({})",
+            c.name, c.program
+        ));
+        return None;
+    }
+    let w = world()?;
+    let tls = test_tls()?;
+    serve_tls(&w, &tls, &["11.0.0.2:8443"]);
+    let script = format!(
+        "echo '== allowed'; {} 2>&1; echo '== denied'; {} 2>&1; exit 0",
+        c.allowed, c.denied
+    );
+    let mut flags = vec![
+        "--allow-host",
+        "allowed.test:8443",
+        "--allow-host",
+        "private.test:8443",
+        "--env",
+        "HOME=/tmp",
+    ];
+    flags.extend_from_slice(c.flags);
+    let (code, out, err, project) = run_text(&w, &tls, &flags, &script);
+    let (allowed, denied) = out
+        .split_once("== denied")
+        .unwrap_or_else(|| panic!("{}: exit {code:?}\n{out}\n{err}", c.name));
+    assert!(
+        allowed.contains(c.expect),
+        "{}: the allowed read did not print {:?}:\n{out}\n{err}",
+        c.name,
+        c.expect
+    );
+    let log = w.log();
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("tls-origin 11.0.0.2:8443 GET ")
+                && l.ends_with("host=allowed.test:8443")),
+        "{}: the origin saw no request: {log:?}",
+        c.name
+    );
+    // The denial, in the summary: why, and the flag that allows it.
+    for want in [
+        "deny private.test:8443 (",
+        "the name resolved to 10.9.9.9, private (10.0.0.0/8), which no cidr rule names on port 8443",
+        "    fix: --allow-cidr 10.9.9.9/32:8443, or the rule {\"cidr\":\"10.9.9.9/32\",\"ports\":[8443]} in a policy file",
+    ] {
+        assert!(err.contains(want), "{}: no {want:?} in the summary:\n{err}", c.name);
+    }
+    // The world heard only the names the policy allows, and nothing at private space.
+    assert!(
+        log.iter().all(|l| !l.starts_with("dns ")
+            || l.starts_with("dns allowed.test")
+            || l.starts_with("dns private.test")),
+        "{log:?}"
+    );
+    assert!(log.iter().all(|l| !l.starts_with("canary")), "{log:?}");
+    Some((denied.to_string(), err, project))
+}
+
+#[test]
+fn busybox_wget_fetches_https_through_the_proxy() {
+    let Some((denied, err, _project)) = client_case(&ClientCase {
+        name: "busybox",
+        program: "/bin/busybox",
+        flags: &[],
+        allowed: "busybox wget -q -O- https://allowed.test:8443/hello",
+        denied: "busybox wget -q -O- https://private.test:8443/hello",
+        expect: "tls origin says hello",
+    }) else {
+        return;
+    };
+    // busybox sends `GET https://...` in plain text to its http_proxy: the engine speaks TLS
+    // to the origin (verified against the CLI's trust store) and records it as `https`.
+    let records = bundle_records(&err);
+    assert!(
+        records.iter().any(|r| r["entry"] == "https"
+            && r["host"] == "allowed.test"
+            && r["verdict"] == "allow"
+            && r["address"] == "11.0.0.2:8443"
+            && r["bytesDown"].as_u64().unwrap_or(0) > 0),
+        "{records:?}"
+    );
+    assert!(denied.contains("403"), "{denied}");
+}
+
+#[test]
+fn curl_works_through_the_engine() {
+    client_case(&ClientCase {
+        name: "curl",
+        program: "/usr/bin/curl",
+        flags: &[],
+        allowed: "curl -sS -m 20 --cacert /workspace/ca.pem https://allowed.test:8443/hello",
+        denied: "curl -sS -m 20 --cacert /workspace/ca.pem https://private.test:8443/hello",
+        expect: "tls origin says hello",
+    });
+}
+
+#[test]
+fn gnu_wget_works_through_the_engine() {
+    let gnu = Command::new("/usr/bin/wget")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("GNU Wget"));
+    client_case(&ClientCase {
+        name: "GNU wget",
+        program: if gnu { "/usr/bin/wget" } else { "/nonexistent/GNU wget" },
+        flags: &[],
+        allowed: "wget -q -O- -t 1 -T 20 --ca-certificate=/workspace/ca.pem https://allowed.test:8443/hello",
+        denied: "wget -q -O- -t 1 -T 20 --ca-certificate=/workspace/ca.pem https://private.test:8443/hello",
+        expect: "tls origin says hello",
+    });
+}
+
+#[test]
+fn python_works_through_the_engine() {
+    let get = |host: &str| {
+        format!(
+            "/usr/bin/python3 -c 'import ssl, urllib.request; c = ssl.create_default_context(cafile=\"/workspace/ca.pem\"); print(urllib.request.urlopen(\"https://{host}:8443/hello\", context=c, timeout=20).read().decode())'"
+        )
+    };
+    client_case(&ClientCase {
+        name: "python3",
+        program: "/usr/bin/python3",
+        flags: &[],
+        allowed: &get("allowed.test"),
+        denied: &get("private.test"),
+        expect: "tls origin says hello",
+    });
+}
+
+#[test]
+fn node_works_through_the_engine() {
+    // Node's https ignores the proxy variables: it resolves through the sandbox's resolver
+    // and is captured.
+    let get = |host: &str| {
+        format!(
+            "/usr/bin/node -e 'require(\"https\").get(\"https://{host}:8443/hello\", {{ca: require(\"fs\").readFileSync(\"/workspace/ca.pem\")}}, r => r.pipe(process.stdout)).on(\"error\", e => {{ console.log(String(e)); process.exitCode = 1 }})'"
+        )
+    };
+    client_case(&ClientCase {
+        name: "node",
+        program: "/usr/bin/node",
+        flags: &[],
+        allowed: &get("allowed.test"),
+        denied: &get("private.test"),
+        expect: "tls origin says hello",
+    });
+}
+
+#[test]
+fn pip_works_through_the_engine() {
+    let pip = Command::new("/usr/bin/python3")
+        .args(["-m", "pip", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let index = |host: &str| {
+        format!(
+            "/usr/bin/python3 -m pip index versions demo --index-url https://{host}:8443/simple/ --cert /workspace/ca.pem --retries 0 --timeout 20 --no-cache-dir --disable-pip-version-check"
+        )
+    };
+    client_case(&ClientCase {
+        name: "pip",
+        program: if pip {
+            "/usr/bin/python3"
+        } else {
+            "/nonexistent/pip"
+        },
+        flags: &[],
+        allowed: &index("allowed.test"),
+        denied: &index("private.test"),
+        expect: "demo (1.0)",
+    });
+}
+
+#[test]
+fn npm_works_through_the_engine() {
+    let view = |host: &str| {
+        format!(
+            "npm view demo version --registry https://{host}:8443/ --cafile /workspace/ca.pem --cache /tmp/npm-cache --fetch-retries 0 --no-update-notifier --no-audit"
+        )
+    };
+    client_case(&ClientCase {
+        name: "npm",
+        program: "/usr/bin/npm",
+        flags: &[],
+        allowed: &view("allowed.test"),
+        denied: &view("private.test"),
+        expect: "1.0.0",
+    });
+}
+
+#[test]
+fn cargo_works_through_the_engine() {
+    // The host's rustup toolchain, brought in read-only; cargo's own home a scratch one.
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    let has_cargo = home
+        .as_ref()
+        .is_some_and(|h| h.join(".cargo/bin/cargo").exists() && h.join(".rustup").is_dir());
+    let lock = |host: &str| {
+        format!(
+            "mkdir -p /tmp/p/src /tmp/ch && : > /tmp/p/src/lib.rs && printf '[package]\\nname = \"p\"\\nversion = \"0.1.0\"\\nedition = \"2021\"\\n[dependencies]\\ndemo = {{ version = \"1\", registry = \"world\" }}\\n' > /tmp/p/Cargo.toml && rm -f /tmp/p/Cargo.lock && CARGO_REGISTRIES_WORLD_INDEX=sparse+https://{host}:8443/index/ cargo generate-lockfile --manifest-path /tmp/p/Cargo.toml && grep -A1 'name = \"demo\"' /tmp/p/Cargo.lock"
+        )
+    };
+    client_case(&ClientCase {
+        name: "cargo (rustup)",
+        program: if has_cargo {
+            "/bin/sh"
+        } else {
+            "/nonexistent/cargo"
+        },
+        flags: &[
+            "--toolchain",
+            "rustup",
+            "--env",
+            "CARGO_HOME=/tmp/ch",
+            "--env",
+            "CARGO_HTTP_CAINFO=/workspace/ca.pem",
+            "--env",
+            "CARGO_NET_RETRY=0",
+        ],
+        allowed: &lock("allowed.test"),
+        denied: &lock("private.test"),
+        expect: "version = \"1.0.0\"",
+    });
+}
+
+#[test]
+fn git_works_through_the_engine() {
+    let ls = |host: &str| format!("git ls-remote https://{host}:8443/repo.git");
+    client_case(&ClientCase {
+        name: "git",
+        program: "/usr/bin/git",
+        flags: &[
+            "--env",
+            "GIT_SSL_CAINFO=/workspace/ca.pem",
+            "--env",
+            "GIT_TERMINAL_PROMPT=0",
+        ],
+        allowed: &ls("allowed.test"),
+        denied: &ls("private.test"),
+        expect: "refs/heads/main",
+    });
+}
+
+/// Puts 10.9.9.9 (private.test's answer) in the world, routed from the client namespace,
+/// with the world's plain HTTP origin on port 80.
+fn serve_private_origin(w: &World) {
+    ip(&["-n", &w.world, "addr", "add", "10.9.9.9/32", "dev", "lo"]);
+    ip(&[
+        "-n",
+        &w.client,
+        "route",
+        "add",
+        "10.9.9.9/32",
+        "via",
+        "11.0.0.1",
+    ]);
+    let ns = std::fs::File::open(format!("/run/netns/{}", w.world)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let log = w.log.clone();
+    std::thread::spawn(move || {
+        // SAFETY: setns on this thread only, with a namespace descriptor we opened.
+        let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+        let l = TcpListener::bind("10.9.9.9:80").unwrap();
+        tx.send(()).unwrap();
+        accept(l, "origin 10.9.9.9:80", log, Reply::Http);
+    });
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+}
+
+/// A registry mirror inside a company network resolves into private space: --allow-host
+/// alone refuses it, the summary names the --allow-cidr flag that allows it, and that flag,
+/// taken as the summary wrote it, does.
+#[test]
+fn allow_cidr_lets_an_allowed_name_reach_private_space() {
+    let Some(w) = world() else { return };
+    let Some(tls) = test_tls() else { return };
+    serve_private_origin(&w);
+    let script =
+        "curl -sS -m 20 http://private.test/; echo; curl -sS -m 20 http://10.9.9.9/; exit 0";
+    let (_, out, err, _p) = run_text(&w, &tls, &["--allow-host", "private.test:80"], script);
+    assert!(
+        out.contains("blocked by the sandbox's egress policy"),
+        "{out}\n{err}"
+    );
+    let fix = err
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("fix: --allow-cidr "))
+        .and_then(|l| l.split(',').next())
+        .unwrap_or_else(|| panic!("no --allow-cidr fix in the summary:\n{err}"))
+        .to_string();
+    assert_eq!(fix, "10.9.9.9/32:80", "{err}");
+    assert!(
+        w.log().iter().all(|l| !l.starts_with("origin 10.9.9.9")),
+        "{:?}",
+        w.log()
+    );
+    // The fix as written; and a range, as an operator would write it for a mirror.
+    for cidr in [fix.as_str(), "10.9.9.0/24:80"] {
+        let flags = ["--allow-host", "private.test:80", "--allow-cidr", cidr];
+        let (code, out, err, _p) = run_text(&w, &tls, &flags, script);
+        assert_eq!(code, Some(0), "{out}\n{err}");
+        assert_eq!(
+            out.matches("origin says hello").count(),
+            2,
+            "by name and by address, with --allow-cidr {cidr}:\n{out}\n{err}"
+        );
+        assert!(err.contains("egress   2 allowed, 0 denied"), "{err}");
+    }
+    let hits = w
+        .log()
+        .iter()
+        .filter(|l| l.starts_with("origin 10.9.9.9:80 GET / "))
+        .count();
+    assert_eq!(hits, 4, "{:?}", w.log());
+    // A range is checked as the policy file's cidr rules are.
+    let (code, _, err, _p) = run_text(&w, &tls, &["--allow-cidr", "0.0.0.0/0:80"], "true");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--allow-network"), "{err}");
+}
+
+/// `egress check` resolves an allowed name as the engine does and agrees with it: a name
+/// that resolves into private space is denied, with the engine's reason and the fix; the
+/// engine, given the same policy, denies it for the same reason.
+#[test]
+fn egress_check_resolves_as_the_engine_does() {
+    let Some(w) = world() else { return };
+    let Some(tls) = test_tls() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"allow":[{"host":"private.test","ports":[80]},{"host":"allowed.test","ports":[80]}]}"#,
+    )
+    .unwrap();
+    let check = |args: &[&str]| {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &w.client, bin_path()])
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code(), text)
+    };
+    let p = policy.to_str().unwrap();
+    let (code, text) = check(&["egress", "check", p, "private.test:80"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.starts_with("deny private.test:80\n"), "{text}");
+    assert!(
+        text.contains("the name resolved to 10.9.9.9, private (10.0.0.0/8), which no cidr rule names on port 80"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fix    --allow-cidr 10.9.9.9/32:80"),
+        "{text}"
+    );
+    let (code, text) = check(&["egress", "check", p, "allowed.test:80"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.starts_with("allow allowed.test:80\n"), "{text}");
+    assert!(text.contains("resolves to 11.0.0.2"), "{text}");
+    // A name no rule allows is not resolved (no query leaves for it).
+    let (code, text) = check(&["egress", "check", p, "denied.test:80"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("fix    --allow-host denied.test:80"),
+        "{text}"
+    );
+    assert!(
+        w.log().iter().all(|l| !l.contains("denied.test")),
+        "{:?}",
+        w.log()
+    );
+    // The engine, with the same policy: the same reason, the same fix.
+    let (_, json) = check(&["--json", "egress", "check", p, "private.test:80"]);
+    let checked: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(checked["verdict"], "deny", "{checked}");
+    assert_eq!(
+        checked["fix"]["flag"], "--allow-cidr 10.9.9.9/32:80",
+        "{checked}"
+    );
+    let flags = ["--egress-policy", p];
+    let (_, out, err, _p) = run_text(&w, &tls, &flags, "curl -sS -m 20 http://private.test/");
+    assert!(
+        out.contains("blocked by the sandbox's egress policy"),
+        "{out}\n{err}"
+    );
+    let records = bundle_records(&err);
+    let engine = records
+        .iter()
+        .find(|r| r["host"] == "private.test" && r["verdict"] == "deny")
+        .unwrap_or_else(|| panic!("no denial of private.test: {records:?}"));
+    assert_eq!(engine["reason"], checked["reason"], "{engine}");
+    assert_eq!(engine["fix"], checked["fix"], "{engine}");
+    let reason = checked["reason"].as_str().unwrap();
+    assert!(
+        err.contains(&format!("deny private.test:80 (1x): {reason}")),
+        "{err}"
+    );
+    // With a cidr rule, both allow.
+    std::fs::write(
+        &policy,
+        r#"{"allow":[{"host":"private.test","ports":[80]},{"cidr":"10.9.9.0/24","ports":[80]}]}"#,
+    )
+    .unwrap();
+    let (code, text) = check(&["egress", "check", p, "private.test:80"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("resolves to 10.9.9.9"), "{text}");
+}
+
+/// A request the proxy cannot take gets a 400 whose body says why, and a record in the
+/// bundle's log that the summary tells: no request without a record.
+#[test]
+fn a_request_the_proxy_cannot_take_is_answered_and_recorded() {
+    let Some(w) = world() else { return };
+    let Some(tls) = test_tls() else { return };
+    let script = r#"/usr/bin/python3 -c '
+import socket
+for head in [b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n", b"GET gopher://allowed.test/ HTTP/1.1\r\n\r\n"]:
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(head)
+    print(s.recv(4096).decode(errors="replace"))
+'"#;
+    let (_, out, err, _p) = run_text(&w, &tls, &["--allow-host", "allowed.test:80"], script);
+    assert_eq!(out.matches("HTTP/1.1 400 Bad Request").count(), 2, "{out}");
+    let records = bundle_records(&err);
+    let refused: Vec<&Value> = records
+        .iter()
+        .filter(|r| {
+            r["verdict"] == "deny"
+                && r["reason"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with("the proxy could not take the request: ")
+        })
+        .collect();
+    assert_eq!(refused.len(), 2, "{records:?}");
+    assert!(out.contains("send an absolute-form request"), "{out}");
+    assert!(
+        out.contains("only http:// and https:// targets are forwarded"),
+        "{out}"
+    );
+    assert!(
+        err.contains("deny (no destination read) (2x): the proxy could not take the request")
+            || (err.contains("deny (no destination read) (1x): the proxy could not take the request: this is the sandbox's egress proxy")
+                && err.contains("deny (no destination read) (1x): the proxy could not take the request: only http://")),
+        "{err}"
+    );
+}

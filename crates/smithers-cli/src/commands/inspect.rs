@@ -144,9 +144,10 @@ fn egress_summary(root: &Path, row: &SandboxRow, config: &Value) -> Option<Value
         .ok()?;
     let mut reader = std::io::BufReader::new(file);
     let (mut allowed, mut denied, mut would) = (0u64, 0u64, 0u64);
-    // (allowed, host, port, verdict) -> (connections, bytes up, bytes down)
-    type Destination = (bool, String, u64, String);
-    let mut dest: BTreeMap<Destination, (u64, u64, u64)> = BTreeMap::new();
+    // (allowed, host, port, verdict, a denial's reason) -> (connections, bytes up, bytes
+    // down, a denial's fix), as the engine's summary keeps them.
+    type Destination = (bool, String, u64, String, Option<String>);
+    let mut dest: BTreeMap<Destination, (u64, u64, u64, Value)> = BTreeMap::new();
     let mut buf = Vec::new();
     loop {
         buf.clear();
@@ -173,15 +174,27 @@ fn egress_summary(root: &Path, row: &SandboxRow, config: &Value) -> Option<Value
             "would-deny" => would += 1,
             _ => denied += 1,
         }
+        let allowed = verdict == "allow";
         let key = (
-            verdict == "allow",
+            allowed,
             r["host"].as_str().unwrap_or("?").to_string(),
             r["port"].as_u64().unwrap_or(0),
             verdict,
+            r["reason"]
+                .as_str()
+                .filter(|_| !allowed)
+                .map(str::to_string),
         );
         // Bounded: the first 100 destinations (the counts above cover every record).
         if dest.len() < 100 || dest.contains_key(&key) {
-            let e = dest.entry(key).or_default();
+            let e = dest.entry(key).or_insert_with(|| {
+                let fix = if allowed {
+                    Value::Null
+                } else {
+                    r["fix"].clone()
+                };
+                (0, 0, 0, fix)
+            });
             e.0 += 1;
             e.1 += r["bytesUp"].as_u64().unwrap_or(0);
             e.2 += r["bytesDown"].as_u64().unwrap_or(0);
@@ -193,9 +206,18 @@ fn egress_summary(root: &Path, row: &SandboxRow, config: &Value) -> Option<Value
         "allowed": allowed,
         "denied": denied,
         "wouldDeny": would,
-        "destinations": dest.into_iter().take(100).map(|((_, host, port, verdict), (count, up, down))| json!({
-            "host": host, "port": port, "verdict": verdict, "count": count, "bytesUp": up, "bytesDown": down,
-        })).collect::<Vec<_>>(),
+        "destinations": dest.into_iter().take(100).map(|((_, host, port, verdict, reason), (count, up, down, fix))| {
+            let mut d = json!({
+                "host": host, "port": port, "verdict": verdict, "count": count, "bytesUp": up, "bytesDown": down,
+            });
+            if let Some(reason) = reason {
+                d["reason"] = reason.into();
+            }
+            if !fix.is_null() {
+                d["fix"] = fix;
+            }
+            d
+        }).collect::<Vec<_>>(),
     }))
 }
 
@@ -482,7 +504,7 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         println!("outputs   {}", inert(&o.to_string()));
     }
     println!("config    {}", inert(&row.config_json));
-    for line in super::run::egress_lines(egress.as_ref()) {
+    for line in super::egress_summary::egress_lines(egress.as_ref()) {
         println!("{line}");
     }
     match &doc["review"] {

@@ -5,6 +5,7 @@ pub mod context;
 pub mod daemon;
 pub mod doctor;
 pub mod egress;
+pub(crate) mod egress_summary;
 pub mod inspect;
 pub mod mounts;
 pub mod remove;

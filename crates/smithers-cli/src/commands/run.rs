@@ -118,11 +118,17 @@ pub struct RunArgs {
     /// (recorded in the enforcement report). Prefer --allow-host.
     #[arg(long)]
     pub allow_network: bool,
-    /// Let the step reach NAME on PORT (443 when omitted), through the runtime's egress
-    /// engine: DNS, HTTP(S) and SOCKS5 proxies and transparent capture, every decision
-    /// recorded. `*.example.com` is the names below example.com. Repeatable.
-    #[arg(long = "allow-host", value_name = "NAME[:PORT]")]
+    /// Let the step reach NAME on PORTS (443 when omitted; e.g. 80,443 or 8000-8100),
+    /// through the runtime's egress engine: DNS, HTTP(S) and SOCKS5 proxies and transparent
+    /// capture, every decision recorded. `*.example.com` is the names below example.com.
+    /// Repeatable.
+    #[arg(long = "allow-host", value_name = "NAME[:PORTS]")]
     pub allow_host: Vec<String>,
+    /// Let the step reach the IPv4 addresses of CIDR on PORTS (443 when omitted): an IP
+    /// literal, or an allowed name that resolves there (a registry mirror or proxy in
+    /// private space, which --allow-host alone refuses). Repeatable.
+    #[arg(long = "allow-cidr", value_name = "CIDR[:PORTS]")]
+    pub allow_cidr: Vec<String>,
     /// An egress policy file (JSON: allow and deny rules with ports, cidr rules, audit mode;
     /// see `smithers-sandbox egress check`). Combined with --allow-host.
     #[arg(long, value_name = "FILE")]
@@ -356,9 +362,11 @@ fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
             args.runtime.kind()
         )));
     }
-    if let Some(policy) =
-        super::egress::policy_of_flags(args.egress_policy.as_deref(), &args.allow_host)?
-    {
+    if let Some(policy) = super::egress::policy_of_flags(
+        args.egress_policy.as_deref(),
+        &args.allow_host,
+        &args.allow_cidr,
+    )? {
         if args.allow_network {
             return Err(invalid(
                 "--allow-network shares the host's whole network, so --allow-host and --egress-policy would mean nothing: choose one".to_string(),
@@ -1168,7 +1176,7 @@ fn print_summary(
     for line in not_held(enforcement) {
         say!("not held {line}");
     }
-    for line in egress_lines(egress) {
+    for line in super::egress_summary::egress_lines(egress) {
         say!("{line}");
     }
     for line in log_lines(log) {
@@ -1228,44 +1236,6 @@ fn log_lines(log: &[Value]) -> Vec<String> {
         })
         .map(|l| inert(&l))
         .collect()
-}
-
-/// The egress engine's summary for the step's summary: the counts and policy, then each
-/// destination denied (or that audit mode would have denied), at most 20.
-pub(crate) fn egress_lines(egress: Option<&Value>) -> Vec<String> {
-    let Some(e) = egress else {
-        return Vec::new();
-    };
-    let n = |k: &str| e[k].as_u64().unwrap_or(0);
-    let mut out = vec![inert(&format!(
-        "egress   {} allowed, {} denied{} ({} mode, policy {})",
-        n("allowed"),
-        n("denied"),
-        match n("wouldDeny") {
-            0 => String::new(),
-            w => format!(", {w} would be denied"),
-        },
-        e["mode"].as_str().unwrap_or("?"),
-        e["policy"].as_str().unwrap_or("?"),
-    ))];
-    let denied = e["destinations"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|d| d["verdict"] != "allow");
-    for d in denied.take(20) {
-        let port = match d["port"].as_u64() {
-            Some(0) | None => " (dns)".to_string(),
-            Some(p) => format!(":{p}"),
-        };
-        out.push(inert(&format!(
-            "  {} {}{port} ({}x)",
-            d["verdict"].as_str().unwrap_or("?"),
-            d["host"].as_str().unwrap_or("?"),
-            d["count"]
-        )));
-    }
-    out
 }
 
 /// The protections of a step's enforcement report that did not hold (unavailable or

@@ -82,6 +82,20 @@ pub fn special_use(ip: IpAddr) -> Option<&'static str> {
     })
 }
 
+/// Whether `ip` is where other machines live, public space or a special-use range that
+/// holds them (private networks, CGNAT, the documentation and benchmarking ranges a test
+/// network uses): where a cidr rule is the everyday fix for a denial. Loopback, link-local
+/// (cloud metadata), "this network", multicast and the reserved ranges are the host's own
+/// or nobody's: a rule may still name them, but a denial does not suggest one.
+pub fn other_machines(ip: Ipv4Addr) -> bool {
+    let Some(what) = special_use(IpAddr::V4(ip)) else {
+        return true;
+    };
+    ["private", "shared CGNAT", "documentation", "benchmarking"]
+        .iter()
+        .any(|kind| what.starts_with(kind))
+}
+
 /// The host's own addresses (every interface, up or not): a name resolving to one of them
 /// would reach the host's services from the sandbox.
 pub fn host_addresses() -> Vec<IpAddr> {
@@ -150,6 +164,29 @@ mod tests {
             assert_eq!(special_use(a.parse().unwrap()), None, "{a}");
         }
         assert!(special_use("::ffff:8.8.8.8".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn other_machines_are_where_a_fix_is_offered() {
+        for a in [
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "100.64.0.1",
+            "198.18.0.1",
+            "93.184.216.34",
+        ] {
+            assert!(other_machines(a.parse().unwrap()), "{a}");
+        }
+        for a in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+        ] {
+            assert!(!other_machines(a.parse().unwrap()), "{a}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::addr::special_use;
+use crate::addr::{other_machines, special_use};
 use crate::suffix::is_public_suffix;
 
 /// Most rules a policy may hold (each is checked on every connection).
@@ -646,13 +646,20 @@ impl Policy {
                     None,
                     format!("the name resolved to {ip}, {why}, which is denied by rule {rule}"),
                 ),
-                _ => Verdict::deny(
-                    None,
-                    format!(
-                        "the name resolved to {ip}, {why}, which no cidr rule names on port {port}"
-                    ),
-                )
-                .fixed_by(Fix::cidr(v4, port)),
+                _ => {
+                    let denied = Verdict::deny(
+                        None,
+                        format!(
+                            "the name resolved to {ip}, {why}, which no cidr rule names on port {port}"
+                        ),
+                    );
+                    // The host's own services and cloud metadata are not suggested.
+                    if other_machines(v4) && !host_addrs.contains(&ip) {
+                        denied.fixed_by(Fix::cidr(v4, port))
+                    } else {
+                        denied
+                    }
+                }
             }
         })();
         self.confined(self.in_mode(verdict), |c| {
@@ -746,11 +753,16 @@ impl Policy {
         {
             return Verdict::allow(Some(r), format!("{ip}:{port} is allowed by rule {r}"));
         }
-        Verdict::deny(
+        let denied = Verdict::deny(
             None,
             format!("no cidr rule allows {ip}:{port} (an IP literal needs a cidr rule)"),
-        )
-        .fixed_by(Fix::cidr(ip, port))
+        );
+        // Loopback and link-local (metadata) literals are not suggested; see `other_machines`.
+        if other_machines(ip) {
+            denied.fixed_by(Fix::cidr(ip, port))
+        } else {
+            denied
+        }
     }
 }
 
@@ -1067,13 +1079,20 @@ mod tests {
                 p.decide_resolved("10.1.2.3".parse().unwrap(), 80, &host),
                 "--allow-cidr 10.1.2.3/32:80",
             ),
-            (
-                p.decide_resolved("11.9.9.9".parse().unwrap(), 80, &host),
-                "--allow-cidr 11.9.9.9/32:80",
-            ),
         ] {
             assert!(!d.allowed, "{d:?}");
             assert_eq!(flag(d).as_deref(), Some(want));
+        }
+        // The host's own address, its loopback and cloud metadata: denied, no rule offered
+        // (a policy may still name them, deliberately).
+        for d in [
+            p.decide_resolved("11.9.9.9".parse().unwrap(), 80, &host),
+            p.decide_resolved("127.0.0.1".parse().unwrap(), 80, &host),
+            p.decide_resolved("169.254.169.254".parse().unwrap(), 80, &host),
+            p.decide("127.0.0.1", 80),
+            p.decide("169.254.169.254", 80),
+        ] {
+            assert!(!d.allowed && d.fix.is_none(), "{d:?}");
         }
         // The fix, taken, lifts the denial; its file form is a rule the file form reads.
         let d = p.decide_resolved("10.1.2.3".parse().unwrap(), 80, &host);

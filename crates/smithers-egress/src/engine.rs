@@ -12,7 +12,8 @@
 //! (an alert, a change_cipher_spec: a server may skip it and read a hello behind it). A
 //! denial is answered at once, in the entry point's own terms: an HTTP 403 with a JSON
 //! reason, a SOCKS5 "not allowed by ruleset", a reset for a captured connection, NXDOMAIN
-//! in DNS.
+//! in DNS. A request the proxy cannot take is answered with why too (an HTTP 400 whose JSON
+//! says so) and recorded as a denial: no request goes unrecorded.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
@@ -152,7 +153,8 @@ pub struct EgressRecord {
     pub kind: &'static str,
     /// Milliseconds since the Unix epoch, when the decision was made.
     pub timestamp_ms: u64,
-    /// `dns`, `http-connect`, `http`, `socks5` or `capture`.
+    /// `dns`, `http-connect`, `http`, `https` (an absolute-form `https://` request, relayed
+    /// over TLS the engine speaks), `socks5` or `capture`.
     pub entry: &'static str,
     /// As the step wrote it, bounded and escaped.
     pub host: String,

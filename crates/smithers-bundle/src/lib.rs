@@ -48,7 +48,8 @@ pub use error::BundleError;
 pub use limits::*;
 pub use manifest::{
     BundleStatus, ChangeNotes, CommitFile, CommitInfo, CommitSeries, DiffBundle, DiffOperation,
-    DiffPatch, LeftOut, Manifest, ValidatedBundle, COMMITS_BUNDLE_FILE,
+    DiffPatch, LeftOut, Manifest, ValidatedBundle, COMMITS_BUNDLE_FILE, MAX_SERIES_PATCH_BYTES,
+    SERIES_PATCH_FILE,
 };
 pub use smithers_paths::PathError;
 pub use validate::{assert_patch_path_safe, parse_change_notes, parse_manifest, validate_bundle};

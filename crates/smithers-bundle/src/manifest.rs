@@ -197,7 +197,20 @@ pub struct CommitSeries {
     pub tip: String,
     /// The commits from `base` (excluded) to `tip`, oldest first.
     pub commits: Vec<CommitInfo>,
+    /// Files the series leaves at its tip otherwise than the working-tree patches do (the
+    /// step committed them, then changed them again): HEAD and the index get the tip's
+    /// version, which the bundle's [`SERIES_PATCH_FILE`] shows (base to tip, for these
+    /// files only), and the working tree the patches'.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tip_differs: Vec<String>,
 }
+
+/// The diff from the series' base to its tip of [`CommitSeries::tip_differs`] (git's
+/// `diff-tree -p --binary --full-index`), for the review; covered by the review's digest.
+pub const SERIES_PATCH_FILE: &str = "git/series.patch";
+
+/// The largest [`SERIES_PATCH_FILE`]: a larger diff leaves the series out.
+pub const MAX_SERIES_PATCH_BYTES: u64 = 16 << 20;
 
 /// One commit of a [`CommitSeries`] (texts bounded: see `smithers-git`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

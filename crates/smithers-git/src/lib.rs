@@ -25,7 +25,10 @@ use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 
 pub use smithers_bundle::{CommitFile, CommitInfo, CommitSeries, COMMITS_BUNDLE_FILE};
-pub use verify::{compare_with_review, refused_path, ReviewedFile, ReviewedState, SeriesChange};
+pub use verify::{
+    compare_allowing, compare_with_review, refused_path, tip_only_differences, ReviewedFile,
+    ReviewedState, SeriesChange, MAX_TIP_DIFFERS,
+};
 
 mod objects;
 mod verify;
@@ -55,6 +58,8 @@ pub enum Collected {
         /// caller checks them against the patches ([`compare_with_review`]) before it brings
         /// the series back.
         changes: Vec<SeriesChange>,
+        /// The scratch repository the series was read in, for [`SeriesRepo::tip_diff`].
+        repo: Box<SeriesRepo>,
     },
     /// The step changed the repository's history in a way that is not applied: why.
     LeftOut(String),
@@ -739,13 +744,104 @@ pub fn collect_from(layers: &GitLayers) -> Result<Collected, String> {
     Ok(Collected::Series {
         series: CommitSeries {
             branch: branch.map(|b| b.trim_start_matches("refs/heads/").to_string()),
-            base,
-            tip,
+            base: base.clone(),
+            tip: tip.clone(),
             commits,
+            tip_differs: Vec::new(),
         },
         bundle,
         changes,
+        repo: Box::new(SeriesRepo {
+            _scratch: scratch,
+            repo,
+            host_objects,
+            base,
+            tip,
+            prefix,
+        }),
     })
+}
+
+/// The scratch repository [`collect_from`] read a series in (removed when dropped).
+#[derive(Debug)]
+pub struct SeriesRepo {
+    _scratch: tempfile::TempDir,
+    repo: PathBuf,
+    host_objects: PathBuf,
+    base: String,
+    tip: String,
+    /// The project's place in its repository (`dir/`, or empty).
+    prefix: String,
+}
+
+impl SeriesRepo {
+    /// The diff from the series' base to its tip of `paths` (from the project): what HEAD
+    /// and the index get of those files, for the review ([`SERIES_PATCH_FILE`]).
+    pub fn tip_diff(&self, paths: &[Vec<u8>]) -> Result<Vec<u8>, String> {
+        let mut c = git();
+        c.env("GIT_DIR", &self.repo)
+            .env("GIT_ALTERNATE_OBJECT_DIRECTORIES", &self.host_objects);
+        bound_memory(&mut c);
+        tip_diff_with(c, &self.base, &self.tip, &self.prefix, paths)
+    }
+}
+
+/// Where a bundle keeps [`SeriesRepo::tip_diff`]'s output.
+pub use smithers_bundle::SERIES_PATCH_FILE;
+
+/// At most this many bytes of [`SeriesRepo::tip_diff`]: a larger one leaves the series out.
+pub use smithers_bundle::MAX_SERIES_PATCH_BYTES;
+
+/// `diff-tree -p` from `base` to `tip` of `paths` (from the project at `prefix`), with the
+/// paths made relative to the project, through `cmd` (a host git in a repository that has
+/// both commits).
+fn tip_diff_with(
+    mut cmd: Command,
+    base: &str,
+    tip: &str,
+    prefix: &str,
+    paths: &[Vec<u8>],
+) -> Result<Vec<u8>, String> {
+    cmd.args([
+        "diff-tree",
+        "-p",
+        "-r",
+        "--binary",
+        "--full-index",
+        "--no-renames",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--no-color",
+    ]);
+    if !prefix.is_empty() {
+        cmd.arg(format!("--relative={prefix}"));
+    }
+    cmd.args([base, tip, "--"]);
+    for p in paths {
+        let mut full = prefix.as_bytes().to_vec();
+        full.extend_from_slice(p);
+        cmd.arg(std::ffi::OsStr::from_bytes(&full));
+    }
+    run(cmd, "the commits' diff", MAX_SERIES_PATCH_BYTES)
+}
+
+/// [`SeriesRepo::tip_diff`] on the host's repository after [`fetch`], to check at accept
+/// that the bundle's [`SERIES_PATCH_FILE`] (what the review showed) is what the branch gets.
+pub fn tip_diff_in_project(
+    project: &Path,
+    series: &CommitSeries,
+    paths: &[Vec<u8>],
+) -> Result<Vec<u8>, String> {
+    let prefix = project_prefix(project)?;
+    // From the repository's top, as collect's scratch repository sees the paths: a git
+    // started in a subdirectory would read the pathspecs relative to it.
+    tip_diff_with(
+        in_project(&toplevel(project)?, &[]),
+        &series.base,
+        &series.tip,
+        &prefix,
+        paths,
+    )
 }
 
 /// One commit's metadata and changed files.
@@ -987,13 +1083,32 @@ fn project_prefix(project: &Path) -> Result<String, String> {
 /// commit that changes a refused path ([`refused_path`], or outside the project), or a file
 /// the series leaves otherwise than the reviewed patches do ([`compare_with_review`]).
 /// `reviewed` are the files the reviewed patches change, paths from the project.
+/// `tip_differs` are the files (from the project) the review showed from the tip's diff
+/// (`CommitSeries::tip_differs`), and `shown_tip_diff` that diff as the review showed it
+/// (the bundle's [`SERIES_PATCH_FILE`], digest-checked): the host's own diff of those files
+/// must be byte for byte the same.
 pub fn verify_against_review(
     project: &Path,
     series: &CommitSeries,
     reviewed: &[ReviewedFile],
+    tip_differs: &[Vec<u8>],
+    shown_tip_diff: Option<&[u8]>,
 ) -> Result<(), String> {
     let changes = verified_changes(project, series)?;
-    compare_with_review(&changes, reviewed)
+    compare_allowing(&changes, reviewed, tip_differs)?;
+    if tip_differs.is_empty() {
+        return Ok(());
+    }
+    let shown = shown_tip_diff
+        .ok_or_else(|| format!("the bundle has no {SERIES_PATCH_FILE} for the files the commits leave otherwise than the patches"))?;
+    let real = tip_diff_in_project(project, series, tip_differs)?;
+    if real != shown {
+        return Err(format!(
+            "what the commits leave of {} file(s) is not the diff the review showed ({SERIES_PATCH_FILE})",
+            tip_differs.len()
+        ));
+    }
+    Ok(())
 }
 
 /// The series' changes from its base to its tip, paths from the project, as the host's

@@ -153,6 +153,71 @@ pub fn compare_with_review(
     ))
 }
 
+/// At most this many files may differ between the series' tip and the patches (each is
+/// named in README.md and shown from [`crate::SERIES_PATCH_FILE`]).
+pub const MAX_TIP_DIFFERS: usize = 1000;
+
+/// The files the series leaves at its tip otherwise than the patches, when every one of
+/// them is a file the patches change too (the step committed it, then changed it again):
+/// those are shown from the tip's diff in the review, so HEAD and the index get only shown
+/// content. Refused (`Err`, naming them) when the series changes a file the patches do not
+/// change at all (its committed content would be in no patch: a file committed and then
+/// deleted from the working tree), or when there are too many.
+pub fn tip_only_differences(
+    changes: &[SeriesChange],
+    reviewed: &[ReviewedFile],
+) -> Result<Vec<Vec<u8>>, String> {
+    let by_path: std::collections::HashMap<&[u8], &ReviewedState> = reviewed
+        .iter()
+        .map(|r| (r.path.as_slice(), &r.state))
+        .collect();
+    let unshown: Vec<&SeriesChange> = changes
+        .iter()
+        .filter(|c| !by_path.contains_key(c.path.as_slice()))
+        .collect();
+    if !unshown.is_empty() {
+        let owned: Vec<SeriesChange> = unshown.into_iter().cloned().collect();
+        return compare_with_review(&owned, reviewed).map(|()| Vec::new());
+    }
+    let differing: Vec<Vec<u8>> = changes
+        .iter()
+        .filter(|c| differs(c, by_path.get(c.path.as_slice()).copied()).is_some())
+        .map(|c| c.path.clone())
+        .collect();
+    if differing.len() > MAX_TIP_DIFFERS {
+        return Err(format!(
+            "{} files are committed otherwise than the working tree leaves them, over {MAX_TIP_DIFFERS}",
+            differing.len()
+        ));
+    }
+    Ok(differing)
+}
+
+/// [`compare_with_review`], allowing differences in exactly the files `allowed` (as
+/// [`tip_only_differences`] found them at collect): refused when another file differs or a
+/// listed one no longer does.
+pub fn compare_allowing(
+    changes: &[SeriesChange],
+    reviewed: &[ReviewedFile],
+    allowed: &[Vec<u8>],
+) -> Result<(), String> {
+    let found = tip_only_differences(changes, reviewed)?;
+    let found: std::collections::BTreeSet<&[u8]> = found.iter().map(Vec::as_slice).collect();
+    let listed: std::collections::BTreeSet<&[u8]> = allowed.iter().map(Vec::as_slice).collect();
+    if found != listed {
+        let odd: Vec<String> = found
+            .symmetric_difference(&listed)
+            .take(5)
+            .map(|p| shown(p))
+            .collect();
+        return Err(format!(
+            "the files the commits leave otherwise than the patches are not those the review showed ({})",
+            odd.join(", ")
+        ));
+    }
+    Ok(())
+}
+
 /// Why a path a commit changes is refused, or `None`: a `.git` or `.smithers` component at
 /// any depth (compared as git compares on case-insensitive file systems, trailing dots and
 /// spaces ignored, so `.GIT` and `.git.` are caught too), or an empty or `..` component.
@@ -304,6 +369,22 @@ mod tests {
         };
         mode_only(A).unwrap();
         assert!(mode_only(B).is_err());
+    }
+
+    #[test]
+    fn a_file_committed_then_edited_again_is_a_tip_difference_and_an_unshown_one_is_refused() {
+        let changes = [change("a", Some(A), Some(B)), change("c", None, Some(A))];
+        let files = [reviewed("a", Some(A)), reviewed("c", Some(A))];
+        assert_eq!(
+            tip_only_differences(&changes, &files).unwrap(),
+            vec![b"a".to_vec()]
+        );
+        compare_allowing(&changes, &files, &[b"a".to_vec()]).unwrap();
+        assert!(compare_allowing(&changes, &files, &[]).is_err());
+        assert!(compare_allowing(&changes, &files, &[b"a".to_vec(), b"c".to_vec()]).is_err());
+        // Committed, then deleted from the working tree: in no patch at all.
+        let err = tip_only_differences(&[change(".envrc", None, Some(A))], &files).unwrap_err();
+        assert!(err.contains(".envrc"), "{err}");
     }
 
     #[test]

@@ -101,6 +101,10 @@ pub struct BundleBytes {
     pub readme: Vec<u8>,
     /// (bundle-relative path, bytes), in the bundle's patch order.
     pub patches: Vec<(String, Vec<u8>)>,
+    /// The commits' diff of the files they leave otherwise than the patches
+    /// (`git/series.patch`), when the bundle has one: the review shows it, so the digest
+    /// covers it (and a bundle without it hashes as before).
+    pub series_patch: Option<Vec<u8>>,
 }
 
 impl BundleBytes {
@@ -123,7 +127,22 @@ impl BundleBytes {
                 .map(|b| (rel.clone(), b))
             })
             .collect::<Result<_, _>>()?;
-        Ok(BundleBytes { readme, patches })
+        let series_patch =
+            std::fs::symlink_metadata(bundle.bundle_path.join(smithers_bundle::SERIES_PATCH_FILE))
+                .is_ok()
+                .then(|| {
+                    read_bounded(
+                        &bundle.bundle_path,
+                        smithers_bundle::SERIES_PATCH_FILE,
+                        smithers_git::MAX_SERIES_PATCH_BYTES,
+                    )
+                })
+                .transpose()?;
+        Ok(BundleBytes {
+            readme,
+            patches,
+            series_patch,
+        })
     }
 
     /// [`BundleBytes::read`], refused unless the bytes are those the review was opened on
@@ -153,6 +172,9 @@ impl BundleBytes {
         add("README.md", &self.readme);
         for (rel, bytes) in &self.patches {
             add(rel, bytes);
+        }
+        if let Some(bytes) = &self.series_patch {
+            add(smithers_bundle::SERIES_PATCH_FILE, bytes);
         }
         let digest = h.finalize();
         format!(
@@ -320,6 +342,7 @@ fn with_commits<T>(
     bundle_path: &Path,
     commits: Option<&smithers_bundle::CommitSeries>,
     texts: &[String],
+    series_patch: Option<&[u8]>,
     apply: impl FnOnce() -> Result<T, ErrorReport>,
 ) -> Result<T, ErrorReport> {
     let Some(series) = commits else {
@@ -338,8 +361,19 @@ fn with_commits<T>(
     // Nothing the review did not show: the series' tip must leave every file it changes as
     // the patches about to be applied leave it (checked again here, not only at collect: the
     // bundle may come from a remote host).
-    smithers_git::verify_against_review(root_dir, series, &reviewed_files(texts)?)
-        .map_err(refused)?;
+    let tip_differs: Vec<Vec<u8>> = series
+        .tip_differs
+        .iter()
+        .map(|p| smithers_patch::path_to_bytes(p).unwrap_or_else(|| p.as_bytes().to_vec()))
+        .collect();
+    smithers_git::verify_against_review(
+        root_dir,
+        series,
+        &reviewed_files(texts)?,
+        &tip_differs,
+        series_patch,
+    )
+    .map_err(refused)?;
     let applied = apply()?;
     smithers_git::advance(root_dir, series, "smithers-sandbox: accept the step's commits")
         .map_err(|e| {
@@ -562,6 +596,7 @@ impl PatchApplier for AtomicPatchApplier {
             &bundle.bundle_path,
             notes.commits.as_ref(),
             &texts,
+            bytes.series_patch.as_deref(),
             || Self::apply_texts(root_dir, &texts, host_changed, conflict_markers),
         )?;
         // A file written with conflict markers is not what the step staged.
@@ -617,11 +652,13 @@ impl PatchApplier for AtomicPatchApplier {
     fn apply(&self, root_dir: &Path, bundle: &InspectedBundle) -> Result<(), ErrorReport> {
         let host_changed = bundle.change_notes.host_changed.iter().cloned().collect();
         let texts = Self::texts(bundle)?;
+        let series_patch = BundleBytes::read(bundle)?.series_patch;
         with_commits(
             root_dir,
             &bundle.bundle_path,
             bundle.change_notes.commits.as_ref(),
             &texts,
+            series_patch.as_deref(),
             || Self::apply_texts(root_dir, &texts, host_changed, false),
         )
         .map(|_| ())

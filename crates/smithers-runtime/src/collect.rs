@@ -267,6 +267,87 @@ pub fn fit_patches(project: &Path, bundle: WorkspaceBundle, budget: u64) -> Work
     render_changes(project, changes, status)
 }
 
+/// A series [`smithers_git::collect_from`] read: the series, its changes from base to tip,
+/// and the scratch repository it was read in.
+type CollectedSeries = (
+    smithers_bundle::CommitSeries,
+    Vec<smithers_git::SeriesChange>,
+    Box<smithers_git::SeriesRepo>,
+);
+
+/// What of a step's commit series comes back (one truth: the review must show everything
+/// the series writes): the series, when every file it changes ends at its tip as the
+/// patches leave it, or the patches change it too and the tip's version is shown from
+/// [`smithers_git::SERIES_PATCH_FILE`] (a file committed, then changed again); else nothing,
+/// and the bundle says why (`leftOut`, the log). Returns the series, the paths it changes
+/// (from the project), and the bytes of the series patch it added to `git_files` (`room`
+/// at most).
+fn settle_series(
+    collected: Option<CollectedSeries>,
+    bundle: &mut WorkspaceBundle,
+    git_files: &mut Vec<smithers_bundle::BundleFile>,
+    git_notes: &mut Vec<String>,
+    room: u64,
+) -> (
+    Option<smithers_bundle::CommitSeries>,
+    std::collections::HashSet<Vec<u8>>,
+    u64,
+) {
+    let Some((mut series, changes, repo)) = collected else {
+        return (None, Default::default(), 0);
+    };
+    let settled = smithers_git::tip_only_differences(&changes, &reviewed_files(&bundle.changes))
+        .and_then(|differing| {
+            if differing.is_empty() {
+                return Ok(None);
+            }
+            let diff = repo.tip_diff(&differing)?;
+            if diff.len() as u64 > room {
+                return Err(format!(
+                    "the diff of the {} file(s) the commits leave otherwise than the patches takes {} bytes, over the {room} left in the bundle",
+                    differing.len(),
+                    diff.len()
+                ));
+            }
+            Ok(Some((differing, diff)))
+        });
+    match settled {
+        Ok(shown) => {
+            let mut extra = 0;
+            if let Some((differing, diff)) = shown {
+                series.tip_differs = differing
+                    .iter()
+                    .map(|p| smithers_patch::path_from_bytes(p))
+                    .collect();
+                extra = diff.len() as u64;
+                git_files.push(smithers_bundle::BundleFile::new(
+                    smithers_git::SERIES_PATCH_FILE,
+                    diff,
+                ));
+            }
+            let committed = changes.into_iter().map(|c| c.path).collect();
+            (Some(series), committed, extra)
+        }
+        Err(why) => {
+            git_files.clear();
+            let said = format!(
+                "the step's commits are not brought back: {why}; its files come back as patches"
+            );
+            // The review lists what was left out: it says why here too, not only in the log.
+            for l in bundle
+                .notes
+                .left_out
+                .iter_mut()
+                .filter(|l| l.path == ".git/")
+            {
+                l.reason = said.clone();
+            }
+            git_notes.push(said);
+            (None, Default::default(), 0)
+        }
+    }
+}
+
 /// Every file the patches of `changes` change, and how they leave it, for
 /// [`smithers_git::compare_with_review`].
 fn reviewed_files(changes: &ChangeSet) -> Vec<smithers_git::ReviewedFile> {
@@ -426,12 +507,13 @@ pub fn write_workspace_bundle_with(
                 series,
                 bundle,
                 changes,
+                repo,
             }) => {
                 git_files.push(smithers_bundle::BundleFile::new(
                     smithers_bundle::COMMITS_BUNDLE_FILE,
                     bundle,
                 ));
-                commits = Some((series, changes));
+                commits = Some((series, changes, repo));
             }
             Ok(smithers_git::Collected::LeftOut(why)) => git_notes.push(format!(
                 "the step's commits are not brought back: {why}; its files come back as patches"
@@ -450,36 +532,9 @@ pub fn write_workspace_bundle_with(
     let mut bundle = fit_patches(from.project, bundle, patch_budget);
     // One truth: the series comes back only when its tip leaves every file it changes as
     // the patches (what the review shows) do; else the patches alone come back.
-    let mut committed: std::collections::HashSet<Vec<u8>> = Default::default();
-    let commits = match commits {
-        Some((series, changes)) => {
-            match smithers_git::compare_with_review(&changes, &reviewed_files(&bundle.changes)) {
-                Ok(()) => {
-                    committed = changes.into_iter().map(|c| c.path).collect();
-                    Some(series)
-                }
-                Err(why) => {
-                    git_files.clear();
-                    let said = format!(
-                        "the step's commits are not brought back: {why}; its files come back as patches"
-                    );
-                    // The review lists what was left out: it says why here too, not only
-                    // in the log.
-                    for l in bundle
-                        .notes
-                        .left_out
-                        .iter_mut()
-                        .filter(|l| l.path == ".git/")
-                    {
-                        l.reason = said.clone();
-                    }
-                    git_notes.push(said);
-                    None
-                }
-            }
-        }
-        None => None,
-    };
+    let room = patch_budget.saturating_sub(bundle.patch_bytes);
+    let (commits, committed, series_patch_bytes) =
+        settle_series(commits, &mut bundle, &mut git_files, &mut git_notes, room);
     if commits.is_some() {
         // The repository's own files are never patched; what of them comes back is the
         // series, which the left-out entry then points at.
@@ -519,7 +574,9 @@ pub fn write_workspace_bundle_with(
             .map(|p| p.to_string_lossy().into_owned());
         note_where_kept(&mut bundle, options.kept_layer.as_deref());
     }
-    let budget = patch_budget.saturating_sub(bundle.patch_bytes);
+    let budget = patch_budget
+        .saturating_sub(bundle.patch_bytes)
+        .saturating_sub(series_patch_bytes);
     let (artifacts, skipped) = collect_artifacts(
         from.artifacts,
         SANDBOX_MAX_PATCH_FILES.saturating_sub(git_files.len()),

@@ -727,6 +727,40 @@ pub fn bundle_contents(
     Ok((out, bundle.change_notes))
 }
 
+/// The bundle's `git/series.patch` (what the commits leave of the files they leave
+/// otherwise than the patches), rendered for the review: as a diff with the review's
+/// findings (files the host runs, control characters), inert; bytes that are not UTF-8 are
+/// shown escaped line by line. `None` when the bundle has none.
+pub fn render_series_patch(
+    bundle_path: &Path,
+    hooks_dirs: &[String],
+    color: bool,
+) -> Option<String> {
+    use std::io::Read;
+    let beneath = smithers_paths::Beneath::open(bundle_path).ok()?;
+    let file = beneath
+        .open_read(Path::new(smithers_bundle::SERIES_PATCH_FILE))
+        .ok()?;
+    let mut bytes = Vec::new();
+    file.take(smithers_bundle::MAX_SERIES_PATCH_BYTES)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let parsed = std::str::from_utf8(&bytes)
+        .ok()
+        .and_then(|t| smithers_patch::parse_patch(t).ok());
+    Some(match parsed {
+        Some(patches) => {
+            let shown = smithers_patch::PatchReview::new(&patches, None);
+            let findings = shown.findings(hooks_dirs);
+            shown.render(&smithers_patch::ReviewOptions { color }, &findings)
+        }
+        None => bytes
+            .split_inclusive(|b| *b == b'\n')
+            .map(|l| smithers_terminal::escape_bytes(l, smithers_terminal::Inert::BODY) + "\n")
+            .collect(),
+    })
+}
+
 /// What the bundle's log says happened to the step's result and output (a result file that
 /// was refused, a stream cut off at a cap, egress records past their bound): at most 20
 /// records, read through no link, a bounded line at a time.

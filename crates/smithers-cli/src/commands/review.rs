@@ -152,6 +152,22 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         let hooks = smithers_patch::host_hooks_dirs(std::path::Path::new(&review.root_dir));
         print!("{}", context::render_commits(series, &hooks, bold, reset));
         println!();
+        if !series.tip_differs.is_empty() {
+            println!(
+                "{bold}the commits leave {} file(s) otherwise than the working tree{reset} (committed, then changed again): HEAD and the index get this, the working tree the patches below",
+                series.tip_differs.len()
+            );
+            let color = !args.no_color && color_allowed() && std::io::stdout().is_terminal();
+            match context::render_series_patch(
+                std::path::Path::new(&review.bundle_path),
+                &hooks,
+                color,
+            ) {
+                Some(text) => print!("{text}"),
+                None => println!("  (the bundle has no git/series.patch: accept will refuse it)"),
+            }
+            println!();
+        }
     }
     if !notes.staged.is_empty() {
         // The index is written too: said before the diff, as the commits are.

@@ -7,6 +7,12 @@
 # ran, sandboxes included, as a machine's death does). The host is the client: it reaches the
 # nodes through a veth into the switch.
 #
+# A node's private /tmp hides the host's: a build in a checkout under /tmp is not on the
+# nodes. As real nodes have `smithers-sandbox` installed at one path, the cluster has an
+# install directory, $state/bin, that every node sees at the same path, read-only;
+# `install-bin` copies a build there (one copy per build) and prints the path to give the
+# runtime (SMITHERS_RAY_SERVE_BIN). The tests install the binary they built.
+#
 #   scripts/ray/cluster.sh install       # install Ray (PyPI, cached venv) if needed
 #   scripts/ray/cluster.sh up            # install if needed, start, wait for the 4 slots
 #   scripts/ray/cluster.sh down          # stop every node by PID, remove the namespaces
@@ -17,6 +23,8 @@
 #   scripts/ray/cluster.sh cut NODE      # partition: the node's link to the switch goes down
 #   scripts/ray/cluster.sh heal NODE     # and comes back
 #   scripts/ray/cluster.sh env           # prints RAY_ADDRESS=... RAY_AUTH_TOKEN=... lines
+#   scripts/ray/cluster.sh install-bin FILE   # install a smithers-sandbox build for the
+#                                             # nodes; prints its path there
 #
 # State (PIDs, the token, logs) lives in $SMITHERS_RAY_STATE (default /tmp/smithers-ray-cluster);
 # the venv in $SMITHERS_RAY_VENV (default ~/.cache/smithers-ray/venv). Needs root.
@@ -53,6 +61,11 @@ install_ray() {
 
 ns() { echo "$prefix-$1"; }
 
+# The install directory every node sees at this same path (read-only), and the mark `up` leaves
+# for a cluster whose nodes see it (one started by an older version of this script does not).
+bin_dir="$state/bin"
+layout_mark="$state/layout-bin"
+
 make_network() {
   ip netns add "$(ns sw)"
   ip -n "$(ns sw)" link add br0 type bridge
@@ -82,7 +95,9 @@ remove_network() {
 
 # Starts one node: `ray start --block` as PID 1 of a new PID namespace, in the node's network
 # namespace (nsenter, not `ip netns exec`, which remounts /sys and hides the cgroup mounts) and a
-# private mount namespace with its own /tmp and /dev/shm.
+# private mount namespace with its own /tmp and /dev/shm, where the install directory stays at
+# its path, read-only (parked on /dev/shm while the new /tmp is mounted over the old, then moved
+# into it: it is under the host's /tmp unless $SMITHERS_RAY_STATE says otherwise).
 start_node() {
   local n="$1" ip="$subnet.${octet[$1]}" role
   local log="$state/$n.log"
@@ -106,7 +121,15 @@ start_node() {
       RAY_health_check_initial_delay_ms=1000 RAY_health_check_period_ms=1000 \
       RAY_health_check_timeout_ms=1000 RAY_health_check_failure_threshold=3 \
       PATH="$venv/bin:$PATH" \
-      sh -c 'mount -t tmpfs -o mode=1777 tmpfs /tmp && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$@"' sh \
+      SMITHERS_RAY_BIN_DIR="$bin_dir" \
+      sh -c 'set -e; b="$SMITHERS_RAY_BIN_DIR"; unset SMITHERS_RAY_BIN_DIR
+        mount --bind "$b" /dev/shm
+        mount -t tmpfs -o mode=1777 tmpfs /tmp
+        mkdir -p "$b"
+        mount --move /dev/shm "$b"
+        mount -o remount,bind,ro "$b"
+        mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+        exec "$@"' sh \
       "$venv/bin/ray" start --block --disable-usage-stats --node-ip-address "$ip" \
         --object-store-memory 100000000 --min-worker-port 20000 --max-worker-port 20999 \
         "${role[@]}" \
@@ -177,6 +200,41 @@ kill_node() {
   done
 }
 
+# Copies the smithers-sandbox build FILE into the install directory, once per build (named by
+# its path, inode, size and modification time: a rebuild is another build), and prints the
+# path the nodes run it from. A copy, not a link: the build may be rewritten while leases run
+# it. Builds no install used for an hour go, but for the three last used.
+install_bin() {
+  local src="$1" id key dest tmp
+  [ -f "$src" ] && [ -x "$src" ] || die "install-bin: $src is not an executable file"
+  [ -f "$layout_mark" ] ||
+    die "install-bin: no cluster whose nodes see $bin_dir (none is up, or it was started by an older cluster.sh): scripts/ray/cluster.sh down; scripts/ray/cluster.sh up"
+  src="$(realpath "$src")"
+  id="$(stat -c '%d %i %s %.9Y' "$src")"
+  key="$(printf '%s\n%s\n' "$src" "$id" | sha256sum | cut -c1-20)"
+  dest="$bin_dir/$key"
+  if [ ! -x "$dest/smithers-sandbox" ]; then
+    tmp="$(mktemp -d "$bin_dir/.install-XXXXXX")"
+    cp "$src" "$tmp/smithers-sandbox"
+    chmod 755 "$tmp" "$tmp/smithers-sandbox"
+    # The build changed while it was copied: the copy is not that build.
+    if [ "$(stat -c '%d %i %s %.9Y' "$src")" != "$id" ]; then
+      rm -rf "$tmp"
+      die "install-bin: $src changed while it was copied (a build running?); try again"
+    fi
+    # Another install of the same build may have won the race: then its copy is kept.
+    mv -T "$tmp" "$dest" 2>/dev/null || rm -rf "$tmp"
+  fi
+  touch "$dest"
+  # shellcheck disable=SC2012
+  ls -1t "$bin_dir" | tail -n +4 | while read -r old; do
+    if [ -n "$(find "$bin_dir/$old" -maxdepth 0 -mmin +60 2>/dev/null)" ]; then
+      rm -rf "${bin_dir:?}/$old"
+    fi
+  done
+  echo "$dest/smithers-sandbox"
+}
+
 api() {
   curl -sS --max-time 5 -H "Authorization: Bearer $(cat "$state/token")" "http://$subnet.${octet[head]}:8265$1"
 }
@@ -211,11 +269,15 @@ case "$cmd" in
   up)
     [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
     install_ray
-    if [ -n "$(leader_of head)" ]; then
+    if [ -n "$(leader_of head)" ] && [ -f "$layout_mark" ]; then
       say "already up"; wait_ready; exit 0
     fi
+    if [ -n "$(leader_of head)" ]; then
+      say "restarting a cluster started by an older cluster.sh (its nodes do not see $bin_dir)"
+    fi
     "$0" down >/dev/null 2>&1 || true
-    mkdir -p "$state"
+    mkdir -p "$state" "$bin_dir"
+    chmod 755 "$bin_dir"
     head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$state/token"
     chmod 600 "$state/token"
     make_network
@@ -227,6 +289,7 @@ case "$cmd" in
     start_node w1
     start_node w2
     wait_ready
+    touch "$layout_mark"
     say "up: RAY_ADDRESS=http://$subnet.${octet[head]}:8265 ($((slots * 2)) sandbox slots on w1 and w2)"
     ;;
   install) install_ray ;;
@@ -248,12 +311,15 @@ case "$cmd" in
   alive)
     # A state directory can outlive its cluster (a reboot, a killed CI run, a disk image
     # copied with its /tmp): its token alone says nothing. Alive = the head's `ray start`
-    # runs and its API answers.
-    [ -n "$(leader_of head)" ] && [ -f "$state/token" ] && api /api/version >/dev/null 2>&1 ;;
+    # runs and its API answers, and its nodes see the install directory (`up` restarts one
+    # started by an older version of this script).
+    [ -n "$(leader_of head)" ] && [ -f "$state/token" ] && [ -f "$layout_mark" ] &&
+      api /api/version >/dev/null 2>&1 ;;
   env)
     echo "RAY_ADDRESS=http://$subnet.${octet[head]}:8265"
     echo "RAY_AUTH_TOKEN=$(cat "$state/token")"
     ;;
   pids) node_pids "${2:?node}" ;;
-  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  install-bin) install_bin "${2:?the smithers-sandbox build to install}" ;;
+  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use smithers_runtime_ray::{RayOptions, RayRuntime};
@@ -159,11 +160,35 @@ pub fn jobs() -> Vec<(String, String)> {
         .collect()
 }
 
-/// The runtime's options for this cluster: the product binary as the nodes' `serve` (the
-/// nodes share this machine's filesystem), a short orphan timeout.
+/// The product binary this test run built, as the nodes run it: installed into the cluster's
+/// install directory (`cluster.sh install-bin`), which every node sees at one path, as real
+/// nodes have it installed. The build's own path may be one the nodes do not see (a checkout
+/// under /tmp: each node has a private /tmp).
+pub fn serve_bin() -> String {
+    static INSTALLED: OnceLock<String> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            let out = Command::new("bash")
+                .arg(script())
+                .args(["install-bin", super::native::bin_path()])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "cluster.sh install-bin {}: {}",
+                super::native::bin_path(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        })
+        .clone()
+}
+
+/// The runtime's options for this cluster: the product binary as the nodes' `serve` (installed
+/// for them, [`serve_bin`]), a short orphan timeout.
 pub fn options() -> RayOptions {
     let mut o = RayOptions::new(ADDRESS, token());
-    o.serve_binary = super::native::bin_path().to_string();
+    o.serve_binary = serve_bin();
     o.orphan_timeout = Duration::from_secs(5);
     o.watch_interval = Duration::from_millis(250);
     o
@@ -177,7 +202,7 @@ pub fn runtime() -> RayRuntime {
 pub fn cli_env(cmd: &mut Command) -> &mut Command {
     cmd.env("RAY_ADDRESS", ADDRESS)
         .env("RAY_AUTH_TOKEN", token().unwrap_or_default())
-        .env("SMITHERS_RAY_SERVE_BIN", super::native::bin_path())
+        .env("SMITHERS_RAY_SERVE_BIN", serve_bin())
         .env("SMITHERS_RAY_ORPHAN_TIMEOUT_MS", "5000")
 }
 

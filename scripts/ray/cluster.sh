@@ -22,6 +22,9 @@
 #   scripts/ray/cluster.sh start NODE    # start a killed node again
 #   scripts/ray/cluster.sh cut NODE      # partition: the node's link to the switch goes down
 #   scripts/ray/cluster.sh heal NODE     # and comes back
+#   scripts/ray/cluster.sh api-refuse    # the head refuses the host's connections to the Jobs
+#                                        # API (as while it restarts); the nodes still reach it
+#   scripts/ray/cluster.sh api-accept    # and accepts them again
 #   scripts/ray/cluster.sh env           # prints RAY_ADDRESS=... RAY_AUTH_TOKEN=... lines
 #   scripts/ray/cluster.sh install-bin FILE   # install a smithers-sandbox build for the
 #                                             # nodes; prints its path there
@@ -305,6 +308,19 @@ case "$cmd" in
       die "node $2 is running (kill it first)"
     fi
     start_node "$2" ;;
+  api-refuse | api-accept)
+    # A rule in the head's own network namespace: a reset for the host's connections to the
+    # dashboard port, nothing else (the nodes' traffic to the head is untouched).
+    command -v iptables >/dev/null || die "$cmd needs iptables"
+    rule=(INPUT -p tcp --dport 8265 -s "$subnet.1" -j REJECT --reject-with tcp-reset)
+    in_head=(nsenter --net="/run/netns/$(ns head)" --)
+    if [ "$cmd" = api-refuse ]; then
+      "${in_head[@]}" iptables -w -C "${rule[@]}" 2>/dev/null || "${in_head[@]}" iptables -w -I "${rule[@]}"
+    else
+      while "${in_head[@]}" iptables -w -C "${rule[@]}" 2>/dev/null; do
+        "${in_head[@]}" iptables -w -D "${rule[@]}"
+      done
+    fi ;;
   cut) ip -n "$(ns sw)" link set "${2:?node}-sw" down ;;
   heal) ip -n "$(ns sw)" link set "${2:?node}-sw" up ;;
   status) api '/api/v0/nodes?detail=1'; echo ;;
@@ -321,5 +337,5 @@ case "$cmd" in
     ;;
   pids) node_pids "${2:?node}" ;;
   install-bin) install_bin "${2:?the smithers-sandbox build to install}" ;;
-  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

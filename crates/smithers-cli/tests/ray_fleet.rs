@@ -10,7 +10,10 @@
 //!   it is back;
 //! * a client SIGKILLed mid-step: the next command's recovery ends its lease (the job gone from
 //!   the cluster, the step's processes gone);
-//! * creating the same sandbox twice makes one lease.
+//! * creating the same sandbox twice makes one lease;
+//! * a head whose Jobs API refuses the client's connections for a few seconds while a lease
+//!   is placed (as while it restarts): placement waits it out, says what it waits for, and the
+//!   step runs on the lease.
 //!
 //! The tests change the cluster (they kill and cut nodes), so they run one at a time. Without
 //! a cluster they print `SKIP` (and fail under `CI=true`).
@@ -713,6 +716,94 @@ fn a_crafted_handle_reaches_no_other_cluster_and_ends_no_other_lease() {
             .iter()
             .any(|(id, s)| id == &victim && s == "RUNNING"),
         "a crafted handle ended a warm lease it does not own: {:?}",
+        ray::jobs()
+    );
+}
+
+/// The head's Jobs API refuses the client while the lease waits to run, then accepts again
+/// (`cluster.sh api-refuse` / `api-accept`): placement rides it out.
+struct ApiBack;
+
+impl Drop for ApiBack {
+    fn drop(&mut self) {
+        ray::cluster(&["api-accept"]);
+    }
+}
+
+/// Placement's `SandboxQueued` reasons.
+#[derive(Default)]
+struct Reasons(Mutex<Vec<String>>);
+
+impl smithers_runtime::PlacementSink for Reasons {
+    fn queued(&self, reason: &str) {
+        self.0.lock().unwrap().push(reason.to_string());
+    }
+}
+
+#[test]
+fn a_jobs_api_that_refuses_connections_for_a_moment_is_waited_out() {
+    let _g = serial();
+    if !ray::usable() || !support::native::sandboxes_usable() {
+        return;
+    }
+    if Command::new("iptables").arg("--version").output().is_err() {
+        support::native::skip("no iptables (cluster.sh api-refuse needs it)");
+        return;
+    }
+    let p = project();
+    let runtime = ray::runtime();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = SandboxConfig {
+        run_id: unique("api"),
+        sandbox_id: "s".into(),
+        runtime: RuntimeKind::Ray,
+        root_dir: p.path().to_path_buf(),
+        image: None,
+        controls: Controls::default(),
+    };
+    let reasons = Reasons::default();
+    rt.block_on(async {
+        let handle = runtime.create(&config).await.expect("create");
+        ray::cluster(&["api-refuse"]);
+        let back = ApiBack;
+        let refused_for = Duration::from_secs(3);
+        let started = Instant::now();
+        let (placed, ()) = tokio::join!(runtime.place(handle.clone(), &reasons), async {
+            tokio::time::sleep(refused_for).await;
+            drop(back);
+        });
+        let (handle, placement) = placed.expect("placed once the head accepts again");
+        assert!(started.elapsed() >= refused_for);
+        assert!(placement.is_some());
+        let said = reasons.0.lock().unwrap().clone();
+        assert!(
+            said.iter().any(|r| r.starts_with(
+                "waiting for the Ray Jobs API to read the lease's job: the Ray Jobs API is unreachable: "
+            ) && (r.contains("Connection refused") || r.contains("Connection reset"))
+                && r.ends_with("; asking again with backoff for up to 60 s")),
+            "{said:#?}"
+        );
+        // The lease is whole: a step runs on it.
+        let request = smithers_runtime::RequestBundle {
+            request: serde_json::json!({"status": "pending", "sandboxId": "s", "runtime": "ray", "input": {}}),
+        };
+        runtime.ship(&handle, &request).await.unwrap();
+        let command = smithers_runtime::StepCommand {
+            argv: vec!["sh".into(), "-c".into(), "echo back > back.txt".into()],
+            cwd: None,
+            stdin: Default::default(),
+        };
+        let outcome = runtime
+            .execute(&handle, &command, Default::default(), &smithers_runtime::NullSink)
+            .await
+            .unwrap();
+        assert_eq!(outcome.exit_code, Some(0), "{outcome:?}");
+        assert_eq!(runtime.collect(&handle).await.unwrap().patch_count, 1);
+        runtime.cleanup(&handle).await.unwrap();
+    });
+    assert!(
+        live_leases_of(&config.run_id).is_empty(),
+        "{:?}",
         ray::jobs()
     );
 }

@@ -251,7 +251,15 @@ impl Walker<'_> {
         if (rel.is_empty() && self.opts.excluded_top_level.iter().any(|e| e == utf8))
             || is_protected_name(utf8)
         {
-            if lower.is_some() != copy.is_some() {
+            // A hidden name is never in the copy the step started from: whatever the copy
+            // holds there, the step made.
+            let hidden = rel.is_empty() && self.opts.hidden_top_level.iter().any(|e| e == utf8);
+            let made_or_removed = if hidden {
+                copy.is_some()
+            } else {
+                lower.is_some() != copy.is_some()
+            };
+            if made_or_removed {
                 self.ignore(format!("{child}/"), IgnoreReason::Excluded);
             }
             return Ok(());

@@ -274,3 +274,21 @@ fn nested_smithers_and_git_dirs_are_excluded_and_listed() {
         ]
     );
 }
+
+/// A copy never holds the project's `.smithers` (the runtime does not copy it): its absence
+/// is no change; one the step made in the copy is excluded and listed.
+#[test]
+fn the_hidden_state_dir_is_no_change_until_the_step_makes_one() {
+    let t = trees("mkdir .smithers && printf 'db' > .smithers/sandbox.db && printf 'a\\n' > a");
+    sh(&t.copy, "rm -r .smithers");
+    let set = compare(&t);
+    assert!(set.changes.is_empty() && set.ignored.is_empty(), "{set:?}");
+    sh(
+        &t.copy,
+        "mkdir .smithers && printf 'mine' > .smithers/notes",
+    );
+    let set = compare(&t);
+    assert!(set.changes.is_empty(), "{:?}", kinds(&set));
+    let ignored: Vec<&str> = set.ignored.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(ignored, [".smithers/"]);
+}

@@ -238,3 +238,43 @@ fn nested_smithers_and_git_dirs_are_excluded_and_listed() {
         ]
     );
 }
+
+/// The project's `.smithers` is hidden from the step by a whiteout the runtime puts in the
+/// upper layer: that whiteout is no change (nothing listed); a `.smithers` the step made in its
+/// place (an opaque directory over the whiteout) is excluded and listed. A whiteout of `.git`
+/// (the step removed it) is still listed. Whiteouts need no privilege since Linux 5.8.
+#[test]
+fn the_hidden_state_whiteout_is_no_change_and_a_made_smithers_is_listed() {
+    let whiteout = |path: &std::path::Path| {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::empty(),
+            0,
+        )
+    };
+    let l = Layers::new();
+    sh(
+        &l.lower,
+        "mkdir -p .smithers .git && printf 'db' > .smithers/sandbox.db",
+    );
+    if let Err(e) = whiteout(&l.upper.join(".smithers")) {
+        println!("SKIP mknod of a whiteout refused: {e}");
+        return;
+    }
+    sh(&l.upper, "printf 'x\\n' > a");
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap();
+    assert_eq!(kinds(&set), [("a", ChangeKind::Added)]);
+    assert!(set.ignored.is_empty(), "{:?}", set.ignored);
+
+    whiteout(&l.upper.join(".git")).unwrap();
+    std::fs::remove_file(l.upper.join(".smithers")).unwrap();
+    sh(
+        &l.upper,
+        "mkdir .smithers && printf 'mine' > .smithers/notes",
+    );
+    let set = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap();
+    let ignored: Vec<&str> = set.ignored.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(ignored, [".git/", ".smithers/"]);
+}

@@ -324,7 +324,7 @@ pub(crate) fn arm(
         // Create makes the project's `.smithers` before any execute (and masks it): made here
         // too, the plan's facts are those execute will find, even for a project's first step.
         smithers_runtime::ensure_state_dir(&backend.root_dir).map_err(|e| e.to_string())?;
-        let (layout, workspace) = host_layout(caps, &backend, None);
+        let (layout, workspace) = host_layout(&backend, None);
         // A project below its repository's top gets a copy of the host's index at execute:
         // made now, it could be older than the step.
         if matches!(git_repository(&backend, &layout), Some((_, Some(_)))) {

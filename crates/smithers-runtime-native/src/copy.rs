@@ -11,10 +11,12 @@
 //! without privilege and are left out (listed in [`CopyReport::left_out`]). Owners are not
 //! kept: everything belongs to the runtime's uid, which is root inside the sandbox.
 //!
-//! The top-level `.smithers/` (the project's own state) is not copied: an empty directory
-//! stands in for it, hidden under a read-only tmpfs inside as in overlay mode. A top-level
-//! `.git` directory is not copied either: an empty directory is the target on which the
-//! host's `.git` is bound read-only (a hook written there would run on the host).
+//! The top-level `.smithers` (the project's own state, whatever kind of entry it is) is not
+//! copied and nothing stands in for it: the step does not see it, as in overlay mode
+//! (`plan::HIDDEN_TOP_LEVEL`), and one the step makes is its own (collect leaves it out of
+//! the patches, named). A top-level `.git` directory is not copied either: an empty directory
+//! is the target on which the host's `.git` is bound read-only (a hook written there would run
+//! on the host).
 
 use std::ffi::CString;
 use std::fs::{File, Metadata};
@@ -106,10 +108,15 @@ pub(crate) fn copy_project(
     let entries = sorted_entries(src)?;
     for (name, path) in entries {
         let Some(md) = lstat(&path)? else { continue };
+        if crate::plan::HIDDEN_TOP_LEVEL
+            .iter()
+            .any(|hidden| name == std::ffi::OsStr::new(hidden))
+        {
+            continue;
+        }
         let target = dst.join(&name);
-        let stand_in = (name == ".smithers" || name == ".git") && md.is_dir();
-        if stand_in {
-            // Empty: a mask target (.smithers) or the mount point of the host's .git.
+        if name == ".git" && md.is_dir() {
+            // Empty: the mount point of the host's .git.
             std::fs::create_dir(&target).map_err(io("create the workspace copy", &target))?;
             std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
                 .map_err(io("create the workspace copy", &target))?;
@@ -315,7 +322,7 @@ mod tests {
     }
 
     #[test]
-    fn copies_modes_links_times_and_stands_in_for_state() {
+    fn copies_modes_links_times_and_leaves_out_state() {
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("src");
         std::fs::create_dir(&src).unwrap();
@@ -330,8 +337,8 @@ mod tests {
         let dst = tmp.path().join("copy");
         let report = copy_project(&src, &dst, None).unwrap();
         assert!(report.left_out.is_empty(), "{:?}", report.left_out);
-        // .smithers and .git: empty stand-ins only.
-        assert_eq!(std::fs::read_dir(dst.join(".smithers")).unwrap().count(), 0);
+        // .smithers: absent; .git: an empty stand-in only.
+        assert!(std::fs::symlink_metadata(dst.join(".smithers")).is_err());
         assert_eq!(std::fs::read_dir(dst.join(".git")).unwrap().count(), 0);
         let f = std::fs::metadata(dst.join("sub/f")).unwrap();
         assert_eq!(f.mode() & 0o7777, 0o755, "setuid dropped, the rest kept");

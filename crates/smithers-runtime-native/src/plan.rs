@@ -182,9 +182,6 @@ pub struct HostLayout {
     pub out: PathBuf,
     /// Bound read-only at `/run/smithers/request`.
     pub request: PathBuf,
-    /// A read-only directory holding only a `.gitignore` of `*`, bound over the project's
-    /// `.smithers/` (see [`MountOp::MaskDir`]); `None`: the init masks it with a tmpfs.
-    pub mask: Option<PathBuf>,
 }
 
 /// The overlay over a worktree's common git directory (see [`PlanInput::git_common`]).
@@ -199,12 +196,19 @@ pub struct GitCommonLayer {
     pub workspace_at: Option<PathBuf>,
 }
 
-/// What the project looks like at its top (lstat of two names, decided at execute time).
+/// What the project looks like at its top (decided at execute time).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WorkspaceFacts {
-    pub has_smithers_dir: bool,
     pub has_git_dir: bool,
 }
+
+/// The top-level names of the project the step never sees: its `.smithers/` (the runtime's
+/// and the CLI's state: the store, other sandboxes' requests and bundles). Absent from
+/// `/workspace`, not read-only there, so that `ls -a` does not list it and `git clean -fdx`
+/// has nothing it cannot remove: an overlay whiteout in the upper layer
+/// ([`MountOp::Overlay`]'s `hide`), and a copy workspace does not copy it (`copy.rs`). What a
+/// step makes under that name is its own, and collect leaves it out of the patches, named.
+pub const HIDDEN_TOP_LEVEL: &[&str] = &[".smithers"];
 
 /// The policy inputs of one execution.
 #[derive(Debug, Clone)]
@@ -399,10 +403,10 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
         attrs: MountAttrs::RW,
     });
 
-    // The copy-on-write workspace, with the project's own state hidden.
-    // In copy mode the copy is bound instead, with stand-in directories for both: the mask
-    // goes over the empty `.smithers`, and the host's `.git` is bound read-only on the empty
-    // `.git` (never copied, never writable).
+    // The copy-on-write workspace, with the project's own state absent (HIDDEN_TOP_LEVEL).
+    // In copy mode the copy is bound instead (it holds no `.smithers`), with a stand-in
+    // directory for `.git`: the host's is bound read-only on it (never copied, never
+    // writable).
     let layout = input.layout;
     ops.push(match &layout.workspace_copy {
         None => MountOp::Overlay {
@@ -411,6 +415,7 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
             work: layout.work.clone(),
             path: p(paths::WORKSPACE),
             attrs: MountAttrs::RW,
+            hide: HIDDEN_TOP_LEVEL.iter().map(|n| n.to_string()).collect(),
         },
         Some(copy) => MountOp::Bind {
             source: copy.clone(),
@@ -427,16 +432,10 @@ pub fn mount_plan(input: &PlanInput<'_>) -> Vec<MountOp> {
             work: g.work.clone(),
             path: g.common.clone(),
             attrs: MountAttrs::RW,
+            hide: Vec::new(),
         });
     }
-    if input.workspace.has_smithers_dir {
-        ops.push(MountOp::MaskDir {
-            path: Path::new(paths::WORKSPACE).join(".smithers"),
-            source: layout.mask.clone(),
-        });
-    }
-    // The workspace again at the project's host path, below the repository's `.git` layer
-    // (after the mask, which the recursive bind carries along).
+    // The workspace again at the project's host path, below the repository's `.git` layer.
     if let Some(at) = input
         .git_common
         .as_ref()
@@ -667,7 +666,6 @@ mod tests {
             artifacts: p("/state/s1/artifacts"),
             out: p("/state/s1/out"),
             request: p("/home/u/project/.smithers/sandboxes/r/s/request"),
-            mask: None,
         }
     }
 
@@ -797,14 +795,8 @@ mod tests {
     }
 
     #[test]
-    fn workspace_is_an_overlay_with_state_masked_and_git_read_only() {
-        let plan = plan_with(
-            WorkspaceFacts {
-                has_smithers_dir: true,
-                has_git_dir: true,
-            },
-            false,
-        );
+    fn workspace_is_an_overlay_with_state_hidden_and_git_writable_in_it() {
+        let plan = plan_with(WorkspaceFacts { has_git_dir: true }, false);
         let overlay = plan
             .mounts
             .iter()
@@ -812,41 +804,35 @@ mod tests {
                 |m| matches!(m, MountOp::Overlay { path, .. } if path == Path::new("/workspace")),
             )
             .expect("overlay");
-        let mask = plan
-            .mounts
-            .iter()
-            .position(|m| matches!(m, MountOp::MaskDir { path, .. } if path == Path::new("/workspace/.smithers")))
-            .expect("mask");
-        // `.git` is part of the copy-on-write view (the step may commit): no mount over it.
+        // `.git` is part of the copy-on-write view (the step may commit): no mount over it,
+        // and none over `.smithers` either (absent from the view, not masked).
         assert!(!plan.mounts.iter().any(|m| matches!(m,
-            MountOp::Rebind { path, .. } | MountOp::Bind { path, .. } if path == Path::new("/workspace/.git"))));
-        assert!(overlay < mask);
-        // upper/work are not inside the project.
-        if let MountOp::Overlay {
-            lower, upper, work, ..
+            MountOp::Rebind { path, .. } | MountOp::Bind { path, .. } | MountOp::Tmpfs { path, .. }
+                if path.starts_with("/workspace/.git") || path.starts_with("/workspace/.smithers"))));
+        // upper/work are not inside the project; `.smithers` is whited out in the upper.
+        let MountOp::Overlay {
+            lower,
+            upper,
+            work,
+            hide,
+            ..
         } = &plan.mounts[overlay]
-        {
-            assert!(!upper.starts_with(lower) && !work.starts_with(lower));
-        }
-        let plain = plan_with(WorkspaceFacts::default(), false);
-        assert!(!plain
-            .mounts
-            .iter()
-            .any(|m| matches!(m, MountOp::MaskDir { .. })));
+        else {
+            unreachable!()
+        };
+        assert!(!upper.starts_with(lower) && !work.starts_with(lower));
+        assert_eq!(hide, &vec![".smithers".to_string()]);
     }
 
     #[test]
-    fn copy_mode_binds_the_copy_with_state_masked_and_the_host_git_read_only() {
+    fn copy_mode_binds_the_copy_and_the_host_git_read_only() {
         let copy = p("/state/s1/layer/copy");
         let plan = plan_with_layout(
             HostLayout {
                 workspace_copy: Some(copy.clone()),
                 ..layout()
             },
-            WorkspaceFacts {
-                has_smithers_dir: true,
-                has_git_dir: true,
-            },
+            WorkspaceFacts { has_git_dir: true },
             false,
         );
         assert!(!plan
@@ -861,11 +847,10 @@ mod tests {
                     if source == &copy && path == Path::new("/workspace") && !attrs.readonly && attrs.nosuid && attrs.nodev)
             })
             .expect("the copy bound read-write at /workspace");
-        let mask = plan
-            .mounts
-            .iter()
-            .position(|m| matches!(m, MountOp::MaskDir { path, .. } if path == Path::new("/workspace/.smithers")))
-            .expect("mask");
+        // The copy holds no `.smithers`: nothing is mounted for it.
+        assert!(!plan.mounts.iter().any(|m| matches!(m,
+            MountOp::Rebind { path, .. } | MountOp::Bind { path, .. } | MountOp::Tmpfs { path, .. }
+                if path.starts_with("/workspace/.smithers"))));
         let git = plan
             .mounts
             .iter()
@@ -874,7 +859,7 @@ mod tests {
                     if source == Path::new("/home/u/project/.git") && path == Path::new("/workspace/.git") && attrs.readonly)
             })
             .expect("the host's .git bound read-only");
-        assert!(ws < mask && ws < git);
+        assert!(ws < git);
     }
 
     #[test]

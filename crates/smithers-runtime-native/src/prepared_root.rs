@@ -69,36 +69,6 @@ pub(crate) fn ensure(
     }
 }
 
-/// The directory bound read-only over a project's `.smithers/` in the sandbox (see
-/// `MountOp::MaskDir`): only a `.gitignore` of `*`, so the step's git sees nothing untracked
-/// there. Made once in the state root (built under a temporary name, then renamed into
-/// place); `None` if it cannot be, and the init masks with a tmpfs instead.
-pub(crate) fn mask_dir(state_root: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = state_root.join(".mask");
-    if std::fs::symlink_metadata(dir.join(".gitignore")).is_ok_and(|m| m.is_file()) {
-        return Some(dir);
-    }
-    static BUILDS: AtomicU64 = AtomicU64::new(0);
-    let tmp = state_root.join(format!(
-        ".building.mask-{}-{}",
-        std::process::id(),
-        BUILDS.fetch_add(1, Ordering::Relaxed)
-    ));
-    let built = std::fs::create_dir(&tmp)
-        .and_then(|()| std::fs::write(tmp.join(".gitignore"), "*\n"))
-        .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o555)))
-        .and_then(|()| std::fs::rename(&tmp, &dir));
-    if built.is_err() {
-        let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755));
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    // Placed by us, or by a racing builder first.
-    std::fs::symlink_metadata(dir.join(".gitignore"))
-        .is_ok_and(|m| m.is_file())
-        .then_some(dir)
-}
-
 /// The prepared root holding `files` and the mount points of `mounts` when it exists (and is
 /// stamped as used): a key and one syscall, cheap enough for an async worker. `None`: it
 /// must be made ([`ensure`], on a blocking thread).

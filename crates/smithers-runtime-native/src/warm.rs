@@ -216,7 +216,6 @@ fn warm_plan(caps: &HostCaps) -> Result<WarmPlan, String> {
         artifacts: step.join("artifacts"),
         out: step.join("out"),
         request: step.join("request"),
-        mask: None,
     };
     let seccomp = caps.seccomp.clone()?;
     let argv = vec!["true".to_string()];
@@ -225,10 +224,7 @@ fn warm_plan(caps: &HostCaps) -> Result<WarmPlan, String> {
         stdin: false,
         git_common: None,
         layout: &layout,
-        workspace: WorkspaceFacts {
-            has_smithers_dir: false,
-            has_git_dir: false,
-        },
+        workspace: WorkspaceFacts { has_git_dir: false },
         host: &caps.facts,
         allow_network: false,
         tmp_bytes: plan::DEFAULT_TMP_BYTES,

@@ -165,6 +165,37 @@ fn set_attrs(path: &Path, attrs: MountAttrs, recursive: bool) -> SysResult<()> {
     }
 }
 
+/// Hides `name` at the top of an overlay whose upper layer is `upper` (not mounted yet): an
+/// overlay whiteout there, a 0/0 character device, which any process may make since Linux 5.8
+/// (an overlay in a user namespace needs 5.11). What is already there stays: a whiteout from an
+/// earlier mount of the same layer, or what a step made in its place then (its own, which it
+/// may see again).
+fn put_whiteout(upper: &Path, name: &str) -> SysResult<()> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(SysError {
+            op: format!("hide {name:?} in the overlay: not a single name"),
+            errno: libc::EINVAL,
+        });
+    }
+    let at = upper.join(name);
+    match rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &at,
+        FileType::CharacterDevice,
+        Mode::empty(),
+        0,
+    ) {
+        Ok(()) | Err(Errno::EXIST) => Ok(()),
+        Err(e) => Err(SysError {
+            op: format!(
+                "make the whiteout {} (hiding {name} from the workspace)",
+                at.display()
+            ),
+            errno: e.raw_os_error(),
+        }),
+    }
+}
+
 /// Escapes a path for overlayfs' option parser (`,` separates options, `:` lower layers).
 fn overlay_escape(path: &Path) -> String {
     let s = path.to_string_lossy();
@@ -280,7 +311,11 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
             work,
             path,
             attrs,
+            hide,
         } => {
+            for name in hide {
+                put_whiteout(upper, name)?;
+            }
             let at = join(root, path);
             let options = format!(
                 "lowerdir={},upperdir={},workdir={},userxattr",
@@ -321,44 +356,6 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
                 });
             }
             Ok(())
-        }
-        MountOp::MaskDir { path, source } => {
-            let at = join(root, path);
-            if !at.is_dir() {
-                return Ok(());
-            }
-            if let Some(source) = source {
-                sys::mount(Some(&cpath(source)), &at, None, libc::MS_BIND, None)?;
-                let attrs = MountAttrs {
-                    readonly: true,
-                    nosuid: true,
-                    nodev: true,
-                    noexec: true,
-                };
-                return set_attrs(&at, attrs, false);
-            }
-            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-            sys::mount(
-                Some(c"tmpfs"),
-                &at,
-                Some(c"tmpfs"),
-                flags,
-                Some(c"size=4k,mode=0555"),
-            )?;
-            // A `.gitignore` of `*` in the mask, as in the host's state directory: the step's
-            // git must not see an untracked directory it cannot remove (`git stash -u`,
-            // `git clean` would fail on it). Then read-only.
-            std::fs::write(at.join(".gitignore"), "*\n").map_err(|e| SysError {
-                op: format!("write {}/.gitignore", at.display()),
-                errno: e.raw_os_error().unwrap_or(0),
-            })?;
-            sys::mount(
-                None,
-                &at,
-                None,
-                libc::MS_REMOUNT | libc::MS_RDONLY | flags,
-                None,
-            )
         }
         MountOp::Proc { path } => {
             let at = join(root, path);

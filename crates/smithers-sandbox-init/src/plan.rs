@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when the init and the runtime would disagree on the plan's meaning.
-pub const PLAN_VERSION: u32 = 9;
+pub const PLAN_VERSION: u32 = 10;
 
 /// Size of the tmpfs the new root is built on ([`RootFs::Tmpfs`]): it only holds directories,
 /// mount points, symlinks and the `/etc` copies, and is remounted read-only before the
@@ -105,14 +105,12 @@ pub enum MountOp {
         work: PathBuf,
         path: PathBuf,
         attrs: MountAttrs,
-    },
-    /// Hides a host path below a read-only directory holding only a `.gitignore` of `*` (the
-    /// project's `.smithers/`): `source`, a directory the runtime made so, bound there; without
-    /// one, a tmpfs the init fills (three mount operations instead of two).
-    MaskDir {
-        path: PathBuf,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        source: Option<PathBuf>,
+        /// Names at the top of the lower layer that the merged view must not show (the
+        /// project's `.smithers/`): before mounting, the init puts an overlay whiteout (a 0/0
+        /// character device, which needs no privilege since Linux 5.8) of each name in the
+        /// upper layer, so the name is absent, not read-only, and the step may make its own.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        hide: Vec<String>,
     },
     Proc {
         path: PathBuf,
@@ -130,7 +128,7 @@ pub enum MountOp {
 impl MountOp {
     /// What the init creates in the new root before this mount (its mount point), with the
     /// mode of a directory; `None` for an op that creates nothing or only mounts on a path
-    /// that exists inside another mount (`Rebind`, `MaskDir`, `Setattr`), and for the file
+    /// that exists inside another mount (`Rebind`, `Setattr`), and for the file
     /// operations (`Dir`, `Symlink`, `CopyFile`), which are their own content.
     pub fn mount_point(&self) -> Option<(&Path, TargetKind, u32)> {
         match self {
@@ -143,7 +141,6 @@ impl MountOp {
             | MountOp::Symlink { .. }
             | MountOp::CopyFile { .. }
             | MountOp::Rebind { .. }
-            | MountOp::MaskDir { .. }
             | MountOp::Setattr { .. } => None,
         }
     }

@@ -150,6 +150,7 @@ fn probe_overlay(scratch: &Path) -> SysResult<()> {
             work: dirs[2].clone(),
             path: PathBuf::from("/"),
             attrs: MountAttrs::RW,
+            hide: Vec::new(),
         },
         &dirs[3],
         false,

@@ -1048,7 +1048,17 @@ impl DockerRuntime {
             .map_err(|e| spawn_err(format!("attach to container {name}"), &e))?;
 
         let started_at = Instant::now();
-        let mut pump = pump::Pump::new(&log_path, live.controls.max_output_bytes)?;
+        // Fired by the pump when a stream passes a cap of a step that fails on it.
+        let over = CancellationToken::new();
+        let caps = pump::Caps {
+            bytes: live.controls.max_output_bytes,
+            lines: live.controls.max_output_lines,
+        };
+        let mut pump = pump::Pump::new(
+            &log_path,
+            caps,
+            live.controls.fail_on_output_cap.then(|| over.clone()),
+        )?;
         if let Err(e) = docker.start_container(name, None).await {
             // The engine refuses to start a command that does not exist in the image; that is
             // the step's failure (exit 127/126 like a shell), not the runtime's.
@@ -1102,6 +1112,8 @@ impl DockerRuntime {
 
         let timeout = live.controls.timeout();
         let pump_stop = CancellationToken::new();
+        // Fired once the step is over or being ended: the pump stops waiting for the sink.
+        let released = CancellationToken::new();
         let waiter = async {
             let reason = {
                 let wait = first_exit(docker, name);
@@ -1112,11 +1124,14 @@ impl DockerRuntime {
                         None => std::future::pending::<()>().await,
                     }
                 };
-                tokio::select! {
+                let reason = tokio::select! {
                     r = &mut wait => { r?; None }
                     _ = sleep => Some(Termination::Timeout),
                     _ = cancel.cancelled() => Some(Termination::Cancelled),
-                }
+                    _ = over.cancelled() => Some(Termination::Output),
+                };
+                released.cancel();
+                reason
             };
             if reason.is_some() {
                 // SIGKILL to the container's init kills its pid namespace: every process.
@@ -1164,7 +1179,7 @@ impl DockerRuntime {
             }
         };
         let (pumped, waited, ()) = tokio::join!(
-            pump.run(attach.output, output, pump_stop.clone()),
+            pump.run(attach.output, output, pump_stop.clone(), released.clone()),
             waiter,
             live_egress
         );

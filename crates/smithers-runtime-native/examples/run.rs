@@ -2,8 +2,8 @@
 //! `cargo run -p smithers-runtime-native --example run -- sh -c 'id; ls /'`.
 
 use smithers_runtime::{
-    CancellationToken, Controls, OutputEvent, OutputSink, RequestBundle, Runtime, RuntimeKind,
-    SandboxConfig, StepCommand,
+    CancellationToken, Controls, OutputEvent, OutputSink, OutputStream, RequestBundle, Runtime,
+    RuntimeKind, SandboxConfig, StepCommand,
 };
 use smithers_runtime_native::NativeRuntime;
 
@@ -11,10 +11,13 @@ struct Print;
 
 impl OutputSink for Print {
     fn event(&self, event: OutputEvent) {
-        match event {
-            OutputEvent::Stdout { line, .. } => println!("{line}"),
-            OutputEvent::Stderr { line, .. } => eprintln!("{line}"),
-            OutputEvent::Heartbeat { .. } | OutputEvent::Egress { .. } => {}
+        use std::io::Write as _;
+        // The step's bytes as it wrote them (the line events are what its log keeps).
+        if let OutputEvent::Output { stream, bytes, .. } = event {
+            let _ = match stream {
+                OutputStream::Stdout => std::io::stdout().write_all(&bytes),
+                OutputStream::Stderr => std::io::stderr().write_all(&bytes),
+            };
         }
     }
 }

@@ -8,9 +8,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
+use smithers_runtime::output::{Capture, Kept};
 use smithers_runtime::{
-    CancellationToken, ExecOutcome, OutputEvent, OutputSink, ResourceUsage, RuntimeError,
-    StepCommand, Termination,
+    CancellationToken, ExecOutcome, OutputEvent, OutputSink, OutputStream, ResourceUsage,
+    RuntimeError, StepCommand, Termination,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
@@ -33,12 +34,6 @@ pub(crate) fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Stream {
-    Stdout,
-    Stderr,
 }
 
 /// The host-disk guard of a step whose workspace layer is on the host's disk (no `--disk`):
@@ -88,175 +83,77 @@ impl DiskGuard {
     }
 }
 
-/// Most output events (lines) kept per stream. `maxOutputBytes` alone does not bound them: a
-/// megabyte of newlines would be a million events, each a log record held until the bundle is
-/// written and an event for every follower (an SSE message in `serve`). 100k lines is far more
-/// than a person reads and keeps the log of one stream to a few MB.
-pub(crate) const MAX_OUTPUT_EVENTS: u64 = 100_000;
-
-/// Which per-stream cap cut a stream off.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum OutputCap {
-    /// `maxOutputBytes`.
-    Bytes,
-    /// [`MAX_OUTPUT_EVENTS`].
-    Events,
-}
-
-impl OutputCap {
-    fn as_str(self) -> &'static str {
-        match self {
-            OutputCap::Bytes => "bytes",
-            OutputCap::Events => "events",
-        }
-    }
-}
-
-#[derive(Default)]
-struct Captured {
-    total: u64,
-    truncated: bool,
-    /// The cap that truncated the stream (set with `truncated`).
-    cap: Option<OutputCap>,
-    /// Events emitted (lines, the last possibly without its newline).
-    events: u64,
-    /// Kept stdout bytes (for a result printed as stdout).
-    kept: Vec<u8>,
-}
-
+/// One stream's pump: relays every byte to the sink as it is read, and keeps what the caps
+/// allow in the log ([`Capture`]).
 struct Pump<'a> {
     sink: &'a dyn OutputSink,
     log: &'a Mutex<Vec<String>>,
+    /// Told when a stream passes a cap and the step is to be stopped for it.
     over: &'a Notify,
     max: u64,
-    max_events: u64,
-}
-
-impl Stream {
-    fn as_str(self) -> &'static str {
-        match self {
-            Stream::Stdout => "stdout",
-            Stream::Stderr => "stderr",
-        }
-    }
+    max_lines: u64,
+    /// `failOnOutputCap`: a cap ends the step.
+    fail_on_cap: bool,
+    /// Fired once the step is over or being ended: the pump no longer waits for the sink's
+    /// room (what is left is at most a pipe's buffer).
+    released: &'a CancellationToken,
 }
 
 impl Pump<'_> {
-    fn emit(&self, stream: Stream, line: &[u8]) {
-        let ts = now_ms();
-        let line = String::from_utf8_lossy(line).into_owned();
-        let record = json!({"type": stream.as_str(), "timestampMs": ts, "line": line}).to_string();
-        self.push_log(record);
-        self.sink.event(match stream {
-            Stream::Stdout => OutputEvent::Stdout {
-                line,
-                timestamp_ms: ts,
-            },
-            Stream::Stderr => OutputEvent::Stderr {
-                line,
-                timestamp_ms: ts,
-            },
-        });
-    }
-
-    fn push_log(&self, record: String) {
-        if let Ok(mut log) = self.log.lock() {
-            log.push(record);
-        }
-    }
-
-    /// Records the first cap `stream` hits: in the log (which cap, its limit), in `cap`, and
-    /// to the control task, which ends the step as [`Termination::Output`].
-    fn truncate(&self, stream: Stream, cap: &mut Captured, which: OutputCap) {
-        if cap.truncated {
+    fn keep(&self, kept: &mut Vec<Kept>, stream: OutputStream) {
+        if kept.is_empty() {
             return;
         }
-        cap.truncated = true;
-        cap.cap = Some(which);
-        let limit = match which {
-            OutputCap::Bytes => self.max,
-            OutputCap::Events => self.max_events,
-        };
-        let name = match which {
-            OutputCap::Bytes => "maxOutputBytes",
-            OutputCap::Events => "the per-stream line limit",
-        };
-        self.push_log(
-            json!({
-                "type": "outputTruncated",
-                "timestampMs": now_ms(),
-                "stream": stream.as_str(),
-                "cap": which.as_str(),
-                "limit": limit,
-                "message": format!("{} cut off at {name} ({limit} {})", stream.as_str(), which.as_str()),
-            })
-            .to_string(),
+        if let Ok(mut log) = self.log.lock() {
+            log.extend(kept.iter().map(|k| k.record.to_string()));
+        }
+        for k in kept.drain(..) {
+            let timestamp_ms = k.record["timestampMs"].as_u64().unwrap_or(0);
+            let line = k.line;
+            self.sink.event(match stream {
+                OutputStream::Stdout => OutputEvent::Stdout { line, timestamp_ms },
+                OutputStream::Stderr => OutputEvent::Stderr { line, timestamp_ms },
+            });
+        }
+    }
+
+    async fn run<R: AsyncRead + Unpin>(&self, mut reader: R, stream: OutputStream) -> Capture {
+        let mut cap = Capture::new(
+            stream,
+            self.max,
+            self.max_lines,
+            stream == OutputStream::Stdout,
         );
-        self.over.notify_one();
-    }
-
-    /// Emits the complete lines of `pending` (at most the events left under the cap) and
-    /// drops them from it. Returns false when the event cap was reached.
-    fn emit_lines(&self, stream: Stream, cap: &mut Captured, pending: &mut Vec<u8>) -> bool {
-        let mut start = 0;
-        let mut room = true;
-        while let Some(pos) = pending[start..].iter().position(|b| *b == b'\n') {
-            if cap.events >= self.max_events {
-                room = false;
-                break;
-            }
-            self.emit(stream, &pending[start..start + pos]);
-            cap.events += 1;
-            start += pos + 1;
-        }
-        if room {
-            pending.drain(..start);
-        } else {
-            // Past the event cap nothing more is emitted: what is left goes too.
-            pending.clear();
-        }
-        room
-    }
-
-    async fn run<R: AsyncRead + Unpin>(&self, mut reader: R, stream: Stream) -> Captured {
-        let mut cap = Captured::default();
-        let mut kept: u64 = 0;
-        let mut pending: Vec<u8> = Vec::new();
+        let mut kept = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
+            // A sink whose reader is behind holds the step back, as a full pipe would.
+            if !self.released.is_cancelled() {
+                tokio::select! {
+                    _ = self.sink.room() => {}
+                    _ = self.released.cancelled() => {}
+                }
+            }
             let n = match reader.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            cap.total += n as u64;
-            // Past a cap we keep reading (so the writer never blocks on a full pipe) but
-            // drop the bytes: host memory stays bounded by the caps.
-            if cap.truncated {
-                continue;
+            let ts = now_ms();
+            // Every byte, past the caps too: the caps bound what is kept, not the step.
+            self.sink.event(OutputEvent::Output {
+                stream,
+                bytes: buf[..n].to_vec(),
+                timestamp_ms: ts,
+            });
+            if cap.feed(&buf[..n], ts, &mut kept) && self.fail_on_cap {
+                self.over.notify_one();
             }
-            let room = self.max.saturating_sub(kept);
-            let take = (n as u64).min(room) as usize;
-            if take < n {
-                self.truncate(stream, &mut cap, OutputCap::Bytes);
-            }
-            let chunk = &buf[..take];
-            kept += take as u64;
-            if stream == Stream::Stdout {
-                cap.kept.extend_from_slice(chunk);
-            }
-            pending.extend_from_slice(chunk);
-            if !self.emit_lines(stream, &mut cap, &mut pending) {
-                self.truncate(stream, &mut cap, OutputCap::Events);
-            }
+            self.keep(&mut kept, stream);
         }
-        // The last line, cut off or without its newline, is one more event if there is room.
-        if !pending.is_empty() {
-            if cap.events < self.max_events {
-                self.emit(stream, &pending);
-                cap.events += 1;
-            } else {
-                self.truncate(stream, &mut cap, OutputCap::Events);
-            }
+        let truncated = cap.finish(now_ms(), &mut kept);
+        self.keep(&mut kept, stream);
+        if let (Some(record), Ok(mut log)) = (truncated, self.log.lock()) {
+            log.push(record.to_string());
         }
         cap
     }
@@ -320,7 +217,7 @@ fn result_json(bytes: &[u8]) -> Result<Option<Value>, String> {
 
 /// The step's result: the result file, else stdout when it holds a JSON object. A result the
 /// step clearly meant to give but that breaks a limit is reported (never dropped silently).
-fn step_result(result_file: &Path, out: &Captured) -> (Option<Value>, Option<String>) {
+fn step_result(result_file: &Path, out: &Capture) -> (Option<Value>, Option<String>) {
     match read_untrusted(result_file, MAX_RESULT_BYTES) {
         Untrusted::TooBig(n) => {
             return (
@@ -339,18 +236,15 @@ fn step_result(result_file: &Path, out: &Captured) -> (Option<Value>, Option<Str
         Untrusted::Missing => {}
     }
     let looks_like_json = out
-        .kept
+        .copy()
         .iter()
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|b| *b == b'{');
     if !looks_like_json {
         return (None, None);
     }
-    if out.truncated {
-        let cap = match out.cap {
-            Some(OutputCap::Events) => format!("the per-stream line limit ({MAX_OUTPUT_EVENTS})"),
-            Some(OutputCap::Bytes) | None => "maxOutputBytes".to_string(),
-        };
+    if let Some(cap) = out.cap() {
+        let cap = cap.control();
         return (
             None,
             Some(format!(
@@ -358,7 +252,7 @@ fn step_result(result_file: &Path, out: &Captured) -> (Option<Value>, Option<Str
             )),
         );
     }
-    match result_json(&out.kept) {
+    match result_json(out.copy()) {
         Ok(v) => (v, None),
         // Plain output that happens to start with `{` is not a result; a too-deep object is.
         Err(why) if why.contains("depth") => {
@@ -621,6 +515,7 @@ async fn start_cold(
 
 /// Where the sandbox's parts are on the host, and what the project holds at its top.
 pub(crate) fn host_layout(
+    caps: &HostCaps,
     backend: &Backend,
     copy: Option<std::path::PathBuf>,
 ) -> (HostLayout, WorkspaceFacts) {
@@ -633,9 +528,11 @@ pub(crate) fn host_layout(
         artifacts: backend.artifacts(),
         out: backend.out(),
         request: backend.request_dir(),
+        mask: crate::prepared_root::mask_dir(&caps.state_root),
     };
     let workspace = match &layout.workspace_copy {
         None => WorkspaceFacts {
+            has_smithers_dir: backend.root_dir.join(".smithers").is_dir(),
             has_git_dir: backend.root_dir.join(".git").is_dir(),
         },
         // The copy's stand-ins (see copy.rs): real directories only, never through a link.
@@ -646,6 +543,7 @@ pub(crate) fn host_layout(
                         .is_ok_and(|m| m.is_dir())
             };
             WorkspaceFacts {
+                has_smithers_dir: dir(".smithers"),
                 has_git_dir: dir(".git"),
             }
         }
@@ -811,7 +709,7 @@ pub(crate) async fn execute(
             });
         }
     }
-    let (layout, workspace) = host_layout(backend, copy);
+    let (layout, workspace) = host_layout(caps, backend, copy);
     // The prelude goes into the socket's buffer before the init exists, and the init is
     // started before the plan is compiled: the init's fork and its namespaces (~0.4 ms here)
     // overlap the plan's compilation (~0.1 ms), and P0 reads the plan only after its
@@ -1008,12 +906,15 @@ pub(crate) async fn execute(
     let log = Mutex::new(Vec::new());
     let over = Notify::new();
     let finished = Notify::new();
+    let released = CancellationToken::new();
     let pump = Pump {
         sink,
         log: &log,
         over: &over,
         max: controls.max_output_bytes,
-        max_events: MAX_OUTPUT_EVENTS,
+        max_lines: controls.max_output_lines,
+        fail_on_cap: controls.fail_on_output_cap,
+        released: &released,
     };
     // Egress records, live to the sink while the step runs (serve's clients see them).
     let (live_tx, mut live_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -1118,6 +1019,9 @@ pub(crate) async fn execute(
             _ = over.notified() => Some(Termination::Output),
             _ = disk_guard.exhausted() => Some(Termination::Disk),
         };
+        // The step is over or being ended: what is left in its pipes is read on without
+        // waiting for the sink.
+        released.cancel();
         if reason.is_some() {
             // P0 SIGKILLs pid 1 of the sandbox; the pid namespace dies with it.
             let _ = control_wr.write_all(b"k\n").await;
@@ -1137,8 +1041,8 @@ pub(crate) async fn execute(
         reason
     };
     let (out, err, (events, engine), reason, ()) = tokio::join!(
-        pump.run(stdout, Stream::Stdout),
-        pump.run(stderr, Stream::Stderr),
+        pump.run(stdout, OutputStream::Stdout),
+        pump.run(stderr, OutputStream::Stderr),
         status_fut,
         control_fut,
         live_fut
@@ -1247,10 +1151,10 @@ pub(crate) async fn execute(
         exit_code,
         signal,
         duration,
-        stdout_bytes: out.total,
-        stderr_bytes: err.total,
-        stdout_truncated: out.truncated,
-        stderr_truncated: err.truncated,
+        stdout_bytes: out.total(),
+        stderr_bytes: err.total(),
+        stdout_truncated: out.truncated(),
+        stderr_truncated: err.truncated(),
         usage,
         enforcement,
         result,
@@ -1386,38 +1290,72 @@ fn persist(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use smithers_runtime::output::OutputCap;
     use std::sync::atomic::{AtomicU64, Ordering};
 
+    /// Counts line events, and the bytes relayed as written.
     #[derive(Default)]
-    struct Count(AtomicU64);
+    struct Count {
+        lines: AtomicU64,
+        relayed: Mutex<Vec<u8>>,
+    }
 
     impl OutputSink for Count {
-        fn event(&self, _: OutputEvent) {
-            self.0.fetch_add(1, Ordering::Relaxed);
+        fn event(&self, event: OutputEvent) {
+            match event {
+                OutputEvent::Output { bytes, .. } => {
+                    self.relayed.lock().unwrap().extend_from_slice(&bytes)
+                }
+                _ => {
+                    self.lines.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
     }
 
-    /// Pumps `input` as stdout under a cap of `max` bytes; returns what was captured, the
-    /// events the sink saw and the log.
-    async fn pump(input: &[u8], max: u64) -> (Captured, u64, Vec<Value>) {
+    struct Pumped {
+        cap: Capture,
+        lines: u64,
+        relayed: Vec<u8>,
+        log: Vec<Value>,
+        over: bool,
+    }
+
+    /// Pumps `input` as stdout under caps of `max` bytes and `max_lines` lines.
+    async fn pump_with(input: &[u8], max: u64, max_lines: u64, fail_on_cap: bool) -> Pumped {
         let sink = Count::default();
         let log = Mutex::new(Vec::new());
         let over = Notify::new();
+        let released = CancellationToken::new();
         let pump = Pump {
             sink: &sink,
             log: &log,
             over: &over,
             max,
-            max_events: MAX_OUTPUT_EVENTS,
+            max_lines,
+            fail_on_cap,
+            released: &released,
         };
-        let cap = pump.run(input, Stream::Stdout).await;
-        let log = log
-            .into_inner()
-            .unwrap()
-            .iter()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        (cap, sink.0.load(Ordering::Relaxed), log)
+        let cap = pump.run(input, OutputStream::Stdout).await;
+        let told = tokio::time::timeout(Duration::from_millis(1), over.notified())
+            .await
+            .is_ok();
+        Pumped {
+            cap,
+            lines: sink.lines.load(Ordering::Relaxed),
+            relayed: sink.relayed.into_inner().unwrap(),
+            log: log
+                .into_inner()
+                .unwrap()
+                .iter()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect(),
+            over: told,
+        }
+    }
+
+    async fn pump(input: &[u8], max: u64) -> Pumped {
+        pump_with(input, max, 100_000, false).await
     }
 
     fn truncation_records(log: &[Value]) -> Vec<&Value> {
@@ -1427,66 +1365,74 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_million_newlines_are_capped_in_events_and_the_cap_is_named() {
+    async fn a_million_newlines_are_capped_in_the_log_and_relayed_whole() {
         let flood = vec![b'\n'; 1_000_000];
-        // Under the byte cap: only the event cap can stop it.
-        let (cap, events, log) = pump(&flood, 2 << 20).await;
-        assert!(cap.truncated);
-        assert_eq!(cap.cap, Some(OutputCap::Events));
-        assert_eq!(cap.total, 1_000_000, "every byte is still read");
-        assert_eq!(events, MAX_OUTPUT_EVENTS);
-        assert_eq!(cap.events, MAX_OUTPUT_EVENTS);
-        let lines = log.iter().filter(|r| r["type"] == "stdout").count() as u64;
-        assert_eq!(lines, MAX_OUTPUT_EVENTS);
-        let records = truncation_records(&log);
+        // Under the byte cap: only the line cap can cut it.
+        let p = pump(&flood, 2 << 20).await;
+        assert!(p.cap.truncated());
+        assert_eq!(p.cap.cap(), Some(OutputCap::Lines));
+        assert_eq!(p.cap.total(), 1_000_000, "every byte is still read");
+        assert_eq!(p.relayed, flood, "and relayed");
+        assert_eq!(p.lines, 100_000);
+        let lines = p.log.iter().filter(|r| r["type"] == "stdout").count();
+        assert_eq!(lines, 100_000);
+        let records = truncation_records(&p.log);
         assert_eq!(records.len(), 1, "{records:?}");
-        assert_eq!(records[0]["cap"], "events");
+        assert_eq!(records[0]["cap"], "lines");
         assert_eq!(records[0]["stream"], "stdout");
-        assert_eq!(records[0]["limit"], MAX_OUTPUT_EVENTS);
-        assert!(cap.kept.len() as u64 <= 2 << 20);
+        assert_eq!(records[0]["limit"], 100_000);
+        assert_eq!(records[0]["notKeptLines"], 900_000);
+        assert_eq!(records[0]["notKeptBytes"], 900_000);
+        assert!(!p.over, "without failOnOutputCap the step goes on");
     }
 
     #[tokio::test]
-    async fn the_byte_cap_is_named_as_bytes() {
+    async fn the_byte_cap_is_named_as_bytes_and_stops_the_step_only_when_asked() {
         let flood = vec![b'x'; 10_000];
-        let (cap, events, log) = pump(&flood, 1000).await;
-        assert!(cap.truncated);
-        assert_eq!(cap.cap, Some(OutputCap::Bytes));
+        let p = pump(&flood, 1000).await;
+        assert!(p.cap.truncated());
+        assert_eq!(p.cap.cap(), Some(OutputCap::Bytes));
+        assert_eq!(p.relayed, flood);
         // The cut-off line is still one event.
-        assert_eq!(events, 1);
-        let records = truncation_records(&log);
+        assert_eq!(p.lines, 1);
+        let records = truncation_records(&p.log);
         assert_eq!(records.len(), 1);
         assert_eq!(records[0]["cap"], "bytes");
         assert_eq!(records[0]["limit"], 1000);
+        assert_eq!(records[0]["notKeptBytes"], 9000);
+        assert!(!p.over);
+        assert!(pump_with(&flood, 1000, 100_000, true).await.over);
+        assert!(pump_with(b"a\nb\nc\n", 1 << 20, 2, true).await.over);
     }
 
     #[tokio::test]
     async fn output_under_both_caps_is_unaffected() {
-        // Exactly the event cap, then a last line without its newline would be one too many;
-        // exactly MAX_OUTPUT_EVENTS lines are all kept.
         let mut input = Vec::new();
-        for i in 0..MAX_OUTPUT_EVENTS {
+        for i in 0..1000 {
             input.extend_from_slice(format!("{}\n", i % 10).as_bytes());
         }
-        let (cap, events, log) = pump(&input, 1 << 20).await;
-        assert!(!cap.truncated, "{:?}", cap.cap);
-        assert_eq!(events, MAX_OUTPUT_EVENTS);
-        assert!(truncation_records(&log).is_empty());
-        assert_eq!(cap.kept, input);
+        let p = pump_with(&input, 1 << 20, 1000, true).await;
+        assert!(!p.cap.truncated(), "{:?}", p.cap.cap());
+        assert_eq!(p.lines, 1000);
+        assert!(truncation_records(&p.log).is_empty());
+        assert_eq!(p.cap.copy(), input);
+        assert!(!p.over);
 
-        let (cap, events, _) = pump(b"hello\nworld", 1 << 20).await;
-        assert!(!cap.truncated);
-        assert_eq!(events, 2);
+        let p = pump(b"hello\nworld", 1 << 20).await;
+        assert!(!p.cap.truncated());
+        assert_eq!(p.lines, 2);
+        assert_eq!(p.log[1]["partial"], true);
     }
 
     #[tokio::test]
-    async fn one_line_past_the_event_cap_truncates() {
-        let mut input = vec![b'\n'; MAX_OUTPUT_EVENTS as usize];
-        input.extend_from_slice(b"tail");
-        let (cap, events, log) = pump(&input, 1 << 20).await;
-        assert!(cap.truncated);
-        assert_eq!(cap.cap, Some(OutputCap::Events));
-        assert_eq!(events, MAX_OUTPUT_EVENTS);
-        assert_eq!(truncation_records(&log).len(), 1);
+    async fn bytes_that_are_not_utf8_are_relayed_and_logged_exactly() {
+        let input = b"\xff\xfex";
+        let p = pump(input, 1 << 20).await;
+        assert_eq!(p.relayed, input);
+        let mut replayed = Vec::new();
+        for r in &p.log {
+            replayed.extend(smithers_runtime::output::record_bytes(r).unwrap().1);
+        }
+        assert_eq!(replayed, input);
     }
 }

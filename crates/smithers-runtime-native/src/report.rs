@@ -408,9 +408,14 @@ pub(crate) fn enforcement(
         n::OUTPUT,
         Enforced,
         format!(
-            "{} and {} lines per stream",
+            "{} and {} lines per stream kept in the log, truncation recorded{}; the step's output is relayed whole",
             human_bytes(c.max_output_bytes),
-            crate::exec::MAX_OUTPUT_EVENTS
+            c.max_output_lines,
+            if c.fail_on_output_cap {
+                " (a cap ends the step)"
+            } else {
+                ""
+            }
         ),
         None,
     ));

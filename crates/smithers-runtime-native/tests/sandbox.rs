@@ -346,18 +346,15 @@ async fn workspace_is_copy_on_write_and_collected_as_patches() {
         .run(
             "echo changed > hello.txt && echo new > added.txt && rm src/lib.rs && \
              mkdir -p /result/sub && echo art > /result/sub/a.txt && \
-             ls -A /workspace && if [ -e /workspace/.smithers ]; then echo STATE-SHOWN; fi",
+             ls -A /workspace/.smithers",
         )
         .await;
     assert_eq!(outcome.exit_code, Some(0), "{:?}", lines.0.lock().unwrap());
-    // `.smithers` is absent from the view, not masked: not listed, not there.
-    let listed = lines.stdout();
-    assert!(
-        listed.contains(&"hello.txt".to_string())
-            && !listed
-                .iter()
-                .any(|l| l == ".smithers" || l == "STATE-SHOWN"),
-        ".smithers must be absent: {listed:?}"
+    // Only the mask's own `.gitignore` (so the step's git leaves the mask alone).
+    assert_eq!(
+        lines.stdout(),
+        vec![".gitignore".to_string()],
+        ".smithers must be hidden"
     );
     // The host tree is untouched; the change is in the upper layer.
     assert_eq!(
@@ -731,8 +728,26 @@ async fn output_flood_is_truncated() {
     if !usable(&rt).await {
         return;
     }
+    // The cap bounds what is kept; the step runs on, its output relayed whole.
     let controls = Controls {
         max_output_bytes: 64 * 1024,
+        timeout_ms: Some(30_000),
+        ..Controls::default()
+    };
+    let sb = Sandbox::new(rt.clone(), controls).await;
+    let (outcome, lines) = sb.run("yes flood | head -c 2000000").await;
+    assert_eq!(outcome.termination, Termination::Exited, "{outcome:?}");
+    assert_eq!(outcome.exit_code, Some(0));
+    assert!(outcome.stdout_truncated);
+    assert_eq!(outcome.stdout_bytes, 2_000_000);
+    let kept: usize = lines.stdout().iter().map(|l| l.len() + 1).sum();
+    // +1: the last, cut-off line has no newline.
+    assert!(kept <= 64 * 1024 + 1, "kept {kept} bytes");
+    sb.done().await;
+    // failOnOutputCap: a cap ends the step.
+    let controls = Controls {
+        max_output_bytes: 64 * 1024,
+        fail_on_output_cap: true,
         timeout_ms: Some(30_000),
         ..Controls::default()
     };
@@ -741,7 +756,6 @@ async fn output_flood_is_truncated() {
     assert_eq!(outcome.termination, Termination::Output);
     assert!(outcome.stdout_truncated);
     let kept: usize = lines.stdout().iter().map(|l| l.len() + 1).sum();
-    // +1: the last, cut-off line has no newline.
     assert!(kept <= 64 * 1024 + 1, "kept {kept} bytes");
     sb.done().await;
 }
@@ -1076,9 +1090,10 @@ async fn loopback_inside_works_and_the_hosts_stays_unreachable() {
     sb.done().await;
 }
 
-/// Deliverable 2 of issue 13: output caps count events too. A million empty lines (under the
-/// default maxOutputBytes of 1 MiB) become a bounded number of events, recorded as a
-/// truncation that names the line cap; a normal step next to it is unaffected.
+/// Output caps count lines too. A million empty lines (under the default maxOutputBytes of
+/// 1 MiB) become a bounded number of events and log records, recorded as a truncation that
+/// names the line cap and what was not kept; the step is not stopped for it; a normal step
+/// next to it is unaffected.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_million_newlines_are_capped_in_events() {
     let rt = shared();
@@ -1097,7 +1112,8 @@ async fn a_million_newlines_are_capped_in_events() {
     let (outcome, lines) = sb
         .run("head -c 1000000 /dev/zero | tr '\\0' '\\n'; echo done >&2")
         .await;
-    assert_eq!(outcome.termination, Termination::Output, "{outcome:?}");
+    assert_eq!(outcome.termination, Termination::Exited, "{outcome:?}");
+    assert_eq!(outcome.stdout_bytes, 1_000_000);
     assert!(outcome.stdout_truncated);
     assert!(!outcome.stderr_truncated);
     let row = outcome.enforcement.get("output").expect("output row");
@@ -1119,9 +1135,10 @@ async fn a_million_newlines_are_capped_in_events() {
         .collect();
     assert_eq!(cut.len(), 1, "{cut:?}");
     assert_eq!(cut[0]["stream"], "stdout");
-    assert_eq!(cut[0]["cap"], "events");
+    assert_eq!(cut[0]["cap"], "lines");
+    assert_eq!(cut[0]["notKeptLines"], 900_000);
     let exit = records.last().unwrap();
-    assert_eq!(exit["termination"], "output");
+    assert_eq!(exit["termination"], "exited");
     assert_eq!(exit["stdoutTruncated"], true);
 
     let (outcome, lines) = sb.run("seq 1 1000").await;

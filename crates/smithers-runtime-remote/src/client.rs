@@ -456,6 +456,73 @@ fn local_io<'a>(
     move |e| RuntimeError::io(operation, path, e)
 }
 
+/// The sink events of an `output` or `outputLost` event (`None` for any other event): the
+/// host's bytes, in order, checked against what was relayed of the stream so far
+/// (`relayed`): a gap is said as [`OutputEvent::OutputLost`], never papered over.
+fn relay_output(
+    event: &WireEvent,
+    relayed: &mut [u64; 2],
+) -> Result<Option<Vec<OutputEvent>>, RuntimeError> {
+    let (stream, offset, timestamp_ms) = match event {
+        WireEvent::Output {
+            stream,
+            offset,
+            timestamp_ms,
+            ..
+        }
+        | WireEvent::OutputLost {
+            stream,
+            offset,
+            timestamp_ms,
+            ..
+        } => (*stream, *offset, *timestamp_ms),
+        _ => return Ok(None),
+    };
+    let at = &mut relayed[stream as usize];
+    let mut out = Vec::new();
+    if offset != *at {
+        // The host's offsets only go forward; one behind ours would repeat bytes.
+        if offset < *at {
+            return Err(RuntimeError::spawn(
+                "follow events",
+                format!(
+                    "the host sent {} output at offset {offset} after {} bytes of it",
+                    stream.as_str(),
+                    *at
+                ),
+            ));
+        }
+        out.push(OutputEvent::OutputLost {
+            stream,
+            bytes: offset - *at,
+            timestamp_ms,
+        });
+        *at = offset;
+    }
+    match event {
+        WireEvent::OutputLost { bytes, .. } => {
+            out.push(OutputEvent::OutputLost {
+                stream,
+                bytes: *bytes,
+                timestamp_ms,
+            });
+            *at += bytes;
+        }
+        _ => {
+            let bytes = event.output_bytes().ok_or_else(|| {
+                RuntimeError::spawn("follow events", "an output event without well-formed bytes")
+            })?;
+            *at += bytes.len() as u64;
+            out.push(OutputEvent::Output {
+                stream,
+                bytes,
+                timestamp_ms,
+            });
+        }
+    }
+    Ok(Some(out))
+}
+
 /// How following the event stream ended.
 enum Followed {
     Outcome(Box<ExecOutcome>),
@@ -475,6 +542,8 @@ impl RemoteRuntime {
         let mut next: u64 = 0;
         let mut failures = 0u32;
         let mut cancel_sent = false;
+        // Bytes of stdout and stderr relayed so far: an `output` event must go on from there.
+        let mut relayed = [0u64; 2];
         loop {
             let url = self.url(
                 &b.base_url,
@@ -521,7 +590,14 @@ impl RemoteRuntime {
                     })?;
                     next += 1;
                     failures = 0;
+                    if let Some(relay) = relay_output(&event, &mut relayed)? {
+                        for e in relay {
+                            sink.event(e);
+                        }
+                        continue;
+                    }
                     match event {
+                        WireEvent::Output { .. } | WireEvent::OutputLost { .. } => {}
                         WireEvent::Stdout { line, timestamp_ms } => {
                             sink.event(OutputEvent::Stdout { line, timestamp_ms })
                         }

@@ -18,6 +18,9 @@ pub const ENV_KEY_MAX_LENGTH: usize = 128;
 pub const ENV_VALUE_MAX_BYTES: usize = 64 * 1024;
 /// Default cap on captured stdout + stderr, per stream.
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1024 * 1024;
+/// Default cap on the log records (lines) of a step's output kept per stream: a megabyte of
+/// newlines would otherwise be a million records, each held until the bundle is written.
+pub const DEFAULT_MAX_OUTPUT_LINES: u64 = 100_000;
 
 /// The runtimes named by the spec. The string forms are the contract (`runtime` column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -143,9 +146,19 @@ pub struct Controls {
     pub disk_limit_bytes: Option<u64>,
     #[serde(default)]
     pub allow_network: bool,
-    /// Cap per output stream; past it output is dropped and truncation is recorded.
+    /// Cap on what is KEPT of each output stream (the log, the live line events): past it
+    /// the log is truncated and says how much it did not keep. The step is not stopped and
+    /// its output is still relayed whole, unless `fail_on_output_cap`.
     #[serde(default = "default_max_output")]
     pub max_output_bytes: u64,
+    /// Cap on the log records (lines; a line over 64 KiB is kept in pieces) kept per stream,
+    /// like `max_output_bytes`.
+    #[serde(default = "default_max_output_lines")]
+    pub max_output_lines: u64,
+    /// Stop the step (termination `output`) when a stream passes either cap, instead of only
+    /// truncating what is kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fail_on_output_cap: bool,
     /// Wall-clock timeout of `execute`, in milliseconds.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
@@ -169,6 +182,10 @@ fn default_max_output() -> u64 {
     DEFAULT_MAX_OUTPUT_BYTES
 }
 
+fn default_max_output_lines() -> u64 {
+    DEFAULT_MAX_OUTPUT_LINES
+}
+
 impl Default for Controls {
     fn default() -> Self {
         Controls {
@@ -181,6 +198,8 @@ impl Default for Controls {
             disk_limit_bytes: None,
             allow_network: false,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+            max_output_lines: DEFAULT_MAX_OUTPUT_LINES,
+            fail_on_output_cap: false,
             timeout_ms: None,
             workspace: None,
             egress: None,
@@ -266,6 +285,12 @@ impl Controls {
         if self.max_output_bytes == 0 {
             return Err(invalid(
                 "maxOutputBytes",
+                "must be greater than zero".to_string(),
+            ));
+        }
+        if self.max_output_lines == 0 {
+            return Err(invalid(
+                "maxOutputLines",
                 "must be greater than zero".to_string(),
             ));
         }

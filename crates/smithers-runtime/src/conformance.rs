@@ -580,15 +580,26 @@ impl TreeSnapshot {
     }
 }
 
-/// Collects the live output of `execute` and wakes waiters on every line.
+/// Collects the live output of `execute` (its line events; of the relayed bytes only their
+/// count, so that a flood is not held here) and wakes waiters on every line.
 #[derive(Debug, Default)]
 pub struct Captured {
     events: Mutex<Vec<OutputEvent>>,
     notify: tokio::sync::Notify,
+    relayed_stdout: AtomicU64,
+    relayed_stderr: AtomicU64,
 }
 
 impl OutputSink for Captured {
     fn event(&self, event: OutputEvent) {
+        if let OutputEvent::Output { stream, bytes, .. } = &event {
+            let count = match stream {
+                crate::OutputStream::Stdout => &self.relayed_stdout,
+                crate::OutputStream::Stderr => &self.relayed_stderr,
+            };
+            count.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            return;
+        }
         self.events
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -622,6 +633,16 @@ impl Captured {
     /// Total bytes of captured lines (plus one newline each) on one stream.
     pub fn bytes(&self, stdout: bool) -> u64 {
         self.lines(stdout).iter().map(|l| l.len() as u64 + 1).sum()
+    }
+
+    /// Bytes of one stream relayed as written ([`OutputEvent::Output`]), whatever the caps.
+    pub fn relayed(&self, stdout: bool) -> u64 {
+        let count = if stdout {
+            &self.relayed_stdout
+        } else {
+            &self.relayed_stderr
+        };
+        count.load(Ordering::Relaxed)
     }
 
     /// Waits until a stdout line contains `needle` (bounded by `limit`, a safety net only).

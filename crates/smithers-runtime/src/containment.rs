@@ -610,8 +610,9 @@ fn peak_rss_bytes(pid: Option<u32>) -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Row 11: a stdout/stderr flood is capped at maxOutputBytes with truncation recorded, and the
-/// host process does not buffer it (its peak RSS stays below the flood size). The host is this
+/// Row 11: what is kept of a stdout/stderr flood is capped at maxOutputBytes with truncation
+/// recorded, the relay (where a backend relays) gets all of it, and the host process does not
+/// buffer it (its peak RSS stays below the flood size). The host is this
 /// process, or the one named by [`SuiteEnv::with_host_pid`] (a sandbox server); its peak must
 /// be readable then, or the row would check nothing.
 pub async fn row11_output_flood_capped(env: &SuiteEnv) -> CaseResult {
@@ -645,6 +646,13 @@ pub async fn row11_output_flood_capped(env: &SuiteEnv) -> CaseResult {
         assert!(
             matches!(o.termination, Termination::Exited | Termination::Output),
             "row 11: {o:?}"
+        );
+        // What is relayed is the step's stream, not what is kept: whole, where a backend
+        // relays it (streamed through, never held).
+        let relayed = exec.output.relayed(stream == "stdout");
+        assert!(
+            relayed == 0 || o.termination != Termination::Exited || relayed >= flood,
+            "row 11: {relayed} bytes of a {flood}-byte {stream} flood relayed: {o:?}"
         );
         if let Ok(report) = collected {
             check_bundle(&report.bundle_path);

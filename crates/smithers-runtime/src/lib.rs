@@ -15,8 +15,11 @@
 //! * **execute** runs the command for real. The backend owns the timeout
 //!   (`controls.timeout_ms`) and the cancellation token: on either, *every* process of the
 //!   sandbox is dead when `execute` returns. Non-zero exits, signals, limits, timeouts and
-//!   cancellation are [`ExecOutcome`]s, not errors. Output is capped at
-//!   `controls.max_output_bytes` per stream, truncation recorded.
+//!   cancellation are [`ExecOutcome`]s, not errors. Every byte of output goes to the sink as
+//!   written ([`OutputEvent::Output`]); what is kept (the log, the line events) is capped at
+//!   `controls.max_output_bytes` and `controls.max_output_lines` per stream, truncation
+//!   recorded ([`output::Capture`]); a cap ends the step only with
+//!   `controls.fail_on_output_cap`.
 //! * **collect** writes a valid result bundle on the host (README.md last) for every outcome,
 //!   including failed and cancelled runs, with patches describing the workspace changes.
 //! * **cleanup** is idempotent, may be called in any state (also after a failed create, and
@@ -38,6 +41,7 @@ pub mod error;
 pub mod git_ref;
 pub mod kept_layer;
 pub mod mounts;
+pub mod output;
 pub mod types;
 
 use async_trait::async_trait;
@@ -48,10 +52,11 @@ pub use config::{
     SandboxConfig, VolumeMount, WorkspacePersistence, WorkspaceSpec,
 };
 pub use error::RuntimeError;
+pub use output::OutputStream;
 pub use types::{
     check_result_fields, refused_result_field, CollectReport, EnforcementReport, ExecOutcome,
     NoPlacementEvents, NullSink, OutputEvent, OutputSink, Placement, PlacementSink, Protection,
-    ProtectionStatus, RequestBundle, ResourceUsage, SandboxHandle, ShipReport, StepCommand,
+    ProtectionStatus, RequestBundle, ResourceUsage, Room, SandboxHandle, ShipReport, StepCommand,
     StepStdin, Termination, REFUSED_RESULT_FIELDS,
 };
 

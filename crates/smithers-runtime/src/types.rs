@@ -374,16 +374,31 @@ pub struct CollectReport {
     pub ignored_paths: Vec<String>,
 }
 
-/// A line of output or a progress note from inside the sandbox, streamed while it runs.
+/// Output or a progress note from inside the sandbox, streamed while it runs.
+///
+/// A step's output comes twice: as [`OutputEvent::Output`], every byte exactly as written and
+/// whatever the caps (what a relay writes to its own stdout and stderr), and as the lines the
+/// log keeps ([`OutputEvent::Stdout`] / [`OutputEvent::Stderr`], bounded by
+/// `maxOutputBytes` and `maxOutputLines`, as text with U+FFFD for bytes that are not UTF-8),
+/// for observers that read lines.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "kind")]
 pub enum OutputEvent {
-    Stdout {
-        line: String,
+    /// A line of stdout the log keeps (without its newline).
+    Stdout { line: String, timestamp_ms: u64 },
+    /// A line of stderr the log keeps (without its newline).
+    Stderr { line: String, timestamp_ms: u64 },
+    /// Bytes the step wrote to `stream`, exactly and in order, all of them.
+    Output {
+        stream: crate::output::OutputStream,
+        bytes: Vec<u8>,
         timestamp_ms: u64,
     },
-    Stderr {
-        line: String,
+    /// Bytes of `stream` a relay could not deliver (a remote host no longer held them when
+    /// its follower reached them): the relayed stream has a gap of `bytes` there.
+    OutputLost {
+        stream: crate::output::OutputStream,
+        bytes: u64,
         timestamp_ms: u64,
     },
     /// The step reported progress (heartbeat).
@@ -392,15 +407,23 @@ pub enum OutputEvent {
         timestamp_ms: u64,
     },
     /// The egress engine decided a connection (a `smithers_egress::EgressRecord`, as JSON).
-    Egress {
-        record: Value,
-        timestamp_ms: u64,
-    },
+    Egress { record: Value, timestamp_ms: u64 },
 }
+
+/// What [`OutputSink::room`] returns: resolves once the sink can take more output.
+pub type Room<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 
 /// Receives live output. Must not block for long: it is called from the output pump.
 pub trait OutputSink: Send + Sync {
     fn event(&self, event: OutputEvent);
+
+    /// Resolves when the sink can take more of the step's output. A pump awaits it before
+    /// reading on, so a sink whose reader falls behind (a remote follower) slows the step
+    /// down as a full pipe would, instead of buffering without bound. A pump stops waiting
+    /// once the step is being ended (timeout, cancel) or has exited. Ready by default.
+    fn room(&self) -> Room<'_> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// A sink that drops everything.

@@ -101,6 +101,11 @@ pub struct Limits {
     pub upload_timeout: Duration,
     /// Interval of SSE keep-alive comments on an idle event stream.
     pub sse_keepalive: Duration,
+    /// Bytes of a step's relayed output (`output` events) a sandbox holds in memory: at most
+    /// this much its slowest follower has yet to be sent (the step is held back past it, as a
+    /// full pipe would hold it), and this much more already sent, for a follower that
+    /// resumes.
+    pub output_window_bytes: u64,
     /// A running step nobody follows (no open event stream) for this long is cancelled: its
     /// client is gone (killed, crashed, partitioned), and a local step would have died with
     /// its orchestrator. Clients reconnect well within it. `None` lets such steps run to their
@@ -140,6 +145,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(60),
             upload_timeout: Duration::from_secs(30 * 60),
             sse_keepalive: Duration::from_secs(15),
+            output_window_bytes: 16 << 20,
             orphan_timeout: Some(Duration::from_secs(120)),
             header_read_timeout: Duration::from_secs(10),
             max_connections: 1024,

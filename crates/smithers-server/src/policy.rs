@@ -34,9 +34,13 @@ pub struct Ceilings {
     pub max_disk_bytes: Option<u64>,
     /// Longest `timeoutMs`; a step asking none gets this one.
     pub max_timeout: Duration,
-    /// Largest `maxOutputBytes` per stream; a step asking none gets the runtime's default
-    /// (1 MiB) or this, whichever is smaller.
+    /// Largest `maxOutputBytes` per stream (what a sandbox's log and line events keep; its
+    /// output is relayed whole, and a step is stopped at the cap only with
+    /// `failOnOutputCap`); a step asking none gets the runtime's default (1 MiB) or this,
+    /// whichever is smaller.
     pub max_output_bytes: u64,
+    /// Largest `maxOutputLines` per stream, likewise (the runtime's default is 100000).
+    pub max_output_lines: u64,
 }
 
 impl Default for Ceilings {
@@ -53,6 +57,7 @@ impl Default for Ceilings {
             max_disk_bytes: Some(16 << 30),
             max_timeout: Duration::from_secs(3600),
             max_output_bytes: 16 << 20,
+            max_output_lines: 1_000_000,
         }
     }
 }
@@ -130,6 +135,22 @@ impl Ceilings {
             controls.max_output_bytes = controls.max_output_bytes.min(self.max_output_bytes);
         }
         Ok(())
+    }
+
+    /// Checks `maxOutputLines` against its ceiling when the client named it (`asked`), and
+    /// fills in the runtime's default or the ceiling, whichever is smaller, when it did not.
+    pub fn apply_output_lines(&self, controls: &mut Controls, asked: bool) -> Result<(), ApiError> {
+        if asked {
+            check_max(
+                Some(controls.max_output_lines),
+                Some(self.max_output_lines),
+                "maxOutputLines",
+                "--max-output-lines",
+            )
+        } else {
+            controls.max_output_lines = controls.max_output_lines.min(self.max_output_lines);
+            Ok(())
+        }
     }
 
     fn check_network(&self, controls: &mut Controls) -> Result<(), ApiError> {
@@ -325,6 +346,23 @@ mod tests {
             ..Controls::default()
         };
         assert!(ceilings.apply(&mut c, true).is_err());
+        let mut c = Controls {
+            max_output_lines: 2_000_000,
+            ..Controls::default()
+        };
+        let err = ceilings.apply_output_lines(&mut c, true).unwrap_err();
+        assert!(
+            err.report.message.contains("--max-output-lines"),
+            "{}",
+            err.report.message
+        );
+        let small = Ceilings {
+            max_output_lines: 10,
+            ..Ceilings::default()
+        };
+        let mut c = Controls::default();
+        small.apply_output_lines(&mut c, false).unwrap();
+        assert_eq!(c.max_output_lines, 10);
     }
 
     #[test]

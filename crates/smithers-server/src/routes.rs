@@ -312,6 +312,7 @@ pub(crate) async fn create(
 ) -> Result<Response, ApiError> {
     let raw: Value = read_json(body, state.config.limits.max_json_bytes).await?;
     let asked_output = asks(&raw, "maxOutputBytes");
+    let asked_lines = asks(&raw, "maxOutputLines");
     let mut req: CreateSandbox = serde_json::from_value(raw)
         .map_err(|e| ApiError::malformed(format!("malformed JSON body: {e}")))?;
     if state.draining.load(Ordering::Relaxed) {
@@ -332,6 +333,11 @@ pub(crate) async fn create(
         .limits
         .ceilings
         .apply(&mut req.controls, asked_output)?;
+    state
+        .config
+        .limits
+        .ceilings
+        .apply_output_lines(&mut req.controls, asked_lines)?;
     let id = format!("sbx-{}", random_hex(16)?);
     let dir = state.config.data_dir.join("sandboxes").join(&id);
     let workspace = dir.join("workspace");
@@ -408,7 +414,7 @@ pub(crate) async fn create(
             result: None,
             bundle_path: None,
         }),
-        events: EventLog::default(),
+        events: EventLog::new(state.config.limits.output_window_bytes),
         followers: std::sync::atomic::AtomicUsize::new(0),
         unfollowed_since_ms: AtomicU64::new(now_ms()),
     });
@@ -761,7 +767,17 @@ async fn run_step(
 ) {
     let runtime = state.runtime.kind().as_str();
     let started = Instant::now();
-    let sink = LogSink(e.clone());
+    let sink = Arc::new(LogSink::new(e.clone()));
+    // Output gathered in the sink goes into the log at least this often.
+    let ticker = {
+        let sink = sink.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                sink.flush_if_due();
+            }
+        })
+    };
     let watchdog = state
         .config
         .limits
@@ -769,8 +785,11 @@ async fn run_step(
         .map(|limit| tokio::spawn(orphan_watchdog(e.clone(), cancel.clone(), limit)));
     let executed = state
         .runtime
-        .execute(&e.handle, &command, cancel, &sink)
+        .execute(&e.handle, &command, cancel, sink.as_ref())
         .await;
+    ticker.abort();
+    // Every byte of output is in the log before the terminal event.
+    sink.flush();
     if let Some(w) = watchdog {
         w.abort();
     }
@@ -915,16 +934,16 @@ pub(crate) async fn events(
     let keepalive = state.config.limits.sse_keepalive;
     struct Follow {
         entry: Arc<Entry>,
-        _follower: Follower,
+        follower: Follower,
         rx: tokio::sync::watch::Receiver<u64>,
         cursor: u64,
-        queue: VecDeque<Bytes>,
+        queue: VecDeque<(Bytes, Option<u64>)>,
         finished: bool,
         end: CancellationToken,
         keepalive: Duration,
     }
     let follow = Follow {
-        _follower: Follower::new(e.clone()),
+        follower: Follower::new(e.clone(), from),
         rx: e.events.subscribe(),
         entry: e,
         cursor: from,
@@ -935,7 +954,12 @@ pub(crate) async fn events(
     };
     let stream = futures_util::stream::unfold(follow, |mut f| async move {
         loop {
-            if let Some(frame) = f.queue.pop_front() {
+            if let Some((frame, sent)) = f.queue.pop_front() {
+                // Taken by the connection one frame at a time, as it drains: the step's
+                // output waits for the slowest follower (`EventLog::room`).
+                if let Some(cursor) = sent {
+                    f.follower.sent(cursor);
+                }
                 return Some((Ok::<Bytes, io::Error>(frame), f));
             }
             if f.finished {
@@ -947,12 +971,15 @@ pub(crate) async fn events(
                 for ev in events {
                     f.cursor = ev.seq + 1;
                     let data = serde_json::to_string(&ev.event).unwrap_or_default();
-                    f.queue.push_back(Bytes::from(format!(
-                        "id: {}\nevent: {}\ndata: {}\n\n",
-                        ev.seq,
-                        ev.event.name(),
-                        data
-                    )));
+                    f.queue.push_back((
+                        Bytes::from(format!(
+                            "id: {}\nevent: {}\ndata: {}\n\n",
+                            ev.seq,
+                            ev.event.name(),
+                            data
+                        )),
+                        Some(ev.seq + 1),
+                    ));
                 }
                 continue;
             }
@@ -967,7 +994,7 @@ pub(crate) async fn events(
                     }
                 }
                 _ = tokio::time::sleep(f.keepalive) => {
-                    f.queue.push_back(Bytes::from_static(b": keepalive\n\n"));
+                    f.queue.push_back((Bytes::from_static(b": keepalive\n\n"), None));
                 }
                 _ = f.end.cancelled() => {
                     f.finished = true;
@@ -985,18 +1012,26 @@ pub(crate) async fn events(
     Ok(resp)
 }
 
-/// Counts an open event stream for the orphan watchdog, for as long as the stream lives.
-struct Follower(Arc<Entry>);
+/// Counts an open event stream for the orphan watchdog, and tells the event log how far it
+/// was sent (the step's output waits for the slowest one), for as long as the stream lives.
+struct Follower(Arc<Entry>, u64);
 
 impl Follower {
-    fn new(entry: Arc<Entry>) -> Self {
+    fn new(entry: Arc<Entry>, cursor: u64) -> Self {
         entry.followers.fetch_add(1, Ordering::SeqCst);
-        Follower(entry)
+        let id = entry.events.follow(cursor);
+        Follower(entry, id)
+    }
+
+    /// Everything before `cursor` was handed to the connection.
+    fn sent(&self, cursor: u64) {
+        self.0.events.advance(self.1, cursor);
     }
 }
 
 impl Drop for Follower {
     fn drop(&mut self) {
+        self.0.events.unfollow(self.1);
         self.0.unfollowed_since_ms.store(now_ms(), Ordering::SeqCst);
         self.0.followers.fetch_sub(1, Ordering::SeqCst);
     }

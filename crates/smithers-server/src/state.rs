@@ -6,8 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use smithers_runtime::{CancellationToken, OutputEvent, OutputSink, Runtime, SandboxHandle};
-use smithers_wire::wire::{ResultInfo, SandboxInfo, SandboxState, SeqEvent, WireEvent};
+use smithers_runtime::{
+    CancellationToken, OutputEvent, OutputSink, OutputStream, Room, Runtime, SandboxHandle,
+};
+use smithers_wire::wire::{
+    ResultInfo, SandboxInfo, SandboxState, SeqEvent, WireEvent, MAX_OUTPUT_EVENT_BYTES,
+};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
@@ -131,27 +135,109 @@ impl Entry {
 struct LogInner {
     events: Vec<Arc<SeqEvent>>,
     closed: bool,
+    /// Output bytes (`output` events) in `events[..=i]`, for each `i`.
+    output_upto: Vec<u64>,
+    /// The `output` events still holding their bytes, oldest first (index, stream, offset,
+    /// bytes), and the bytes they hold.
+    held: std::collections::VecDeque<(usize, OutputStream, u64, u64)>,
+    held_bytes: u64,
+    /// Each open event stream's cursor (the next seq it sends), by follower id.
+    followers: HashMap<u64, u64>,
+    next_follower: u64,
+    /// Where the last follower to leave stood (0 before any came): the low water mark while
+    /// none is connected, so that output waits for the client that comes back.
+    parked: u64,
 }
 
-/// Append-only, gap-free event log of one sandbox, with a watch channel announcing appends.
-/// Bounded by what the runtime lets through: output is capped per stream by
-/// `maxOutputBytes`, and state events are a handful.
-#[derive(Debug)]
-pub(crate) struct EventLog {
-    inner: Mutex<LogInner>,
-    tx: watch::Sender<u64>,
-}
+impl LogInner {
+    /// Output bytes in `events[..seq]`.
+    fn output_before(&self, seq: u64) -> u64 {
+        let seq = (seq as usize).min(self.events.len());
+        seq.checked_sub(1).map_or(0, |i| self.output_upto[i])
+    }
 
-impl Default for EventLog {
-    fn default() -> Self {
-        EventLog {
-            inner: Mutex::new(LogInner::default()),
-            tx: watch::channel(0).0,
+    fn output_total(&self) -> u64 {
+        self.output_upto.last().copied().unwrap_or(0)
+    }
+
+    /// The seq every follower has been sent up to (the slowest one's cursor).
+    fn low_water(&self) -> u64 {
+        self.followers
+            .values()
+            .copied()
+            .min()
+            .unwrap_or(self.parked)
+    }
+
+    /// Output bytes past the low water mark: what the slowest follower has yet to be sent.
+    fn unsent(&self) -> u64 {
+        self.output_total() - self.output_before(self.low_water())
+    }
+
+    /// Drops the bytes of the oldest `output` events every follower was sent while more than
+    /// `window` bytes of them are held: each becomes an `outputLost` of the same seq, which
+    /// only a follower starting (or resuming) from before it ever reads.
+    fn evict(&mut self, window: u64) {
+        let low = self.low_water() as usize;
+        let after_low = self.output_total() - self.output_before(low as u64);
+        while self.held_bytes.saturating_sub(after_low) > window {
+            let Some(&(index, stream, offset, bytes)) = self.held.front() else {
+                return;
+            };
+            if index >= low {
+                return;
+            }
+            self.held.pop_front();
+            self.held_bytes -= bytes;
+            let seq = self.events[index].seq;
+            let timestamp_ms = match &self.events[index].event {
+                WireEvent::Output { timestamp_ms, .. } => *timestamp_ms,
+                _ => 0,
+            };
+            self.events[index] = Arc::new(SeqEvent {
+                seq,
+                event: WireEvent::OutputLost {
+                    stream,
+                    offset,
+                    bytes,
+                    timestamp_ms,
+                },
+            });
         }
     }
 }
 
+/// Append-only, gap-free event log of one sandbox, with a watch channel announcing appends.
+/// Bounded: the line events by the runtime's caps (`maxOutputBytes`, `maxOutputLines`), state
+/// events are a handful, and of the step's whole output (`output` events) only `window` bytes
+/// every follower was sent are held for a follower that resumes, besides what a follower has
+/// yet to be sent, which [`EventLog::room`] keeps within `window` by holding the step back.
+#[derive(Debug)]
+pub(crate) struct EventLog {
+    inner: Mutex<LogInner>,
+    tx: watch::Sender<u64>,
+    /// Told when a follower moves on or leaves (what [`EventLog::room`] waits for).
+    progress: tokio::sync::Notify,
+    window: u64,
+}
+
+impl Default for EventLog {
+    fn default() -> Self {
+        EventLog::new(crate::Limits::default().output_window_bytes)
+    }
+}
+
 impl EventLog {
+    /// A log holding at most `window` bytes of output every follower was sent.
+    pub fn new(window: u64) -> Self {
+        EventLog {
+            inner: Mutex::new(LogInner::default()),
+            tx: watch::channel(0).0,
+            progress: tokio::sync::Notify::new(),
+            window,
+        }
+    }
+
     /// Appends an event; a terminal one closes the log. Appends to a closed log are dropped
     /// (output racing the end of a run).
     pub fn push(&self, event: WireEvent) {
@@ -161,10 +247,24 @@ impl EventLog {
         }
         let seq = inner.events.len() as u64;
         let terminal = event.is_terminal();
+        let output = match &event {
+            WireEvent::Output { stream, offset, .. } => event
+                .output_bytes()
+                .map(|b| (*stream, *offset, b.len() as u64)),
+            _ => None,
+        };
+        let before = inner.output_total();
+        let added = output.map_or(0, |(_, _, n)| n);
+        inner.output_upto.push(before + added);
+        if let Some((stream, offset, bytes)) = output {
+            inner.held.push_back((seq as usize, stream, offset, bytes));
+            inner.held_bytes += bytes;
+        }
         inner.events.push(Arc::new(SeqEvent { seq, event }));
         if terminal {
             inner.closed = true;
         }
+        inner.evict(self.window);
         drop(inner);
         self.tx.send_replace(seq + 1);
     }
@@ -187,14 +287,148 @@ impl EventLog {
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.tx.subscribe()
     }
+
+    /// A new follower starting at `cursor`; its id.
+    pub fn follow(&self, cursor: u64) -> u64 {
+        let mut inner = lock(&self.inner);
+        let id = inner.next_follower;
+        inner.next_follower += 1;
+        inner.followers.insert(id, cursor);
+        id
+    }
+
+    /// Follower `id` has been sent everything before `cursor`.
+    pub fn advance(&self, id: u64, cursor: u64) {
+        let mut inner = lock(&self.inner);
+        if let Some(c) = inner.followers.get_mut(&id) {
+            *c = cursor;
+        }
+        inner.evict(self.window);
+        drop(inner);
+        self.progress.notify_waiters();
+    }
+
+    /// Follower `id` left.
+    pub fn unfollow(&self, id: u64) {
+        let mut inner = lock(&self.inner);
+        if let Some(cursor) = inner.followers.remove(&id) {
+            if inner.followers.is_empty() {
+                inner.parked = cursor;
+            }
+        }
+        drop(inner);
+        self.progress.notify_waiters();
+    }
+
+    /// Resolves while the slowest follower (or, with none connected, the last one to leave;
+    /// before any came, the start) has at most `window` bytes of output still to be sent, or
+    /// once the log is closed: the step's output pump waits for it, so a client that reads
+    /// slowly slows the step down instead of growing this log. A step nobody comes back for
+    /// is ended by the orphan watchdog, its timeout or its cancel.
+    pub async fn room(&self) {
+        loop {
+            let progressed = self.progress.notified();
+            {
+                let inner = lock(&self.inner);
+                if inner.closed || inner.unsent() <= self.window {
+                    return;
+                }
+            }
+            // Checked again now and then: a follower's progress is also told by its drop.
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(250), progressed).await;
+        }
+    }
 }
 
-/// Forwards the runtime's live output into the event log.
-pub(crate) struct LogSink(pub Arc<Entry>);
+/// How long output may wait in [`LogSink`] before it goes into the log, and how much of it.
+const OUTPUT_FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
+const OUTPUT_FLUSH_BYTES: usize = 32 * 1024;
+
+/// Output of one stream not yet in the log, and how many bytes of it went before.
+#[derive(Debug, Default)]
+struct Pending {
+    bytes: Vec<u8>,
+    offset: u64,
+    timestamp_ms: u64,
+}
+
+/// Forwards the runtime's live output into the event log. The step's bytes are gathered for
+/// up to [`OUTPUT_FLUSH_AFTER`] or [`OUTPUT_FLUSH_BYTES`] into one `output` event (so that a
+/// step writing a byte at a time does not make an event per byte); [`LogSink::flush`] puts
+/// the rest in, and the server calls it on a tick and before the step's terminal event.
+pub(crate) struct LogSink {
+    entry: Arc<Entry>,
+    pending: Mutex<(Pending, Pending, std::time::Instant)>,
+}
+
+impl LogSink {
+    pub fn new(entry: Arc<Entry>) -> Self {
+        LogSink {
+            entry,
+            pending: Mutex::new((
+                Pending::default(),
+                Pending::default(),
+                std::time::Instant::now(),
+            )),
+        }
+    }
+
+    /// Puts the gathered output into the log.
+    pub fn flush(&self) {
+        let mut p = lock(&self.pending);
+        let (out, err, last) = &mut *p;
+        for (stream, pending) in [(OutputStream::Stdout, out), (OutputStream::Stderr, err)] {
+            for piece in pending.bytes.chunks(MAX_OUTPUT_EVENT_BYTES) {
+                self.entry.events.push(WireEvent::output(
+                    stream,
+                    pending.offset,
+                    piece,
+                    pending.timestamp_ms,
+                ));
+                pending.offset += piece.len() as u64;
+            }
+            pending.bytes.clear();
+        }
+        *last = std::time::Instant::now();
+    }
+
+    /// [`LogSink::flush`] once output waited [`OUTPUT_FLUSH_AFTER`].
+    pub fn flush_if_due(&self) {
+        let due = lock(&self.pending).2.elapsed() >= OUTPUT_FLUSH_AFTER;
+        if due {
+            self.flush();
+        }
+    }
+
+    fn gather(&self, stream: OutputStream, bytes: &[u8], timestamp_ms: u64) {
+        let full = {
+            let mut p = lock(&self.pending);
+            let pending = match stream {
+                OutputStream::Stdout => &mut p.0,
+                OutputStream::Stderr => &mut p.1,
+            };
+            if pending.bytes.is_empty() {
+                pending.timestamp_ms = timestamp_ms;
+            }
+            pending.bytes.extend_from_slice(bytes);
+            pending.bytes.len() >= OUTPUT_FLUSH_BYTES || p.2.elapsed() >= OUTPUT_FLUSH_AFTER
+        };
+        if full {
+            self.flush();
+        }
+    }
+}
 
 impl OutputSink for LogSink {
     fn event(&self, event: OutputEvent) {
         let wire = match event {
+            OutputEvent::Output {
+                stream,
+                bytes,
+                timestamp_ms,
+            } => return self.gather(stream, &bytes, timestamp_ms),
+            // Made by a relay, never by a runtime this server drives.
+            OutputEvent::OutputLost { .. } => return,
             OutputEvent::Stdout { line, timestamp_ms } => WireEvent::Stdout { line, timestamp_ms },
             OutputEvent::Stderr { line, timestamp_ms } => WireEvent::Stderr { line, timestamp_ms },
             OutputEvent::Heartbeat {
@@ -212,6 +446,163 @@ impl OutputSink for LogSink {
                 timestamp_ms,
             },
         };
-        self.0.events.push(wire);
+        self.entry.events.push(wire);
+    }
+
+    fn room(&self) -> Room<'_> {
+        Box::pin(self.entry.events.room())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn output(log: &EventLog, offset: u64, len: usize) {
+        log.push(WireEvent::output(
+            OutputStream::Stdout,
+            offset,
+            &vec![b'x'; len],
+            0,
+        ));
+    }
+
+    fn lost(log: &EventLog) -> Vec<u64> {
+        let (events, _) = log.read_from(0);
+        events
+            .iter()
+            .filter(|e| matches!(e.event, WireEvent::OutputLost { .. }))
+            .map(|e| e.seq)
+            .collect()
+    }
+
+    /// Nothing a follower has yet to be sent is dropped; of what every follower was sent,
+    /// at most the window is held, the oldest dropped first (as `outputLost` of its seq).
+    #[test]
+    fn the_log_holds_what_followers_need_and_a_window_more() {
+        let log = EventLog::new(100);
+        for i in 0..5 {
+            output(&log, i * 60, 60);
+        }
+        assert!(
+            lost(&log).is_empty(),
+            "no follower yet: all kept for the first"
+        );
+        let f = log.follow(0);
+        log.advance(f, 3);
+        // 180 bytes sent, at most 100 of them held for a resume: the first two events go.
+        assert_eq!(lost(&log), vec![0, 1]);
+        log.advance(f, 5);
+        assert_eq!(lost(&log), vec![0, 1, 2, 3]);
+        let (events, _) = log.read_from(0);
+        match &events[0].event {
+            WireEvent::OutputLost { offset, bytes, .. } => assert_eq!((*offset, *bytes), (0, 60)),
+            e => panic!("{e:?}"),
+        }
+        // A follower that leaves parks the low water mark where it stood.
+        log.unfollow(f);
+        output(&log, 300, 60);
+        assert_eq!(lost(&log), vec![0, 1, 2, 3]);
+    }
+
+    /// The step's pump waits while the slowest follower (or, with none, where the last one
+    /// stood) is more than the window behind, and goes on once it catches up or the log
+    /// closes.
+    #[tokio::test]
+    async fn room_waits_for_the_slowest_follower() {
+        let log = Arc::new(EventLog::new(100));
+        output(&log, 0, 80);
+        tokio::time::timeout(Duration::from_millis(50), log.room())
+            .await
+            .expect("within the window");
+        output(&log, 80, 80);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), log.room())
+                .await
+                .is_err(),
+            "160 bytes nobody was sent"
+        );
+        let f = log.follow(0);
+        let waiting = {
+            let log = log.clone();
+            tokio::spawn(async move { log.room().await })
+        };
+        log.advance(f, 1);
+        tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .expect("the follower caught up")
+            .unwrap();
+        output(&log, 160, 200);
+        log.push(WireEvent::Cancelled);
+        tokio::time::timeout(Duration::from_millis(50), log.room())
+            .await
+            .expect("a closed log waits for nobody");
+    }
+
+    #[test]
+    fn the_sink_gathers_output_into_few_events_with_offsets() {
+        let entry = test_entry();
+        let sink = LogSink::new(entry.clone());
+        for _ in 0..1000 {
+            sink.event(OutputEvent::Output {
+                stream: OutputStream::Stderr,
+                bytes: b"ab".to_vec(),
+                timestamp_ms: 1,
+            });
+        }
+        sink.flush();
+        let (events, _) = entry.events.read_from(0);
+        let mut bytes = Vec::new();
+        for e in &events {
+            if let WireEvent::Output { offset, .. } = &e.event {
+                assert_eq!(*offset, bytes.len() as u64);
+                bytes.extend(e.event.output_bytes().unwrap());
+            }
+        }
+        assert_eq!(bytes, b"ab".repeat(1000));
+        assert!(
+            events.len() < 100,
+            "{} events for 1000 writes",
+            events.len()
+        );
+    }
+
+    fn test_entry() -> Arc<Entry> {
+        let dir = std::env::temp_dir().join("smithers-state-test");
+        Arc::new(Entry {
+            id: "sbx-test".into(),
+            run_id: "r".into(),
+            sandbox_id: "s".into(),
+            created_at_ms: 0,
+            owner: String::new(),
+            last_active_ms: AtomicU64::new(0),
+            dir: dir.clone(),
+            workspace: dir.join("workspace"),
+            handle: SandboxHandle {
+                runtime: smithers_runtime::RuntimeKind::Bubblewrap,
+                run_id: "r".into(),
+                sandbox_id: "s".into(),
+                sandbox_root: dir.clone(),
+                request_path: dir.join("request"),
+                result_path: dir.join("result"),
+                container_id: None,
+                workspace_id: None,
+                backend: serde_json::Value::Null,
+            },
+            op: tokio::sync::Mutex::new(()),
+            swap: Mutex::new(()),
+            inner: Mutex::new(Inner {
+                state: SandboxState::Running,
+                exec_key: None,
+                cancel: CancellationToken::new(),
+                request: None,
+                result: None,
+                bundle_path: None,
+            }),
+            events: EventLog::new(1 << 20),
+            followers: AtomicUsize::new(0),
+            unfollowed_since_ms: AtomicU64::new(0),
+        })
     }
 }

@@ -9,12 +9,24 @@ pub struct SseFrame {
     pub data: String,
 }
 
+/// Longest line (and longest `data` of one frame) the parser holds: a longer one is dropped,
+/// with the frame it belongs to, so a host that never ends a line cannot grow the buffer.
+/// Far above any event the host sends (an output event is at most a few hundred KiB, a
+/// completed one carries a result of at most 5 MiB, escaped).
+pub const MAX_SSE_LINE_BYTES: usize = 64 << 20;
+
 /// Incremental parser: [`SseParser::push`] bytes, get the complete frames back.
 #[derive(Debug, Default)]
 pub struct SseParser {
     buf: Vec<u8>,
+    /// How much of `buf` is known to hold no newline.
+    scanned: usize,
+    /// The line being read was too long: dropped up to its end, and its frame with it.
+    skipping: bool,
+    frame_dropped: bool,
     current: SseFrame,
     has_data: bool,
+    dropped: u64,
 }
 
 impl SseParser {
@@ -22,46 +34,83 @@ impl SseParser {
         SseParser::default()
     }
 
-    /// Feeds a chunk; returns every frame completed by it.
+    /// Frames dropped for a line over [`MAX_SSE_LINE_BYTES`].
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Feeds a chunk; returns every frame completed by it. Linear in the bytes fed.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<SseFrame> {
         self.buf.extend_from_slice(chunk);
         let mut frames = Vec::new();
-        while let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
-            let mut line: Vec<u8> = self.buf.drain(..=pos).collect();
-            line.pop();
+        let mut start = 0;
+        while let Some(pos) = self.buf[start + self.scanned..]
+            .iter()
+            .position(|&b| b == b'\n')
+        {
+            let end = start + self.scanned + pos;
+            self.scanned = 0;
+            let mut line = &self.buf[start..end];
+            start = end + 1;
+            if std::mem::take(&mut self.skipping) {
+                continue;
+            }
             if line.last() == Some(&b'\r') {
-                line.pop();
+                line = &line[..line.len() - 1];
             }
-            let line = String::from_utf8_lossy(&line).into_owned();
-            if line.is_empty() {
-                if self.has_data || self.current.event.is_some() {
-                    frames.push(std::mem::take(&mut self.current));
-                }
-                self.current = SseFrame::default();
-                self.has_data = false;
-                continue;
-            }
-            if line.starts_with(':') {
-                continue;
-            }
-            let (field, value) = match line.split_once(':') {
-                Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-                None => (line.as_str(), ""),
-            };
-            match field {
-                "id" => self.current.id = Some(value.to_string()),
-                "event" => self.current.event = Some(value.to_string()),
-                "data" => {
-                    if self.has_data {
-                        self.current.data.push('\n');
-                    }
-                    self.current.data.push_str(value);
-                    self.has_data = true;
-                }
-                _ => {}
+            let line = String::from_utf8_lossy(line).into_owned();
+            if let Some(frame) = self.take_line(&line) {
+                frames.push(frame);
             }
         }
+        self.buf.drain(..start);
+        self.scanned = self.buf.len();
+        if self.buf.len() > MAX_SSE_LINE_BYTES {
+            self.buf.clear();
+            self.scanned = 0;
+            self.skipping = true;
+            self.frame_dropped = true;
+        }
         frames
+    }
+
+    /// One line of the stream; the frame it completes, if any.
+    fn take_line(&mut self, line: &str) -> Option<SseFrame> {
+        if line.is_empty() {
+            let done = (self.has_data || self.current.event.is_some()) && !self.frame_dropped;
+            if self.frame_dropped {
+                self.dropped += 1;
+            }
+            let frame = std::mem::take(&mut self.current);
+            self.has_data = false;
+            self.frame_dropped = false;
+            return done.then_some(frame);
+        }
+        if line.starts_with(':') {
+            return None;
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line, ""),
+        };
+        match field {
+            "id" => self.current.id = Some(value.to_string()),
+            "event" => self.current.event = Some(value.to_string()),
+            "data" => {
+                if self.current.data.len() + value.len() > MAX_SSE_LINE_BYTES {
+                    self.frame_dropped = true;
+                    self.current.data.clear();
+                    return None;
+                }
+                if self.has_data {
+                    self.current.data.push('\n');
+                }
+                self.current.data.push_str(value);
+                self.has_data = true;
+            }
+            _ => {}
+        }
+        None
     }
 }
 
@@ -79,5 +128,33 @@ mod tests {
         assert_eq!(frames[0].event.as_deref(), Some("stdout"));
         assert_eq!(frames[0].data, "{\"a\":1}");
         assert_eq!(frames[1].data, "x\ny");
+    }
+
+    #[test]
+    fn a_line_fed_byte_by_byte_and_many_lines_at_once() {
+        let mut p = SseParser::new();
+        let text = "id: 3\nevent: output\ndata: hello\n\n".repeat(1000);
+        let mut frames = Vec::new();
+        for b in text.as_bytes() {
+            frames.extend(p.push(&[*b]));
+        }
+        assert_eq!(frames.len(), 1000);
+        assert_eq!(p.push(text.as_bytes()).len(), 1000);
+        assert!(frames.iter().all(|f| f.data == "hello"));
+    }
+
+    #[test]
+    fn an_endless_line_is_dropped_with_its_frame() {
+        let mut p = SseParser::new();
+        assert!(p.push(b"id: 0\ndata: ").is_empty());
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..(MAX_SSE_LINE_BYTES >> 20) + 1 {
+            assert!(p.push(&chunk).is_empty());
+        }
+        assert!(p.buf.len() <= MAX_SSE_LINE_BYTES);
+        let frames = p.push(b"xx\n\nid: 1\ndata: ok\n\n");
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        assert_eq!(frames[0].id.as_deref(), Some("1"));
+        assert_eq!(p.dropped(), 1);
     }
 }

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use smithers_errors::ErrorReport;
-use smithers_runtime::{Controls, ExecOutcome, RuntimeKind};
+use smithers_runtime::{Controls, ExecOutcome, OutputStream, RuntimeKind};
 
 /// Header carrying the idempotency key of `POST /v1/sandboxes/{id}/execute`.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
@@ -165,6 +165,31 @@ pub enum WireEvent {
         #[serde(rename = "timestampMs")]
         timestamp_ms: u64,
     },
+    /// Bytes of the step's output, exactly as written and all of them, whatever the caps
+    /// (the `stdout`/`stderr` events are the lines the log keeps): `text` when they are UTF-8
+    /// (and not mostly escapes), else `b64` (standard base64). `offset` counts the bytes of
+    /// the stream before these, so a follower can tell a gap. At most [`MAX_OUTPUT_EVENT_BYTES`].
+    Output {
+        stream: OutputStream,
+        offset: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        b64: Option<String>,
+        #[serde(rename = "timestampMs")]
+        timestamp_ms: u64,
+    },
+    /// `bytes` of output at `offset` that the host no longer held when this follower reached
+    /// them (it keeps a window of what every follower was sent, and holds the step back while
+    /// its followers are behind; a follower that starts late, or resumes from further back,
+    /// can find a gap).
+    OutputLost {
+        stream: OutputStream,
+        offset: u64,
+        bytes: u64,
+        #[serde(rename = "timestampMs")]
+        timestamp_ms: u64,
+    },
     Heartbeat {
         progress: Option<f64>,
         #[serde(rename = "timestampMs")]
@@ -194,12 +219,55 @@ impl WireEvent {
             WireEvent::State { .. } => "state",
             WireEvent::Stdout { .. } => "stdout",
             WireEvent::Stderr { .. } => "stderr",
+            WireEvent::Output { .. } => "output",
+            WireEvent::OutputLost { .. } => "outputLost",
             WireEvent::Heartbeat { .. } => "heartbeat",
             WireEvent::Egress { .. } => "egress",
             WireEvent::Completed { .. } => "completed",
             WireEvent::Failed { .. } => "failed",
             WireEvent::Cancelled => "cancelled",
         }
+    }
+
+    /// An [`WireEvent::Output`] of `bytes` (at most [`MAX_OUTPUT_EVENT_BYTES`]: the sender
+    /// splits), as text when that is no larger than base64 would be.
+    pub fn output(stream: OutputStream, offset: u64, bytes: &[u8], timestamp_ms: u64) -> Self {
+        let (text, b64) = match std::str::from_utf8(bytes) {
+            // JSON shows a control character as `\u00XX`: past a quarter of them, base64's
+            // third more is smaller.
+            Ok(t)
+                if bytes
+                    .iter()
+                    .filter(|b| **b < 0x20 && !matches!(b, b'\n' | b'\t' | b'\r'))
+                    .count()
+                    * 4
+                    <= bytes.len() =>
+            {
+                (Some(t.to_string()), None)
+            }
+            _ => (None, Some(smithers_runtime::output::base64_encode(bytes))),
+        };
+        WireEvent::Output {
+            stream,
+            offset,
+            text,
+            b64,
+            timestamp_ms,
+        }
+    }
+
+    /// The bytes of an [`WireEvent::Output`]; `None` for another event, or one whose bytes
+    /// are not well formed (both or neither of `text` and `b64`, bad base64, too many).
+    pub fn output_bytes(&self) -> Option<Vec<u8>> {
+        let WireEvent::Output { text, b64, .. } = self else {
+            return None;
+        };
+        let bytes = match (text, b64) {
+            (Some(t), None) => t.as_bytes().to_vec(),
+            (None, Some(b)) => smithers_runtime::output::base64_decode(b, MAX_OUTPUT_EVENT_BYTES)?,
+            _ => return None,
+        };
+        (bytes.len() <= MAX_OUTPUT_EVENT_BYTES).then_some(bytes)
     }
 
     /// The stream ends after a terminal event.
@@ -210,6 +278,9 @@ impl WireEvent {
         )
     }
 }
+
+/// Most bytes of output one [`WireEvent::Output`] carries.
+pub const MAX_OUTPUT_EVENT_BYTES: usize = 64 * 1024;
 
 /// An event with its sequence number (0, 1, 2, ... per sandbox, no gaps).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -247,5 +318,38 @@ mod tests {
         assert_eq!(e.name(), "stdout");
         let back: WireEvent = serde_json::from_value(json).unwrap();
         assert_eq!(back, e);
+    }
+
+    #[test]
+    fn output_events_carry_bytes_exactly() {
+        for bytes in [
+            &b"plain text\n"[..],
+            b"\xff\xfe not utf-8",
+            b"\x00\x01\x02\x03 mostly controls",
+            b"",
+        ] {
+            let e = WireEvent::output(OutputStream::Stderr, 7, bytes, 1);
+            let json = serde_json::to_string(&e).unwrap();
+            let back: WireEvent = serde_json::from_str(&json).unwrap();
+            assert_eq!(back.output_bytes().unwrap(), bytes, "{json}");
+            assert_eq!(back.name(), "output");
+        }
+        let text = WireEvent::output(OutputStream::Stdout, 0, b"hi", 5);
+        assert_eq!(
+            serde_json::to_value(&text).unwrap(),
+            serde_json::json!({"type":"output","stream":"stdout","offset":0,"text":"hi","timestampMs":5})
+        );
+        let both: WireEvent = serde_json::from_value(serde_json::json!(
+            {"type":"output","stream":"stdout","offset":0,"text":"a","b64":"YQ==","timestampMs":5}
+        ))
+        .unwrap();
+        assert!(both.output_bytes().is_none());
+        let big = WireEvent::output(
+            OutputStream::Stdout,
+            0,
+            &vec![0xff; MAX_OUTPUT_EVENT_BYTES + 1],
+            0,
+        );
+        assert!(big.output_bytes().is_none());
     }
 }

@@ -249,12 +249,16 @@ pub fn logs(args: &LogsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     })?;
     let out_tty = std::io::stdout().is_terminal();
     let err_tty = std::io::stderr().is_terminal();
-    let shown = |line: &str, tty: bool| {
-        if tty {
-            smithers_terminal::escape(line, smithers_terminal::Inert::BODY)
-        } else {
-            line.to_string()
+    // A record's exact bytes (its newline included unless partial) to a pipe; a line made
+    // inert, with bytes that are not UTF-8 as `\xNN`, to a terminal.
+    let shown = |bytes: Vec<u8>, tty: bool| {
+        if !tty {
+            return bytes;
         }
+        let line = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+        let mut text = smithers_terminal::escape_bytes(line, smithers_terminal::Inert::BODY);
+        text.push('\n');
+        text.into_bytes()
     };
     let mut reader = std::io::BufReader::new(file);
     let mut buf = Vec::new();
@@ -280,16 +284,19 @@ pub fn logs(args: &LogsArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             writeln!(out, "{record}")?;
             continue;
         }
-        let line = record["line"].as_str().unwrap_or_default();
-        match record["type"].as_str() {
-            Some("stdout") => writeln!(out, "{}", shown(line, out_tty))?,
-            Some("stderr") => writeln!(err, "{}", shown(line, err_tty))?,
-            Some("note") => writeln!(
+        if let Some((stream, bytes)) = smithers_runtime::output::record_bytes(&record) {
+            match stream {
+                smithers_runtime::OutputStream::Stdout => out.write_all(&shown(bytes, out_tty))?,
+                smithers_runtime::OutputStream::Stderr => err.write_all(&shown(bytes, err_tty))?,
+            }
+            continue;
+        }
+        if record["type"] == "note" {
+            writeln!(
                 err,
                 "note: {}",
                 inert(record["message"].as_str().unwrap_or_default())
-            )?,
-            _ => {}
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -21,7 +21,7 @@ use smithers_errors::{CodedError, ErrorCode};
 use smithers_orchestrator::{Heartbeat, SandboxOutcome, SandboxRequest, StepContext};
 use smithers_runtime::{
     parse_cpu_limit, parse_memory_limit, CancellationToken, Controls, OutputEvent, OutputSink,
-    RuntimeKind, StepCommand,
+    OutputStream, RuntimeKind, StepCommand,
 };
 use smithers_runtime_native::{
     InitCommand, NativeOptions, NativeRuntime, WorkspaceMode, WORKSPACE_ENV,
@@ -35,13 +35,22 @@ use crate::output::{coded_error, color_allowed, inert, render_text, Coded, EXIT_
 /// How `run` relays the step's output (shown in `run --help`).
 pub const OUTPUT_HELP: &str = "\
 The step's output:
-  Each line the step writes is relayed as it comes: its stdout to our stdout, its stderr to
-  our stderr. To a terminal, control characters and escape sequences (ESC, CR, backspace, OSC,
-  C1 controls, bidi overrides) are shown as visible text (^[, ^M, \\u{9b}, ...), so a step
-  cannot redraw, retitle or write to your terminal or clipboard. To a pipe or a file, the
-  lines are written as the step wrote them (as UTF-8 text, an invalid byte replaced by U+FFFD;
-  the bundle's log keeps them too). While the progress line is shown (stderr is a terminal),
-  the step's stdout shares the terminal unless our stdout is redirected.";
+  Everything the step writes is relayed as it comes: its stdout to our stdout, its stderr to
+  our stderr. To a pipe or a file it is written byte for byte as the step wrote it, all of
+  it (binary output, bytes that are not UTF-8, a last line without a newline), whatever the
+  caps below. To a terminal it is shown a line at a time with control characters and escape
+  sequences (ESC, CR, backspace, OSC, C1 controls, bidi overrides) and bytes that are not
+  UTF-8 as visible text (^[, ^M, \\u{9b}, \\xff, ...), so a step cannot redraw, retitle or write
+  to your terminal or clipboard. While the progress line is shown (stderr is a terminal),
+  the step's stdout shares the terminal unless our stdout is redirected.
+
+What is kept:
+  The bundle's log (logs/stream.ndjson, `logs ID`) keeps each stream up to --max-output
+  bytes (default 1m) and --max-output-lines lines (default 100000); past a cap the log is
+  cut and says how many bytes and lines it did not keep, while the step runs on, its output
+  is still relayed whole, and its status is its own. --fail-on-output-cap stops the step at
+  a cap instead (status failed, termination output). Bytes that are not UTF-8 are kept
+  exactly (base64 in the log).";
 
 /// Which runtime runs the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -162,9 +171,17 @@ pub struct RunArgs {
     /// Wall-clock timeout, e.g. 30s, 10m, 1h, 500ms (a bare number is seconds).
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
-    /// Cap on captured output per stream, e.g. 1m.
+    /// Cap on what the bundle's log keeps of each output stream, e.g. 64m (default 1m); the
+    /// step's output is relayed whole either way.
     #[arg(long, value_name = "SIZE")]
     pub max_output: Option<String>,
+    /// Cap on the lines the bundle's log keeps of each output stream (default 100000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_output_lines: Option<u64>,
+    /// Stop the step when a stream passes --max-output or --max-output-lines (termination
+    /// `output`, status failed), instead of only cutting what the log keeps.
+    #[arg(long)]
+    pub fail_on_output_cap: bool,
     /// An environment variable for the step (repeatable). Values are never stored: the
     /// database records `[redacted]`.
     #[arg(long = "env", value_name = "KEY=VALUE")]
@@ -200,25 +217,40 @@ fn invalid(message: String) -> anyhow::Error {
 /// Set once a write to our stdout failed (the reader went away: `run ... | head`).
 static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// One line to our stdout. A reader that went away (EPIPE) does not end the run: the step
-/// goes on to its bundle and review (which a killed CLI would lose), later lines are dropped,
-/// and the end of the run says so on stderr (the step's whole output is in the bundle's log).
+/// One line to our stdout (see [`bytes_to_stdout`]).
 fn to_stdout(line: &str) {
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    bytes_to_stdout(&bytes);
+}
+
+/// Bytes to our stdout, as they are. A reader that went away (EPIPE) does not end the run:
+/// the step goes on to its bundle and review (which a killed CLI would lose), later output is
+/// dropped, and the end of the run says so on stderr.
+fn bytes_to_stdout(bytes: &[u8]) {
     use std::sync::atomic::Ordering;
     if STDOUT_GONE.load(Ordering::Relaxed) {
         return;
     }
     let mut out = std::io::stdout().lock();
-    if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+    if out.write_all(bytes).and_then(|()| out.flush()).is_err() {
         STDOUT_GONE.store(true, Ordering::Relaxed);
     }
 }
 
-/// Says, on stderr, that our stdout's reader went away before the end (see [`to_stdout`]).
+/// Bytes to our stderr, as they are.
+fn bytes_to_stderr(bytes: &[u8]) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(bytes).and_then(|()| err.flush());
+}
+
+/// Says, on stderr, that our stdout's reader went away before the end (see
+/// [`bytes_to_stdout`]).
 fn note_stdout_gone() {
     if STDOUT_GONE.load(std::sync::atomic::Ordering::Relaxed) {
         say!(
-            "note: stdout was closed by its reader; the rest of the step's output is in the bundle's log (logs/stream.ndjson)"
+            "note: stdout was closed by its reader; what the bundle's log kept of the step's output is in it (logs/stream.ndjson)"
         );
     }
 }
@@ -322,6 +354,10 @@ fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
     if let Some(o) = &args.max_output {
         c.max_output_bytes = parse_size_flag("--max-output", o)?;
     }
+    if let Some(n) = args.max_output_lines {
+        c.max_output_lines = n;
+    }
+    c.fail_on_output_cap = args.fail_on_output_cap;
     if let Some(t) = &args.timeout {
         c.timeout_ms = Some(
             parse_duration_ms(t)
@@ -505,6 +541,10 @@ struct DisplayState {
     cancelling: bool,
     status_drawn: bool,
     done: bool,
+    /// The step's output on its way to a terminal: the line not yet ended, per stream.
+    partial: [Vec<u8>; 2],
+    /// Bytes of each stream a remote host could not relay (gaps in what we wrote).
+    lost: [u64; 2],
 }
 
 /// The live view of one step.
@@ -516,12 +556,13 @@ struct Display {
     state: Mutex<DisplayState>,
 }
 
-/// How one relayed line is written: to which of our streams, raw or inert.
+/// How one relayed stream is written: raw or inert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LineOut {
     /// Written as the step wrote it (a pipe or a file: the user wants the bytes).
     Raw,
-    /// Made inert (a terminal), escapes marked in reverse video when `marked`.
+    /// Made inert a line at a time (a terminal), escapes marked in reverse video when
+    /// `marked`.
     Inert { marked: bool },
 }
 
@@ -553,14 +594,40 @@ impl Relay {
     }
 }
 
-/// The text written for one relayed line.
-fn relayed(line: &str, how: LineOut) -> String {
-    match how {
-        LineOut::Raw => line.to_string(),
-        LineOut::Inert { marked } => {
-            smithers_terminal::escape(line, smithers_terminal::Inert::BODY.marked(marked))
+/// The text written to a terminal for one relayed line (without its newline): inert, with
+/// bytes that are not UTF-8 as `\xNN`.
+fn relayed(line: &[u8], marked: bool) -> String {
+    smithers_terminal::escape_bytes(line, smithers_terminal::Inert::BODY.marked(marked))
+}
+
+/// Longest line held back for a terminal: a longer one is shown in pieces.
+const MAX_HELD_LINE: usize = 64 * 1024;
+
+/// The complete lines of `pending` after `bytes` are added (each without its newline), the
+/// rest left in `pending`; at `end`, the rest too.
+fn complete_lines(pending: &mut Vec<u8>, bytes: &[u8], end: bool) -> Vec<Vec<u8>> {
+    pending.extend_from_slice(bytes);
+    let mut lines = Vec::new();
+    let mut start = 0;
+    loop {
+        let rest = &pending[start..];
+        match rest.iter().position(|b| *b == b'\n') {
+            Some(pos) if pos <= MAX_HELD_LINE => {
+                lines.push(rest[..pos].to_vec());
+                start += pos + 1;
+            }
+            _ if rest.len() > MAX_HELD_LINE => {
+                lines.push(rest[..MAX_HELD_LINE].to_vec());
+                start += MAX_HELD_LINE;
+            }
+            _ => break,
         }
     }
+    pending.drain(..start);
+    if end && !pending.is_empty() {
+        lines.push(std::mem::take(pending));
+    }
+    lines
 }
 
 const SPINNER: &[char] = &['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
@@ -653,36 +720,74 @@ impl Display {
         }
     }
 
-    /// Relays one line of the step's output (see [`OUTPUT_HELP`]).
-    fn output(&self, line: &str, is_err: bool) {
+    /// Relays bytes of the step's output (see [`OUTPUT_HELP`]).
+    fn output(&self, stream: OutputStream, bytes: &[u8]) {
         let mut st = self.lock();
-        match self.mode {
-            Mode::Quiet => {}
-            Mode::Plain => {
-                if is_err {
-                    say!(
-                        "{}",
-                        relayed(line, self.relay.for_tty(self.relay.stderr_tty))
-                    );
-                } else {
-                    to_stdout(&relayed(line, self.relay.for_tty(self.relay.stdout_tty)));
+        let is_err = stream == OutputStream::Stderr;
+        let tty = if is_err {
+            self.relay.stderr_tty
+        } else {
+            self.relay.stdout_tty
+        };
+        match (self.mode, self.relay.for_tty(tty)) {
+            (Mode::Quiet, _) => {}
+            (_, LineOut::Raw) if is_err => bytes_to_stderr(bytes),
+            (Mode::Plain, LineOut::Raw) => bytes_to_stdout(bytes),
+            (Mode::Tty, LineOut::Raw) => {
+                // Our stdout is redirected: it gets the step's stdout as written.
+                bytes_to_stdout(bytes);
+                if let Some(last) = last_line(bytes) {
+                    st.last_line = last;
                 }
-            }
-            Mode::Tty => {
-                // The status line shows it too: one line, nothing kept, no marks (it is dim).
-                st.last_line = inert(line.trim());
                 let mut err = std::io::stderr().lock();
-                if !is_err && !self.relay.stdout_tty {
-                    // Our stdout is redirected: it gets the step's stdout as written.
-                    to_stdout(line);
-                    self.draw(&mut st, &mut err);
-                    return;
-                }
-                Self::clear(&mut st, &mut err);
-                let _ = writeln!(err, "{}", relayed(line, self.relay.for_tty(true)));
                 self.draw(&mut st, &mut err);
             }
+            (mode, LineOut::Inert { marked }) => {
+                let lines = complete_lines(&mut st.partial[stream as usize], bytes, false);
+                self.show_lines(&mut st, mode, is_err, &lines, marked);
+            }
         }
+    }
+
+    /// Shows complete lines of a stream on a terminal, inert: the step's stderr (and, with
+    /// the progress line, its stdout too) on our stderr, above the progress line.
+    fn show_lines(
+        &self,
+        st: &mut DisplayState,
+        mode: Mode,
+        is_err: bool,
+        lines: &[Vec<u8>],
+        marked: bool,
+    ) {
+        if lines.is_empty() {
+            return;
+        }
+        let mut text = String::new();
+        for line in lines {
+            text.push_str(&relayed(line, marked));
+            text.push('\n');
+        }
+        if mode == Mode::Plain {
+            if is_err {
+                bytes_to_stderr(text.as_bytes());
+            } else {
+                bytes_to_stdout(text.as_bytes());
+            }
+            return;
+        }
+        // The status line shows the last one too: one line, nothing kept, no marks (it is dim).
+        if let Some(last) = lines.iter().rev().find_map(|l| last_line(l)) {
+            st.last_line = last;
+        }
+        let mut err = std::io::stderr().lock();
+        Self::clear(st, &mut err);
+        let _ = err.write_all(text.as_bytes());
+        self.draw(st, &mut err);
+    }
+
+    /// A remote host could not relay `bytes` of `stream`: said at the end.
+    fn lost(&self, stream: OutputStream, bytes: u64) {
+        self.lock().lost[stream as usize] += bytes;
     }
 
     fn tick(&self) {
@@ -711,11 +816,45 @@ impl Display {
 
     fn finish(&self) {
         let mut st = self.lock();
+        // The last line of a stream shown on a terminal, if the step did not end it.
+        for (stream, is_err) in [(OutputStream::Stdout, false), (OutputStream::Stderr, true)] {
+            let lines = complete_lines(&mut st.partial[stream as usize], &[], true);
+            let tty = if is_err {
+                self.relay.stderr_tty
+            } else {
+                self.relay.stdout_tty
+            };
+            if let (false, LineOut::Inert { marked }) =
+                (self.mode == Mode::Quiet, self.relay.for_tty(tty))
+            {
+                self.show_lines(&mut st, self.mode, is_err, &lines, marked);
+            }
+        }
         let mut err = std::io::stderr().lock();
         Self::clear(&mut st, &mut err);
         st.done = true;
         let _ = err.flush();
+        drop(err);
+        for stream in [OutputStream::Stdout, OutputStream::Stderr] {
+            let lost = st.lost[stream as usize];
+            if lost > 0 {
+                say!(
+                    "note: {lost} bytes of the step's {} did not reach us (the host no longer held them); what its log kept is in the bundle",
+                    stream.as_str()
+                );
+            }
+        }
     }
+}
+
+/// The last non-empty line of `bytes`, inert and trimmed, for the progress line.
+fn last_line(bytes: &[u8]) -> Option<String> {
+    let line = bytes
+        .split(|b| *b == b'\n')
+        .rev()
+        .find(|l| l.iter().any(|b| !b.is_ascii_whitespace()))?;
+    let text = String::from_utf8_lossy(&line[..line.len().min(512)]);
+    Some(inert(text.trim()))
 }
 
 struct Sink(Arc<Display>);
@@ -723,8 +862,11 @@ struct Sink(Arc<Display>);
 impl OutputSink for Sink {
     fn event(&self, event: OutputEvent) {
         match event {
-            OutputEvent::Stdout { line, .. } => self.0.output(&line, false),
-            OutputEvent::Stderr { line, .. } => self.0.output(&line, true),
+            // Every byte the step wrote: relayed.
+            OutputEvent::Output { stream, bytes, .. } => self.0.output(stream, &bytes),
+            OutputEvent::OutputLost { stream, bytes, .. } => self.0.lost(stream, bytes),
+            // The lines the log keeps: the bytes above are what we relay.
+            OutputEvent::Stdout { .. } | OutputEvent::Stderr { .. } => {}
             // Summarised after the step; each is in the bundle's log.
             OutputEvent::Heartbeat { .. } | OutputEvent::Egress { .. } => {}
         }
@@ -1221,10 +1363,18 @@ fn log_lines(log: &[Value]) -> Vec<String> {
             "outputTruncated" => {
                 let hint = match r["cap"].as_str() {
                     Some("bytes") => "raise it with --max-output",
-                    _ => "the line cap of 100000 per stream is fixed",
+                    Some("lines") => "raise it with --max-output-lines",
+                    // A log of an older version.
+                    _ => "the line cap of 100000 per stream was fixed",
+                };
+                let counts = match (r["notKeptBytes"].as_u64(), r["notKeptLines"].as_u64()) {
+                    (Some(b), Some(l)) => format!(
+                        "; {b} bytes ({l} lines) not kept in the bundle's log (all relayed)"
+                    ),
+                    _ => "; what was cut is not in the bundle".to_string(),
                 };
                 Some(format!(
-                    "output   {}: {hint}; what was cut is not in the bundle",
+                    "output   {}: {hint}{counts}",
                     r["message"].as_str().unwrap_or("cut off")
                 ))
             }
@@ -1318,16 +1468,16 @@ mod tests {
         assert_ne!(a, b);
     }
 
-    /// On a terminal a relayed line is inert; to a pipe it is the step's line as written.
+    /// On a terminal a relayed line is inert; to a pipe the bytes go as written.
     #[test]
     fn relayed_lines_are_inert_on_a_terminal_only() {
         let line = "progress\x1b[2K\r\x1b]52;c;ZXZpbA==\x07\tdone \u{9b}1m";
-        assert_eq!(relayed(line, LineOut::Raw), line);
         assert_eq!(
-            relayed(line, LineOut::Inert { marked: false }),
+            relayed(line.as_bytes(), false),
             "progress^[[2K^M^[]52;c;ZXZpbA==^G\tdone \\u{9b}1m"
         );
-        let marked = relayed(line, LineOut::Inert { marked: true });
+        assert_eq!(relayed(b"a\xffb", false), "a\\xffb");
+        let marked = relayed(line.as_bytes(), true);
         let stripped = marked
             .replace(smithers_terminal::MARK_ON, "")
             .replace(smithers_terminal::MARK_OFF, "");
@@ -1342,6 +1492,25 @@ mod tests {
             relay.for_tty(relay.stderr_tty),
             LineOut::Inert { marked: true }
         );
+    }
+
+    /// A terminal is written whole lines: a character split between two chunks is shown
+    /// once, and a line the step did not end is shown at the end.
+    #[test]
+    fn lines_for_a_terminal_are_whole() {
+        let mut pending = Vec::new();
+        assert!(complete_lines(&mut pending, b"ab\xc3", false).is_empty());
+        assert_eq!(
+            complete_lines(&mut pending, b"\xa9\ncd", false),
+            vec!["ab\u{e9}".as_bytes().to_vec()]
+        );
+        assert_eq!(
+            complete_lines(&mut pending, b"", true),
+            vec![b"cd".to_vec()]
+        );
+        assert!(pending.is_empty());
+        let long = vec![b'x'; MAX_HELD_LINE * 2 + 1];
+        assert_eq!(complete_lines(&mut pending, &long, false).len(), 2);
     }
 
     #[test]

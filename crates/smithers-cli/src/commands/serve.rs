@@ -29,7 +29,9 @@ belongs to the token that created it; to any other token it does not exist (404)
 Ceilings (a client asking more is refused, naming the flag; a step asking no timeout gets
 --max-timeout, one asking no output cap gets 1 MiB or --max-output if smaller): no network
 unless --allow-network (ports only those given with --allow-port), --max-memory 8g,
---max-cpus 4, --max-pids 4096, --max-disk 16g, --max-timeout 1h, --max-output 16m per stream;
+--max-cpus 4, --max-pids 4096, --max-disk 16g, --max-timeout 1h, --max-output 16m and
+--max-output-lines 1000000 per stream (what a sandbox's log keeps: the step's output is relayed
+whole, held back while the client is more than 16 MiB behind);
 --max-sandboxes 256 held at once, --max-sandboxes-per-token 32; a sandbox not running that no
 request touched for --idle-expiry 1h is removed; uploads at most --max-upload 1g on the wire,
 --max-workspace 1g unpacked and --max-workspace-entries 100000 entries, checked while they
@@ -92,9 +94,13 @@ pub struct ServeArgs {
     /// Longest timeout a client may ask; also the timeout of a step that asks none.
     #[arg(long, value_name = "DURATION", default_value = "1h")]
     max_timeout: String,
-    /// Largest output cap per stream a client may ask, e.g. 16m.
+    /// Largest output cap per stream a client may ask, e.g. 16m (what a sandbox's log keeps;
+    /// the step's output is relayed whole).
     #[arg(long, value_name = "SIZE", default_value = "16m")]
     max_output: String,
+    /// Most lines per stream a client may ask its log to keep.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_output_lines: u64,
     /// Most sandboxes held at once, over all tokens.
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_sandboxes: u64,
@@ -159,6 +165,7 @@ fn apply_ceilings(args: &ServeArgs, config: &mut ServerConfig) -> anyhow::Result
         anyhow::bail!("--max-timeout must be greater than zero");
     }
     c.max_output_bytes = size("max-output", &args.max_output)?;
+    c.max_output_lines = args.max_output_lines;
     limits.max_sandboxes = args.max_sandboxes as usize;
     limits.max_sandboxes_per_token = args.max_sandboxes_per_token as usize;
     let idle = duration("idle-expiry", &args.idle_expiry)?;

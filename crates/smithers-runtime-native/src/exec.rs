@@ -515,7 +515,6 @@ async fn start_cold(
 
 /// Where the sandbox's parts are on the host, and what the project holds at its top.
 pub(crate) fn host_layout(
-    caps: &HostCaps,
     backend: &Backend,
     copy: Option<std::path::PathBuf>,
 ) -> (HostLayout, WorkspaceFacts) {
@@ -528,11 +527,9 @@ pub(crate) fn host_layout(
         artifacts: backend.artifacts(),
         out: backend.out(),
         request: backend.request_dir(),
-        mask: crate::prepared_root::mask_dir(&caps.state_root),
     };
     let workspace = match &layout.workspace_copy {
         None => WorkspaceFacts {
-            has_smithers_dir: backend.root_dir.join(".smithers").is_dir(),
             has_git_dir: backend.root_dir.join(".git").is_dir(),
         },
         // The copy's stand-ins (see copy.rs): real directories only, never through a link.
@@ -543,7 +540,6 @@ pub(crate) fn host_layout(
                         .is_ok_and(|m| m.is_dir())
             };
             WorkspaceFacts {
-                has_smithers_dir: dir(".smithers"),
                 has_git_dir: dir(".git"),
             }
         }
@@ -709,7 +705,7 @@ pub(crate) async fn execute(
             });
         }
     }
-    let (layout, workspace) = host_layout(caps, backend, copy);
+    let (layout, workspace) = host_layout(backend, copy);
     // The prelude goes into the socket's buffer before the init exists, and the init is
     // started before the plan is compiled: the init's fork and its namespaces (~0.4 ms here)
     // overlap the plan's compilation (~0.1 ms), and P0 reads the plan only after its

@@ -346,15 +346,18 @@ async fn workspace_is_copy_on_write_and_collected_as_patches() {
         .run(
             "echo changed > hello.txt && echo new > added.txt && rm src/lib.rs && \
              mkdir -p /result/sub && echo art > /result/sub/a.txt && \
-             ls -A /workspace/.smithers",
+             ls -A /workspace && if [ -e /workspace/.smithers ]; then echo STATE-SHOWN; fi",
         )
         .await;
     assert_eq!(outcome.exit_code, Some(0), "{:?}", lines.0.lock().unwrap());
-    // Only the mask's own `.gitignore` (so the step's git leaves the mask alone).
-    assert_eq!(
-        lines.stdout(),
-        vec![".gitignore".to_string()],
-        ".smithers must be hidden"
+    // `.smithers` is absent from the view, not masked: not listed, not there.
+    let listed = lines.stdout();
+    assert!(
+        listed.contains(&"hello.txt".to_string())
+            && !listed
+                .iter()
+                .any(|l| l == ".smithers" || l == "STATE-SHOWN"),
+        ".smithers must be absent: {listed:?}"
     );
     // The host tree is untouched; the change is in the upper layer.
     assert_eq!(

@@ -18,12 +18,19 @@
 //! Staged files live under `<root>/.smithers/`, so they are renamed into place within one
 //! filesystem; a project subdirectory that is a separate mount fails at commit (EXDEV) and
 //! the whole apply is rolled back.
+//!
+//! Memory: a host file over [`crate::STREAM_THRESHOLD_BYTES`] is never held, nor is what a
+//! binary patch makes of it (see `content.rs`): it is hashed where it lies, the patch's result
+//! is made once into a hash to check it and once into its staged file, and a backup is a hard
+//! link (or a copy streamed from the file). What an apply holds is its small files and the
+//! patches themselves. A text patch on a host file that large reads the file whole.
+
+mod content;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -31,6 +38,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use smithers_paths::{Beneath, EntryKind, PathError};
 
+use self::content::{Content, WriteError};
 use crate::error::{Conflict, PatchError};
 use crate::merge::apply_hunks;
 use crate::model::{git_blob_oid, path_from_bytes, path_to_bytes, GitMode};
@@ -270,11 +278,32 @@ fn write_file_beneath(
     owner: Option<(u32, u32)>,
     durability: Durability,
 ) -> Result<(), PatchError> {
+    let held = Content::Held(content.to_vec());
+    write_content_beneath(b, rel, &held, perms, owner, durability)
+}
+
+/// Creates `rel` with `content` (a large one written as it is made, and checked: one that is
+/// no longer what was planned is a conflict).
+fn write_content_beneath(
+    b: &Beneath,
+    rel: &str,
+    content: &Content,
+    perms: u32,
+    owner: Option<(u32, u32)>,
+    durability: Durability,
+) -> Result<(), PatchError> {
     let mut f = b
         .create_new(&p(rel), 0o600)
         .map_err(|e| path_error(rel, "create", e))?;
-    f.write_all(content)
-        .map_err(|e| io_error(rel, "write", e))?;
+    content.write_to(&mut f).map_err(|e| match e {
+        WriteError::Io(e) => io_error(rel, "write", e),
+        WriteError::Changed(reason) => PatchError::Conflicts {
+            conflicts: vec![Conflict {
+                path: rel.to_string(),
+                reason,
+            }],
+        },
+    })?;
     if let Some((uid, gid)) = owner {
         let me = (
             rustix::process::geteuid().as_raw(),
@@ -349,14 +378,14 @@ fn sync_fs(b: &Beneath, dir: &str) -> Result<(), PatchError> {
     rustix::fs::syncfs(&f).map_err(|e| io_error(dir, "syncfs", e.into()))
 }
 
-fn read_file_beneath(b: &Beneath, rel: &str) -> Result<(Vec<u8>, File), PatchError> {
-    let mut f = b
+/// A host file's content (a large one hashed where it lies, kept open) and its metadata.
+fn read_file_beneath(b: &Beneath, rel: &str) -> Result<(Content, std::fs::Metadata), PatchError> {
+    let f = b
         .open_read(&p(rel))
         .map_err(|e| path_error(rel, "open", e))?;
-    let mut buf = Vec::new();
-    f.read_to_end(&mut buf)
-        .map_err(|e| io_error(rel, "read", e))?;
-    Ok((buf, f))
+    let md = f.metadata().map_err(|e| io_error(rel, "stat", e))?;
+    let content = Content::of_host_file(f).map_err(|e| io_error(rel, "read", e))?;
+    Ok((content, md))
 }
 
 fn write_journal(b: &Beneath, j: &Journal) -> Result<(), PatchError> {
@@ -399,7 +428,7 @@ fn list_dir(b: &Beneath, rel: &str) -> Result<Vec<(Vec<u8>, rustix::fs::FileType
 enum Host {
     Absent,
     File {
-        content: Vec<u8>,
+        content: Content,
         perms: u32,
         uid: u32,
         gid: u32,
@@ -418,8 +447,7 @@ fn read_host(b: &Beneath, rel: &str) -> Result<Host, PatchError> {
         Ok(None) => Ok(Host::Absent),
         Ok(Some(m)) => match m.kind {
             EntryKind::File => {
-                let (content, f) = read_file_beneath(b, rel)?;
-                let md = f.metadata().map_err(|e| io_error(rel, "stat", e))?;
+                let (content, md) = read_file_beneath(b, rel)?;
                 Ok(Host::File {
                     content,
                     perms: m.mode & 0o7777,
@@ -446,7 +474,7 @@ fn read_host(b: &Beneath, rel: &str) -> Result<Host, PatchError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     Absent,
-    File { content: Vec<u8>, mode: GitMode },
+    File { content: Content, mode: GitMode },
     Symlink(Vec<u8>),
 }
 
@@ -454,13 +482,16 @@ impl State {
     fn oid(&self) -> Option<String> {
         match self {
             State::Absent => None,
-            State::File { content, .. } | State::Symlink(content) => Some(git_blob_oid(content)),
+            State::File { content, .. } => Some(content.oid()),
+            State::Symlink(target) => Some(git_blob_oid(target)),
         }
     }
-    fn content(&self) -> &[u8] {
+    /// What a patch's body applies to (a symlink's target as bytes, nothing for a new path).
+    fn content(&self) -> Cow<'_, Content> {
         match self {
-            State::Absent => &[],
-            State::File { content, .. } | State::Symlink(content) => content,
+            State::Absent => Cow::Owned(Content::Held(Vec::new())),
+            State::File { content, .. } => Cow::Borrowed(content),
+            State::Symlink(target) => Cow::Owned(Content::Held(target.clone())),
         }
     }
 }
@@ -505,7 +536,7 @@ fn step(state: &State, fp: &FilePatch, exact: bool) -> Result<State, StepError> 
         return Ok(State::Absent);
     };
     let content = match &fp.body {
-        PatchBody::Empty => state.content().to_vec(),
+        PatchBody::Empty => state.content().into_owned(),
         PatchBody::Binary { forward, .. } => {
             if !exact && fp.old_mode.is_some() {
                 return Err(StepError::Mismatch(
@@ -514,18 +545,21 @@ fn step(state: &State, fp: &FilePatch, exact: bool) -> Result<State, StepError> 
             }
             // The base matched the patch's old id: a delta that does not apply to it, or a
             // result that does not hash to the new id (checked below), is the patch's fault.
-            forward
-                .resolve(state.content())
+            state
+                .content()
+                .apply(forward)
                 .map_err(|e| StepError::Inconsistent(format!("binary delta does not apply: {e}")))?
         }
         PatchBody::Text(hunks) => {
-            let Ok(text) = std::str::from_utf8(state.content()) else {
+            let content = state.content();
+            let bytes = content.held().map_err(StepError::Mismatch)?;
+            let Ok(text) = std::str::from_utf8(&bytes) else {
                 return Err(StepError::Mismatch(
                     "host file is not UTF-8 text; cannot merge".into(),
                 ));
             };
             match apply_hunks(text, hunks, exact) {
-                Ok(t) => t.into_bytes(),
+                Ok(t) => Content::Held(t.into_bytes()),
                 Err(f) if exact => {
                     return Err(StepError::Inconsistent(format!(
                         "hunk {} does not match the base the patch names",
@@ -550,7 +584,7 @@ fn step(state: &State, fp: &FilePatch, exact: bool) -> Result<State, StepError> 
     };
     if exact {
         if let Some(n) = &fp.new_oid {
-            let got = git_blob_oid(&content);
+            let got = content.oid();
             if *n != got {
                 return Err(StepError::Inconsistent(format!(
                     "result has blob id {got}, the patch says {n}"
@@ -559,7 +593,12 @@ fn step(state: &State, fp: &FilePatch, exact: bool) -> Result<State, StepError> 
         }
     }
     Ok(match new_mode {
-        GitMode::Symlink => State::Symlink(content),
+        GitMode::Symlink => State::Symlink(
+            content
+                .held()
+                .map_err(StepError::Inconsistent)?
+                .into_owned(),
+        ),
         m => {
             // Three-way on the mode too: keep a host chmod unless the sandbox changed the mode.
             let mode = match (fp.old_mode, state) {
@@ -737,7 +776,12 @@ fn plan_with_markers(host: &Host, patches: &[&FilePatch], host_changed: bool) ->
     let PatchBody::Text(hunks) = &fp.body else {
         return None;
     };
-    let Host::File { content, perms, .. } = host else {
+    let Host::File {
+        content: Content::Held(content),
+        perms,
+        ..
+    } = host
+    else {
         return None;
     };
     let text = std::str::from_utf8(content).ok()?;
@@ -748,7 +792,8 @@ fn plan_with_markers(host: &Host, patches: &[&FilePatch], host_changed: bool) ->
         // stays a conflict.
         match step(&host_state(host), fp, true).ok()? {
             State::File {
-                content: theirs, ..
+                content: Content::Held(theirs),
+                ..
             } => crate::merge::mark_differences(text, &String::from_utf8(theirs).ok()?),
             _ => return None,
         }
@@ -758,7 +803,7 @@ fn plan_with_markers(host: &Host, patches: &[&FilePatch], host_changed: bool) ->
     Some(Planned {
         host: host.clone(),
         want: State::File {
-            content: marked.into_bytes(),
+            content: Content::Held(marked.into_bytes()),
             // The host's mode: which side's mode wins is part of what the person resolves.
             mode: GitMode::from_regular_permissions(*perms),
         },
@@ -778,7 +823,7 @@ fn already_applied(host: &State, fp: &FilePatch) -> bool {
         (Some(m), State::File { content, mode }) if !m.is_symlink() => {
             *mode == m
                 && match &fp.new_oid {
-                    Some(n) => *n == git_blob_oid(content),
+                    Some(n) => *n == content.oid(),
                     // Mode-only patch: the mode is what matters.
                     None => matches!(fp.body, PatchBody::Empty),
                 }
@@ -863,8 +908,9 @@ fn lock(b: &Beneath, root: &Path) -> Result<LockGuard, PatchError> {
 // ---------------------------------------------------------------------------------------
 // Apply
 
-/// New content to stage: bytes (or symlink target), permission bits, owner (uid, gid).
-type StagedContent = (Vec<u8>, u32, Option<(u32, u32)>);
+/// New content to stage: the file's content (or a symlink's target), permission bits, owner
+/// (uid, gid).
+type StagedContent = (Content, u32, Option<(u32, u32)>);
 
 fn new_id() -> String {
     let nanos = std::time::SystemTime::now()
@@ -1036,7 +1082,7 @@ pub fn apply_patches(
     let mut ops = Vec::new();
     let mut created: BTreeSet<String> = BTreeSet::new();
     let mut contents: Vec<Option<StagedContent>> = Vec::new();
-    let mut backups: Vec<Option<Vec<u8>>> = Vec::new();
+    let mut backups: Vec<Option<Content>> = Vec::new();
     let root_owner = std::fs::metadata(root).ok().map(|m| (m.uid(), m.gid()));
     for (n, (path, pl)) in plans.iter().enumerate() {
         let nothing_to_do = match (&pl.host, &pl.want) {
@@ -1091,7 +1137,7 @@ pub fn apply_patches(
             State::Symlink(t) => (
                 OpKind::Symlink,
                 Some(format!("s{n}")),
-                Some((t.clone(), 0, None)),
+                Some((Content::Held(t.clone()), 0, None)),
             ),
         };
         if !matches!(kind, OpKind::Delete) {
@@ -1149,18 +1195,27 @@ pub fn apply_patches(
                 let dst = format!("{jdir}/{file}");
                 *linked = !opts.force_copy_backups && try_link(&b, root, &op.path, &dst)?;
                 if !*linked {
-                    write_file_beneath(&b, &dst, bytes, *perms & 0o777, None, Durability::Batched)?;
+                    write_content_beneath(
+                        &b,
+                        &dst,
+                        bytes,
+                        *perms & 0o777,
+                        None,
+                        Durability::Batched,
+                    )?;
                 }
             }
             if let (Some(name), Some((bytes, perms, owner))) = (&op.staged, content) {
                 let rel = format!("{jdir}/{name}");
-                match op.kind {
-                    OpKind::Symlink => {
-                        let target = std::ffi::OsStr::from_bytes(bytes);
+                match (op.kind.clone(), bytes) {
+                    (OpKind::Symlink, Content::Held(target)) => {
+                        let target = std::ffi::OsStr::from_bytes(target);
                         b.symlink(Path::new(target), &p(&rel))
                             .map_err(|e| path_error(&rel, "create symlink", e))?;
                     }
-                    _ => write_file_beneath(&b, &rel, bytes, *perms, *owner, Durability::Batched)?,
+                    _ => {
+                        write_content_beneath(&b, &rel, bytes, *perms, *owner, Durability::Batched)?
+                    }
                 }
             }
         }
@@ -1316,7 +1371,7 @@ fn restore_backup(b: &Beneath, journal: &Journal, op: &Op, n: usize) -> Result<(
         }) => {
             let (bytes, _) = read_file_beneath(b, &format!("{jdir}/{file}"))?;
             remove_if_exists(b, &tmp)?;
-            write_file_beneath(
+            write_content_beneath(
                 b,
                 &tmp,
                 &bytes,
@@ -1438,7 +1493,11 @@ fn recover_inner(b: &Beneath) -> Result<RecoveryReport, PatchError> {
             report.rolled_back.push(id);
             continue;
         }
-        let (bytes, _) = read_file_beneath(b, &jpath)?;
+        let (content, _) = read_file_beneath(b, &jpath)?;
+        let bytes = content.held().map_err(|reason| PatchError::Journal {
+            path: PathBuf::from(&jpath),
+            reason,
+        })?;
         let journal: Journal = serde_json::from_slice(&bytes).map_err(|e| PatchError::Journal {
             path: PathBuf::from(&jpath),
             reason: e.to_string(),
@@ -1502,7 +1561,7 @@ mod tests {
     #[test]
     fn exec_bits() {
         let host = Host::File {
-            content: vec![],
+            content: Content::Held(vec![]),
             perms: 0o640,
             uid: 0,
             gid: 0,

@@ -7,8 +7,14 @@
 //!
 //! Nothing in a hunk is trusted: a declared size is capped by [`MAX_BINARY_BYTES`] and by what
 //! the deflated data can really inflate to before anything is allocated by it.
+//!
+//! A file over [`crate::STREAM_THRESHOLD_BYTES`] is never held: its hunks are made while it
+//! is read ([`encode_streamed`], [`best_streamed`]: a delta against the other side read in
+//! place, when that is smaller) and kept deflated ([`EncodedHunk`]); a parsed hunk that
+//! inflates past the threshold is checked as it inflates and kept deflated too, and
+//! [`BinaryHunk::produce`] writes any hunk's result as it is made.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::sync::Arc;
 
 use flate2::read::ZlibDecoder;
@@ -16,13 +22,13 @@ use flate2::write::ZlibEncoder;
 use flate2::Compression;
 use serde::{Deserialize, Serialize};
 
-use crate::delta;
+use crate::delta::{self, DeltaSizes, Source};
 use crate::model::git_blob_oid;
 
-/// Largest content a binary hunk may declare or produce (either side of a binary patch). Our
-/// own patches never come near it: detection holds at most 1 GiB of old + new content
-/// (`DetectOptions::max_content_bytes`' default).
-pub const MAX_BINARY_BYTES: u64 = 1 << 30;
+/// Largest content a binary hunk may declare or produce (either side of a binary patch): 4 GiB,
+/// what a delta's copy ops can address. Content this large is never held: a hunk past
+/// [`crate::STREAM_THRESHOLD_BYTES`] stays deflated and its result is written as it is made.
+pub const MAX_BINARY_BYTES: u64 = 1 << 32;
 
 /// zlib (deflate) cannot expand data by more than about 1032:1 on inflation: the real ceiling
 /// of what `n` deflated bytes can produce, used to cap an allocation by what the hunk holds.
@@ -37,21 +43,70 @@ pub enum BinaryHunk {
     /// `delta`: a git pack delta to apply to the other side's content. A parsed one has had its
     /// ops checked against its own header (see [`crate::delta::check`]).
     Delta(Vec<u8>),
-    /// `literal` of a file too large to hold ([`crate::STREAM_THRESHOLD_BYTES`]): its data
-    /// lines, deflated and encoded while the file was read once.
-    Encoded(EncodedLiteral),
+    /// A hunk of a file too large to hold ([`crate::STREAM_THRESHOLD_BYTES`]), or one that
+    /// inflates past it: kept as its deflated base85 lines.
+    Encoded(EncodedHunk),
 }
 
-/// A `literal` hunk made from a file read once and never held whole: the file's size, and its
-/// deflated content as the hunk's base85 lines (the blank line that ends the hunk included).
+/// A `literal` or `delta` hunk kept deflated: made from a file read once and never held whole,
+/// or parsed and checked as it inflated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct EncodedLiteral {
+pub struct EncodedHunk {
+    /// The inflated size its header names: a literal's content, or a delta's own length.
     pub size: u64,
-    /// The git blob id of the inflated content, computed from the same read (of the file,
-    /// or of a parsed hunk's inflated stream) that made `lines`.
+    /// For a `delta` hunk, the sizes its header declares (its ops were checked to produce
+    /// exactly that result); `None` for a `literal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<DeltaSizes>,
+    /// The git blob id of the hunk's result, computed from the same read (of the file, or of a
+    /// parsed literal's inflated stream) that made `lines`; empty for a parsed delta, whose
+    /// result depends on its base (apply checks it against the index line).
     pub oid: Arc<str>,
+    /// The base85 lines, the blank line that ends the hunk included.
     pub lines: Arc<str>,
+}
+
+impl EncodedHunk {
+    /// The inflated bytes of the hunk (a literal's content or a delta's ops), read as they
+    /// inflate.
+    fn inflated(&self) -> impl BufRead + '_ {
+        let lines = self.lines.lines().filter(|l| !l.is_empty());
+        std::io::BufReader::new(ZlibDecoder::new(LinesReader::new(lines)))
+    }
+}
+
+/// The deflated bytes of a hunk's base85 lines, decoded a line at a time.
+struct LinesReader<'a, I: Iterator<Item = &'a str>> {
+    lines: I,
+    cur: Vec<u8>,
+    pos: usize,
+}
+
+impl<'a, I: Iterator<Item = &'a str>> LinesReader<'a, I> {
+    fn new(lines: I) -> Self {
+        LinesReader {
+            lines,
+            cur: Vec::new(),
+            pos: 0,
+        }
+    }
+}
+
+impl<'a, I: Iterator<Item = &'a str>> Read for LinesReader<'a, I> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.pos == self.cur.len() {
+            let Some(line) = self.lines.next() else {
+                return Ok(0);
+            };
+            self.cur = decode_line(line).map_err(std::io::Error::other)?;
+            self.pos = 0;
+        }
+        let n = buf.len().min(self.cur.len() - self.pos);
+        buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
 }
 
 impl BinaryHunk {
@@ -82,18 +137,61 @@ impl BinaryHunk {
         match self {
             BinaryHunk::Literal(d) => d.len() as u64,
             BinaryHunk::Delta(d) => delta::check(d, MAX_BINARY_BYTES).map_or(0, |s| s.target),
-            BinaryHunk::Encoded(e) => e.size,
+            BinaryHunk::Encoded(e) => e.delta.map_or(e.size, |d| d.target),
         }
     }
 
-    /// The content this hunk makes of `base` (the other side's content).
+    /// The content this hunk makes of `base` (the other side's content), in memory.
     pub fn resolve(&self, base: &[u8]) -> Result<Vec<u8>, String> {
         match self {
             BinaryHunk::Literal(d) => Ok(d.clone()),
             BinaryHunk::Delta(d) => delta::apply(base, d, MAX_BINARY_BYTES),
+            BinaryHunk::Encoded(EncodedHunk { delta: None, .. }) => {
+                let lines: Vec<&str> = self.encoded_lines();
+                decode_data(&lines, self.result_len())
+            }
+            BinaryHunk::Encoded(_) => {
+                let mut out = Vec::new();
+                self.produce(&base, &mut out)?;
+                Ok(out)
+            }
+        }
+    }
+
+    fn encoded_lines(&self) -> Vec<&str> {
+        match self {
+            BinaryHunk::Encoded(e) => e.lines.lines().filter(|l| !l.is_empty()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Writes the content this hunk makes of `base` (the other side's content, read in place)
+    /// to `out` as it is made, holding neither; the bytes written. A result that is not what
+    /// the hunk declares is an error (after part of it was written: callers write where they
+    /// can discard it, and check the result's id).
+    pub(crate) fn produce(&self, base: &dyn Source, out: &mut dyn Write) -> Result<u64, String> {
+        match self {
+            BinaryHunk::Literal(d) => {
+                out.write_all(d)
+                    .map_err(|e| format!("writing a binary hunk's result: {e}"))?;
+                Ok(d.len() as u64)
+            }
+            BinaryHunk::Delta(d) => delta::apply_reader(&d[..], base, out, MAX_BINARY_BYTES),
+            BinaryHunk::Encoded(e) if e.delta.is_some() => {
+                delta::apply_reader(e.inflated(), base, out, MAX_BINARY_BYTES)
+            }
             BinaryHunk::Encoded(e) => {
-                let lines: Vec<&str> = e.lines.lines().filter(|l| !l.is_empty()).collect();
-                decode_data(&lines, e.size)
+                let mut limited = e.inflated().take(e.size + 1);
+                let n = std::io::copy(&mut limited, out).map_err(|err| {
+                    format!("corrupt zlib data in binary hunk, or a failed write: {err}")
+                })?;
+                if n != e.size {
+                    return Err(format!(
+                        "binary hunk inflates to {n} bytes or more, header says {}",
+                        e.size
+                    ));
+                }
+                Ok(n)
             }
         }
     }
@@ -104,7 +202,12 @@ impl BinaryHunk {
             BinaryHunk::Literal(d) => ("literal", d),
             BinaryHunk::Delta(d) => ("delta", d),
             BinaryHunk::Encoded(e) => {
-                out.push_str(&format!("literal {}\n", e.size));
+                let kind = if e.delta.is_some() {
+                    "delta"
+                } else {
+                    "literal"
+                };
+                out.push_str(&format!("{kind} {}\n", e.size));
                 out.push_str(&e.lines);
                 return;
             }
@@ -190,14 +293,11 @@ fn push_line(line: &[u8], out: &mut String) {
     out.push('\n');
 }
 
-/// What [`encode_streamed`] made of a file.
+/// What [`encode_streamed`] or [`best_streamed`] made of a file.
 #[derive(Debug)]
 pub(crate) enum Streamed {
-    /// The file's git blob id and its literal hunk.
-    Done {
-        oid: String,
-        literal: EncodedLiteral,
-    },
+    /// The file's git blob id and its hunk.
+    Done { oid: String, hunk: EncodedHunk },
     /// The encoded hunk passed `cap` bytes after this many bytes of the file were read.
     OverCap { read: u64 },
     /// The file did not hold `size` bytes when read (it changed meanwhile).
@@ -212,6 +312,29 @@ struct LineSink {
     filled: usize,
     cap: usize,
     over: bool,
+}
+
+impl LineSink {
+    fn new(cap: u64) -> Self {
+        LineSink {
+            out: String::new(),
+            pending: [0; LINE_BYTES],
+            filled: 0,
+            cap: usize::try_from(cap).unwrap_or(usize::MAX),
+            over: false,
+        }
+    }
+
+    /// The hunk's lines once the deflater is done: the last short line and the blank line
+    /// that ends a hunk added; `None` past the cap.
+    fn finish(mut self) -> Option<String> {
+        if self.filled > 0 {
+            let (pending, filled) = (self.pending, self.filled);
+            push_line(&pending[..filled], &mut self.out);
+        }
+        self.out.push('\n');
+        (self.out.len() <= self.cap).then_some(self.out)
+    }
 }
 
 impl Write for LineSink {
@@ -239,6 +362,19 @@ impl Write for LineSink {
     }
 }
 
+/// A git blob id being computed over content of `size` bytes.
+pub(crate) fn blob_hasher(size: u64) -> sha1::Sha1 {
+    use sha1::Digest;
+    let mut hash = sha1::Sha1::new();
+    hash.update(format!("blob {size}\0").as_bytes());
+    hash
+}
+
+pub(crate) fn hex_of(hash: sha1::Sha1) -> String {
+    use sha1::Digest;
+    crate::model::hex(&hash.finalize())
+}
+
 /// Reads `file` (which should hold `size` bytes) once, in fixed-size chunks, into its git blob
 /// id and its `literal` hunk lines, without ever holding more than `cap` bytes of lines: the
 /// memory a huge file costs is the cap, not its size. The lines are exactly what
@@ -248,17 +384,9 @@ pub(crate) fn encode_streamed(
     size: u64,
     cap: u64,
 ) -> std::io::Result<Streamed> {
-    use sha1::{Digest, Sha1};
-    let mut hash = Sha1::new();
-    hash.update(format!("blob {size}\0").as_bytes());
-    let sink = LineSink {
-        out: String::new(),
-        pending: [0; LINE_BYTES],
-        filled: 0,
-        cap: usize::try_from(cap).unwrap_or(usize::MAX),
-        over: false,
-    };
-    let mut enc = ZlibEncoder::new(sink, Compression::fast());
+    use sha1::Digest;
+    let mut hash = blob_hasher(size);
+    let mut enc = ZlibEncoder::new(LineSink::new(cap), Compression::fast());
     let mut buf = vec![0u8; 1 << 16];
     let mut read: u64 = 0;
     loop {
@@ -283,28 +411,109 @@ pub(crate) fn encode_streamed(
     if read != size {
         return Ok(Streamed::SizeChanged { read });
     }
-    let mut sink = match enc.finish() {
-        Ok(sink) => sink,
-        Err(_) => return Ok(Streamed::OverCap { read }),
-    };
-    if sink.filled > 0 {
-        let filled = sink.filled;
-        let pending = sink.pending;
-        push_line(&pending[..filled], &mut sink.out);
-    }
-    sink.out.push('\n');
-    if sink.out.len() as u64 > cap {
+    let Some(lines) = enc.finish().ok().and_then(LineSink::finish) else {
         return Ok(Streamed::OverCap { read });
-    }
-    let oid = crate::model::hex(&hash.finalize());
+    };
+    let oid = hex_of(hash);
     Ok(Streamed::Done {
-        literal: EncodedLiteral {
+        hunk: EncodedHunk {
             size,
+            delta: None,
             oid: Arc::from(oid.as_str()),
-            lines: Arc::from(sink.out),
+            lines: Arc::from(lines),
         },
         oid,
     })
+}
+
+/// The `delta` hunk turning `src` (read in place; `index` was built over it) into the
+/// `target_len` bytes `target` reads, made as the target is read once and deflated into at
+/// most `cap` bytes of lines; the target's git blob id, hashed from that same read.
+fn delta_streamed(
+    src: &dyn Source,
+    index: &delta::Index,
+    target: impl Read,
+    target_len: u64,
+    cap: u64,
+) -> std::io::Result<Streamed> {
+    use sha1::Digest;
+    let mut hash = blob_hasher(target_len);
+    let mut read = 0u64;
+    let mut enc = ZlibEncoder::new(LineSink::new(cap), Compression::fast());
+    let mut observe = |b: &[u8]| {
+        read += b.len() as u64;
+        hash.update(b);
+    };
+    let encoded = delta::encode_stream(src, index, target, target_len, &mut observe, &mut enc);
+    let raw = match encoded {
+        Ok(n) => n,
+        Err(delta::EncodeError::Output) => return Ok(Streamed::OverCap { read }),
+        Err(delta::EncodeError::SizeChanged { read }) => return Ok(Streamed::SizeChanged { read }),
+        // The source ended before the size it had when looked at: it changed meanwhile.
+        Err(delta::EncodeError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Ok(Streamed::SizeChanged { read })
+        }
+        Err(delta::EncodeError::Io(e)) => return Err(e),
+    };
+    let Some(lines) = enc.finish().ok().and_then(LineSink::finish) else {
+        return Ok(Streamed::OverCap { read });
+    };
+    let oid = hex_of(hash);
+    Ok(Streamed::Done {
+        hunk: EncodedHunk {
+            size: raw,
+            delta: Some(DeltaSizes {
+                source: src.size(),
+                target: target_len,
+            }),
+            oid: Arc::from(oid.as_str()),
+            lines: Arc::from(lines),
+        },
+        oid,
+    })
+}
+
+/// Indexes `src` for deltas against it ([`delta::Index`]) and hashes it into its git blob id,
+/// both from one read.
+pub(crate) fn index_and_oid(src: &dyn Source) -> std::io::Result<(delta::Index, String)> {
+    use sha1::Digest;
+    let mut hash = blob_hasher(src.size());
+    let index = delta::Index::build(src, &mut |b| hash.update(b))?;
+    Ok((index, hex_of(hash)))
+}
+
+/// The hunk, smaller once deflated (as git chooses), that turns `src` (the other side, read in
+/// place; `index` was built over it) into the file `target`: a `delta` against `src`, or else
+/// a `literal`, each made while `target` is read and never held, and at most `cap` bytes of
+/// lines (`OverCap` when neither fits). Like git, no delta against or to an empty side.
+pub(crate) fn best_streamed(
+    src: &dyn Source,
+    index: &delta::Index,
+    target: &delta::FileSource,
+    cap: u64,
+) -> std::io::Result<Streamed> {
+    if src.size() == 0 || target.len == 0 {
+        return encode_streamed(target.reader(), target.len, cap);
+    }
+    let (oid, delta) = match delta_streamed(src, index, target.reader(), target.len, cap)? {
+        Streamed::Done { oid, hunk } => (oid, hunk),
+        // No delta fits: the literal may still (a file rewritten with compressible content).
+        Streamed::OverCap { .. } => return encode_streamed(target.reader(), target.len, cap),
+        changed @ Streamed::SizeChanged { .. } => return Ok(changed),
+    };
+    let delta_len = delta.lines.len() as u64;
+    // Deflate cannot shrink data by more than MAX_INFLATE_RATIO: below that the delta wins
+    // without reading the target again.
+    if delta_len.saturating_mul(MAX_INFLATE_RATIO as u64 + 100) < target.len {
+        return Ok(Streamed::Done { oid, hunk: delta });
+    }
+    // The literal is only wanted if it is smaller: it stops as soon as it is not.
+    match encode_streamed(target.reader(), target.len, delta_len.saturating_sub(1))? {
+        Streamed::Done { oid: again, hunk } if again == oid => Ok(Streamed::Done { oid, hunk }),
+        Streamed::Done { .. } => Ok(Streamed::SizeChanged { read: target.len }),
+        Streamed::OverCap { .. } => Ok(Streamed::Done { oid, hunk: delta }),
+        changed @ Streamed::SizeChanged { .. } => Ok(changed),
+    }
 }
 
 /// One `literal <n>` hunk: the header, the base85 lines, and the blank line that ends it.
@@ -403,6 +612,42 @@ fn verify_streamed(lines: &[&str], size: u64) -> Result<String, String> {
     Ok(crate::model::hex(&sink.hash.finalize()))
 }
 
+/// Checks the data lines of a `delta` hunk declaring `size` inflated bytes as they inflate,
+/// without holding them: its ops (each within its source and its data, producing exactly the
+/// declared result, at most [`MAX_BINARY_BYTES`]) and its length. Memory: one line, the
+/// inflater's window and a read buffer.
+fn check_streamed_delta(lines: &[&str], size: u64) -> Result<DeltaSizes, String> {
+    // A delta's ops carry at most its result, plus an op byte per 127 inserted bytes.
+    if size > MAX_BINARY_BYTES + MAX_BINARY_BYTES / 64 {
+        return Err(format!(
+            "delta hunk declares {size} bytes, over the {MAX_BINARY_BYTES}-byte limit"
+        ));
+    }
+    /// Counts what passes through.
+    struct Counted<R> {
+        r: R,
+        n: u64,
+    }
+    impl<R: Read> Read for Counted<R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let k = self.r.read(buf)?;
+            self.n += k as u64;
+            Ok(k)
+        }
+    }
+    let inflated = ZlibDecoder::new(LinesReader::new(lines.iter().copied())).take(size + 1);
+    let mut counted = Counted { r: inflated, n: 0 };
+    let sizes = delta::check_reader(std::io::BufReader::new(&mut counted), MAX_BINARY_BYTES)?;
+    // The ops were read to the data's end (or one byte past the declared size).
+    if counted.n != size {
+        return Err(format!(
+            "binary hunk inflates to {} bytes, header says {size}",
+            counted.n
+        ));
+    }
+    Ok(sizes)
+}
+
 /// One data line of a binary hunk: its length character, then base85: the deflated bytes.
 fn decode_line(line: &str) -> Result<Vec<u8>, String> {
     let b = line.as_bytes();
@@ -449,11 +694,19 @@ pub(crate) fn parse_hunks(lines: &[&str], mut i: usize) -> Result<ParsedHunks, (
             end += 1;
         }
         let data_lines: Vec<&str> = lines[start..end].iter().map(|l| strip_nl(l)).collect();
-        if !is_delta && size > crate::STREAM_THRESHOLD_BYTES {
-            // A large literal is checked as it inflates and kept deflated, as the bundle
-            // carries it: a well-compressing file of hundreds of megabytes is a small hunk,
-            // and reading the patch must not cost its inflated size (issue 13).
-            let oid = verify_streamed(&data_lines, size).map_err(|r| (start, r))?;
+        if size > crate::STREAM_THRESHOLD_BYTES {
+            // A large hunk is checked as it inflates and kept deflated, as the bundle carries
+            // it: a well-compressing file of hundreds of megabytes is a small hunk, and
+            // reading the patch must not cost its inflated size (issue 13).
+            let (oid, delta) = if is_delta {
+                let sizes = check_streamed_delta(&data_lines, size).map_err(|r| (start, r))?;
+                (String::new(), Some(sizes))
+            } else {
+                (
+                    verify_streamed(&data_lines, size).map_err(|r| (start, r))?,
+                    None,
+                )
+            };
             let mut text =
                 String::with_capacity(lines[start..end].iter().map(|l| l.len() + 1).sum());
             for l in &data_lines {
@@ -461,8 +714,9 @@ pub(crate) fn parse_hunks(lines: &[&str], mut i: usize) -> Result<ParsedHunks, (
                 text.push('\n');
             }
             text.push('\n');
-            hunks.push(BinaryHunk::Encoded(EncodedLiteral {
+            hunks.push(BinaryHunk::Encoded(EncodedHunk {
                 size,
+                delta,
                 oid: Arc::from(oid.as_str()),
                 lines: Arc::from(text),
             }));
@@ -502,8 +756,8 @@ pub(crate) fn check_sides(
     let literal_ok = |h: &BinaryHunk, id: Option<&str>| match h {
         BinaryHunk::Literal(d) => git_blob_oid(d) == id.unwrap_or(&empty),
         // Hashed from the same read that made it (of the file, or of the parsed hunk).
-        BinaryHunk::Encoded(e) => *e.oid == *id.unwrap_or(&empty),
-        BinaryHunk::Delta(_) => true,
+        BinaryHunk::Encoded(e) if e.delta.is_none() => *e.oid == *id.unwrap_or(&empty),
+        BinaryHunk::Encoded(_) | BinaryHunk::Delta(_) => true,
     };
     if !literal_ok(forward, new_oid) {
         return Err("binary content does not match the index line's new id".into());
@@ -519,7 +773,8 @@ pub(crate) fn check_sides(
     }
     let source_len = |h: &BinaryHunk| match h {
         BinaryHunk::Delta(d) => delta::check(d, MAX_BINARY_BYTES).ok().map(|s| s.source),
-        BinaryHunk::Literal(_) | BinaryHunk::Encoded(_) => None,
+        BinaryHunk::Encoded(e) => e.delta.map(|d| d.source),
+        BinaryHunk::Literal(_) => None,
     };
     if let Some(s) = source_len(forward) {
         let other = match reverse {
@@ -543,6 +798,9 @@ pub(crate) fn check_sides(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod streamed_tests;
 
 #[cfg(test)]
 mod tests {
@@ -595,7 +853,7 @@ mod tests {
             .collect();
         data.extend((0..70_003u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8));
         let size = data.len() as u64;
-        let Streamed::Done { oid, literal, .. } =
+        let Streamed::Done { oid, hunk: literal } =
             encode_streamed(&data[..], size, u64::MAX).unwrap()
         else {
             panic!("not encoded");

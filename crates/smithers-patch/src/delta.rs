@@ -5,37 +5,109 @@
 //! endian, absent bytes are zero, a size of 0 means 0x10000); an insert op is a byte `1..=127`
 //! followed by that many literal bytes. Op byte 0 is reserved and refused.
 //!
-//! The encoder indexes the source in aligned 16-byte blocks (one table slot per block hash) and
-//! rolls a hash over the target: any common run of 31 bytes or more contains an aligned source
-//! block, is found, and is then extended both ways. Every target byte is hashed at most once and
-//! every extension consumes the bytes it covers, so the cost is linear in the two sizes.
+//! The encoder (`encode.rs`) reads its source in place through [`Source`] and its target
+//! once, front to back, so a delta between two files of any size holds neither: a small edit
+//! of a gigabyte is a small delta made in bounded memory. A copy op addresses the source with
+//! four offset bytes, so only a source's first 4 GiB can be copied from ([`MAX_SOURCE`]); a
+//! copy op carries up to three size bytes, so long copies are split at [`MAX_COPY`] (16 MiB,
+//! which `patch-delta.c` has always read; git's own encoder stops at 64 KiB).
 //!
 //! Decoding never trusts the header: every op is checked (a copy stays within the source, an
-//! insert within the delta) and the sizes they really produce are summed before anything is
-//! allocated, so a hostile header can neither make us allocate by its word nor read out of bounds.
+//! insert within the delta) and what the ops produce must be exactly the declared result. It
+//! streams too: ops are read from any [`BufRead`] (an inflater over a hunk's lines), copies
+//! read their source range through [`Source`] and the result goes to any writer; nothing is
+//! allocated by a size the delta declares.
 
-/// Bytes per indexed source block (git's `RABIN_WINDOW`).
-const BLOCK: usize = 16;
-/// Largest copy op we emit (git's encoder emits at most this much per copy, and every decoder
-/// since pack version 2 accepts it).
-const MAX_COPY: usize = 0x10000;
+mod encode;
+
+use std::io::{self, BufRead, Write};
+
+pub(crate) use encode::{encode, encode_stream, EncodeError, Index};
+use serde::{Deserialize, Serialize};
+
+/// Largest copy op we emit: three size bytes. Every git since the pack format's first
+/// version reads them (`patch-delta.c`), so `git apply` applies such copies.
+pub(crate) const MAX_COPY: u64 = 0xff_ffff;
 /// Largest insert op (the op byte is the length, 1..=127).
-const MAX_INSERT: usize = 0x7f;
+pub(crate) const MAX_INSERT: usize = 0x7f;
 /// Copy offsets have four bytes: only the first 4 GiB of a source can be copied from.
-const MAX_SOURCE: usize = u32::MAX as usize;
-/// Multiplier of the rolling polynomial hash (odd, so powers never become 0 mod 2^64).
-const HASH_MUL: u64 = 0x100_0000_01b3;
-/// Fibonacci hashing constant: spreads the rolling hash over the table's bits.
-const SPREAD: u64 = 0x9e37_79b9_7f4a_7c15;
+pub(crate) const MAX_SOURCE: u64 = u32::MAX as u64;
+/// Bytes copied from a source at a time when a delta is applied.
+const COPY_CHUNK: usize = 64 << 10;
+
+/// A delta's source, read at offsets: a file read in place, or bytes in memory.
+pub(crate) trait Source {
+    /// Its length in bytes.
+    fn size(&self) -> u64;
+    /// Fills `buf` from offset `at`; `at + buf.len()` ≤ [`Source::size`]. A file that is
+    /// shorter than it was said to be is an error (`UnexpectedEof`).
+    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> io::Result<()>;
+}
+
+impl Source for &[u8] {
+    fn size(&self) -> u64 {
+        self.len() as u64
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> io::Result<()> {
+        let from = usize::try_from(at).map_err(|_| io::ErrorKind::UnexpectedEof)?;
+        let bytes = self
+            .get(from..from + buf.len())
+            .ok_or(io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// A regular file read in place, with the length it had when it was looked at.
+pub(crate) struct FileSource<'a> {
+    pub file: &'a std::fs::File,
+    pub len: u64,
+}
+
+impl FileSource<'_> {
+    /// The file read front to back from its start, by offset (`pread`): independent of the
+    /// descriptor's position, so the file can be read again. It reads what the file holds,
+    /// past `len` too: a reader of it sees a file that grew.
+    pub(crate) fn reader(&self) -> impl std::io::Read + '_ {
+        struct Pread<'a> {
+            file: &'a std::fs::File,
+            pos: u64,
+        }
+        impl std::io::Read for Pread<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.pos)?;
+                self.pos += n as u64;
+                Ok(n)
+            }
+        }
+        Pread {
+            file: self.file,
+            pos: 0,
+        }
+    }
+}
+
+impl Source for FileSource<'_> {
+    fn size(&self) -> u64 {
+        self.len
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(self.file, buf, at)
+    }
+}
 
 /// Sizes a delta declares, after its ops were checked to produce exactly the target size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DeltaSizes {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaSizes {
+    /// The length of the content the delta applies to.
     pub source: u64,
+    /// The length of the content it makes.
     pub target: u64,
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8 & 0x7f) | 0x80);
         v >>= 7;
@@ -43,15 +115,25 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// Reads one header varint at `*pos`; refuses one longer than a u64.
-fn get_varint(data: &[u8], pos: &mut usize) -> Result<u64, String> {
+/// The next byte of `r`, `None` at its end. A reader's error is the delta's data being
+/// corrupt (an inflater over a hunk's lines fails on bad zlib data).
+fn next_byte(r: &mut impl BufRead) -> Result<Option<u8>, String> {
+    let buf = r
+        .fill_buf()
+        .map_err(|e| format!("corrupt zlib data in delta hunk: {e}"))?;
+    let Some(&b) = buf.first() else {
+        return Ok(None);
+    };
+    r.consume(1);
+    Ok(Some(b))
+}
+
+/// Reads one header varint; refuses one longer than a u64.
+fn get_varint(r: &mut impl BufRead) -> Result<u64, String> {
     let mut v: u64 = 0;
     let mut shift = 0u32;
     loop {
-        let b = *data
-            .get(*pos)
-            .ok_or("delta header is truncated (size varint runs past the end)")?;
-        *pos += 1;
+        let b = next_byte(r)?.ok_or("delta header is truncated (size varint runs past the end)")?;
         if shift > 63 || (shift == 63 && b & 0x7e != 0) {
             return Err("delta header size does not fit in 64 bits".into());
         }
@@ -63,212 +145,40 @@ fn get_varint(data: &[u8], pos: &mut usize) -> Result<u64, String> {
     }
 }
 
-/// Rolling polynomial hash of a window of [`BLOCK`] bytes.
-struct Roller {
-    hash: u64,
-    /// `HASH_MUL^(BLOCK-1)`: the weight of the byte leaving the window.
-    top: u64,
-}
-
-impl Roller {
-    fn new(window: &[u8]) -> Self {
-        let top = (1..BLOCK).fold(1u64, |acc, _| acc.wrapping_mul(HASH_MUL));
-        Roller {
-            hash: hash_block(window),
-            top,
-        }
-    }
-
-    fn roll(&mut self, out: u8, inn: u8) {
-        self.hash = self
-            .hash
-            .wrapping_sub(u64::from(out).wrapping_mul(self.top))
-            .wrapping_mul(HASH_MUL)
-            .wrapping_add(u64::from(inn));
-    }
-}
-
-fn hash_block(window: &[u8]) -> u64 {
-    window.iter().fold(0u64, |h, &b| {
-        h.wrapping_mul(HASH_MUL).wrapping_add(u64::from(b))
-    })
-}
-
-/// One slot per hash bucket holding (block number + 1) of the first source block with that
-/// bucket; 0 = empty. A lost collision only costs a missed match (matches are verified).
-struct Index {
-    slots: Vec<u32>,
-    shift: u32,
-}
-
-impl Index {
-    fn new(src: &[u8]) -> Self {
-        let blocks = src.len() / BLOCK;
-        let bits = blocks.max(1).next_power_of_two().trailing_zeros().max(1);
-        let mut index = Index {
-            slots: vec![0; 1usize << bits],
-            shift: 64 - bits,
-        };
-        for b in 0..blocks {
-            let slot = index.slot(hash_block(&src[b * BLOCK..(b + 1) * BLOCK]));
-            if index.slots[slot] == 0 {
-                // `blocks` ≤ MAX_SOURCE / 16, so the block number + 1 fits in a u32.
-                index.slots[slot] = b as u32 + 1;
-            }
-        }
-        index
-    }
-
-    fn slot(&self, hash: u64) -> usize {
-        (hash.wrapping_mul(SPREAD) >> self.shift) as usize
-    }
-
-    /// The source offset of a block equal to `window`, if the index holds one.
-    fn find(&self, src: &[u8], hash: u64, window: &[u8]) -> Option<usize> {
-        let b = self.slots[self.slot(hash)];
-        let off = (b as usize).checked_sub(1)? * BLOCK;
-        (src[off..off + BLOCK] == *window).then_some(off)
-    }
-}
-
-/// Length of the common prefix of `a` and `b`, compared a chunk at a time (memcmp) first.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    const CHUNK: usize = 256;
-    let max = a.len().min(b.len());
-    let mut n = 0;
-    while n + CHUNK <= max && a[n..n + CHUNK] == b[n..n + CHUNK] {
-        n += CHUNK;
-    }
-    while n < max && a[n] == b[n] {
-        n += 1;
-    }
-    n
-}
-
-fn emit_inserts(out: &mut Vec<u8>, bytes: &[u8]) {
-    for chunk in bytes.chunks(MAX_INSERT) {
-        out.push(chunk.len() as u8);
-        out.extend_from_slice(chunk);
-    }
-}
-
-/// Copy ops for `len` bytes at `offset` (offset + len ≤ 2^32, checked by the caller's source
-/// cap), split at [`MAX_COPY`].
-fn emit_copies(out: &mut Vec<u8>, mut offset: usize, mut len: usize) {
-    while len > 0 {
-        let n = len.min(MAX_COPY);
-        let at = out.len();
-        out.push(0x80);
-        let mut cmd = 0x80u8;
-        for (i, byte) in (offset as u32).to_le_bytes().into_iter().enumerate() {
-            if byte != 0 {
-                cmd |= 1 << i;
-                out.push(byte);
-            }
-        }
-        // n ≤ 0x10000 needs three size bytes at most.
-        for (i, byte) in (n as u32).to_le_bytes().into_iter().take(3).enumerate() {
-            if byte != 0 {
-                cmd |= 0x10 << i;
-                out.push(byte);
-            }
-        }
-        out[at] = cmd;
-        offset += n;
-        len -= n;
-    }
-}
-
-/// A delta that turns `src` into `dst`, or `None` once it would exceed `max_len` bytes (the
-/// caller then uses a literal). Linear in `src.len() + dst.len()`.
-pub(crate) fn encode(src: &[u8], dst: &[u8], max_len: usize) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    put_varint(&mut out, src.len() as u64);
-    put_varint(&mut out, dst.len() as u64);
-    let src = &src[..src.len().min(MAX_SOURCE)];
-    let index = Index::new(src);
-    // dst[pending..p] is not emitted yet; dst[p..p + BLOCK] is the window being hashed.
-    let mut pending = 0;
-    let mut p = 0;
-    let mut roller = (dst.len() >= BLOCK).then(|| Roller::new(&dst[..BLOCK]));
-    while let Some(r) = roller.as_mut() {
-        if let Some(s) = index.find(src, r.hash, &dst[p..p + BLOCK]) {
-            let back = common_suffix_len(&src[..s], &dst[pending..p]);
-            let fwd = common_prefix(&src[s + BLOCK..], &dst[p + BLOCK..]);
-            let (copy_src, copy_dst) = (s - back, p - back);
-            let len = back + BLOCK + fwd;
-            emit_inserts(&mut out, &dst[pending..copy_dst]);
-            emit_copies(&mut out, copy_src, len);
-            p = copy_dst + len;
-            pending = p;
-            if out.len() > max_len {
-                return None;
-            }
-            roller = (p + BLOCK <= dst.len()).then(|| Roller::new(&dst[p..p + BLOCK]));
-        } else if p + BLOCK < dst.len() {
-            r.roll(dst[p], dst[p + BLOCK]);
-            p += 1;
-        } else {
-            roller = None;
-        }
-        // Flush long unmatched runs, so `max_len` also stops a delta of pure inserts early.
-        if p - pending >= MAX_INSERT * 64 {
-            emit_inserts(&mut out, &dst[pending..p]);
-            pending = p;
-            if out.len() > max_len {
-                return None;
-            }
-        }
-    }
-    emit_inserts(&mut out, &dst[pending..]);
-    (out.len() <= max_len).then_some(out)
-}
-
-/// How many trailing bytes `a` and `b` share.
-fn common_suffix_len(a: &[u8], b: &[u8]) -> usize {
-    a.iter()
-        .rev()
-        .zip(b.iter().rev())
-        .take_while(|(x, y)| x == y)
-        .count()
-}
-
-/// One decoded op.
-enum Op<'a> {
+/// One decoded op; an insert's bytes are in the buffer [`Ops::next_op`] was given.
+enum Op {
     Copy { offset: u64, len: u64 },
-    Insert(&'a [u8]),
+    Insert(usize),
 }
 
-/// The ops after the header, each checked against the delta's length and the declared source.
-struct Ops<'a> {
-    data: &'a [u8],
-    pos: usize,
+/// The ops after the header, each checked against the delta's data and the declared source.
+struct Ops<R> {
+    r: R,
     source: u64,
 }
 
-impl<'a> Ops<'a> {
-    fn next_op(&mut self) -> Option<Result<Op<'a>, String>> {
-        let &cmd = self.data.get(self.pos)?;
-        self.pos += 1;
-        Some(self.op(cmd))
-    }
-
-    fn op(&mut self, cmd: u8) -> Result<Op<'a>, String> {
+impl<R: BufRead> Ops<R> {
+    fn next_op(&mut self, insert: &mut [u8; MAX_INSERT]) -> Result<Option<Op>, String> {
+        let Some(cmd) = next_byte(&mut self.r)? else {
+            return Ok(None);
+        };
         if cmd == 0 {
             return Err("delta op 0 is reserved".into());
         }
         if cmd & 0x80 == 0 {
             let n = usize::from(cmd);
-            let bytes = self
-                .data
-                .get(self.pos..self.pos + n)
-                .ok_or("delta insert op runs past the end of the delta")?;
-            self.pos += n;
-            return Ok(Op::Insert(bytes));
+            self.r.read_exact(&mut insert[..n]).map_err(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    "delta insert op runs past the end of the delta".to_string()
+                } else {
+                    format!("corrupt zlib data in delta hunk: {e}")
+                }
+            })?;
+            return Ok(Some(Op::Insert(n)));
         }
         let offset = self.flagged(cmd, 0, 4)?;
         let len = match self.flagged(cmd, 4, 3)? {
-            0 => MAX_COPY as u64,
+            0 => 0x10000,
             n => n,
         };
         if offset.checked_add(len).is_none_or(|end| end > self.source) {
@@ -277,7 +187,7 @@ impl<'a> Ops<'a> {
                 self.source
             ));
         }
-        Ok(Op::Copy { offset, len })
+        Ok(Some(Op::Copy { offset, len }))
     }
 
     /// The little-endian value of the bytes flagged by bits `first..first + count` of `cmd`.
@@ -285,11 +195,8 @@ impl<'a> Ops<'a> {
         let mut v = 0u64;
         for i in 0..count {
             if cmd & (1 << (first + i)) != 0 {
-                let b = *self
-                    .data
-                    .get(self.pos)
+                let b = next_byte(&mut self.r)?
                     .ok_or("delta copy op runs past the end of the delta")?;
-                self.pos += 1;
                 v |= u64::from(b) << (8 * i);
             }
         }
@@ -297,54 +204,111 @@ impl<'a> Ops<'a> {
     }
 }
 
-/// Parses the header and walks every op: the declared target must be at most `limit` and
-/// exactly what the ops produce. Allocates nothing.
-pub(crate) fn check(delta: &[u8], limit: u64) -> Result<DeltaSizes, String> {
-    let (sizes, mut ops) = header(delta)?;
-    if sizes.target > limit {
+fn header<R: BufRead>(mut r: R, limit: u64) -> Result<(DeltaSizes, Ops<R>), String> {
+    let source = get_varint(&mut r)?;
+    let target = get_varint(&mut r)?;
+    if target > limit {
         return Err(format!(
-            "delta declares a {}-byte result, over the {limit}-byte limit",
-            sizes.target
+            "delta declares a {target}-byte result, over the {limit}-byte limit"
         ));
     }
-    let mut produced: u64 = 0;
-    while let Some(op) = ops.next_op() {
-        produced += match op? {
-            Op::Copy { len, .. } => len,
-            Op::Insert(b) => b.len() as u64,
-        };
-        if produced > sizes.target {
-            return Err(format!(
-                "delta produces more than the {} bytes its header declares",
-                sizes.target
-            ));
-        }
-    }
-    if produced != sizes.target {
+    Ok((DeltaSizes { source, target }, Ops { r, source }))
+}
+
+/// Counts what ops produce, refusing a byte past the declared result.
+fn produced(total: &mut u64, n: u64, target: u64) -> Result<(), String> {
+    *total += n;
+    if *total > target {
         return Err(format!(
-            "delta produces {produced} bytes, its header declares {}",
+            "delta produces more than the {target} bytes its header declares"
+        ));
+    }
+    Ok(())
+}
+
+/// Walks a delta read from `r`: the declared result must be at most `limit` and exactly what
+/// the ops produce. Allocates nothing by what the delta declares.
+pub(crate) fn check_reader(r: impl BufRead, limit: u64) -> Result<DeltaSizes, String> {
+    let (sizes, mut ops) = header(r, limit)?;
+    let mut insert = [0u8; MAX_INSERT];
+    let mut total: u64 = 0;
+    while let Some(op) = ops.next_op(&mut insert)? {
+        let n = match op {
+            Op::Copy { len, .. } => len,
+            Op::Insert(n) => n as u64,
+        };
+        produced(&mut total, n, sizes.target)?;
+    }
+    if total != sizes.target {
+        return Err(format!(
+            "delta produces {total} bytes, its header declares {}",
             sizes.target
         ));
     }
     Ok(sizes)
 }
 
-fn header(delta: &[u8]) -> Result<(DeltaSizes, Ops<'_>), String> {
-    let mut pos = 0;
-    let source = get_varint(delta, &mut pos)?;
-    let target = get_varint(delta, &mut pos)?;
-    let ops = Ops {
-        data: delta,
-        pos,
-        source,
-    };
-    Ok((DeltaSizes { source, target }, ops))
+/// [`check_reader`] of a delta in memory.
+pub(crate) fn check(delta: &[u8], limit: u64) -> Result<DeltaSizes, String> {
+    check_reader(delta, limit)
 }
 
-/// Applies `delta` to `src`. Every op is checked (by [`check`]) before the result is
-/// allocated, at the size the ops really produce.
+/// Applies the delta read from `r` to `src`, writing the result to `out` as it is made; the
+/// result's length. Each op is checked as it comes (a delta that fails midway has written
+/// part of a result: callers write to a place they discard on error, and check the result's
+/// id). Memory: one copy chunk, whatever the sizes.
+pub(crate) fn apply_reader(
+    r: impl BufRead,
+    src: &dyn Source,
+    out: &mut dyn Write,
+    limit: u64,
+) -> Result<u64, String> {
+    let (sizes, mut ops) = header(r, limit)?;
+    if sizes.source != src.size() {
+        return Err(format!(
+            "delta is against a {}-byte source, the base has {} bytes",
+            sizes.source,
+            src.size()
+        ));
+    }
+    let write_err = |e: io::Error| format!("writing the delta's result: {e}");
+    let mut insert = [0u8; MAX_INSERT];
+    let mut chunk = Vec::new();
+    let mut total: u64 = 0;
+    while let Some(op) = ops.next_op(&mut insert)? {
+        match op {
+            Op::Copy { offset, len } => {
+                produced(&mut total, len, sizes.target)?;
+                chunk.resize(COPY_CHUNK.min(len as usize), 0);
+                let mut done = 0u64;
+                while done < len {
+                    let n = (len - done).min(chunk.len() as u64) as usize;
+                    src.read_exact_at(&mut chunk[..n], offset + done)
+                        .map_err(|e| format!("reading the delta's base: {e}"))?;
+                    out.write_all(&chunk[..n]).map_err(write_err)?;
+                    done += n as u64;
+                }
+            }
+            Op::Insert(n) => {
+                produced(&mut total, n as u64, sizes.target)?;
+                out.write_all(&insert[..n]).map_err(write_err)?;
+            }
+        }
+    }
+    if total != sizes.target {
+        return Err(format!(
+            "delta produces {total} bytes, its header declares {}",
+            sizes.target
+        ));
+    }
+    Ok(total)
+}
+
+/// Applies `delta` to `src` in memory. Every op is checked (by [`check`]) before the result
+/// is allocated, at the size the ops really produce.
 pub(crate) fn apply(src: &[u8], delta: &[u8], limit: u64) -> Result<Vec<u8>, String> {
     let sizes = check(delta, limit)?;
+    let target = usize::try_from(sizes.target).map_err(|_| "delta result too large")?;
     if sizes.source != src.len() as u64 {
         return Err(format!(
             "delta is against a {}-byte source, the base has {} bytes",
@@ -352,18 +316,8 @@ pub(crate) fn apply(src: &[u8], delta: &[u8], limit: u64) -> Result<Vec<u8>, Str
             src.len()
         ));
     }
-    let target = usize::try_from(sizes.target).map_err(|_| "delta result too large")?;
     let mut out = Vec::with_capacity(target);
-    let (_, mut ops) = header(delta)?;
-    while let Some(op) = ops.next_op() {
-        match op? {
-            // `check` bounded offset + len by the source size, which equals src.len().
-            Op::Copy { offset, len } => {
-                out.extend_from_slice(&src[offset as usize..(offset + len) as usize]);
-            }
-            Op::Insert(b) => out.extend_from_slice(b),
-        }
-    }
+    apply_reader(delta, &src, &mut out, limit)?;
     Ok(out)
 }
 
@@ -396,14 +350,12 @@ mod tests {
         for v in [0u64, 1, 127, 128, 300, u32::MAX as u64, u64::MAX] {
             let mut b = Vec::new();
             put_varint(&mut b, v);
-            let mut pos = 0;
-            assert_eq!(get_varint(&b, &mut pos).unwrap(), v);
-            assert_eq!(pos, b.len());
+            let mut r = &b[..];
+            assert_eq!(get_varint(&mut r).unwrap(), v);
+            assert!(r.is_empty());
         }
-        let mut pos = 0;
-        assert!(get_varint(&[0xff; 11], &mut pos).is_err());
-        let mut pos = 0;
-        assert!(get_varint(&[0x80, 0x80], &mut pos).is_err());
+        assert!(get_varint(&mut &[0xff; 11][..]).is_err());
+        assert!(get_varint(&mut &[0x80, 0x80][..]).is_err());
     }
 
     #[test]
@@ -429,9 +381,11 @@ mod tests {
         let n = noise(300, 2);
         round_trip(&n, &n[1..]);
         round_trip(&n[..17], &n);
-        // A copy longer than MAX_COPY splits.
-        let big = noise(3 * MAX_COPY + 5, 3);
-        round_trip(&big, &big);
+        // A copy longer than MAX_COPY splits: a few ops of 16 MiB.
+        let big = vec![7u8; 2 * MAX_COPY as usize + 5];
+        assert!(round_trip(&big, &big).len() < 32);
+        let n = noise(100_000, 3);
+        assert!(round_trip(&n, &n).len() < 16);
     }
 
     #[test]
@@ -472,7 +426,7 @@ mod tests {
 
     #[test]
     fn zero_size_copy_means_64k() {
-        let src = noise(MAX_COPY, 6);
+        let src = noise(0x10000, 6);
         // Header: 65536 (varint 80 80 04) twice; copy op 0x80: offset 0, size 0 → 0x10000.
         let d = [0x80, 0x80, 0x04, 0x80, 0x80, 0x04, 0x80];
         assert_eq!(apply(&src, &d, NO_LIMIT).unwrap(), src);

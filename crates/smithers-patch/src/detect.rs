@@ -30,13 +30,6 @@ pub struct DetectOptions {
     /// Top-level names never turned into patches (default `.git`, `.smithers`). A `.git`
     /// entry at any depth is always excluded too.
     pub excluded_top_level: Vec<String>,
-    /// Top-level names the sandbox never showed the step (default `.smithers`, the project's
-    /// state: an overlay runtime whites it out in the upper layer before mounting, a copy does
-    /// not hold it). That whiteout, or the name's absence from a copy, is the runtime's, not a
-    /// change; an entry the step made under the name is its own, excluded and reported in
-    /// [`ChangeSet::ignored`] like any other excluded change. Each should also be in
-    /// `excluded_top_level`.
-    pub hidden_top_level: Vec<String>,
     /// Bound on the changed content held in memory (old + new bytes of every change).
     /// Default 1 GiB. Past it the largest changes are left out, one by one, until the rest
     /// fits; each is named in [`ChangeSet::over_limit`] with its size and the limit. The rest
@@ -49,19 +42,21 @@ pub struct DetectOptions {
     /// path the copy never had was made by the host. `None`: every difference counts (a host
     /// edit then shows as a change, which the stale-base check flags).
     pub copy_manifest: Option<std::sync::Arc<crate::CopyManifest>>,
-    /// Largest `literal` hunk a file over [`STREAM_THRESHOLD_BYTES`] may become (default
-    /// [`DEFAULT_MAX_STREAMED_HUNK_BYTES`], the spec's bundle size limit: a hunk over it can be
-    /// in no bundle). Such a file is read once, in chunks, straight into its hunk; past the
-    /// bound it is left out ([`ChangeSet::over_limit`]) having cost no more memory than this.
+    /// Largest hunk (each direction) a file over [`STREAM_THRESHOLD_BYTES`] may become
+    /// (default [`DEFAULT_MAX_STREAMED_HUNK_BYTES`], the spec's bundle size limit: a hunk over
+    /// it can be in no bundle). Such a file is read in chunks, straight into its hunks; past
+    /// the bound it is left out ([`ChangeSet::over_limit`]) having cost no more memory than
+    /// this.
     pub max_streamed_hunk_bytes: u64,
 }
 
-/// A regular file larger than this is never held whole: it is hashed and deflated into a
-/// binary `literal` hunk as it is read, so the host's memory does not grow with its size.
-/// Such a file is carried as a binary patch even if it is text, as git treats files over
-/// `core.bigFileThreshold` (no text diff, no delta: each side is a literal). Below it a
-/// change holds both sides (at most 64 MiB) so that a small edit of a large file stays a
-/// small text or delta patch.
+/// A regular file larger than this is never held whole: it is read in place and its hunks
+/// are hashed, deflated and encoded as it is read, so the host's memory does not grow with its
+/// size. When the other side is a regular file too, each direction is a `delta` against the
+/// other side (read in place, indexed in at most 32 MiB) when that deflates smaller, else a
+/// `literal`, as git chooses: a one-byte edit of a gigabyte is a patch of a few kilobytes.
+/// Such a file is carried as a binary patch even if it is text (no text diff), as git treats
+/// files over `core.bigFileThreshold`. Below it a change holds both sides (at most 64 MiB).
 pub const STREAM_THRESHOLD_BYTES: u64 = 32 << 20;
 
 /// The default of [`DetectOptions::max_streamed_hunk_bytes`]: SANDBOX_MAX_BUNDLE_BYTES.
@@ -72,7 +67,6 @@ impl Default for DetectOptions {
         DetectOptions {
             respect_gitignore: true,
             excluded_top_level: vec![".git".to_string(), ".smithers".to_string()],
-            hidden_top_level: vec![".smithers".to_string()],
             max_content_bytes: 1 << 30,
             copy_manifest: None,
             max_streamed_hunk_bytes: DEFAULT_MAX_STREAMED_HUNK_BYTES,
@@ -115,10 +109,12 @@ pub struct FileVersion {
     /// patch always matches the hashes above even if the live lower tree changes later.
     #[serde(skip)]
     pub content: Vec<u8>,
-    /// For a file over [`STREAM_THRESHOLD_BYTES`]: its `literal` hunk, made while the file was
-    /// read once (so it matches `oid`); `content` is then empty and `is_binary` true.
+    /// For a file over [`STREAM_THRESHOLD_BYTES`] (or the other side of one): the hunk that
+    /// makes this side, made while the files were read (so it matches `oid`): a `literal`, or
+    /// a `delta` against the other side (the forward hunk on the new side, the reverse hunk
+    /// on the old). `content` is then empty and `is_binary` true.
     #[serde(skip)]
-    pub encoded: Option<crate::EncodedLiteral>,
+    pub encoded: Option<crate::EncodedHunk>,
 }
 
 /// One changed path.
@@ -399,12 +395,7 @@ impl<'a> Walker<'a> {
             if (rel.is_empty() && self.opts.excluded_top_level.iter().any(|e| e == utf8))
                 || is_protected_name(utf8)
             {
-                let hidden = rel.is_empty() && self.opts.hidden_top_level.iter().any(|e| e == utf8);
-                // The runtime's own whiteout over a hidden name: the step never saw the name,
-                // so it deleted nothing there.
-                if !(hidden && lstat(&upath)?.is_some_and(|md| is_whiteout(&md))) {
-                    self.ignore(format!("{child}/"), IgnoreReason::Excluded);
-                }
+                self.ignore(format!("{child}/"), IgnoreReason::Excluded);
                 continue;
             }
             let Some(umd) = lstat(&upath)? else { continue };
@@ -595,6 +586,154 @@ fn changed_while_read(size: u64, read: u64) -> String {
     )
 }
 
+/// Why a candidate is not in the patches.
+enum LeftOut {
+    /// Not representable.
+    Skip(&'static str),
+    /// A real edit a size limit keeps out (or that changed while it was read).
+    OverLimit(String),
+}
+
+/// Loads a candidate's two sides: a regular file on both sides, one of them over
+/// [`STREAM_THRESHOLD_BYTES`], by [`load_pair`] (deltas made reading both in place); anything
+/// else side by side.
+fn load_sides(
+    c: &Candidate,
+    opts: &DetectOptions,
+) -> Result<Result<[Option<FileVersion>; 2], LeftOut>, PatchError> {
+    if let (Some(Node::File { path: op, mode: om }), Some(Node::File { path: np, mode: nm })) =
+        (&c.old, &c.new)
+    {
+        if let Some(loaded) = load_pair((op, *om), (np, *nm), opts)? {
+            return Ok(loaded.map(|(o, n)| [Some(o), Some(n)]));
+        }
+    }
+    let mut sides = [None, None];
+    for (side, node) in sides.iter_mut().zip([&c.old, &c.new]) {
+        let Some(node) = node else { continue };
+        match load(node, opts)? {
+            Loaded::Version(v) => *side = Some(v),
+            Loaded::Skip(r) => return Ok(Err(LeftOut::Skip(r))),
+            Loaded::OverLimit(reason) => return Ok(Err(LeftOut::OverLimit(reason))),
+        }
+    }
+    Ok(Ok(sides))
+}
+
+/// What says a file changed: device, inode, size, mtime and ctime (seconds, nanoseconds).
+type Stamp = (u64, u64, u64, i64, i64, i64, i64);
+
+fn stamp(md: &Metadata) -> Stamp {
+    (
+        md.dev(),
+        md.ino(),
+        md.len(),
+        md.mtime(),
+        md.mtime_nsec(),
+        md.ctime(),
+        md.ctime_nsec(),
+    )
+}
+
+/// The two sides of a pair, or why it is left out.
+type PairLoaded = Result<(FileVersion, FileVersion), LeftOut>;
+
+/// Both sides of a regular file one of which is over [`STREAM_THRESHOLD_BYTES`] (`None`: both
+/// are small, loaded whole as usual), neither ever held: the old side is indexed (and hashed)
+/// in one read, the new one read once into the forward hunk (a delta against the old side
+/// read in place, or a literal when that deflates smaller: [`crate::binary::best_streamed`]),
+/// and the same the other way for the reverse hunk. Each side keeps the hunk that makes it
+/// (`encoded`: forward on the new side, reverse on the old). Memory: the index (≤ 32 MiB),
+/// a few chunks, and the hunks (each at most `max_streamed_hunk_bytes`, else left out).
+fn load_pair(
+    (old, old_mode): (&Path, GitMode),
+    (new, new_mode): (&Path, GitMode),
+    opts: &DetectOptions,
+) -> Result<Option<PairLoaded>, PatchError> {
+    use crate::binary::{best_streamed, index_and_oid, Streamed};
+    use crate::delta::FileSource;
+    let (of, nf) = (open_regular(old)?, open_regular(new)?);
+    let (om, nm) = (
+        of.metadata().map_err(read_err(old))?,
+        nf.metadata().map_err(read_err(new))?,
+    );
+    if om.len() <= STREAM_THRESHOLD_BYTES && nm.len() <= STREAM_THRESHOLD_BYTES {
+        return Ok(None);
+    }
+    let cap = opts.max_streamed_hunk_bytes;
+    let (os, ns) = (
+        FileSource {
+            file: &of,
+            len: om.len(),
+        },
+        FileSource {
+            file: &nf,
+            len: nm.len(),
+        },
+    );
+    let left_out = |s: Streamed, size: u64| match s {
+        Streamed::OverCap { read } => LeftOut::OverLimit(over_cap_reason(cap, read, size)),
+        Streamed::SizeChanged { read } => LeftOut::OverLimit(changed_while_read(size, read)),
+        Streamed::Done { .. } => LeftOut::OverLimit(changed_while_read(size, size)),
+    };
+    // The old side is the host's (live) file: a short read means it changed meanwhile.
+    let shrunk = |len: u64| Ok(Some(Err(LeftOut::OverLimit(changed_while_read(len, 0)))));
+    let (index, old_oid) = match index_and_oid(&os) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return shrunk(os.len),
+        Err(e) => return Err(read_err(old)(e)),
+    };
+    let (new_oid, forward) = match best_streamed(&os, &index, &ns, cap).map_err(read_err(new))? {
+        Streamed::Done { oid, hunk } => (oid, hunk),
+        s => return Ok(Some(Err(left_out(s, ns.len)))),
+    };
+    drop(index);
+    let changed = new_oid != old_oid;
+    let reverse = if changed {
+        let index = match crate::delta::Index::build(&ns, &mut |_| {}) {
+            Ok(index) => index,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return shrunk(ns.len),
+            Err(e) => return Err(read_err(new)(e)),
+        };
+        match best_streamed(&ns, &index, &os, cap).map_err(read_err(old))? {
+            Streamed::Done { oid, hunk } if oid == old_oid => Some(hunk),
+            s => return Ok(Some(Err(left_out(s, os.len)))),
+        }
+    } else {
+        None
+    };
+    // Each hunk was made from its own reads: a file that changed in between (the host's
+    // side is live) may have hunks that disagree with its id.
+    for (f, md, path) in [(&of, &om, old), (&nf, &nm, new)] {
+        let now = f.metadata().map_err(read_err(path))?;
+        if stamp(&now) != stamp(md) {
+            return Ok(Some(Err(LeftOut::OverLimit(changed_while_read(
+                md.len(),
+                now.len(),
+            )))));
+        }
+    }
+    let version = |mode, oid, size, encoded| FileVersion {
+        mode,
+        oid,
+        size,
+        symlink_target: None,
+        is_binary: true,
+        content: Vec::new(),
+        encoded,
+    };
+    Ok(Some(Ok((
+        version(old_mode, old_oid, os.len, reverse),
+        version(new_mode, new_oid, ns.len, changed.then_some(forward)),
+    ))))
+}
+
+fn over_cap_reason(cap: u64, read: u64, size: u64) -> String {
+    format!(
+        "over a size limit: its binary patch passed {cap} bytes (the most a patch may be; SANDBOX_MAX_BUNDLE_BYTES) after {read} of its {size} bytes were read; left out so that the rest of the change is kept"
+    )
+}
+
 /// A file over [`STREAM_THRESHOLD_BYTES`]: hashed and turned into its literal hunk in one
 /// read, holding no more than `cap` bytes.
 fn load_streamed(
@@ -605,21 +744,21 @@ fn load_streamed(
     cap: u64,
 ) -> Result<Loaded, PatchError> {
     use crate::binary::{encode_streamed, Streamed};
-    Ok(match encode_streamed(file, size, cap).map_err(read_err(path))? {
-        Streamed::Done { oid, literal } => Loaded::Version(FileVersion {
-            mode,
-            oid,
-            size,
-            symlink_target: None,
-            is_binary: true,
-            content: Vec::new(),
-            encoded: Some(literal),
-        }),
-        Streamed::OverCap { read } => Loaded::OverLimit(format!(
-            "over a size limit: its binary patch passed {cap} bytes (the most a patch may be; SANDBOX_MAX_BUNDLE_BYTES) after {read} of its {size} bytes were read; left out so that the rest of the change is kept"
-        )),
-        Streamed::SizeChanged { read } => Loaded::OverLimit(changed_while_read(size, read)),
-    })
+    Ok(
+        match encode_streamed(file, size, cap).map_err(read_err(path))? {
+            Streamed::Done { oid, hunk } => Loaded::Version(FileVersion {
+                mode,
+                oid,
+                size,
+                symlink_target: None,
+                is_binary: true,
+                content: Vec::new(),
+                encoded: Some(hunk),
+            }),
+            Streamed::OverCap { read } => Loaded::OverLimit(over_cap_reason(cap, read, size)),
+            Streamed::SizeChanged { read } => Loaded::OverLimit(changed_while_read(size, read)),
+        },
+    )
 }
 
 /// Whether the lower entry changed (ctime) after the upper entry was created (birth time).
@@ -748,7 +887,7 @@ pub(crate) fn finish(
         StaleCheck::CopyUp => true,
         StaleCheck::Since(since) => since.is_some(),
     };
-    let too_large = over_content_limit(&cands, opts.max_content_bytes);
+    let too_large = over_content_limit(&cands, opts);
     let mut total: u64 = 0;
     for (path, c) in cands {
         if let Some(bytes) = too_large.get(&path) {
@@ -758,34 +897,20 @@ pub(crate) fn finish(
             });
             continue;
         }
-        let mut sides = [None, None];
-        let mut left_out = false;
-        for (side, node) in sides.iter_mut().zip([&c.old, &c.new]) {
-            let Some(node) = node else { continue };
-            match load(node, opts)? {
-                Loaded::Version(v) => *side = Some(v),
-                Loaded::Skip(r) => {
-                    out.skipped.push(SkippedEntry {
-                        path: path.clone(),
-                        reason: r.to_string(),
-                    });
-                    left_out = true;
-                    break;
-                }
-                Loaded::OverLimit(reason) => {
-                    out.over_limit.push(SkippedEntry {
-                        path: path.clone(),
-                        reason,
-                    });
-                    left_out = true;
-                    break;
-                }
+        let [old, new] = match load_sides(&c, opts)? {
+            Ok(sides) => sides,
+            Err(LeftOut::Skip(r)) => {
+                out.skipped.push(SkippedEntry {
+                    path,
+                    reason: r.to_string(),
+                });
+                continue;
             }
-        }
-        if left_out {
-            continue;
-        }
-        let [old, new] = sides;
+            Err(LeftOut::OverLimit(reason)) => {
+                out.over_limit.push(SkippedEntry { path, reason });
+                continue;
+            }
+        };
         let kind = match (&old, &new) {
             (None, None) => continue,
             (None, Some(_)) => ChangeKind::Added,
@@ -844,7 +969,11 @@ pub(crate) fn finish(
 /// The candidates to leave out so that the changed content fits `limit`, with their sizes
 /// (old + new bytes, from `lstat`, before anything is read): largest first, no more than
 /// needed ([`crate::leave_out_largest`]).
-fn over_content_limit(cands: &BTreeMap<String, Candidate>, limit: u64) -> BTreeMap<String, u64> {
+fn over_content_limit(
+    cands: &BTreeMap<String, Candidate>,
+    opts: &DetectOptions,
+) -> BTreeMap<String, u64> {
+    let limit = opts.max_content_bytes;
     let sized: Vec<(&String, u64)> = cands
         .iter()
         .map(|(path, c)| {
@@ -853,7 +982,20 @@ fn over_content_limit(cands: &BTreeMap<String, Candidate>, limit: u64) -> BTreeM
                     .and_then(|n| std::fs::symlink_metadata(node_path(n)).ok())
                     .map_or(0, |m| m.len())
             };
-            (path, side(&c.old).saturating_add(side(&c.new)))
+            let (old, new) = (side(&c.old), side(&c.new));
+            let pair = matches!(
+                (&c.old, &c.new),
+                (Some(Node::File { .. }), Some(Node::File { .. }))
+            ) && old.max(new) > STREAM_THRESHOLD_BYTES;
+            // A pair with a large side is never held: what it costs is its two hunks, each
+            // at most the cap on a streamed hunk (a small edit costs far less).
+            let bytes = if pair {
+                let cap = opts.max_streamed_hunk_bytes;
+                old.min(cap).saturating_add(new.min(cap))
+            } else {
+                old.saturating_add(new)
+            };
+            (path, bytes)
         })
         .collect();
     let sizes: Vec<u64> = sized.iter().map(|(_, n)| *n).collect();

@@ -30,6 +30,13 @@ pub struct DetectOptions {
     /// Top-level names never turned into patches (default `.git`, `.smithers`). A `.git`
     /// entry at any depth is always excluded too.
     pub excluded_top_level: Vec<String>,
+    /// Top-level names the sandbox never showed the step (default `.smithers`, the project's
+    /// state: an overlay runtime whites it out in the upper layer before mounting, a copy does
+    /// not hold it). That whiteout, or the name's absence from a copy, is the runtime's, not a
+    /// change; an entry the step made under the name is its own, excluded and reported in
+    /// [`ChangeSet::ignored`] like any other excluded change. Each should also be in
+    /// `excluded_top_level`.
+    pub hidden_top_level: Vec<String>,
     /// Bound on the changed content held in memory (old + new bytes of every change).
     /// Default 1 GiB. Past it the largest changes are left out, one by one, until the rest
     /// fits; each is named in [`ChangeSet::over_limit`] with its size and the limit. The rest
@@ -67,6 +74,7 @@ impl Default for DetectOptions {
         DetectOptions {
             respect_gitignore: true,
             excluded_top_level: vec![".git".to_string(), ".smithers".to_string()],
+            hidden_top_level: vec![".smithers".to_string()],
             max_content_bytes: 1 << 30,
             copy_manifest: None,
             max_streamed_hunk_bytes: DEFAULT_MAX_STREAMED_HUNK_BYTES,
@@ -395,7 +403,12 @@ impl<'a> Walker<'a> {
             if (rel.is_empty() && self.opts.excluded_top_level.iter().any(|e| e == utf8))
                 || is_protected_name(utf8)
             {
-                self.ignore(format!("{child}/"), IgnoreReason::Excluded);
+                let hidden = rel.is_empty() && self.opts.hidden_top_level.iter().any(|e| e == utf8);
+                // The runtime's own whiteout over a hidden name: the step never saw the name,
+                // so it deleted nothing there.
+                if !(hidden && lstat(&upath)?.is_some_and(|md| is_whiteout(&md))) {
+                    self.ignore(format!("{child}/"), IgnoreReason::Excluded);
+                }
                 continue;
             }
             let Some(umd) = lstat(&upath)? else { continue };

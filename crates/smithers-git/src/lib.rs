@@ -223,6 +223,7 @@ fn check_series_paths(
     cmd.args([
         "diff-tree",
         "--stdin",
+        "--always",
         "--root",
         "-r",
         "-z",
@@ -574,16 +575,22 @@ impl GitLayers {
 /// Reads the commits the step made. `project` is the host's project (its `.git` a real
 /// directory), `upper` the step's workspace layer (overlay upper: `upper/.git` holds what the
 /// step's git wrote). Nothing is written to the host's repository.
-pub fn collect(project: &Path, upper: &Path) -> Result<Collected, String> {
+pub fn collect(
+    project: &Path,
+    upper: &Path,
+    flag: &dyn Fn(&str) -> bool,
+) -> Result<Collected, String> {
     let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
     if !real_dir(&project.join(".git")) {
         return Ok(Collected::Nothing);
     }
-    collect_from(&GitLayers::plain(project, upper))
+    collect_from(&GitLayers::plain(project, upper), flag)
 }
 
 /// [`collect`] for any [`GitLayers`] (a worktree's too).
-pub fn collect_from(layers: &GitLayers) -> Result<Collected, String> {
+/// `flag` says which files a commit changes must be listed even past the per-commit cap
+/// (the files the host runs by itself: the review marks them).
+pub fn collect_from(layers: &GitLayers, flag: &dyn Fn(&str) -> bool) -> Result<Collected, String> {
     let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
     let (host_git, upper_git) = (&layers.host_gitdir, &layers.upper_gitdir);
     let (host_common, upper_common) = (&layers.host_common, &layers.upper_common);
@@ -695,7 +702,7 @@ pub fn collect_from(layers: &GitLayers) -> Result<Collected, String> {
     }
     let mut commits = Vec::with_capacity(oids.len());
     for oid in &oids {
-        commits.push(commit_info(&in_repo, oid)?);
+        commits.push(commit_info(&in_repo, oid, flag)?);
     }
     let prefix = layers
         .within
@@ -845,7 +852,11 @@ pub fn tip_diff_in_project(
 }
 
 /// One commit's metadata and changed files.
-fn commit_info(in_repo: &dyn Fn(&[&str]) -> Command, oid: &str) -> Result<CommitInfo, String> {
+fn commit_info(
+    in_repo: &dyn Fn(&[&str]) -> Command,
+    oid: &str,
+    flag: &dyn Fn(&str) -> bool,
+) -> Result<CommitInfo, String> {
     let raw = run(
         in_repo(&[
             "show",
@@ -918,7 +929,8 @@ fn commit_info(in_repo: &dyn Fn(&[&str]) -> Command, oid: &str) -> Result<Commit
         let (Some(a), Some(r), Some(path)) = (a, r, path) else {
             continue;
         };
-        if files.len() >= MAX_FILES_LISTED {
+        // Past the cap a file is still listed when the review must mark it.
+        if files.len() >= MAX_FILES_LISTED && !flag(path) {
             unlisted += 1;
             continue;
         }
@@ -1203,21 +1215,26 @@ pub fn advance(project: &Path, series: &CommitSeries, reason: &str) -> Result<()
 }
 
 /// Stages `files` (paths from the project, a plain repository at its top) as the step did
-/// (`changeNotes.staged`), after the reviewed patches were applied: each file present is
-/// hashed from the working tree as it is (`hash-object --no-filters`: no filter of the
-/// repository's runs) and must be the reviewed blob; a deletion is removed from the index.
-/// Written with `update-index --index-info`, as [`advance`] does.
+/// (`changeNotes.staged`), after the reviewed patches were applied. Each file present is
+/// hashed as it is in the working tree, never through a link: no component of its path may
+/// be a link, a symlink (mode 120000) is hashed as its target's name, a regular file through
+/// a descriptor opened with `O_NOFOLLOW` (`hash-object --stdin --no-filters`: no filter of the
+/// repository's runs), and the result must be the reviewed blob; a deletion is removed from
+/// the index. Written with `update-index --index-info`, as [`advance`] does.
 pub fn stage(project: &Path, files: &[ReviewedFile]) -> Result<(), String> {
     let mut info = Vec::new();
     for f in files {
         let path = String::from_utf8_lossy(&f.path).into_owned();
         match &f.state {
             ReviewedState::Present { mode, oid } => {
-                let mut c = in_project(project, &["hash-object", "-w", "--no-filters", "--"]);
-                c.arg(std::ffi::OsStr::from_bytes(&f.path));
-                let got = run(c, &format!("staging {path:?}"), 1 << 10)?;
-                let got = String::from_utf8_lossy(&got).trim().to_string();
-                if oid.as_ref().is_some_and(|o| *o != got) {
+                let Some(oid) = oid else {
+                    return Err(format!(
+                        "{path:?}: a mode-only change has no reviewed content to stage"
+                    ));
+                };
+                let got = hash_in_tree(project, &f.path, mode)
+                    .map_err(|e| format!("staging {path:?}: {e}"))?;
+                if got != *oid {
                     return Err(format!(
                         "{path:?} is not the reviewed content on disk, so it was not staged"
                     ));
@@ -1239,6 +1256,52 @@ pub fn stage(project: &Path, files: &[ReviewedFile]) -> Result<(), String> {
         info,
         "staging the step's staged files",
     )
+}
+
+/// Writes the blob of the working tree's `rel` (from `project`) into the repository and
+/// returns its id, reading nothing through a link: see [`stage`].
+fn hash_in_tree(project: &Path, rel: &[u8], mode: &str) -> Result<String, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let rel_path = Path::new(std::ffi::OsStr::from_bytes(rel));
+    let mut at = project.to_path_buf();
+    let parts: Vec<_> = rel_path.components().collect();
+    for (i, c) in parts.iter().enumerate() {
+        let Component::Normal(name) = c else {
+            return Err("not a plain relative path".into());
+        };
+        at.push(name);
+        let m = std::fs::symlink_metadata(&at).map_err(|e| e.to_string())?;
+        if i + 1 < parts.len() && !m.is_dir() {
+            return Err(format!("{} is not a directory", at.display()));
+        }
+    }
+    let m = std::fs::symlink_metadata(&at).map_err(|e| e.to_string())?;
+    let mut cmd = in_project(project, &["hash-object", "-w", "--stdin", "--no-filters"]);
+    let out = match mode {
+        "120000" if m.file_type().is_symlink() => {
+            let target = std::fs::read_link(&at).map_err(|e| e.to_string())?;
+            run_with_output(
+                cmd,
+                target.as_os_str().as_bytes().to_vec(),
+                "hash-object",
+                1 << 10,
+            )?
+        }
+        "100644" | "100755" if m.is_file() => {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&at)
+                .map_err(|e| e.to_string())?;
+            if !file.metadata().map_err(|e| e.to_string())?.is_file() {
+                return Err("not a regular file".into());
+            }
+            cmd.stdin(Stdio::from(file));
+            run(cmd, "hash-object", 1 << 10)?
+        }
+        _ => return Err(format!("not a file of mode {mode} in the working tree")),
+    };
+    Ok(String::from_utf8_lossy(&out).trim().to_string())
 }
 
 /// The top of the repository `project` is in.

@@ -241,8 +241,8 @@ pub fn refused_path(path: &[u8]) -> Option<&'static str> {
     None
 }
 
-/// Parses `diff-tree --stdin -r -z --name-only` output over `commits` (one record per
-/// commit: its id, then the paths it changes from the parent it was given) and refuses the
+/// Parses `diff-tree --stdin --always -r -z --name-only` output over `commits` (one record
+/// per commit: its id, then the paths it changes from the parent it was given) and refuses the
 /// first path that is refused by [`refused_path`] or lies outside `prefix`.
 pub(crate) fn check_commit_paths(
     listing: &[u8],
@@ -252,9 +252,11 @@ pub(crate) fn check_commit_paths(
     let ids: std::collections::HashSet<&[u8]> = commits.iter().map(|c| c.as_bytes()).collect();
     let mut current = "";
     for token in listing.split(|b| *b == 0).filter(|t| !t.is_empty()) {
-        // A commit's record starts with its id (a "commit parent" line echoed as given).
-        let head = token.split(|b| *b == b' ').next().unwrap_or(token);
-        if let Some(id) = ids.get(head) {
+        // A commit's record starts with its id alone (`--always`: even one that changes
+        // nothing). Only a token that is exactly an id is taken for one: a path named like an
+        // id with more after it (`<id> .envrc`) is a path, and checked as one; a path that is
+        // exactly 40 hex digits could only be skipped, and could not be refused anyway.
+        if let Some(id) = ids.get(token) {
             current = std::str::from_utf8(id).unwrap_or("");
             continue;
         }
@@ -425,6 +427,11 @@ mod tests {
         let outside = format!("{A}\0other/x\0");
         let err =
             check_commit_paths(outside.as_bytes(), std::slice::from_ref(&c1), b"sub/").unwrap_err();
+        assert!(err.contains("outside"), "{err}");
+        // A path named after a commit id, with more after it, is a path all the same.
+        let named = format!("{A}\0sub/a\0{B}\0{A} .envrc\0");
+        let err =
+            check_commit_paths(named.as_bytes(), &[c1.clone(), c2.clone()], b"sub/").unwrap_err();
         assert!(err.contains("outside"), "{err}");
         let fine = format!("{A}\0sub/a\0{B}\0sub/b\0");
         check_commit_paths(fine.as_bytes(), &[c1, c2], b"sub/").unwrap();

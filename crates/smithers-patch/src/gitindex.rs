@@ -145,6 +145,9 @@ pub fn staged_paths(
     changes
         .changes
         .iter()
+        // A mode-only change's patch names no content (no `index` line), so accept could
+        // not check what it stages: left unstaged.
+        .filter(|c| c.kind != crate::ChangeKind::ModeChanged)
         .filter(|c| {
             let want = c.new.as_ref().map(|v| (mode_of(v.mode), v.oid.as_str()));
             let in_step = step.get(&c.path).map(|e| (e.mode, e.oid.as_str()));

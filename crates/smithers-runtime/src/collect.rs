@@ -267,6 +267,12 @@ pub fn fit_patches(project: &Path, bundle: WorkspaceBundle, budget: u64) -> Work
     render_changes(project, changes, status)
 }
 
+/// Whether the review marks a file a commit changes as one the host runs by itself (so it
+/// is listed past the per-commit cap).
+fn runs_on_host(path: &str) -> bool {
+    smithers_patch::runs_on_host(path, &[]).is_some()
+}
+
 /// A series [`smithers_git::collect_from`] read: the series, its changes from base to tip,
 /// and the scratch repository it was read in.
 type CollectedSeries = (
@@ -496,10 +502,10 @@ pub fn write_workspace_bundle_with(
             Some(git_upper) => match smithers_git::GitLayers::worktree(from.project, git_upper)
                 .or_else(|| smithers_git::GitLayers::enclosing(from.project, git_upper))
             {
-                Some(layers) => smithers_git::collect_from(&layers),
+                Some(layers) => smithers_git::collect_from(&layers, &runs_on_host),
                 None => Ok(smithers_git::Collected::Nothing),
             },
-            None => smithers_git::collect(from.project, upper),
+            None => smithers_git::collect(from.project, upper, &runs_on_host),
         };
         match collected {
             Ok(smithers_git::Collected::Nothing) => {}

@@ -728,14 +728,8 @@ pub fn bundle_contents(
 }
 
 /// The bundle's `git/series.patch` (what the commits leave of the files they leave
-/// otherwise than the patches), rendered for the review: as a diff with the review's
-/// findings (files the host runs, control characters), inert; bytes that are not UTF-8 are
-/// shown escaped line by line. `None` when the bundle has none.
-pub fn render_series_patch(
-    bundle_path: &Path,
-    hooks_dirs: &[String],
-    color: bool,
-) -> Option<String> {
+/// otherwise than the patches), read through no link and bounded; `None` without one.
+fn read_series_patch(bundle_path: &Path) -> Option<Vec<u8>> {
     use std::io::Read;
     let beneath = smithers_paths::Beneath::open(bundle_path).ok()?;
     let file = beneath
@@ -745,6 +739,18 @@ pub fn render_series_patch(
     file.take(smithers_bundle::MAX_SERIES_PATCH_BYTES)
         .read_to_end(&mut bytes)
         .ok()?;
+    Some(bytes)
+}
+
+/// [`read_series_patch`], rendered for the review: a diff with the review's findings (files
+/// the host runs, control characters), inert; bytes that are not UTF-8 are shown escaped
+/// line by line. `None` when the bundle has none.
+pub fn render_series_patch(
+    bundle_path: &Path,
+    hooks_dirs: &[String],
+    color: bool,
+) -> Option<String> {
+    let bytes = read_series_patch(bundle_path)?;
     let parsed = std::str::from_utf8(&bytes)
         .ok()
         .and_then(|t| smithers_patch::parse_patch(t).ok());
@@ -754,11 +760,37 @@ pub fn render_series_patch(
             let findings = shown.findings(hooks_dirs);
             shown.render(&smithers_patch::ReviewOptions { color }, &findings)
         }
-        None => bytes
-            .split_inclusive(|b| *b == b'\n')
-            .map(|l| smithers_terminal::escape_bytes(l, smithers_terminal::Inert::BODY) + "\n")
-            .collect(),
+        None => escaped_lines(&bytes),
     })
+}
+
+/// Bytes shown line by line with everything that is not plain text escaped.
+fn escaped_lines(bytes: &[u8]) -> String {
+    bytes
+        .split_inclusive(|b| *b == b'\n')
+        .map(|l| smithers_terminal::escape_bytes(l, smithers_terminal::Inert::BODY) + "\n")
+        .collect()
+}
+
+/// [`read_series_patch`] for `--json`: `{diff, exact, findings}` (`diff` the patch text as
+/// it is when it is UTF-8, else escaped with `exact: false`), or `Null` without one.
+pub fn series_patch_json(bundle_path: &Path, hooks_dirs: &[String]) -> Value {
+    let Some(bytes) = read_series_patch(bundle_path) else {
+        return Value::Null;
+    };
+    match std::str::from_utf8(&bytes) {
+        Ok(text) => {
+            let findings = smithers_patch::parse_patch(text)
+                .ok()
+                .map(|patches| {
+                    let shown = smithers_patch::PatchReview::new(&patches, None);
+                    serde_json::to_value(shown.findings(hooks_dirs)).unwrap_or(Value::Null)
+                })
+                .unwrap_or(Value::Null);
+            json!({ "diff": text, "exact": true, "findings": findings })
+        }
+        Err(_) => json!({ "diff": escaped_lines(&bytes), "exact": false, "findings": Value::Null }),
+    }
 }
 
 /// What the bundle's log says happened to the step's result and output (a result file that

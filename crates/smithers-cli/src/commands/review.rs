@@ -126,6 +126,12 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 "diff": diff,
                 "findings": findings,
                 "commits": notes.commits,
+                // What HEAD and the index get of the files the commits leave otherwise than
+                // the patches (`commits.tipDiffers`): shown here as in the text review.
+                "seriesDiff": context::series_patch_json(
+                    std::path::Path::new(&review.bundle_path),
+                    &smithers_patch::host_hooks_dirs(root),
+                ),
                 "staged": notes.staged,
             })
         );

@@ -229,6 +229,8 @@ install_bin() {
     mv -T "$tmp" "$dest" 2>/dev/null || rm -rf "$tmp"
   fi
   touch "$dest"
+  # Copies an interrupted install left behind.
+  find "$bin_dir" -mindepth 1 -maxdepth 1 -name '.install-*' -mmin +60 -exec rm -rf {} + 2>/dev/null || true
   # shellcheck disable=SC2012
   ls -1t "$bin_dir" | tail -n +4 | while read -r old; do
     if [ -n "$(find "$bin_dir/$old" -maxdepth 0 -mmin +60 2>/dev/null)" ]; then

@@ -984,3 +984,65 @@ impl Runtime for RemoteRuntime {
         local_error.map_or(Ok(()), Err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smithers_runtime::OutputStream;
+
+    fn bytes_of(events: &[OutputEvent]) -> (Vec<u8>, u64) {
+        let (mut bytes, mut lost) = (Vec::new(), 0);
+        for e in events {
+            match e {
+                OutputEvent::Output { bytes: b, .. } => bytes.extend_from_slice(b),
+                OutputEvent::OutputLost { bytes: n, .. } => lost += n,
+                _ => {}
+            }
+        }
+        (bytes, lost)
+    }
+
+    /// The host's output events become the sink's bytes in order; a gap in the offsets, or
+    /// an `outputLost`, is said as lost bytes; an offset going back is refused.
+    #[test]
+    fn output_is_relayed_in_order_and_a_gap_is_said() {
+        let mut relayed = [0u64; 2];
+        let mut events = Vec::new();
+        let mut relay = |e: WireEvent| relay_output(&e, &mut relayed).map(Option::unwrap);
+        events.extend(relay(WireEvent::output(OutputStream::Stdout, 0, b"ab\xff", 1)).unwrap());
+        events.extend(relay(WireEvent::output(OutputStream::Stderr, 0, b"err", 1)).unwrap());
+        events.extend(
+            relay(WireEvent::OutputLost {
+                stream: OutputStream::Stdout,
+                offset: 3,
+                bytes: 10,
+                timestamp_ms: 1,
+            })
+            .unwrap(),
+        );
+        // 13 bytes relayed or lost so far; this one starts at 20: 7 more lost.
+        events.extend(relay(WireEvent::output(OutputStream::Stdout, 20, b"z", 1)).unwrap());
+        let stdout: Vec<OutputEvent> = events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    OutputEvent::Output {
+                        stream: OutputStream::Stdout,
+                        ..
+                    } | OutputEvent::OutputLost {
+                        stream: OutputStream::Stdout,
+                        ..
+                    }
+                )
+            })
+            .cloned()
+            .collect();
+        assert_eq!(bytes_of(&stdout), (b"ab\xffz".to_vec(), 17));
+        assert!(relay(WireEvent::output(OutputStream::Stdout, 5, b"x", 1)).is_err());
+        assert_eq!(relayed, [21, 3]);
+        assert!(relay_output(&WireEvent::Cancelled, &mut [0, 0])
+            .unwrap()
+            .is_none());
+    }
+}

@@ -372,6 +372,37 @@ fn a_change_of_thousands_of_files_is_summarised_by_directory() {
     assert_eq!(doc["patches"].as_array().map(Vec::len), Some(2000));
 }
 
+/// Output kept under raised caps past what a bundle may spend on its log: the bundle's log
+/// is cut to its room (its start and its end kept, a `logCut` record between, said in the
+/// summary), the pipe still gets everything, and the step's change comes back.
+#[test]
+fn a_log_past_the_bundles_room_is_cut_and_the_change_comes_back() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let dir = project();
+    let out = run(
+        dir.path(),
+        &["--max-output", "128m", "--max-output-lines", "10000000"],
+        "head -c 60000000 /dev/zero | tr '\\0' x | fold -w 99; echo made > new.txt",
+    );
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(out.stdout.len(), 60_606_060, "every byte relayed");
+    assert!(stderr.contains("log      the log ("), "{stderr}");
+    assert!(stderr.contains("new.txt"), "{stderr}");
+    let bundle = bundle_of(&out);
+    let len = std::fs::metadata(bundle.join("logs/stream.ndjson"))
+        .unwrap()
+        .len();
+    assert!(len <= 48 << 20, "{len}");
+    let records = log_records(&bundle);
+    let first = records.iter().find(|r| r["type"] == "stdout").unwrap();
+    assert_eq!(first["line"].as_str(), Some("x".repeat(99).as_str()));
+    assert_eq!(records.iter().filter(|r| r["type"] == "logCut").count(), 1);
+    assert!(records.iter().any(|r| r["type"] == "exit"));
+}
+
 /// A service of the binary under test in a private directory; stopped when dropped.
 struct Service {
     dir: tempfile::TempDir,

@@ -487,6 +487,19 @@ pub fn write_workspace_bundle_with(
         from.result_rejected,
         opts,
     )?;
+    // A log past what the bundle may spend on it (output kept under raised caps) is cut, its
+    // start and end kept and a `logCut` record between, so that the patches keep their room.
+    match crate::output::fit_log(from.log, crate::output::MAX_BUNDLE_LOG_BYTES) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(RuntimeError::io(
+                "cut the log to the bundle's room",
+                from.log,
+                e,
+            ))
+        }
+    }
     // README.md at its largest, the log as it is and the notes still to come are held back;
     // the patches get the rest, the artifacts what the patches leave.
     let log_len = std::fs::metadata(from.log).map_or(0, |m| m.len());

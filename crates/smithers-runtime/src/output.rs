@@ -308,6 +308,90 @@ impl Capture {
     }
 }
 
+/// Most bytes of a log the bundle carries: a bundle holds 100 MiB in all, and the step's
+/// patches must not be squeezed out by its output (`--max-output 64m` on both streams, base64
+/// for what is not UTF-8, would be more than the whole bundle).
+pub const MAX_BUNDLE_LOG_BYTES: u64 = 48 << 20;
+
+/// Room kept at the end of a cut log for its last records (the enforcement report, the exit,
+/// the egress decisions).
+const LOG_TAIL_BYTES: usize = 1 << 20;
+
+/// A log line longer than this is dropped when a log is cut (no record is near it).
+const MAX_LOG_LINE_BYTES: usize = 8 << 20;
+
+/// Cuts the NDJSON log at `path` to at most `max` bytes when it is longer: its first records
+/// and its last ones (up to 1 MiB: how the step ended) are kept, and between them a
+/// `logCut` record says how many records and bytes were left out. Reads the log once, holding
+/// at most the tail; the file is replaced whole (a sibling, renamed over it). Returns the
+/// `logCut` record, or `None` when the log fitted.
+pub fn fit_log(path: &std::path::Path, max: u64) -> std::io::Result<Option<Value>> {
+    use std::io::{BufRead, BufWriter, Read, Write};
+    let len = std::fs::metadata(path)?.len();
+    if len <= max {
+        return Ok(None);
+    }
+    let head_budget = max.saturating_sub(LOG_TAIL_BYTES as u64 + 1024);
+    let mut reader = std::io::BufReader::new(std::fs::File::open(path)?);
+    let tmp = path.with_extension("cut");
+    let mut out = BufWriter::new(std::fs::File::create(&tmp)?);
+    let (mut head, mut dropped_records, mut dropped_bytes) = (0u64, 0u64, 0u64);
+    let mut tail: std::collections::VecDeque<Vec<u8>> = Default::default();
+    let mut tail_bytes = 0usize;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = (&mut reader)
+            .take(MAX_LOG_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut line)?;
+        if n == 0 {
+            break;
+        }
+        if line.len() > MAX_LOG_LINE_BYTES {
+            // The rest of an endless line, skipped.
+            let mut rest = Vec::new();
+            while reader.read_until(b'\n', &mut rest)? > 0 && rest.last() != Some(&b'\n') {
+                dropped_bytes += rest.len() as u64;
+                rest.clear();
+            }
+            dropped_records += 1;
+            dropped_bytes += (line.len() + rest.len()) as u64;
+            continue;
+        }
+        if tail.is_empty() && head + line.len() as u64 <= head_budget {
+            head += line.len() as u64;
+            out.write_all(&line)?;
+            continue;
+        }
+        tail_bytes += line.len();
+        tail.push_back(std::mem::take(&mut line));
+        while tail_bytes > LOG_TAIL_BYTES {
+            let Some(old) = tail.pop_front() else { break };
+            tail_bytes -= old.len();
+            dropped_records += 1;
+            dropped_bytes += old.len() as u64;
+        }
+    }
+    let record = json!({
+        "type": "logCut",
+        "droppedRecords": dropped_records,
+        "droppedBytes": dropped_bytes,
+        "message": format!(
+            "the log ({len} bytes) is cut to fit the bundle ({max} bytes): {dropped_records} records ({dropped_bytes} bytes) between its start and its end are left out; lower --max-output or --max-output-lines to keep a whole log"
+        ),
+    });
+    writeln!(out, "{record}")?;
+    for l in &tail {
+        out.write_all(l)?;
+        if l.last() != Some(&b'\n') {
+            out.write_all(b"\n")?;
+        }
+    }
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(Some(record))
+}
+
 /// How many bytes of `rest` (longer than [`MAX_RECORD_BYTES`]) go into one piece: the limit,
 /// moved back to the start of a UTF-8 character it would split, so that the pieces of a text
 /// line stay text.
@@ -421,6 +505,37 @@ mod tests {
         assert!(c.truncated());
         assert_eq!(c.cap(), Some(OutputCap::Bytes));
         assert!(c.copy().is_empty());
+    }
+
+    #[test]
+    fn a_log_over_the_bundle_keeps_its_start_and_its_end_and_says_what_it_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("stream.ndjson");
+        let mut text = String::new();
+        for i in 0..200_000 {
+            text.push_str(&format!("{{\"type\":\"stdout\",\"line\":\"line {i}\"}}\n"));
+        }
+        text.push_str("{\"type\":\"exit\",\"exitCode\":0}\n");
+        std::fs::write(&log, &text).unwrap();
+        assert!(fit_log(&log, text.len() as u64).unwrap().is_none());
+        let max = 2 << 20;
+        let cut = fit_log(&log, max).unwrap().expect("cut");
+        let after = std::fs::read_to_string(&log).unwrap();
+        assert!(after.len() as u64 <= max, "{}", after.len());
+        let records: Vec<Value> = after
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(records[0]["line"], "line 0");
+        assert_eq!(records.last().unwrap()["type"], "exit");
+        assert_eq!(records.iter().filter(|r| r["type"] == "logCut").count(), 1);
+        let kept = records.len() as u64 - 1;
+        assert_eq!(kept + cut["droppedRecords"].as_u64().unwrap(), 200_001);
+        assert_eq!(
+            after.len() as u64 - cut.to_string().len() as u64 - 1
+                + cut["droppedBytes"].as_u64().unwrap(),
+            text.len() as u64
+        );
     }
 
     #[test]

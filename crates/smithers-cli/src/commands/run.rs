@@ -1519,6 +1519,10 @@ fn log_lines(log: &[Value]) -> Vec<String> {
                     r["message"].as_str().unwrap_or("cut off")
                 ))
             }
+            "logCut" => Some(format!(
+                "log      {}",
+                r["message"].as_str().unwrap_or("cut to fit the bundle")
+            )),
             "egressRecordsDropped" => Some(format!(
                 "egress   {} more decisions counted but not recorded (the record cap)",
                 r["count"]

@@ -9,6 +9,7 @@
 //! cargo run --release -p smithers-bench -- change-cost         # scenario 8
 //! cargo run --release -p smithers-bench -- egress              # scenario 9
 //! cargo run --release -p smithers-bench -- fleet               # scenario 10 (a Ray cluster)
+//! cargo run --release -p smithers-bench -- big-delta           # scenario 11
 //! cargo run --release -p smithers-bench -- all
 //! ```
 //!
@@ -16,6 +17,7 @@
 //! contender runs in the same process of measurement, interleaved round by round; the ratios
 //! are medians of per-round ratios. Nothing here asserts a time: the report is the product.
 
+mod big_delta;
 mod egress;
 mod fleet;
 mod measure;
@@ -76,6 +78,9 @@ enum Scenario {
     /// 10: leases on a Ray cluster (scripts/ray/cluster.sh up) against the same steps on
     /// this host: lease to first exec, steps per second, node death to NODE_LOST.
     Fleet,
+    /// 11: one byte flipped in a 32 MB, a 120 MB and a 1 GiB file: patch size, time and
+    /// peak RSS to make it and to apply it, against `git diff --binary` and `git apply`.
+    BigDelta,
     /// Every scenario above (but the fleet, which needs a cluster).
     All,
 }
@@ -121,6 +126,16 @@ fn main() -> anyhow::Result<()> {
         Scenario::Fleet => {
             let body = fleet::run(&cli.scratch, cli.rounds.unwrap_or(20))?;
             finish(&cli, "Scenario 10: the fleet", "fleet", &body, &[])
+        }
+        Scenario::BigDelta => {
+            let body = big_delta::run(&cli.scratch, cli.rounds.unwrap_or(3))?;
+            finish(
+                &cli,
+                "Scenario 11: big binaries keep their delta",
+                "big-delta",
+                &body,
+                &[],
+            )
         }
         Scenario::Throughput => {
             let (body, series) = throughput::run(&cli.scratch, cli.rounds)?;

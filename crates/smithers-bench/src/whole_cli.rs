@@ -35,7 +35,7 @@ pub fn cli_binary() -> anyhow::Result<PathBuf> {
 
 /// Runs `cmd` to the end with its output discarded; its wall time and peak RSS (KiB, from
 /// `wait4`: the process itself, whichever of its children was largest is not folded in).
-fn run_measured(cmd: &mut Command) -> anyhow::Result<(Duration, u64, String)> {
+pub(crate) fn run_measured(cmd: &mut Command) -> anyhow::Result<(Duration, u64, String)> {
     let started = Instant::now();
     // Waited for below with wait4 (for its rusage), which `Child` does not offer.
     #[allow(clippy::zombie_processes)]
@@ -299,7 +299,7 @@ fn changes() -> Vec<Change> {
 
 /// Time from `run`'s `child-finished` progress line (`[   0.72s] child-finished`) to its last
 /// one (`review`, or `completed` when nothing changed). The clock shows hundredths.
-fn after_the_step(stderr: &str) -> Option<Duration> {
+pub(crate) fn after_the_step(stderr: &str) -> Option<Duration> {
     let clock: Vec<(f64, &str)> = stderr
         .lines()
         .filter_map(|l| {

@@ -57,6 +57,14 @@ pub(crate) fn collect(
         kept_layer,
         detect: Some(detect_options_from_env()),
     };
+    // Files of other owners beside what the step changed: a write to one failed in the
+    // overlay, so the log names them (the `ownership` module says why this suffices).
+    let ownership_notes = match backend.workspace {
+        WorkspaceState::Overlay => {
+            crate::ownership::notes_beside_changes(&backend.root_dir, &upper)
+        }
+        WorkspaceState::Copy { .. } => Vec::new(),
+    };
     let done = write_workspace_bundle_with(
         handle,
         BundleSources {
@@ -66,7 +74,7 @@ pub(crate) fn collect(
             result_rejected: rejected,
             artifacts: &backend.artifacts(),
             log: &backend.log_file(),
-            notes: &[],
+            notes: &ownership_notes,
             git_common_layer: git_common.is_dir().then_some(git_common.as_path()),
         },
         &options,

@@ -78,6 +78,10 @@ use crate::cgroup::{CgroupHost, CgroupLimits, SandboxCgroups};
 use crate::plan::{BpfInstruction, HostFacts};
 
 pub use plan::DEFAULT_PATH;
+/// Entries whose owner the runtime read for the overlay's ownership checks in this process
+/// (see the `ownership` module): for tests that hold a run to costing what it changes.
+#[doc(hidden)]
+pub use ownership::entries_read as ownership_entries_read;
 pub use report::protection_names;
 pub use warm::WarmStatus;
 
@@ -440,7 +444,8 @@ fn decide_workspace(
 /// How a copy workspace chosen for other owners' files starts its reason.
 pub(crate) const FOREIGN_OWNERS: &str = "files of other owners in the project";
 
-/// An overlay only over a tree whose every entry is the runtime's (see [`ownership`]):
+/// An overlay only over a project whose top directory is the runtime's (see [`ownership`],
+/// which also says why nothing more is read here, and what collect checks instead):
 /// otherwise `auto` takes a copy, saying why, and `overlay` is refused.
 fn check_ownership(
     mode: WorkspaceMode,
@@ -451,7 +456,7 @@ fn check_ownership(
     if workspace != WorkspaceState::Overlay {
         return Ok(workspace);
     }
-    let Some(foreign) = ownership::first_foreign(root, caps.uid, caps.gid) else {
+    let Some(foreign) = ownership::root_foreign(root, caps.uid, caps.gid) else {
         return Ok(workspace);
     };
     let why = foreign.describe(caps.uid, caps.gid);

@@ -161,6 +161,11 @@ struct Ran {
 /// Creates a project from `PROJECT`, runs `STEP` in a sandbox of `rt`, collects, snapshots
 /// the copy (copy mode), cleans up.
 async fn run_step(rt: &NativeRuntime, project: tempfile::TempDir) -> Ran {
+    run_script(rt, project, STEP).await
+}
+
+/// [`run_step`] with another step.
+async fn run_script(rt: &NativeRuntime, project: tempfile::TempDir, script: &str) -> Ran {
     let config = SandboxConfig {
         run_id: format!("copy-{}", std::process::id()),
         sandbox_id: format!(
@@ -189,7 +194,7 @@ async fn run_step(rt: &NativeRuntime, project: tempfile::TempDir) -> Ran {
         .execute(
             &handle,
             &StepCommand {
-                argv: vec!["/bin/sh".into(), "-c".into(), STEP.into()],
+                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
                 cwd: None,
                 stdin: Default::default(),
             },
@@ -516,12 +521,13 @@ async fn auto_goes_by_the_remembered_overlay_check() {
     assert_eq!(row.status, ProtectionStatus::Enforced, "{row:?}");
 }
 
-/// A tree with files of another owner (root on a user's checkout): an overlay could not
-/// copy them up for writing inside the user namespace, so `auto` takes a copy and says why,
-/// the step's writes to those files all come back as patches, and an explicit `overlay`
-/// is refused naming the file.
+/// A tree another uid owns (root on a user's checkout): an overlay could not copy its files
+/// up for writing inside the user namespace, so `auto` takes a copy and says why, the step's
+/// writes all come back as patches, and an explicit `overlay` is refused naming the reason.
+/// What decides it is the project's top directory alone (one `lstat`, whatever the tree's
+/// size; see the `ownership` module).
 #[tokio::test(flavor = "multi_thread")]
-async fn files_of_another_owner_switch_auto_to_a_copy_and_are_written() {
+async fn a_tree_of_another_owner_switches_auto_to_a_copy_and_is_written() {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     if uid != 0 {
@@ -534,7 +540,7 @@ async fn files_of_another_owner_switch_auto_to_a_copy_and_are_written() {
         return;
     }
     let project = new_project();
-    sh(project.path(), "chown -R 1234:1234 src data.bin");
+    sh(project.path(), "chown -R 1234:1234 .");
 
     let overlay_rt = runtime(WorkspaceMode::Overlay, None);
     let config = SandboxConfig {
@@ -550,7 +556,7 @@ async fn files_of_another_owner_switch_auto_to_a_copy_and_are_written() {
         .await
         .expect_err("overlay refused");
     let text = format!("{refused}");
-    assert!(text.contains("belongs to uid 1234"), "{text}");
+    assert!(text.contains("top directory belongs to uid 1234"), "{text}");
 
     let ran = run_step(&auto_rt, project).await;
     assert_eq!(
@@ -572,4 +578,58 @@ async fn files_of_another_owner_switch_auto_to_a_copy_and_are_written() {
         );
     }
     assert!(all.contains("changed"), "{all}");
+}
+
+/// Files of another owner inside a tree that is the runtime's: the overlay is kept (nothing
+/// walks the tree before the step), the step's writes to them fail as the kernel refuses them
+/// (EACCES: the step has no capability over files it does not own), and collect names them in
+/// the bundle's log with the fix, because they sit beside what the step changed, so that a
+/// lost change is never silent. The step's other changes come back.
+#[tokio::test(flavor = "multi_thread")]
+async fn files_of_another_owner_in_an_overlay_are_named_beside_the_changes() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid != 0 {
+        skip_or_fail("giving files to another uid needs root");
+        return;
+    }
+    let auto_rt = runtime(WorkspaceMode::Auto, None);
+    if !usable(&auto_rt).await {
+        return;
+    }
+    let project = new_project();
+    sh(project.path(), "chown -R 1234:1234 src data.bin");
+    let step = "printf 'changed' > data.bin; printf 'new\\n' > src/new.rs; chmod +x run.sh; \
+                if printf x >> src/lib.rs; then echo lib-written; fi";
+    let ran = run_script(&auto_rt, project, step).await;
+    assert_eq!(ran.outcome.exit_code, Some(0), "{}", ran.stdout);
+    assert!(!ran.stdout.contains("lib-written"), "{}", ran.stdout);
+    assert_eq!(ran.handle.backend["workspace"]["mode"], "overlay");
+    let row = ran.outcome.enforcement.get("workspace-cow").unwrap();
+    assert_eq!(row.status, ProtectionStatus::Enforced, "{row:?}");
+    let notes: Vec<&str> = ran
+        .log
+        .iter()
+        .filter(|r| r["kind"] == "note")
+        .filter_map(|r| r["message"].as_str())
+        .collect();
+    let all = notes.join("\n");
+    assert!(
+        all.contains("files of other owners beside the step's changes (2)")
+            && all.contains("--workspace copy"),
+        "{all}"
+    );
+    for path in ["data.bin", "src"] {
+        assert!(
+            all.contains(&format!("{path} belongs to uid 1234 gid 1234")),
+            "{path} named: {all}"
+        );
+    }
+    // What the step could change came back; what it could not is missing, as the log says.
+    let patched: String = ran.patches.iter().map(|(_, p)| p.as_str()).collect();
+    assert!(patched.contains("b/run.sh"), "{patched}");
+    assert!(
+        !patched.contains("b/data.bin") && !patched.contains("b/src/"),
+        "{patched}"
+    );
 }

@@ -247,7 +247,7 @@ fn fail_on_output_cap_fails_the_step() {
     let out = run(
         dir.path(),
         &["--json", "--fail-on-output-cap"],
-        "seq 1 200000; echo done > done.txt",
+        "seq 1 200000",
     );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();

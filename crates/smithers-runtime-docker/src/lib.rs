@@ -1225,6 +1225,8 @@ impl DockerRuntime {
         let (termination, exit_code, signal) = match reason {
             Some(t) => (t, None, Some(9)),
             None if oom => (Termination::Memory, None, Some(9)),
+            // Exited before the kill for a cap landed: asked to fail on a cap, it fails.
+            None if over.is_cancelled() => (Termination::Output, Some(code), None),
             None if sample.pids_limit_hits > 0 => (Termination::Pids, Some(code), None),
             None if disk_full => (Termination::Disk, Some(code), None),
             // docker-init (tini) exits 128+n when its child died of signal n.

@@ -1114,6 +1114,11 @@ pub(crate) async fn execute(
         Some(Termination::Disk) => Termination::Disk,
         _ if stats.oom_kills > 0 => Termination::Memory,
         Some(Termination::Output) => Termination::Output,
+        // The step may exit before the kill for a cap lands (its last bytes still in the
+        // pipe): asked to fail on a cap, it fails on it all the same.
+        _ if controls.fail_on_output_cap && (out.truncated() || err.truncated()) => {
+            Termination::Output
+        }
         _ if disk_full && failed => Termination::Disk,
         _ if stats.pids_limit_hits > 0 => Termination::Pids,
         _ if signal.is_some() => Termination::Signaled,

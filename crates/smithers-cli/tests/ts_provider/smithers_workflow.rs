@@ -344,14 +344,12 @@ fn a_real_smithers_workflow_runs_a_step_reviewed_and_accepted_from_our_cli() {
         )
         .unwrap_or_else(|e| panic!("the task's output row: {e}"));
     let files: Vec<&str> = outputs.split_whitespace().collect();
-    // (`.smithers` is the sandbox's own mask over the project's state, holding only a
-    // `.gitignore`: see the provider suite.)
+    // (`.smithers`, the project's state, is absent from the step's view.)
     assert_eq!(
         files,
         [
             ".git",
             ".gitignore",
-            ".smithers",
             "a.txt",
             "b.txt",
             "c.txt",

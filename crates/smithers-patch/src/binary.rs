@@ -428,21 +428,25 @@ pub(crate) fn encode_streamed(
 
 /// The `delta` hunk turning `src` (read in place; `index` was built over it) into the
 /// `target_len` bytes `target` reads, made as the target is read once and deflated into at
-/// most `cap` bytes of lines; the target's git blob id, hashed from that same read.
+/// most `cap` bytes of lines; the target's git blob id, hashed from that same read unless
+/// `known_oid` gives it (the target was hashed by an earlier read of it).
 fn delta_streamed(
     src: &dyn Source,
     index: &delta::Index,
     target: impl Read,
     target_len: u64,
     cap: u64,
+    known_oid: Option<&str>,
 ) -> std::io::Result<Streamed> {
     use sha1::Digest;
-    let mut hash = blob_hasher(target_len);
+    let mut hash = known_oid.is_none().then(|| blob_hasher(target_len));
     let mut read = 0u64;
     let mut enc = ZlibEncoder::new(LineSink::new(cap), Compression::fast());
     let mut observe = |b: &[u8]| {
         read += b.len() as u64;
-        hash.update(b);
+        if let Some(h) = hash.as_mut() {
+            h.update(b);
+        }
     };
     let encoded = delta::encode_stream(src, index, target, target_len, &mut observe, &mut enc);
     let raw = match encoded {
@@ -458,7 +462,10 @@ fn delta_streamed(
     let Some(lines) = enc.finish().ok().and_then(LineSink::finish) else {
         return Ok(Streamed::OverCap { read });
     };
-    let oid = hex_of(hash);
+    let oid = match (hash, known_oid) {
+        (Some(h), _) => hex_of(h),
+        (None, known) => known.unwrap_or_default().to_string(),
+    };
     Ok(Streamed::Done {
         hunk: EncodedHunk {
             size: raw,
@@ -486,16 +493,20 @@ pub(crate) fn index_and_oid(src: &dyn Source) -> std::io::Result<(delta::Index, 
 /// place; `index` was built over it) into the file `target`: a `delta` against `src`, or else
 /// a `literal`, each made while `target` is read and never held, and at most `cap` bytes of
 /// lines (`OverCap` when neither fits). Like git, no delta against or to an empty side.
+/// `known_oid`: the target's id from an earlier read, which the delta need not hash again (a
+/// literal is hashed as it is made, and must agree).
 pub(crate) fn best_streamed(
     src: &dyn Source,
     index: &delta::Index,
     target: &delta::FileSource,
     cap: u64,
+    known_oid: Option<&str>,
 ) -> std::io::Result<Streamed> {
     if src.size() == 0 || target.len == 0 {
         return encode_streamed(target.reader(), target.len, cap);
     }
-    let (oid, delta) = match delta_streamed(src, index, target.reader(), target.len, cap)? {
+    let made = delta_streamed(src, index, target.reader(), target.len, cap, known_oid)?;
+    let (oid, delta) = match made {
         Streamed::Done { oid, hunk } => (oid, hunk),
         // No delta fits: the literal may still (a file rewritten with compressible content).
         Streamed::OverCap { .. } => return encode_streamed(target.reader(), target.len, cap),

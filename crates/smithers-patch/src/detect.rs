@@ -673,6 +673,15 @@ fn load_pair(
     if om.len() <= STREAM_THRESHOLD_BYTES && nm.len() <= STREAM_THRESHOLD_BYTES {
         return Ok(None);
     }
+    // A binary patch declares and makes at most MAX_BINARY_BYTES (what copy ops address):
+    // apply would refuse a larger side, so it is left out, named, before it is read.
+    let largest = om.len().max(nm.len());
+    if largest > crate::MAX_BINARY_BYTES {
+        return Ok(Some(Err(LeftOut::OverLimit(format!(
+            "over a size limit: a side of {largest} bytes is past the {} bytes a binary patch may carry (a delta's copies address 4 GiB); left out so that the rest of the change is kept",
+            crate::MAX_BINARY_BYTES
+        )))));
+    }
     let cap = opts.max_streamed_hunk_bytes;
     let (os, ns) = (
         FileSource {
@@ -696,7 +705,8 @@ fn load_pair(
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return shrunk(os.len),
         Err(e) => return Err(read_err(old)(e)),
     };
-    let (new_oid, forward) = match best_streamed(&os, &index, &ns, cap).map_err(read_err(new))? {
+    let made = best_streamed(&os, &index, &ns, cap, None).map_err(read_err(new))?;
+    let (new_oid, forward) = match made {
         Streamed::Done { oid, hunk } => (oid, hunk),
         s => return Ok(Some(Err(left_out(s, ns.len)))),
     };
@@ -708,7 +718,9 @@ fn load_pair(
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return shrunk(ns.len),
             Err(e) => return Err(read_err(new)(e)),
         };
-        match best_streamed(&ns, &index, &os, cap).map_err(read_err(old))? {
+        // The old side's id is known from the read that indexed it; the stat check below says
+        // whether it changed since.
+        match best_streamed(&ns, &index, &os, cap, Some(&old_oid)).map_err(read_err(old))? {
             Streamed::Done { oid, hunk } if oid == old_oid => Some(hunk),
             s => return Ok(Some(Err(left_out(s, os.len)))),
         }

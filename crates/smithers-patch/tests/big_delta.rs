@@ -167,3 +167,34 @@ fn blob_id_or_ours(dir: &Path) -> String {
     }
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// A side past the 4 GiB a binary patch may carry (what a delta's copy ops address, and what
+/// apply accepts) is left out, named, before any of it is read: sparse files, so it costs no
+/// disk.
+#[test]
+fn a_pair_past_4_gib_is_left_out_named_before_it_is_read() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (lower, upper) = (tmp.path().join("lower"), tmp.path().join("upper"));
+    for dir in [&lower, &upper] {
+        std::fs::create_dir_all(dir).unwrap();
+        let f = std::fs::File::create(dir.join("huge.img")).unwrap();
+        f.set_len((4 << 30) + 1).unwrap();
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(upper.join("huge.img"))
+        .unwrap()
+        .write_all_at(b"x", 1 << 20)
+        .unwrap();
+    let set = detect_changes(&lower, &upper, &DetectOptions::default()).unwrap();
+    assert!(set.changes.is_empty(), "{:?}", set.changes);
+    assert_eq!(set.over_limit.len(), 1);
+    assert_eq!(set.over_limit[0].path, "huge.img");
+    assert!(
+        set.over_limit[0]
+            .reason
+            .contains("a binary patch may carry"),
+        "{}",
+        set.over_limit[0].reason
+    );
+}

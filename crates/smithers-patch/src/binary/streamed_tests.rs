@@ -47,7 +47,7 @@ fn streamed_patch(dir: &Path, old: &[u8], new: &[u8]) -> FilePatch {
     let Streamed::Done {
         oid: new_oid,
         hunk: forward,
-    } = best_streamed(&os, &index, &ns, u64::MAX).unwrap()
+    } = best_streamed(&os, &index, &ns, u64::MAX, None).unwrap()
     else {
         panic!("no forward hunk");
     };
@@ -55,7 +55,7 @@ fn streamed_patch(dir: &Path, old: &[u8], new: &[u8]) -> FilePatch {
     let Streamed::Done {
         oid: back,
         hunk: reverse,
-    } = best_streamed(&ns, &index, &os, u64::MAX).unwrap()
+    } = best_streamed(&ns, &index, &os, u64::MAX, Some(&old_oid)).unwrap()
     else {
         panic!("no reverse hunk");
     };

@@ -194,17 +194,36 @@ struct Cache<'a> {
 }
 
 impl Cache<'_> {
-    /// `src[at..at + n]`; `n` ≤ [`CHUNK`] and the range within the source.
-    fn get(&mut self, at: u64, n: usize) -> io::Result<&[u8]> {
-        let end = at + n as u64;
-        if at < self.start || end > self.start + self.filled as u64 {
-            let want = (CHUNK as u64).min(self.src.size() - at) as usize;
-            self.src.read_exact_at(&mut self.buf[..want], at)?;
-            self.start = at;
-            self.filled = want;
+    /// `src[at..at + n]` (the range within the source); when not held, `fill` bytes (`n` ≤
+    /// `fill` ≤ [`CHUNK`]) are read from `at`.
+    fn get(&mut self, at: u64, n: usize, fill: usize) -> io::Result<&[u8]> {
+        if at < self.start || at + n as u64 > self.start + self.filled as u64 {
+            self.refill(at, fill)?;
         }
         let off = (at - self.start) as usize;
         Ok(&self.buf[off..off + n])
+    }
+
+    /// At most `max` bytes of the source from `at` (within the source): what is held from
+    /// there, else `fill` bytes read from `at` (then `true`). Never reads again what it
+    /// holds, so a scan along the source costs one read of it whatever the lengths asked for.
+    fn get_from(&mut self, at: u64, max: usize, fill: usize) -> io::Result<(&[u8], bool)> {
+        let end = self.start + self.filled as u64;
+        let read = at < self.start || at >= end;
+        if read {
+            self.refill(at, fill)?;
+        }
+        let off = (at - self.start) as usize;
+        let n = max.min(self.filled - off);
+        Ok((&self.buf[off..off + n], read))
+    }
+
+    fn refill(&mut self, at: u64, fill: usize) -> io::Result<()> {
+        let want = (fill.min(CHUNK) as u64).min(self.src.size() - at) as usize;
+        self.src.read_exact_at(&mut self.buf[..want], at)?;
+        self.start = at;
+        self.filled = want;
+        Ok(())
     }
 }
 
@@ -432,7 +451,8 @@ impl<R: Read, W: Write> Encoder<'_, R, W> {
             return Ok(None);
         }
         self.tgt.ensure(p + DIAG_MIN)?;
-        let a = self.src.get(s, DIAG_MIN as usize)?;
+        // The diagonal is scanned front to back: a whole chunk is read ahead.
+        let a = self.src.get(s, DIAG_MIN as usize, CHUNK)?;
         Ok((a == self.tgt.slice(p, p + DIAG_MIN)).then_some(s))
     }
 
@@ -441,9 +461,10 @@ impl<R: Read, W: Write> Encoder<'_, R, W> {
         let Some(s) = self.index.lookup(hash) else {
             return Ok(None);
         };
-        let block = self.index.block;
-        let a = self.src.get(s, block as usize)?;
-        Ok((a == self.tgt.slice(p, p + block)).then_some(s))
+        let block = self.index.block as usize;
+        // A hit anywhere in the source: only its block is read to check it.
+        let a = self.src.get(s, block, block)?;
+        Ok((a == self.tgt.slice(p, p + block as u64)).then_some(s))
     }
 
     /// Emits the match of source `s` and target `t`, extended both ways; the target offset
@@ -451,7 +472,9 @@ impl<R: Read, W: Write> Encoder<'_, R, W> {
     fn take(&mut self, s: u64, t: u64) -> Result<u64, EncodeError> {
         let max_back = (t - self.pending).min(s);
         let back = if max_back > 0 {
-            let a = self.src.get(s - max_back, max_back as usize)?;
+            let a = self
+                .src
+                .get(s - max_back, max_back as usize, max_back as usize)?;
             common_suffix(a, self.tgt.slice(t - max_back, t)) as u64
         } else {
             0
@@ -461,16 +484,23 @@ impl<R: Read, W: Write> Encoder<'_, R, W> {
         // The copy not emitted yet: `run` bytes from `copy_from`.
         let mut run = back;
         let (mut bs, mut tt) = (s, t);
+        // Reads of the source start small and double while the match goes on: a short copy
+        // (one in many, crafted or not) costs a few blocks of reading, a long one whole chunks.
+        let mut fill = (self.index.block as usize * 4).max(256);
         loop {
-            let n = (CHUNK as u64)
+            let max = (CHUNK as u64)
                 .min(self.index.usable - bs)
                 .min(self.len - tt);
-            if n == 0 {
+            if max == 0 {
                 break;
             }
+            let (a, read) = self.src.get_from(bs, max as usize, fill)?;
+            let n = a.len() as u64;
             self.tgt.ensure(tt + n)?;
-            let a = self.src.get(bs, n as usize)?;
             let same = common_prefix(a, self.tgt.slice(tt, tt + n)) as u64;
+            if read {
+                fill = (fill * 2).min(CHUNK);
+            }
             bs += same;
             tt += same;
             run += same;
@@ -625,6 +655,87 @@ mod tests {
         for size in [0u64, 1 << 20, 120_000_000, 1 << 30, MAX_SOURCE] {
             assert!(size / block_for(size) <= MAX_BLOCKS);
         }
+    }
+
+    fn noise(n: usize, mut seed: u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n + 8);
+        seed |= 1;
+        while out.len() < n {
+            seed ^= seed >> 12;
+            seed ^= seed << 25;
+            seed ^= seed >> 27;
+            out.extend_from_slice(&seed.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+        }
+        out.truncate(n);
+        out
+    }
+
+    /// A source in memory that counts the bytes read from it.
+    struct Counting<'a> {
+        bytes: &'a [u8],
+        read: std::cell::Cell<u64>,
+    }
+
+    impl Source for Counting<'_> {
+        fn size(&self) -> u64 {
+            self.bytes.len() as u64
+        }
+
+        fn read_exact_at(&self, buf: &mut [u8], at: u64) -> io::Result<()> {
+            self.read.set(self.read.get() + buf.len() as u64);
+            self.bytes.read_exact_at(buf, at)
+        }
+    }
+
+    /// Bytes read from `src` to encode `dst` (the index build's one read not counted); the
+    /// delta is checked to make `dst`.
+    fn source_reads(src: &[u8], dst: &[u8]) -> u64 {
+        let counting = Counting {
+            bytes: src,
+            read: std::cell::Cell::new(0),
+        };
+        let index = Index::build(&counting, &mut |_| {}).unwrap();
+        let built = counting.read.get();
+        let mut out = Vec::new();
+        encode_stream(
+            &counting,
+            &index,
+            dst,
+            dst.len() as u64,
+            &mut |_| {},
+            &mut out,
+        )
+        .unwrap();
+        assert!(super::super::apply(src, &out, u64::MAX).unwrap() == dst);
+        counting.read.get() - built
+    }
+
+    /// Many short copies (fixed-size records each with a changed field, or a target crafted
+    /// for it) read the source a bounded number of times: each refill was a whole chunk for
+    /// a copy of 16 bytes (thousands of times the source).
+    #[test]
+    fn short_copies_read_the_source_a_bounded_number_of_times() {
+        let src = noise(4 << 20, 1);
+        // One byte in every 17 changed: a copy per 16 bytes, along one diagonal.
+        let mut dst = src.clone();
+        for i in (0..dst.len()).step_by(17) {
+            dst[i] ^= 0xff;
+        }
+        let read = source_reads(&src, &dst);
+        assert!(read < 4 * src.len() as u64, "{read} bytes read");
+        // Pieces of 64 bytes from all over the source: a hit in the index for each.
+        let mut dst = Vec::new();
+        let mut at = 7u64;
+        while dst.len() < src.len() {
+            at = (at
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407))
+                >> 1;
+            let from = (at % (src.len() as u64 - 64)) as usize & !15;
+            dst.extend_from_slice(&src[from..from + 64]);
+        }
+        let read = source_reads(&src, &dst);
+        assert!(read < 8 * dst.len() as u64, "{read} bytes read");
     }
 
     #[test]

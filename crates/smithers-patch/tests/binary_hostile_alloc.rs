@@ -70,12 +70,14 @@ fn tiny_patch(header: &str) -> String {
 #[test]
 fn tiny_patches_with_huge_declared_sizes_are_errors_without_big_allocations() {
     for header in [
-        // Under the 1 GiB content limit: only the data's real ceiling can refuse to size by it.
+        // Under the 4 GiB content limit: only the data's real ceiling can refuse to size by it.
         "literal 1000000000",
         "delta 1073741824",
-        // Over the limit, by one byte and by far.
         "literal 1073741825",
         "literal 4000000000",
+        // Over the limit, by one byte and by far.
+        "literal 4294967297",
+        "delta 5000000000",
         // Over the limit, and over every integer type.
         "literal 18446744073709551615",
         "delta 99999999999999999999999",

@@ -333,5 +333,8 @@ fn run_help_documents_how_output_is_relayed() {
     );
     assert!(help.contains("What is kept:"), "{help}");
     assert!(help.contains("--max-output-lines"), "{help}");
-    assert!(help.contains("--fail-on-output-cap stops the step"), "{help}");
+    assert!(
+        help.contains("--fail-on-output-cap stops the step"),
+        "{help}"
+    );
 }

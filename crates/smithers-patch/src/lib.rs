@@ -99,12 +99,12 @@ pub use apply::{
     ApplyReport, RecoveryReport, HOST_CHANGED,
 };
 pub use binary::{BinaryHunk, EncodedHunk, MAX_BINARY_BYTES};
-pub use delta::DeltaSizes;
 pub use bundle::{
     build_patch_files, DiffBundleEntry, PatchFile, PatchFiles, MAX_BINARY_CONTENT_BYTES,
     MAX_PATCH_FILES,
 };
 pub use compare::detect_changes_by_compare;
+pub use delta::DeltaSizes;
 pub use detect::{
     detect_changes, ChangeKind, ChangeSet, DetectOptions, FileChange, FileVersion, IgnoreReason,
     IgnoredPath, SkippedEntry, DEFAULT_MAX_STREAMED_HUNK_BYTES, STREAM_THRESHOLD_BYTES,

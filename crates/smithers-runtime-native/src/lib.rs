@@ -77,11 +77,11 @@ use smithers_runtime::{
 use crate::cgroup::{CgroupHost, CgroupLimits, SandboxCgroups};
 use crate::plan::{BpfInstruction, HostFacts};
 
-pub use plan::DEFAULT_PATH;
 /// Entries whose owner the runtime read for the overlay's ownership checks in this process
 /// (see the `ownership` module): for tests that hold a run to costing what it changes.
 #[doc(hidden)]
 pub use ownership::entries_read as ownership_entries_read;
+pub use plan::DEFAULT_PATH;
 pub use report::protection_names;
 pub use warm::WarmStatus;
 

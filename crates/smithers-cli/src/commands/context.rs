@@ -822,8 +822,13 @@ pub fn log_notes(bundle_path: &Path) -> Vec<Value> {
         let Ok(record) = serde_json::from_slice::<Value>(&buf) else {
             continue;
         };
-        if ["resultRejected", "outputTruncated", "egressRecordsDropped", "logCut"]
-            .contains(&record["type"].as_str().unwrap_or(""))
+        if [
+            "resultRejected",
+            "outputTruncated",
+            "egressRecordsDropped",
+            "logCut",
+        ]
+        .contains(&record["type"].as_str().unwrap_or(""))
         {
             out.push(record);
         }

@@ -1693,7 +1693,10 @@ mod tests {
         );
         let hints: Vec<&String> = lines.iter().filter(|l| l.starts_with("hint:")).collect();
         assert_eq!(hints.len(), 1, "{hints:#?}");
-        assert!(hints[0].contains("add node_modules/ to .gitignore"), "{hints:#?}");
+        assert!(
+            hints[0].contains("add node_modules/ to .gitignore"),
+            "{hints:#?}"
+        );
     }
 
     #[test]

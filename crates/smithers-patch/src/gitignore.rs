@@ -31,10 +31,15 @@ pub(crate) struct IgnoreRules<'a> {
     matchers: HashMap<String, Option<Gitignore>>,
     /// Memoised "is this directory excluded by a pattern (itself or through an ancestor)".
     dir_ignored: HashMap<String, bool>,
-    /// What the lower tree's git index tracks (`None`: no index, or it could not be read:
-    /// see [`IgnoreRules::index_problem`]).
-    tracked: Option<Tracked>,
+    /// What the lower tree's git index tracks, read the first time a path matches a rule
+    /// (`None` until then): a change that matches no rule never reads it, so collect costs
+    /// what the step changed, not the index of a large tree (100k entries: an 8 MB file).
+    /// Inside, `None`: no index, or it could not be read (see [`IgnoreRules::index_problem`]).
+    tracked: Option<Option<Tracked>>,
     index_problem: Option<String>,
+    /// When the project is below its repository's top: that top and the project's path in
+    /// it, whose index stands in when the project has none of its own.
+    index_top: Option<(PathBuf, String)>,
     /// When the project is a directory below its repository's top: the rules of the
     /// directories above it (their `.gitignore` files, deepest first, then the top's
     /// `.git/info/exclude`), each matched with the project's path from the top (`prefix`).
@@ -107,24 +112,9 @@ fn virtual_root(dir: &str) -> PathBuf {
 
 impl<'a> IgnoreRules<'a> {
     pub(crate) fn new(lower: &'a Path, upper: &'a Path, enabled: bool) -> Self {
-        let (tracked, index_problem) = if enabled {
-            match read_tracked(lower) {
-                Ok(t) => (t, None),
-                Err(e) => (None, Some(e)),
-            }
-        } else {
-            (None, None)
-        };
-        let (mut tracked, mut index_problem) = (tracked, index_problem);
-        let (mut outer, mut prefix) = (Vec::new(), String::new());
+        let (mut outer, mut prefix, mut index_top) = (Vec::new(), String::new(), None);
         if let Some((top, rules, rel)) = enabled.then(|| outer_rules(lower)).flatten() {
-            // The top's index, with the project's part of it.
-            if tracked.is_none() && index_problem.is_none() {
-                match read_tracked(&top) {
-                    Ok(t) => tracked = t.map(|t| t.below(&rel)),
-                    Err(e) => index_problem = Some(e),
-                }
-            }
+            index_top = Some((top, rel.clone()));
             (outer, prefix) = (rules, rel);
         }
         IgnoreRules {
@@ -134,26 +124,48 @@ impl<'a> IgnoreRules<'a> {
             enabled,
             matchers: HashMap::new(),
             dir_ignored: HashMap::new(),
-            tracked,
-            index_problem,
+            tracked: None,
+            index_problem: None,
+            index_top,
             outer,
             prefix,
         }
     }
 
     /// Why tracked files could not be told from untracked ones (the index exists but could
-    /// not be read): then every path matching a rule is treated as ignored, as before git's
-    /// index was consulted, and the caller should say so.
+    /// not be read, when a path matching a rule needed it): then every path matching a rule
+    /// is treated as ignored, as before git's index was consulted, and the caller should say
+    /// so.
     pub(crate) fn index_problem(&self) -> Option<&str> {
         self.index_problem.as_deref()
     }
 
-    fn is_tracked_file(&self, rel: &str) -> bool {
-        self.tracked.as_ref().is_some_and(|t| t.files.contains(rel))
+    /// What the index tracks, read now if not yet (see [`IgnoreRules::tracked`]'s field).
+    fn tracked(&mut self) -> Option<&Tracked> {
+        if self.tracked.is_none() {
+            let (mut tracked, mut problem) = match read_tracked(self.lower) {
+                Ok(t) => (t, None),
+                Err(e) => (None, Some(e)),
+            };
+            // The top's index, with the project's part of it.
+            if let (None, None, Some((top, rel))) = (&tracked, &problem, &self.index_top) {
+                match read_tracked(top) {
+                    Ok(t) => tracked = t.map(|t| t.below(rel)),
+                    Err(e) => problem = Some(e),
+                }
+            }
+            self.index_problem = problem;
+            self.tracked = Some(tracked);
+        }
+        self.tracked.as_ref().and_then(Option::as_ref)
     }
 
-    fn holds_tracked(&self, dir: &str) -> bool {
-        self.tracked.as_ref().is_some_and(|t| t.dirs.contains(dir))
+    fn is_tracked_file(&mut self, rel: &str) -> bool {
+        self.tracked().is_some_and(|t| t.files.contains(rel))
+    }
+
+    fn holds_tracked(&mut self, dir: &str) -> bool {
+        self.tracked().is_some_and(|t| t.dirs.contains(dir))
     }
 
     /// Rules of a full copy `tree` of `lower` (the post-step tree itself): `.gitignore` files
@@ -270,13 +282,15 @@ impl<'a> IgnoreRules<'a> {
         Ok(v)
     }
 
-    /// Whether the non-directory `rel` is ignored: untracked, and excluded by a pattern.
+    /// Whether the non-directory `rel` is ignored: excluded by a pattern, and untracked (the
+    /// index is read only for a path a pattern excludes).
     pub(crate) fn is_file_ignored(&mut self, rel: &str) -> Result<bool, PatchError> {
-        if !self.enabled || self.is_tracked_file(rel) {
+        if !self.enabled {
             return Ok(false);
         }
         let p = parent(rel);
-        Ok((!p.is_empty() && self.dir_excluded(p)?) || self.own_decision(rel, false)?)
+        let excluded = (!p.is_empty() && self.dir_excluded(p)?) || self.own_decision(rel, false)?;
+        Ok(excluded && !self.is_tracked_file(rel))
     }
 }
 

@@ -332,6 +332,9 @@ pub struct HeldBundle {
 }
 
 /// How [`Orchestrator::execute`] ended when it did not fail.
+// One value per step, moved once to its caller: boxing the large variant would add an
+// allocation and a deref at every use for no gain.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum SandboxOutcome {
     Completed(CompletedSandbox),

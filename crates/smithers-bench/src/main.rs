@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p smithers-bench -- cold-start          # scenario 1
-//! cargo run --release -p smithers-bench -- workspace-scaling   # scenario 2
+//! cargo run --release -p smithers-bench -- workspace-scaling   # scenario 2 (through the CLI)
 //! cargo run --release -p smithers-bench -- throughput          # scenario 3
 //! cargo run --release -p smithers-bench -- whole-cli           # scenario 6
 //! cargo run --release -p smithers-bench -- warm-start          # scenario 7
@@ -333,6 +333,7 @@ fn verb_samples(
 
 fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
     let rounds = cli.rounds.unwrap_or(15);
+    let bin = whole_cli::cli_binary()?;
     let sizes = [1_000usize, 10_000, 100_000];
     let mut roots = Vec::new();
     for n in sizes {
@@ -340,10 +341,10 @@ fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
         roots.push(workspace::generated(&cli.scratch, n)?);
     }
     let script = workspace::change_ten_files_script();
-    let rts = roots
+    let runs: Vec<workspace::CliRuns> = roots
         .iter()
-        .map(|r| roundtrip::RoundTrip::native(r, &cli.scratch))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .map(|r| workspace::CliRuns::new(&bin, r, &script))
+        .collect();
     let big = roots[2].clone();
     let copy_target = cli.scratch.join("copy-target");
 
@@ -353,14 +354,13 @@ fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
     std::fs::create_dir_all(&trash)?;
     let mut copies = 0;
     let mut contenders: Vec<Contender<'_>> = Vec::new();
-    for (n, rt) in sizes.iter().zip(&rts) {
-        let script = script.clone();
+    for (n, run) in sizes.iter().zip(&runs) {
         contenders.push(
             Contender::new(
-                format!("ours, {}k files, 10 changed", n / 1000),
-                move || rt.run_expecting_patches(&["sh", "-c", &script], 10),
+                format!("smithers-sandbox run, {}k files, 10 changed", n / 1000),
+                move || run.run(10),
             )
-            .with_after(move || rt.discard_bundles()),
+            .with_after(move || run.discard_bundles()),
         );
     }
     contenders.push(Contender::new("git status, 100k files", || {
@@ -382,15 +382,18 @@ fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
     }));
     let series = interleaved(&mut contenders, 2, rounds)?;
     drop(contenders);
-    let mut verbs = Table::new(&["verb", "1k files p50", "10k files p50", "100k files p50"]);
-    let per_size: Vec<Vec<[std::time::Duration; 5]>> = rts.iter().map(|rt| rt.phases()).collect();
-    for (i, verb) in roundtrip::PHASES.iter().enumerate() {
-        let mut row = vec![verb.to_string()];
-        for rounds_of_size in &per_size {
-            let samples = verb_samples(rounds_of_size, 2, i);
-            row.push(fmt_ms(measure::percentile(&samples, 50.0)));
+    let mut clock = Table::new(&[
+        "run's own clock (p50)",
+        "1k files",
+        "10k files",
+        "100k files",
+    ]);
+    for (i, phase) in workspace::CLOCK_PHASES.iter().enumerate() {
+        let mut row = vec![phase.to_string()];
+        for run in &runs {
+            row.push(fmt_ms(run.phase_median(i, 2)));
         }
-        verbs.row(row);
+        clock.row(row);
     }
     let _ = std::fs::remove_dir_all(&copy_target);
     let _ = std::fs::remove_dir_all(&trash);
@@ -400,19 +403,26 @@ fn workspace_scaling(cli: &Cli) -> anyhow::Result<()> {
         table.row(vec![s.name.clone(), fmt_ms(s.median()), fmt_ms(s.p95())]);
     }
     let body = format!(
-        "Machine: {}. {rounds} interleaved rounds after 2 warm-up rounds. Each round trip is \
-         create → ship → a step that appends to 10 files → collect (patches) → cleanup.\n\n{}\n\
-         - 100k-file round trip / 1k-file round trip = **{:.2}×** (median of pairs)\n\
-         - cp -a of the 100k tree / our 100k round trip = **{:.1}×**\n\
-         - git status on the 100k tree / our 100k round trip = **{:.2}×**\n\n\
-         Where our round trip's time goes, per workspace size (median per verb):\n\n{}\n\
-         Chart: `workspace-scaling.svg`. Command: `cargo run --release -p smithers-bench -- workspace-scaling`\n",
+        "Machine: {}. {rounds} interleaved rounds after 2 warm-up rounds. Each of ours is one \
+         whole `smithers-sandbox run --root <tree> -- sh -c <append to 10 files>` process, on \
+         its own (no resident service): the project's store opened, create → ship → the step → \
+         collect (patches, bundle written durably) → cleanup, the review left pending (its \
+         bundle removed after the round, untimed). The trees are the generated git projects of \
+         1k, 10k and 100k files in directories of 100.\n\n{}\n\
+         - 100k-file run / 1k-file run = **{:.2}×** (median of pairs)\n\
+         - cp -a of the 100k tree / our 100k run = **{:.1}×**\n\
+         - git status on the 100k tree / our 100k run = **{:.2}×**\n\n\
+         Where a run's time goes, per tree size: `run`'s own progress clock (hundredths of a \
+         second, from the process's start), the median of each line's time:\n\n{}\n\
+         Chart: `workspace-scaling.svg`. Command: `cargo build --release -p smithers-cli -p \
+         smithers-bench && target/x86_64-unknown-linux-gnu/release/smithers-bench \
+         workspace-scaling`\n",
         machine_line(),
         table.to_markdown(),
         median_ratio(&series[2], &series[0]),
         median_ratio(&series[4], &series[2]),
         median_ratio(&series[3], &series[2]),
-        verbs.to_markdown(),
+        clock.to_markdown(),
     );
     finish(
         cli,

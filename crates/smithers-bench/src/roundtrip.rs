@@ -142,16 +142,6 @@ impl RoundTrip {
         self.round_trip(argv).map(|_| ())
     }
 
-    /// One full round trip of `argv`; fails unless it exits 0 and yields `patches` patches.
-    pub fn run_expecting_patches(&self, argv: &[&str], patches: usize) -> anyhow::Result<()> {
-        let got = self.round_trip(argv)?;
-        anyhow::ensure!(
-            got == patches,
-            "expected {patches} patches, the step produced {got}"
-        );
-        Ok(())
-    }
-
     fn round_trip(&self, argv: &[&str]) -> anyhow::Result<usize> {
         // Unique in the process, not only in this round trip: two round trips on one fleet
         // must not name the same sandbox (a lease's id is derived from it).

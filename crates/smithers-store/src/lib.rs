@@ -641,6 +641,18 @@ impl CachedSql for Connection {
     }
 }
 
+/// Whether `e` is SQLite's busy or locked answer while opening the store.
+fn is_locked(e: &StoreError) -> bool {
+    let source = match e {
+        StoreError::Open { source, .. } | StoreError::Migrate { source, .. } => source,
+        _ => return false,
+    };
+    matches!(
+        source.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
 /// Enough for every statement a step's lifecycle runs (the default, 16, was not).
 const STATEMENT_CACHE: usize = 64;
 
@@ -687,9 +699,26 @@ impl Drop for Store {
 
 impl Store {
     /// Opens (creating if needed) the database at `path`: WAL, `busy_timeout` 30 s, foreign
-    /// keys on, migrations applied.
+    /// keys on, migrations applied. Processes that open a new database at once can meet
+    /// SQLite's "database is locked" while one of them sets the WAL mode up, which the busy
+    /// handler does not wait out (seen with six `run`s started together on a loaded
+    /// machine): such an open is tried again, with backoff, within [`BUSY_TIMEOUT`].
     pub fn open(path: impl AsRef<Path>) -> Result<Store> {
-        let path = path.as_ref().to_path_buf();
+        let started = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(5);
+        loop {
+            match Store::open_once(path.as_ref()) {
+                Err(e) if is_locked(&e) && started.elapsed() + pause < BUSY_TIMEOUT => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(250));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn open_once(path: &Path) -> Result<Store> {
+        let path = path.to_path_buf();
         let open_err = |source| StoreError::Open {
             path: path.display().to_string(),
             source,

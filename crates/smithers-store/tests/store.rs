@@ -874,3 +874,22 @@ fn the_recovery_pass_reads_only_the_active_rows() {
         "no scan of the whole table: {plan:?}"
     );
 }
+
+#[test]
+fn many_opens_of_a_new_database_at_once_all_succeed() {
+    // Six `run`s started together on a new project once met "database is locked" while one
+    // of them set the WAL mode up; an open now waits that out.
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sandbox.db");
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let path = path.clone();
+                std::thread::spawn(move || smithers_store::Store::open(&path).map(drop))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap().unwrap();
+        }
+    }
+}

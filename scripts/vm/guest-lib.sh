@@ -186,6 +186,15 @@ check_doctor() { # who
   else
     record doctor fail "$t" "exit $rc: $(head -c 200 "$out.err")"
   fi
+  # A fix must fit the host: no systemd advice where systemd does not run.
+  if [ ! -d /run/systemd/system ]; then
+    t="$(now)"
+    if grep -q 'systemd-run' "$out" "$out.err"; then
+      record doctor-fixes fail "$t" "no systemd here, yet doctor says: $(grep -o '[^"]*systemd-run[^"]*' "$out" "$out.err" | head -n1 | cut -c1-200)"
+    else
+      record doctor-fixes pass "$t" "no systemd here, and no fix names systemd-run"
+    fi
+  fi
 }
 
 # The native runtime's suites, each its own test executable built on the host.
@@ -269,13 +278,59 @@ check_memory_matches_doctor() { # who
       record memory-64m fail "$t" "doctor: enforced, but dd of 128M under 64m: exit $rc $(head -c 200 "$out")"
     fi
   else
-    if [ "$rc" -ne 0 ] && grep -q 'cannot enforce memoryLimit' "$out" && grep -q 'fix: ' "$out"; then
+    if [ "$rc" -ne 0 ] && [ ! -d /run/systemd/system ] && grep -q 'systemd-run' "$out"; then
+      record memory-64m fail "$t" "doctor: ${status:-?}; run refused, but its fix names systemd-run on a host without systemd: $(grep -o 'fix: [^"]*' "$out" | head -c 200)"
+    elif [ "$rc" -ne 0 ] && grep -q 'cannot enforce memoryLimit' "$out" && grep -q 'fix: ' "$out"; then
       record memory-64m refused-as-expected "$t" "doctor: ${status:-?}; run refused with the fix: $(grep -o 'fix: [^"]*' "$out" | head -c 200)"
     elif [ "$rc" -ne 0 ]; then
       record memory-64m fail "$t" "doctor: ${status:-?}; run refused without naming memoryLimit and a fix: $(head -c 240 "$out")"
     else
       record memory-64m fail "$t" "doctor: ${status:-?}, yet run --memory 64m was accepted"
     fi
+  fi
+}
+
+# While a step of WHO runs, its sandbox's cgroup must be populated below DIR (and none made
+# below the cgroup the row's shell is in).
+check_sandbox_cgroups_at() { # dir who
+  local dir="$1" who="$2" t proj pid found="" own mem="" beside=""
+  t="$(now)"
+  proj="$(new_project "$who")"
+  own="$CG$(cut -d: -f3 /proc/self/cgroup)"
+  echo "--- a running step's cgroup, expected below $dir"
+  run_as "$who" "$cli" run --root "$proj" -- sleep 15 >/tmp/cgroup-step.log 2>&1 &
+  pid=$!
+  for _ in $(seq 1 120); do
+    for d in "$dir"/smithers-*/; do
+      # (cgroup files have no size: read it.)
+      grep -q . "${d}cgroup.procs" 2>/dev/null && { found="${d%/}"; break; }
+    done
+    [ -n "$found" ] && break
+    sleep 0.25
+  done
+  if [ -n "$found" ]; then
+    mem="$(cat "$found/memory.max" 2>/dev/null)"
+    beside="$(ls "$own" | grep '^smithers-[0-9a-f]\{16\}$' || true)"
+  fi
+  wait "$pid" || true
+  cat /tmp/cgroup-step.log
+  if [ -z "$found" ]; then
+    record sandbox-cgroup fail "$t" "no populated sandbox cgroup appeared below $dir: $(ls "$dir" 2>&1 | tr '\n' ' ')"
+  elif [ -n "$beside" ]; then
+    record sandbox-cgroup fail "$t" "a sandbox cgroup was made below the shared $own too: $beside"
+  else
+    record sandbox-cgroup pass "$t" "the step ran in $found (memory.max $mem; the top's subtree_control: $(cat "$CG/cgroup.subtree_control"))"
+  fi
+}
+
+# Under systemd nothing may be made at the top of the hierarchy.
+check_no_top_level_cgroups() { # who
+  local t
+  t="$(now)"
+  if [ -e "$CG/smithers-sandbox" ]; then
+    record top-level-cgroup fail "$t" "$CG/smithers-sandbox exists under systemd"
+  else
+    record top-level-cgroup pass "$t" "nothing made at $CG/smithers-sandbox: the runtime went through systemd"
   fi
 }
 

@@ -140,7 +140,7 @@ done
 
 echo
 echo "==> vm matrix (prepare $t_prepare s, total $(since "$t_start") s)"
-printf '%-15s %-15s %-8s %7s  %-26s %-28s %s\n' row kernel cgroup time checks result user
+printf '%-22s %-15s %-8s %7s  %-26s %-28s %s\n' row kernel cgroup time checks result user
 for row in "${rows[@]}"; do
   IFS='|' read -r _ _ kernel mode user < <(grep -m1 '^VMROW|' "$out/$row.log" || echo "VMROW|$row|?|?|?")
   checks="$({ grep -E '^VMCHECK\|' "$out/$row.log" || true; } |
@@ -158,7 +158,7 @@ for row in "${rows[@]}"; do
   elif [ "$expected" != pass ]; then
     verdict="pass (listed $expected: update scripts/vm/expected)"
   fi
-  printf '%-15s %-15s %-8s %7s  %-26s %-28s %s\n' "$row" "$kernel" "$mode" "${row_time[$row]}" \
+  printf '%-22s %-15s %-8s %7s  %-26s %-28s %s\n' "$row" "$kernel" "$mode" "${row_time[$row]}" \
     "$checks" "$verdict" "$user"
 done
 exit $gate_failed

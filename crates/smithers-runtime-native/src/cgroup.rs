@@ -23,6 +23,14 @@
 //! ([`SUPERVISOR_LEAF`]) and then enables the controllers; sandboxes are created beside that
 //! leaf. When other processes stay behind in the cgroup, the controllers are unusable and the
 //! fix says how to give the runtime a cgroup of its own.
+//!
+//! One exception to "under the process's own cgroup": root on a pure v2 host that systemd does
+//! not run (a container's init, a root shell on a host with another init), whose own cgroup
+//! cannot have the controllers (shared with other processes, or not given them), makes its
+//! sandboxes' cgroups at the top of the hierarchy, in [`TOP_LEVEL_DIR`], as runc's and
+//! podman's cgroupfs drivers do: the root cgroup may enable controllers while it holds
+//! processes, and no manager owns the tree there. Under systemd the tree is systemd's, and
+//! the runtime asks it for a delegated scope instead.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -51,6 +59,8 @@ pub struct CgroupHost {
     /// Controllers (and `core`, the v2 kill and events files) that this host has or might
     /// have but this process cannot use, with why and the fix. Filled by `detect`.
     pub unusable: BTreeMap<String, Unusable>,
+    /// Where the v2 hierarchy is mounted (its top as this process sees it), if one is.
+    pub v2_mount: Option<PathBuf>,
 }
 
 /// Why a controller cannot be used by this process, and what would make it usable.
@@ -67,8 +77,56 @@ pub const SUPERVISOR_LEAF: &str = "smithers-supervisor";
 /// Set (to anything) to keep the runtime from asking systemd for a delegated scope.
 pub const NO_SYSTEMD_SCOPE_ENV: &str = "SMITHERS_SANDBOX_NO_SYSTEMD_SCOPE";
 
-/// The fix for a cgroup this process may not write: a delegated one from systemd.
+/// The fix for a cgroup this process may not write, on a host systemd runs: a delegated one
+/// from systemd (see [`delegate_fix`] for the one that fits the host).
 pub const DELEGATE_FIX: &str = "run the runtime in a delegated cgroup: systemd-run --user --scope -p Delegate=yes smithers-sandbox ... (as root: systemd-run --scope -p Delegate=yes ...)";
+
+/// The directory at the top of the v2 hierarchy under which root outside systemd makes its
+/// sandboxes' cgroups when its own cgroup cannot have them (see the module docs).
+pub const TOP_LEVEL_DIR: &str = "smithers-sandbox";
+
+/// Whether systemd runs this host (what `sd_booted(3)` checks): only then can a fix ask it
+/// for a scope, and only then does it own the cgroup tree.
+pub fn systemd_runs() -> bool {
+    Path::new("/run/systemd/system").is_dir()
+}
+
+fn euid_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The fix for a cgroup this process may not write or that lacks a controller, fitting this
+/// host: systemd's delegation where systemd runs, else what root (or the user's
+/// administrator) does by hand.
+pub fn delegate_fix() -> String {
+    delegate_fix_for(systemd_runs(), euid_is_root())
+}
+
+fn delegate_fix_for(systemd: bool, root: bool) -> String {
+    match (systemd, root) {
+        (true, _) => DELEGATE_FIX.into(),
+        (false, true) => format!(
+            "this host has no systemd to delegate a cgroup: give the runtime a writable cgroup v2 hierarchy whose top has the controller (it then makes its sandboxes' cgroups in /sys/fs/cgroup/{TOP_LEVEL_DIR}), or start it in a cgroup of its own whose parents enable the controller in cgroup.subtree_control"
+        ),
+        (false, false) => "this host has no systemd to delegate a cgroup: have root make one for you (mkdir /sys/fs/cgroup/<name>, enable memory pids cpu in each parent's cgroup.subtree_control, chown the directory and its cgroup.procs, cgroup.subtree_control and cgroup.threads to your user) and start the runtime in it (echo $$ > /sys/fs/cgroup/<name>/cgroup.procs), or run it as root".into(),
+    }
+}
+
+/// The fix for a cgroup whose other processes keep controllers from its children, fitting
+/// this host.
+fn busy_fix_for(systemd: bool, root: bool, dir: &Path) -> String {
+    match (systemd, root) {
+        (true, _) => "give the runtime a cgroup of its own: systemd-run --scope -p Delegate=yes smithers-sandbox ... (as an ordinary user: systemd-run --user --scope -p Delegate=yes ...), or a systemd service of its own".into(),
+        (false, true) => format!(
+            "this host has no systemd: give the runtime a writable cgroup v2 hierarchy (it then makes its sandboxes' cgroups in /sys/fs/cgroup/{TOP_LEVEL_DIR}), or start it in a cgroup of its own (mkdir /sys/fs/cgroup/<name>; echo $$ > /sys/fs/cgroup/<name>/cgroup.procs)"
+        ),
+        (false, false) => format!(
+            "this host has no systemd: move the other processes out of {} into a cgroup of their own, or start the runtime in a delegated cgroup of its own",
+            dir.display()
+        ),
+    }
+}
 
 /// Which mechanism provides a controller on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,6 +259,15 @@ impl CgroupHost {
                 }
             }
         }
+        self.keep_usable_v2(own_cgroup);
+        if self.v1.is_empty() && euid_is_root() && !systemd_runs() {
+            self.use_top_level_if_better();
+        }
+    }
+
+    /// The v2 part of [`Self::keep_usable`]: this process's own cgroup, moved into its leaf
+    /// and given the controllers where it can be.
+    fn keep_usable_v2(&mut self, own_cgroup: &str) {
         let Some(mut dir) = self.v2.take() else {
             return;
         };
@@ -245,7 +312,7 @@ impl CgroupHost {
                             "the {ctrl} controller is not delegated to the v2 cgroup {} (its parent's cgroup.subtree_control lacks it)",
                             dir.display()
                         ),
-                        fix: DELEGATE_FIX.into(),
+                        fix: delegate_fix(),
                     },
                 );
             }
@@ -284,9 +351,9 @@ impl CgroupHost {
                                     )
                                 },
                                 fix: if busy {
-                                    "give the runtime a cgroup of its own: systemd-run --scope -p Delegate=yes smithers-sandbox ... (as an ordinary user: systemd-run --user --scope -p Delegate=yes ...), or a systemd service of its own".into()
+                                    busy_fix_for(systemd_runs(), euid_is_root(), &dir)
                                 } else {
-                                    DELEGATE_FIX.into()
+                                    delegate_fix()
                                 },
                             },
                         );
@@ -303,6 +370,56 @@ impl CgroupHost {
             .filter(|c| available.contains(c))
             .collect();
         self.v2 = Some(dir);
+    }
+
+    /// Root outside systemd on pure v2 (see the module docs): when its own cgroup lacks
+    /// controllers, the sandboxes' parent becomes [`TOP_LEVEL_DIR`] at the top of the
+    /// hierarchy if that gives more of them; else the reasons say what the top refused.
+    fn use_top_level_if_better(&mut self) {
+        let (Some(own), Some(mount)) = (self.v2.clone(), self.v2_mount.clone()) else {
+            return;
+        };
+        // Only controllers the top has (a kernel without one has it nowhere), so that
+        // nothing is made at the top for a controller it cannot give either.
+        let at_top = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+        let lacking: Vec<&str> = ["memory", "pids", "cpu"]
+            .into_iter()
+            .filter(|c| !self.v2_controllers.contains(*c))
+            .filter(|c| at_top.split_whitespace().any(|t| t == *c))
+            .collect();
+        if lacking.is_empty() || own == mount.join(TOP_LEVEL_DIR) {
+            return;
+        }
+        match top_level_parent(&mount, &["memory", "pids", "cpu"]) {
+            Ok((parent, enabled))
+                if enabled.is_superset(&self.v2_controllers)
+                    && enabled.len() > self.v2_controllers.len() =>
+            {
+                for ctrl in &enabled {
+                    self.unusable.remove(ctrl);
+                }
+                self.v2 = Some(parent);
+                self.v2_controllers = enabled;
+            }
+            Ok((parent, _)) => {
+                for ctrl in lacking {
+                    if let Some(u) = self.unusable.get_mut(ctrl) {
+                        u.reason.push_str(&format!(
+                            "; {} at the top of the hierarchy gives fewer controllers",
+                            parent.display()
+                        ));
+                    }
+                }
+            }
+            Err(why) => {
+                for ctrl in lacking {
+                    if let Some(u) = self.unusable.get_mut(ctrl) {
+                        u.reason
+                            .push_str(&format!("; the top of the hierarchy neither: {why}"));
+                    }
+                }
+            }
+        }
     }
 
     /// Pure part of [`CgroupHost::detect`].
@@ -338,6 +455,7 @@ impl CgroupHost {
                 if host.v2.is_none() {
                     if let Some(path) = own.get("").and_then(|p| rel(p)) {
                         host.v2 = Some(path);
+                        host.v2_mount = Some(PathBuf::from(&mount_point));
                     }
                 }
             } else if fstype == "cgroup" {
@@ -615,8 +733,59 @@ fn fix_for(why: &std::io::Error) -> String {
     if why.raw_os_error() == Some(libc::EROFS) {
         "the cgroup file system is mounted read-only (a container?): give the container a writable cgroup of its own (docker run --cgroupns=private with a read-write /sys/fs/cgroup, or --privileged)".into()
     } else {
-        DELEGATE_FIX.into()
+        delegate_fix()
     }
+}
+
+/// Makes `mount/TOP_LEVEL_DIR` the parent of sandbox cgroups: enables the `wanted`
+/// controllers the hierarchy has in the root's `cgroup.subtree_control` (the root cgroup is
+/// exempt from the no-internal-processes rule; any other cgroup is not, which is why this only
+/// works at the real top), makes the directory (it holds no process, ever) and enables them in
+/// its own. Idempotent: runtimes started side by side share the directory. Returns it and the
+/// controllers its children get.
+fn top_level_parent(mount: &Path, wanted: &[&str]) -> Result<(PathBuf, BTreeSet<String>), String> {
+    let read_set = |dir: &Path, file: &str| -> BTreeSet<String> {
+        std::fs::read_to_string(dir.join(file))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let available = read_set(mount, "cgroup.controllers");
+    let top_enabled = read_set(mount, "cgroup.subtree_control");
+    for ctrl in wanted {
+        if available.contains(*ctrl) && !top_enabled.contains(*ctrl) {
+            enable(mount, ctrl).map_err(|e| {
+                format!(
+                    "enabling {ctrl} in {}/cgroup.subtree_control: {e}",
+                    mount.display()
+                )
+            })?;
+        }
+    }
+    let parent = mount.join(TOP_LEVEL_DIR);
+    match std::fs::create_dir(&parent) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("create {}: {e}", parent.display())),
+    }
+    let offered = read_set(&parent, "cgroup.controllers");
+    let enabled = read_set(&parent, "cgroup.subtree_control");
+    for ctrl in wanted {
+        if offered.contains(*ctrl) && !enabled.contains(*ctrl) {
+            enable(&parent, ctrl).map_err(|e| {
+                format!(
+                    "enabling {ctrl} in {}/cgroup.subtree_control: {e}",
+                    parent.display()
+                )
+            })?;
+        }
+    }
+    let enabled = read_set(&parent, "cgroup.subtree_control")
+        .into_iter()
+        .filter(|c| wanted.contains(&c.as_str()))
+        .collect();
+    Ok((parent, enabled))
 }
 
 /// Children of this process that must go wherever it goes when it moves into its leaf: an
@@ -952,6 +1121,67 @@ mod tests {
             host.v1.get("memory"),
             Some(&PathBuf::from("/sys/fs/cgroup/memory/sub"))
         );
+    }
+
+    #[test]
+    fn the_v2_mount_is_kept_for_the_top_level_parent() {
+        let mi = "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        let own = "0::/system.slice/shared.service\n";
+        let host = CgroupHost::parse(mi, own);
+        assert_eq!(host.v2_mount, Some(PathBuf::from("/sys/fs/cgroup")));
+        // A hybrid host's v2 tree is found too (where it is mounted).
+        let host = CgroupHost::parse(HYBRID_MOUNTINFO, HYBRID_OWN);
+        assert_eq!(host.v2_mount, Some(PathBuf::from("/sys/fs/cgroup/unified")));
+    }
+
+    #[test]
+    fn fixes_name_systemd_only_where_it_runs() {
+        for root in [true, false] {
+            assert!(delegate_fix_for(true, root).contains("systemd-run"));
+            assert!(busy_fix_for(true, root, Path::new("/x")).contains("systemd-run"));
+            let fix = delegate_fix_for(false, root);
+            assert!(
+                !fix.contains("systemd-run") && fix.contains("no systemd"),
+                "{fix}"
+            );
+            let busy = busy_fix_for(false, root, Path::new("/sys/fs/cgroup/a.service"));
+            assert!(
+                !busy.contains("systemd-run") && busy.contains("no systemd"),
+                "{busy}"
+            );
+        }
+        assert!(delegate_fix_for(false, true).contains(TOP_LEVEL_DIR));
+        assert!(delegate_fix_for(false, false).contains("chown"));
+    }
+
+    /// On a directory tree standing in for the hierarchy (plain files: the kernel's own
+    /// semantics, a write of `+memory` adding to the set, are not there), the parent is made
+    /// at the top and what its `cgroup.subtree_control` holds is what its children get.
+    #[test]
+    fn the_top_level_parent_is_made_at_the_top() {
+        let top = tempfile::tempdir().unwrap();
+        std::fs::write(
+            top.path().join("cgroup.controllers"),
+            "cpu memory pids io\n",
+        )
+        .unwrap();
+        std::fs::write(
+            top.path().join("cgroup.subtree_control"),
+            "cpu memory pids\n",
+        )
+        .unwrap();
+        let parent = top.path().join(TOP_LEVEL_DIR);
+        std::fs::create_dir(&parent).unwrap();
+        std::fs::write(parent.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        std::fs::write(parent.join("cgroup.subtree_control"), "memory pids cpu\n").unwrap();
+        let (made, enabled) = top_level_parent(top.path(), &["memory", "pids", "cpu"]).unwrap();
+        assert_eq!(made, parent);
+        assert_eq!(
+            enabled.into_iter().collect::<Vec<_>>(),
+            ["cpu", "memory", "pids"]
+        );
+        // Idempotent: a second runtime shares the directory.
+        assert!(top_level_parent(top.path(), &["memory"]).is_ok());
     }
 
     #[test]

@@ -568,7 +568,7 @@ pub(crate) fn probe(
                 name,
                 Unavailable,
                 format!("making a sandbox cgroup with {ctrl} limited failed: {e}"),
-                Some(crate::cgroup::DELEGATE_FIX),
+                Some(&crate::cgroup::delegate_fix()),
             ));
             continue;
         }

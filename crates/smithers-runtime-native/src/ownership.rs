@@ -35,9 +35,9 @@
 //!   never silent. A write refused by the permission check copies nothing up and leaves no
 //!   trace; it is refused as the host would refuse it to an unprivileged runtime, the step saw
 //!   EACCES, and when it sits beside something else the step changed it is named too.
-//!   This costs the entries of the changed directories (the same 10-file change: 1,003 on a
-//!   1k-file tree, 2,003 on a 100k-file one, whose `src/` holds 1,000 directories), not the
-//!   tree.
+//!   This costs the entries of the changed directories, not the tree: the same one-file change
+//!   reads 104 entries' owners on a 200-file tree and 302 on a 20,000-file one, whose `src/`
+//!   holds 200 directories (`tests/ownership_cost.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

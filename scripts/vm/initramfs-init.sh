@@ -47,6 +47,17 @@ mkdir -p $r/run/vm-results
 mount -t 9p -o trans=virtio,version=9p2000.L,cache=none results $r/run/vm-results ||
   fail "mount the results share"
 
+# Host directories under /tmp or /run the guest must still see (run.sh: SMITHERS_VM_SHOW).
+n=0
+while :; do
+  p="$(arg smithers.show$n)"
+  [ -n "$p" ] || break
+  mkdir -p "$r$p" || fail "mkdir $p"
+  mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose "show$n" "$r$p" ||
+    fail "mount the host's $p"
+  n=$((n + 1))
+done
+
 stage2="$(arg smithers.stage2)"
 [ -n "$stage2" ] || fail "no smithers.stage2= on the kernel command line"
 [ -f "$r$stage2" ] || fail "stage 2 $stage2 not found in the host root"

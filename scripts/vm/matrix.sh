@@ -76,6 +76,10 @@ for s in ${SMITHERS_VM_SUITES:-conformance containment conformance_copy containm
   suite_list="$suite_list $s=$exe"
 done
 echo "    built in $(since "$t") s"
+# The guest sees the host's root but not its /tmp: name the target directory (the checkout
+# itself run.sh always shares) so executables built under /tmp are found there too.
+target_dir="$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+export SMITHERS_VM_SHOW="$target_dir${SMITHERS_VM_SHOW:+:$SMITHERS_VM_SHOW}"
 
 echo "==> vm matrix: prepare"
 t=$(date +%s.%N)

@@ -11,6 +11,9 @@
 #   SMITHERS_VM_TIMEOUT  seconds for the whole boot before qemu is killed (default 1500)
 #   SMITHERS_VM_MEM      guest memory (default 3G)        SMITHERS_VM_SMP  vCPUs (default 2)
 #   SMITHERS_VM_KEEP=1   keep the results directory (its path is printed)
+#   SMITHERS_VM_SHOW     more host directories the guest must see, ':'-separated (the
+#                        checkout is always one): those under /tmp or /run, which the guest
+#                        mounts tmpfs over, are shared read-only at the same path
 # Exit code: the guest script's; 124 when the boot timed out; 125 when the guest gave no result.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -45,6 +48,23 @@ trap cleanup EXIT
 } >"$res/env"
 
 cmdline="console=ttyS0 panic=-1 quiet loglevel=3 smithers.stage2=$here/guest-stage2.sh"
+
+# The guest mounts fresh tmpfs on /tmp and /run, which hides a checkout or a target directory
+# there (a clone in /tmp is common): each such directory is a read-only share of its own,
+# mounted at its host path by the initramfs (smithers.showN=PATH names share showN).
+shares=()
+n=0
+IFS=':' read -r -a show <<<"$(cd "$here/../.." && pwd):${SMITHERS_VM_SHOW:-}"
+for p in "${show[@]}"; do
+  [ -n "$p" ] || continue
+  p="$(realpath -e "$p")" || { echo "run.sh: SMITHERS_VM_SHOW names a missing path" >&2; exit 2; }
+  case "$p" in /tmp/* | /run/*) ;; *) continue ;; esac
+  # The path rides on the kernel command line: no spaces or quotes there.
+  [[ "$p" =~ ^[A-Za-z0-9._/+-]+$ ]] || { echo "run.sh: cannot share $p with the guest (only [A-Za-z0-9._/+-] in such a path)" >&2; exit 2; }
+  shares+=(-virtfs "local,path=$p,mount_tag=show$n,security_model=passthrough,readonly=on,multidevs=remap")
+  cmdline="$cmdline smithers.show$n=$p"
+  n=$((n + 1))
+done
 case " $* " in *" cgroup_no_v1="*) ;; *) cmdline="$cmdline cgroup_no_v1=all" ;; esac
 [ $# -gt 0 ] && cmdline="$cmdline $*"
 
@@ -66,7 +86,7 @@ timeout --kill-after=10 "${SMITHERS_VM_TIMEOUT:-1500}" qemu-system-x86_64 "${mac
   -kernel "$dir/pkg/boot/vmlinuz-$kver" -initrd "$dir/initramfs.cpio.gz" \
   -append "$cmdline" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap \
-  -virtfs "local,path=$res,mount_tag=results,security_model=none" \
+  -virtfs "local,path=$res,mount_tag=results,security_model=none" "${shares[@]}" \
   </dev/null >"$res/qemu.log" 2>&1 || rc=$?
 
 [ -f "$res/stdout" ] && cat "$res/stdout"

@@ -23,15 +23,20 @@
 //! whose plan differs.
 
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use smithers_runtime::SandboxConfig;
 
-use crate::cgroup::CgroupHost;
-use crate::exec::{git_layer, git_repository, host_layout, json_line};
-use crate::plan::{self, PlanInput};
-use crate::warm::WarmSandbox;
-use crate::{Backend, Defaults, HostCaps, WorkspaceState};
+use crate::backend::{Backend, WorkspaceState};
+use crate::cgroup::{CgroupHost, SandboxCgroups};
+use crate::files::{remove_tree, restrict_mode};
+use crate::host::{Defaults, HostCaps};
+use crate::launcher::{await_report, json_line, prelude};
+use crate::layer::{make_layer_subdirs, place_layer};
+use crate::layout::{git_layer, git_repository, host_layout};
+use crate::plan::{self, PlanInput, Prelude, WarmPlan};
+use crate::prepared_root;
 
 /// What an armed sandbox is armed for: a sandbox's configuration, ids aside, and the
 /// workspace `create` decided for it.
@@ -171,7 +176,7 @@ impl Armed {
     pub(crate) fn remove_dirs(&self) {
         for (dir, _, _) in self.top_level(&self.backend) {
             if std::fs::symlink_metadata(&dir).is_ok() {
-                let _ = crate::remove_tree(&dir);
+                let _ = remove_tree(&dir);
             }
         }
     }
@@ -266,21 +271,31 @@ fn sweep_roots(roots: &[&Path]) {
             let gone = unsafe { libc::kill(pid, 0) } != 0
                 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
             if gone {
-                let _ = crate::remove_tree(&entry.path());
+                let _ = remove_tree(&entry.path());
             }
         }
     }
 }
 
-/// Arms `sandbox` for sandboxes of `key` (on the keeper's thread). On an error nothing of the
-/// arming is left (its directories removed) and the sandbox must be discarded: its init may
-/// have been sent part of a plan, and its cgroups have the key's limits.
+/// A warm sandbox to arm: its init's control socket, its cgroups, and what its init was sent.
+#[derive(Debug)]
+pub(crate) struct ToArm<'a> {
+    pub(crate) control: &'a UnixStream,
+    pub(crate) cgroups: &'a SandboxCgroups,
+    pub(crate) prelude: &'a Prelude,
+    pub(crate) plan: &'a WarmPlan,
+}
+
+/// Arms `sandbox` for sandboxes of `key` (on the keeper's thread): its arming, for the warm
+/// sandbox to keep. On an error nothing of the arming is left (its directories removed) and
+/// the sandbox must be discarded: its init may have been sent part of a plan, and its cgroups
+/// have the key's limits.
 pub(crate) fn arm(
     caps: &HostCaps,
     defaults: Defaults,
-    sandbox: &mut WarmSandbox,
+    sandbox: &ToArm<'_>,
     key: &ArmKey,
-) -> Result<(), String> {
+) -> Result<Armed, String> {
     if key.workspace != WorkspaceState::Overlay {
         return Err("only an overlay workspace is armed ahead".into());
     }
@@ -306,18 +321,18 @@ pub(crate) fn arm(
     };
     let made = (|| -> Result<(), String> {
         std::fs::create_dir_all(&caps.state_root).map_err(|e| e.to_string())?;
-        crate::restrict_mode(&caps.state_root).map_err(|e| e.to_string())?;
+        restrict_mode(&caps.state_root).map_err(|e| e.to_string())?;
         std::fs::create_dir(&backend.state_dir).map_err(|e| e.to_string())?;
-        crate::place_layer(caps, controls, &mut backend, &name).map_err(|e| e.to_string())?;
+        place_layer(caps, controls, &mut backend, &name).map_err(|e| e.to_string())?;
         armed.backend = backend.clone();
         let layer = backend.layer();
         std::fs::create_dir(&layer).map_err(|e| format!("create {}: {e}", layer.display()))?;
-        crate::make_layer_subdirs(&backend).map_err(|e| e.to_string())?;
+        make_layer_subdirs(&backend).map_err(|e| e.to_string())?;
         let limits = defaults.limits(caps, controls);
-        CgroupHost::set_limits(&sandbox.cgroups, &limits).map_err(|e| e.to_string())?;
-        let mut prelude = crate::exec::prelude(caps, &backend, controls.allow_network);
+        CgroupHost::set_limits(sandbox.cgroups, &limits).map_err(|e| e.to_string())?;
+        let mut prelude = prelude(caps, &backend, controls.allow_network);
         prelude.warm = true;
-        if prelude != sandbox.prelude {
+        if prelude != *sandbox.prelude {
             return Err("the warm init's prelude is not this configuration's".into());
         }
         let seccomp = caps.seccomp.clone()?;
@@ -349,7 +364,7 @@ pub(crate) fn arm(
             prepared_root: caps.prepared_root,
         });
         let (files, mounts) = plan::split_prepared(std::mem::take(&mut plan.mounts));
-        let source = crate::prepared_root::existing(&caps.state_root, &files, &mounts)
+        let source = prepared_root::existing(&caps.state_root, &files, &mounts)
             .ok_or("the prepared root changed since the warm sandbox was made")?;
         plan.root = plan::RootFs::Prepared { source };
         let (prefix, rest) = plan::split_warm(mounts);
@@ -364,18 +379,15 @@ pub(crate) fn arm(
         plan.exec_follows = true;
         let line = json_line(&plan).map_err(|e| e.to_string())?;
         use std::io::Write;
-        (&sandbox.control)
+        (&*sandbox.control)
             .write_all(&line)
             .map_err(|e| format!("sending the plan: {e}"))?;
         armed.line = String::from_utf8(line).map_err(|e| e.to_string())?;
-        armed.ready = crate::warm::await_report(&sandbox.control, "ready")?;
+        armed.ready = await_report(sandbox.control, "ready")?;
         Ok(())
     })();
     match made {
-        Ok(()) => {
-            sandbox.armed = Some(armed);
-            Ok(())
-        }
+        Ok(()) => Ok(armed),
         Err(e) => {
             armed.remove_dirs();
             Err(e)

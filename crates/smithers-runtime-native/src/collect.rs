@@ -11,7 +11,8 @@ use smithers_runtime::collect::{
 };
 use smithers_runtime::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle};
 
-use crate::{Backend, WorkspaceState};
+use crate::backend::{Backend, WorkspaceState};
+use crate::files::remove_tree;
 
 pub(crate) fn collect(
     backend: &Backend,
@@ -44,7 +45,7 @@ pub(crate) fn collect(
     if handle.result_path.exists()
         && !smithers_bundle::holds_only_prepared_dirs(&handle.result_path)
     {
-        crate::remove_tree(&handle.result_path)
+        remove_tree(&handle.result_path)
             .map_err(|e| RuntimeError::io("replace the previous bundle", &handle.result_path, e))?;
     }
     // Where the layer is kept if changes are left out for a limit: derived from the ids

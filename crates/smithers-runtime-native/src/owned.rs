@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use smithers_runtime::{RuntimeError, SandboxHandle};
 
+use crate::backend::Backend;
 use crate::cgroup::{CgroupHost, SandboxCgroups};
-use crate::Backend;
 
 /// Name of the record in a sandbox's state directory.
 pub(crate) const CLEANUP_RECORD: &str = "cleanup.json";

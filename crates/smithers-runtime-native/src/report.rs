@@ -3,9 +3,14 @@
 use serde_json::Value;
 use smithers_runtime::{EnforcementReport, Protection, ProtectionStatus, RuntimeKind};
 
+use crate::backend::{StoredConfig, WorkspaceState, FOREIGN_OWNERS};
 use crate::cgroup::SandboxCgroups;
+use crate::clock::now_ms;
+use crate::files::remove_tree;
+use crate::host::HostCaps;
+use crate::init_command::InitCommand;
+use crate::options::WorkspaceMode;
 use crate::plan::InitPlan;
-use crate::{HostCaps, StoredConfig, WorkspaceMode, WorkspaceState};
 
 /// The names of the protections in every report of this runtime.
 pub mod protection_names {
@@ -59,17 +64,6 @@ fn human_bytes(b: u64) -> String {
         format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64)
     } else {
         format!("{b} bytes")
-    }
-}
-
-/// Cheap check that user namespaces are allowed (sysctls only; the probe really tries).
-/// Why user namespaces are refused here before anything is tried, and the fix (see
-/// [`crate::host_diag::userns_refusal`]).
-pub(crate) fn userns_available(uid: u32) -> Result<(), (String, String)> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    match crate::host_diag::userns_refusal(uid, &mountinfo) {
-        Some(refusal) => Err(refusal),
-        None => Ok(()),
     }
 }
 
@@ -200,7 +194,7 @@ fn copy_row(reason: &str) -> Protection {
         format!(
             "workspace mode copy: {reason}; the project was copied into the sandbox's state directory at ship and is compared with the untouched project at collect (the project is never written; .smithers hidden, .git bound read-only: the step cannot commit in copy mode)"
         ),
-        Some(if reason.starts_with(crate::FOREIGN_OWNERS) {
+        Some(if reason.starts_with(FOREIGN_OWNERS) {
             "for copy-on-write (no copy, ship cost independent of the project size): run the runtime as the tree's owner, or give the tree to the runtime's user (chown -R)"
         } else {
             "for copy-on-write (no copy, ship cost independent of the project size): a kernel >= 5.11 with overlayfs in user namespaces, a state root on ext4, xfs or tmpfs, workspace mode auto or overlay"
@@ -631,7 +625,7 @@ pub(crate) fn probe(
     }
 }
 
-async fn run_probe(caps: &HostCaps, init: &crate::InitCommand) -> Result<Value, String> {
+async fn run_probe(caps: &HostCaps, init: &InitCommand) -> Result<Value, String> {
     // The overlay check runs where upper layers will live.
     std::fs::create_dir_all(&caps.layer_root).map_err(|e| format!("layer root: {e}"))?;
     // Unique per call: several runtimes in one process may probe in the same millisecond.
@@ -639,12 +633,12 @@ async fn run_probe(caps: &HostCaps, init: &crate::InitCommand) -> Result<Value, 
     let scratch = caps.layer_root.join(format!(
         "probe-{}-{}-{}",
         std::process::id(),
-        crate::exec::now_ms(),
+        now_ms(),
         PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::create_dir(&scratch).map_err(|e| format!("probe scratch: {e}"))?;
     let result = probe_process(init, &scratch, &probe_input(caps)).await;
-    let _ = crate::remove_tree(&scratch);
+    let _ = remove_tree(&scratch);
     let output = result.map_err(|e| format!("running {}: {e}", init.program.display()))?;
     let mut findings: Value = serde_json::from_slice(&output.stdout).map_err(|e| {
         format!(
@@ -674,7 +668,7 @@ fn probe_input(caps: &HostCaps) -> Vec<u8> {
 
 /// Runs `init --probe scratch` with `input` on its stdin; its output.
 async fn probe_process(
-    init: &crate::InitCommand,
+    init: &InitCommand,
     scratch: &std::path::Path,
     input: &[u8],
 ) -> std::io::Result<std::process::Output> {

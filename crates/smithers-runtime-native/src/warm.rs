@@ -29,7 +29,7 @@
 //! armed for its configuration first, else one not armed; a claim of another configuration
 //! stops the arming, and the armed ones are discarded and replaced by plain ones.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -39,10 +39,15 @@ use std::time::{Duration, Instant};
 use smithers_runtime::SandboxConfig;
 
 use crate::armed::{self, ArmKey, Armed};
+use crate::backend::Backend;
 use crate::cgroup::{CgroupLimits, SandboxCgroups};
-use crate::exec::{fork_from_zygote, json_line, output_pipe, ForkedInit, ZygoteSlot};
+use crate::host::{Defaults, HostCaps};
+use crate::launcher::{
+    await_report, fork_from_zygote, json_line, output_pipe, ForkedInit, ZygoteSlot,
+};
+use crate::names;
 use crate::plan::{self, HostLayout, PlanInput, Prelude, WarmPlan, WorkspaceFacts};
-use crate::{Defaults, HostCaps, NativeRuntime};
+use crate::prepared_root;
 
 /// How long the keeper holds off after a claim, unless the claiming step's command starts
 /// sooner (see [`WarmPool::step_started`]): making the next warm sandbox takes a few
@@ -52,9 +57,6 @@ const HOLD_AFTER_CLAIM: Duration = Duration::from_millis(250);
 /// With [`WarmPool::refill_when_steps_end`]: the longest the keeper holds off after a claim
 /// when nobody says the step is over (a caller that forgot, or a step that runs long).
 const HOLD_UNTIL_STEP_OVER: Duration = Duration::from_secs(5);
-
-/// How long a warm init may take to report `warm` before it is given up.
-const WARM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long the keeper waits after a failure before it tries again (doubling to a minute).
 const RETRY_FIRST: Duration = Duration::from_millis(500);
@@ -212,7 +214,7 @@ fn warm_plan(caps: &HostCaps) -> Result<WarmPlan, String> {
         upper: step.join("upper"),
         work: step.join("work"),
         workspace_copy: None,
-        new_root: crate::Backend::new_root_in(&caps.state_root),
+        new_root: Backend::new_root_in(&caps.state_root),
         artifacts: step.join("artifacts"),
         out: step.join("out"),
         request: step.join("request"),
@@ -238,7 +240,7 @@ fn warm_plan(caps: &HostCaps) -> Result<WarmPlan, String> {
         prepared_root: true,
     });
     let (files, mounts) = plan::split_prepared(plan.mounts);
-    let source = crate::prepared_root::ensure(&caps.state_root, &files, &mounts)
+    let source = prepared_root::ensure(&caps.state_root, &files, &mounts)
         .map_err(|e| format!("prepare the sandbox root: {e}"))?;
     let (prefix, _) = plan::split_warm(mounts);
     Ok(WarmPlan {
@@ -263,7 +265,7 @@ fn make(
         .map_err(|e| format!("make {}: {e}", plan.new_root.display()))?;
     let cgroups = caps
         .cgroups
-        .create(&NativeRuntime::warm_cgroup_name(), limits)
+        .create(&names::warm_cgroup_name(), limits)
         .map_err(|e| format!("create the sandbox cgroups: {e}"))?;
     let mut prelude = Prelude::new(caps.uid, caps.gid, cgroups.join_plan(), false);
     prelude.warm = true;
@@ -306,46 +308,6 @@ fn make(
         cgroups.kill_all();
         let _ = cgroups.remove(Duration::from_secs(2));
     })
-}
-
-/// Reads the init's next report, which must be an `event` one (`warm`, or `ready` of an armed
-/// one), and the last it sent (bounded in time and size).
-pub(crate) fn await_report(control: &UnixStream, event: &str) -> Result<serde_json::Value, String> {
-    let deadline = Instant::now() + WARM_TIMEOUT;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=pos).collect();
-            let v: serde_json::Value = serde_json::from_slice(&line)
-                .map_err(|e| format!("the warm init sent what is not a report: {e}"))?;
-            match v["event"].as_str() {
-                Some(e) if e == event && buf.is_empty() => return Ok(v),
-                Some("error") => {
-                    return Err(format!(
-                        "the warm init failed ({}): {}",
-                        v["stage"].as_str().unwrap_or("init"),
-                        v["message"].as_str().unwrap_or("unknown")
-                    ))
-                }
-                _ => return Err(format!("the warm init reported {v}, not {event}")),
-            }
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || buf.len() > 64 << 10 {
-            return Err(format!("the warm init did not report {event} within 10 s"));
-        }
-        control
-            .set_read_timeout(Some(left))
-            .map_err(|e| e.to_string())?;
-        let n = (&*control)
-            .read(&mut chunk)
-            .map_err(|e| format!("reading the warm init's report: {e}"))?;
-        if n == 0 {
-            return Err(format!("the warm init ended before it reported {event}"));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
 }
 
 /// What a pool's thread runs before it makes sandboxes ([`WarmPool::start_once`]).
@@ -761,8 +723,17 @@ fn keep(
         };
         let made = match (made, template, shared.arming) {
             (Ok(mut sandbox), Some(template), Some(defaults)) => {
-                match armed::arm(caps, defaults, &mut sandbox, &template) {
-                    Ok(()) => Ok(sandbox),
+                let to_arm = armed::ToArm {
+                    control: &sandbox.control,
+                    cgroups: &sandbox.cgroups,
+                    prelude: &sandbox.prelude,
+                    plan: &sandbox.plan,
+                };
+                match armed::arm(caps, defaults, &to_arm, &template) {
+                    Ok(armed) => {
+                        sandbox.armed = Some(armed);
+                        Ok(sandbox)
+                    }
                     Err(e) => {
                         sandbox.discard();
                         let mut state = shared.lock();

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use smithers_sandbox_init::zygote::{send_fds, seqpacket_pair};
 
-use crate::InitCommand;
+use crate::init_command::InitCommand;
 
 /// How long the runtime waits for the zygote's answer before giving up on it.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);

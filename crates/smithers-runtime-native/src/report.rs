@@ -1,7 +1,7 @@
 //! The enforcement report of a sandbox that ran, and the host probe (`doctor`).
 
 use serde_json::Value;
-use smithers_runtime::{EnforcementReport, Protection, ProtectionStatus, RuntimeKind};
+use smithers_runtime::{Controls, EnforcementReport, Protection, ProtectionStatus, RuntimeKind};
 
 use crate::backend::{StoredConfig, WorkspaceState, FOREIGN_OWNERS};
 use crate::cgroup::SandboxCgroups;
@@ -211,9 +211,23 @@ pub(crate) fn enforcement(
     ready: Option<&Value>,
     workspace: &WorkspaceState,
 ) -> EnforcementReport {
-    use ProtectionStatus::*;
     let c = &stored.config.controls;
-    let mut p = vec![
+    let mut p = namespace_rows(caps, plan);
+    p.extend(network_rows(c));
+    p.extend(filesystem_rows(c, workspace));
+    p.extend(confinement_rows(ready));
+    p.extend(limit_rows(caps, stored, cgroups));
+    p.extend(stream_rows(c, workspace));
+    EnforcementReport {
+        runtime: Some(RuntimeKind::Bubblewrap),
+        protections: p,
+    }
+}
+
+/// The namespaces' rows of a step's report.
+fn namespace_rows(caps: &HostCaps, plan: &InitPlan) -> Vec<Protection> {
+    use ProtectionStatus::*;
+    vec![
         row(
             n::USER_NAMESPACE,
             Enforced,
@@ -243,7 +257,13 @@ pub(crate) fn enforcement(
             None,
         ),
         row(n::CGROUP_NAMESPACE, Enforced, "", None),
-    ];
+    ]
+}
+
+/// The network row of a step's report: its egress policy, its own namespace, or the host's.
+fn network_rows(c: &Controls) -> Vec<Protection> {
+    use ProtectionStatus::*;
+    let mut p = Vec::new();
     let egress = crate::egress::policy(c).ok().flatten();
     p.push(if let Some(policy) = &egress {
         row(
@@ -271,6 +291,13 @@ pub(crate) fn enforcement(
             None,
         )
     });
+    p
+}
+
+/// The file system's rows of a step's report (its mounts and devices too).
+fn filesystem_rows(c: &Controls, workspace: &WorkspaceState) -> Vec<Protection> {
+    use ProtectionStatus::*;
+    let mut p = Vec::new();
     p.push(row(
         n::FILESYSTEM,
         Enforced,
@@ -291,6 +318,13 @@ pub(crate) fn enforcement(
         "/dev holds null, zero, full, random, urandom, tty, pts, shm only",
         None,
     ));
+    p
+}
+
+/// What the init confirmed in its `ready` report: seccomp, Landlock; and the privileges dropped.
+fn confinement_rows(ready: Option<&Value>) -> Vec<Protection> {
+    use ProtectionStatus::*;
+    let mut p = Vec::new();
     let confirmed = |key: &str| ready.map(|r| r[key].clone());
     p.push(match confirmed("seccomp") {
         Some(Value::Bool(true)) => row(n::SECCOMP, Enforced, crate::seccomp::summary(), None),
@@ -322,6 +356,14 @@ pub(crate) fn enforcement(
         "bounding, ambient, effective, permitted and inheritable sets empty; securebits locked",
         None,
     ));
+    p
+}
+
+/// The limits' rows of a step's report: memory, pids, CPU, disk, timeout.
+fn limit_rows(caps: &HostCaps, stored: &StoredConfig, cgroups: &SandboxCgroups) -> Vec<Protection> {
+    use ProtectionStatus::*;
+    let mut p = Vec::new();
+    let c = &stored.config.controls;
     p.push(
         match (stored.effective_memory_limit, cgroups.has("memory")) {
             (Some(max), true) if c.memory_limit_bytes.is_none() => row(
@@ -398,6 +440,13 @@ pub(crate) fn enforcement(
         Some(ms) => row(n::TIMEOUT, Enforced, format!("{ms} ms wall clock"), None),
         None => row(n::TIMEOUT, Disabled, "no timeout set", None),
     });
+    p
+}
+
+/// The output caps' row and the workspace's of a step's report.
+fn stream_rows(c: &Controls, workspace: &WorkspaceState) -> Vec<Protection> {
+    use ProtectionStatus::*;
+    let mut p = Vec::new();
     p.push(row(
         n::OUTPUT,
         Enforced,
@@ -422,10 +471,7 @@ pub(crate) fn enforcement(
         ),
         WorkspaceState::Copy { reason } => copy_row(reason),
     });
-    EnforcementReport {
-        runtime: Some(RuntimeKind::Bubblewrap),
-        protections: p,
-    }
+    p
 }
 
 /// Runs the init in probe mode (once per runtime; the caller caches). Leaves nothing
@@ -445,17 +491,63 @@ pub(crate) fn probe(
     mode: WorkspaceMode,
 ) -> EnforcementReport {
     use ProtectionStatus::*;
-    let mut p = Vec::new();
-    let ok = |key: &str| -> Result<(), String> {
-        match findings {
-            Err(e) => Err(e.clone()),
-            Ok(v) if v[key]["ok"] == Value::Bool(true) => Ok(()),
-            Ok(v) if v[key].is_null() => Err("not tried (an earlier step failed)".into()),
-            Ok(v) => Err(v[key]["detail"].as_str().unwrap_or("failed").to_string()),
-        }
-    };
+    let ok = |key: &str| found(findings, key);
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let userns_fix = &crate::host_diag::userns_fix(caps.uid, &mountinfo);
+    let mut p = probed_namespace_rows(caps, findings, &mountinfo);
+    p.extend(probed_confinement_rows(caps, findings, &mountinfo));
+    p.extend(probed_cgroup_rows(caps));
+    p.push(if caps.host_mounts {
+        row(n::DISK, Enforced, "size-capped tmpfs for the copy-on-write layer; /tmp capped", None)
+    } else {
+        row(n::DISK, Unavailable, "the copy-on-write layer cannot be size-capped without root (a disk limit is refused); /tmp is capped", Some("run the runtime as root to allow disk limits"))
+    });
+    p.push(row(
+        n::TIMEOUT,
+        Enforced,
+        "the pid namespace's init is killed, taking every process with it",
+        None,
+    ));
+    p.push(row(
+        n::OUTPUT,
+        Enforced,
+        "per-stream caps on bytes (maxOutputBytes) and lines, truncation recorded with the cap named",
+        None,
+    ));
+    let overlay_fix = "use a kernel >= 5.11 with overlayfs; keep the state root on a filesystem overlayfs accepts as upper layer (ext4, xfs, tmpfs)";
+    p.push(match (ok("overlay"), mode) {
+        (Ok(()), WorkspaceMode::Copy) => copy_row("copy mode requested (workspace = copy; overlayfs would work here)"),
+        (Ok(()), _) => row(n::WORKSPACE_COW, Enforced, format!("overlayfs with userxattr, upper layer under {}", caps.layer_root.display()), None),
+        (Err(e), WorkspaceMode::Overlay) => row(n::WORKSPACE_COW, Unavailable, format!("overlayfs in a user namespace failed: {e} (workspace mode overlay: sandboxes are refused)"), Some(overlay_fix)),
+        (Err(e), WorkspaceMode::Auto) if matches!(overlay_check(findings), OverlayCheck::Unknown(_)) => row(n::WORKSPACE_COW, Unavailable, format!("overlayfs in a user namespace could not be tried: {e}"), Some(overlay_fix)),
+        (Err(e), WorkspaceMode::Auto) => copy_row(&format!("overlayfs cannot be mounted in a user namespace here: {e}")),
+        (Err(_), WorkspaceMode::Copy) => copy_row("copy mode requested (workspace = copy)"),
+    });
+    EnforcementReport {
+        runtime: Some(RuntimeKind::Bubblewrap),
+        protections: p,
+    }
+}
+
+/// What the probe found of `key`: it worked, or why not.
+fn found(findings: &Result<Value, String>, key: &str) -> Result<(), String> {
+    match findings {
+        Err(e) => Err(e.clone()),
+        Ok(v) if v[key]["ok"] == Value::Bool(true) => Ok(()),
+        Ok(v) if v[key].is_null() => Err("not tried (an earlier step failed)".into()),
+        Ok(v) => Err(v[key]["detail"].as_str().unwrap_or("failed").to_string()),
+    }
+}
+
+/// The namespaces', network's, file system's and devices' rows of the host probe.
+fn probed_namespace_rows(
+    caps: &HostCaps,
+    findings: &Result<Value, String>,
+    mountinfo: &str,
+) -> Vec<Protection> {
+    use ProtectionStatus::*;
+    let mut p = Vec::new();
+    let ok = |key: &str| found(findings, key);
+    let userns_fix = &crate::host_diag::userns_fix(caps.uid, mountinfo);
     let ns_row = |name: &str, key: &str, detail: &str| match ok(key) {
         Ok(()) => row(name, Enforced, detail, None),
         Err(e) => row(name, Unavailable, e, Some(userns_fix)),
@@ -500,13 +592,26 @@ pub(crate) fn probe(
             n::FILESYSTEM,
             Unavailable,
             format!("cannot mount /proc in a new pid namespace: {e}"),
-            Some(&crate::host_diag::proc_fix(&mountinfo)),
+            Some(&crate::host_diag::proc_fix(mountinfo)),
         ),
     });
     p.push(match ok("mount") {
         Ok(()) => row(n::DEVICES, Enforced, "minimal /dev", None),
         Err(e) => row(n::DEVICES, Unavailable, e, None),
     });
+    p
+}
+
+/// The seccomp, Landlock and privileges' rows of the host probe.
+fn probed_confinement_rows(
+    caps: &HostCaps,
+    findings: &Result<Value, String>,
+    mountinfo: &str,
+) -> Vec<Protection> {
+    use ProtectionStatus::*;
+    let mut p = Vec::new();
+    let ok = |key: &str| found(findings, key);
+    let userns_fix = &crate::host_diag::userns_fix(caps.uid, mountinfo);
     p.push(match (&caps.seccomp, ok("seccomp")) {
         (Ok(_), Ok(())) => row(n::SECCOMP, Enforced, crate::seccomp::summary(), None),
         (Err(e), _) => row(n::SECCOMP, Unavailable, e.clone(), None),
@@ -554,6 +659,13 @@ pub(crate) fn probe(
         ),
         Err(e) => row(n::CAPABILITIES, Unavailable, e, Some(userns_fix)),
     });
+    p
+}
+
+/// The cgroup controllers' rows of the host probe, each tried.
+fn probed_cgroup_rows(caps: &HostCaps) -> Vec<Protection> {
+    use ProtectionStatus::*;
+    let mut p = Vec::new();
     // Tried, not read: a sandbox's cgroups made with a limit of each kind, then removed.
     let trial = cgroup_trial(&caps.cgroups);
     for (name, ctrl) in [(n::MEMORY, "memory"), (n::PIDS, "pids"), (n::CPU, "cpu")] {
@@ -593,36 +705,7 @@ pub(crate) fn probe(
             }
         });
     }
-    p.push(if caps.host_mounts {
-        row(n::DISK, Enforced, "size-capped tmpfs for the copy-on-write layer; /tmp capped", None)
-    } else {
-        row(n::DISK, Unavailable, "the copy-on-write layer cannot be size-capped without root (a disk limit is refused); /tmp is capped", Some("run the runtime as root to allow disk limits"))
-    });
-    p.push(row(
-        n::TIMEOUT,
-        Enforced,
-        "the pid namespace's init is killed, taking every process with it",
-        None,
-    ));
-    p.push(row(
-        n::OUTPUT,
-        Enforced,
-        "per-stream caps on bytes (maxOutputBytes) and lines, truncation recorded with the cap named",
-        None,
-    ));
-    let overlay_fix = "use a kernel >= 5.11 with overlayfs; keep the state root on a filesystem overlayfs accepts as upper layer (ext4, xfs, tmpfs)";
-    p.push(match (ok("overlay"), mode) {
-        (Ok(()), WorkspaceMode::Copy) => copy_row("copy mode requested (workspace = copy; overlayfs would work here)"),
-        (Ok(()), _) => row(n::WORKSPACE_COW, Enforced, format!("overlayfs with userxattr, upper layer under {}", caps.layer_root.display()), None),
-        (Err(e), WorkspaceMode::Overlay) => row(n::WORKSPACE_COW, Unavailable, format!("overlayfs in a user namespace failed: {e} (workspace mode overlay: sandboxes are refused)"), Some(overlay_fix)),
-        (Err(e), WorkspaceMode::Auto) if matches!(overlay_check(findings), OverlayCheck::Unknown(_)) => row(n::WORKSPACE_COW, Unavailable, format!("overlayfs in a user namespace could not be tried: {e}"), Some(overlay_fix)),
-        (Err(e), WorkspaceMode::Auto) => copy_row(&format!("overlayfs cannot be mounted in a user namespace here: {e}")),
-        (Err(_), WorkspaceMode::Copy) => copy_row("copy mode requested (workspace = copy)"),
-    });
-    EnforcementReport {
-        runtime: Some(RuntimeKind::Bubblewrap),
-        protections: p,
-    }
+    p
 }
 
 async fn run_probe(caps: &HostCaps, init: &InitCommand) -> Result<Value, String> {

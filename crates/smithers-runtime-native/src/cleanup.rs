@@ -12,8 +12,8 @@ use crate::files::{io_err, is_mount_point, remove_tree};
 use crate::host::HostCaps;
 use crate::owned;
 use crate::runtime::NativeRuntime;
-use crate::sys;
 use crate::threads::{beside, blocking};
+use smithers_sandbox_init::sys;
 
 impl NativeRuntime {
     /// The `cleanup` verb.

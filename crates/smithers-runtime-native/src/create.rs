@@ -21,9 +21,9 @@ use crate::owned;
 use crate::ownership;
 use crate::report;
 use crate::runtime::{NativeRuntime, PRESTART_PATIENCE};
-use crate::sys;
 use crate::threads::blocking;
 use crate::warm;
+use smithers_sandbox_init::sys;
 use smithers_sandbox_init::INIT_ENV;
 
 impl NativeRuntime {

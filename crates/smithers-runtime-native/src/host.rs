@@ -8,7 +8,8 @@ use crate::cgroup::{CgroupHost, CgroupLimits};
 use crate::init_command::InitCommand;
 use crate::options::NativeOptions;
 use crate::plan::{BpfInstruction, HostFacts};
-use crate::{host_diag, seccomp, sys};
+use crate::{host_diag, seccomp};
+use smithers_sandbox_init::sys;
 
 /// What this host offers, computed once per runtime (cheap file reads, no process).
 #[derive(Debug)]

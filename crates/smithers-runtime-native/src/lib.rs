@@ -5,7 +5,8 @@
 //!   compiles the syscall filter. Both are unit-tested without root.
 //! * The in-sandbox init, which executes the plan, is its own crate, [`smithers_sandbox_init`]
 //!   (a separate, single-threaded executable: `smithers-sandbox-init`, built by this crate as a
-//!   thin binary, or `smithers-sandbox __sandbox-init`); it owns the plan's types.
+//!   thin binary, or `smithers-sandbox __sandbox-init`); it owns the plan's types, and its
+//!   syscall wrappers (`smithers_sandbox_init::sys`: mounts, statvfs) serve the runtime too.
 //! * [`cgroup`] is cgroups v1 and v2 behind one interface.
 //! * [`NativeRuntime`] implements [`smithers_runtime::Runtime`], one module per verb: `probe`,
 //!   `create`, `ship`, `exec`, `collect`, `cleanup` (dispatched from `verbs`). The init is
@@ -140,7 +141,5 @@ pub use report::protection_names;
 pub use runtime::{NativeRuntime, PRESTART_PATIENCE};
 pub use warm::WarmStatus;
 
-/// The init's syscall wrappers, which the runtime uses too (mounts, statvfs).
-pub(crate) use smithers_sandbox_init::sys;
 /// Environment variable naming the init executable.
 pub use smithers_sandbox_init::INIT_ENV;

@@ -84,7 +84,7 @@ pub(crate) fn existing(
 /// Sets `dir`'s times to now; false when it does not exist (or cannot be stamped, in which
 /// case it is made again).
 fn stamp(dir: &Path) -> bool {
-    let path = crate::sys::cpath(dir);
+    let path = smithers_sandbox_init::sys::cpath(dir);
     // SAFETY: utimensat with a valid C string and a null `times` (meaning now).
     unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), std::ptr::null(), 0) == 0 }
 }
@@ -211,7 +211,7 @@ impl Fnv {
 fn build(dir: &Path, files: &[MountOp], mounts: &[MountOp]) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new().mode(0o755).create(dir)?;
-    let sys_err = |e: crate::sys::SysError| std::io::Error::other(e.to_string());
+    let sys_err = |e: smithers_sandbox_init::sys::SysError| std::io::Error::other(e.to_string());
     for op in files {
         smithers_sandbox_init::apply(op, dir, false).map_err(sys_err)?;
     }

@@ -167,7 +167,7 @@ impl PreForked {
         ])?;
         // Forked before the host is detected: where detection moves this process (a leaf of
         // its v2 cgroup), the init must go too.
-        crate::cgroup::move_with_this_process(pid as u32);
+        crate::cgroup::procs::move_with_this_process(pid as u32);
         // The init has its own copies now; ours of its ends must go so that EOF means
         // "init gone" (dropped here, with the pipes' write ends).
         Ok(PreForked {
@@ -184,7 +184,7 @@ impl PreForked {
 /// Waits for our child `pid` to end and reaps it.
 fn reap(pid: libc::pid_t) {
     let _ = smithers_sandbox_init::sys::wait_child(pid, 0);
-    crate::cgroup::forget_companion(pid as u32);
+    crate::cgroup::procs::forget_companion(pid as u32);
 }
 
 /// Whether a sandbox of this configuration may be served by a warm one: a warm sandbox has

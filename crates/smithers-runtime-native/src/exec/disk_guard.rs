@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::sys;
+use smithers_sandbox_init::sys;
 
 /// The host-disk guard of a step whose workspace layer is on the host's disk (no `--disk`):
 /// resolves once the layer's file system has less free space than the floor, which is the

@@ -14,7 +14,7 @@ use crate::files::write_private;
 use crate::host::HostCaps;
 use crate::plan::InitPlan;
 use crate::report;
-use crate::sys;
+use smithers_sandbox_init::sys;
 
 use super::result::step_result;
 use super::supervise::Ended;

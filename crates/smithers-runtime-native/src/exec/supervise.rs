@@ -21,8 +21,8 @@ use crate::cgroup::{CgroupStats, SandboxCgroups};
 use crate::egress;
 use crate::launcher::{spawn_err, SpawnedInit};
 use crate::status::StatusReader;
-use crate::sys;
 use crate::threads::blocking;
+use smithers_sandbox_init::sys;
 
 use super::disk_guard::DiskGuard;
 use super::pump::Pump;

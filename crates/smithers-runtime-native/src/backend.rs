@@ -155,7 +155,7 @@ impl Backend {
         self.state_dir.join("stream.ndjson")
     }
     /// Present when collect left changes of the step out for a size limit: cleanup then
-    /// keeps the workspace layer (see [`keep_layer`]).
+    /// keeps the workspace layer (see `cleanup::keep_layer`).
     pub(crate) fn keep_layer_marker(&self) -> PathBuf {
         self.state_dir.join("keep-layer")
     }
@@ -185,7 +185,7 @@ pub(crate) struct StoredConfig {
     pub(crate) config: SandboxConfig,
     pub(crate) effective_pids_limit: Option<u32>,
     /// The memory limit in force: the config's, or the runtime's default
-    /// ([`NativeOptions::default_memory_limit`]) where the memory controller exists.
+    /// ([`crate::NativeOptions::default_memory_limit`]) where the memory controller exists.
     #[serde(default)]
     pub(crate) effective_memory_limit: Option<u64>,
 }

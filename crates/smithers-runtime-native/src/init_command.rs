@@ -37,7 +37,7 @@ impl InitCommand {
     }
 
     /// Whether this is [`InitCommand::current_exe_subcommand`]: the init is the code linked in
-    /// this very process, which may then fork one itself (see [`NativeRuntime::prestart`]).
+    /// this very process, which may then fork one itself (see [`crate::NativeRuntime::prestart`]).
     pub fn is_current_exe_subcommand(&self) -> bool {
         self.args.len() == 1
             && self.args[0] == INIT_SUBCOMMAND

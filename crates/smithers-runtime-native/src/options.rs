@@ -45,13 +45,13 @@ impl WorkspaceMode {
 /// or `copy`).
 pub const WORKSPACE_ENV: &str = "SMITHERS_SANDBOX_WORKSPACE";
 
-/// Options of [`NativeRuntime`].
+/// Options of [`crate::NativeRuntime`].
 #[derive(Debug, Clone)]
 pub struct NativeOptions {
     /// The init to run; `None` = [`InitCommand::locate`].
     pub init: Option<InitCommand>,
     /// Where per-sandbox host state lives (config, log, result file, artifacts, the new
-    /// root's mount point); `None` = a tmpfs runtime directory ([`default_state_root`]).
+    /// root's mount point); `None` = a tmpfs runtime directory ([`crate::default_state_root`]).
     /// When set and `layer_root` is not, the workspace layer lives here too.
     pub state_root: Option<PathBuf>,
     /// Where the workspace layer (overlay upper/work, or the copy) lives when no disk limit
@@ -90,7 +90,7 @@ pub struct NativeOptions {
     /// background. Worth it for a process that runs many steps (`serve`, a workflow through
     /// the library); 0 (the default) keeps none. Needs the zygote and the prepared root.
     pub warm: usize,
-    /// Refill the warm pool only once a step is over ([`NativeRuntime::steps_over`]), not as
+    /// Refill the warm pool only once a step is over ([`crate::NativeRuntime::steps_over`]), not as
     /// soon as its command starts: making a sandbox takes a few milliseconds of CPU, which
     /// then never competes with a step a user is waiting for (the resident service, which
     /// serves one step at a time and says when each is over). Default `false` (`serve`'s

@@ -1,4 +1,7 @@
+use super::compile::*;
+use super::table::*;
 use super::*;
+use crate::plan::BpfInstruction;
 
 /// Runs the classic BPF subset `compile` emits on one `seccomp_data`.
 fn run(program: &[BpfInstruction], arch: u32, nr: u32, args: [u64; 6]) -> u32 {

@@ -61,6 +61,7 @@ mod p1;
 pub mod plan;
 mod privileges;
 mod probe;
+mod session;
 mod spawn;
 pub mod sys;
 pub mod zygote;

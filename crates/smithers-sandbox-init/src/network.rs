@@ -222,7 +222,11 @@ fn inet_socket(kind: libc::c_int, addr: [u8; 4], port: u16) -> SysResult<OwnedFd
 
 /// One `sendmsg` of `payload` with `fds` attached (SCM_RIGHTS), so the descriptors arrive
 /// with the line that names them.
-fn send_with_fds(sock: libc::c_int, payload: &[u8], fds: &[libc::c_int]) -> std::io::Result<()> {
+pub(crate) fn send_with_fds(
+    sock: libc::c_int,
+    payload: &[u8],
+    fds: &[libc::c_int],
+) -> std::io::Result<()> {
     let bytes = std::mem::size_of_val(fds) as libc::c_uint;
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE(bytes) } as usize;

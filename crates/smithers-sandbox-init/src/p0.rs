@@ -64,6 +64,26 @@ pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> Stage
     } else {
         None
     };
+    // A session's exec channel: P1 keeps one end, the runtime gets the other (see
+    // `send_exec_channel`); P0 keeps neither.
+    let exec_pair = if prelude.session {
+        if prelude.warm {
+            return Err((
+                "plan",
+                SysError {
+                    op: "a warm sandbox cannot be a session".into(),
+                    errno: libc::EINVAL,
+                },
+            ));
+        }
+        let pair = crate::zygote::seqpacket_pair().map_err(|e| SysError {
+            op: "socketpair for the exec channel".into(),
+            errno: e.raw_os_error().unwrap_or(libc::EIO),
+        });
+        Some(stage("fork", pair)?)
+    } else {
+        None
+    };
     let (pid, placed) = stage("fork", fork_into(cgroups.v2_dir))?;
     if pid == 0 {
         // SAFETY: closing our copy of the pipe's write end and of the v2 fds, P0's business.
@@ -73,6 +93,7 @@ pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> Stage
             close_opt(cgroups.v2_procs);
         }
         let netns = netns_pair.map(|((_, theirs), _)| theirs);
+        let exec_channel = exec_pair.map(|(_, theirs)| theirs);
         // P0's end is P0's alone.
         let taken = taken_pipe.map(|(read, write)| {
             drop(read);
@@ -80,7 +101,7 @@ pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> Stage
         });
         sys::child_exit(|| match taken {
             None => match parse_plan(plan) {
-                Ok(plan) => pid1(&plan, &cgroups.v1_tasks, joined[0], netns),
+                Ok(plan) => pid1(&plan, &cgroups.v1_tasks, joined[0], netns, exec_channel),
                 Err(message) => report_plan_error(message),
             },
             Some(taken) => match parse_warm_plan(plan) {
@@ -90,6 +111,12 @@ pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> Stage
         });
     }
     let step_taken = taken_pipe.map(|(read, _write)| read);
+    // Before the network namespace, whose making P1's `ready` waits for: the runtime has the
+    // channel before it hears `ready` (without a network namespace, it waits for both).
+    if let Some((ours, theirs)) = exec_pair {
+        drop(theirs);
+        send_exec_channel(ours);
+    }
     if let Some(((ours, theirs), proc_self)) = netns_pair {
         drop(theirs);
         send_network_namespace(&ours, &proc_self, prelude.egress.as_ref());
@@ -112,6 +139,24 @@ pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> Stage
     }
     join_v2_and_release(pid, procs, joined[1]);
     Ok(Started { pid, step_taken })
+}
+
+/// Sends the runtime its end of a session's exec channel with an `execChannel` status line,
+/// and closes P0's copy. Failing that, P1 is left with a channel nobody holds: it sees its
+/// end at once and stops the sandbox, and the runtime hears why.
+fn send_exec_channel(ours: OwnedFd) {
+    let line = b"{\"event\":\"execChannel\"}\n";
+    let sent = crate::network::send_with_fds(CONTROL_FD, line, &[ours.as_raw_fd()]);
+    drop(ours);
+    if let Err(e) = sent {
+        crate::control::report_error(
+            "session",
+            &SysError {
+                op: "send the exec channel to the runtime".into(),
+                errno: e.raw_os_error().unwrap_or(libc::EIO),
+            },
+        );
+    }
 }
 
 /// A warm sandbox's P0 between [`start`] and [`supervise`]: leaves fd 0 to P1, which reads

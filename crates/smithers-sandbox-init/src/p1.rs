@@ -25,6 +25,7 @@ pub(crate) fn pid1(
     v1_tasks: &[libc::c_int],
     joined: libc::c_int,
     netns: Option<OwnedFd>,
+    exec_channel: Option<OwnedFd>,
 ) -> i32 {
     if !enter(v1_tasks) {
         return 1;
@@ -33,6 +34,10 @@ pub(crate) fn pid1(
     if plan.exec_follows {
         return report_plan_error("a cold sandbox's plan must hold its command".to_string());
     }
+    // A session's commands come as messages; a plan's command there would be ignored.
+    if exec_channel.is_some() && !plan.exec.argv.is_empty() {
+        return report_plan_error("a session's plan must hold no command".to_string());
+    }
     let ready = match setup(plan, netns, joined) {
         Ok(r) => r,
         Err((stage, err)) => {
@@ -40,7 +45,24 @@ pub(crate) fn pid1(
             return 1;
         }
     };
-    run_command(plan, Some(ready))
+    match exec_channel {
+        Some(channel) => serve_session(channel, ready),
+        None => run_command(plan, Some(ready)),
+    }
+}
+
+/// P1 of a session once set up: reports `ready` and serves the exec channel until a stop or
+/// its end (see [`crate::session`]). Returns the exit code of P1 itself.
+fn serve_session(channel: OwnedFd, ready: Value) -> i32 {
+    let mut host = match crate::session::LibcHost::new(channel) {
+        Ok(h) => h,
+        Err(e) => {
+            report_error("session", &e);
+            return 1;
+        }
+    };
+    report(ready);
+    crate::session::serve(&mut host)
 }
 
 /// P1's first steps, warm or not: dies with P0, joins the v1 cgroups. False (reported) when
@@ -133,7 +155,7 @@ fn run_command(plan: &InitPlan, ready: Option<Value>) -> i32 {
     if let Some(ready) = ready {
         report(ready);
     }
-    let pid = match PreparedExec::new(plan).and_then(|exec| exec.spawn()) {
+    let pid = match PreparedExec::new(&plan.exec).and_then(|exec| exec.spawn()) {
         // posix_spawn returns once the command's exec succeeded: it runs from here on.
         Ok(pid) => {
             report(json!({"event": "started", "monotonicNs": sys::monotonic_ns()}));

@@ -244,6 +244,12 @@ pub struct Prelude {
     /// [`InitPlan`] follows on a third line, whenever the runtime has a step for it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warm: bool,
+    /// A sandbox that takes many commands: P0 makes an exec channel (a `SOCK_SEQPACKET`
+    /// pair), sends the runtime its end with an `execChannel` status line before P1 may run
+    /// anything, and P1, once `ready`, serves [`SessionRequest`]s there instead of running
+    /// the plan's `exec` (which must be empty), until told to stop or the channel ends.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub session: bool,
 }
 
 /// The sockets of the egress engine, bound by P0 inside the sandbox's network namespace
@@ -293,6 +299,7 @@ impl Prelude {
             unshare_net: !allow_network,
             egress: None,
             warm: false,
+            session: false,
         }
     }
 }
@@ -344,4 +351,62 @@ pub struct WarmPlan {
 pub struct ProbeInput {
     pub version: u32,
     pub seccomp: Option<Vec<BpfInstruction>>,
+}
+
+/// The largest message on a session's exec channel, either way. A request is one datagram
+/// (its descriptors ride with it), so its argv and environment must fit: the runtime refuses a
+/// larger command before sending it, and the init refuses what arrives truncated. Under the
+/// default socket buffer (`net.core.wmem_default`, 208 KiB), so a datagram this size is
+/// always accepted.
+pub const MAX_SESSION_MESSAGE: usize = 128 * 1024;
+
+/// At most this many commands of a session run at once; more is refused (the sandbox's pids
+/// limit bounds processes; this bounds the init's own table and descriptors).
+pub const MAX_SESSION_EXECS: usize = 1024;
+
+/// A request on a session's exec channel (runtime → P1), one JSON datagram.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase", deny_unknown_fields)]
+pub enum SessionRequest {
+    /// Start `exec` with the three descriptors that come with the datagram as its stdin,
+    /// stdout and stderr (`exec.stdin` must be `None`). `id` is the runtime's, unique among
+    /// the session's running commands.
+    Exec { id: u64, exec: ExecSpec },
+    /// Send `signal` (1..=64) to the command's process group (each command starts in a
+    /// session of its own, so its group is its pid).
+    Signal { id: u64, signal: i32 },
+    /// Kill every process of the sandbox, report each running command's end and
+    /// `stopped`, and end P1 (and with it the sandbox).
+    Stop,
+}
+
+/// A report on a session's exec channel (P1 → runtime), one JSON datagram.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "camelCase", deny_unknown_fields)]
+pub enum SessionReport {
+    /// The command `id` runs (its exec succeeded).
+    #[serde(rename_all = "camelCase")]
+    Started {
+        id: u64,
+        pid: i32,
+        monotonic_ns: u64,
+    },
+    /// The command `id` ended: its main process exited with `code` or was killed by
+    /// `signal`, and what was left of its process group was killed. A command that could not
+    /// start ends so too, with a shell's code (126, 127) and the reason on its stderr.
+    Exit {
+        id: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+    },
+    /// A request that was not carried out, and why (`id` when the request named one).
+    Refused {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<u64>,
+        message: String,
+    },
+    /// Every process of the sandbox is gone; P1 ends next.
+    Stopped,
 }

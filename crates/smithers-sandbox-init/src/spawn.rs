@@ -3,7 +3,7 @@
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 
-use crate::plan::InitPlan;
+use crate::plan::ExecSpec;
 use crate::sys;
 
 /// The command, prepared in P1.
@@ -14,6 +14,9 @@ pub(crate) struct PreparedExec {
     cwd: CString,
     /// Opened as the command's stdin: the plan's path read-only, else `/dev/null`.
     stdin: (CString, libc::c_int),
+    /// A session's command: its stdin, stdout and stderr, given with its request (these
+    /// replace `stdin` and P1's own 1 and 2).
+    stdio: Option<[libc::c_int; 3]>,
     argv0: String,
 }
 
@@ -22,24 +25,24 @@ impl PreparedExec {
     /// NUL byte in an argument, a variable, the working directory or the search path would
     /// end its C string early and start another command than the plan's (the runtime refuses
     /// those before; the init does not rely on it).
-    pub(crate) fn new(plan: &InitPlan) -> Result<PreparedExec, (i32, String)> {
-        let argv0 = plan.exec.argv.first().cloned().unwrap_or_default();
+    pub(crate) fn new(exec: &ExecSpec) -> Result<PreparedExec, (i32, String)> {
+        let argv0 = exec.argv.first().cloned().unwrap_or_default();
         let refuse = |what: String| {
             let message =
                 format!("smithers-sandbox: cannot start {argv0}: {what} contains a NUL byte\n");
             (126, message)
         };
         let c = |s: &[u8], what: &dyn Fn() -> String| CString::new(s).map_err(|_| refuse(what()));
-        let argv = (plan.exec.argv.iter().enumerate())
+        let argv = (exec.argv.iter().enumerate())
             .map(|(i, a)| c(a.as_bytes(), &|| format!("argument {i}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let env = (plan.exec.env.iter())
+        let env = (exec.env.iter())
             .map(|e| c(e.as_bytes(), &|| "an environment variable".to_string()))
             .collect::<Result<Vec<_>, _>>()?;
-        let cwd = c(plan.exec.cwd.as_os_str().as_bytes(), &|| {
+        let cwd = c(exec.cwd.as_os_str().as_bytes(), &|| {
             "the working directory".to_string()
         })?;
-        let stdin = match &plan.exec.stdin {
+        let stdin = match &exec.stdin {
             Some(path) => (
                 c(path.as_os_str().as_bytes(), &|| {
                     "the stdin path".to_string()
@@ -51,7 +54,7 @@ impl PreparedExec {
         let candidates = if argv0.contains('/') {
             vec![argv[0].clone()]
         } else {
-            (plan.exec.search_path.split(':'))
+            (exec.search_path.split(':'))
                 .filter(|d| !d.is_empty())
                 .map(|d| format!("{}/{argv0}", d.trim_end_matches('/')))
                 .map(|p| c(p.as_bytes(), &|| "the search path".to_string()))
@@ -63,8 +66,17 @@ impl PreparedExec {
             env,
             cwd,
             stdin,
+            stdio: None,
             argv0,
         })
+    }
+
+    /// The command started with `stdio` as its descriptors 0, 1 and 2 (a session's command;
+    /// the caller keeps them open until [`PreparedExec::spawn`] returns, and closes them
+    /// after).
+    pub(crate) fn with_stdio(mut self, stdio: [libc::c_int; 3]) -> PreparedExec {
+        self.stdio = Some(stdio);
+        self
     }
 
     /// The message and exit code of a command that could not start, as a shell gives them.
@@ -164,15 +176,27 @@ impl PreparedExec {
                 libc::posix_spawnattr_setsigdefault(&mut attr, &all),
                 libc::posix_spawnattr_setsigmask(&mut attr, &none),
                 libc::posix_spawnattr_setflags(&mut attr, flags),
-                libc::posix_spawn_file_actions_addopen(
-                    &mut actions,
-                    0,
-                    self.stdin.0.as_ptr(),
-                    self.stdin.1,
-                    0,
-                ),
             ];
-            if let Some(&e) = setup.iter().find(|&&e| e != 0) {
+            let stdio = match self.stdio {
+                // dup2 clears close-on-exec on the copy (the originals, like every descriptor
+                // of P1 from 3 up, are close-on-exec). P1's own 0-2 are taken (see
+                // `session`), so none of these is a 0-2 a dup2 before it would overwrite.
+                Some(fds) => [0, 1, 2].map(|i| {
+                    libc::posix_spawn_file_actions_adddup2(&mut actions, fds[i], i as libc::c_int)
+                }),
+                None => [
+                    libc::posix_spawn_file_actions_addopen(
+                        &mut actions,
+                        0,
+                        self.stdin.0.as_ptr(),
+                        self.stdin.1,
+                        0,
+                    ),
+                    0,
+                    0,
+                ],
+            };
+            if let Some(&e) = setup.iter().chain(&stdio).find(|&&e| e != 0) {
                 libc::posix_spawn_file_actions_destroy(&mut actions);
                 libc::posix_spawnattr_destroy(&mut attr);
                 return Err(self.failure(126, "cannot prepare the start of", e));
@@ -260,7 +284,7 @@ mod tests {
             (&["true"][..], &["A=1\0B"][..], "/w", "environment variable"),
             (&["true"][..], &[][..], "/w\0x", "working directory"),
         ] {
-            let Err((code, message)) = PreparedExec::new(&plan(argv, env, cwd)) else {
+            let Err((code, message)) = PreparedExec::new(&plan(argv, env, cwd).exec) else {
                 panic!("{argv:?} {env:?} {cwd:?} was accepted");
             };
             assert_eq!(code, 126);
@@ -270,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_plain_command_is_prepared_with_its_search_path() {
-        let exec = PreparedExec::new(&plan(&["ls", "-l"], &["A=1"], "/w")).unwrap();
+        let exec = PreparedExec::new(&plan(&["ls", "-l"], &["A=1"], "/w").exec).unwrap();
         assert_eq!(exec.argv.len(), 2);
         assert_eq!(exec.candidates.len(), 2);
         assert_eq!(exec.candidates[0].to_str().unwrap(), "/usr/bin/ls");

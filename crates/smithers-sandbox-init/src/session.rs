@@ -1,0 +1,434 @@
+//! P1 of a sandbox that takes many commands ([`crate::plan::Prelude::session`]): once
+//! `ready`, it serves [`SessionRequest`]s on the exec channel P0 made, one datagram each, and
+//! answers with [`SessionReport`]s there, until a `stop` or the channel's end. The plan is the
+//! sandbox; a command is a message.
+//!
+//! Each command starts in a session of its own with the three descriptors its request
+//! carried; its exit is reported when its main process ends, after what is left of its
+//! process group is killed (so nothing of it keeps its output open). A process that left its
+//! group (`setsid`) lives on until the sandbox stops; orphans are reaped as they end. A stop,
+//! or the runtime's end (the channel closes), kills every process of the sandbox: P1 is pid 1
+//! of its pid namespace.
+//!
+//! The loop ([`serve`]) is written against [`ExecHost`], the few calls it makes: the libc
+//! one ([`LibcHost`]) for the sandbox and a recording fake for its unit tests, so the
+//! protocol is tested without namespaces (as youki tests its container set-up).
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::plan::{
+    ExecSpec, SessionReport, SessionRequest, MAX_SESSION_EXECS, MAX_SESSION_MESSAGE,
+};
+use crate::spawn::PreparedExec;
+use crate::sys::{self, SysError, SysResult};
+
+/// What woke the loop.
+pub(crate) enum Wake {
+    /// A request's bytes and the descriptors that came with it; `truncated` when the
+    /// datagram did not fit [`MAX_SESSION_MESSAGE`].
+    Request {
+        bytes: Vec<u8>,
+        fds: Vec<OwnedFd>,
+        truncated: bool,
+    },
+    /// A child of P1 ended (one or more: reap until none is left).
+    Children,
+    /// The runtime closed the channel.
+    Closed,
+}
+
+/// The calls the session loop makes: the sandbox's (libc) or a test's.
+pub(crate) trait ExecHost {
+    /// Waits for the next request, child exit or the channel's end.
+    fn next(&mut self) -> SysResult<Wake>;
+    /// Sends a report to the runtime (a runtime that is gone is seen by `next`).
+    fn report(&mut self, report: &SessionReport);
+    /// Starts `exec` with `stdio` as its 0, 1 and 2; the pid, or the exit code and message of
+    /// a command that could not start (already written to its stderr).
+    fn spawn(&mut self, exec: &ExecSpec, stdio: &[OwnedFd; 3]) -> Result<libc::pid_t, i32>;
+    /// One ended child and its wait status, without blocking; `None` when none is left.
+    fn reap(&mut self) -> Option<(libc::pid_t, libc::c_int)>;
+    /// Sends `signal` to process group `pgid` (gone already: nothing to do).
+    fn signal_group(&mut self, pgid: libc::pid_t, signal: libc::c_int);
+    /// Kills every process of the sandbox but P1 and waits until each has ended.
+    fn kill_all_and_reap(&mut self);
+    /// The monotonic clock, for `started`.
+    fn now_ns(&mut self) -> u64;
+}
+
+/// The commands running, both ways.
+#[derive(Default)]
+struct Running {
+    by_pid: HashMap<libc::pid_t, u64>,
+    by_id: HashMap<u64, libc::pid_t>,
+}
+
+/// Serves the session until a stop or the channel's end. Returns P1's exit code.
+pub(crate) fn serve(host: &mut impl ExecHost) -> i32 {
+    let mut running = Running::default();
+    loop {
+        let wake = match host.next() {
+            Ok(w) => w,
+            Err(e) => {
+                // Unable to hear the runtime: nothing may run on unwatched.
+                host.report(&refused(None, format!("the exec channel failed: {e}")));
+                stop(host, &mut running);
+                return 1;
+            }
+        };
+        match wake {
+            Wake::Closed => {
+                stop(host, &mut running);
+                return 0;
+            }
+            Wake::Children => reap_ended(host, &mut running),
+            Wake::Request {
+                bytes,
+                fds,
+                truncated,
+            } => {
+                if truncated {
+                    host.report(&refused(
+                        None,
+                        format!("a request over {MAX_SESSION_MESSAGE} bytes"),
+                    ));
+                    continue;
+                }
+                match serde_json::from_slice::<SessionRequest>(&bytes) {
+                    Err(e) => {
+                        host.report(&refused(None, format!("a request that is not valid: {e}")))
+                    }
+                    Ok(SessionRequest::Exec { id, exec }) => {
+                        start(host, &mut running, id, &exec, fds)
+                    }
+                    Ok(SessionRequest::Signal { id, signal }) => {
+                        signal_exec(host, &running, id, signal)
+                    }
+                    Ok(SessionRequest::Stop) => {
+                        stop(host, &mut running);
+                        host.report(&SessionReport::Stopped);
+                        return 0;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn refused(id: Option<u64>, message: String) -> SessionReport {
+    SessionReport::Refused { id, message }
+}
+
+/// Starts one command, or says why not. The request's descriptors are P1's only until the
+/// spawn: closed here either way, so the command's output ends with the command.
+fn start(
+    host: &mut impl ExecHost,
+    running: &mut Running,
+    id: u64,
+    exec: &ExecSpec,
+    fds: Vec<OwnedFd>,
+) {
+    let stdio: [OwnedFd; 3] = match fds.try_into() {
+        Ok(stdio) => stdio,
+        Err(fds) => {
+            let message = format!("exec {id} came with {} descriptors, not 3", fds.len());
+            return host.report(&refused(Some(id), message));
+        }
+    };
+    let why_not = if running.by_id.contains_key(&id) {
+        Some(format!("exec {id} is already running"))
+    } else if running.by_id.len() >= MAX_SESSION_EXECS {
+        Some(format!("{MAX_SESSION_EXECS} commands are running already"))
+    } else if exec.stdin.is_some() {
+        Some(format!(
+            "exec {id} names a stdin path; a session's stdin is a descriptor"
+        ))
+    } else {
+        None
+    };
+    if let Some(message) = why_not {
+        return host.report(&refused(Some(id), message));
+    }
+    match host.spawn(exec, &stdio) {
+        Ok(pid) => {
+            running.by_pid.insert(pid, id);
+            running.by_id.insert(id, pid);
+            let monotonic_ns = host.now_ns();
+            host.report(&SessionReport::Started {
+                id,
+                pid,
+                monotonic_ns,
+            });
+        }
+        Err(code) => host.report(&SessionReport::Exit {
+            id,
+            code: Some(code),
+            signal: None,
+        }),
+    }
+    drop(stdio);
+}
+
+fn signal_exec(host: &mut impl ExecHost, running: &Running, id: u64, signal: i32) {
+    if !(1..=64).contains(&signal) {
+        return host.report(&refused(
+            Some(id),
+            format!("signal {signal} is not 1 to 64"),
+        ));
+    }
+    match running.by_id.get(&id) {
+        Some(&pid) => host.signal_group(pid, signal),
+        None => host.report(&refused(Some(id), format!("exec {id} is not running"))),
+    }
+}
+
+/// Reaps every ended child; a command's main process ending ends the command: what is left
+/// of its group is killed and its exit reported. Other children (orphans) are only reaped.
+fn reap_ended(host: &mut impl ExecHost, running: &mut Running) {
+    while let Some((pid, status)) = host.reap() {
+        let Some(id) = running.by_pid.remove(&pid) else {
+            continue;
+        };
+        running.by_id.remove(&id);
+        // The group outlives its leader's pid only while a member lives, and a pid is not
+        // reused while a group bears its number, so this reaches that group and no other.
+        host.signal_group(pid, libc::SIGKILL);
+        host.report(&exit_report(id, status));
+    }
+}
+
+/// Ends every process of the sandbox and reports each running command's end.
+fn stop(host: &mut impl ExecHost, running: &mut Running) {
+    host.kill_all_and_reap();
+    let mut ended: Vec<(u64, libc::pid_t)> = running.by_id.drain().collect();
+    running.by_pid.clear();
+    ended.sort_unstable();
+    for (id, _) in ended {
+        host.report(&SessionReport::Exit {
+            id,
+            code: None,
+            signal: Some(libc::SIGKILL),
+        });
+    }
+}
+
+fn exit_report(id: u64, status: libc::c_int) -> SessionReport {
+    let (code, signal) = if libc::WIFEXITED(status) {
+        (Some(libc::WEXITSTATUS(status)), None)
+    } else if libc::WIFSIGNALED(status) {
+        (None, Some(libc::WTERMSIG(status)))
+    } else {
+        (None, None)
+    };
+    SessionReport::Exit { id, code, signal }
+}
+
+/// The sandbox's [`ExecHost`]: the exec channel, and a signalfd for SIGCHLD (blocked in P1,
+/// reset for each command by `posix_spawn`).
+pub(crate) struct LibcHost {
+    channel: OwnedFd,
+    sigchld: OwnedFd,
+}
+
+impl LibcHost {
+    /// Blocks SIGCHLD and opens its signalfd; makes P1's own 1 and 2 copies of its control
+    /// socket (0), so that they no longer hold the runtime's first output pipes and so that a
+    /// request's descriptors, received as the lowest free numbers, are never 0-2 (a `dup2`
+    /// of one onto another's number would lose it).
+    pub(crate) fn new(channel: OwnedFd) -> SysResult<LibcHost> {
+        // A stop is `kill(-1)`, which only pid 1 of the sandbox's own pid namespace may send:
+        // anywhere else it would reach every process of the user.
+        if rustix::process::getpid().as_raw_nonzero().get() != 1 {
+            return Err(SysError {
+                op: "serve a session outside its own pid namespace".into(),
+                errno: libc::EPERM,
+            });
+        }
+        for fd in [1, 2] {
+            // SAFETY: dup2 of our own descriptor 0 onto 1 and 2, which nothing here uses.
+            let ret = unsafe { libc::dup2(crate::control::CONTROL_FD, fd) };
+            sys::check(ret, || format!("dup2 onto {fd}"))?;
+        }
+        // SAFETY: sigset_t is plain data, filled by sigemptyset/sigaddset before use.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: valid set pointer; SIGCHLD is a valid signal; a null old-set pointer.
+        let ret = unsafe {
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGCHLD);
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+        };
+        sys::check(ret, || "block SIGCHLD".to_string())?;
+        // SAFETY: signalfd on a valid set, a new descriptor we own from here on.
+        let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+        sys::check(fd, || "signalfd".to_string())?;
+        // SAFETY: signalfd returned a new descriptor nothing else owns.
+        let sigchld = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(LibcHost { channel, sigchld })
+    }
+
+    fn drain_sigchld(&self) {
+        let mut info = [0u8; 128];
+        // SAFETY: reads into a valid buffer of signalfd_siginfo's size; non-blocking.
+        while unsafe { libc::read(self.sigchld.as_raw_fd(), info.as_mut_ptr().cast(), 128) } > 0 {}
+    }
+}
+
+impl ExecHost for LibcHost {
+    fn next(&mut self) -> SysResult<Wake> {
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.sigchld.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.channel.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is a valid array of two pollfd structs; no timeout, no sigmask.
+            let n = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, std::ptr::null(), std::ptr::null()) };
+            if n < 0 {
+                if sys::errno() == libc::EINTR {
+                    continue;
+                }
+                return sys::fail("poll the exec channel");
+            }
+            if fds[0].revents != 0 {
+                self.drain_sigchld();
+                return Ok(Wake::Children);
+            }
+            if fds[1].revents != 0 {
+                return receive(self.channel.as_raw_fd());
+            }
+        }
+    }
+
+    fn report(&mut self, report: &SessionReport) {
+        let bytes = serde_json::to_vec(report).unwrap_or_default();
+        // SAFETY: sends a valid buffer; MSG_NOSIGNAL: a runtime that is gone is an EPIPE, seen
+        // next by `next` as the channel's end.
+        let _ = unsafe {
+            libc::send(
+                self.channel.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+    }
+
+    fn spawn(&mut self, exec: &ExecSpec, stdio: &[OwnedFd; 3]) -> Result<libc::pid_t, i32> {
+        let raw = [0, 1, 2].map(|i| stdio[i].as_raw_fd());
+        match PreparedExec::new(exec).and_then(|p| p.with_stdio(raw).spawn()) {
+            Ok(pid) => Ok(pid),
+            Err((code, message)) => {
+                let _ = sys::write_all_fd(raw[2], message.as_bytes());
+                Err(code)
+            }
+        }
+    }
+
+    fn reap(&mut self) -> Option<(libc::pid_t, libc::c_int)> {
+        loop {
+            let mut status = 0;
+            // SAFETY: `status` is a valid out-pointer.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
+            if pid > 0 {
+                return Some((pid, status));
+            }
+            if pid < 0 && sys::errno() == libc::EINTR {
+                continue;
+            }
+            return None; // 0: none ended yet; ECHILD: none left.
+        }
+    }
+
+    fn signal_group(&mut self, pgid: libc::pid_t, signal: libc::c_int) {
+        if pgid > 1 {
+            // ESRCH (the group is gone) is the expected answer after a command's end.
+            let _ = sys::kill(-pgid, signal);
+        }
+    }
+
+    fn kill_all_and_reap(&mut self) {
+        // SAFETY: kill(-1) from pid 1 of the pid namespace reaches every other process in it
+        // (all have our uid; we have no capabilities and need none).
+        unsafe { libc::kill(-1, libc::SIGKILL) };
+        loop {
+            // SAFETY: waitpid with a null status pointer.
+            let r = unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::__WALL) };
+            if r < 0 && sys::errno() != libc::EINTR {
+                break; // ECHILD: none left.
+            }
+        }
+    }
+
+    fn now_ns(&mut self) -> u64 {
+        sys::monotonic_ns()
+    }
+}
+
+/// One datagram of the channel with its descriptors (`MSG_CMSG_CLOEXEC`: none may reach a
+/// command but as its 0-2). The end of the channel is a read of 0 bytes with no descriptor.
+fn receive(sock: RawFd) -> SysResult<Wake> {
+    let mut bytes = vec![0u8; MAX_SESSION_MESSAGE];
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_mut_ptr().cast(),
+        iov_len: bytes.len(),
+    };
+    // Room for 8 descriptors: a request has 3; more are received (and closed) so that an
+    // over-full message is refused, not half-read.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain old data; zeroed is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    let n = loop {
+        // SAFETY: `msg` and the buffers it points to are valid for the call.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        if sys::errno() != libc::EINTR {
+            return Err(SysError {
+                op: "receive a request".into(),
+                errno: sys::errno(),
+            });
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `control` up to msg_controllen; the macros walk only that,
+    // and each descriptor received is new in this process and ours to own.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                let len = (*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize;
+                for i in 0..len / std::mem::size_of::<RawFd>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if n == 0 && fds.is_empty() {
+        return Ok(Wake::Closed);
+    }
+    let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+    bytes.truncate(n);
+    Ok(Wake::Request {
+        bytes,
+        fds,
+        truncated,
+    })
+}
+
+#[cfg(test)]
+mod tests;

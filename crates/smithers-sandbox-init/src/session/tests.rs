@@ -1,0 +1,278 @@
+//! The session loop against a recording fake: the protocol without namespaces.
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+
+use serde_json::{json, Value};
+
+use super::{serve, ExecHost, Wake};
+use crate::plan::{ExecSpec, SessionReport, MAX_SESSION_EXECS};
+use crate::sys::{SysError, SysResult};
+
+enum Step {
+    Request(Value, usize),
+    Raw(Vec<u8>, usize, bool),
+    Ended(Vec<(libc::pid_t, libc::c_int)>),
+    Closed,
+    Broken,
+}
+
+/// Plays `script` to the loop and writes down every call it makes.
+struct Fake {
+    script: VecDeque<Step>,
+    to_reap: VecDeque<(libc::pid_t, libc::c_int)>,
+    next_pid: libc::pid_t,
+    /// argv[0] of commands that cannot start, and the code they end with.
+    missing: Vec<(String, i32)>,
+    calls: Vec<String>,
+    reports: Vec<SessionReport>,
+    /// Descriptors handed to `spawn`, still open then (checked: 3, all valid).
+    spawned_with: Vec<usize>,
+}
+
+fn fds(n: usize) -> Vec<OwnedFd> {
+    (0..n)
+        .map(|_| std::fs::File::open("/dev/null").unwrap().into())
+        .collect()
+}
+
+impl Fake {
+    fn new(script: Vec<Step>) -> Fake {
+        Fake {
+            script: script.into(),
+            to_reap: VecDeque::new(),
+            next_pid: 100,
+            missing: vec![],
+            calls: vec![],
+            reports: vec![],
+            spawned_with: vec![],
+        }
+    }
+    fn run(mut self) -> (i32, Fake) {
+        let code = serve(&mut self);
+        (code, self)
+    }
+    fn reports_json(&self) -> Vec<Value> {
+        self.reports
+            .iter()
+            .map(|r| serde_json::to_value(r).unwrap())
+            .collect()
+    }
+}
+
+impl ExecHost for Fake {
+    fn next(&mut self) -> SysResult<Wake> {
+        match self.script.pop_front() {
+            Some(Step::Request(value, n)) => Ok(Wake::Request {
+                bytes: serde_json::to_vec(&value).unwrap(),
+                fds: fds(n),
+                truncated: false,
+            }),
+            Some(Step::Raw(bytes, n, truncated)) => Ok(Wake::Request {
+                bytes,
+                fds: fds(n),
+                truncated,
+            }),
+            Some(Step::Ended(list)) => {
+                self.to_reap.extend(list);
+                Ok(Wake::Children)
+            }
+            Some(Step::Closed) | None => Ok(Wake::Closed),
+            Some(Step::Broken) => Err(SysError {
+                op: "poll".into(),
+                errno: libc::EBADF,
+            }),
+        }
+    }
+    fn report(&mut self, report: &SessionReport) {
+        self.reports.push(report.clone());
+    }
+    fn spawn(&mut self, exec: &ExecSpec, stdio: &[OwnedFd; 3]) -> Result<libc::pid_t, i32> {
+        self.spawned_with.push(stdio.len());
+        let argv0 = exec.argv.first().cloned().unwrap_or_default();
+        self.calls.push(format!("spawn {argv0}"));
+        if let Some((_, code)) = self.missing.iter().find(|(m, _)| *m == argv0) {
+            return Err(*code);
+        }
+        self.next_pid += 1;
+        Ok(self.next_pid)
+    }
+    fn reap(&mut self) -> Option<(libc::pid_t, libc::c_int)> {
+        self.to_reap.pop_front()
+    }
+    fn signal_group(&mut self, pgid: libc::pid_t, signal: libc::c_int) {
+        self.calls.push(format!("signal {pgid} {signal}"));
+    }
+    fn kill_all_and_reap(&mut self) {
+        self.calls.push("kill all".into());
+    }
+    fn now_ns(&mut self) -> u64 {
+        7
+    }
+}
+
+fn exec(id: u64, argv0: &str) -> Value {
+    json!({"op": "exec", "id": id, "exec": {"argv": [argv0], "env": [], "cwd": "/workspace", "searchPath": "/bin"}})
+}
+
+/// A wait status: exited with `code`.
+fn exited(code: i32) -> libc::c_int {
+    (code & 0xff) << 8
+}
+
+#[test]
+fn two_commands_run_at_once_and_each_exit_is_reported_under_its_own_id() {
+    let (code, fake) = Fake::new(vec![
+        Step::Request(exec(1, "sleep"), 3),
+        Step::Request(exec(2, "true"), 3),
+        // The second ends first, then the first is killed by a signal.
+        Step::Ended(vec![(102, exited(0))]),
+        Step::Ended(vec![(101, libc::SIGTERM)]),
+        Step::Request(json!({"op": "stop"}), 0),
+    ])
+    .run();
+    assert_eq!(code, 0);
+    assert_eq!(
+        fake.reports_json(),
+        vec![
+            json!({"event": "started", "id": 1, "pid": 101, "monotonicNs": 7}),
+            json!({"event": "started", "id": 2, "pid": 102, "monotonicNs": 7}),
+            json!({"event": "exit", "id": 2, "code": 0}),
+            json!({"event": "exit", "id": 1, "signal": libc::SIGTERM}),
+            json!({"event": "stopped"}),
+        ]
+    );
+    // Each command's leftovers are killed as it ends, the sandbox's at the stop.
+    assert_eq!(
+        fake.calls,
+        [
+            "spawn sleep",
+            "spawn true",
+            "signal 102 9",
+            "signal 101 9",
+            "kill all"
+        ]
+    );
+    assert_eq!(fake.spawned_with, [3, 3]);
+}
+
+#[test]
+fn orphans_are_reaped_without_a_report() {
+    let (_, fake) = Fake::new(vec![
+        Step::Request(exec(5, "sh"), 3),
+        Step::Ended(vec![(4242, exited(0)), (101, exited(3))]),
+    ])
+    .run();
+    assert_eq!(
+        fake.reports_json()[1..],
+        [json!({"event": "exit", "id": 5, "code": 3})]
+    );
+}
+
+#[test]
+fn a_command_that_cannot_start_ends_with_a_shells_code() {
+    let mut fake = Fake::new(vec![Step::Request(exec(9, "nope"), 3)]);
+    fake.missing.push(("nope".into(), 127));
+    let (_, fake) = fake.run();
+    assert_eq!(
+        fake.reports_json(),
+        [json!({"event": "exit", "id": 9, "code": 127})]
+    );
+}
+
+#[test]
+fn requests_that_cannot_be_carried_out_are_refused_and_the_loop_goes_on() {
+    let mut stdin_path = exec(4, "cat");
+    stdin_path["exec"]["stdin"] = json!("/tmp/fifo");
+    let (code, fake) = Fake::new(vec![
+        Step::Request(exec(1, "a"), 2), // 2 descriptors
+        Step::Request(exec(1, "a"), 4), // 4 descriptors
+        Step::Request(exec(1, "a"), 3), // fine
+        Step::Request(exec(1, "b"), 3), // id in use
+        Step::Request(stdin_path, 3),   // a stdin path
+        Step::Request(json!({"op": "signal", "id": 8, "signal": 15}), 0), // not running
+        Step::Request(json!({"op": "signal", "id": 1, "signal": 0}), 0), // not a signal
+        Step::Request(json!({"op": "signal", "id": 1, "signal": 99}), 0), // not a signal
+        Step::Request(json!({"op": "exec", "id": 2, "exec": {}, "x": 1}), 3), // unknown field
+        Step::Raw(b"{not json".to_vec(), 0, false),
+        Step::Raw(b"{}".to_vec(), 3, true), // truncated
+        Step::Request(json!({"op": "signal", "id": 1, "signal": 2}), 0),
+        Step::Closed,
+    ])
+    .run();
+    assert_eq!(code, 0);
+    let reports = fake.reports_json();
+    let refused: Vec<&Value> = reports.iter().filter(|r| r["event"] == "refused").collect();
+    assert_eq!(refused.len(), 10, "{reports:#?}");
+    for (r, needle) in refused.iter().zip([
+        "2 descriptors",
+        "4 descriptors",
+        "already running",
+        "stdin path",
+        "not running",
+        "not 1 to 64",
+        "not 1 to 64",
+        "not valid",
+        "not valid",
+        "over 131072 bytes",
+    ]) {
+        assert!(
+            r["message"].as_str().unwrap().contains(needle),
+            "{r} ~ {needle}"
+        );
+    }
+    // Only the valid exec ran; the valid signal reached its group; the channel's end
+    // stopped the sandbox and reported the command it killed.
+    assert_eq!(fake.calls, ["spawn a", "signal 101 2", "kill all"]);
+    assert_eq!(
+        reports.last().unwrap(),
+        &json!({"event": "exit", "id": 1, "signal": 9})
+    );
+}
+
+#[test]
+fn a_stop_kills_everything_and_reports_each_running_command_then_stopped() {
+    let (code, fake) = Fake::new(vec![
+        Step::Request(exec(3, "x"), 3),
+        Step::Request(exec(1, "y"), 3),
+        Step::Request(json!({"op": "stop"}), 0),
+        Step::Request(exec(7, "never"), 3),
+    ])
+    .run();
+    assert_eq!(code, 0);
+    let reports = fake.reports_json();
+    assert_eq!(
+        reports[2..],
+        [
+            json!({"event": "exit", "id": 1, "signal": 9}),
+            json!({"event": "exit", "id": 3, "signal": 9}),
+            json!({"event": "stopped"}),
+        ]
+    );
+    assert!(!fake.calls.iter().any(|c| c == "spawn never"));
+}
+
+#[test]
+fn a_broken_channel_stops_the_sandbox() {
+    let (code, fake) = Fake::new(vec![Step::Request(exec(1, "x"), 3), Step::Broken]).run();
+    assert_eq!(code, 1);
+    assert_eq!(fake.calls.last().unwrap(), "kill all");
+}
+
+#[test]
+fn no_more_than_the_bound_run_at_once() {
+    let mut script: Vec<Step> = (0..=MAX_SESSION_EXECS as u64)
+        .map(|id| Step::Request(exec(id, "x"), 3))
+        .collect();
+    script.push(Step::Closed);
+    let (_, fake) = Fake::new(script).run();
+    let reports = fake.reports_json();
+    assert_eq!(
+        reports.iter().filter(|r| r["event"] == "started").count(),
+        MAX_SESSION_EXECS
+    );
+    assert!(reports[MAX_SESSION_EXECS]["message"]
+        .as_str()
+        .unwrap()
+        .contains("running already"));
+}

@@ -37,6 +37,7 @@ pub mod config;
 pub mod conformance;
 #[cfg(feature = "suites")]
 pub mod containment;
+pub mod engine;
 pub mod error;
 pub mod git_ref;
 pub mod kept_layer;
@@ -51,6 +52,7 @@ pub use config::{
     parse_cpu_limit, parse_memory_limit, Controls, EgressConfig, PortMapping, RuntimeKind,
     SandboxConfig, VolumeMount, WorkspacePersistence, WorkspaceSpec,
 };
+pub use engine::{BackendName, Engine, EngineCapabilities, ExecExit, ExecRequest};
 pub use error::RuntimeError;
 pub use output::OutputStream;
 pub use types::{

@@ -434,7 +434,7 @@ impl OutputSink for NullSink {
     fn event(&self, _event: OutputEvent) {}
 }
 
-mod duration_ms {
+pub(crate) mod duration_ms {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};

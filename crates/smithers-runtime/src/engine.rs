@@ -1,0 +1,216 @@
+//! The engine contract: a sandbox's own life, apart from any step's.
+//!
+//! A step is one use of a sandbox; a session is many. An [`Engine`] makes a sandbox
+//! (`create`, `ship`), brings it up (`start`: namespaces or container up, workspace mounted,
+//! ready for commands), runs commands in it (`exec`, any number of times, concurrently where
+//! [`EngineCapabilities::concurrent_execs`]), ends its processes (`stop`) and removes it
+//! (`destroy`). The step pipeline is ship → start → exec → stop → collect over it; sessions
+//! hold a started sandbox across many execs.
+//!
+//! # Semantics every engine guarantees
+//!
+//! * **create** validates the config and refuses, up front, any control it cannot enforce,
+//!   as [`crate::Runtime::create`] does; nothing runs yet. The handle is plain data.
+//! * **start** returns once a command can be exec'd: isolation in place (namespaces or
+//!   container, Landlock, seccomp, limits), the workspace mounted at `/workspace`. Starting a
+//!   started sandbox, or exec in one not started, is [`RuntimeError::OutOfOrder`].
+//! * **exec** runs one command in the started sandbox: its stdout and stderr go to `output`
+//!   byte for byte as written ([`crate::OutputEvent::Output`]; an engine keeps no copy and
+//!   caps nothing: caps are the caller's), its stdin is the request's stream or `/dev/null`.
+//!   It returns when the command's main process has ended and its output has been relayed;
+//!   what is left of its process group is killed then. A non-zero exit, a signal, the
+//!   request's timeout and `cancel` are [`ExecExit`]s, not errors; on a timeout or a cancel
+//!   the command's group is killed and the sandbox stays usable for the next exec. Each exec's
+//!   environment and working directory are its own; the workspace and the sandbox's processes
+//!   started outside their group are shared.
+//! * **stop** kills every process of the sandbox and returns when all are gone; the
+//!   workspace stays (to be collected). Idempotent; a stopped sandbox cannot exec.
+//! * **destroy** removes every host resource of the sandbox but a collected bundle.
+//!   Idempotent, in any state, and from another process with a handle read back from the
+//!   database: a handle is never trusted for paths (see [`SandboxHandle::project_root`]).
+//! * An engine that cannot do a verb says so in [`EngineCapabilities`]; the caller never
+//!   finds out by a failure.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    EnforcementReport, OutputSink, RequestBundle, RuntimeError, RuntimeKind, SandboxConfig,
+    SandboxHandle, ShipReport, StepStdin, Termination,
+};
+
+/// A backend's name: an open set (a new backend needs no change to this contract), with the
+/// known ones as constants. Serialised as its string, the `runtime` column's contract.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct BackendName(Cow<'static, str>);
+
+impl BackendName {
+    /// Local Linux namespaces (named after the original's use of bubblewrap).
+    pub const NATIVE: BackendName = BackendName(Cow::Borrowed("bubblewrap"));
+    /// A container engine through its API socket.
+    pub const DOCKER: BackendName = BackendName(Cow::Borrowed("docker"));
+    /// A remote sandbox host over HTTP.
+    pub const CODEPLANE: BackendName = BackendName(Cow::Borrowed("codeplane"));
+    /// A Ray fleet.
+    pub const RAY: BackendName = BackendName(Cow::Borrowed("ray"));
+
+    /// A backend by name: lower-case ASCII letters, digits and `-`, 1 to 32 bytes (it is
+    /// stored, shown and used in paths).
+    pub fn new(name: impl Into<String>) -> Result<BackendName, RuntimeError> {
+        let name = name.into();
+        let valid = (1..=32).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !valid {
+            return Err(RuntimeError::InvalidControl {
+                control: "runtime",
+                reason: format!("{name:?} is not a backend name (a-z, 0-9 and '-', 1 to 32 bytes)"),
+            });
+        }
+        Ok(BackendName(Cow::Owned(name)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for BackendName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for BackendName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BackendName({})", self.0)
+    }
+}
+
+impl From<RuntimeKind> for BackendName {
+    fn from(kind: RuntimeKind) -> BackendName {
+        BackendName(Cow::Borrowed(kind.as_str()))
+    }
+}
+
+/// What an engine can do beyond the verbs every engine has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineCapabilities {
+    /// Several execs may run in one sandbox at once.
+    pub concurrent_execs: bool,
+    /// An exec's stdin may be a stream (else only `/dev/null`).
+    pub exec_stdin: bool,
+}
+
+/// One command for a started sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    /// The working directory: absolute inside the sandbox, or relative to `/workspace`
+    /// (confined to it); `None`: `/workspace`.
+    pub cwd: Option<String>,
+    /// Variables set for this command only, over the sandbox's own environment (the
+    /// config's `env`, `HOME`, `PATH`, the proxy variables of an egress policy).
+    pub env: Vec<(String, String)>,
+    /// Its stdin: `/dev/null` unless a stream is given (taken once).
+    pub stdin: StepStdin,
+    /// Killed (its group) after this long; `None`: no bound of its own.
+    pub timeout: Option<Duration>,
+}
+
+/// How one exec ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecExit {
+    /// `Exited`, `Signaled`, `Timeout` or `Cancelled`.
+    pub termination: Termination,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    #[serde(with = "crate::types::duration_ms")]
+    pub duration: Duration,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+/// A sandbox's life. Object safe: callers hold `Arc<dyn Engine>`.
+#[async_trait]
+pub trait Engine: Send + Sync + fmt::Debug {
+    /// Which backend this is.
+    fn backend(&self) -> BackendName;
+
+    /// What this engine can do beyond the common verbs.
+    fn capabilities(&self) -> EngineCapabilities;
+
+    /// What this host can enforce for this engine.
+    async fn probe(&self) -> EnforcementReport;
+
+    /// Validates the config, refuses what cannot be enforced, prepares host state.
+    async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError>;
+
+    /// Makes the request and the workspace view ready for `start`.
+    async fn ship(
+        &self,
+        handle: &SandboxHandle,
+        request: &RequestBundle,
+    ) -> Result<ShipReport, RuntimeError>;
+
+    /// Brings the sandbox up, ready for `exec`.
+    async fn start(&self, handle: &SandboxHandle) -> Result<(), RuntimeError>;
+
+    /// Runs one command in the started sandbox (see the module docs).
+    async fn exec(
+        &self,
+        handle: &SandboxHandle,
+        request: ExecRequest,
+        cancel: CancellationToken,
+        output: &dyn OutputSink,
+    ) -> Result<ExecExit, RuntimeError>;
+
+    /// Kills every process of the sandbox; the workspace stays. Idempotent.
+    async fn stop(&self, handle: &SandboxHandle) -> Result<(), RuntimeError>;
+
+    /// Removes every host resource of the sandbox but its bundle. Idempotent.
+    async fn destroy(&self, handle: &SandboxHandle) -> Result<(), RuntimeError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_backends_keep_their_stored_names() {
+        for kind in [
+            RuntimeKind::Bubblewrap,
+            RuntimeKind::Docker,
+            RuntimeKind::Codeplane,
+            RuntimeKind::Ray,
+        ] {
+            let name = BackendName::from(kind);
+            assert_eq!(name.as_str(), kind.as_str());
+            assert_eq!(serde_json::to_string(&name).unwrap(), format!("\"{kind}\""));
+        }
+        assert_eq!(
+            BackendName::NATIVE,
+            BackendName::from(RuntimeKind::Bubblewrap)
+        );
+    }
+
+    #[test]
+    fn a_new_backend_needs_no_change_here_but_its_name_is_checked() {
+        assert_eq!(
+            BackendName::new("firecracker").unwrap().as_str(),
+            "firecracker"
+        );
+        for bad in ["", "Docker", "a/b", "../x", "x y", &"a".repeat(33)] {
+            assert!(BackendName::new(bad).is_err(), "{bad:?}");
+        }
+    }
+}

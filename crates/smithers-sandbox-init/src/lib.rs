@@ -52,6 +52,7 @@
 //! which never lets a panic unwind into the parent's copied frames.
 
 mod cgroups;
+pub mod channel;
 mod control;
 mod mounts;
 mod namespaces;

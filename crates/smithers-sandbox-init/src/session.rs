@@ -372,62 +372,21 @@ impl ExecHost for LibcHost {
     }
 }
 
-/// One datagram of the channel with its descriptors (`MSG_CMSG_CLOEXEC`: none may reach a
-/// command but as its 0-2). The end of the channel is a read of 0 bytes with no descriptor.
+/// One datagram of the channel with its descriptors (close-on-exec: none may reach a command
+/// but as its 0-2).
 fn receive(sock: RawFd) -> SysResult<Wake> {
-    let mut bytes = vec![0u8; MAX_SESSION_MESSAGE];
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_mut_ptr().cast(),
-        iov_len: bytes.len(),
-    };
-    // Room for 8 descriptors: a request has 3; more are received (and closed) so that an
-    // over-full message is refused, not half-read.
-    let mut control = [0u64; 8];
-    // SAFETY: msghdr is plain old data; zeroed is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    let n = loop {
-        // SAFETY: `msg` and the buffers it points to are valid for the call.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n as usize;
-        }
-        if sys::errno() != libc::EINTR {
-            return Err(SysError {
-                op: "receive a request".into(),
-                errno: sys::errno(),
-            });
-        }
-    };
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled `control` up to msg_controllen; the macros walk only that,
-    // and each descriptor received is new in this process and ours to own.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-                let len = (*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize;
-                for i in 0..len / std::mem::size_of::<RawFd>() {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
+    match crate::channel::recv(sock, MAX_SESSION_MESSAGE, 0) {
+        Ok(None) => Ok(Wake::Closed),
+        Ok(Some(d)) => Ok(Wake::Request {
+            bytes: d.bytes,
+            fds: d.fds,
+            truncated: d.truncated,
+        }),
+        Err(e) => Err(SysError {
+            op: "receive a request".into(),
+            errno: e.raw_os_error().unwrap_or(libc::EIO),
+        }),
     }
-    if n == 0 && fds.is_empty() {
-        return Ok(Wake::Closed);
-    }
-    let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
-    bytes.truncate(n);
-    Ok(Wake::Request {
-        bytes,
-        fds,
-        truncated,
-    })
 }
 
 #[cfg(test)]

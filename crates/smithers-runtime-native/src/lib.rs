@@ -56,6 +56,8 @@ mod cleanup;
 mod collect;
 /// `create`: refusals, the workspace decision, the sandbox's directories and cgroups.
 mod create;
+/// The [`smithers_runtime::Engine`]: a sandbox started once and sent many commands.
+mod engine;
 /// `execute`: the plan, the init, the step's output, limits and outcome.
 mod exec;
 /// `probe`, and the checks made once per runtime (overlayfs, a container's confinement).

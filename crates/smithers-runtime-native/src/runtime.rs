@@ -47,6 +47,8 @@ pub struct NativeRuntime {
     /// first execute (or its cleanup).
     pub(crate) attached:
         Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, warm::ClaimedWarm>>>,
+    /// Sandboxes started through the engine and not stopped.
+    pub(crate) live: crate::engine::LiveSandboxes,
 }
 
 impl Default for NativeRuntime {
@@ -68,6 +70,7 @@ impl NativeRuntime {
             prestarted: OnceLock::new(),
             container_probe_ok: OnceLock::new(),
             attached: Default::default(),
+            live: Default::default(),
         }
     }
 

@@ -28,43 +28,49 @@ use crate::warm::ClaimedWarm;
 use super::supervise::KILL_GRACE;
 
 /// What the step's init is started with.
-pub(super) struct LaunchInput<'a> {
-    pub(super) caps: &'a HostCaps,
-    pub(super) zygote: Option<&'a ZygoteSlot>,
-    pub(super) init: &'a InitCommand,
-    pub(super) seccomp: &'a Vec<BpfInstruction>,
-    pub(super) backend: &'a Backend,
-    pub(super) command: &'a StepCommand,
-    pub(super) controls: &'a Controls,
-    pub(super) layout: &'a HostLayout,
-    pub(super) workspace: WorkspaceFacts,
-    pub(super) prelude: &'a Prelude,
-    pub(super) prelude_line: &'a [u8],
-    pub(super) step_env: &'a BTreeMap<String, String>,
-    pub(super) egress_etc: Option<&'a Path>,
+pub(crate) struct LaunchInput<'a> {
+    pub(crate) caps: &'a HostCaps,
+    pub(crate) zygote: Option<&'a ZygoteSlot>,
+    pub(crate) init: &'a InitCommand,
+    pub(crate) seccomp: &'a Vec<BpfInstruction>,
+    pub(crate) backend: &'a Backend,
+    pub(crate) command: &'a StepCommand,
+    pub(crate) controls: &'a Controls,
+    pub(crate) layout: &'a HostLayout,
+    pub(crate) workspace: WorkspaceFacts,
+    pub(crate) prelude: &'a Prelude,
+    pub(crate) prelude_line: &'a [u8],
+    pub(crate) step_env: &'a BTreeMap<String, String>,
+    pub(crate) egress_etc: Option<&'a Path>,
+    /// A sandbox that takes many commands ([`Prelude::session`]): the plan is sent without
+    /// its command, which [`Launched::session_exec`] keeps as every command's base.
+    pub(crate) session: bool,
 }
 
 /// The step's init, sent its plan, and how it came to serve the step (for the log).
-pub(super) struct Launched {
+pub(crate) struct Launched {
     /// Our end of its control socket.
-    pub(super) ours: UnixStream,
-    pub(super) spawned: SpawnedInit,
-    pub(super) plan: InitPlan,
+    pub(crate) ours: UnixStream,
+    pub(crate) spawned: SpawnedInit,
+    pub(crate) plan: InitPlan,
     /// An armed init's `ready`, which the pool's keeper read.
-    pub(super) ready: Option<Value>,
+    pub(crate) ready: Option<Value>,
     /// How long the warm init that serves the step had been waiting.
-    pub(super) warm_for: Option<Duration>,
-    pub(super) armed_served: bool,
-    pub(super) armed_given_up: bool,
+    pub(crate) warm_for: Option<Duration>,
+    pub(crate) armed_served: bool,
+    pub(crate) armed_given_up: bool,
     /// Why the claimed warm init could not be sent the plan (it was gone).
-    pub(super) warm_lost: Option<String>,
+    pub(crate) warm_lost: Option<String>,
     /// When the init was started (the step's duration counts from here).
-    pub(super) started: Instant,
+    pub(crate) started: Instant,
+    /// A session's base command (environment, search path, working directory), taken out of
+    /// the plan it was compiled into.
+    pub(crate) session_exec: Option<plan::ExecSpec>,
 }
 
 /// Starts the step's init and sends it the plan; with the stdin feed, which must live as long
 /// as the step.
-pub(super) async fn launch(
+pub(crate) async fn launch(
     input: &LaunchInput<'_>,
     warm: Option<ClaimedWarm>,
 ) -> Result<(Launched, Option<StdinFeed>), RuntimeError> {
@@ -100,7 +106,8 @@ pub(super) async fn launch(
     if !armed {
         clear_volatile_marks(layout, git_work.as_deref())?;
     }
-    let plan = compile_plan(input, stdin_feed.is_some(), git_common).await?;
+    let mut plan = compile_plan(input, stdin_feed.is_some(), git_common).await?;
+    let session_exec = input.session.then(|| std::mem::take(&mut plan.exec));
     let sent = send_to_warm(warm, &plan, backend)?;
     let warmed = sent.warmed;
     let ready = sent.ready.filter(|_| warmed.is_some());
@@ -144,6 +151,7 @@ pub(super) async fn launch(
         armed_given_up,
         warm_lost: sent.warm_lost,
         started,
+        session_exec,
     };
     Ok((launched, stdin_feed))
 }

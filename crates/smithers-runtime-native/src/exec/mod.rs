@@ -8,7 +8,7 @@
 //! happened into the outcome and the bundle's log.
 
 mod disk_guard;
-mod launch;
+pub(crate) mod launch;
 mod outcome;
 mod pump;
 mod result;
@@ -91,6 +91,7 @@ pub(crate) async fn execute(
         prelude_line: &prelude_line,
         step_env: &egress.step_env,
         egress_etc: egress.resolv.as_deref(),
+        session: false,
     };
     // The caller's stream as the command's stdin, through a FIFO in the request directory;
     // the feed stops when this function returns.
@@ -105,6 +106,7 @@ pub(crate) async fn execute(
         armed_given_up,
         warm_lost,
         started,
+        session_exec: _,
     } = launched;
     // While the sandbox starts the command (over half a millisecond before it even runs),
     // the directories its bundle is written into are made, off collect's path. A failure
@@ -145,7 +147,7 @@ pub(crate) async fn execute(
 
 /// The config `create` kept, once `ship` has been called (an execute before either is out of
 /// order).
-fn read_stored_config(backend: &Backend) -> Result<StoredConfig, RuntimeError> {
+pub(crate) fn read_stored_config(backend: &Backend) -> Result<StoredConfig, RuntimeError> {
     let config_bytes =
         std::fs::read(backend.config_file()).map_err(|e| RuntimeError::OutOfOrder {
             verb: "execute",
@@ -211,16 +213,16 @@ fn check_command(command: &StepCommand, controls: &Controls) -> Result<(), Runti
 
 /// The step's egress policy and what it needs: the listeners P0 binds, the resolver
 /// configuration, the proxy variables and the denials file.
-struct EgressSetup {
-    policy: Option<smithers_egress::Policy>,
-    listen: Option<smithers_sandbox_init::plan::EgressListen>,
-    resolv: Option<PathBuf>,
-    step_env: BTreeMap<String, String>,
-    denials_file: PathBuf,
+pub(crate) struct EgressSetup {
+    pub(crate) policy: Option<smithers_egress::Policy>,
+    pub(crate) listen: Option<smithers_sandbox_init::plan::EgressListen>,
+    pub(crate) resolv: Option<PathBuf>,
+    pub(crate) step_env: BTreeMap<String, String>,
+    pub(crate) denials_file: PathBuf,
 }
 
 impl EgressSetup {
-    fn new(
+    pub(crate) fn new(
         caps: &HostCaps,
         backend: &Backend,
         controls: &Controls,

@@ -1,0 +1,145 @@
+//! The runtime's end of a session's exec channel (see `smithers_sandbox_init::channel`):
+//! requests go out with their descriptors; one reader task takes every report and hands it to
+//! the exec it names.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+
+use smithers_sandbox_init::channel;
+use smithers_sandbox_init::plan::{SessionReport, SessionRequest, MAX_SESSION_MESSAGE};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio_util::sync::CancellationToken;
+
+/// A live sandbox's exec channel.
+#[derive(Debug)]
+pub(crate) struct Channel {
+    fd: AsyncFd<OwnedFd>,
+    /// The running execs' report queues, by id.
+    waiters: Mutex<HashMap<u64, UnboundedSender<SessionReport>>>,
+    /// Reports naming no running exec (a refusal without an id), kept for the log.
+    stray: Mutex<Vec<SessionReport>>,
+    /// The init reported `stopped`.
+    pub(crate) stopped: CancellationToken,
+    /// The channel ended: P1 is gone (stopped, killed, or the sandbox died).
+    pub(crate) closed: CancellationToken,
+}
+
+impl Channel {
+    /// Takes the runtime's end of the channel (made non-blocking) and starts its reader.
+    pub(crate) fn start(fd: OwnedFd) -> std::io::Result<Arc<Channel>> {
+        set_nonblocking(&fd)?;
+        let channel = Arc::new(Channel {
+            // SAFETY: an OwnedFd's `as_raw_fd` is its one descriptor, open until the AsyncFd
+            // (which owns it) is dropped.
+            fd: unsafe { AsyncFd::register(fd) }.map_err(std::io::Error::from)?,
+            waiters: Mutex::new(HashMap::new()),
+            stray: Mutex::new(Vec::new()),
+            stopped: CancellationToken::new(),
+            closed: CancellationToken::new(),
+        });
+        tokio::spawn(channel.clone().read_reports());
+        Ok(channel)
+    }
+
+    /// The queue of exec `id`'s reports, made before its request is sent. It ends (`None`)
+    /// when the channel does.
+    pub(crate) fn register(&self, id: u64) -> UnboundedReceiver<SessionReport> {
+        let (tx, rx) = unbounded_channel();
+        if !self.closed.is_cancelled() {
+            self.lock().insert(id, tx);
+        }
+        rx
+    }
+
+    pub(crate) fn unregister(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, UnboundedSender<SessionReport>>> {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends one request with `fds` attached.
+    pub(crate) async fn send(&self, request: &SessionRequest, fds: &[RawFd]) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(request).map_err(std::io::Error::other)?;
+        if bytes.len() > MAX_SESSION_MESSAGE {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "the command and its environment take {} bytes, over the {MAX_SESSION_MESSAGE} a session's command may",
+                    bytes.len()
+                ),
+            ));
+        }
+        loop {
+            let mut ready = self.fd.writable().await?;
+            let sent = ready.try_io(|fd| {
+                channel::send(fd.as_raw_fd(), &bytes, fds, libc::MSG_DONTWAIT)
+            });
+            match sent {
+                Ok(result) => return result,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Reads reports until the channel ends, handing each to its exec; at the end every
+    /// waiter's queue is closed.
+    async fn read_reports(self: Arc<Self>) {
+        loop {
+            let datagram = match self.fd.readable().await {
+                Ok(mut ready) => match ready.try_io(|fd| {
+                    channel::recv(fd.as_raw_fd(), MAX_SESSION_MESSAGE, libc::MSG_DONTWAIT)
+                }) {
+                    Ok(result) => result,
+                    Err(_would_block) => continue,
+                },
+                Err(e) => Err(e),
+            };
+            let Ok(Some(datagram)) = datagram else {
+                break;
+            };
+            // P1 sends no descriptors; any that came are closed with the datagram.
+            let Ok(report) = serde_json::from_slice::<SessionReport>(&datagram.bytes) else {
+                continue;
+            };
+            self.dispatch(report);
+        }
+        self.lock().clear();
+        self.closed.cancel();
+    }
+
+    fn dispatch(&self, report: SessionReport) {
+        let id = match &report {
+            SessionReport::Started { id, .. } | SessionReport::Exit { id, .. } => Some(*id),
+            SessionReport::Refused { id, .. } => *id,
+            SessionReport::Stopped => {
+                self.stopped.cancel();
+                return;
+            }
+        };
+        let waiter = id.and_then(|id| self.lock().get(&id).cloned());
+        match waiter {
+            Some(tx) => {
+                let _ = tx.send(report);
+            }
+            None => self
+                .stray
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(report),
+        }
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own, reading then setting its status flags.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -3,7 +3,7 @@
 //!
 //! ```ignore
 //! // crates/<backend>/tests/containment.rs
-//! smithers_runtime::containment_tests!(make_env);
+//! smithers_test_support::containment_tests!(make_env);
 //! ```
 //!
 //! A row the runtime cannot enforce on this host passes only when the runtime says so: a limit
@@ -25,7 +25,7 @@ use crate::conformance::{
     memory_hog_case, outlive_case, run_once, start, unique, CaseFn, CaseResult, Project, Skip,
     SuiteEnv, HELPER_ENV, HOST_SECRET_ENV,
 };
-use crate::{RuntimeError, SandboxHandle, Termination};
+use smithers_runtime::{RuntimeError, SandboxHandle, Termination};
 
 /// Calls `$callback!` with the list of containment rows.
 #[doc(hidden)]
@@ -801,12 +801,12 @@ async fn row13_helper(env: &SuiteEnv) -> CaseResult {
         serde_json::to_vec(&handle).expect("handle json"),
     )
     .expect("store the handle");
-    let request = crate::RequestBundle {
+    let request = smithers_runtime::RequestBundle {
         request: json!({"status": "pending", "sandboxId": config.sandbox_id,
                         "runtime": config.runtime.as_str(), "input": {}}),
     };
     env.runtime().ship(&handle, &request).await.expect("ship");
-    let command = crate::StepCommand {
+    let command = smithers_runtime::StepCommand {
         argv: vec![
             "/workspace/smithers-attack".into(),
             "daemonize".into(),
@@ -826,8 +826,8 @@ async fn row13_helper(env: &SuiteEnv) -> CaseResult {
         .execute(
             &handle,
             &command,
-            crate::CancellationToken::new(),
-            &crate::NullSink,
+            smithers_runtime::CancellationToken::new(),
+            &smithers_runtime::NullSink,
         )
         .await;
     Ok(())
@@ -1040,7 +1040,7 @@ pub async fn row16_bundle_bomb_rejected(env: &SuiteEnv) -> CaseResult {
         let exec = sandbox
             .exec_with(
                 vec!["/bin/sh".into(), "-c".into(), line],
-                crate::CancellationToken::new(),
+                smithers_runtime::CancellationToken::new(),
             )
             .await;
         let exec = match exec {

@@ -1,4 +1,4 @@
-//! The shared conformance and containment suites (smithers-runtime, feature `suites`) against
+//! The shared conformance and containment suites (smithers-test-support) against
 //! the docker runtime: one `#[test]` per case, real containers on a real engine.
 //!
 //! The suites copy the host's `smithers-attack` binary into the project and run it from

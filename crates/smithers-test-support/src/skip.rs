@@ -33,13 +33,15 @@ pub fn test_name() -> String {
 
 /// A required capability is missing: panics under `CI=true`; otherwise prints
 /// `SKIP <test>: <reason>` (the running test's name) and returns false, so that a check can
-/// end with `ok || skip_or_fail("...")`.
+/// end with `ok || skip_or_fail("...")`. Under CI the panic names the caller's line.
+#[track_caller]
 pub fn skip_or_fail(reason: &str) -> bool {
     skip_or_fail_as(&test_name(), reason)
 }
 
 /// [`skip_or_fail`] for a test whose name is not its thread's (a suite case run from a table,
 /// a check on another thread).
+#[track_caller]
 pub fn skip_or_fail_as(test: &str, reason: &str) -> bool {
     if in_ci() {
         panic!("{test}: required capability missing under CI=true: {reason}");

@@ -156,6 +156,14 @@ const INIT_FORBIDDEN: &[&str] = &[
     "smithers-*",
 ];
 
+/// The crate every test may use and no code may: the CI-aware skip and the backends' suites.
+const TEST_SUPPORT: &str = "smithers-test-support";
+
+/// What the test-support crate may depend on (in any table): the runtime contract and what
+/// lies beneath it, never a backend, the store, the lifecycle, the host or the CLI (the suites
+/// drive any runtime through the trait alone).
+const TEST_SUPPORT_MAY_USE: &[&str] = &["smithers-runtime", "smithers-errors"];
+
 /// (crate, dependency, why): the only edges allowed that a rule above forbids.
 const ALLOWED_EDGES: &[(&str, &str, &str)] = &[(
     "smithers-runtime-ray",
@@ -170,9 +178,10 @@ fn matches(pattern: &str, name: &str) -> bool {
     }
 }
 
-fn workspace_crates() -> BTreeMap<String, BTreeSet<String>> {
+/// Every workspace crate's manifest, by package name.
+fn workspace_manifests() -> BTreeMap<String, toml::Table> {
     let crates_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut graph = BTreeMap::new();
+    let mut manifests = BTreeMap::new();
     for entry in std::fs::read_dir(&crates_dir).unwrap() {
         let manifest = entry.unwrap().path().join("Cargo.toml");
         let Ok(text) = std::fs::read_to_string(&manifest) else {
@@ -181,34 +190,50 @@ fn workspace_crates() -> BTreeMap<String, BTreeSet<String>> {
         let doc: toml::Table =
             toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
         let name = doc["package"]["name"].as_str().unwrap().to_string();
-        let mut deps = BTreeSet::new();
-        // Normal and build dependencies, including target-specific ones; not dev-dependencies.
-        let mut tables: Vec<&toml::Table> = Vec::new();
-        for key in ["dependencies", "build-dependencies"] {
-            if let Some(t) = doc.get(key).and_then(|v| v.as_table()) {
-                tables.push(t);
-            }
-        }
-        if let Some(targets) = doc.get("target").and_then(|v| v.as_table()) {
-            for target in targets.values() {
-                for key in ["dependencies", "build-dependencies"] {
-                    if let Some(t) = target.get(key).and_then(|v| v.as_table()) {
-                        tables.push(t);
-                    }
-                }
-            }
-        }
-        for table in tables {
-            for (dep, spec) in table {
-                let real = spec.get("package").and_then(|p| p.as_str()).unwrap_or(dep);
-                if real.starts_with("smithers-") {
-                    deps.insert(real.to_string());
-                }
-            }
-        }
-        graph.insert(name, deps);
+        manifests.insert(name, doc);
     }
-    graph
+    manifests
+}
+
+/// The workspace crates a manifest names in `keys` (`dependencies`, `dev-dependencies`, ...),
+/// target-specific tables included.
+fn workspace_deps(doc: &toml::Table, keys: &[&str]) -> BTreeSet<String> {
+    let mut tables: Vec<&toml::Table> = Vec::new();
+    for key in keys {
+        if let Some(t) = doc.get(*key).and_then(|v| v.as_table()) {
+            tables.push(t);
+        }
+    }
+    if let Some(targets) = doc.get("target").and_then(|v| v.as_table()) {
+        for target in targets.values() {
+            for key in keys {
+                if let Some(t) = target.get(*key).and_then(|v| v.as_table()) {
+                    tables.push(t);
+                }
+            }
+        }
+    }
+    let mut deps = BTreeSet::new();
+    for table in tables {
+        for (dep, spec) in table {
+            let real = spec.get("package").and_then(|p| p.as_str()).unwrap_or(dep);
+            if real.starts_with("smithers-") {
+                deps.insert(real.to_string());
+            }
+        }
+    }
+    deps
+}
+
+fn workspace_crates() -> BTreeMap<String, BTreeSet<String>> {
+    // Normal and build dependencies, including target-specific ones; not dev-dependencies.
+    workspace_manifests()
+        .into_iter()
+        .map(|(name, doc)| {
+            let deps = workspace_deps(&doc, &["dependencies", "build-dependencies"]);
+            (name, deps)
+        })
+        .collect()
 }
 
 #[test]
@@ -246,6 +271,54 @@ fn no_forbidden_edges() {
             }
         }
     }
+    assert!(
+        violations.is_empty(),
+        "forbidden dependency edges:\n{}",
+        violations.join("\n")
+    );
+}
+
+/// The test-support crate is only ever a dev-dependency (no crate's code may use a test
+/// double, a skip or a suite), and depends only on the runtime contract and what is beneath it.
+#[test]
+fn test_support_is_only_a_dev_dependency() {
+    let manifests = workspace_manifests();
+    let support = manifests
+        .get(TEST_SUPPORT)
+        .unwrap_or_else(|| panic!("{TEST_SUPPORT} not found among {:?}", manifests.keys()));
+    assert_eq!(
+        support["package"].get("publish").and_then(|p| p.as_bool()),
+        Some(false),
+        "{TEST_SUPPORT} must say publish = false"
+    );
+    let mut violations = Vec::new();
+    let own = workspace_deps(
+        support,
+        &["dependencies", "build-dependencies", "dev-dependencies"],
+    );
+    for dep in own
+        .iter()
+        .filter(|d| !TEST_SUPPORT_MAY_USE.contains(&d.as_str()))
+    {
+        violations.push(format!(
+            "{TEST_SUPPORT} -> {dep}: forbidden (the test support may use only {TEST_SUPPORT_MAY_USE:?})"
+        ));
+    }
+    let mut dev_users = 0;
+    for (krate, doc) in &manifests {
+        if workspace_deps(doc, &["dependencies", "build-dependencies"]).contains(TEST_SUPPORT) {
+            violations.push(format!(
+                "{krate} -> {TEST_SUPPORT}: forbidden (only ever a dev-dependency)"
+            ));
+        }
+        if workspace_deps(doc, &["dev-dependencies"]).contains(TEST_SUPPORT) {
+            dev_users += 1;
+        }
+    }
+    assert!(
+        dev_users > 0,
+        "no crate's tests use {TEST_SUPPORT}: manifests not read?"
+    );
     assert!(
         violations.is_empty(),
         "forbidden dependency edges:\n{}",

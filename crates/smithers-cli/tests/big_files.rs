@@ -119,7 +119,7 @@ fn one_byte_flipped_in_a_120mb_file_is_a_small_patch_reviewed_and_accepted_exact
         return;
     }
     if Command::new("sha256sum").arg("--version").output().is_err() {
-        support::native::skip("sha256sum not found");
+        smithers_test_support::skip_or_fail("sha256sum not found");
         return;
     }
     let project = disk_dir();

@@ -1,5 +1,5 @@
-//! The shared conformance and containment suites (`smithers_runtime::conformance`,
-//! `smithers_runtime::containment`) against the `codeplane` runtime: every case talks HTTP to a
+//! The shared conformance and containment suites (`smithers_test_support::conformance`,
+//! `smithers_test_support::containment`) against the `codeplane` runtime: every case talks HTTP to a
 //! real `smithers-sandbox serve` child process on 127.0.0.1 — the product binary, whose runtime
 //! is the native namespace runtime — so the step really runs isolated, across the wire, in
 //! another process than the client. One server per test process (started by the first case
@@ -21,8 +21,8 @@ mod support;
 
 use std::sync::{Arc, OnceLock};
 
-use smithers_runtime::conformance::{Skip, SuiteEnv};
 use smithers_runtime_remote::{RemoteOptions, RemoteRuntime};
+use smithers_test_support::conformance::{Skip, SuiteEnv};
 use support::serve::{data_dir, keep_for_process, ServeOptions};
 
 const TOKEN: &str = "conformance-token-0123456789";
@@ -93,11 +93,11 @@ pub(crate) fn row11_env() -> Result<SuiteEnv, Skip> {
 }
 
 mod conformance {
-    smithers_runtime::conformance_tests!(crate::env);
+    smithers_test_support::conformance_tests!(crate::env);
 }
 
 mod containment {
-    use smithers_runtime::__suite_tests;
+    use smithers_test_support::__suite_tests;
 
     /// The rows that share the one server: every row of the suite but row 11 (below). The
     /// list is written out because row 11 needs an environment of its own; the test
@@ -133,7 +133,7 @@ mod containment {
         let mut here: Vec<&str> = SHARED_ROWS.to_vec();
         here.push("row11_output_flood_capped");
         here.sort_unstable();
-        let mut suite: Vec<&str> = smithers_runtime::containment::CASES
+        let mut suite: Vec<&str> = smithers_test_support::containment::CASES
             .iter()
             .map(|(name, _)| *name)
             .collect();
@@ -149,13 +149,11 @@ mod containment {
     #[test]
     fn row11_output_flood_capped() {
         fn case(
-            env: &smithers_runtime::conformance::SuiteEnv,
-        ) -> smithers_runtime::conformance::CaseFuture<'_> {
-            Box::pin(smithers_runtime::containment::row11_output_flood_capped(
-                env,
-            ))
+            env: &smithers_test_support::conformance::SuiteEnv,
+        ) -> smithers_test_support::conformance::CaseFuture<'_> {
+            Box::pin(smithers_test_support::containment::row11_output_flood_capped(env))
         }
-        smithers_runtime::conformance::run_case(
+        smithers_test_support::conformance::run_case(
             "containment::row11_output_flood_capped",
             crate::row11_env,
             case,

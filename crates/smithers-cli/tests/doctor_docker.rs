@@ -41,10 +41,9 @@ fn unreachable_engine_is_reported_with_the_fix() {
 fn running_engine_is_reported() {
     let socket = "/var/run/docker.sock";
     if !std::path::Path::new(socket).exists() {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("the Docker engine is required under CI=true (scripts/docker-up.sh)");
-        }
-        println!("SKIP running_engine_is_reported: no Docker engine at {socket}");
+        smithers_test_support::skip_or_fail(&format!(
+            "no Docker engine at {socket} (scripts/docker-up.sh starts one)"
+        ));
         return;
     }
     let (code, report) = doctor(Some(&format!("unix://{socket}")));

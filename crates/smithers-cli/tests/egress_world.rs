@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use smithers_egress::dns;
-use support::native::{bin_path, sandboxes_usable, skip};
+use smithers_test_support::skip_or_fail;
+use support::native::{bin_path, sandboxes_usable};
 
 type Log = Arc<Mutex<Vec<String>>>;
 
@@ -568,7 +569,7 @@ print(json.dumps({"status": "success", "outputs": {"checks": r}}))
 fn world() -> Option<World> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        skip("the egress world needs root (network namespaces)");
+        skip_or_fail("the egress world needs root (network namespaces)");
         return None;
     }
     if !sandboxes_usable() {
@@ -856,7 +857,7 @@ fn serve_confines_a_clients_policy_and_streams_its_decisions() {
 fn docker_steps_get_the_same_answers() {
     let Some(w) = world() else { return };
     if !std::path::Path::new("/var/run/docker.sock").exists() {
-        skip("no Docker engine socket at /var/run/docker.sock (run scripts/docker-up.sh)");
+        skip_or_fail("no Docker engine socket at /var/run/docker.sock (run scripts/docker-up.sh)");
         return;
     }
     // A ClientHello naming another host, as octal escapes for the shell's printf.
@@ -1008,7 +1009,7 @@ fn test_tls() -> Option<TestTls> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     if Command::new("openssl").arg("version").output().is_err() {
-        skip("openssl is not installed (it makes the TLS origin's test certificates)");
+        skip_or_fail("openssl is not installed (it makes the TLS origin's test certificates)");
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -1228,7 +1229,7 @@ struct ClientCase<'a> {
 /// lives as long).
 fn client_case(c: &ClientCase<'_>) -> Option<(String, String, tempfile::TempDir)> {
     if !std::path::Path::new(c.program).exists() {
-        skip(&format!(
+        skip_or_fail(&format!(
             "{} is not installed on this machine ({})",
             c.name, c.program
         ));

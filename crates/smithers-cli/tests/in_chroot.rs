@@ -10,7 +10,8 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::native::{bin_path, skip};
+use smithers_test_support::skip_or_fail;
+use support::native::bin_path;
 
 /// A chroot tree; unmounts and removes itself, and keeps the directory (never deleting through
 /// a mount that is still there) when an unmount failed.
@@ -116,7 +117,7 @@ impl Drop for Chroot {
 fn in_a_chroot_doctor_and_run_name_the_chroot_not_a_sysctl() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        skip("chroot and bind mounts need root");
+        skip_or_fail("chroot and bind mounts need root");
         return;
     }
     let tree = Chroot::new();

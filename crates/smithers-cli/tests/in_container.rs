@@ -11,7 +11,8 @@ mod support;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use support::native::{bin_path, skip};
+use smithers_test_support::skip_or_fail;
+use support::native::bin_path;
 
 const IMAGE: &str = "smithers-test:empty";
 
@@ -29,7 +30,7 @@ fn docker_ready() -> bool {
         .args(["version", "--format", "{{.Server.Version}}"])
         .output()
         .is_ok_and(|o| o.status.success());
-    ok || skip("no Docker engine (scripts/docker-up.sh starts one)")
+    ok || skip_or_fail("no Docker engine (scripts/docker-up.sh starts one)")
 }
 
 /// An empty image: everything the container sees is bound from the host.

@@ -32,7 +32,6 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,6 +43,8 @@ use smithers_runtime::{
     RuntimeKind, SandboxConfig, StepCommand,
 };
 use smithers_runtime_remote::{RemoteOptions, RemoteRuntime, SseParser};
+// `say`: past libtest's capture, the figures belong in the log of a passing run too.
+use smithers_test_support::{say, skip_or_fail};
 use support::serve::{ServeChild, ServeOptions};
 
 const CLIENTS: usize = 20;
@@ -660,20 +661,6 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-fn say(text: &str) {
-    // Past libtest's capture: the figures belong in the log of a passing run too.
-    let _ = writeln!(std::io::stderr().lock(), "{text}");
-}
-
-fn skip_or_fail(reason: &str) {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("load test: required capability missing under CI=true: {reason}");
-    }
-    say(&format!(
-        "SKIP load::two_hundred_steps_from_twenty_clients: {reason}"
-    ));
-}
-
 fn start_server() -> Result<Server, String> {
     let server = start_server_with(Vec::new())?;
     // This server's directories are the ones whose mounts count (the first set wins: the
@@ -743,7 +730,9 @@ fn two_hundred_steps_from_twenty_clients() {
     });
     match outcome {
         Ok(()) => {}
-        Err(StepError::Unavailable(reason)) => skip_or_fail(&reason),
+        Err(StepError::Unavailable(reason)) => {
+            skip_or_fail(&reason);
+        }
         Err(StepError::Failed(msg)) => {
             panic!(
                 "load test failed: {msg}\n--- server stderr ---\n{}",
@@ -1214,7 +1203,9 @@ fn health_answers_while_cleanups_are_stuck() {
     });
     match outcome {
         Ok(()) => {}
-        Err(StepError::Unavailable(reason)) => skip_or_fail(&reason),
+        Err(StepError::Unavailable(reason)) => {
+            skip_or_fail(&reason);
+        }
         Err(StepError::Failed(msg)) => {
             panic!(
                 "health test failed: {msg}\n--- server stderr ---\n{}",

@@ -111,7 +111,7 @@ fn the_rustup_toolchain_is_found_and_brought_in() {
         return;
     };
     if !Path::new(&home).join(".rustup").is_dir() && std::env::var_os("RUSTUP_HOME").is_none() {
-        println!("SKIP no rustup installation under $HOME");
+        smithers_test_support::skip_optional("no rustup installation under $HOME");
         return;
     }
     let project = tempfile::tempdir().unwrap();

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use support::native::{bin_path, skip};
+use smithers_test_support::skip_or_fail;
+use support::native::bin_path;
 
 const USER: &str = "smithers-ordinary";
 
@@ -122,7 +123,7 @@ struct World {
 fn world(name: &str) -> Option<World> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        skip("creating an ordinary user needs root");
+        skip_or_fail("creating an ordinary user needs root");
         return None;
     }
     let (uid, gid) = ordinary_user()?;
@@ -248,7 +249,9 @@ fn an_ordinary_user_in_a_delegated_cgroup_gets_memory_limits() {
         return;
     };
     let Some(parent) = own_v1_memory_cgroup() else {
-        println!("SKIP no v1 memory hierarchy here (pure v2 delegation runs in the VM matrix)");
+        smithers_test_support::skip_optional(
+            "no v1 memory hierarchy here (pure v2 delegation runs in the VM matrix)",
+        );
         return;
     };
     // What a delegating manager does: a cgroup of the user's, the process put into it.

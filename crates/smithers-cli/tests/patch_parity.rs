@@ -19,14 +19,6 @@ fn bin() -> Command {
     c
 }
 
-fn skip_or_fail(reason: &str) -> bool {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("required under CI=true: {reason}");
-    }
-    println!("SKIP {reason}");
-    false
-}
-
 fn both_runtimes_usable() -> bool {
     for runtime in ["bubblewrap", "docker"] {
         let out = bin()
@@ -34,7 +26,7 @@ fn both_runtimes_usable() -> bool {
             .output()
             .unwrap();
         if out.status.code() != Some(0) {
-            return skip_or_fail(&format!(
+            return smithers_test_support::skip_or_fail(&format!(
                 "the {runtime} runtime is unavailable here: {}",
                 String::from_utf8_lossy(&out.stdout)
             ));
@@ -44,7 +36,7 @@ fn both_runtimes_usable() -> bool {
         .args(["image", "inspect", IMAGE])
         .output();
     if !image.is_ok_and(|o| o.status.success()) {
-        return skip_or_fail(&format!(
+        return smithers_test_support::skip_or_fail(&format!(
             "the local image {IMAGE} is missing (scripts/docker-up.sh)"
         ));
     }

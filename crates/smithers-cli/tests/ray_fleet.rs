@@ -747,7 +747,7 @@ fn a_jobs_api_that_refuses_connections_for_a_moment_is_waited_out() {
         return;
     }
     if Command::new("iptables").arg("--version").output().is_err() {
-        support::native::skip("no iptables (cluster.sh api-refuse needs it)");
+        smithers_test_support::skip_or_fail("no iptables (cluster.sh api-refuse needs it)");
         return;
     }
     let p = project();

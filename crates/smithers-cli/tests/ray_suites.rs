@@ -15,7 +15,7 @@ mod support;
 
 use std::sync::Arc;
 
-use smithers_runtime::conformance::{Skip, SuiteEnv};
+use smithers_test_support::conformance::{Skip, SuiteEnv};
 
 pub(crate) fn env() -> Result<SuiteEnv, Skip> {
     if support::ray::token().is_none() {
@@ -27,9 +27,9 @@ pub(crate) fn env() -> Result<SuiteEnv, Skip> {
 }
 
 mod conformance {
-    smithers_runtime::conformance_tests!(crate::env);
+    smithers_test_support::conformance_tests!(crate::env);
 }
 
 mod containment {
-    smithers_runtime::containment_tests!(crate::env);
+    smithers_test_support::containment_tests!(crate::env);
 }

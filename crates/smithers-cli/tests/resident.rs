@@ -510,7 +510,7 @@ fn another_user_cannot_reach_the_service() {
         .lines()
         .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
     if !is_root {
-        support::native::skip("needs root (to run a client as another user)");
+        smithers_test_support::skip_or_fail("needs root (to run a client as another user)");
         return;
     }
     let has_user = |user: &str| {
@@ -612,7 +612,7 @@ fn a_confined_client_runs_its_step_itself() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_setpriv {
-        support::native::skip("setpriv (util-linux) is not installed");
+        smithers_test_support::skip_or_fail("setpriv (util-linux) is not installed");
         return;
     }
     let service = Service::start();
@@ -766,7 +766,7 @@ fn landlock_for_client(service: &Service, project: &Path) -> Option<std::os::fd:
     match landlock_ruleset(&allowed) {
         Ok(ruleset) => Some(ruleset),
         Err(why) => {
-            support::native::skip(&why);
+            smithers_test_support::skip_or_fail(&why);
             None
         }
     }
@@ -800,7 +800,7 @@ fn a_landlocked_root_client_gets_nothing_through_the_service() {
         return;
     }
     if !running_as_root() {
-        support::native::skip("needs root (to enter Landlock without no_new_privs)");
+        smithers_test_support::skip_or_fail("needs root (to enter Landlock without no_new_privs)");
         return;
     }
     let service = Service::start();
@@ -947,7 +947,7 @@ fn a_landlocked_process_speaking_to_the_socket_is_refused() {
         return;
     }
     if !running_as_root() {
-        support::native::skip("needs root (to enter Landlock without no_new_privs)");
+        smithers_test_support::skip_or_fail("needs root (to enter Landlock without no_new_privs)");
         return;
     }
     let service = Service::start();

@@ -14,7 +14,8 @@ use serde_json::Value;
 
 mod support;
 
-use support::native::{bin, git, sandboxes_usable, skip};
+use smithers_test_support::skip_or_fail;
+use support::native::{bin, git, sandboxes_usable};
 
 /// The script before the step: a comment with a Latin-1 `é` (0xe9), then plain lines.
 const OLD: &[u8] = b"#!/bin/sh\n# caf\xe9 au lait\necho one\necho two\necho three\necho four\n";
@@ -79,7 +80,7 @@ fn a_latin1_script_is_reviewed_as_text_and_accepted_exactly() {
         return;
     }
     if Command::new("git").arg("--version").output().is_err() {
-        skip("git not found");
+        skip_or_fail("git not found");
         return;
     }
     let root = tempfile::tempdir().unwrap();

@@ -66,13 +66,15 @@ fn the_same_change_makes_as_many_stat_calls_on_20k_files_as_on_200() {
         return;
     }
     if Command::new("strace").arg("-V").output().is_err() {
-        println!("SKIP strace is not installed (it counts the run's system calls)");
+        smithers_test_support::skip_optional(
+            "strace is not installed (it counts the run's system calls)",
+        );
         return;
     }
     let (small, big) = (tree(200), tree(20_000));
     // A first run of each: the project's store and state directory are made once per project.
     let (Some(_), Some(_)) = (stat_calls(small.path()), stat_calls(big.path())) else {
-        println!("SKIP strace cannot trace here");
+        smithers_test_support::skip_optional("strace cannot trace here");
         return;
     };
     let small_calls = stat_calls(small.path()).unwrap();

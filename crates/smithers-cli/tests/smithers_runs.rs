@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;
 use serde_json::Value;
-use support::native::{bin, sandboxes_usable, skip};
+use smithers_test_support::skip_or_fail;
+use support::native::{bin, sandboxes_usable};
 
 fn run_json(root: &Path, extra: &[&str], script: &str) -> Value {
     let out = bin()
@@ -159,7 +160,7 @@ fn columns(conn: &Connection) -> Vec<(String, String, bool, bool)> {
 #[test]
 fn the_table_is_smithers_own_and_a_workflows_row_is_left_alone() {
     let Some(source) = smithers_statements() else {
-        skip("@smithers-orchestrator/db is not installed under SMITHERS_JS_HOME (scripts/setup installs it)");
+        skip_or_fail("@smithers-orchestrator/db is not installed under SMITHERS_JS_HOME (scripts/setup installs it)");
         return;
     };
     // Smithers' statement, as the package ships it.

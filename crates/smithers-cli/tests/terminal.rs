@@ -14,13 +14,14 @@ use serde_json::Value;
 
 mod support;
 
-use support::native::{bin, bin_path, sandboxes_usable, skip};
+use smithers_test_support::skip_or_fail;
+use support::native::{bin, bin_path, sandboxes_usable};
 
 /// Native sandboxes and `script` are available.
 fn usable() -> bool {
     let script = Command::new("script").arg("--version").output();
     if !script.is_ok_and(|o| o.status.success()) {
-        return skip("util-linux `script` not found");
+        return skip_or_fail("util-linux `script` not found");
     }
     sandboxes_usable()
 }

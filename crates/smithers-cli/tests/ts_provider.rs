@@ -18,14 +18,6 @@ use serde_json::Value;
 mod smithers_workflow;
 mod support;
 
-fn skip_or_fail(reason: &str) -> bool {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("required under CI=true: {reason}");
-    }
-    println!("SKIP {reason}");
-    false
-}
-
 fn has(program: &str) -> bool {
     Command::new(program)
         .arg("--version")
@@ -88,7 +80,7 @@ fn provider_built() -> bool {
     }
     for program in ["node", "npm"] {
         if !has(program)
-            && !skip_or_fail(&format!(
+            && !smithers_test_support::skip_or_fail(&format!(
                 "{program} is not installed (scripts/setup installs it)"
             ))
         {

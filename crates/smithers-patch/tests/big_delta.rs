@@ -37,7 +37,7 @@ fn write_sparse_ish(path: &Path) {
 }
 
 fn git_ok() -> bool {
-    Command::new("git").arg("--version").output().is_ok() || skip("git not found")
+    Command::new("git").arg("--version").output().is_ok() || skip_or_fail("git not found")
 }
 
 /// Runs git in `dir`, which is not in a repository: the search for one stops at its parent

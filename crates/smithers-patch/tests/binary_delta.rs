@@ -59,7 +59,7 @@ fn bundle_patch(change: FileChange) -> String {
 }
 
 fn have_git() -> bool {
-    Command::new("git").arg("--version").output().is_ok() || skip("git not found")
+    Command::new("git").arg("--version").output().is_ok() || skip_or_fail("git not found")
 }
 
 /// Runs git in `dir` with a fixed identity; returns stdout, panicking on failure.

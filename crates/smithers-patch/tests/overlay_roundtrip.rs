@@ -294,7 +294,7 @@ fn userxattr_overlay_in_user_namespace_round_trips() {
     }
     let (ok, err) = try_sh(Path::new("/"), "unshare -Urm true");
     if !ok {
-        skip(&format!("user namespaces unavailable: {err}"));
+        skip_or_fail(&format!("user namespaces unavailable: {err}"));
         return;
     }
     let l = Layers::new();
@@ -404,7 +404,7 @@ fn redirect_and_metacopy_xattrs_are_refused() {
     ] {
         let p = l.upper.join(target);
         if let Err(e) = rustix::fs::lsetxattr(&p, name, b"/x", rustix::fs::XattrFlags::empty()) {
-            skip(&format!("cannot set user xattrs on {}: {e}", p.display()));
+            skip_or_fail(&format!("cannot set user xattrs on {}: {e}", p.display()));
             return;
         }
         let err = detect_changes(&l.lower, &l.upper, &DetectOptions::default()).unwrap_err();

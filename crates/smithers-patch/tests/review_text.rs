@@ -106,7 +106,7 @@ fn numstat(review: &PatchReview<'_>) -> String {
 }
 
 fn git_usable() -> bool {
-    Command::new("git").arg("--version").output().is_ok() || common::skip("git not found")
+    Command::new("git").arg("--version").output().is_ok() || common::skip_or_fail("git not found")
 }
 
 /// A script of `n` lines with a Latin-1 comment near the top.

@@ -1,4 +1,4 @@
-//! The shared conformance and containment suites (smithers-runtime, feature `suites`) against
+//! The shared conformance and containment suites (smithers-test-support) against
 //! the docker runtime: one `#[test]` per case, real containers on a real engine.
 //!
 //! The suites copy the host's `smithers-attack` binary into the project and run it from
@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use smithers_runtime::conformance::{Skip, SuiteEnv};
 use smithers_runtime_docker::{default_socket, DockerOptions, DockerRuntime};
+use smithers_test_support::conformance::{Skip, SuiteEnv};
 
 const IMAGE: &str = "smithers-test:glibc";
 
@@ -27,9 +27,9 @@ pub fn make_env() -> Result<SuiteEnv, Skip> {
 }
 
 mod conformance {
-    smithers_runtime::conformance_tests!(crate::make_env);
+    smithers_test_support::conformance_tests!(crate::make_env);
 }
 
 mod containment {
-    smithers_runtime::containment_tests!(crate::make_env);
+    smithers_test_support::containment_tests!(crate::make_env);
 }

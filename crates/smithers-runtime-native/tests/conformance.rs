@@ -1,11 +1,11 @@
-//! The shared conformance suite (`smithers_runtime::conformance`) against the native runtime:
+//! The shared conformance suite (`smithers_test_support::conformance`) against the native runtime:
 //! one `#[test]` per case, each in real sandboxes. A host without user namespaces or overlayfs
 //! makes `create` fail with `Unavailable`: the cases print `SKIP`, and fail under `CI=true`.
 
 use std::sync::Arc;
 
-use smithers_runtime::conformance::SuiteEnv;
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+use smithers_test_support::conformance::SuiteEnv;
 
 fn make_env() -> SuiteEnv {
     SuiteEnv::new(Arc::new(NativeRuntime::new(NativeOptions {
@@ -16,4 +16,4 @@ fn make_env() -> SuiteEnv {
     })))
 }
 
-smithers_runtime::conformance_tests!(make_env);
+smithers_test_support::conformance_tests!(make_env);

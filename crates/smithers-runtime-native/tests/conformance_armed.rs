@@ -3,4 +3,4 @@
 
 mod armed_support;
 
-smithers_runtime::conformance_tests!(armed_support::make_env);
+smithers_test_support::conformance_tests!(armed_support::make_env);

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use smithers_runtime::conformance::SuiteEnv;
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+use smithers_test_support::conformance::SuiteEnv;
 
 fn make_env() -> SuiteEnv {
     let rt = NativeRuntime::new(NativeOptions {
@@ -23,4 +23,4 @@ fn make_env() -> SuiteEnv {
     SuiteEnv::new(Arc::new(rt))
 }
 
-smithers_runtime::conformance_tests!(make_env);
+smithers_test_support::conformance_tests!(make_env);

@@ -1,11 +1,11 @@
-//! The shared containment suite (`smithers_runtime::containment`, the 17 rows of
+//! The shared containment suite (`smithers_test_support::containment`, the 17 rows of
 //! security.md) against the native runtime: one `#[test]` per row, each attempted from inside
 //! a real sandbox by `smithers-attack` and checked on the host.
 
 use std::sync::Arc;
 
-use smithers_runtime::conformance::SuiteEnv;
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+use smithers_test_support::conformance::SuiteEnv;
 
 fn make_env() -> SuiteEnv {
     SuiteEnv::new(Arc::new(NativeRuntime::new(NativeOptions {
@@ -16,4 +16,4 @@ fn make_env() -> SuiteEnv {
     })))
 }
 
-smithers_runtime::containment_tests!(make_env);
+smithers_test_support::containment_tests!(make_env);

@@ -3,4 +3,4 @@
 
 mod armed_support;
 
-smithers_runtime::containment_tests!(armed_support::make_env);
+smithers_test_support::containment_tests!(armed_support::make_env);

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use smithers_runtime::conformance::SuiteEnv;
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime, WorkspaceMode};
+use smithers_test_support::conformance::SuiteEnv;
 
 fn make_env() -> SuiteEnv {
     SuiteEnv::new(Arc::new(NativeRuntime::new(NativeOptions {
@@ -18,4 +18,4 @@ fn make_env() -> SuiteEnv {
     })))
 }
 
-smithers_runtime::containment_tests!(make_env);
+smithers_test_support::containment_tests!(make_env);

@@ -19,6 +19,7 @@ use smithers_runtime::{
     RuntimeKind, SandboxConfig, SandboxHandle, StepCommand, Termination,
 };
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime, WorkspaceMode};
+use smithers_test_support::skip_or_fail;
 
 fn runtime(workspace: WorkspaceMode, state_root: Option<PathBuf>) -> NativeRuntime {
     NativeRuntime::new(NativeOptions {
@@ -29,14 +30,6 @@ fn runtime(workspace: WorkspaceMode, state_root: Option<PathBuf>) -> NativeRunti
         workspace,
         ..NativeOptions::default()
     })
-}
-
-fn skip_or_fail(reason: &str) -> bool {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("missing host capability under CI=true: {reason}");
-    }
-    println!("SKIP {reason}");
-    false
 }
 
 /// Namespaces work here (the workspace row is checked by each test).

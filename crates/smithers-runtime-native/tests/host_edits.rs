@@ -16,6 +16,7 @@ use smithers_runtime::{
     SandboxConfig, StepCommand,
 };
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime, WorkspaceMode};
+use smithers_test_support::skip_or_fail;
 
 fn runtime(workspace: WorkspaceMode) -> NativeRuntime {
     NativeRuntime::new(NativeOptions {
@@ -36,15 +37,7 @@ async fn usable(rt: &NativeRuntime, mode: WorkspaceMode) -> bool {
     if mode == WorkspaceMode::Overlay && !report.is_enforced("workspace-cow") {
         missing.push("workspace-cow (overlayfs)");
     }
-    if missing.is_empty() {
-        return true;
-    }
-    let reason = format!("native sandboxes unavailable: {missing:?}");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("missing host capability under CI=true: {reason}");
-    }
-    println!("SKIP {reason}");
-    false
+    missing.is_empty() || skip_or_fail(&format!("native sandboxes unavailable: {missing:?}"))
 }
 
 fn sh(dir: &Path, script: &str) {

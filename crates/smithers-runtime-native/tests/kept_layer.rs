@@ -17,6 +17,7 @@ use smithers_runtime::{
     CancellationToken, Controls, RequestBundle, Runtime, RuntimeKind, SandboxConfig, StepCommand,
 };
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime, WorkspaceMode};
+use smithers_test_support::skip_or_fail;
 
 /// The lowered bound: the big file (200 000 bytes) is over it, the edit far under it.
 const LIMIT: &str = "100000";
@@ -39,14 +40,7 @@ async fn usable(rt: &NativeRuntime) -> bool {
         .into_iter()
         .filter(|n| !report.is_enforced(n))
         .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("missing host capability under CI=true: {missing:?}");
-    }
-    println!("SKIP native sandboxes unavailable: {missing:?}");
-    false
+    missing.is_empty() || skip_or_fail(&format!("native sandboxes unavailable: {missing:?}"))
 }
 
 struct Quiet;

@@ -13,6 +13,7 @@ use smithers_runtime::{
     RequestBundle, Runtime, RuntimeKind, SandboxConfig, SandboxHandle, StepCommand, Termination,
 };
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+use smithers_test_support::{skip_optional, skip_or_fail};
 
 fn runtime() -> NativeRuntime {
     runtime_with(NativeOptions::default())
@@ -46,25 +47,12 @@ async fn usable(rt: &NativeRuntime) -> bool {
         )
     })
     .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("the host cannot run native sandboxes: {missing:?}");
-    }
-    println!("SKIP native sandboxes unavailable: {missing:?}");
-    false
+    missing.is_empty() || skip_or_fail(&format!("native sandboxes unavailable: {missing:?}"))
 }
 
+/// `report_ok`, or a skip (a failure under CI=true) for want of `what`.
 fn requires(report_ok: bool, what: &str) -> bool {
-    if report_ok {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("missing host capability: {what}");
-    }
-    println!("SKIP {what}");
-    false
+    report_ok || skip_or_fail(what)
 }
 
 #[derive(Default)]
@@ -1195,7 +1183,7 @@ async fn the_seccomp_allow_list_holds_inside_a_sandbox() {
         return;
     }
     if !Path::new("/usr/bin/python3").exists() {
-        println!("SKIP /usr/bin/python3 is not installed");
+        skip_optional("/usr/bin/python3 is not installed");
         return;
     }
     let sb = Sandbox::new(rt.clone(), Controls::default()).await;

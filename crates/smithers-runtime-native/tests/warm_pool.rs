@@ -16,6 +16,7 @@ use smithers_runtime::{
     StepCommand, Termination,
 };
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+use smithers_test_support::{skip_optional, skip_or_fail};
 
 fn runtime(warm: usize) -> NativeRuntime {
     NativeRuntime::new(NativeOptions {
@@ -25,14 +26,6 @@ fn runtime(warm: usize) -> NativeRuntime {
         warm,
         ..NativeOptions::default()
     })
-}
-
-fn skip_or_fail(reason: &str) -> bool {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("missing host capability under CI=true: {reason}");
-    }
-    println!("SKIP {reason}");
-    false
 }
 
 async fn usable(rt: &NativeRuntime) -> bool {
@@ -393,8 +386,8 @@ async fn a_step_a_warm_sandbox_cannot_serve_starts_cold() {
     if unsafe { libc::geteuid() } == 0 {
         cases.push(with_disk);
     } else {
-        println!(
-            "SKIP the disk-limit case: a disk limit needs root, this test runs as an ordinary user"
+        skip_optional(
+            "the disk-limit case: a disk limit needs root, this test runs as an ordinary user",
         );
     }
     for controls in cases {

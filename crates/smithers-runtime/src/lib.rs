@@ -33,10 +33,6 @@
 #[cfg(feature = "collect")]
 pub mod collect;
 pub mod config;
-#[cfg(feature = "suites")]
-pub mod conformance;
-#[cfg(feature = "suites")]
-pub mod containment;
 pub mod engine;
 pub mod error;
 pub mod git_ref;

@@ -1,9 +1,10 @@
-//! Running the CLI binary against native sandboxes, with the CI-aware skip every such test
-//! uses.
+//! Running the CLI binary against native sandboxes, and whether this host can
+//! (`smithers_test_support::skip_or_fail` otherwise).
 
 use std::process::Command;
 
 use serde_json::Value;
+use smithers_test_support::skip_or_fail;
 
 /// The binary under test.
 pub fn bin_path() -> &'static str {
@@ -15,15 +16,6 @@ pub fn bin() -> Command {
     let mut c = Command::new(bin_path());
     c.env_remove("SMITHERS_DB").env("NO_COLOR", "1");
     c
-}
-
-/// Prints `SKIP <reason>` and returns false; under `CI=true` a missing capability fails.
-pub fn skip(reason: &str) -> bool {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("cannot run: {reason}");
-    }
-    println!("SKIP {reason}");
-    false
 }
 
 /// Native sandboxes (user, mount and pid namespaces) are enforced here, per `doctor`.
@@ -39,7 +31,7 @@ pub fn sandboxes_usable() -> bool {
                 .flatten()
                 .any(|p| p["name"] == **name && p["status"] == "enforced")
         });
-    ok || skip("native sandboxes unavailable")
+    ok || skip_or_fail("native sandboxes unavailable")
 }
 
 /// Runs `git ARGS` in `dir` as the host's user (`Host <host@example.com>`), asserting it

@@ -52,7 +52,7 @@ pub fn cluster(args: &[&str]) {
 /// never does, the reason says whether its head still runs and what its log ends with.
 pub fn usable() -> bool {
     let Some(token) = token() else {
-        return super::native::skip(
+        return smithers_test_support::skip_or_fail(
             "no Ray cluster (start one with scripts/ray/cluster.sh up; CI does)",
         );
     };
@@ -64,10 +64,10 @@ pub fn usable() -> bool {
         }
         if Instant::now() >= deadline {
             return match answer {
-                Ok(n) => super::native::skip(&format!(
+                Ok(n) => smithers_test_support::skip_or_fail(&format!(
                     "the Ray cluster offers {n} sandbox slots, not 4 (scripts/ray/cluster.sh down; up)"
                 )),
-                Err(e) => super::native::skip(&format!(
+                Err(e) => smithers_test_support::skip_or_fail(&format!(
                     "the Ray cluster does not answer: {e}\n{}",
                     head_diagnosis()
                 )),

@@ -6,19 +6,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Whether a missing capability must fail the test (CI) instead of skipping it.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
-/// Prints `SKIP <reason>` and returns false, or panics under CI=true.
-pub fn skip(reason: &str) -> bool {
-    if in_ci() {
-        panic!("required capability missing under CI=true: {reason}");
-    }
-    eprintln!("SKIP {reason}");
-    false
-}
+pub use smithers_test_support::skip_or_fail;
 
 /// Runs a shell script in `dir`, panicking with its output on failure.
 pub fn sh(dir: &Path, script: &str) {
@@ -92,7 +80,7 @@ impl Layers {
 /// Root with overlayfs available? Otherwise SKIP (or fail under CI).
 pub fn require_root_overlay() -> bool {
     if !rustix::process::geteuid().is_root() {
-        return skip("overlay tests need root (mount -t overlay)");
+        return skip_or_fail("overlay tests need root (mount -t overlay)");
     }
     let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     if !fs.lines().any(|l| l.trim_end().ends_with("overlay")) {
@@ -108,7 +96,7 @@ pub fn require_root_overlay() -> bool {
             ),
         );
         if !ok {
-            return skip(&format!("overlayfs not available: {err}"));
+            return skip_or_fail(&format!("overlayfs not available: {err}"));
         }
     }
     true

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use smithers_runtime::conformance::SuiteEnv;
 use smithers_runtime::{
     CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputSink, RequestBundle,
     Runtime, RuntimeError, RuntimeKind, SandboxConfig, SandboxHandle, ShipReport, StepCommand,
 };
 use smithers_runtime_native::{InitCommand, NativeOptions, NativeRuntime};
+use smithers_test_support::conformance::SuiteEnv;
 
 #[derive(Debug)]
 pub struct ArmedRuntime {

@@ -12,12 +12,12 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use serde_json::json;
-use smithers_runtime::conformance::{run_case, CaseFuture, SuiteEnv};
 use smithers_runtime::{
     CancellationToken, CollectReport, EnforcementReport, ExecOutcome, OutputEvent, OutputSink,
     RequestBundle, Runtime, RuntimeError, RuntimeKind, SandboxConfig, SandboxHandle, ShipReport,
     StepCommand, Termination,
 };
+use smithers_test_support::conformance::{run_case, CaseFuture, SuiteEnv};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Runs the command on the host, in the project directory, with the host's environment: the
@@ -216,7 +216,7 @@ fn make_env() -> SuiteEnv {
 }
 
 /// Runs a case that must fail against the host runner; returns its panic message.
-fn must_fail(name: &str, case: smithers_runtime::conformance::CaseFn) -> String {
+fn must_fail(name: &str, case: smithers_test_support::conformance::CaseFn) -> String {
     let result = std::panic::catch_unwind(|| run_case(name, make_env, case));
     match result {
         Err(panic) => panic
@@ -233,7 +233,7 @@ macro_rules! case {
         fn case(env: &SuiteEnv) -> CaseFuture<'_> {
             Box::pin($path(env))
         }
-        case as smithers_runtime::conformance::CaseFn
+        case as smithers_test_support::conformance::CaseFn
     }};
 }
 
@@ -242,7 +242,7 @@ fn plain_execution_passes_so_the_harness_works() {
     run_case(
         "exit_code_is_an_outcome",
         make_env,
-        case!(smithers_runtime::conformance::exit_code_is_an_outcome),
+        case!(smithers_test_support::conformance::exit_code_is_an_outcome),
     );
 }
 
@@ -250,12 +250,12 @@ fn plain_execution_passes_so_the_harness_works() {
 fn network_reachable_fails_the_case() {
     let msg = must_fail(
         "network_denied_by_default",
-        case!(smithers_runtime::conformance::network_denied_by_default),
+        case!(smithers_test_support::conformance::network_denied_by_default),
     );
     assert!(msg.contains("listener"), "{msg}");
     let msg = must_fail(
         "row01_host_loopback_unreachable",
-        case!(smithers_runtime::containment::row01_host_loopback_unreachable),
+        case!(smithers_test_support::containment::row01_host_loopback_unreachable),
     );
     assert!(msg.contains("row 1"), "{msg}");
 }
@@ -264,7 +264,7 @@ fn network_reachable_fails_the_case() {
 fn leaked_environment_fails_the_case() {
     let msg = must_fail(
         "env_cleared_except_allowlist",
-        case!(smithers_runtime::conformance::env_cleared_except_allowlist),
+        case!(smithers_test_support::conformance::env_cleared_except_allowlist),
     );
     assert!(msg.contains("secret") || msg.contains("leaked"), "{msg}");
 }
@@ -273,7 +273,7 @@ fn leaked_environment_fails_the_case() {
 fn surviving_daemons_fail_the_case() {
     let msg = must_fail(
         "timeout_kills_everything",
-        case!(smithers_runtime::conformance::timeout_kills_everything),
+        case!(smithers_test_support::conformance::timeout_kills_everything),
     );
     assert!(msg.contains("still alive"), "{msg}");
 }
@@ -282,7 +282,7 @@ fn surviving_daemons_fail_the_case() {
 fn a_killed_host_process_fails_the_row() {
     let msg = must_fail(
         "row06_host_processes_invisible",
-        case!(smithers_runtime::containment::row06_host_processes_invisible),
+        case!(smithers_test_support::containment::row06_host_processes_invisible),
     );
     assert!(msg.contains("row 6"), "{msg}");
 }

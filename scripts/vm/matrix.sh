@@ -15,7 +15,7 @@
 #
 # Knobs: SMITHERS_VM_EXPECTED (another expectations file), SMITHERS_VM_CARGO_SCOPE=workspace (take the executables from `cargo test --workspace
 # --no-run`, which scripts/test has just built, instead of building -p ones), SMITHERS_VM_SUITES (default "conformance containment conformance_copy
-# containment_copy"), SMITHERS_VM_TEST_FILTER, SMITHERS_VM_TEST_THREADS, and run.sh's
+# containment_copy engine"), SMITHERS_VM_TEST_FILTER, SMITHERS_VM_TEST_THREADS, and run.sh's
 # SMITHERS_VM_TIMEOUT / _MEM / _SMP.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -69,7 +69,7 @@ cli="$(sed -n 's/^bin:smithers-sandbox=//p' <<<"$built" | head -n1)"
 attack="$(sed -n 's/^bin:smithers-attack=//p' <<<"$built" | head -n1)"
 [ -x "$cli" ] && [ -x "$attack" ] || { echo "matrix: no smithers-sandbox/smithers-attack built" >&2; exit 1; }
 suite_list=""
-for s in ${SMITHERS_VM_SUITES:-conformance containment conformance_copy containment_copy}; do
+for s in ${SMITHERS_VM_SUITES:-conformance containment conformance_copy containment_copy engine}; do
   # Only the native runtime's suites (the docker and codeplane ones share these names).
   exe="$(sed -n "s|^test:smithers-runtime-native/$s=||p" <<<"$built" | head -n1)"
   [ -x "$exe" ] || { echo "matrix: the native runtime's test executable $s was not built" >&2; exit 1; }

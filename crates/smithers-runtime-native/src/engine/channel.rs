@@ -62,7 +62,11 @@ impl Channel {
     }
 
     /// Sends one request with `fds` attached.
-    pub(crate) async fn send(&self, request: &SessionRequest, fds: &[RawFd]) -> std::io::Result<()> {
+    pub(crate) async fn send(
+        &self,
+        request: &SessionRequest,
+        fds: &[RawFd],
+    ) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(request).map_err(std::io::Error::other)?;
         if bytes.len() > MAX_SESSION_MESSAGE {
             return Err(std::io::Error::new(
@@ -75,9 +79,8 @@ impl Channel {
         }
         loop {
             let mut ready = self.fd.writable().await?;
-            let sent = ready.try_io(|fd| {
-                channel::send(fd.as_raw_fd(), &bytes, fds, libc::MSG_DONTWAIT)
-            });
+            let sent =
+                ready.try_io(|fd| channel::send(fd.as_raw_fd(), &bytes, fds, libc::MSG_DONTWAIT));
             match sent {
                 Ok(result) => return result,
                 Err(_would_block) => continue,
@@ -135,10 +138,14 @@ impl Channel {
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own, reading then setting its status flags.
+    // SAFETY: fcntl on a descriptor we own, reading its status flags.
     let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-    // SAFETY: as above.
-    if flags < 0 || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fcntl on a descriptor we own, setting its status flags.
+    let set = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    if set < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())

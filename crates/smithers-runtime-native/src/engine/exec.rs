@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smithers_runtime::{
-    CancellationToken, ExecExit, ExecRequest, OutputEvent, OutputSink, OutputStream,
-    RuntimeError, Termination,
+    CancellationToken, ExecExit, ExecRequest, OutputEvent, OutputSink, OutputStream, RuntimeError,
+    Termination,
 };
 use smithers_sandbox_init::plan::{ExecSpec, SessionReport, SessionRequest};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -59,7 +59,14 @@ pub(crate) async fn exec(
         feed.start();
     }
     let exited = CancellationToken::new();
-    let end = wait_for_exit(&channel, id, &mut reports, request.timeout, &cancel, &exited);
+    let end = wait_for_exit(
+        &channel,
+        id,
+        &mut reports,
+        request.timeout,
+        &cancel,
+        &exited,
+    );
     let (out_bytes, err_bytes, end) = tokio::join!(
         relay(out_r, OutputStream::Stdout, sink, &exited),
         relay(err_r, OutputStream::Stderr, sink, &exited),
@@ -238,7 +245,13 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 
 async fn kill(channel: &Channel, id: u64) {
     let _ = channel
-        .send(&SessionRequest::Signal { id, signal: libc::SIGKILL }, &[])
+        .send(
+            &SessionRequest::Signal {
+                id,
+                signal: libc::SIGKILL,
+            },
+            &[],
+        )
         .await;
 }
 
@@ -282,17 +295,33 @@ async fn relay(
                 }
             }
             _ = exited.cancelled() => {
-                // Everything the command wrote is in the pipe by now.
-                loop {
-                    match pipe.try_read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(n) => emit(&buf[..n], &mut total),
-                        Err(_) => break,
+                // Everything the command wrote is in the pipe by now. Read with the
+                // syscall itself: tokio's `try_read` answers WouldBlock, without reading, while
+                // the reactor has not yet seen the pipe ready, and that data would be lost.
+                while let Ok(n) = read_now(pipe.as_raw_fd(), &mut buf) {
+                    if n == 0 {
+                        break;
                     }
+                    emit(&buf[..n], &mut total);
                 }
                 break;
             }
         }
     }
     total
+}
+
+/// One non-blocking `read(2)` of a pipe (its descriptor is non-blocking: tokio made it so).
+fn read_now(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        // SAFETY: reads into a valid buffer of its own length.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }

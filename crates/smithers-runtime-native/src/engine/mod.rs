@@ -89,7 +89,10 @@ impl Live {
     }
 
     fn channel(&self) -> Option<Arc<Channel>> {
-        self.channel.get().filter(|c| !c.closed.is_cancelled()).cloned()
+        self.channel
+            .get()
+            .filter(|c| !c.closed.is_cancelled())
+            .cloned()
     }
 
     fn set_channel(&self, channel: Arc<Channel>) {
@@ -116,13 +119,19 @@ impl Live {
         if let Some(channel) = self.channel() {
             let _ = channel.send(&SessionRequest::Stop, &[]).await;
         }
-        if tokio::time::timeout(STOP_GRACE, self.ended.cancelled()).await.is_err() {
+        if tokio::time::timeout(STOP_GRACE, self.ended.cancelled())
+            .await
+            .is_err()
+        {
             let killer = self.killer.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(mut k) = killer {
                 use std::io::Write;
                 let _ = k.write_all(b"k\n");
             }
-            if tokio::time::timeout(STOP_GRACE, self.ended.cancelled()).await.is_err() {
+            if tokio::time::timeout(STOP_GRACE, self.ended.cancelled())
+                .await
+                .is_err()
+            {
                 if let Some(pid) = self.init_pid {
                     let _ = smithers_sandbox_init::sys::kill(pid, libc::SIGKILL);
                 }
@@ -163,7 +172,11 @@ pub(crate) fn check_env<'a>(
 }
 
 impl NativeRuntime {
-    fn live_of(&self, handle: &SandboxHandle, verb: &'static str) -> Result<Option<Arc<Live>>, RuntimeError> {
+    fn live_of(
+        &self,
+        handle: &SandboxHandle,
+        verb: &'static str,
+    ) -> Result<Option<Arc<Live>>, RuntimeError> {
         let backend = Backend::from_handle(handle, verb)?;
         Ok(self.live.lock().get(&backend.state_dir).cloned())
     }

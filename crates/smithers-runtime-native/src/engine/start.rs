@@ -25,7 +25,10 @@ enum Readiness {
     Failed(String),
 }
 
-pub(crate) async fn start(rt: &NativeRuntime, handle: &SandboxHandle) -> Result<Arc<Live>, RuntimeError> {
+pub(crate) async fn start(
+    rt: &NativeRuntime,
+    handle: &SandboxHandle,
+) -> Result<Arc<Live>, RuntimeError> {
     let backend = Backend::from_handle(handle, "start")?;
     let stored = read_stored_config(&backend)?;
     let controls = &stored.config.controls;
@@ -72,7 +75,9 @@ pub(crate) async fn start(rt: &NativeRuntime, handle: &SandboxHandle) -> Result<
     // A warm init claimed at create was made for one step's prelude, not a session's: the
     // launcher ends it (an armed one before a cold init mounts the same layers).
     let (launched, _no_stdin) = launch::launch(&input, rt.take_attached(&backend)).await?;
-    let base = launched.session_exec.ok_or_else(|| spawn_err("no base command"))?;
+    let base = launched
+        .session_exec
+        .ok_or_else(|| spawn_err("no base command"))?;
     // A second descriptor of our end of the control socket, to send `k` (kill) with while the
     // status task reads the first.
     let killer = launched.ours.try_clone().map_err(spawn_err)?;
@@ -140,7 +145,13 @@ async fn read_status(
                     .collect();
                 let fds = reader.take_fds();
                 match policy.take() {
-                    Some(p) => match crate::egress::start(p, &names, fds, denials_file.clone(), records_tx.clone()) {
+                    Some(p) => match crate::egress::start(
+                        p,
+                        &names,
+                        fds,
+                        denials_file.clone(),
+                        records_tx.clone(),
+                    ) {
                         Ok(engine) => {
                             live.set_egress(engine);
                             None

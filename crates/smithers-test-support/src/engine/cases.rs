@@ -1,0 +1,315 @@
+//! The engine suite's cases. Each makes its own sandbox and destroys it.
+
+use std::time::Duration;
+
+use smithers_runtime::{CancellationToken, ExecRequest, RuntimeError, Termination};
+
+use super::live::{gone, host_pids_with, sh, sh_with_stdin, Live};
+use super::EngineEnv;
+use crate::conformance::{unique, CaseResult, Skip};
+
+/// What one case waits for at most before it fails (not a timing assertion).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The cases by name, for a backend that drives them itself.
+pub const CASES: &[&str] = &[
+    "execs_share_the_workspace",
+    "each_exec_has_its_own_env_and_cwd",
+    "output_and_stdin_are_byte_exact",
+    "exits_and_signals_are_outcomes",
+    "a_timed_out_exec_leaves_the_sandbox_usable",
+    "a_cancelled_exec_leaves_the_sandbox_usable",
+    "execs_run_at_once",
+    "stop_kills_every_process",
+    "exec_out_of_order_is_refused",
+    "destroy_is_idempotent",
+    "a_hundred_execs_in_one_sandbox",
+];
+
+/// A file one exec writes, the next reads; the host project is untouched.
+pub async fn execs_share_the_workspace(env: &EngineEnv) -> CaseResult {
+    let live = Live::started(env).await?;
+    live.sh("echo one > /workspace/made.txt && echo two >> /workspace/README.txt")
+        .await
+        .ok();
+    let ran = live
+        .sh("cat /workspace/made.txt /workspace/README.txt")
+        .await
+        .ok();
+    assert_eq!(ran.stdout_text(), "one\nfrom the host\ntwo\n");
+    assert!(
+        !live.project.join("made.txt").exists(),
+        "an exec wrote the host project"
+    );
+    assert_eq!(
+        std::fs::read_to_string(live.project.join("README.txt")).unwrap(),
+        "from the host\n"
+    );
+    live.destroy().await;
+    Ok(())
+}
+
+/// An exec's variables and directory are its own: the next exec sees neither.
+pub async fn each_exec_has_its_own_env_and_cwd(env: &EngineEnv) -> CaseResult {
+    let live = Live::started(env).await?;
+    live.sh("mkdir -p /workspace/sub").await.ok();
+    let first = live
+        .run(ExecRequest {
+            env: vec![("ONLY_FIRST".into(), "yes it is".into())],
+            cwd: Some("sub".into()),
+            ..sh("printf '%s|%s' \"$ONLY_FIRST\" \"$(pwd)\"")
+        })
+        .await
+        .ok();
+    assert_eq!(first.stdout_text(), "yes it is|/workspace/sub");
+    let second = live
+        .sh("printf '%s|%s' \"${ONLY_FIRST-unset}\" \"$(pwd)\"")
+        .await
+        .ok();
+    assert_eq!(second.stdout_text(), "unset|/workspace");
+    let absolute = live
+        .run(ExecRequest {
+            cwd: Some("/tmp".into()),
+            ..sh("pwd")
+        })
+        .await
+        .ok();
+    assert_eq!(absolute.stdout_text(), "/tmp\n");
+    live.destroy().await;
+    Ok(())
+}
+
+/// Bytes out are the command's bytes (invalid UTF-8, NULs, no final newline), and stdin's
+/// bytes reach the command as given.
+pub async fn output_and_stdin_are_byte_exact(env: &EngineEnv) -> CaseResult {
+    let live = Live::started(env).await?;
+    let ran = live
+        .sh("printf 'a\\377b\\000c' ; printf 'err\\376' >&2")
+        .await
+        .ok();
+    assert_eq!(ran.stdout, b"a\xffb\x00c");
+    assert_eq!(ran.stderr, b"err\xfe");
+    if env.engine().capabilities().exec_stdin {
+        let input: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+        let ran = live.run(sh_with_stdin("cat", input.clone())).await.ok();
+        assert_eq!(ran.stdout.len(), input.len());
+        assert!(ran.stdout == input, "stdin came back changed");
+    }
+    let empty = live.sh("cat").await.ok();
+    assert!(
+        empty.stdout.is_empty(),
+        "stdin without a stream is /dev/null"
+    );
+    live.destroy().await;
+    Ok(())
+}
+
+/// A non-zero exit, a signal and a command not found are outcomes, not errors.
+pub async fn exits_and_signals_are_outcomes(env: &EngineEnv) -> CaseResult {
+    let live = Live::started(env).await?;
+    let ran = live.sh("exit 7").await;
+    assert_eq!(
+        (ran.exit.termination, ran.exit.exit_code),
+        (Termination::Exited, Some(7))
+    );
+    let ran = live.sh("kill -TERM $$").await;
+    assert_eq!(
+        ran.exit.termination,
+        Termination::Signaled,
+        "{:?}",
+        ran.exit
+    );
+    assert_eq!(ran.exit.signal, Some(15));
+    let ran = live
+        .run(ExecRequest {
+            argv: vec!["no-such-command-here".into()],
+            ..ExecRequest::default()
+        })
+        .await;
+    assert_eq!(ran.exit.exit_code, Some(127), "{:?}", ran.exit);
+    assert!(!ran.stderr.is_empty(), "a command not found says why");
+    live.sh("true").await.ok();
+    live.destroy().await;
+    Ok(())
+}
+
+/// A command past its own timeout is killed, with its group; the next exec runs.
+pub async fn a_timed_out_exec_leaves_the_sandbox_usable(env: &EngineEnv) -> CaseResult {
+    let live = Live::started(env).await?;
+    let token = unique("timeout");
+    let ran = live
+        .run(ExecRequest {
+            timeout: Some(Duration::from_millis(300)),
+            ..sh(&format!("sleep 1000 & wait; : {token}"))
+        })
+        .await;
+    assert_eq!(ran.exit.termination, Termination::Timeout, "{:?}", ran.exit);
+    assert!(gone(&token, PATIENCE).await, "the timed-out group lives on");
+    live.sh("echo still here").await.ok();
+    live.destroy().await;
+    Ok(())
+}
+
+/// A cancelled command is killed, with its group; the next exec runs.
+pub async fn a_cancelled_exec_leaves_the_sandbox_usable(env: &EngineEnv) -> CaseResult {
+    let live = Live::started(env).await?;
+    let token = unique("cancel");
+    let cancel = CancellationToken::new();
+    let canceller = {
+        let cancel = cancel.clone();
+        let token = token.clone();
+        async move {
+            let deadline = std::time::Instant::now() + PATIENCE;
+            while host_pids_with(&token).is_empty() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            cancel.cancel();
+        }
+    };
+    let (ran, ()) = tokio::join!(
+        live.try_run(sh(&format!("sleep 1000; : {token}")), cancel),
+        canceller
+    );
+    let ran = ran.unwrap_or_else(|e| panic!("exec failed: {e}"));
+    assert_eq!(
+        ran.exit.termination,
+        Termination::Cancelled,
+        "{:?}",
+        ran.exit
+    );
+    assert!(
+        gone(&token, PATIENCE).await,
+        "the cancelled command lives on"
+    );
+    live.sh("true").await.ok();
+    live.destroy().await;
+    Ok(())
+}
+
+/// Two execs at once: the first waits for a file only the second makes.
+pub async fn execs_run_at_once(env: &EngineEnv) -> CaseResult {
+    if !env.engine().capabilities().concurrent_execs {
+        crate::skip::say(&format!(
+            "NOTE {}: the engine runs one exec at a time (its capabilities say so)",
+            env.test_name()
+        ));
+        return Ok(());
+    }
+    let live = Live::started(env).await?;
+    let (waiter, maker) = tokio::join!(
+        live.sh("while [ ! -e /tmp/go ]; do sleep 0.01; done; echo saw it"),
+        async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            live.sh("touch /tmp/go").await
+        }
+    );
+    assert_eq!(waiter.ok().stdout_text(), "saw it\n");
+    maker.ok();
+    live.destroy().await;
+    Ok(())
+}
+
+/// Stop ends every process of the sandbox, also one that left its command's group, and
+/// returns only once they are gone; the sandbox then takes no exec.
+pub async fn stop_kills_every_process(env: &EngineEnv) -> CaseResult {
+    let live = Live::started(env).await?;
+    if live.sh("command -v setsid").await.exit.exit_code != Some(0) {
+        live.destroy().await;
+        return Err(Skip::new(
+            "the sandbox has no setsid to start a process outside its group",
+        ));
+    }
+    let token = unique("escaped");
+    // The command waits until the process has left its group (a process still in it when
+    // the command ends is killed with it, by design).
+    live.sh(&format!(
+        "setsid sh -c 'touch /tmp/left; sleep 1000; : {token}' </dev/null >/dev/null 2>&1 & \
+         while [ ! -e /tmp/left ]; do sleep 0.01; done"
+    ))
+    .await
+    .ok();
+    // It outlived its command (a session of its own).
+    assert!(
+        !host_pids_with(&token).is_empty(),
+        "the escaped process did not start"
+    );
+    live.stop().await;
+    assert!(
+        host_pids_with(&token).is_empty(),
+        "a process of the sandbox outlived stop"
+    );
+    match live.try_run(sh("true"), CancellationToken::new()).await {
+        Err(RuntimeError::OutOfOrder { .. }) => {}
+        other => panic!("exec after stop: {other:?}"),
+    }
+    // Stop again: nothing to do.
+    live.stop().await;
+    live.destroy().await;
+    Ok(())
+}
+
+/// Exec before start and after stop is refused as out of order.
+pub async fn exec_out_of_order_is_refused(env: &EngineEnv) -> CaseResult {
+    let live = Live::created(env).await?;
+    match live.try_run(sh("true"), CancellationToken::new()).await {
+        Err(RuntimeError::OutOfOrder { .. }) => {}
+        other => panic!("exec before start: {other:?}"),
+    }
+    live.env.engine().start(&live.handle).await.unwrap();
+    match live.env.engine().start(&live.handle).await {
+        Err(RuntimeError::OutOfOrder { .. }) => {}
+        other => panic!("a second start: {other:?}"),
+    }
+    live.sh("true").await.ok();
+    live.destroy().await;
+    Ok(())
+}
+
+/// Destroy twice, and destroy of a sandbox never started: each succeeds.
+pub async fn destroy_is_idempotent(env: &EngineEnv) -> CaseResult {
+    let never_started = Live::created(env).await?;
+    let handle = never_started.handle.clone();
+    never_started.destroy().await;
+    env.engine().destroy(&handle).await.unwrap();
+    let live = Live::started(env).await?;
+    let token = unique("running");
+    let engine = env.engine();
+    let handle = live.handle.clone();
+    // Destroy while a command runs: the command ends, destroy returns.
+    let (ran, destroyed) = tokio::join!(
+        live.try_run(
+            sh(&format!("sleep 1000; : {token}")),
+            CancellationToken::new()
+        ),
+        async {
+            let deadline = std::time::Instant::now() + PATIENCE;
+            while host_pids_with(&token).is_empty() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            engine.destroy(&handle).await
+        }
+    );
+    destroyed.unwrap();
+    if let Ok(ran) = ran {
+        assert_ne!(ran.exit.exit_code, Some(0), "{:?}", ran.exit);
+    }
+    assert!(host_pids_with(&token).is_empty(), "destroy left a process");
+    live.destroy().await;
+    Ok(())
+}
+
+/// A hundred commands, one after another, in one sandbox: each one's output is its own.
+pub async fn a_hundred_execs_in_one_sandbox(env: &EngineEnv) -> CaseResult {
+    let live = Live::started(env).await?;
+    for i in 0..100 {
+        let ran = live
+            .sh(&format!("echo {i} >> /workspace/log; echo {i}"))
+            .await
+            .ok();
+        assert_eq!(ran.stdout_text(), format!("{i}\n"));
+    }
+    let lines = live.sh("wc -l < /workspace/log").await.ok().stdout_text();
+    assert_eq!(lines.trim(), "100");
+    live.destroy().await;
+    Ok(())
+}

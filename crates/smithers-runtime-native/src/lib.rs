@@ -76,6 +76,8 @@ mod armed;
 mod launcher;
 /// Where a sandbox's parts are on the host, as the plan names them (and its git layer).
 mod layout;
+/// Sandboxes started through the engine: how each is held and ended.
+mod live;
 /// The root prepared once per host configuration.
 mod prepared_root;
 /// Reading the init's status lines (with the descriptors they carry).

@@ -48,7 +48,7 @@ pub struct NativeRuntime {
     pub(crate) attached:
         Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, warm::ClaimedWarm>>>,
     /// Sandboxes started through the engine and not stopped.
-    pub(crate) live: crate::engine::LiveSandboxes,
+    pub(crate) live: crate::live::LiveSandboxes,
 }
 
 impl Default for NativeRuntime {

@@ -16,8 +16,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::clock::now_ms;
 use crate::launcher::output_pipe;
 
-use super::channel::Channel;
-use super::{check_env, Live};
+use super::check_env;
+use crate::live::channel::Channel;
+use crate::live::Live;
 
 /// How long a killed command's exit may take to be reported before the exec fails.
 const KILL_GRACE: Duration = Duration::from_secs(5);

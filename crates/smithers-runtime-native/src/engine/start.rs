@@ -16,8 +16,8 @@ use crate::layout::host_layout;
 use crate::runtime::NativeRuntime;
 use crate::status::StatusReader;
 
-use super::channel::Channel;
-use super::Live;
+use crate::live::channel::Channel;
+use crate::live::Live;
 
 /// What the status task found before the sandbox was ready.
 enum Readiness {

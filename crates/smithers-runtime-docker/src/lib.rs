@@ -1434,7 +1434,7 @@ fn enforcement_for(c: &Controls, state: &BackendState, watchdog: bool) -> Enforc
     use ProtectionStatus::*;
     let mut p = vec![
         parent_death(watchdog),
-        smithers_runtime::mounts::report_row(c),
+        smithers_runtime::mount_row::report_row(c),
         match egress::policy(c).ok().flatten() {
             Some(policy) => protection(
                 "network",

@@ -37,6 +37,7 @@ pub mod engine;
 pub mod error;
 pub mod git_ref;
 pub mod kept_layer;
+pub mod mount_row;
 pub mod mounts;
 pub mod output;
 pub mod types;

@@ -11,11 +11,9 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use crate::{Controls, Protection, ProtectionStatus};
-
 mod holds;
 
-/// The name of the enforcement report's row about mounts ([`report_row`]).
+/// The name of the enforcement report's row about mounts ([`crate::mount_row::report_row`]).
 pub const HOST_MOUNTS: &str = "host-mounts";
 
 /// Credential stores, as paths relative to a home: a mount that is one or is inside one
@@ -151,51 +149,6 @@ pub fn project_overlap(host: &Path, root: &Path) -> Option<String> {
             root.display()
         )
     })
-}
-
-/// The `host-mounts` row of an enforcement report: every host path the caller brought in
-/// and how. Enforced when there is none or all are read-only; degraded when the step can
-/// write a host path (what it writes there is not reviewed) or a sensitive mount was allowed.
-pub fn report_row(c: &Controls) -> Protection {
-    let row = |status, detail: String| Protection {
-        name: HOST_MOUNTS.to_string(),
-        status,
-        detail,
-        fix: None,
-    };
-    if c.volumes.is_empty() {
-        return row(
-            ProtectionStatus::Enforced,
-            "no host path mounted beyond the read-only root".into(),
-        );
-    }
-    let list: Vec<String> = c
-        .volumes
-        .iter()
-        .map(|v| {
-            format!(
-                "{} at {} ({})",
-                v.host.display(),
-                v.container.display(),
-                if v.readonly { "ro" } else { "rw" }
-            )
-        })
-        .collect();
-    let writable = c.volumes.iter().any(|v| !v.readonly);
-    let mut detail = list.join("; ");
-    if writable {
-        detail
-            .push_str("; a writable mount is written by the step directly, not through the review");
-    }
-    if c.allow_sensitive_mounts {
-        detail.push_str("; sensitive host paths allowed by the caller (allowSensitiveMounts)");
-    }
-    let status = if writable || c.allow_sensitive_mounts {
-        ProtectionStatus::Degraded
-    } else {
-        ProtectionStatus::Enforced
-    };
-    row(status, detail)
 }
 
 #[cfg(test)]

@@ -120,7 +120,7 @@ fn filesystem_rows(c: &Controls, workspace: &WorkspaceState) -> Vec<Protection> 
         ),
         None,
     ));
-    p.push(smithers_runtime::mounts::report_row(c));
+    p.push(smithers_runtime::mount_row::report_row(c));
     p.push(row(
         n::DEVICES,
         Enforced,

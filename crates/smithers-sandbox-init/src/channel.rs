@@ -125,7 +125,7 @@ mod tests {
 
     #[test]
     fn a_datagram_and_its_descriptors_arrive_together_and_the_end_is_seen() {
-        let (a, b) = crate::zygote::seqpacket_pair().unwrap();
+        let (a, b) = crate::fdpass::seqpacket_pair().unwrap();
         let file = std::fs::File::open("/dev/null").unwrap();
         send(a.as_raw_fd(), b"one", &[file.as_raw_fd(); 3], 0).unwrap();
         send(a.as_raw_fd(), b"two", &[], 0).unwrap();

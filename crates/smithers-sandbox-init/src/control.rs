@@ -80,7 +80,7 @@ impl ControlReader {
         if version != PLAN_VERSION {
             return Err(format!(
                 "plan version {version} but this init speaks {PLAN_VERSION}: the init binary is from another build of smithers-sandbox than the runtime (rebuild it, or remove a stale smithers-sandbox-init next to the runtime, or point ${} at the right one)",
-                crate::INIT_ENV
+                crate::plan::INIT_ENV
             ));
         }
         serde_json::from_slice(&line).map_err(|e| format!("the prelude is not valid: {e}"))

@@ -54,6 +54,7 @@
 mod cgroups;
 pub mod channel;
 mod control;
+mod fdpass;
 mod mounts;
 mod namespaces;
 mod network;
@@ -62,6 +63,7 @@ mod p1;
 pub mod plan;
 mod privileges;
 mod probe;
+mod sandbox;
 mod session;
 mod spawn;
 pub mod sys;
@@ -69,15 +71,11 @@ pub mod zygote;
 
 use std::path::Path;
 
-use crate::control::{report_error, report_plan_error, ControlReader};
-use crate::namespaces::enter_namespaces;
-use crate::p0::{await_step_taken, start, supervise};
 use crate::probe::run_probe;
 
 pub use mounts::{apply, make_mount_point};
 
-/// Environment variable naming the init executable (the runtime looks there first).
-pub const INIT_ENV: &str = "SMITHERS_SANDBOX_INIT";
+pub use plan::INIT_ENV;
 
 /// Entry point of the `smithers-sandbox-init` binary (and of `smithers-sandbox __sandbox-init`).
 pub fn main() -> ! {
@@ -102,8 +100,8 @@ pub fn run(args: &[String]) -> i32 {
         }
     }
     match args.first().map(String::as_str) {
-        None => run_sandbox(),
-        Some("--zygote") => crate::zygote::serve(run_sandbox),
+        None => crate::sandbox::run_sandbox(),
+        Some("--zygote") => crate::zygote::serve(crate::sandbox::run_sandbox),
         Some("--egress-holder") => match (args.get(1), args.get(2)) {
             (Some(socket), Some(listen)) => crate::network::egress_holder(socket, listen),
             _ => {
@@ -123,50 +121,6 @@ pub fn run(args: &[String]) -> i32 {
         Some(other) => {
             eprintln!("smithers-sandbox-init: unexpected argument {other:?} (this program is started by the smithers runtime)");
             2
-        }
-    }
-}
-
-pub(crate) fn run_sandbox() -> i32 {
-    // The sandbox, not the host's own processes, is what the OOM killer should take first
-    // when memory runs out (with or without a memory limit): every sandbox process inherits
-    // this. Raising one's own score needs no privilege; if /proc is not there it stays as is.
-    let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
-    let mut control = ControlReader::default();
-    let prelude = match control.prelude() {
-        Ok(p) => p,
-        Err(message) => return report_plan_error(message),
-    };
-    let cgroups = match enter_namespaces(&prelude) {
-        Ok(c) => c,
-        Err((stage, err)) => {
-            report_error(stage, &err);
-            return 1;
-        }
-    };
-    let plan = match control.plan() {
-        Ok(p) => p,
-        Err(message) => return report_plan_error(message),
-    };
-    match start(&prelude, cgroups, &plan) {
-        Ok(started) => {
-            if let Some(taken) = started.step_taken {
-                // Nothing may follow the warm plan before P1 has read its step: the runtime
-                // sends the step only after P1's `warm` report.
-                if !control.buf.is_empty() {
-                    let _ = sys::kill(started.pid, libc::SIGKILL);
-                    report_plan_error(
-                        "the runtime sent more than the warm plan before the sandbox was warm"
-                            .to_string(),
-                    );
-                }
-                await_step_taken(started.pid, taken);
-            }
-            supervise(started.pid, &control.buf)
-        }
-        Err((stage, err)) => {
-            report_error(stage, &err);
-            1
         }
     }
 }

@@ -39,7 +39,7 @@ pub(crate) fn send_network_namespace(
     match made {
         // Ours is closed when dropped; P1 has its own copy once sent.
         Ok(fd) => {
-            let sent = crate::zygote::send_fds(sock.as_raw_fd(), &[fd.as_raw_fd()]);
+            let sent = crate::fdpass::send_fds(sock.as_raw_fd(), &[fd.as_raw_fd()]);
             drop(fd);
             // P1 gone (EPIPE: it failed first, and reported why) is not news.
             let failed = sent.err().filter(|e| e.raw_os_error() != Some(libc::EPIPE));
@@ -59,7 +59,7 @@ pub(crate) fn send_network_namespace(
 
 /// P1: enters the network namespace P0 made (see `start`).
 pub(crate) fn enter_network_namespace(sock: &OwnedFd) -> SysResult<()> {
-    let fds = crate::zygote::recv_fds(sock.as_raw_fd()).map_err(|e| SysError {
+    let fds = crate::fdpass::recv_fds(sock.as_raw_fd()).map_err(|e| SysError {
         op: "receive the network namespace".into(),
         errno: e.raw_os_error().unwrap_or(libc::EIO),
     })?;

@@ -38,7 +38,7 @@ pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> Stage
     // a pid namespace we are not in) while we may still be making the network namespace:
     // our /proc entry is opened now, by the host's /proc.
     let netns_pair = if prelude.unshare_net {
-        let pair = crate::zygote::seqpacket_pair().map_err(|e| SysError {
+        let pair = crate::fdpass::seqpacket_pair().map_err(|e| SysError {
             op: "socketpair for the network namespace".into(),
             errno: e.raw_os_error().unwrap_or(libc::EIO),
         });
@@ -76,7 +76,7 @@ pub(crate) fn start(prelude: &Prelude, cgroups: CgroupFds, plan: &[u8]) -> Stage
                 },
             ));
         }
-        let pair = crate::zygote::seqpacket_pair().map_err(|e| SysError {
+        let pair = crate::fdpass::seqpacket_pair().map_err(|e| SysError {
             op: "socketpair for the exec channel".into(),
             errno: e.raw_os_error().unwrap_or(libc::EIO),
         });

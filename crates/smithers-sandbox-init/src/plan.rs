@@ -7,8 +7,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// Bumped when the init and the runtime would disagree on the plan's meaning.
-pub const PLAN_VERSION: u32 = 10;
+/// Environment variable naming the init executable (the runtime looks there first).
+pub const INIT_ENV: &str = "SMITHERS_SANDBOX_INIT";
+
+/// Bumped when the init and the runtime would disagree on the plan's meaning (11: a prelude
+/// may ask for a session, which an older init would take for a step with no command).
+pub const PLAN_VERSION: u32 = 11;
 
 /// Size of the tmpfs the new root is built on ([`RootFs::Tmpfs`]): it only holds directories,
 /// mount points, symlinks and the `/etc` copies, and is remounted read-only before the

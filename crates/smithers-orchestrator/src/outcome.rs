@@ -7,6 +7,8 @@ use smithers_store::PatchRecord;
 
 /// What is left of a step once its outcome is recorded (see
 /// [`Orchestrator::execute_then_finish`]): its sandbox's cleanup and its lease's release.
+///
+/// [`Orchestrator::execute_then_finish`]: crate::Orchestrator::execute_then_finish
 pub type Finish = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
 
 /// A sandbox that reached a final status.
@@ -39,6 +41,8 @@ pub struct PendingReview {
 
 /// A result bundle a caller collected itself (the Smithers provider, from a `serve` host),
 /// to be held for a durable review in this store: see [`Orchestrator::hold_for_review`].
+///
+/// [`Orchestrator::hold_for_review`]: crate::Orchestrator::hold_for_review
 #[derive(Debug, Clone)]
 pub struct HeldBundle {
     pub run_id: String,
@@ -53,6 +57,8 @@ pub struct HeldBundle {
 }
 
 /// How [`Orchestrator::execute`] ended when it did not fail.
+///
+/// [`Orchestrator::execute`]: crate::Orchestrator::execute
 // One value per step, moved once to its caller: boxing the large variant would add an
 // allocation and a deref at every use for no gain.
 #[allow(clippy::large_enum_variant)]
@@ -62,6 +68,8 @@ pub enum SandboxOutcome {
     AwaitingReview(PendingReview),
     /// Cancelled through the [`StepContext::cancel`] token; the bundle, when one could still be
     /// collected, is kept for inspection and nothing was applied.
+    ///
+    /// [`StepContext::cancel`]: crate::StepContext::cancel
     Cancelled {
         bundle_path: Option<PathBuf>,
     },

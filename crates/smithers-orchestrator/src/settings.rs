@@ -15,6 +15,9 @@ pub const FAIL_CLOSED_REJECT_REASON: &str =
 pub enum ReviewMode {
     /// The sandbox waits in a durable review (row `review`); [`Orchestrator::accept`] or
     /// [`Orchestrator::reject`] decide later, from any process.
+    ///
+    /// [`Orchestrator::accept`]: crate::Orchestrator::accept
+    /// [`Orchestrator::reject`]: crate::Orchestrator::reject
     Durable,
     /// 0.16: SandboxDiffRejected, then INVALID_INPUT "Sandbox produced patches that require
     /// review approval.".

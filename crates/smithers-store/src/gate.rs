@@ -19,6 +19,8 @@ pub struct AdmitRequest {
     pub runtime: String,
     pub config: RedactedConfig,
     /// Limit per run (`SMITHERS_MAX_CONCURRENT_SANDBOXES`, see [`parse_max_concurrent`]).
+    ///
+    /// [`parse_max_concurrent`]: crate::parse_max_concurrent
     pub per_run_max: u32,
     /// Limit over every run in this database.
     pub host_max: u32,

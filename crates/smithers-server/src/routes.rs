@@ -24,6 +24,7 @@ use smithers_wire::wire::{
     WorkspaceUploaded, IDEMPOTENCY_KEY_HEADER, IDEMPOTENCY_KEY_MAX_LENGTH,
 };
 
+use crate::config::{Limits, OPENAPI_YAML};
 use crate::error::ApiError;
 use crate::state::{lock, now_ms, AppState, Entry, EventLog, Inner, LogSink, Owner};
 
@@ -182,7 +183,7 @@ pub(crate) async fn metrics(State(state): St) -> Response {
 }
 
 pub(crate) async fn openapi() -> Response {
-    let mut resp = crate::OPENAPI_YAML.into_response();
+    let mut resp = OPENAPI_YAML.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/yaml"),
@@ -229,7 +230,7 @@ fn asks(body: &Value, key: &str) -> bool {
 /// sandboxes lock where it decides (the cheap early check is advisory).
 fn check_caps(
     all: &std::collections::HashMap<String, Arc<Entry>>,
-    limits: &crate::Limits,
+    limits: &Limits,
     owner: &Owner,
 ) -> Result<(), ApiError> {
     let refuse = |message: String, limit: &str, max: usize| {

@@ -41,6 +41,7 @@
 mod config;
 mod conn;
 mod error;
+mod json;
 mod metrics;
 mod policy;
 mod recovery;

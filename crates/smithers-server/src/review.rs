@@ -18,8 +18,8 @@ use smithers_orchestrator::{Orchestrator, OrchestratorError};
 use smithers_store::ReviewState;
 
 use crate::error::ApiError;
+use crate::json::{json_response, read_json};
 use crate::policy::DEFAULT_TOKEN_NAME;
-use crate::routes::{json_response, read_json};
 use crate::state::{AppState, Owner};
 
 type St = State<Arc<AppState>>;

@@ -114,7 +114,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Doctor(args) => commands::doctor::run(args, cli.json),
         Command::Egress(args) => commands::egress::run(args, cli.json),
         Command::Serve(args) => commands::serve::run(args),
-        Command::Daemon(args) => commands::daemon::run(args, cli.json),
+        Command::Daemon(args) => commands::daemon::run(args, cli.json, parse_run),
     }
 }
 

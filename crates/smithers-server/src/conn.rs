@@ -1,13 +1,13 @@
 //! The connection layer: an accept loop on hyper-util in place of `axum::serve`, so that a
 //! connection cannot hold the server's resources without making progress.
 //!
-//! * **Connection cap** ([`crate::Limits::max_connections`]): the loop takes a permit before it
+//! * **Connection cap** ([`crate::config::Limits::max_connections`]): the loop takes a permit before it
 //!   accepts. At the cap it stops accepting, and new connections wait in the kernel's accept
 //!   backlog (their TCP handshake completes, their request waits) until a connection ends.
 //!   Accepting them only to answer 503 would spend a descriptor and a task on each, which is
 //!   exactly what runs out under a flood; waiting costs nothing here and the client sees a slow
 //!   answer (or its own connect/request timeout) instead of an error it must retry.
-//! * **Header deadline** ([`crate::Limits::header_read_timeout`]): hyper's HTTP/1 header read timeout
+//! * **Header deadline** ([`crate::config::Limits::header_read_timeout`]): hyper's HTTP/1 header read timeout
 //!   closes a connection whose request head is not complete in time. Its timer starts whenever
 //!   the connection waits for a request head, so it is also the HTTP/1 keep-alive idle
 //!   timeout: an idle keep-alive connection is closed that long after its last response.

@@ -1,6 +1,6 @@
 //! Durable review over HTTP: list reviews, read one with its patches, accept (apply) or reject.
 //! These sit on the [`smithers_orchestrator::Orchestrator`] of this host (the one that ran the
-//! steps and recorded their reviews), attached with [`crate::SandboxServer::with_orchestrator`];
+//! steps and recorded their reviews), attached with `SandboxServer::with_orchestrator`;
 //! without one they answer 503. Each runs on a blocking thread (see `off_workers`): applying
 //! a bundle reads, writes and fsyncs the project, and a store call may wait for another
 //! writer's lock.
@@ -18,7 +18,8 @@ use smithers_orchestrator::{Orchestrator, OrchestratorError};
 use smithers_store::ReviewState;
 
 use crate::error::ApiError;
-use crate::routes::{json_response, read_json};
+use crate::json::{json_response, read_json};
+use crate::policy::DEFAULT_TOKEN_NAME;
 use crate::state::{AppState, Owner};
 
 type St = State<Arc<AppState>>;
@@ -28,7 +29,7 @@ type St = State<Arc<AppState>>;
 /// without tokens) may read or decide them. A named client token gets 404, as for a route
 /// it cannot see.
 fn operator_only(owner: &Owner) -> Result<(), ApiError> {
-    if owner.0.is_empty() || owner.0 == crate::DEFAULT_TOKEN_NAME {
+    if owner.0.is_empty() || owner.0 == DEFAULT_TOKEN_NAME {
         return Ok(());
     }
     Err(ApiError::new(

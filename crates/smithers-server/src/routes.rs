@@ -24,39 +24,12 @@ use smithers_wire::wire::{
     WorkspaceUploaded, IDEMPOTENCY_KEY_HEADER, IDEMPOTENCY_KEY_MAX_LENGTH,
 };
 
+use crate::config::{Limits, OPENAPI_YAML};
 use crate::error::ApiError;
+use crate::json::{json_response, read_json};
 use crate::state::{lock, now_ms, AppState, Entry, EventLog, Inner, LogSink, Owner};
 
 type St = State<Arc<AppState>>;
-
-/// Reads a JSON body of at most `limit` bytes: 413 beyond it, 400 when it is not the
-/// expected JSON (the message says where serde stopped).
-pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
-    body: Body,
-    limit: usize,
-) -> Result<T, ApiError> {
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        // The limit error of http-body-util is not re-exported; its message is stable.
-        if error_chain(&e).contains("length limit exceeded") {
-            ApiError::too_large("jsonBytes", limit as u64)
-        } else {
-            ApiError::malformed(format!("could not read the request body: {e}"))
-        }
-    })?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::malformed(format!("malformed JSON body: {e}")))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
 
 /// The caller's sandbox `id` (404 for another token's, exactly as for an unknown id), its
 /// idle time started again.
@@ -66,16 +39,6 @@ fn entry(state: &AppState, id: &str, owner: &Owner) -> Result<Arc<Entry>, ApiErr
         .ok_or_else(|| ApiError::not_found(id))?;
     e.touch();
     Ok(e)
-}
-
-pub(crate) fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
-    let body = serde_json::to_vec(value).unwrap_or_default();
-    let mut resp = (status, body).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
 }
 
 fn random_hex(bytes: usize) -> Result<String, ApiError> {
@@ -182,7 +145,7 @@ pub(crate) async fn metrics(State(state): St) -> Response {
 }
 
 pub(crate) async fn openapi() -> Response {
-    let mut resp = crate::OPENAPI_YAML.into_response();
+    let mut resp = OPENAPI_YAML.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/yaml"),
@@ -229,7 +192,7 @@ fn asks(body: &Value, key: &str) -> bool {
 /// sandboxes lock where it decides (the cheap early check is advisory).
 fn check_caps(
     all: &std::collections::HashMap<String, Arc<Entry>>,
-    limits: &crate::Limits,
+    limits: &Limits,
     owner: &Owner,
 ) -> Result<(), ApiError> {
     let refuse = |message: String, limit: &str, max: usize| {

@@ -15,8 +15,8 @@ use smithers_wire::wire::{
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
+use crate::config::{Limits, ServerConfig};
 use crate::metrics::Metrics;
-use crate::ServerConfig;
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -223,7 +223,7 @@ pub(crate) struct EventLog {
 
 impl Default for EventLog {
     fn default() -> Self {
-        EventLog::new(crate::Limits::default().output_window_bytes)
+        EventLog::new(Limits::default().output_window_bytes)
     }
 }
 

@@ -163,3 +163,6 @@ impl CodedError for StoreError {
         }
     }
 }
+
+/// Result alias of this crate.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -7,7 +7,8 @@
 
 use rusqlite::params;
 
-use crate::{CachedSql as _, Result, Store, StoreError};
+use crate::error::{Result, StoreError};
+use crate::store::{CachedSql as _, Store};
 
 /// `workflow_name` of a run our CLI started (Smithers allows 256 characters here).
 pub const CLI_WORKFLOW_NAME: &str = "smithers-sandbox run";

@@ -7,7 +7,7 @@
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::StoreError;
+use crate::error::StoreError;
 
 type Migration = fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>;
 

@@ -74,11 +74,15 @@ fn invalid(message: String) -> anyhow::Error {
     coded_error(ErrorCode::InvalidInput, message, Value::Null)
 }
 
+/// How the service reads a client's command line as a `run` (`None` for any other): the
+/// binary's own parser, handed in by the top level that defines the command tree.
+pub type ParseRun = fn(&[std::ffi::OsString]) -> Option<(super::run::RunArgs, bool)>;
+
 /// Runs `daemon`.
-pub fn run(args: &DaemonArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+pub fn run(args: &DaemonArgs, json_out: bool, parse_run: ParseRun) -> anyhow::Result<ExitCode> {
     match &args.action {
         Action::Start(options) => start(options, json_out),
-        Action::Serve(options) => serve(options),
+        Action::Serve(options) => serve(options, parse_run),
         Action::Stop => stop(json_out),
         Action::Status => status(json_out),
     }
@@ -88,7 +92,7 @@ fn idle_limit(options: &ServeOptions) -> anyhow::Result<Option<Duration>> {
     if options.idle.trim() == "0" {
         return Ok(None);
     }
-    super::run::parse_duration_ms(&options.idle)
+    super::flags::parse_duration_ms(&options.idle)
         .map(|ms| Some(Duration::from_millis(ms)))
         .ok_or_else(|| {
             invalid(format!(
@@ -289,9 +293,11 @@ struct Service {
     started: Instant,
     last_request: Mutex<Instant>,
     stopping: AtomicBool,
+    /// Reads a client's command line (see [`ParseRun`]).
+    parse_run: ParseRun,
 }
 
-fn serve(options: &ServeOptions) -> anyhow::Result<ExitCode> {
+fn serve(options: &ServeOptions, parse_run: ParseRun) -> anyhow::Result<ExitCode> {
     let idle = idle_limit(options)?;
     let place = Place::of_this_build(true).context("the service's directory")?;
     let listener = match Listener::bind(&place) {
@@ -318,6 +324,7 @@ fn serve(options: &ServeOptions) -> anyhow::Result<ExitCode> {
         started: Instant::now(),
         last_request: Mutex::new(Instant::now()),
         stopping: AtomicBool::new(false),
+        parse_run,
     });
     let handlers = Handlers::new();
     handlers.add_spare(&service);
@@ -464,7 +471,7 @@ fn handle(incoming: Incoming, service: &Service) {
                 service.counters.declined(&why);
                 return connection.decline(&why);
             }
-            let Some((args, json_out)) = crate::parse_run(&request.argv) else {
+            let Some((args, json_out)) = (service.parse_run)(&request.argv) else {
                 service.counters.declined(NOT_A_RUN);
                 return connection.decline(NOT_A_RUN);
             };

@@ -13,10 +13,10 @@ use smithers_runtime::{ProtectionStatus, Runtime};
 pub struct DoctorArgs {
     /// Which runtime to check: the native one (default) or the Docker engine's.
     #[arg(long, value_enum, default_value = "bubblewrap")]
-    pub runtime: super::run::RuntimeChoice,
+    pub runtime: super::backend::RuntimeChoice,
     /// The native runtime's workspace mode to report for (see `run --workspace`).
     #[arg(long, value_enum, env = smithers_runtime_native::WORKSPACE_ENV, default_value = "auto")]
-    pub workspace: super::run::WorkspaceChoice,
+    pub workspace: super::backend::WorkspaceChoice,
 }
 
 /// Protections without which the docker runtime cannot run at all.
@@ -43,11 +43,11 @@ pub fn run(args: &DoctorArgs, json: bool) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let docker = args.runtime == super::run::RuntimeChoice::Docker;
+    let docker = args.runtime == super::backend::RuntimeChoice::Docker;
     let report = if docker {
         docker_probe(&rt)
     } else {
-        rt.block_on(super::run::native_runtime_with(args.workspace.mode())?.probe())
+        rt.block_on(super::backend::native_runtime_with(args.workspace.mode())?.probe())
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);

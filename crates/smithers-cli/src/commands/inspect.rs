@@ -19,6 +19,7 @@ use smithers_errors::ErrorCode;
 use smithers_orchestrator::Metrics;
 use smithers_store::{EventRow, SandboxRow, SandboxStatus};
 
+use super::changes;
 use super::context::{self, Ctx, StoreArgs};
 use super::review::review_json;
 use crate::output::{coded_error, inert, Coded};
@@ -471,13 +472,13 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         .collect();
     let mut doc = row_json(&ctx, &row)?;
     let bundle_path = doc["bundlePath"].as_str().map(str::to_string);
-    let outputs = bundle_path.as_deref().and_then(context::bundle_outputs);
+    let outputs = bundle_path.as_deref().and_then(changes::bundle_outputs);
     let recorded = ctx.store().patches(&row.run_id, &row.sandbox_id).coded()?;
-    let changes = context::changes_of(bundle_path.as_deref(), &recorded);
+    let changes = changes::changes_of(bundle_path.as_deref(), &recorded);
     let config: Value = serde_json::from_str(&row.config_json).unwrap_or(Value::Null);
     let notes = bundle_path
         .as_deref()
-        .map(|b| context::bundle_notes(Path::new(b)))
+        .map(|b| changes::bundle_notes(Path::new(b)))
         .unwrap_or_default();
     let egress = egress_summary(&args.store.root_dir()?, &row, &config);
     if json_out {
@@ -486,9 +487,9 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         }
         doc["config"] = config;
         doc["outputs"] = outputs.unwrap_or(Value::Null);
-        doc["patches"] = Value::Array(changes.iter().map(context::FileChange::to_json).collect());
+        doc["patches"] = Value::Array(changes.iter().map(changes::FileChange::to_json).collect());
         doc["events"] = Value::Array(events.iter().map(event_json).collect());
-        doc["changeNotes"] = context::change_notes_json(&notes);
+        doc["changeNotes"] = changes::change_notes_json(&notes);
         println!("{doc}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -528,11 +529,11 @@ pub fn show(args: &ShowArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         ),
     }
     let mut findings = smithers_patch::ReviewFindings::default();
-    context::add_change_notes(&mut findings, &notes);
+    changes::add_change_notes(&mut findings, &notes);
     print!("{}", smithers_patch::render_findings(&findings, false));
     if !changes.is_empty() {
         println!("patches");
-        for line in context::stat_lines(&changes) {
+        for line in changes::stat_lines(&changes) {
             println!("  {line}");
         }
     }

@@ -1,15 +1,21 @@
 //! One module per command group.
 
+pub mod backend;
 pub mod bundle;
+pub(crate) mod changes;
 pub mod context;
 pub mod daemon;
 pub mod doctor;
 pub mod egress;
 pub(crate) mod egress_summary;
+pub(crate) mod flags;
 pub mod inspect;
 pub mod mounts;
+mod progress;
 pub mod remove;
 pub mod review;
 pub mod run;
+mod run_args;
 mod run_row;
+mod run_summary;
 pub mod serve;

@@ -15,7 +15,7 @@ use smithers_errors::ErrorCode;
 use smithers_store::SandboxRow;
 
 use super::context::{self, Ctx, StoreArgs};
-use super::run::parse_duration_ms;
+use super::flags::parse_duration_ms;
 use crate::output::{coded_error, inert, Coded};
 
 /// Arguments of `rm`.

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use smithers_errors::{CodedError, ErrorCode};
 use smithers_store::{ReviewRow, ReviewState, SandboxRow};
 
+use super::changes;
 use super::context::{self, Ctx, StoreArgs};
 use crate::output::{coded_error, color_allowed, inert, name, render_text, Coded, EXIT_REJECTED};
 
@@ -103,14 +104,14 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let ctx = context::open_required(&args.store, json_out)?;
     let row = context::resolve(&ctx, &args.id)?;
     let review = review_of(&ctx, &row)?;
-    let (patches, notes) = context::bundle_contents(std::path::Path::new(&review.bundle_path))?;
+    let (patches, notes) = changes::bundle_contents(std::path::Path::new(&review.bundle_path))?;
     let root = std::path::Path::new(&review.root_dir);
     // Read once against the host tree, for the counts, the warnings and the diff alike: a
     // file carried as a git binary patch only for not being UTF-8 is the text git sees.
     let shown = smithers_patch::PatchReview::new(&patches, Some(root));
-    let changes = context::changes_from(&patches, shown.stats());
+    let changes = changes::changes_from(&patches, shown.stats());
     let mut findings = shown.findings(&smithers_patch::host_hooks_dirs(root));
-    context::add_change_notes(&mut findings, &notes);
+    changes::add_change_notes(&mut findings, &notes);
     if json_out {
         let diff = smithers_patch::render_patches(&patches);
         println!(
@@ -122,13 +123,13 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 "review": review_json(&review),
                 "bundlePath": review.bundle_path,
                 "rootDir": review.root_dir,
-                "patches": changes.iter().map(context::FileChange::to_json).collect::<Vec<_>>(),
+                "patches": changes.iter().map(changes::FileChange::to_json).collect::<Vec<_>>(),
                 "diff": diff,
                 "findings": findings,
                 "commits": notes.commits,
                 // What HEAD and the index get of the files the commits leave otherwise than
                 // the patches (`commits.tipDiffers`): shown here as in the text review.
-                "seriesDiff": context::series_patch_json(
+                "seriesDiff": changes::series_patch_json(
                     std::path::Path::new(&review.bundle_path),
                     &smithers_patch::host_hooks_dirs(root),
                 ),
@@ -156,7 +157,7 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     println!();
     if let Some(series) = &notes.commits {
         let hooks = smithers_patch::host_hooks_dirs(std::path::Path::new(&review.root_dir));
-        print!("{}", context::render_commits(series, &hooks, bold, reset));
+        print!("{}", changes::render_commits(series, &hooks, bold, reset));
         println!();
         if !series.tip_differs.is_empty() {
             println!(
@@ -164,7 +165,7 @@ pub fn review(args: &ReviewArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 series.tip_differs.len()
             );
             let color = !args.no_color && color_allowed() && std::io::stdout().is_terminal();
-            match context::render_series_patch(
+            match changes::render_series_patch(
                 std::path::Path::new(&review.bundle_path),
                 &hooks,
                 color,
@@ -266,7 +267,7 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let ctx = context::open_required(&args.store, json_out)?;
     let row = context::resolve(&ctx, &args.id)?;
     let review = review_of(&ctx, &row)?;
-    let changes = context::changes_of(
+    let changes = changes::changes_of(
         Some(&review.bundle_path),
         &ctx.store().patches(&row.run_id, &row.sandbox_id).coded()?,
     );
@@ -276,7 +277,7 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         args.conflict_markers,
         args.branch.as_deref(),
     ));
-    let patches_json: Vec<Value> = changes.iter().map(context::FileChange::to_json).collect();
+    let patches_json: Vec<Value> = changes.iter().map(changes::FileChange::to_json).collect();
     match result {
         Ok(done) => {
             if json_out {
@@ -304,7 +305,7 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     review.patch_count,
                     inert(&review.root_dir)
                 );
-                for line in context::stat_lines(&changes) {
+                for line in changes::stat_lines(&changes) {
                     println!("  {line}");
                 }
             } else if let Some(branch) = &args.branch {
@@ -324,7 +325,7 @@ pub fn accept(args: &AcceptArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                     done.applied_patches,
                     inert(&review.root_dir)
                 );
-                for line in context::stat_lines(&changes) {
+                for line in changes::stat_lines(&changes) {
                     println!("  {line}");
                 }
                 if !done.conflict_markers.is_empty() {
@@ -415,7 +416,7 @@ pub fn reject(args: &RejectArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 .reject(&row.run_id, &row.sandbox_id, &args.reason),
         )
         .coded()?;
-    let changes = context::changes_of(
+    let changes = changes::changes_of(
         Some(&review.bundle_path),
         &ctx.store().patches(&row.run_id, &row.sandbox_id).coded()?,
     );
@@ -435,7 +436,7 @@ pub fn reject(args: &RejectArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 "review": "rejected",
                 "reason": args.reason,
                 "bundlePath": review.bundle_path,
-                "patches": changes.iter().map(context::FileChange::to_json).collect::<Vec<_>>(),
+                "patches": changes.iter().map(changes::FileChange::to_json).collect::<Vec<_>>(),
             })
         );
     } else {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use smithers_server::{shutdown_signal, SandboxServer, ServerConfig};
 
-use super::context;
+use super::{backend, context};
 use crate::output::{inert, Coded};
 
 const SERVE_HELP: &str = "\
@@ -133,11 +133,11 @@ pub struct ServeArgs {
 }
 
 fn size(flag: &str, text: &str) -> anyhow::Result<u64> {
-    super::run::parse_size_flag(&format!("--{flag}"), text)
+    super::flags::parse_size_flag(&format!("--{flag}"), text)
 }
 
 fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
-    super::run::parse_duration_ms(text)
+    super::flags::parse_duration_ms(text)
         .map(Duration::from_millis)
         .ok_or_else(|| anyhow::anyhow!("invalid --{flag} {text:?} (e.g. 30s, 10m, 1h)"))
 }
@@ -188,8 +188,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
-    let orchestrator = Arc::new(context::orchestrator(&data_dir.join("sandbox.db"))?);
-    let native = Arc::new(super::run::native_runtime_warm(args.warm as usize)?);
+    let orchestrator = Arc::new(backend::orchestrator(&data_dir.join("sandbox.db"))?);
+    let native = Arc::new(super::backend::native_runtime_warm(args.warm as usize)?);
     let mut config = ServerConfig::from_env(&data_dir).coded()?;
     apply_ceilings(args, &mut config)?;
     config.limits.orphan_timeout =

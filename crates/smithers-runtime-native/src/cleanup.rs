@@ -247,7 +247,9 @@ mod tests {
         let shm = Path::new("/dev/shm");
         let project = tempfile::tempdir().unwrap();
         if !sys::is_tmpfs(shm) || sys::is_tmpfs(project.path()) {
-            println!("SKIP no tmpfs at /dev/shm beside a disk-backed $TMPDIR");
+            smithers_test_support::skip_optional(
+                "no tmpfs at /dev/shm beside a disk-backed $TMPDIR",
+            );
             return;
         }
         let state = tempfile::tempdir_in(shm).unwrap();

@@ -22,10 +22,11 @@ use bollard::query_parameters::CreateContainerOptions;
 use bollard::Docker;
 use smithers_egress::engine::EngineOptions;
 use smithers_egress::{EgressRecord, Engine, Listeners, Policy};
-use smithers_runtime::{Controls, RuntimeError};
+use smithers_runtime::{Controls, OutputSink, RuntimeError};
 use smithers_sandbox_init::plan::EgressListen;
 
 use crate::plan::BackendState;
+use crate::pump::now_ms;
 
 /// How long the holder may take to send its listeners.
 const HOLDER_WAIT: Duration = Duration::from_secs(30);
@@ -198,7 +199,7 @@ pub(crate) async fn start_holder(
         rustix::process::getegid().as_raw(),
     );
     let name = holder_name(state);
-    crate::remove_container(docker, &name).await?;
+    crate::engine::remove_container(docker, &name).await?;
     let body = ContainerCreateBody {
         image: Some(state.image.clone()),
         entrypoint: Some(
@@ -319,6 +320,36 @@ pub(crate) async fn start_holder(
 /// `INIT_SUBCOMMAND`; named here because a backend does not depend on another).
 fn smithers_runtime_native_init_subcommand() -> &'static str {
     "__sandbox-init"
+}
+
+/// An egress record, as a live event.
+pub(crate) fn forward_egress(output: &dyn OutputSink, r: smithers_egress::EgressRecord) {
+    if let Ok(record) = serde_json::to_value(&r) {
+        output.event(smithers_runtime::OutputEvent::Egress {
+            record,
+            timestamp_ms: r.timestamp_ms,
+        });
+    }
+}
+
+/// The engine's records, after the step's own, in the log that becomes the bundle's.
+pub(crate) fn append_records(log: &Path, summary: &smithers_egress::Summary) {
+    use std::io::Write;
+    let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(log) else {
+        return;
+    };
+    for r in &summary.records {
+        if let Ok(line) = serde_json::to_string(r) {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+    if summary.records_dropped > 0 {
+        let _ = writeln!(
+            f,
+            "{}",
+            serde_json::json!({"type": "egressRecordsDropped", "timestampMs": now_ms(), "count": summary.records_dropped})
+        );
+    }
 }
 
 #[cfg(test)]

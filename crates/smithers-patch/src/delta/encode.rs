@@ -21,7 +21,8 @@
 
 use std::io::{self, Read, Write};
 
-use super::{put_varint, Source, MAX_COPY, MAX_INSERT, MAX_SOURCE};
+use super::format::{put_varint, MAX_COPY, MAX_INSERT, MAX_SOURCE};
+use super::source::Source;
 
 /// Smallest indexed block (git's `RABIN_WINDOW`).
 const MIN_BLOCK: u64 = 16;

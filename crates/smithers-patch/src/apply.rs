@@ -32,6 +32,8 @@ mod paths;
 mod plan;
 mod recover;
 mod report;
+#[cfg(test)]
+mod streamed_tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::OsStrExt;

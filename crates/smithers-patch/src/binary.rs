@@ -811,9 +811,6 @@ pub(crate) fn check_sides(
 }
 
 #[cfg(test)]
-mod streamed_tests;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

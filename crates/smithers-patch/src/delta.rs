@@ -24,6 +24,8 @@
 mod encode;
 pub(crate) mod format;
 mod source;
+#[cfg(test)]
+mod source_reads_tests;
 
 use std::io::{self, BufRead, Write};
 

@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::*;
 use crate::apply::{apply_patch_texts, apply_patches, ApplyOptions};
-use crate::delta::FileSource;
-use crate::model::GitMode;
+use crate::binary::{best_streamed, index_and_oid, BinaryHunk, Streamed};
+use crate::delta::{self, DeltaSizes, FileSource};
+use crate::model::{git_blob_oid, GitMode};
 use crate::parse::parse_patch;
 use crate::patch::{FilePatch, PatchBody};
 

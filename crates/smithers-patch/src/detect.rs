@@ -46,7 +46,7 @@ pub struct DetectOptions {
     /// of the change set is kept: one huge change never costs the step's other edits.
     pub max_content_bytes: u64,
     /// For [`detect_changes_by_compare`](crate::detect_changes_by_compare): what the copy
-    /// held when it was complete ([`CopyManifest`](crate::CopyManifest)). A copy entry that
+    /// held when it was complete ([`CopyManifest`]). A copy entry that
     /// still has the inode and ctime the copy gave it was not touched by the step, so a
     /// difference there is the host's edit made while the step ran, not a change; a project
     /// path the copy never had was made by the host. `None`: every difference counts (a host

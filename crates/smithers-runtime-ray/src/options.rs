@@ -1,6 +1,7 @@
 //! What the `ray` runtime is told: how to reach the cluster and what a lease asks of it
 //! ([`RayOptions`]), read from the environment by the names Ray's own tools use. Plain data
-//! below the lease, the runtime and the retry of placement, which all read it.
+//! (it holds placement's retry policy, `crate::retry::ApiRetry`) below the lease and the
+//! runtime, which read it from here rather than through the crate root.
 
 use std::time::Duration;
 

@@ -20,6 +20,7 @@
 //! hooks, fsmonitor, automatic gc or prompts: the project's own repository may be crafted.
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -591,48 +592,11 @@ pub fn collect(
 /// `flag` says which files a commit changes must be listed even past the per-commit cap
 /// (the files the host runs by itself: the review marks them).
 pub fn collect_from(layers: &GitLayers, flag: &dyn Fn(&str) -> bool) -> Result<Collected, String> {
-    let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
-    let (host_git, upper_git) = (&layers.host_gitdir, &layers.upper_gitdir);
+    let (branch, base, tip) = match series_ends(layers) {
+        ControlFlow::Continue(ends) => ends,
+        ControlFlow::Break(answer) => return Ok(answer),
+    };
     let (host_common, upper_common) = (&layers.host_common, &layers.upper_common);
-    if !real_dir(host_git) || !real_dir(upper_common) {
-        return Ok(Collected::Nothing);
-    }
-    let head_bytes = match read_small(&upper_git.join("HEAD"), 4096) {
-        InLayer::File(b) => b,
-        _ => match read_small(&host_git.join("HEAD"), 4096) {
-            InLayer::File(b) => b,
-            _ => return Ok(Collected::Nothing),
-        },
-    };
-    let host_head = match read_small(&host_git.join("HEAD"), 4096) {
-        InLayer::File(b) => parse_head(&b),
-        _ => None,
-    };
-    let base = match &host_head {
-        // The host's own value: a layer that holds nothing.
-        Some(Head::Branch(r)) => sandbox_ref(host_common, &scratch_none(), r),
-        Some(Head::Detached(o)) => Some(o.clone()),
-        None => None,
-    };
-    let Some(base) = base else {
-        // An unborn branch (no commit yet): nothing to build on.
-        return Ok(Collected::Nothing);
-    };
-    let (branch, tip) = match parse_head(&head_bytes) {
-        Some(Head::Branch(r)) => match sandbox_ref(host_common, upper_common, &r) {
-            Some(tip) => (Some(r), tip),
-            None => return Ok(Collected::Nothing),
-        },
-        Some(Head::Detached(o)) => (None, o),
-        None => {
-            return Ok(Collected::LeftOut(
-                "the step left HEAD naming something other than a plain branch or commit".into(),
-            ))
-        }
-    };
-    if tip == base {
-        return Ok(Collected::Nothing);
-    }
     let scratch = tempfile::Builder::new()
         .prefix("smithers-git-")
         .tempdir()
@@ -675,31 +639,10 @@ pub fn collect_from(layers: &GitLayers, flag: &dyn Fn(&str) -> bool) -> Result<C
         )));
     }
     let exclude = format!("^{base}");
-    let listed = run(
-        in_repo(&[
-            "rev-list",
-            "--reverse",
-            "--topo-order",
-            &format!("--max-count={}", MAX_COMMITS + 1),
-            &tip,
-            &exclude,
-        ]),
-        "git rev-list",
-        1 << 20,
-    )?;
-    let oids: Vec<String> = String::from_utf8_lossy(&listed)
-        .lines()
-        .filter(|l| is_oid(l))
-        .map(str::to_string)
-        .collect();
-    if oids.is_empty() {
-        return Ok(Collected::Nothing);
-    }
-    if oids.len() > MAX_COMMITS {
-        return Ok(Collected::LeftOut(format!(
-            "the step made more than {MAX_COMMITS} commits"
-        )));
-    }
+    let oids = match series_oids(&in_repo, &tip, &exclude)? {
+        ControlFlow::Continue(oids) => oids,
+        ControlFlow::Break(answer) => return Ok(answer),
+    };
     let mut commits = Vec::with_capacity(oids.len());
     for oid in &oids {
         commits.push(commit_info(&in_repo, oid, flag)?);
@@ -719,35 +662,10 @@ pub fn collect_from(layers: &GitLayers, flag: &dyn Fn(&str) -> bool) -> Result<C
         .into_iter()
         .filter_map(|c| c.within(prefix.as_bytes()))
         .collect();
-    // The series' objects, as a git bundle whose prerequisite is the base.
-    run(
-        in_repo(&["update-ref", "refs/heads/series", &tip]),
-        "git update-ref",
-        1 << 10,
-    )?;
-    let bundle_file = scratch.path().join("commits.bundle");
-    let bundle_path = bundle_file.to_string_lossy().into_owned();
-    run(
-        in_repo(&[
-            "bundle",
-            "create",
-            "-q",
-            &bundle_path,
-            "refs/heads/series",
-            &exclude,
-        ]),
-        "git bundle create",
-        1 << 20,
-    )?;
-    let size = std::fs::metadata(&bundle_file).map_or(0, |m| m.len());
-    if size > MAX_GIT_BUNDLE_BYTES {
-        return Ok(Collected::LeftOut(format!(
-            "the step's commits take {} MiB as a git bundle, over {} MiB",
-            size >> 20,
-            MAX_GIT_BUNDLE_BYTES >> 20
-        )));
-    }
-    let bundle = std::fs::read(&bundle_file).map_err(|e| format!("the git bundle: {e}"))?;
+    let bundle = match series_bundle(&in_repo, scratch.path(), &tip, &exclude)? {
+        ControlFlow::Continue(bundle) => bundle,
+        ControlFlow::Break(answer) => return Ok(answer),
+    };
     Ok(Collected::Series {
         series: CommitSeries {
             branch: branch.map(|b| b.trim_start_matches("refs/heads/").to_string()),
@@ -767,6 +685,129 @@ pub fn collect_from(layers: &GitLayers, flag: &dyn Fn(&str) -> bool) -> Result<C
             prefix,
         }),
     })
+}
+
+/// The ends of the step's series: the branch the step's HEAD names (None: detached), the
+/// host's HEAD commit (the base) and the step's (the tip). `Break`: the answer when there is
+/// no series to read (nothing, or left out and why).
+fn series_ends(layers: &GitLayers) -> ControlFlow<Collected, (Option<String>, String, String)> {
+    let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    let (host_git, upper_git) = (&layers.host_gitdir, &layers.upper_gitdir);
+    let (host_common, upper_common) = (&layers.host_common, &layers.upper_common);
+    if !real_dir(host_git) || !real_dir(upper_common) {
+        return ControlFlow::Break(Collected::Nothing);
+    }
+    let head_bytes = match read_small(&upper_git.join("HEAD"), 4096) {
+        InLayer::File(b) => b,
+        _ => match read_small(&host_git.join("HEAD"), 4096) {
+            InLayer::File(b) => b,
+            _ => return ControlFlow::Break(Collected::Nothing),
+        },
+    };
+    let host_head = match read_small(&host_git.join("HEAD"), 4096) {
+        InLayer::File(b) => parse_head(&b),
+        _ => None,
+    };
+    let base = match &host_head {
+        // The host's own value: a layer that holds nothing.
+        Some(Head::Branch(r)) => sandbox_ref(host_common, &scratch_none(), r),
+        Some(Head::Detached(o)) => Some(o.clone()),
+        None => None,
+    };
+    let Some(base) = base else {
+        // An unborn branch (no commit yet): nothing to build on.
+        return ControlFlow::Break(Collected::Nothing);
+    };
+    let (branch, tip) = match parse_head(&head_bytes) {
+        Some(Head::Branch(r)) => match sandbox_ref(host_common, upper_common, &r) {
+            Some(tip) => (Some(r), tip),
+            None => return ControlFlow::Break(Collected::Nothing),
+        },
+        Some(Head::Detached(o)) => (None, o),
+        None => {
+            return ControlFlow::Break(Collected::LeftOut(
+                "the step left HEAD naming something other than a plain branch or commit".into(),
+            ))
+        }
+    };
+    if tip == base {
+        return ControlFlow::Break(Collected::Nothing);
+    }
+    ControlFlow::Continue((branch, base, tip))
+}
+
+/// The step's commits after the base (`exclude`: `^base`) up to `tip`, oldest first. `Err`: the
+/// `Break`: the answer when there is none, or too many.
+fn series_oids(
+    in_repo: &dyn Fn(&[&str]) -> Command,
+    tip: &str,
+    exclude: &str,
+) -> Result<ControlFlow<Collected, Vec<String>>, String> {
+    let listed = run(
+        in_repo(&[
+            "rev-list",
+            "--reverse",
+            "--topo-order",
+            &format!("--max-count={}", MAX_COMMITS + 1),
+            tip,
+            exclude,
+        ]),
+        "git rev-list",
+        1 << 20,
+    )?;
+    let oids: Vec<String> = String::from_utf8_lossy(&listed)
+        .lines()
+        .filter(|l| is_oid(l))
+        .map(str::to_string)
+        .collect();
+    if oids.is_empty() {
+        return Ok(ControlFlow::Break(Collected::Nothing));
+    }
+    if oids.len() > MAX_COMMITS {
+        return Ok(ControlFlow::Break(Collected::LeftOut(format!(
+            "the step made more than {MAX_COMMITS} commits"
+        ))));
+    }
+    Ok(ControlFlow::Continue(oids))
+}
+
+/// The series' objects, as a git bundle whose prerequisite is the base (written in `scratch`,
+/// read back). `Break`: the answer when it is over [`MAX_GIT_BUNDLE_BYTES`].
+fn series_bundle(
+    in_repo: &dyn Fn(&[&str]) -> Command,
+    scratch: &Path,
+    tip: &str,
+    exclude: &str,
+) -> Result<ControlFlow<Collected, Vec<u8>>, String> {
+    run(
+        in_repo(&["update-ref", "refs/heads/series", tip]),
+        "git update-ref",
+        1 << 10,
+    )?;
+    let bundle_file = scratch.join("commits.bundle");
+    let bundle_path = bundle_file.to_string_lossy().into_owned();
+    run(
+        in_repo(&[
+            "bundle",
+            "create",
+            "-q",
+            &bundle_path,
+            "refs/heads/series",
+            exclude,
+        ]),
+        "git bundle create",
+        1 << 20,
+    )?;
+    let size = std::fs::metadata(&bundle_file).map_or(0, |m| m.len());
+    if size > MAX_GIT_BUNDLE_BYTES {
+        return Ok(ControlFlow::Break(Collected::LeftOut(format!(
+            "the step's commits take {} MiB as a git bundle, over {} MiB",
+            size >> 20,
+            MAX_GIT_BUNDLE_BYTES >> 20
+        ))));
+    }
+    let bundle = std::fs::read(&bundle_file).map_err(|e| format!("the git bundle: {e}"))?;
+    Ok(ControlFlow::Continue(bundle))
 }
 
 /// The scratch repository [`collect_from`] read a series in (removed when dropped).

@@ -705,7 +705,7 @@ pub(crate) fn parse_hunks(lines: &[&str], mut i: usize) -> Result<ParsedHunks, (
             end += 1;
         }
         let data_lines: Vec<&str> = lines[start..end].iter().map(|l| strip_nl(l)).collect();
-        if size > crate::STREAM_THRESHOLD_BYTES {
+        if size > crate::limit::STREAM_THRESHOLD_BYTES {
             // A large hunk is checked as it inflates and kept deflated, as the bundle carries
             // it: a well-compressing file of hundreds of megabytes is a small hunk, and
             // reading the patch must not cost its inflated size (issue 13).
@@ -809,9 +809,6 @@ pub(crate) fn check_sides(
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod streamed_tests;
 
 #[cfg(test)]
 mod tests {

@@ -27,6 +27,7 @@ use crate::detect::{
 };
 use crate::error::PatchError;
 use crate::gitignore::IgnoreRules;
+use crate::manifest::{CopyIdentity, CopyManifest};
 use crate::overlay::lstat;
 
 /// Block size of the streamed content comparison.
@@ -85,7 +86,7 @@ pub fn detect_changes_by_compare(
 /// both sides: a deletion where it was, an addition where it is.
 fn drop_host_only(
     cands: &mut std::collections::BTreeMap<String, Candidate>,
-    manifest: &crate::CopyManifest,
+    manifest: &CopyManifest,
 ) -> Vec<String> {
     let mut host_deleted = Vec::new();
     cands.retain(|path, c| {
@@ -116,10 +117,10 @@ fn node_path(n: &Node) -> &Path {
 }
 
 /// The inode and ctime of `path` (not followed).
-fn identity(path: &Path) -> Option<crate::CopyIdentity> {
+fn identity(path: &Path) -> Option<CopyIdentity> {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::symlink_metadata(path).ok()?;
-    Some(crate::CopyIdentity {
+    Some(CopyIdentity {
         ino: md.ino(),
         ctime: (md.ctime(), md.ctime_nsec() as u32),
     })

@@ -17,86 +17,25 @@
 //! streams too: ops are read from any [`BufRead`] (an inflater over a hunk's lines), copies
 //! read their source range through [`Source`] and the result goes to any writer; nothing is
 //! allocated by a size the delta declares.
+//!
+//! [`MAX_SOURCE`]: format::MAX_SOURCE
+//! [`MAX_COPY`]: format::MAX_COPY
 
 mod encode;
+pub(crate) mod format;
+mod source;
+#[cfg(test)]
+mod source_reads_tests;
 
 use std::io::{self, BufRead, Write};
 
 pub(crate) use encode::{encode, encode_stream, EncodeError, Index};
+use format::MAX_INSERT;
 use serde::{Deserialize, Serialize};
+pub(crate) use source::{FileSource, Source};
 
-/// Largest copy op we emit: three size bytes. Every git since the pack format's first
-/// version reads them (`patch-delta.c`), so `git apply` applies such copies.
-pub(crate) const MAX_COPY: u64 = 0xff_ffff;
-/// Largest insert op (the op byte is the length, 1..=127).
-pub(crate) const MAX_INSERT: usize = 0x7f;
-/// Copy offsets have four bytes: only the first 4 GiB of a source can be copied from.
-pub(crate) const MAX_SOURCE: u64 = u32::MAX as u64;
 /// Bytes copied from a source at a time when a delta is applied.
 const COPY_CHUNK: usize = 64 << 10;
-
-/// A delta's source, read at offsets: a file read in place, or bytes in memory.
-pub(crate) trait Source {
-    /// Its length in bytes.
-    fn size(&self) -> u64;
-    /// Fills `buf` from offset `at`; `at + buf.len()` ≤ [`Source::size`]. A file that is
-    /// shorter than it was said to be is an error (`UnexpectedEof`).
-    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> io::Result<()>;
-}
-
-impl Source for &[u8] {
-    fn size(&self) -> u64 {
-        self.len() as u64
-    }
-
-    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> io::Result<()> {
-        let from = usize::try_from(at).map_err(|_| io::ErrorKind::UnexpectedEof)?;
-        let bytes = self
-            .get(from..from + buf.len())
-            .ok_or(io::ErrorKind::UnexpectedEof)?;
-        buf.copy_from_slice(bytes);
-        Ok(())
-    }
-}
-
-/// A regular file read in place, with the length it had when it was looked at.
-pub(crate) struct FileSource<'a> {
-    pub file: &'a std::fs::File,
-    pub len: u64,
-}
-
-impl FileSource<'_> {
-    /// The file read front to back from its start, by offset (`pread`): independent of the
-    /// descriptor's position, so the file can be read again. It reads what the file holds,
-    /// past `len` too: a reader of it sees a file that grew.
-    pub(crate) fn reader(&self) -> impl std::io::Read + '_ {
-        struct Pread<'a> {
-            file: &'a std::fs::File,
-            pos: u64,
-        }
-        impl std::io::Read for Pread<'_> {
-            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-                let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.pos)?;
-                self.pos += n as u64;
-                Ok(n)
-            }
-        }
-        Pread {
-            file: self.file,
-            pos: 0,
-        }
-    }
-}
-
-impl Source for FileSource<'_> {
-    fn size(&self) -> u64 {
-        self.len
-    }
-
-    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> io::Result<()> {
-        std::os::unix::fs::FileExt::read_exact_at(self.file, buf, at)
-    }
-}
 
 /// Sizes a delta declares, after its ops were checked to produce exactly the target size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,14 +44,6 @@ pub struct DeltaSizes {
     pub source: u64,
     /// The length of the content it makes.
     pub target: u64,
-}
-
-pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8 & 0x7f) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 /// The next byte of `r`, `None` at its end. A reader's error is the delta's data being
@@ -323,6 +254,7 @@ pub(crate) fn apply(src: &[u8], delta: &[u8], limit: u64) -> Result<Vec<u8>, Str
 
 #[cfg(test)]
 mod tests {
+    use super::format::{put_varint, MAX_COPY};
     use super::*;
     use proptest::prelude::*;
 

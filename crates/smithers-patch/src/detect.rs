@@ -17,8 +17,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::binary::{EncodedHunk, MAX_BINARY_BYTES};
 use crate::error::PatchError;
 use crate::gitignore::IgnoreRules;
+use crate::limit::{leave_out_largest, DEFAULT_MAX_STREAMED_HUNK_BYTES, STREAM_THRESHOLD_BYTES};
+use crate::manifest::CopyManifest;
 use crate::model::{git_blob_oid, is_binary_content, path_from_bytes, path_to_bytes, GitMode};
 use crate::overlay::{check_upper_entry, is_whiteout, lstat};
 
@@ -43,12 +46,12 @@ pub struct DetectOptions {
     /// of the change set is kept: one huge change never costs the step's other edits.
     pub max_content_bytes: u64,
     /// For [`detect_changes_by_compare`](crate::detect_changes_by_compare): what the copy
-    /// held when it was complete ([`CopyManifest`](crate::CopyManifest)). A copy entry that
+    /// held when it was complete ([`CopyManifest`]). A copy entry that
     /// still has the inode and ctime the copy gave it was not touched by the step, so a
     /// difference there is the host's edit made while the step ran, not a change; a project
     /// path the copy never had was made by the host. `None`: every difference counts (a host
     /// edit then shows as a change, which the stale-base check flags).
-    pub copy_manifest: Option<std::sync::Arc<crate::CopyManifest>>,
+    pub copy_manifest: Option<std::sync::Arc<CopyManifest>>,
     /// Largest hunk (each direction) a file over [`STREAM_THRESHOLD_BYTES`] may become
     /// (default [`DEFAULT_MAX_STREAMED_HUNK_BYTES`], the spec's bundle size limit: a hunk over
     /// it can be in no bundle). Such a file is read in chunks, straight into its hunks; past
@@ -56,18 +59,6 @@ pub struct DetectOptions {
     /// this.
     pub max_streamed_hunk_bytes: u64,
 }
-
-/// A regular file larger than this is never held whole: it is read in place and its hunks
-/// are hashed, deflated and encoded as it is read, so the host's memory does not grow with its
-/// size. When the other side is a regular file too, each direction is a `delta` against the
-/// other side (read in place, indexed in at most 32 MiB) when that deflates smaller, else a
-/// `literal`, as git chooses: a one-byte edit of a gigabyte is a patch of a few kilobytes.
-/// Such a file is carried as a binary patch even if it is text (no text diff), as git treats
-/// files over `core.bigFileThreshold`. Below it a change holds both sides (at most 64 MiB).
-pub const STREAM_THRESHOLD_BYTES: u64 = 32 << 20;
-
-/// The default of [`DetectOptions::max_streamed_hunk_bytes`]: SANDBOX_MAX_BUNDLE_BYTES.
-pub const DEFAULT_MAX_STREAMED_HUNK_BYTES: u64 = 100 << 20;
 
 impl Default for DetectOptions {
     fn default() -> Self {
@@ -122,7 +113,7 @@ pub struct FileVersion {
     /// a `delta` against the other side (the forward hunk on the new side, the reverse hunk
     /// on the old). `content` is then empty and `is_binary` true.
     #[serde(skip)]
-    pub encoded: Option<crate::EncodedHunk>,
+    pub encoded: Option<EncodedHunk>,
 }
 
 /// One changed path.
@@ -676,10 +667,10 @@ fn load_pair(
     // A binary patch declares and makes at most MAX_BINARY_BYTES (what copy ops address):
     // apply would refuse a larger side, so it is left out, named, before it is read.
     let largest = om.len().max(nm.len());
-    if largest > crate::MAX_BINARY_BYTES {
+    if largest > MAX_BINARY_BYTES {
         return Ok(Some(Err(LeftOut::OverLimit(format!(
             "over a size limit: a side of {largest} bytes is past the {} bytes a binary patch may carry (a delta's copies address 4 GiB); left out so that the rest of the change is kept",
-            crate::MAX_BINARY_BYTES
+            MAX_BINARY_BYTES
         )))));
     }
     let cap = opts.max_streamed_hunk_bytes;
@@ -1024,7 +1015,7 @@ fn over_content_limit(
         })
         .collect();
     let sizes: Vec<u64> = sized.iter().map(|(_, n)| *n).collect();
-    crate::leave_out_largest(&sizes, limit)
+    leave_out_largest(&sizes, limit)
         .into_iter()
         .map(|i| (sized[i].0.clone(), sized[i].1))
         .collect()

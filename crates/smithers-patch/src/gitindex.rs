@@ -120,51 +120,13 @@ pub(crate) fn read_entries(
     )
 }
 
-/// The paths of `changes` the step staged (`git add`, `git rm`) without committing: its
-/// index (`step_index`, the layer's) holds exactly the change's result (same mode and blob,
-/// or no entry for a deletion) where the host's index (`<host_root>/.git/index`) does not.
-/// Accept then stages them as the step did; a file staged at other content than the
-/// working tree's (`git add` then another edit) is not staged, since that content was never
-/// reviewed. Only a plain repository at the project's top is read (not a worktree or a
-/// project below its repository's top: their index is elsewhere).
-pub fn staged_paths(
-    changes: &crate::ChangeSet,
-    host_root: &Path,
-    step_index: &Path,
-) -> Vec<String> {
-    let git = host_root.join(".git");
-    if !std::fs::symlink_metadata(&git).is_ok_and(|m| m.is_dir()) {
-        return Vec::new();
-    }
-    let id_len = object_id_len(&git);
-    let Some(step) = read_entries(step_index, id_len) else {
-        return Vec::new();
-    };
-    let host = read_entries(&git.join("index"), id_len).unwrap_or_default();
-    let mode_of = |m: crate::GitMode| u32::from_str_radix(m.as_str(), 8).unwrap_or(0);
-    changes
-        .changes
-        .iter()
-        // A mode-only change's patch names no content (no `index` line), so accept could
-        // not check what it stages: left unstaged.
-        .filter(|c| c.kind != crate::ChangeKind::ModeChanged)
-        .filter(|c| {
-            let want = c.new.as_ref().map(|v| (mode_of(v.mode), v.oid.as_str()));
-            let in_step = step.get(&c.path).map(|e| (e.mode, e.oid.as_str()));
-            let in_host = host.get(&c.path).map(|e| (e.mode, e.oid.as_str()));
-            in_step == want && in_host != want
-        })
-        .map(|c| c.path.clone())
-        .collect()
-}
-
 fn libc_o_nofollow() -> i32 {
     rustix::fs::OFlags::NOFOLLOW.bits() as i32
 }
 
 /// 32 for a repository whose `extensions.objectFormat` is `sha256`, else 20. Only a bounded
 /// prefix of `.git/config` is looked at, as text.
-fn object_id_len(git: &Path) -> usize {
+pub(crate) fn object_id_len(git: &Path) -> usize {
     let Ok(f) = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc_o_nofollow())

@@ -82,6 +82,7 @@ mod compare;
 mod delta;
 mod detect;
 mod error;
+mod findings;
 mod gitignore;
 mod gitindex;
 mod limit;
@@ -93,6 +94,7 @@ mod parse;
 mod patch;
 mod review;
 mod reviewtext;
+mod staged;
 
 pub use apply::{
     apply_patch_texts, apply_patches, recover_apply, AppliedAction, AppliedFile, ApplyOptions,
@@ -107,11 +109,12 @@ pub use compare::detect_changes_by_compare;
 pub use delta::DeltaSizes;
 pub use detect::{
     detect_changes, ChangeKind, ChangeSet, DetectOptions, FileChange, FileVersion, IgnoreReason,
-    IgnoredPath, SkippedEntry, DEFAULT_MAX_STREAMED_HUNK_BYTES, STREAM_THRESHOLD_BYTES,
+    IgnoredPath, SkippedEntry,
 };
 pub use error::{Conflict, PatchError};
-pub use gitindex::staged_paths;
-pub use limit::leave_out_largest;
+pub use findings::{ReviewFindings, RiskyPath};
+pub use limit::{leave_out_largest, DEFAULT_MAX_STREAMED_HUNK_BYTES, STREAM_THRESHOLD_BYTES};
+pub use staged::staged_paths;
 
 /// The paths a `.git/index` file's bytes list (SHA-256 ids when `sha256`): the reader change
 /// detection uses, public for its fuzz target (`fuzz/fuzz_targets/git_index.rs`).
@@ -131,6 +134,6 @@ pub use patch::{
 pub use review::{
     diff_stats, hooks_paths_in_config, host_hooks_dirs, render_findings, render_review,
     render_review_with, review_findings, runs_on_host, shown_path, total_diff_lines,
-    tree_relative_hooks_dir, FileStat, ReviewFindings, ReviewOptions, RiskyPath,
+    tree_relative_hooks_dir, FileStat, ReviewOptions,
 };
 pub use reviewtext::{PatchReview, MAX_REVIEW_DECODED_BYTES};

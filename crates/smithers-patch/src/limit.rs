@@ -1,6 +1,24 @@
-//! Fitting a set of changes to a size limit without failing the whole set: the largest are
-//! left out, one by one, until the rest fits. One huge change then costs only itself, never
-//! the step's unrelated small edits (each change left out is named by the caller).
+//! Size limits shared by change detection, apply and review, and fitting a set of changes to
+//! a size limit without failing the whole set: the largest are left out, one by one, until
+//! the rest fits. One huge change then costs only itself, never the step's unrelated small
+//! edits (each change left out is named by the caller).
+//!
+//! The limits live here, below every module that reads them, so that none of those modules
+//! reaches them through the crate root or through another module that uses it back.
+
+/// A regular file larger than this is never held whole: it is read in place and its hunks
+/// are hashed, deflated and encoded as it is read, so the host's memory does not grow with its
+/// size. When the other side is a regular file too, each direction is a `delta` against the
+/// other side (read in place, indexed in at most 32 MiB) when that deflates smaller, else a
+/// `literal`, as git chooses: a one-byte edit of a gigabyte is a patch of a few kilobytes.
+/// Such a file is carried as a binary patch even if it is text (no text diff), as git treats
+/// files over `core.bigFileThreshold`. Below it a change holds both sides (at most 64 MiB).
+pub const STREAM_THRESHOLD_BYTES: u64 = 32 << 20;
+
+/// The default of [`DetectOptions::max_streamed_hunk_bytes`]: SANDBOX_MAX_BUNDLE_BYTES.
+///
+/// [`DetectOptions::max_streamed_hunk_bytes`]: crate::DetectOptions::max_streamed_hunk_bytes
+pub const DEFAULT_MAX_STREAMED_HUNK_BYTES: u64 = 100 << 20;
 
 /// The indices of `sizes` to leave out so that the sum of the rest is at most `limit`:
 /// largest first (ties: the lower index first, so that the choice is deterministic), and no

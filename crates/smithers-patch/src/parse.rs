@@ -129,57 +129,14 @@ pub fn parse_patch(text: &str) -> Result<Vec<FilePatch>, PatchError> {
         let header_line = i;
         let header_path = parse_git_header(rest);
         i += 1;
-        let mut old_mode = None;
-        let mut new_mode = None;
-        let mut is_new = false;
-        let mut is_deleted = false;
-        let mut index_mode = None;
-        let mut oids: Option<(Option<String>, Option<String>)> = None;
-        while i < n {
-            let l = strip_nl(lines[i]);
-            if l.starts_with("diff --git ")
-                || l.starts_with("--- ")
-                || l.starts_with("@@ ")
-                || l == "GIT binary patch"
-            {
-                break;
-            }
-            if let Some(m) = l.strip_prefix("old mode ") {
-                old_mode = Some(parse_mode(m, i)?);
-            } else if let Some(m) = l.strip_prefix("new mode ") {
-                new_mode = Some(parse_mode(m, i)?);
-            } else if let Some(m) = l.strip_prefix("new file mode ") {
-                new_mode = Some(parse_mode(m, i)?);
-                is_new = true;
-            } else if let Some(m) = l.strip_prefix("deleted file mode ") {
-                old_mode = Some(parse_mode(m, i)?);
-                is_deleted = true;
-            } else if let Some(r) = l.strip_prefix("index ") {
-                let (ids, mode) = match r.split_once(' ') {
-                    Some((ids, m)) => (ids, Some(parse_mode(m, i)?)),
-                    None => (r, None),
-                };
-                let (o, nn) = ids
-                    .split_once("..")
-                    .ok_or_else(|| err(i, "malformed index line"))?;
-                oids = Some((parse_oid(o, i)?, parse_oid(nn, i)?));
-                index_mode = mode;
-            } else if l.starts_with("similarity index")
-                || l.starts_with("dissimilarity index")
-                || l.starts_with("rename ")
-                || l.starts_with("copy ")
-            {
-                return Err(err(i, "renames and copies are not supported"));
-            } else if l.starts_with("Binary files ") {
-                return Err(err(
-                    i,
-                    "binary change without data (patches must be made with --binary)",
-                ));
-            } else {
-                return Err(err(i, format!("unexpected header line {l:?}")));
-            }
-            i += 1;
-        }
+        let Headers {
+            mut old_mode,
+            mut new_mode,
+            is_new,
+            is_deleted,
+            index_mode,
+            oids,
+        } = parse_extended_headers(&lines, &mut i)?;
         if is_new && is_deleted {
             return Err(err(header_line, "file is both new and deleted"));
         }
@@ -196,89 +153,7 @@ pub fn parse_patch(text: &str) -> Result<Vec<FilePatch>, PatchError> {
         let mut path = header_path;
         let mut body = PatchBody::Empty;
         if i < n && strip_nl(lines[i]).starts_with("--- ") {
-            let minus = parse_label(&strip_nl(lines[i])[4..], "a/")
-                .ok_or_else(|| err(i, "malformed '---' line"))?;
-            i += 1;
-            let plus_line = lines.get(i).map(|l| strip_nl(l)).unwrap_or("");
-            let plus = plus_line
-                .strip_prefix("+++ ")
-                .and_then(|s| parse_label(s, "b/"))
-                .ok_or_else(|| err(i, "expected '+++' line"))?;
-            i += 1;
-            if minus.is_none() != is_new || plus.is_none() != is_deleted {
-                return Err(err(
-                    i - 2,
-                    "'---'/'+++' lines disagree with the mode headers",
-                ));
-            }
-            let named = plus
-                .or(minus)
-                .ok_or_else(|| err(i - 2, "both sides are /dev/null"))?;
-            if path.as_ref().is_some_and(|p| *p != named) {
-                return Err(err(i - 2, "renames are not supported (names differ)"));
-            }
-            path = Some(named);
-            let mut hunks = Vec::new();
-            while i < n && strip_nl(lines[i]).starts_with("@@ ") {
-                let hl = i;
-                let (a, b, c, d, heading) = parse_hunk_header(strip_nl(lines[i]))
-                    .ok_or_else(|| err(i, "malformed hunk header"))?;
-                i += 1;
-                let (mut old_left, mut new_left) = (b, d);
-                let mut hlines: Vec<HunkLine> = Vec::new();
-                while old_left > 0 || new_left > 0 || (i < n && lines[i].starts_with('\\')) {
-                    let Some(raw) = lines.get(i) else {
-                        return Err(err(hl, "hunk is truncated"));
-                    };
-                    let (kind, text) = match raw.as_bytes().first() {
-                        Some(b' ') => (LineKind::Context, &raw[1..]),
-                        Some(b'-') => (LineKind::Remove, &raw[1..]),
-                        Some(b'+') => (LineKind::Add, &raw[1..]),
-                        // Some editors strip the single space of an empty context line.
-                        Some(b'\n') => (LineKind::Context, &raw[..]),
-                        Some(b'\\') => {
-                            let last = hlines
-                                .last_mut()
-                                .ok_or_else(|| err(i, "'\\ No newline' before any line"))?;
-                            if last.text.ends_with('\n') {
-                                last.text.pop();
-                            }
-                            i += 1;
-                            continue;
-                        }
-                        _ => return Err(err(i, "unexpected line inside hunk")),
-                    };
-                    if !text.ends_with('\n') {
-                        return Err(err(i, "patch ends inside a hunk line (missing newline)"));
-                    }
-                    match kind {
-                        LineKind::Context if old_left > 0 && new_left > 0 => {
-                            old_left -= 1;
-                            new_left -= 1;
-                        }
-                        LineKind::Remove if old_left > 0 => old_left -= 1,
-                        LineKind::Add if new_left > 0 => new_left -= 1,
-                        _ => return Err(err(i, "hunk has more lines than its header says")),
-                    }
-                    hlines.push(HunkLine {
-                        kind,
-                        text: text.to_string(),
-                    });
-                    i += 1;
-                }
-                hunks.push(Hunk {
-                    old_start: a,
-                    old_len: b,
-                    new_start: c,
-                    new_len: d,
-                    heading,
-                    lines: hlines,
-                });
-            }
-            if hunks.is_empty() {
-                return Err(err(i, "'---'/'+++' lines without hunks"));
-            }
-            body = PatchBody::Text(hunks);
+            body = parse_text_body(&lines, &mut i, is_new, is_deleted, &mut path)?;
         } else if i < n && strip_nl(lines[i]) == "GIT binary patch" {
             let (forward, reverse, next) =
                 parse_hunks(&lines, i + 1).map_err(|(l, r)| err(l, r))?;
@@ -316,4 +191,184 @@ pub fn parse_patch(text: &str) -> Result<Vec<FilePatch>, PatchError> {
         return Err(err(0, "no 'diff --git' section found"));
     }
     Ok(out)
+}
+
+/// What a section's extended header lines (between `diff --git` and the body) say.
+struct Headers {
+    old_mode: Option<GitMode>,
+    new_mode: Option<GitMode>,
+    is_new: bool,
+    is_deleted: bool,
+    /// The mode on the `index` line (a change that keeps the mode).
+    index_mode: Option<GitMode>,
+    /// The `index` line's (old, new) blob ids.
+    oids: Option<(Option<String>, Option<String>)>,
+}
+
+/// Reads the extended header lines from `*i` up to the body (`---`, `@@`, `GIT binary patch`)
+/// or the next section, leaving `*i` there.
+fn parse_extended_headers(lines: &[&str], i: &mut usize) -> Result<Headers, PatchError> {
+    let n = lines.len();
+    let mut old_mode = None;
+    let mut new_mode = None;
+    let mut is_new = false;
+    let mut is_deleted = false;
+    let mut index_mode = None;
+    let mut oids: Option<(Option<String>, Option<String>)> = None;
+    while *i < n {
+        let at = *i;
+        let l = strip_nl(lines[at]);
+        if l.starts_with("diff --git ")
+            || l.starts_with("--- ")
+            || l.starts_with("@@ ")
+            || l == "GIT binary patch"
+        {
+            break;
+        }
+        if let Some(m) = l.strip_prefix("old mode ") {
+            old_mode = Some(parse_mode(m, at)?);
+        } else if let Some(m) = l.strip_prefix("new mode ") {
+            new_mode = Some(parse_mode(m, at)?);
+        } else if let Some(m) = l.strip_prefix("new file mode ") {
+            new_mode = Some(parse_mode(m, at)?);
+            is_new = true;
+        } else if let Some(m) = l.strip_prefix("deleted file mode ") {
+            old_mode = Some(parse_mode(m, at)?);
+            is_deleted = true;
+        } else if let Some(r) = l.strip_prefix("index ") {
+            let (ids, mode) = match r.split_once(' ') {
+                Some((ids, m)) => (ids, Some(parse_mode(m, at)?)),
+                None => (r, None),
+            };
+            let (o, nn) = ids
+                .split_once("..")
+                .ok_or_else(|| err(at, "malformed index line"))?;
+            oids = Some((parse_oid(o, at)?, parse_oid(nn, at)?));
+            index_mode = mode;
+        } else if l.starts_with("similarity index")
+            || l.starts_with("dissimilarity index")
+            || l.starts_with("rename ")
+            || l.starts_with("copy ")
+        {
+            return Err(err(at, "renames and copies are not supported"));
+        } else if l.starts_with("Binary files ") {
+            return Err(err(
+                at,
+                "binary change without data (patches must be made with --binary)",
+            ));
+        } else {
+            return Err(err(at, format!("unexpected header line {l:?}")));
+        }
+        *i += 1;
+    }
+    Ok(Headers {
+        old_mode,
+        new_mode,
+        is_new,
+        is_deleted,
+        index_mode,
+        oids,
+    })
+}
+
+/// Reads a text body from `*i` (on its `---` line): the `---`/`+++` names, checked against the
+/// mode headers and the `diff --git` name (`path`, set to the name they give), and its hunks.
+fn parse_text_body(
+    lines: &[&str],
+    i: &mut usize,
+    is_new: bool,
+    is_deleted: bool,
+    path: &mut Option<String>,
+) -> Result<PatchBody, PatchError> {
+    let n = lines.len();
+    let minus = parse_label(&strip_nl(lines[*i])[4..], "a/")
+        .ok_or_else(|| err(*i, "malformed '---' line"))?;
+    *i += 1;
+    let plus_line = lines.get(*i).map(|l| strip_nl(l)).unwrap_or("");
+    let plus = plus_line
+        .strip_prefix("+++ ")
+        .and_then(|s| parse_label(s, "b/"))
+        .ok_or_else(|| err(*i, "expected '+++' line"))?;
+    *i += 1;
+    if minus.is_none() != is_new || plus.is_none() != is_deleted {
+        return Err(err(
+            *i - 2,
+            "'---'/'+++' lines disagree with the mode headers",
+        ));
+    }
+    let named = plus
+        .or(minus)
+        .ok_or_else(|| err(*i - 2, "both sides are /dev/null"))?;
+    if path.as_ref().is_some_and(|p| *p != named) {
+        return Err(err(*i - 2, "renames are not supported (names differ)"));
+    }
+    *path = Some(named);
+    let mut hunks = Vec::new();
+    while *i < n && strip_nl(lines[*i]).starts_with("@@ ") {
+        hunks.push(parse_hunk(lines, i)?);
+    }
+    if hunks.is_empty() {
+        return Err(err(*i, "'---'/'+++' lines without hunks"));
+    }
+    Ok(PatchBody::Text(hunks))
+}
+
+/// Reads one hunk from `*i` (on its `@@` line), exactly as many lines as its header counts
+/// (and a `\ No newline at end of file` marker after any of them).
+fn parse_hunk(lines: &[&str], i: &mut usize) -> Result<Hunk, PatchError> {
+    let n = lines.len();
+    let hl = *i;
+    let (a, b, c, d, heading) =
+        parse_hunk_header(strip_nl(lines[*i])).ok_or_else(|| err(*i, "malformed hunk header"))?;
+    *i += 1;
+    let (mut old_left, mut new_left) = (b, d);
+    let mut hlines: Vec<HunkLine> = Vec::new();
+    while old_left > 0 || new_left > 0 || (*i < n && lines[*i].starts_with('\\')) {
+        let Some(raw) = lines.get(*i) else {
+            return Err(err(hl, "hunk is truncated"));
+        };
+        let (kind, text) = match raw.as_bytes().first() {
+            Some(b' ') => (LineKind::Context, &raw[1..]),
+            Some(b'-') => (LineKind::Remove, &raw[1..]),
+            Some(b'+') => (LineKind::Add, &raw[1..]),
+            // Some editors strip the single space of an empty context line.
+            Some(b'\n') => (LineKind::Context, &raw[..]),
+            Some(b'\\') => {
+                let last = hlines
+                    .last_mut()
+                    .ok_or_else(|| err(*i, "'\\ No newline' before any line"))?;
+                if last.text.ends_with('\n') {
+                    last.text.pop();
+                }
+                *i += 1;
+                continue;
+            }
+            _ => return Err(err(*i, "unexpected line inside hunk")),
+        };
+        if !text.ends_with('\n') {
+            return Err(err(*i, "patch ends inside a hunk line (missing newline)"));
+        }
+        match kind {
+            LineKind::Context if old_left > 0 && new_left > 0 => {
+                old_left -= 1;
+                new_left -= 1;
+            }
+            LineKind::Remove if old_left > 0 => old_left -= 1,
+            LineKind::Add if new_left > 0 => new_left -= 1,
+            _ => return Err(err(*i, "hunk has more lines than its header says")),
+        }
+        hlines.push(HunkLine {
+            kind,
+            text: text.to_string(),
+        });
+        *i += 1;
+    }
+    Ok(Hunk {
+        old_start: a,
+        old_len: b,
+        new_start: c,
+        new_len: d,
+        heading,
+        lines: hlines,
+    })
 }

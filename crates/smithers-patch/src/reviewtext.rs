@@ -30,19 +30,19 @@ use std::path::{Path, PathBuf};
 
 use crate::attributes::{Attributes, DiffAttr};
 use crate::binary::BinaryHunk;
+use crate::findings::RiskyPath;
 use crate::model::{git_blob_oid, git_sniffs_binary, GitMode};
 use crate::patch::{byte_hunks, ByteHunk, FilePatch, PatchBody};
-use crate::review::RiskyPath;
 
 /// Bytes (old and new sides together) one review decodes from binary patches: the most a
 /// bundle's patches may hold (SANDBOX_MAX_BUNDLE_BYTES), so reading binary-carried text costs
 /// no more than reviewing the same change carried as text patches. Deflate and deltas make a
 /// small patch a large content, which is why the bound is on what is decoded.
-pub const MAX_REVIEW_DECODED_BYTES: u64 = crate::DEFAULT_MAX_STREAMED_HUNK_BYTES;
+pub const MAX_REVIEW_DECODED_BYTES: u64 = crate::limit::DEFAULT_MAX_STREAMED_HUNK_BYTES;
 
 /// The largest side the review decodes: past it detection carries a file as a literal
 /// without holding it, and the review shows it by size alike.
-const MAX_SIDE_BYTES: u64 = crate::STREAM_THRESHOLD_BYTES;
+const MAX_SIDE_BYTES: u64 = crate::limit::STREAM_THRESHOLD_BYTES;
 
 /// Patches as the review shows them: each one as it is, except a file carried as a git binary
 /// patch whose content git calls text, shown as that text (see the module documentation).

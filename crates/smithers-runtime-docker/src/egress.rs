@@ -13,7 +13,8 @@
 //! or user), so it can neither reach the holder's process nor its sockets.
 
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -22,10 +23,11 @@ use bollard::query_parameters::CreateContainerOptions;
 use bollard::Docker;
 use smithers_egress::engine::EngineOptions;
 use smithers_egress::{EgressRecord, Engine, Listeners, Policy};
-use smithers_runtime::{Controls, RuntimeError};
+use smithers_runtime::{Controls, OutputSink, RuntimeError};
 use smithers_sandbox_init::plan::EgressListen;
 
 use crate::plan::BackendState;
+use crate::pump::now_ms;
 
 /// How long the holder may take to send its listeners.
 const HOLDER_WAIT: Duration = Duration::from_secs(30);
@@ -149,32 +151,103 @@ pub(crate) async fn start_holder(
     labels: HashMap<String, String>,
     request_dir: &Path,
 ) -> Result<Holder, RuntimeError> {
-    let err = |what: &str, e: String| RuntimeError::Spawn {
-        operation: format!("hold the sandbox's network namespace ({what})"),
-        reason: e,
-    };
     let dir = state.state_dir.join("egress");
-    std::fs::create_dir_all(&dir).map_err(|e| err("its directory", e.to_string()))?;
+    std::fs::create_dir_all(&dir).map_err(|e| holder_err("its directory", e.to_string()))?;
     let etc_dir = smithers_egress::sandbox::write_etc_files(&dir.join("etc"))
-        .map_err(|e| err("the /etc files", e.to_string()))?;
+        .map_err(|e| holder_err("the /etc files", e.to_string()))?;
     let sock_path = dir.join("holder.sock");
     let _ = std::fs::remove_file(&sock_path);
     let listener = std::os::unix::net::UnixListener::bind(&sock_path)
-        .map_err(|e| err("its socket", e.to_string()))?;
+        .map_err(|e| holder_err("its socket", e.to_string()))?;
     let listen = EgressListen {
         dns: true,
         http_port: smithers_egress::sandbox::HTTP_PROXY_PORT,
         socks_port: smithers_egress::sandbox::SOCKS_PORT,
         capture_ports: smithers_egress::sandbox::capture_ports(&policy)
-            .map_err(|e| err("ports", e))?,
+            .map_err(|e| holder_err("ports", e))?,
     };
-    let bin = std::fs::canonicalize(holder_bin).map_err(|e| err("the binary", e.to_string()))?;
+    let bin =
+        std::fs::canonicalize(holder_bin).map_err(|e| holder_err("the binary", e.to_string()))?;
+    let (entrypoint, mut mounts) = loader_entrypoint(&bin)?;
+    mounts.extend([
+        bind(&bin, "/smithers-host/smithers-sandbox"),
+        bind(&dir, "/smithers-egress"),
+    ]);
+    let listen_json =
+        serde_json::to_string(&listen).map_err(|e| holder_err("the listeners", e.to_string()))?;
+    let (uid, gid) = (
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    );
+    let name = holder_name(state);
+    crate::engine::remove_container(docker, &name).await?;
+    let body = holder_body(state, entrypoint, listen_json, (uid, gid), labels, mounts);
+    docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(name.clone()),
+                platform: String::new(),
+            }),
+            body,
+        )
+        .await
+        .map_err(|e| holder_err("create the holder container", crate::engine::describe(&e)))?;
+    docker
+        .start_container(&name, None)
+        .await
+        .map_err(|e| holder_err("start the holder container", crate::engine::describe(&e)))?;
+    // The holder connects once, sends one line with the descriptors, and waits.
+    let (conn, line, fds) = accept_holder(listener).await?;
+    let _ = std::fs::remove_file(&sock_path);
+    let v: serde_json::Value = serde_json::from_slice(&line)
+        .map_err(|e| holder_err("read the holder's line", e.to_string()))?;
+    let names: Vec<String> = v["listeners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str().map(str::to_string))
+        .collect();
+    let listeners =
+        Listeners::from_named(&names, fds).map_err(|e| holder_err("its listeners", e))?;
+    let denials = request_dir.join(smithers_egress::sandbox::DENIALS_FILE);
+    let _ = std::fs::write(&denials, b"");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let engine = Engine::start(
+        policy,
+        listeners,
+        EngineOptions {
+            denials_file: Some(denials),
+            live: Some(tx),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| holder_err("start the engine", e.to_string()))?;
+    Ok(Holder {
+        name,
+        engine,
+        conn,
+        etc_dir,
+        live: rx,
+    })
+}
+
+/// A holder failure: `what` could not be made or read.
+fn holder_err(what: &str, e: String) -> RuntimeError {
+    RuntimeError::Spawn {
+        operation: format!("hold the sandbox's network namespace ({what})"),
+        reason: e,
+    }
+}
+
+/// The entrypoint prefix and mounts that run the holder binary `bin` in the step's image.
+fn loader_entrypoint(bin: &Path) -> Result<(Vec<String>, Vec<Mount>), RuntimeError> {
     // A static binary runs as it is; a dynamic one through the host's loader, with the
     // loader's directory (the host's C library) bound read-only beside it.
     let mut entrypoint = Vec::new();
     let mut mounts = Vec::new();
-    if !is_static_executable(&bin).unwrap_or(false) {
-        let loader = std::fs::canonicalize(LOADER).map_err(|e| err("the loader", e.to_string()))?;
+    if !is_static_executable(bin).unwrap_or(false) {
+        let loader =
+            std::fs::canonicalize(LOADER).map_err(|e| holder_err("the loader", e.to_string()))?;
         let lib_dir = loader.parent().unwrap_or(Path::new("/")).to_path_buf();
         let loader_name = loader
             .file_name()
@@ -187,19 +260,21 @@ pub(crate) async fn start_holder(
         ]);
         mounts.push(bind(&lib_dir, "/smithers-host/lib"));
     }
-    mounts.extend([
-        bind(&bin, "/smithers-host/smithers-sandbox"),
-        bind(&dir, "/smithers-egress"),
-    ]);
-    let listen_json =
-        serde_json::to_string(&listen).map_err(|e| err("the listeners", e.to_string()))?;
-    let (uid, gid) = (
-        rustix::process::geteuid().as_raw(),
-        rustix::process::getegid().as_raw(),
-    );
-    let name = holder_name(state);
-    crate::remove_container(docker, &name).await?;
-    let body = ContainerCreateBody {
+    Ok((entrypoint, mounts))
+}
+
+/// The holder's container: `smithers-sandbox`'s init as the egress holder (behind
+/// `entrypoint`'s loader, if any) in the step's image, run as `uid:gid` with
+/// `NetworkMode=none`, no capabilities and small limits.
+fn holder_body(
+    state: &BackendState,
+    entrypoint: Vec<String>,
+    listen_json: String,
+    (uid, gid): (u32, u32),
+    labels: HashMap<String, String>,
+    mounts: Vec<Mount>,
+) -> ContainerCreateBody {
+    ContainerCreateBody {
         image: Some(state.image.clone()),
         entrypoint: Some(
             entrypoint
@@ -241,23 +316,15 @@ pub(crate) async fn start_holder(
             ..Default::default()
         }),
         ..Default::default()
-    };
-    docker
-        .create_container(
-            Some(CreateContainerOptions {
-                name: Some(name.clone()),
-                platform: String::new(),
-            }),
-            body,
-        )
-        .await
-        .map_err(|e| err("create the holder container", crate::engine::describe(&e)))?;
-    docker
-        .start_container(&name, None)
-        .await
-        .map_err(|e| err("start the holder container", crate::engine::describe(&e)))?;
-    // The holder connects once, sends one line with the descriptors, and waits.
-    let (conn, line, fds) = tokio::task::spawn_blocking(move || {
+    }
+}
+
+/// Waits (at most [`HOLDER_WAIT`]) for the holder's one connection and reads its line and the
+/// listeners' descriptors sent with it.
+async fn accept_holder(
+    listener: UnixListener,
+) -> Result<(UnixStream, Vec<u8>, Vec<OwnedFd>), RuntimeError> {
+    tokio::task::spawn_blocking(move || {
         listener.set_nonblocking(true)?;
         let started = std::time::Instant::now();
         let conn = loop {
@@ -281,44 +348,44 @@ pub(crate) async fn start_holder(
         Ok((conn, line, fds))
     })
     .await
-    .map_err(|e| err("wait for the holder", e.to_string()))?
-    .map_err(|e| err("receive the listeners", e.to_string()))?;
-    let _ = std::fs::remove_file(&sock_path);
-    let v: serde_json::Value =
-        serde_json::from_slice(&line).map_err(|e| err("read the holder's line", e.to_string()))?;
-    let names: Vec<String> = v["listeners"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|n| n.as_str().map(str::to_string))
-        .collect();
-    let listeners = Listeners::from_named(&names, fds).map_err(|e| err("its listeners", e))?;
-    let denials = request_dir.join(smithers_egress::sandbox::DENIALS_FILE);
-    let _ = std::fs::write(&denials, b"");
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let engine = Engine::start(
-        policy,
-        listeners,
-        EngineOptions {
-            denials_file: Some(denials),
-            live: Some(tx),
-            ..Default::default()
-        },
-    )
-    .map_err(|e| err("start the engine", e.to_string()))?;
-    Ok(Holder {
-        name,
-        engine,
-        conn,
-        etc_dir,
-        live: rx,
-    })
+    .map_err(|e| holder_err("wait for the holder", e.to_string()))?
+    .map_err(|e| holder_err("receive the listeners", e.to_string()))
 }
 
 /// The smithers-sandbox binary's subcommand that is the init (the native runtime's
 /// `INIT_SUBCOMMAND`; named here because a backend does not depend on another).
 fn smithers_runtime_native_init_subcommand() -> &'static str {
     "__sandbox-init"
+}
+
+/// An egress record, as a live event.
+pub(crate) fn forward_egress(output: &dyn OutputSink, r: smithers_egress::EgressRecord) {
+    if let Ok(record) = serde_json::to_value(&r) {
+        output.event(smithers_runtime::OutputEvent::Egress {
+            record,
+            timestamp_ms: r.timestamp_ms,
+        });
+    }
+}
+
+/// The engine's records, after the step's own, in the log that becomes the bundle's.
+pub(crate) fn append_records(log: &Path, summary: &smithers_egress::Summary) {
+    use std::io::Write;
+    let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(log) else {
+        return;
+    };
+    for r in &summary.records {
+        if let Ok(line) = serde_json::to_string(r) {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+    if summary.records_dropped > 0 {
+        let _ = writeln!(
+            f,
+            "{}",
+            serde_json::json!({"type": "egressRecordsDropped", "timestampMs": now_ms(), "count": summary.records_dropped})
+        );
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! The connection to the engine and the translation of its failures into [`RuntimeError`]s
-//! that name what is missing and how to fix it.
+//! that name what is missing and how to fix it; the removal of its objects.
 
 use std::path::Path;
+use std::time::Duration;
 
 use bollard::errors::Error as BollardError;
+use bollard::query_parameters::{RemoveContainerOptions, RemoveVolumeOptions};
 use bollard::{ClientVersion, Docker};
 use smithers_runtime::RuntimeError;
 
@@ -138,5 +140,45 @@ pub(crate) fn spawn_err(operation: impl Into<String>, e: &BollardError) -> Runti
     RuntimeError::Spawn {
         operation: operation.into(),
         reason: describe(e),
+    }
+}
+
+pub(crate) async fn remove_container(docker: &Docker, name: &str) -> Result<(), RuntimeError> {
+    match docker
+        .remove_container(
+            name,
+            Some(RemoveContainerOptions {
+                force: true,
+                v: true,
+                link: false,
+            }),
+        )
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        // 409: removal already in progress (a concurrent cleanup): wait for it to finish.
+        Err(e) if status(&e) == Some(409) => {
+            for _ in 0..100 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                match docker.inspect_container(name, None).await {
+                    Err(e) if is_not_found(&e) => return Ok(()),
+                    _ => {}
+                }
+            }
+            Err(spawn_err(format!("remove container {name}"), &e))
+        }
+        Err(e) => Err(spawn_err(format!("remove container {name}"), &e)),
+    }
+}
+
+pub(crate) async fn remove_volume(docker: &Docker, name: &str) -> Result<(), RuntimeError> {
+    match docker
+        .remove_volume(name, Some(RemoveVolumeOptions { force: true }))
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(e) => Err(spawn_err(format!("remove volume {name}"), &e)),
     }
 }

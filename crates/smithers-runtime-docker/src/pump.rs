@@ -17,8 +17,6 @@ use smithers_runtime::output::{Capture, Kept};
 use smithers_runtime::{ExecOutcome, OutputEvent, OutputSink, OutputStream, RuntimeError};
 use tokio_util::sync::CancellationToken;
 
-use crate::now_ms;
-
 /// What the pump saw.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Pumped {
@@ -232,6 +230,13 @@ impl Pump {
         self.log.write_all(b"\n").map_err(|e| self.io(e))?;
         self.log.flush().map_err(|e| self.io(e))
     }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

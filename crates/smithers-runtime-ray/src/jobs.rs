@@ -138,7 +138,7 @@ pub enum JobsError {
     Refused(StatusCode, String),
     /// Transient failures retried until the placement window ran out
     /// ([`crate::retry::ApiRetry`]): what was asked, how often, what failed, each wait.
-    GaveUp(Box<crate::retry::Waited>),
+    GaveUp(Box<crate::waited::Waited>),
 }
 
 impl JobsError {

@@ -8,7 +8,7 @@ use serde_json::json;
 use smithers_runtime::SandboxConfig;
 
 use crate::jobs::JobSubmit;
-use crate::RayOptions;
+use crate::options::RayOptions;
 
 /// The job environment variable that carries the lease's token to the node. The entrypoint
 /// moves it to `SMITHERS_SANDBOX_TOKEN` and removes it (and Ray's own token) from what `serve`

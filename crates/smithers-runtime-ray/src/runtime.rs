@@ -28,7 +28,7 @@ use smithers_runtime_remote::{RemoteOptions, RemoteRuntime};
 
 use crate::jobs::{JobRecord, JobStatus, JobSubmit, JobsClient, JobsError};
 use crate::lease;
-use crate::{RayOptions, ENV_ADDRESS, ENV_TOKEN};
+use crate::options::{RayOptions, ENV_ADDRESS, ENV_TOKEN};
 
 const RUNTIME: &str = "ray";
 
@@ -78,9 +78,9 @@ pub struct RayRuntime {
     /// Leases attached in this process.
     attached: Arc<Mutex<HashMap<String, Attached>>>,
     /// Warm leases claimed at create, until `place` takes them.
-    pub(crate) claimed: Arc<Mutex<HashMap<String, crate::warm::WarmLease>>>,
+    pub(crate) claimed: Arc<Mutex<HashMap<String, crate::pool::WarmLease>>>,
     /// The warm leases kept ready (`RayOptions::warm`).
-    pub(crate) pool: Arc<Mutex<crate::warm::Pool>>,
+    pub(crate) pool: Arc<Mutex<crate::pool::Pool>>,
 }
 
 fn key(run_id: &str, sandbox_id: &str) -> String {
@@ -279,7 +279,7 @@ impl RayRuntime {
                     sink.queued(&format!(
                         "waiting for the Ray Jobs API to {what}: {}; asking again with backoff for up to {}",
                         r.error,
-                        crate::retry::secs(r.window)
+                        crate::waited::secs(r.window)
                     ));
                     told.push(kind);
                 }

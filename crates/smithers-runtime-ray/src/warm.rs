@@ -17,38 +17,15 @@
 //! a client driving a current-thread executor only while a step runs would otherwise leave
 //! them stalled between steps.
 
-use std::collections::VecDeque;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use smithers_runtime::{NoPlacementEvents, RuntimeError, SandboxConfig};
-use smithers_runtime_remote::RemoteRuntime;
 
-use crate::jobs::{JobRecord, JobStatus};
+use crate::jobs::JobStatus;
 use crate::lease;
+use crate::pool::WarmLease;
 use crate::runtime::RayRuntime;
-
-/// A warm lease whose server is up.
-#[derive(Debug, Clone)]
-pub(crate) struct WarmLease {
-    pub id: String,
-    pub remote: RemoteRuntime,
-    pub node_ip: String,
-    pub record: JobRecord,
-    /// When its server said it listens: its `--exit-when-idle` clock runs from about then.
-    pub ready_at: Instant,
-}
-
-/// The ready leases and how many are being started.
-#[derive(Debug, Default)]
-pub(crate) struct Pool {
-    ready: VecDeque<WarmLease>,
-    starting: usize,
-    /// Ids of every warm lease this pool started and has not handed out or ended.
-    owned: Vec<String>,
-    /// Shut down: nothing more is started, and a start that finishes now is ended.
-    closed: bool,
-}
 
 /// The process's runtime for pool refills.
 fn keeper() -> &'static tokio::runtime::Handle {

@@ -503,8 +503,101 @@ pub fn write_workspace_bundle_with(
     // README.md at its largest, the log as it is and the notes still to come are held back;
     // the patches get the rest, the artifacts what the patches leave.
     let log_len = std::fs::metadata(from.log).map_or(0, |m| m.len());
-    // The commits the step made in the project's repository (overlay layers only: a copy
-    // workspace binds the host's `.git` read-only), before the patches' budget is set.
+    // The commits the step made in the project's repository, before the patches' budget is
+    // set.
+    let (mut git_notes, mut git_files, commits) = collect_commits(&from);
+    let git_bytes: u64 = git_files.iter().map(|f| f.content.len() as u64).sum();
+    let patch_budget = SANDBOX_MAX_BUNDLE_BYTES
+        .saturating_sub(SANDBOX_MAX_README_BYTES)
+        .saturating_sub(log_len)
+        .saturating_sub(NOTES_RESERVE)
+        .saturating_sub(git_bytes);
+    let mut bundle = fit_patches(from.project, bundle, patch_budget);
+    // One truth: the series comes back only when its tip leaves every file it changes as
+    // the patches (what the review shows) do; else the patches alone come back.
+    let room = patch_budget.saturating_sub(bundle.patch_bytes);
+    let (commits, committed, series_patch_bytes) =
+        settle_series(commits, &mut bundle, &mut git_files, &mut git_notes, room);
+    if commits.is_some() {
+        // The repository's own files are never patched; what of them comes back is the
+        // series, which the left-out entry then points at.
+        for l in bundle
+            .notes
+            .left_out
+            .iter_mut()
+            .filter(|l| l.path == ".git/")
+        {
+            l.reason = "the repository's own files (config, hooks, index, other branches, stashes) are not applied; the commits on the step's branch are (changeNotes.commits)".into();
+        }
+    }
+    bundle.notes.commits = commits;
+    note_staged(&mut bundle, &from, &committed);
+    let keep_layer = !bundle.changes.over_limit.is_empty();
+    if keep_layer {
+        bundle.notes.kept_layer = options
+            .kept_layer
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned());
+        note_where_kept(&mut bundle, options.kept_layer.as_deref());
+    }
+    let budget = patch_budget
+        .saturating_sub(bundle.patch_bytes)
+        .saturating_sub(series_patch_bytes);
+    let (artifacts, skipped) = collect_artifacts(
+        from.artifacts,
+        SANDBOX_MAX_PATCH_FILES.saturating_sub(git_files.len()),
+        budget,
+    );
+    let notes = collect_notes(
+        from.notes,
+        git_notes,
+        skipped,
+        &bundle,
+        keep_layer,
+        options.kept_layer.as_deref(),
+    );
+    if !notes.is_empty() {
+        append_notes(from.log, &notes)?;
+    }
+    let patch_count = bundle.patches.len();
+    let mut params = WriteParams::new(&handle.result_path, bundle.status);
+    params.run_id = Some(handle.run_id.clone());
+    params.output = from
+        .outcome
+        .and_then(|o| o.result.as_ref())
+        .and_then(|r| r.get("outputs").cloned());
+    params.patches = bundle.patches;
+    params.artifacts = artifacts;
+    params.artifacts.extend(git_files);
+    params.stream_log_path = from.log.is_file().then(|| from.log.to_path_buf());
+    params.diff_bundle = bundle.diff_bundle;
+    params.change_notes = bundle.notes;
+    write_bundle(&params).map_err(|e| RuntimeError::inner("write the result bundle", &e))?;
+    Ok(WorkspaceCollect {
+        report: CollectReport {
+            bundle_path: handle.result_path.clone(),
+            patch_count,
+            ignored_paths: bundle
+                .changes
+                .ignored
+                .iter()
+                .map(|i| i.path.clone())
+                .collect(),
+        },
+        keep_layer,
+    })
+}
+
+/// The commits the step made in the project's repository (overlay layers only: a copy
+/// workspace binds the host's `.git` read-only). Returns the log's notes on them (why they do
+/// not come back), the git bundle file of their series, and the series read.
+fn collect_commits(
+    from: &BundleSources<'_>,
+) -> (
+    Vec<String>,
+    Vec<smithers_bundle::BundleFile>,
+    Option<CollectedSeries>,
+) {
     let mut git_notes = Vec::new();
     let mut git_files = Vec::new();
     let mut commits = None;
@@ -542,34 +635,17 @@ pub fn write_workspace_bundle_with(
             )),
         }
     }
-    let git_bytes: u64 = git_files.iter().map(|f| f.content.len() as u64).sum();
-    let patch_budget = SANDBOX_MAX_BUNDLE_BYTES
-        .saturating_sub(SANDBOX_MAX_README_BYTES)
-        .saturating_sub(log_len)
-        .saturating_sub(NOTES_RESERVE)
-        .saturating_sub(git_bytes);
-    let mut bundle = fit_patches(from.project, bundle, patch_budget);
-    // One truth: the series comes back only when its tip leaves every file it changes as
-    // the patches (what the review shows) do; else the patches alone come back.
-    let room = patch_budget.saturating_sub(bundle.patch_bytes);
-    let (commits, committed, series_patch_bytes) =
-        settle_series(commits, &mut bundle, &mut git_files, &mut git_notes, room);
-    if commits.is_some() {
-        // The repository's own files are never patched; what of them comes back is the
-        // series, which the left-out entry then points at.
-        for l in bundle
-            .notes
-            .left_out
-            .iter_mut()
-            .filter(|l| l.path == ".git/")
-        {
-            l.reason = "the repository's own files (config, hooks, index, other branches, stashes) are not applied; the commits on the step's branch are (changeNotes.commits)".into();
-        }
-    }
-    bundle.notes.commits = commits;
-    // What the step staged without committing (a plain repository at the project's top):
-    // accept stages it too, so a `git add`ed new file does not come back untracked. The
-    // series' own files are set in the index from its tip anyway.
+    (git_notes, git_files, commits)
+}
+
+/// What the step staged without committing (a plain repository at the project's top):
+/// accept stages it too, so a `git add`ed new file does not come back untracked. The
+/// series' own files are set in the index from its tip anyway.
+fn note_staged(
+    bundle: &mut WorkspaceBundle,
+    from: &BundleSources<'_>,
+    committed: &std::collections::HashSet<Vec<u8>>,
+) {
     if let WorkspaceLayer::Upper(upper) = from.layer {
         if from.git_common_layer.is_none() {
             bundle.notes.staged = smithers_patch::staged_paths(
@@ -585,23 +661,20 @@ pub fn write_workspace_bundle_with(
             .collect();
         }
     }
-    let keep_layer = !bundle.changes.over_limit.is_empty();
-    if keep_layer {
-        bundle.notes.kept_layer = options
-            .kept_layer
-            .as_ref()
-            .map(|p| p.to_string_lossy().into_owned());
-        note_where_kept(&mut bundle, options.kept_layer.as_deref());
-    }
-    let budget = patch_budget
-        .saturating_sub(bundle.patch_bytes)
-        .saturating_sub(series_patch_bytes);
-    let (artifacts, skipped) = collect_artifacts(
-        from.artifacts,
-        SANDBOX_MAX_PATCH_FILES.saturating_sub(git_files.len()),
-        budget,
-    );
-    let mut notes: Vec<String> = from.notes.to_vec();
+}
+
+/// The notes appended to the log at collect (bounded to [`NOTES_RESERVE`]): the caller's,
+/// then what of the step's commits, artifacts and changes the bundle left out or could not
+/// say, and where a kept workspace layer is.
+fn collect_notes(
+    from_notes: &[String],
+    git_notes: Vec<String>,
+    skipped: Vec<String>,
+    bundle: &WorkspaceBundle,
+    keep_layer: bool,
+    kept_layer: Option<&Path>,
+) -> Vec<String> {
+    let mut notes: Vec<String> = from_notes.to_vec();
     notes.extend(git_notes);
     notes.extend(
         skipped
@@ -622,7 +695,7 @@ pub fn write_workspace_bundle_with(
             .map(|s| format!("change left out: {}: {}", s.path, s.reason)),
     );
     if keep_layer {
-        notes.push(match &options.kept_layer {
+        notes.push(match kept_layer {
             Some(p) => format!(
                 "the step's workspace layer, with the changes left out for a size limit, is kept at {} (accept applies none of it; reject removes it)",
                 p.display()
@@ -653,36 +726,7 @@ pub fn write_workspace_bundle_with(
     }));
     notes.extend(bundle.changes.notes.iter().cloned());
     bound_notes(&mut notes, NOTES_RESERVE);
-    if !notes.is_empty() {
-        append_notes(from.log, &notes)?;
-    }
-    let patch_count = bundle.patches.len();
-    let mut params = WriteParams::new(&handle.result_path, bundle.status);
-    params.run_id = Some(handle.run_id.clone());
-    params.output = from
-        .outcome
-        .and_then(|o| o.result.as_ref())
-        .and_then(|r| r.get("outputs").cloned());
-    params.patches = bundle.patches;
-    params.artifacts = artifacts;
-    params.artifacts.extend(git_files);
-    params.stream_log_path = from.log.is_file().then(|| from.log.to_path_buf());
-    params.diff_bundle = bundle.diff_bundle;
-    params.change_notes = bundle.notes;
-    write_bundle(&params).map_err(|e| RuntimeError::inner("write the result bundle", &e))?;
-    Ok(WorkspaceCollect {
-        report: CollectReport {
-            bundle_path: handle.result_path.clone(),
-            patch_count,
-            ignored_paths: bundle
-                .changes
-                .ignored
-                .iter()
-                .map(|i| i.path.clone())
-                .collect(),
-        },
-        keep_layer,
-    })
+    notes
 }
 
 /// Each change left out for a limit says, in its `leftOut` reason (which the review shows),

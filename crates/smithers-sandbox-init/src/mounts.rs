@@ -312,51 +312,7 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
             path,
             attrs,
             hide,
-        } => {
-            for name in hide {
-                put_whiteout(upper, name)?;
-            }
-            let at = join(root, path);
-            let options = format!(
-                "lowerdir={},upperdir={},workdir={},userxattr",
-                overlay_escape(lower),
-                overlay_escape(upper),
-                overlay_escape(work)
-            );
-            // `volatile` (Linux 5.10): the upper layer is never synced. Without it, the
-            // overlay's unmount, when the sandbox's last process exits, syncs the whole file
-            // system the upper layer is on (`sync_filesystem` of the host's disk, whatever
-            // else is dirty there) on the way to cleanup. The layer is thrown away after
-            // collect, which reads it through the page cache, so a crash can lose nothing it
-            // would have kept. A kernel without the option refuses it (EINVAL): mounted
-            // without it then.
-            let mount = |data: &str| {
-                sys::mount(
-                    Some(c"overlay"),
-                    &at,
-                    Some(c"overlay"),
-                    mount_flags(*attrs),
-                    Some(&cstring(data)),
-                )
-            };
-            match mount(&format!("{options},volatile")) {
-                Err(e) if e.errno == libc::EINVAL => mount(&options)?,
-                other => other?,
-            }
-            // A workdir the kernel cannot use makes overlayfs fall back to read-only silently.
-            let st = sys::statvfs(&at)?;
-            if !attrs.readonly && st.f_flag & libc::ST_RDONLY != 0 {
-                return Err(SysError {
-                    op: format!(
-                        "overlay at {} was mounted read-only (workdir {} unusable)",
-                        path.display(),
-                        work.display()
-                    ),
-                    errno: libc::EROFS,
-                });
-            }
-            Ok(())
-        }
+        } => mount_overlay(root, lower, upper, work, path, *attrs, hide),
         MountOp::Proc { path } => {
             let at = join(root, path);
             sys::mount(
@@ -379,4 +335,60 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
         }
         MountOp::Setattr { path, attrs } => set_attrs(&join(root, path), *attrs, false),
     }
+}
+
+/// Mounts an overlay of `lower` (upper layer `upper`, its names in `hide` whited out first) at
+/// `path` in the root, and checks that the kernel did not fall back to read-only.
+fn mount_overlay(
+    root: &Path,
+    lower: &Path,
+    upper: &Path,
+    work: &Path,
+    path: &Path,
+    attrs: MountAttrs,
+    hide: &[String],
+) -> SysResult<()> {
+    for name in hide {
+        put_whiteout(upper, name)?;
+    }
+    let at = join(root, path);
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        overlay_escape(lower),
+        overlay_escape(upper),
+        overlay_escape(work)
+    );
+    // `volatile` (Linux 5.10): the upper layer is never synced. Without it, the
+    // overlay's unmount, when the sandbox's last process exits, syncs the whole file
+    // system the upper layer is on (`sync_filesystem` of the host's disk, whatever
+    // else is dirty there) on the way to cleanup. The layer is thrown away after
+    // collect, which reads it through the page cache, so a crash can lose nothing it
+    // would have kept. A kernel without the option refuses it (EINVAL): mounted
+    // without it then.
+    let mount = |data: &str| {
+        sys::mount(
+            Some(c"overlay"),
+            &at,
+            Some(c"overlay"),
+            mount_flags(attrs),
+            Some(&cstring(data)),
+        )
+    };
+    match mount(&format!("{options},volatile")) {
+        Err(e) if e.errno == libc::EINVAL => mount(&options)?,
+        other => other?,
+    }
+    // A workdir the kernel cannot use makes overlayfs fall back to read-only silently.
+    let st = sys::statvfs(&at)?;
+    if !attrs.readonly && st.f_flag & libc::ST_RDONLY != 0 {
+        return Err(SysError {
+            op: format!(
+                "overlay at {} was mounted read-only (workdir {} unusable)",
+                path.display(),
+                work.display()
+            ),
+            errno: libc::EROFS,
+        });
+    }
+    Ok(())
 }

@@ -386,30 +386,9 @@ pub fn unpack(
                 max: limits.max_entries,
             });
         }
-        let raw_path = entry.path_bytes().into_owned();
-        let shown = String::from_utf8_lossy(&raw_path).into_owned();
-        if raw_path.len() > limits.max_path_bytes {
-            return Err(ArchiveError::TooLarge {
-                limit: "pathBytes",
-                max: limits.max_path_bytes as u64,
-            });
-        }
-        let Some(rel) = plain_relative(&raw_path, &shown)? else {
-            // `./` or an empty name: the destination itself.
-            if kind.is_dir() {
-                continue;
-            }
-            return Err(ArchiveError::PathEscape {
-                path: shown,
-                reason: "an entry that is not a directory names the destination itself".into(),
-            });
+        let Some((rel, shown)) = entry_path(&entry, kind, limits)? else {
+            continue;
         };
-        reject_reserved(&rel, &shown, limits)?;
-        if kind == tar::EntryType::Symlink {
-            if let Some(target) = entry.link_name_bytes() {
-                reject_reserved(Path::new(OsStr::from_bytes(&target)), &shown, limits)?;
-            }
-        }
         let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
         match kind {
             tar::EntryType::Directory => {
@@ -469,38 +448,7 @@ pub fn unpack(
                     let _ = beneath.set_mode(&rel, mode);
                 }
             }
-            tar::EntryType::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .map(|t| t.into_owned())
-                    .unwrap_or_default();
-                let target_shown = String::from_utf8_lossy(&target).into_owned();
-                if !limits.allow_symlinks {
-                    return Err(ArchiveError::SymlinkRefused { path: shown });
-                }
-                if !symlink_stays_inside(&rel, &target) {
-                    return Err(ArchiveError::SymlinkEscape {
-                        path: shown,
-                        target: target_shown,
-                    });
-                }
-                if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-                    beneath
-                        .create_dir_all(parent, 0o755)
-                        .map_err(|e| path_error_entry(e, &shown, dest))?;
-                }
-                beneath
-                    .symlink(Path::new(OsStr::from_bytes(&target)), &rel)
-                    .map_err(|e| {
-                        if e.raw_os_error() == Some(17) {
-                            ArchiveError::Duplicate {
-                                path: shown.clone(),
-                            }
-                        } else {
-                            path_error_entry(e, &shown, dest)
-                        }
-                    })?;
-            }
+            tar::EntryType::Symlink => unpack_symlink(&entry, &beneath, &rel, shown, dest, limits)?,
             tar::EntryType::Link => {
                 let target = entry
                     .link_name_bytes()
@@ -520,6 +468,84 @@ pub fn unpack(
         }
     }
     Ok(stats)
+}
+
+/// The entry's path beneath the destination and as shown in errors, checked: its length, a
+/// plain relative path, nothing reserved (nor a symlink's target). None: a directory entry
+/// naming the destination itself (`./` or an empty name), which is skipped.
+fn entry_path<R: Read>(
+    entry: &tar::Entry<'_, R>,
+    kind: tar::EntryType,
+    limits: &UnpackLimits,
+) -> Result<Option<(PathBuf, String)>, ArchiveError> {
+    let raw_path = entry.path_bytes().into_owned();
+    let shown = String::from_utf8_lossy(&raw_path).into_owned();
+    if raw_path.len() > limits.max_path_bytes {
+        return Err(ArchiveError::TooLarge {
+            limit: "pathBytes",
+            max: limits.max_path_bytes as u64,
+        });
+    }
+    let Some(rel) = plain_relative(&raw_path, &shown)? else {
+        // `./` or an empty name: the destination itself.
+        if kind.is_dir() {
+            return Ok(None);
+        }
+        return Err(ArchiveError::PathEscape {
+            path: shown,
+            reason: "an entry that is not a directory names the destination itself".into(),
+        });
+    };
+    reject_reserved(&rel, &shown, limits)?;
+    if kind == tar::EntryType::Symlink {
+        if let Some(target) = entry.link_name_bytes() {
+            reject_reserved(Path::new(OsStr::from_bytes(&target)), &shown, limits)?;
+        }
+    }
+    Ok(Some((rel, shown)))
+}
+
+/// Makes a symlink entry at `rel`, when symlinks are allowed and its target stays inside the
+/// destination.
+fn unpack_symlink<R: Read>(
+    entry: &tar::Entry<'_, R>,
+    beneath: &Beneath,
+    rel: &Path,
+    shown: String,
+    dest: &Path,
+    limits: &UnpackLimits,
+) -> Result<(), ArchiveError> {
+    let target = entry
+        .link_name_bytes()
+        .map(|t| t.into_owned())
+        .unwrap_or_default();
+    let target_shown = String::from_utf8_lossy(&target).into_owned();
+    if !limits.allow_symlinks {
+        return Err(ArchiveError::SymlinkRefused { path: shown });
+    }
+    if !symlink_stays_inside(rel, &target) {
+        return Err(ArchiveError::SymlinkEscape {
+            path: shown,
+            target: target_shown,
+        });
+    }
+    if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+        beneath
+            .create_dir_all(parent, 0o755)
+            .map_err(|e| path_error_entry(e, &shown, dest))?;
+    }
+    beneath
+        .symlink(Path::new(OsStr::from_bytes(&target)), rel)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(17) {
+                ArchiveError::Duplicate {
+                    path: shown.clone(),
+                }
+            } else {
+                path_error_entry(e, &shown, dest)
+            }
+        })?;
+    Ok(())
 }
 
 /// Refuses a path with a reserved name as any of its components.

@@ -15,8 +15,8 @@ use sha1::Digest;
 
 use crate::binary::{blob_hasher, hex_of, BinaryHunk};
 use crate::delta::{FileSource, Source};
+use crate::limit::STREAM_THRESHOLD_BYTES;
 use crate::model::git_blob_oid;
-use crate::STREAM_THRESHOLD_BYTES;
 
 /// Bytes read from a host file at a time.
 const CHUNK: usize = 64 << 10;

@@ -6,11 +6,12 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::*;
-use crate::delta::FileSource;
-use crate::model::GitMode;
+use crate::apply::{apply_patch_texts, apply_patches, ApplyOptions};
+use crate::binary::{best_streamed, index_and_oid, BinaryHunk, Streamed};
+use crate::delta::{self, DeltaSizes, FileSource};
+use crate::model::{git_blob_oid, GitMode};
+use crate::parse::parse_patch;
 use crate::patch::{FilePatch, PatchBody};
-use crate::{apply_patch_texts, apply_patches, parse_patch, ApplyOptions};
 
 /// Deterministic random bytes (xorshift64*).
 fn noise(n: usize, mut seed: u64) -> Vec<u8> {
@@ -245,8 +246,8 @@ fn unrelated_or_empty_sides_round_trip() {
 /// which deflates to almost nothing), followed by `tail` ops.
 fn inserts_delta(target: u64, tail: &[u8], tail_len: u64) -> Vec<u8> {
     let mut d = Vec::new();
-    delta::put_varint(&mut d, 10);
-    delta::put_varint(&mut d, target + tail_len);
+    delta::format::put_varint(&mut d, 10);
+    delta::format::put_varint(&mut d, target + tail_len);
     let mut left = target;
     while left > 0 {
         let n = left.min(127);
@@ -275,7 +276,7 @@ fn delta_patch(raw: Vec<u8>, new_oid: &str) -> String {
 
 #[test]
 fn large_delta_hunks_are_checked_as_they_inflate_kept_deflated_and_applied_streaming() {
-    let target = crate::STREAM_THRESHOLD_BYTES + 1000;
+    let target = crate::limit::STREAM_THRESHOLD_BYTES + 1000;
     // The result: `target` zeros, then "89" copied from the source.
     let result = [vec![0u8; target as usize], b"89".to_vec()].concat();
     let new_oid = git_blob_oid(&result);

@@ -21,51 +21,6 @@ const MAX_NATIVE_FILE_LINES: usize = 800;
 /// The longest a function outside tests may be, in any crate's `src/`.
 const MAX_FN_LINES: usize = 150;
 
-/// TEMPORARY: the files over [`MAX_NATIVE_FILE_LINES`] when this check was written, being split
-/// on other branches. Empty it once they are merged; an entry that no longer offends fails the
-/// check, so the list only shrinks.
-const TEMPORARY_ALLOWED_LONG_FILES: &[&str] = &[
-    "crates/smithers-runtime-native/src/cgroup.rs",
-    "crates/smithers-runtime-native/src/exec.rs",
-    "crates/smithers-runtime-native/src/lib.rs",
-    "crates/smithers-runtime-native/src/plan.rs",
-    "crates/smithers-runtime-native/src/seccomp.rs",
-    "crates/smithers-runtime-native/src/warm.rs",
-];
-
-/// TEMPORARY: `path::function` of the functions over [`MAX_FN_LINES`] when this check was
-/// written, being split on other branches. Empty it once they are merged; an entry that no
-/// longer offends fails the check.
-const TEMPORARY_ALLOWED_LONG_FUNCTIONS: &[&str] = &[
-    "crates/smithers-cli/src/commands/run.rs::run_with",
-    "crates/smithers-git/src/lib.rs::collect_from",
-    "crates/smithers-orchestrator/src/lib.rs::accept_onto",
-    "crates/smithers-orchestrator/src/lib.rs::lifecycle",
-    "crates/smithers-patch/src/apply.rs::apply_patches",
-    "crates/smithers-patch/src/parse.rs::parse_patch",
-    "crates/smithers-runtime-docker/src/egress.rs::start_holder",
-    "crates/smithers-runtime-docker/src/lib.rs::run_container",
-    "crates/smithers-runtime-native/src/exec.rs::execute",
-    "crates/smithers-runtime-native/src/plan.rs::mount_plan",
-    "crates/smithers-runtime-native/src/report.rs::enforcement",
-    "crates/smithers-runtime-native/src/report.rs::probe",
-    "crates/smithers-runtime/src/collect.rs::write_workspace_bundle_with",
-    "crates/smithers-sandbox-init/src/mounts.rs::apply",
-    "crates/smithers-wire/src/archive.rs::unpack",
-];
-
-/// TEMPORARY: `crate: {modules}` of the module cycles (the modules of one strongly connected
-/// set, sorted) when this check was written, being broken on other branches. Empty it once
-/// they are merged; an entry that no longer offends fails the check.
-const TEMPORARY_ALLOWED_MODULE_CYCLES: &[&str] = &[
-    "smithers-patch: {binary, detect, gitignore, gitindex}",
-    "smithers-patch: {review, reviewtext}",
-    "smithers-runtime-native: {armed, exec, report, warm}",
-    "smithers-runtime-ray: {jobs, retry}",
-    "smithers-runtime-ray: {runtime, warm}",
-    "smithers-runtime: {config, mounts, types}",
-];
-
 // ---------------------------------------------------------------------------------------------
 // Lexing
 // ---------------------------------------------------------------------------------------------
@@ -430,7 +385,13 @@ fn use_leaves(t: &[Token], from: usize, to: usize) -> Vec<String> {
 struct Root {
     modules: BTreeSet<String>,
     imported: BTreeMap<String, String>,
+    /// Items the root file itself defines (not a module's, re-exported): a module that uses
+    /// one depends on the root, which declares (depends on) every module.
+    defined: BTreeSet<String>,
 }
+
+/// The root file's node in a module graph.
+const ROOT_NODE: &str = "(crate root)";
 
 fn read_root(src: &str) -> Root {
     let t = non_test_tokens(src);
@@ -443,6 +404,13 @@ fn read_root(src: &str) -> Root {
             "mod" if depth == 0 => {
                 if let Some(name) = t.get(i + 1).filter(|n| n.is_ident()) {
                     root.modules.insert(name.text.clone());
+                }
+            }
+            "fn" | "struct" | "enum" | "const" | "static" | "type" | "trait" | "union"
+                if depth == 0 =>
+            {
+                if let Some(name) = t.get(i + 1).filter(|n| n.is_ident()) {
+                    root.defined.insert(name.text.clone());
                 }
             }
             _ => {}
@@ -575,6 +543,15 @@ fn module_graph(krate: &Path) -> Graph {
                     name
                 } else if let Some(m) = root.imported.get(&name) {
                     m.clone()
+                } else if root.defined.contains(&name) {
+                    // The root declares the module: using an item of the root's own is a
+                    // cycle through it.
+                    graph
+                        .entry(ROOT_NODE.to_string())
+                        .or_default()
+                        .entry(module.clone())
+                        .or_insert_with(|| format!("{}/{root_file} (mod {module})", shown(&src)));
+                    ROOT_NODE.to_string()
                 } else {
                     continue;
                 };
@@ -758,34 +735,17 @@ fn source_files() -> Vec<PathBuf> {
     out
 }
 
-/// Fails with `offenders` not in `allowed`, and with entries of `allowed` that no longer
-/// offend (so the temporary list only shrinks).
-fn judge(what: &str, offenders: &BTreeMap<String, String>, allowed: &[&str], list: &str) {
-    let new: Vec<&String> = offenders
-        .iter()
-        .filter(|(key, _)| !allowed.contains(&key.as_str()))
-        .map(|(_, message)| message)
-        .collect();
-    let stale: Vec<&&str> = allowed
-        .iter()
-        .filter(|key| !offenders.contains_key(**key))
-        .collect();
-    let mut failures = Vec::new();
-    if !new.is_empty() {
-        failures.push(format!(
-            "{what}:\n  {}",
-            new.iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join("\n  ")
-        ));
-    }
-    if !stale.is_empty() {
-        failures.push(format!(
-            "{list} lists what no longer offends; remove: {stale:?}"
-        ));
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+/// Fails naming every offender.
+fn judge(what: &str, offenders: &BTreeMap<String, String>) {
+    assert!(
+        offenders.is_empty(),
+        "{what}:\n  {}",
+        offenders
+            .values()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -811,8 +771,6 @@ fn no_native_runtime_file_over_the_limit() {
     judge(
         &format!("files over {MAX_NATIVE_FILE_LINES} lines"),
         &offenders,
-        TEMPORARY_ALLOWED_LONG_FILES,
-        "TEMPORARY_ALLOWED_LONG_FILES",
     );
 }
 
@@ -847,12 +805,7 @@ fn no_function_over_the_limit() {
         seen > 1000,
         "only {seen} functions found: sources not read?"
     );
-    judge(
-        &format!("functions over {MAX_FN_LINES} lines"),
-        &offenders,
-        TEMPORARY_ALLOWED_LONG_FUNCTIONS,
-        "TEMPORARY_ALLOWED_LONG_FUNCTIONS",
-    );
+    judge(&format!("functions over {MAX_FN_LINES} lines"), &offenders);
 }
 
 #[test]
@@ -878,12 +831,7 @@ fn no_module_cycle_in_a_crate() {
         edges > 20,
         "only {edges} module edges found: sources not read?"
     );
-    judge(
-        "module cycles",
-        &offenders,
-        TEMPORARY_ALLOWED_MODULE_CYCLES,
-        "TEMPORARY_ALLOWED_MODULE_CYCLES",
-    );
+    judge("module cycles", &offenders);
 }
 
 // ---------------------------------------------------------------------------------------------

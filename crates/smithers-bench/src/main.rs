@@ -31,10 +31,9 @@ mod workspace;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use measure::{fmt_ms, interleaved, median_ratio, Contender, Series};
+use measure::{fmt_ms, interleaved, median_ratio, run_quiet, Contender, Series};
 use report::{bar_chart_svg, machine_line, write_section, Table};
 
 #[derive(Parser, Debug)]
@@ -160,18 +159,6 @@ fn main() -> anyhow::Result<()> {
             )
         }
     }
-}
-
-fn run_quiet(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    let status = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .with_context(|| format!("spawn {program}"))?;
-    anyhow::ensure!(status.success(), "{program} {args:?} exited with {status}");
-    Ok(())
 }
 
 fn have(program: &str) -> bool {

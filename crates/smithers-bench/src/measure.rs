@@ -3,6 +3,7 @@
 //! round (ours / peer in the same round), and their median reported: a ratio measured this way
 //! is stable from run to run even when absolute times are not.
 
+use anyhow::Context;
 use std::time::{Duration, Instant};
 
 /// One thing being timed: a name and a closure that performs one repetition.
@@ -132,6 +133,19 @@ pub fn fmt_ms(d: Duration) -> String {
     } else {
         format!("{:.2} s", ms / 1000.0)
     }
+}
+
+/// Runs `program` with its output thrown away; an error unless it exits 0.
+pub fn run_quiet(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let status = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("spawn {program}"))?;
+    anyhow::ensure!(status.success(), "{program} {args:?} exited with {status}");
+    Ok(())
 }
 
 #[cfg(test)]

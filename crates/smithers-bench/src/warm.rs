@@ -236,7 +236,7 @@ pub fn run(
                 }
                 _ => {
                     let started = Instant::now();
-                    crate::run_quiet("bwrap", bwrap_args)?;
+                    crate::measure::run_quiet("bwrap", bwrap_args)?;
                     if round >= warmup {
                         series[5].samples.push(started.elapsed());
                     }

@@ -209,7 +209,7 @@ pub fn whole_cli(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::
             let _ = std::fs::remove_dir_all(&sandboxes);
         }),
         Contender::new("bare bwrap --unshare-all ... true", || {
-            crate::run_quiet("bwrap", bwrap_args)
+            crate::measure::run_quiet("bwrap", bwrap_args)
         }),
         Contender::new("smithers-sandbox --version (process start only)", || {
             quiet(alone(), &["--version"])

@@ -203,7 +203,7 @@ impl Connection {
     }
 
     /// Whether the client may be served here: the same namespaces and root as the service,
-    /// the same environment (but [`crate::IGNORED_ENV`]), and a working directory that is a
+    /// the same environment (but [`crate::vars::IGNORED_ENV`]), and a working directory that is a
     /// directory. The reason when not (names only: values may be secrets).
     pub fn admit(&self, request: &RunRequest) -> Result<(), String> {
         if let Some(why) = self.peer.confined() {
@@ -276,7 +276,7 @@ impl Connection {
 }
 
 /// `KEY`s whose entries differ between `theirs` and `ours` (present in one only, or with
-/// another value), but for [`crate::IGNORED_ENV`]; sorted, each shown escaped.
+/// another value), but for [`crate::vars::IGNORED_ENV`]; sorted, each shown escaped.
 pub fn env_differences(
     theirs: &[std::ffi::OsString],
     ours: impl Iterator<Item = std::ffi::OsString>,
@@ -291,7 +291,7 @@ pub fn env_differences(
         )
     };
     let keep = |k: &Vec<u8>| {
-        !crate::IGNORED_ENV
+        !crate::vars::IGNORED_ENV
             .iter()
             .any(|i| i.as_bytes() == k.as_slice())
     };

@@ -16,12 +16,16 @@ use smithers_runtime::{
     SandboxHandle, ShipReport, StepCommand,
 };
 
-use crate::{ENV_API_KEY, ENV_API_URL};
 use smithers_wire::archive::{self, ArchiveError, ChannelWriter, PackOptions, UnpackLimits};
 use smithers_wire::wire::{
     CreateSandbox, ExecuteAccepted, SandboxInfo, SandboxState, WireEvent, IDEMPOTENCY_KEY_HEADER,
 };
 use smithers_wire::SseParser;
+
+/// Environment variable holding the host's base URL (`http://127.0.0.1:7420`).
+pub const ENV_API_URL: &str = "CODEPLANE_API_URL";
+/// Environment variable holding the bearer token the host expects.
+pub const ENV_API_KEY: &str = "CODEPLANE_API_KEY";
 
 const RUNTIME: &str = "codeplane";
 

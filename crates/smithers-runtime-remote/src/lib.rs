@@ -30,12 +30,9 @@
 mod client;
 
 #[cfg(feature = "client")]
-pub use client::{remove_local_leftovers, RemoteOptions, RemoteRuntime, RetryPolicy};
+pub use client::{
+    remove_local_leftovers, RemoteOptions, RemoteRuntime, RetryPolicy, ENV_API_KEY, ENV_API_URL,
+};
 /// The API's documents, archive and event-stream code, which live in `smithers-wire` (shared
 /// with the server), re-exported for the runtime's callers.
 pub use smithers_wire::{archive, wire, SseFrame, SseParser};
-
-/// Environment variable holding the host's base URL (`http://127.0.0.1:7420`).
-pub const ENV_API_URL: &str = "CODEPLANE_API_URL";
-/// Environment variable holding the bearer token the host expects.
-pub const ENV_API_KEY: &str = "CODEPLANE_API_KEY";

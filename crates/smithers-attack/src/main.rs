@@ -1,4 +1,5 @@
-//! `smithers-attack`: the hostile half of the containment suite (`smithers_runtime::containment`).
+//! `smithers-attack`: the hostile half of the containment suite
+//! (`smithers_test_support::containment`).
 //!
 //! It runs INSIDE a sandbox and tries what security.md says must fail: reaching the network,
 //! writing outside the workspace, reading host secrets, signalling host processes, gaining

@@ -86,6 +86,15 @@ impl SandboxRequest {
             "maxOutputBytes".into(),
             json!(self.controls.max_output_bytes),
         );
+        // The other output caps, so that the row says what the step ran under.
+        m.insert(
+            "maxOutputLines".into(),
+            json!(self.controls.max_output_lines),
+        );
+        m.insert(
+            "failOnOutputCap".into(),
+            json!(self.controls.fail_on_output_cap),
+        );
         if let Some(t) = self.controls.timeout_ms {
             m.insert("toolTimeoutMs".into(), json!(t));
         }

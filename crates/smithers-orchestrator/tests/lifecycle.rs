@@ -149,6 +149,9 @@ fn assert_standard_payloads(events: &[(String, Value)]) {
     assert_eq!(config["env"]["API_TOKEN"], "[redacted]");
     assert_eq!(config["selectedRuntime"], "bubblewrap");
     assert_eq!(config["reviewDiffs"], true);
+    // Every output cap the step ran under is recorded, not only the byte cap.
+    assert_eq!(config["maxOutputLines"], 100_000);
+    assert_eq!(config["failOnOutputCap"], false);
     assert!(!created.to_string().contains("s3cret-value"));
     let shipped = payload(events, "SandboxShipped");
     assert_eq!(shipped["runtime"], "bubblewrap");

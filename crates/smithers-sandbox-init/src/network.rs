@@ -220,56 +220,16 @@ fn inet_socket(kind: libc::c_int, addr: [u8; 4], port: u16) -> SysResult<OwnedFd
     Ok(fd)
 }
 
-/// One `sendmsg` of `payload` with `fds` attached (SCM_RIGHTS), so the descriptors arrive
-/// with the line that names them.
+/// `payload` with `fds` attached to its first byte (SCM_RIGHTS), so the descriptors arrive
+/// with the line that names them; a short write's rest goes without them.
 pub(crate) fn send_with_fds(
     sock: libc::c_int,
     payload: &[u8],
     fds: &[libc::c_int],
 ) -> std::io::Result<()> {
-    let bytes = std::mem::size_of_val(fds) as libc::c_uint;
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(bytes) } as usize;
-    // u64 elements: the control buffer must be aligned for cmsghdr.
-    let mut control = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec {
-        iov_base: payload.as_ptr() as *mut libc::c_void,
-        iov_len: payload.len(),
-    };
-    // SAFETY: msghdr is plain old data; zeroed is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space;
-    // SAFETY: `control` holds CMSG_SPACE(bytes), room for one cmsghdr carrying `fds`.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(bytes) as usize;
-        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast(), fds.len());
-    }
-    let mut sent = 0;
+    let mut sent = crate::fdpass::send_with_rights(sock, payload, fds, 0)?;
     while sent < payload.len() {
-        // SAFETY: `msg` and what it points to are valid for the call.
-        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        sent += n as usize;
-        // The rest (a short write) goes without the descriptors, which went with the first.
-        msg.msg_control = std::ptr::null_mut();
-        msg.msg_controllen = 0;
-        // SAFETY: `sent` <= payload.len().
-        iov.iov_base = unsafe { payload.as_ptr().add(sent) } as *mut libc::c_void;
-        iov.iov_len = payload.len() - sent;
-        // Taken again after the writes above, so the message sees them.
-        msg.msg_iov = &mut iov;
+        sent += crate::fdpass::send_with_rights(sock, &payload[sent..], &[], 0)?;
     }
     Ok(())
 }

@@ -229,6 +229,8 @@ fn exit_report(id: u64, status: libc::c_int) -> SessionReport {
 pub(crate) struct LibcHost {
     channel: OwnedFd,
     sigchld: OwnedFd,
+    /// Every request is received here ([`MAX_SESSION_MESSAGE`], made once).
+    buf: Vec<u8>,
 }
 
 impl LibcHost {
@@ -264,7 +266,11 @@ impl LibcHost {
         sys::check(fd, || "signalfd".to_string())?;
         // SAFETY: signalfd returned a new descriptor nothing else owns.
         let sigchld = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(LibcHost { channel, sigchld })
+        Ok(LibcHost {
+            channel,
+            sigchld,
+            buf: vec![0; MAX_SESSION_MESSAGE],
+        })
     }
 
     fn drain_sigchld(&self) {
@@ -302,7 +308,7 @@ impl ExecHost for LibcHost {
                 return Ok(Wake::Children);
             }
             if fds[1].revents != 0 {
-                return receive(self.channel.as_raw_fd());
+                return receive(self.channel.as_raw_fd(), &mut self.buf);
             }
         }
     }
@@ -374,8 +380,8 @@ impl ExecHost for LibcHost {
 
 /// One datagram of the channel with its descriptors (close-on-exec: none may reach a command
 /// but as its 0-2).
-fn receive(sock: RawFd) -> SysResult<Wake> {
-    match crate::channel::recv(sock, MAX_SESSION_MESSAGE, 0) {
+fn receive(sock: RawFd, buf: &mut [u8]) -> SysResult<Wake> {
+    match crate::channel::recv(sock, buf, 0) {
         Ok(None) => Ok(Wake::Closed),
         Ok(Some(d)) => Ok(Wake::Request {
             bytes: d.bytes,

@@ -18,10 +18,6 @@ pub(crate) struct Channel {
     fd: AsyncFd<OwnedFd>,
     /// The running execs' report queues, by id.
     waiters: Mutex<HashMap<u64, UnboundedSender<SessionReport>>>,
-    /// Reports naming no running exec (a refusal without an id), kept for the log.
-    stray: Mutex<Vec<SessionReport>>,
-    /// The init reported `stopped`.
-    pub(crate) stopped: CancellationToken,
     /// The channel ended: P1 is gone (stopped, killed, or the sandbox died).
     pub(crate) closed: CancellationToken,
 }
@@ -35,8 +31,6 @@ impl Channel {
             // (which owns it) is dropped.
             fd: unsafe { AsyncFd::register(fd) }.map_err(std::io::Error::from)?,
             waiters: Mutex::new(HashMap::new()),
-            stray: Mutex::new(Vec::new()),
-            stopped: CancellationToken::new(),
             closed: CancellationToken::new(),
         });
         tokio::spawn(channel.clone().read_reports());
@@ -91,11 +85,12 @@ impl Channel {
     /// Reads reports until the channel ends, handing each to its exec; at the end every
     /// waiter's queue is closed.
     async fn read_reports(self: Arc<Self>) {
+        let mut buf = vec![0u8; MAX_SESSION_MESSAGE];
         loop {
             let datagram = match self.fd.readable().await {
-                Ok(mut ready) => match ready.try_io(|fd| {
-                    channel::recv(fd.as_raw_fd(), MAX_SESSION_MESSAGE, libc::MSG_DONTWAIT)
-                }) {
+                Ok(mut ready) => match ready
+                    .try_io(|fd| channel::recv(fd.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT))
+                {
                     Ok(result) => result,
                     Err(_would_block) => continue,
                 },
@@ -118,21 +113,16 @@ impl Channel {
         let id = match &report {
             SessionReport::Started { id, .. } | SessionReport::Exit { id, .. } => Some(*id),
             SessionReport::Refused { id, .. } => *id,
-            SessionReport::Stopped => {
-                self.stopped.cancel();
-                return;
-            }
+            // `stop`'s end is the channel's and the control socket's (see `Live::kill`).
+            SessionReport::Stopped => return,
         };
+        // A report that names no exec waiting for it answers a request this runtime did not
+        // make (P1 refuses only malformed ones, which it never sends) or one whose exec
+        // already gave up (a refusal of a signal sent after its exit): nobody is waiting for
+        // it, so it goes.
         let waiter = id.and_then(|id| self.lock().get(&id).cloned());
-        match waiter {
-            Some(tx) => {
-                let _ = tx.send(report);
-            }
-            None => self
-                .stray
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(report),
+        if let Some(tx) = waiter {
+            let _ = tx.send(report);
         }
     }
 }

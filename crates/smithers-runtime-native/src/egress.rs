@@ -12,7 +12,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use smithers_egress::engine::EngineOptions;
-use smithers_egress::{Engine, Listeners, Policy};
+use smithers_egress::{Engine, Listeners, Policy, Summary};
 use smithers_runtime::{Controls, RuntimeError};
 use smithers_sandbox_init::plan::EgressListen;
 
@@ -83,4 +83,19 @@ pub(crate) fn start(
 /// The enforcement row's detail for a sandbox with `policy`.
 pub(crate) fn report_detail(policy: &Policy) -> String {
     smithers_egress::sandbox::report_detail(policy)
+}
+
+/// The log lines of what the engine decided: one record per decision, and how many it did
+/// not keep (so that what is left out is named).
+pub(crate) fn log_lines(summary: &Summary) -> Vec<String> {
+    let mut lines: Vec<String> = (summary.records.iter())
+        .filter_map(|r| serde_json::to_string(r).ok())
+        .collect();
+    if summary.records_dropped > 0 {
+        lines.push(
+            serde_json::json!({"type": "egressRecordsDropped", "timestampMs": crate::clock::now_ms(), "count": summary.records_dropped})
+                .to_string(),
+        );
+    }
+    lines
 }

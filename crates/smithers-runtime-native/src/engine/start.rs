@@ -30,7 +30,7 @@ pub(crate) async fn start(
     handle: &SandboxHandle,
 ) -> Result<Arc<Live>, RuntimeError> {
     let backend = Backend::from_handle(handle, "start")?;
-    let stored = read_stored_config(&backend)?;
+    let stored = read_stored_config(&backend, "start")?;
     let controls = &stored.config.controls;
     super::check_env(controls.env.iter())?;
     let caps = rt.caps();
@@ -171,7 +171,6 @@ async fn read_status(
             },
             Some("ready") => {
                 ready = true;
-                live.set_ready_report(v.clone());
                 None
             }
             Some("error") => Some(format!(

@@ -48,7 +48,7 @@ pub(crate) async fn execute(
 ) -> Result<ExecOutcome, RuntimeError> {
     let called = Instant::now();
     let called_ns = smithers_sandbox_init::sys::monotonic_ns();
-    let stored = read_stored_config(backend)?;
+    let stored = read_stored_config(backend, "execute")?;
     let controls = &stored.config.controls;
     check_command(command, controls)?;
     let init = caps.init.as_ref().map_err(spawn_err)?;
@@ -145,12 +145,15 @@ pub(crate) async fn execute(
     Ok(outcome)
 }
 
-/// The config `create` kept, once `ship` has been called (an execute before either is out of
-/// order).
-pub(crate) fn read_stored_config(backend: &Backend) -> Result<StoredConfig, RuntimeError> {
+/// The config `create` kept, once `ship` has been called (`verb`, execute or start, before
+/// either is out of order).
+pub(crate) fn read_stored_config(
+    backend: &Backend,
+    verb: &'static str,
+) -> Result<StoredConfig, RuntimeError> {
     let config_bytes =
         std::fs::read(backend.config_file()).map_err(|e| RuntimeError::OutOfOrder {
-            verb: "execute",
+            verb,
             reason: format!("the sandbox has no state (not created, or cleaned up): {e}"),
         })?;
     let stored: StoredConfig = serde_json::from_slice(&config_bytes)
@@ -158,8 +161,8 @@ pub(crate) fn read_stored_config(backend: &Backend) -> Result<StoredConfig, Runt
     let request_file = backend.request_dir().join(plan::REQUEST_FILE_NAME);
     if !request_file.is_file() {
         return Err(RuntimeError::OutOfOrder {
-            verb: "execute",
-            reason: "nothing was shipped: call ship before execute".into(),
+            verb,
+            reason: format!("nothing was shipped: call ship before {verb}"),
         });
     }
     Ok(stored)

@@ -203,18 +203,7 @@ pub(super) fn log_lines(
         lines.insert(0, record.to_string());
     }
     if let Some(summary) = &egress_summary {
-        lines.extend(
-            summary
-                .records
-                .iter()
-                .filter_map(|r| serde_json::to_string(r).ok()),
-        );
-        if summary.records_dropped > 0 {
-            lines.push(
-                json!({"type": "egressRecordsDropped", "timestampMs": now_ms(), "count": summary.records_dropped})
-                    .to_string(),
-            );
-        }
+        lines.extend(crate::egress::log_lines(summary));
     }
     if let Some(problem) = result_problem {
         lines.push(

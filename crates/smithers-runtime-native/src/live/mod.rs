@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use serde_json::Value;
 use smithers_runtime::CancellationToken;
 use smithers_sandbox_init::plan::{ExecSpec, SessionRequest};
 
@@ -44,7 +43,6 @@ pub(crate) struct Live {
     killer: Mutex<Option<std::os::unix::net::UnixStream>>,
     channel: OnceLock<Arc<Channel>>,
     egress: Mutex<Option<smithers_egress::Engine>>,
-    ready_report: Mutex<Option<Value>>,
     /// The control socket ended: every process of the sandbox is gone.
     pub(crate) ended: CancellationToken,
     next_id: AtomicU64,
@@ -66,7 +64,6 @@ impl Live {
             killer: Mutex::new(Some(killer)),
             channel: OnceLock::new(),
             egress: Mutex::new(None),
-            ready_report: Mutex::new(None),
             ended: CancellationToken::new(),
             next_id: AtomicU64::new(1),
         }
@@ -85,10 +82,6 @@ impl Live {
 
     pub(crate) fn set_egress(&self, engine: smithers_egress::Engine) {
         *self.egress.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine);
-    }
-
-    pub(crate) fn set_ready_report(&self, ready: Value) {
-        *self.ready_report.lock().unwrap_or_else(|e| e.into_inner()) = Some(ready);
     }
 
     pub(crate) fn next_id(&self) -> u64 {
@@ -129,11 +122,35 @@ impl Live {
         self.killer.lock().unwrap_or_else(|e| e.into_inner()).take();
         let engine = self.egress.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(engine) = engine {
-            engine.stop().await;
+            let summary = engine.stop().await;
+            self.append_to_log(&crate::egress::log_lines(&summary));
         }
         let child = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut child) = child {
             let _ = child.wait().await;
+        }
+    }
+
+    /// Adds `lines` to the sandbox's NDJSON log (what collect puts in the bundle), which a
+    /// session's execs do not write: the egress decisions of its life go there at its end.
+    fn append_to_log(&self, lines: &[String]) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        if lines.is_empty() {
+            return;
+        }
+        let mut text = lines.join("\n");
+        text.push('\n');
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(self.backend.log_file());
+        // A log that cannot be written is the bundle's loss, not the stop's: collect then
+        // has no decision records, and the denials file still holds the refusals.
+        if let Ok(mut file) = file {
+            let _ = file.write_all(text.as_bytes());
         }
     }
 }

@@ -2,7 +2,7 @@
 //! copy), then make the sandbox's state and layer directories, cgroups and config, with a
 //! warm sandbox's init and cgroups when one is claimed (an armed one adopted whole).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use smithers_runtime::{RuntimeError, RuntimeKind, SandboxConfig, SandboxHandle};
 
@@ -322,17 +322,7 @@ fn create_on_disk(
             return Err(e);
         }
     };
-    let handle = SandboxHandle {
-        runtime: RuntimeKind::Bubblewrap,
-        run_id: config.run_id.clone(),
-        sandbox_id: config.sandbox_id.clone(),
-        sandbox_root,
-        request_path,
-        result_path,
-        container_id: None,
-        workspace_id: None,
-        backend: serde_json::to_value(&backend).unwrap_or_default(),
-    };
+    let handle = handle_of(config, &backend, (sandbox_root, request_path, result_path));
     Ok((handle, warm))
 }
 
@@ -382,17 +372,7 @@ fn adopt_armed(
             limits.memory_bytes,
         )
     });
-    let handle = SandboxHandle {
-        runtime: RuntimeKind::Bubblewrap,
-        run_id: config.run_id.clone(),
-        sandbox_id: config.sandbox_id.clone(),
-        sandbox_root,
-        request_path,
-        result_path,
-        container_id: None,
-        workspace_id: None,
-        backend: serde_json::to_value(&backend).unwrap_or_default(),
-    };
+    let handle = handle_of(config, &backend, (sandbox_root, request_path, result_path));
     match written {
         Ok(()) => Ok((handle, Some(claimed))),
         // The sandbox is ours now: undone as a failed create is.
@@ -436,18 +416,7 @@ fn take_over_leftover(
         cgroups: record.cgroups.clone(),
         workspace: WorkspaceState::Overlay,
     };
-    let (sandbox_root, request_path, result_path) = project_dirs(&record.root_dir, config);
-    let handle = SandboxHandle {
-        runtime: RuntimeKind::Bubblewrap,
-        run_id: config.run_id.clone(),
-        sandbox_id: config.sandbox_id.clone(),
-        sandbox_root,
-        request_path,
-        result_path,
-        container_id: None,
-        workspace_id: None,
-        backend: serde_json::to_value(&backend).unwrap_or_default(),
-    };
+    let handle = handle_of(config, &backend, project_dirs(&record.root_dir, config));
     cleanup_confined(&handle, &backend, caps)?;
     Ok(true)
 }
@@ -541,6 +510,26 @@ fn finish_on_disk(
         &backend.config_file(),
         &serde_json::to_vec(&stored).unwrap_or_default(),
     )
+}
+
+/// The handle of a sandbox made for `config`: plain data (ids, its directories in the
+/// project, the backend's state to clean up from another process).
+fn handle_of(
+    config: &SandboxConfig,
+    backend: &Backend,
+    (sandbox_root, request_path, result_path): (PathBuf, PathBuf, PathBuf),
+) -> SandboxHandle {
+    SandboxHandle {
+        runtime: RuntimeKind::Bubblewrap,
+        run_id: config.run_id.clone(),
+        sandbox_id: config.sandbox_id.clone(),
+        sandbox_root,
+        request_path,
+        result_path,
+        container_id: None,
+        workspace_id: None,
+        backend: serde_json::to_value(backend).unwrap_or_default(),
+    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,8 @@ use crate::live::Live;
 
 /// What the status task found before the sandbox was ready.
 enum Readiness {
-    Ready(Arc<Channel>),
+    /// The exec channel, and the init's `ready` (what it confirmed: Landlock, seccomp, ...).
+    Ready(Arc<Channel>, Value),
     Failed(String),
 }
 
@@ -75,6 +76,7 @@ pub(crate) async fn start(
     // A warm init claimed at create was made for one step's prelude, not a session's: the
     // launcher ends it (an armed one before a cold init mounts the same layers).
     let (launched, _no_stdin) = launch::launch(&input, rt.take_attached(&backend)).await?;
+    let plan = launched.plan;
     let base = launched
         .session_exec
         .ok_or_else(|| spawn_err("no base command"))?;
@@ -104,8 +106,20 @@ pub(crate) async fn start(
         ready_tx,
     ));
     match ready_rx.await {
-        Ok(Readiness::Ready(channel)) => {
+        Ok(Readiness::Ready(channel, ready)) => {
             live.set_channel(channel);
+            // What holds for the sandbox's life, as a step's report says it: the sandbox's
+            // bundle carries it (written at stop, with how the sandbox ended).
+            let b = &live.backend;
+            let report = crate::report::enforcement(
+                &caps,
+                &stored,
+                &plan,
+                &b.cgroups,
+                Some(&ready),
+                &b.workspace,
+            );
+            live.set_enforcement(report);
             Ok(live)
         }
         Ok(Readiness::Failed(reason)) => {
@@ -132,7 +146,7 @@ async fn read_status(
     tokio::spawn(async move { while records_rx.recv().await.is_some() {} });
     let mut ready_tx = Some(ready_tx);
     let mut channel = None;
-    let mut ready = false;
+    let mut ready = None;
     let mut reader = StatusReader::new(&control);
     while let Some(line) = reader.next_line().await {
         let Ok(v) = serde_json::from_slice::<Value>(&line) else {
@@ -170,7 +184,7 @@ async fn read_status(
                 None => Some("the exec channel came without its descriptor".into()),
             },
             Some("ready") => {
-                ready = true;
+                ready = Some(v.clone());
                 None
             }
             Some("error") => Some(format!(
@@ -186,9 +200,13 @@ async fn read_status(
             }
             continue;
         }
-        if ready && channel.is_some() {
+        if ready.is_some() && channel.is_some() {
             if let Some(tx) = ready_tx.take() {
-                let _ = tx.send(Readiness::Ready(channel.take().expect("checked")));
+                let (c, r) = (
+                    channel.take().expect("checked"),
+                    ready.take().expect("checked"),
+                );
+                let _ = tx.send(Readiness::Ready(c, r));
             }
         }
     }

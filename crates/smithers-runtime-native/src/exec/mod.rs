@@ -33,6 +33,9 @@ use crate::threads::blocking;
 use crate::warm::ClaimedWarm;
 
 use launch::{LaunchInput, Launched};
+
+/// Writes a sandbox's log and outcome for `collect` (a live sandbox's, at its stop).
+pub(crate) use outcome::persist as persist_outcome;
 use supervise::Supervision;
 
 #[allow(clippy::too_many_arguments)]

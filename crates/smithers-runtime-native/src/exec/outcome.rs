@@ -221,7 +221,7 @@ pub(crate) fn enforcement_record(report: &smithers_runtime::EnforcementReport) -
 
 /// Writes the NDJSON log (lines, the enforcement record, then the exit record) and the
 /// outcome for `collect`.
-pub(super) fn persist(
+pub(crate) fn persist(
     backend: &Backend,
     outcome: &ExecOutcome,
     mut lines: Vec<String>,

@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use smithers_runtime::CancellationToken;
+use smithers_runtime::{CancellationToken, EnforcementReport, ExecOutcome, Termination};
 use smithers_sandbox_init::plan::{ExecSpec, SessionRequest};
 
 use crate::backend::Backend;
@@ -46,6 +46,9 @@ pub(crate) struct Live {
     /// The control socket ended: every process of the sandbox is gone.
     pub(crate) ended: CancellationToken,
     next_id: AtomicU64,
+    /// What held for the sandbox's life, set once it was ready.
+    enforcement: OnceLock<EnforcementReport>,
+    started: Instant,
 }
 
 impl Live {
@@ -66,6 +69,8 @@ impl Live {
             egress: Mutex::new(None),
             ended: CancellationToken::new(),
             next_id: AtomicU64::new(1),
+            enforcement: OnceLock::new(),
+            started: Instant::now(),
         }
     }
 
@@ -82,6 +87,10 @@ impl Live {
 
     pub(crate) fn set_egress(&self, engine: smithers_egress::Engine) {
         *self.egress.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine);
+    }
+
+    pub(crate) fn set_enforcement(&self, report: EnforcementReport) {
+        let _ = self.enforcement.set(report);
     }
 
     pub(crate) fn next_id(&self) -> u64 {
@@ -121,36 +130,45 @@ impl Live {
         }
         self.killer.lock().unwrap_or_else(|e| e.into_inner()).take();
         let engine = self.egress.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(engine) = engine {
-            let summary = engine.stop().await;
-            self.append_to_log(&crate::egress::log_lines(&summary));
-        }
+        let summary = match engine {
+            Some(engine) => Some(engine.stop().await),
+            None => None,
+        };
+        self.record_end(summary.as_ref());
         let child = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut child) = child {
             let _ = child.wait().await;
         }
     }
 
-    /// Adds `lines` to the sandbox's NDJSON log (what collect puts in the bundle), which a
-    /// session's execs do not write: the egress decisions of its life go there at its end.
-    fn append_to_log(&self, lines: &[String]) {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        if lines.is_empty() {
+    /// Writes how the sandbox's life ended for `collect`, as a step's execute does: its log
+    /// (the egress decisions, the enforcement record, an exit record) and its outcome. A
+    /// sandbox stopped by its caller ended well (exit 0): each of its commands' own ends
+    /// were its caller's to see. One that never became ready records nothing (it had no
+    /// life; `start` failed). A session's commands write no log of their own.
+    fn record_end(&self, egress: Option<&smithers_egress::Summary>) {
+        let Some(enforcement) = self.enforcement.get().cloned() else {
             return;
-        }
-        let mut text = lines.join("\n");
-        text.push('\n');
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(self.backend.log_file());
+        };
+        let lines = egress.map(crate::egress::log_lines).unwrap_or_default();
+        let outcome = ExecOutcome {
+            termination: Termination::Exited,
+            exit_code: Some(0),
+            signal: None,
+            duration: self.started.elapsed(),
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            usage: Default::default(),
+            enforcement,
+            result: None,
+            egress: egress.and_then(|s| serde_json::to_value(s).ok()),
+            command_started_after_us: None,
+        };
         // A log that cannot be written is the bundle's loss, not the stop's: collect then
-        // has no decision records, and the denials file still holds the refusals.
-        if let Ok(mut file) = file {
-            let _ = file.write_all(text.as_bytes());
-        }
+        // has no outcome and the bundle says the sandbox failed; the denials file still
+        // holds the refusals.
+        let _ = crate::exec::persist_outcome(&self.backend, &outcome, lines, None);
     }
 }

@@ -42,11 +42,14 @@ pub enum ErrorCode {
     /// step held it: the step's result is unknown and nothing from it is kept. Never retried
     /// by us; running it elsewhere is the caller's choice. Not in the original vocabulary.
     NodeLost,
+    /// What was asked for does not exist: a session's file, or a session that is not held
+    /// (any more). Not in the original vocabulary.
+    NotFound,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order (for documentation and exhaustive tests).
-    pub const ALL: [ErrorCode; 11] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::InvalidInput,
         ErrorCode::ToolPathInvalid,
         ErrorCode::ToolPathEscape,
@@ -58,6 +61,7 @@ impl ErrorCode {
         ErrorCode::TaskRuntimeUnavailable,
         ErrorCode::Internal,
         ErrorCode::NodeLost,
+        ErrorCode::NotFound,
     ];
 
     /// The stable string form, e.g. `"TOOL_PATH_ESCAPE"`.
@@ -74,6 +78,7 @@ impl ErrorCode {
             ErrorCode::TaskRuntimeUnavailable => "TASK_RUNTIME_UNAVAILABLE",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::NodeLost => "NODE_LOST",
+            ErrorCode::NotFound => "NOT_FOUND",
         }
     }
 

@@ -80,6 +80,25 @@ impl Orchestrator {
         &self.store
     }
 
+    /// Records an event of a sandbox its caller holds, stamped now: a held session's
+    /// commands (`SessionExec`), which the lifecycle does not see. The payload is `extra`
+    /// beside the event's type, ids and time, as every event's.
+    pub fn record_event(
+        &self,
+        event_type: &str,
+        run_id: &str,
+        sandbox_id: &str,
+        extra: Vec<(&str, Value)>,
+    ) -> Result<i64, StoreError> {
+        self.emit(
+            event_type,
+            run_id,
+            sandbox_id,
+            extra,
+            crate::support::now_ms(),
+        )
+    }
+
     pub(crate) fn emit(
         &self,
         event_type: &str,

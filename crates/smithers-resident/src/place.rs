@@ -38,15 +38,7 @@ impl Place {
     /// missing (the service); a client only looks. Either way an existing directory must be
     /// private and ours.
     pub fn of_this_build(create: bool) -> io::Result<Place> {
-        let dir = service_dir()?;
-        if create {
-            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
-            }
-        }
-        check_private(&dir)?;
+        let dir = private_dir(service_dir()?, create)?;
         let build = build_identity()?;
         Ok(Place {
             socket: dir.join(format!("run-{build}.sock")),
@@ -56,6 +48,26 @@ impl Place {
             build,
         })
     }
+}
+
+/// The directory of this user's held sessions (`sessions/` in the service's directory),
+/// made when `create`, and checked private either way.
+pub fn sessions_dir(create: bool) -> io::Result<PathBuf> {
+    let top = private_dir(service_dir()?, create)?;
+    private_dir(top.join("sessions"), create)
+}
+
+/// `dir`, made (mode 700) when `create` and missing, then checked private.
+fn private_dir(dir: PathBuf, create: bool) -> io::Result<PathBuf> {
+    if create {
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
+        }
+    }
+    check_private(&dir)?;
+    Ok(dir)
 }
 
 fn service_dir() -> io::Result<PathBuf> {

@@ -73,6 +73,8 @@ enum Command {
     /// Serve sandboxes to remote clients over HTTP (the codeplane runtime's server).
     // Boxed: its many operator flags would make every other variant as large.
     Serve(Box<commands::serve::ServeArgs>),
+    /// Sessions: a sandbox held across many commands (start, exec, read, write, stop, ls).
+    Session(commands::session::SessionArgs),
 }
 
 /// Rust ignores SIGPIPE, so printing into a pipe whose reader is gone is an EPIPE error, which
@@ -114,6 +116,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Doctor(args) => commands::doctor::run(args, cli.json),
         Command::Egress(args) => commands::egress::run(args, cli.json),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Session(args) => commands::session::run(args, cli.json),
         Command::Daemon(args) => commands::daemon::run(args, cli.json, parse_run),
     }
 }

@@ -293,6 +293,16 @@ pub fn open_with(
 ) -> anyhow::Result<Ctx> {
     let db_path = args.db_path()?;
     let orchestrator = Arc::new(backend::orchestrator_with(&db_path, workspace, prestart)?);
+    open_over(orchestrator, db_path, quiet)
+}
+
+/// The context over an orchestrator made by the caller (a session's holder registers its
+/// own runtime), after crash recovery ran.
+pub fn open_over(
+    orchestrator: Arc<Orchestrator>,
+    db_path: PathBuf,
+    quiet: bool,
+) -> anyhow::Result<Ctx> {
     let rt = async_runtime()?;
     let recovered = rt.block_on(orchestrator.recover()).coded()?;
     report_recovered(&recovered, quiet);

@@ -19,3 +19,4 @@ mod run_args;
 mod run_row;
 mod run_summary;
 pub mod serve;
+pub mod session;

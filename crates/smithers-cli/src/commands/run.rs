@@ -37,7 +37,7 @@ fn invalid(message: String) -> anyhow::Error {
 
 /// Ids are never reused: a sandbox of that run and id in the database, or its directory in
 /// the project (a bundle and review a new run would overwrite), is refused, naming both.
-fn refuse_reused_ids(
+pub(crate) fn refuse_reused_ids(
     ctx: &context::Ctx,
     root: &std::path::Path,
     run_id: &str,
@@ -147,10 +147,10 @@ pub fn run_served(
 }
 
 /// What `run` checked before anything is created.
-struct Checked {
-    controls: Controls,
-    root: std::path::PathBuf,
-    input: Value,
+pub(crate) struct Checked {
+    pub(crate) controls: Controls,
+    pub(crate) root: std::path::PathBuf,
+    pub(crate) input: Value,
 }
 
 fn run_with(
@@ -191,7 +191,7 @@ fn run_with(
 
 /// The checks made before anything is created: the runtime's configuration, the controls
 /// (a refused mount makes no row, no sandbox), the input and the image.
-fn check_before_creating(args: &RunArgs) -> anyhow::Result<Checked> {
+pub(crate) fn check_before_creating(args: &RunArgs) -> anyhow::Result<Checked> {
     let controls = controls(args)?;
     // Said before anything is created: where the host or the cluster is, or what to set.
     backend::check_configured(args.runtime)?;
@@ -227,7 +227,7 @@ fn check_before_creating(args: &RunArgs) -> anyhow::Result<Checked> {
 
 /// The step's request: its ids, its command (started where `run` was), input, image,
 /// controls and review settings.
-fn step_request(
+pub(crate) fn step_request(
     args: &RunArgs,
     json_out: bool,
     root: &std::path::Path,

@@ -1,0 +1,318 @@
+//! The verbs a user runs: each a client of the session's holder, but `start`, which starts
+//! one.
+
+use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde_json::{json, Value};
+use smithers_errors::ErrorCode;
+
+use super::holder::socket_of;
+use super::wire::{self, Request};
+use super::{ExecArgs, IdArgs, PathArgs, StartArgs};
+use crate::output::{coded_error, inert, say};
+
+/// How long `start` waits for the sandbox to be up (an image may have to be prepared).
+const START_WAIT: Duration = Duration::from_secs(120);
+
+pub fn start(args: &StartArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    if !args.run.command.is_empty() {
+        return Err(invalid(
+            "a session takes its commands one by one: `session exec ID -- CMD…` once it has started"
+                .into(),
+        ));
+    }
+    super::parse_duration("--idle-timeout", &args.idle_timeout)?;
+    let run_id = args
+        .run
+        .run_id
+        .clone()
+        .unwrap_or_else(|| crate::commands::run::new_id("run"));
+    let sandbox_id = args
+        .run
+        .sandbox_id
+        .clone()
+        .unwrap_or_else(|| crate::commands::run::new_id("ses"));
+    smithers_runtime::config::validate_id("sandboxId", &sandbox_id)
+        .map_err(|e| invalid(e.to_string()))?;
+    let dir = wire::sessions_dir(true).context("the sessions directory")?;
+    let socket = dir.join(format!("{sandbox_id}.sock"));
+    let log_path = dir.join(format!("{sandbox_id}.log"));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let mut command = std::process::Command::new(
+        std::env::current_exe().context("locating the current executable")?,
+    );
+    command.args(["session", "__hold"]);
+    if args.run.run_id.is_none() {
+        command.args(["--run-id", &run_id]);
+    }
+    if args.run.sandbox_id.is_none() {
+        command.args(["--sandbox-id", &sandbox_id]);
+    }
+    command
+        .args(start_options())
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    smithers_resident::detach(&mut command);
+    let mut holder = command.spawn().context("starting the session's holder")?;
+    let began = Instant::now();
+    loop {
+        if let Ok(info) = ask(&socket, &Request::Ping) {
+            if info["ok"] == json!(true) {
+                break;
+            }
+        }
+        if let Some(status) = holder.try_wait()? {
+            return Err(holder_failed(&log_path, status));
+        }
+        if began.elapsed() > START_WAIT {
+            let _ = holder.kill();
+            return Err(invalid(format!(
+                "the session was not up after {}s (its log: {})",
+                START_WAIT.as_secs(),
+                inert(&log_path.display().to_string())
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if json_out {
+        println!(
+            "{}",
+            json!({ "sessionId": sandbox_id, "runId": run_id, "socket": socket, "log": log_path })
+        );
+    } else {
+        println!("{sandbox_id}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The options `session start` was given, for its holder (everything after `start`).
+fn start_options() -> Vec<std::ffi::OsString> {
+    let argv: Vec<_> = std::env::args_os().collect();
+    let at = argv
+        .iter()
+        .position(|a| a == "start")
+        .map_or(argv.len(), |i| i + 1);
+    argv[at..].to_vec()
+}
+
+/// What a holder that ended before its sandbox was up said (the last line of its log, a
+/// JSON error, when it is one), as the error.
+fn holder_failed(log: &Path, status: std::process::ExitStatus) -> anyhow::Error {
+    let text = std::fs::read(log).unwrap_or_default();
+    let tail = &text[text.len().saturating_sub(16 << 10)..];
+    let tail = String::from_utf8_lossy(tail);
+    let last = tail
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    if let Ok(doc) = serde_json::from_str::<Value>(last) {
+        if let Some(err) = doc
+            .get("error")
+            .or(Some(&doc))
+            .filter(|e| e.get("code").is_some())
+        {
+            return answered_error(err);
+        }
+    }
+    coded_error(
+        ErrorCode::SandboxExecutionFailed,
+        format!(
+            "the session's holder ended ({status}) before its sandbox was up: {}",
+            inert(last)
+        ),
+        json!({ "log": log }),
+    )
+}
+
+pub fn exec(args: &ExecArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    let socket = socket_of(&args.id)?;
+    let mut env = Vec::new();
+    for kv in &args.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| invalid(format!("--env {kv:?} is not KEY=VALUE")))?;
+        env.push((k.to_string(), v.to_string()));
+    }
+    let timeout_ms = match &args.timeout {
+        Some(t) => Some(super::parse_duration("--timeout", t)?.as_millis() as u64),
+        None => None,
+    };
+    // A terminal is not passed: the holder would go on reading it after the command ended
+    // (a terminal for the command is `session attach`'s).
+    let stdin = !args.no_stdin && !std::io::stdin().is_terminal();
+    let request = Request::Exec {
+        argv: args.command.clone(),
+        cwd: args.cwd.clone(),
+        env,
+        timeout_ms,
+        stdin,
+    };
+    let (i, o, e) = (
+        std::io::stdin().as_raw_fd(),
+        std::io::stdout().as_raw_fd(),
+        std::io::stderr().as_raw_fd(),
+    );
+    let fds: Vec<_> = if stdin { vec![i, o, e] } else { vec![o, e] };
+    let answer = ask_with(&args.id, &socket, &request, &fds)?;
+    let exit = &answer["exit"];
+    if json_out {
+        eprintln!("{exit}");
+    }
+    Ok(ExitCode::from(exit_status(exit)))
+}
+
+/// A command's end as a shell says it: its code, 128 + a signal, 124 for a timeout (as
+/// `timeout` does), 130 when cancelled.
+fn exit_status(exit: &Value) -> u8 {
+    match exit["termination"].as_str() {
+        Some("exited") => exit["exitCode"].as_i64().unwrap_or(1) as u8,
+        Some("signaled") => 128u8.wrapping_add(exit["signal"].as_i64().unwrap_or(0) as u8),
+        Some("timeout") => 124,
+        Some("cancelled") => 130,
+        _ => 1,
+    }
+}
+
+pub fn read(args: &PathArgs) -> anyhow::Result<ExitCode> {
+    let socket = socket_of(&args.id)?;
+    let request = Request::Read {
+        path: args.path.clone(),
+    };
+    ask_with(
+        &args.id,
+        &socket,
+        &request,
+        &[std::io::stdout().as_raw_fd()],
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn write(args: &PathArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    let socket = socket_of(&args.id)?;
+    let request = Request::Write {
+        path: args.path.clone(),
+    };
+    let answer = ask_with(&args.id, &socket, &request, &[std::io::stdin().as_raw_fd()])?;
+    if json_out {
+        println!("{answer}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn stop(args: &IdArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    let socket = socket_of(&args.id)?;
+    let doc = ask_with(&args.id, &socket, &Request::Stop, &[])?;
+    if json_out {
+        println!("{doc}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let id = inert(&args.id);
+    match doc["status"].as_str() {
+        Some("review") => say!(
+            "session {id} stopped: {} patch(es), {} changed line(s) await review\n  review   smithers-sandbox review {id}\n  accept   smithers-sandbox accept {id}\n  reject   smithers-sandbox reject {id}",
+            doc["patchCount"],
+            doc["totalDiffLines"]
+        ),
+        Some(status) => say!("session {id} stopped: {}", inert(status)),
+        None => say!("session {id} stopped"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn ls(json_out: bool) -> anyhow::Result<ExitCode> {
+    let dir = match wire::sessions_dir(false) {
+        Ok(dir) => dir,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if json_out {
+                println!("[]");
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e).context("the sessions directory"),
+    };
+    let mut sessions = Vec::new();
+    for entry in std::fs::read_dir(&dir)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(id) = name.strip_suffix(".sock") else {
+            continue;
+        };
+        match ask(&entry.path(), &Request::Ping) {
+            Ok(answer) if answer["ok"] == json!(true) => sessions.push(answer["session"].clone()),
+            _ => sessions.push(json!({ "sessionId": id, "held": false })),
+        }
+    }
+    sessions.sort_by_key(|s| s["startedMs"].as_i64().unwrap_or(0));
+    if json_out {
+        println!("{}", Value::Array(sessions));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for s in &sessions {
+        match s["held"].as_bool() {
+            Some(false) => say!(
+                "{}  not held (its holder is gone)",
+                inert(s["sessionId"].as_str().unwrap_or(""))
+            ),
+            _ => say!(
+                "{}  {} execs ({} running)  {}  {}",
+                inert(s["sessionId"].as_str().unwrap_or("")),
+                s["execs"],
+                s["running"],
+                inert(s["runtime"].as_str().unwrap_or("")),
+                inert(s["rootDir"].as_str().unwrap_or(""))
+            ),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One request and its answer.
+fn ask(socket: &Path, request: &Request) -> std::io::Result<Value> {
+    let stream = wire::send(socket, request, &[])?;
+    wire::read_answer(&stream)
+}
+
+/// One request to session `id` with `fds`; the answer when it is `ok`, else its error.
+fn ask_with(id: &str, socket: &Path, request: &Request, fds: &[i32]) -> anyhow::Result<Value> {
+    let stream = wire::send(socket, request, fds).map_err(|e| unreachable_session(id, &e))?;
+    let answer = wire::read_answer(&stream).map_err(|e| unreachable_session(id, &e))?;
+    if answer["ok"] == json!(true) {
+        return Ok(answer);
+    }
+    Err(answered_error(&answer["error"]))
+}
+
+fn unreachable_session(id: &str, e: &std::io::Error) -> anyhow::Error {
+    let why = match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            "there is no such session (never started, or ended)".to_string()
+        }
+        std::io::ErrorKind::ConnectionRefused => {
+            "its holder is gone (killed?): the next command in its project recovers it".to_string()
+        }
+        _ => e.to_string(),
+    };
+    coded_error(
+        ErrorCode::NotFound,
+        format!("session {}: {why}", inert(id)),
+        json!({ "sessionId": id }),
+    )
+}
+
+/// An error the holder answered, as this command's.
+fn answered_error(err: &Value) -> anyhow::Error {
+    let code = serde_json::from_value(err["code"].clone()).unwrap_or(ErrorCode::Internal);
+    let message = err["message"].as_str().unwrap_or("the session failed");
+    coded_error(code, inert(message), err["details"].clone())
+}
+
+fn invalid(message: String) -> anyhow::Error {
+    coded_error(ErrorCode::InvalidInput, message, Value::Null)
+}

@@ -1,0 +1,113 @@
+//! `session read` and `session write`: a file of the session's own view, moved as bytes.
+//!
+//! Both run as commands inside the sandbox (a shell and `cat`), so a path means what it
+//! means to the session's commands (relative to `/workspace`; symlinks, mounts and the
+//! read-only parts of the sandbox as they are there) and nothing outside the sandbox is ever
+//! opened for it. The bytes go straight between the client's descriptor and the command's
+//! pipe: never decoded, never held whole.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+
+use serde_json::{json, Value};
+use smithers_runtime::{ExecRequest, StepStdin, Termination};
+
+use super::fd_sink::Capture;
+use super::wire::error_json;
+
+/// Runs one command in the session with its output to the sink (the holder's, for this
+/// connection: cancelled if the client goes away, recorded as the session's).
+pub(super) type RunCommand<'a> = dyn Fn(ExecRequest, &dyn smithers_runtime::OutputSink) -> Result<smithers_runtime::ExecExit, String>
+    + 'a;
+
+/// The shell's exit code when the file is not there.
+const MISSING: i32 = 66;
+/// The shell's exit code when the path is a directory.
+const DIRECTORY: i32 = 67;
+
+/// Sends the file at `path` to the client's stdout (the one descriptor sent).
+pub(super) fn read(run: &RunCommand<'_>, path: &str, fds: Vec<OwnedFd>) -> Value {
+    let Some(out) = fds.into_iter().next() else {
+        return error_json(
+            "INVALID_INPUT",
+            "a read needs the client's stdout",
+            json!({}),
+        );
+    };
+    let script = format!(
+        "[ -e \"$1\" ] || exit {MISSING}; [ -d \"$1\" ] && exit {DIRECTORY}; exec cat -- \"$1\""
+    );
+    let capture = Capture::new(Some(File::from(out)));
+    finish(
+        run(shell(&script, path, StepStdin::default()), &capture),
+        path,
+        &capture,
+    )
+}
+
+/// Writes the client's stdin (the one descriptor sent) into the file at `path`, its parent
+/// directories made.
+pub(super) fn write(run: &RunCommand<'_>, path: &str, fds: Vec<OwnedFd>) -> Value {
+    let Some(input) = fds.into_iter().next() else {
+        return error_json(
+            "INVALID_INPUT",
+            "a write needs the client's stdin",
+            json!({}),
+        );
+    };
+    let script = format!(
+        "[ -d \"$1\" ] && exit {DIRECTORY}; d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && exec cat > \"$1\""
+    );
+    let capture = Capture::new(None);
+    let stdin = StepStdin::from_reader(File::from(input));
+    finish(run(shell(&script, path, stdin), &capture), path, &capture)
+}
+
+fn shell(script: &str, path: &str, stdin: StepStdin) -> ExecRequest {
+    ExecRequest {
+        argv: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            script.into(),
+            "sh".into(),
+            path.into(),
+        ],
+        stdin,
+        ..ExecRequest::default()
+    }
+}
+
+fn finish(ran: Result<smithers_runtime::ExecExit, String>, path: &str, capture: &Capture) -> Value {
+    let details = json!({ "path": path });
+    match ran {
+        Err(message) => error_json("SANDBOX_EXECUTION_FAILED", &message, details),
+        Ok(exit) if exit.termination == Termination::Exited && exit.exit_code == Some(0) => {
+            json!({ "ok": true, "path": path })
+        }
+        Ok(exit) => match exit.exit_code {
+            Some(MISSING) => error_json(
+                "NOT_FOUND",
+                &format!(
+                    "{} does not exist in the session",
+                    crate::output::inert(path)
+                ),
+                details,
+            ),
+            Some(DIRECTORY) => error_json(
+                "INVALID_INPUT",
+                &format!("{} is a directory", crate::output::inert(path)),
+                details,
+            ),
+            _ => error_json(
+                "SANDBOX_EXECUTION_FAILED",
+                &format!(
+                    "{}: {} ({})",
+                    crate::output::inert(path),
+                    capture.stderr_text(),
+                    exit.termination.as_str()
+                ),
+                details,
+            ),
+        },
+    }
+}

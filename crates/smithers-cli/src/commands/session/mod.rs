@@ -1,0 +1,118 @@
+//! `smithers-sandbox session …`: a sandbox held across many commands.
+//!
+//! `session start` starts a detached holder (`holder`) that brings the sandbox up and serves
+//! its socket (`wire`); every other verb is a client of that socket. A session is one step of
+//! the orchestrator's, so its rows, events, bundle and review are a run's: `session stop`
+//! collects its change and opens the same review as `run` (`review`, `accept`, `reject`
+//! take the session's id); each command is a `SessionExec` event of it.
+
+mod client;
+mod fd_sink;
+mod files;
+mod holder;
+mod runtime;
+mod wire;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use super::run::RunArgs;
+
+/// `session`'s verbs.
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    #[command(subcommand)]
+    pub command: SessionCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Start a session (run's options); prints its id once commands can be sent.
+    #[command(mut_arg("command", |a| a.required(false).hide(true)))]
+    Start(Box<StartArgs>),
+    /// Run a command in the session: its stdin (unless a terminal, or -n), stdout, stderr
+    /// and exit status are this command's own.
+    Exec(ExecArgs),
+    /// Print a file of the session's workspace (bytes, to stdout).
+    Read(PathArgs),
+    /// Write stdin into a file of the session's workspace (parent directories made).
+    Write(PathArgs),
+    /// End the session: its change is collected and opens a review, as a run's does.
+    Stop(IdArgs),
+    /// List the sessions of this user that are held.
+    Ls,
+    /// The holder of a session (started by `session start`).
+    #[command(name = "__hold", hide = true)]
+    #[command(mut_arg("command", |a| a.required(false).hide(true)))]
+    Hold(Box<StartArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct StartArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// End the session once no command has run for this long (30s, 10m, 1h).
+    #[arg(long, value_name = "DURATION", default_value = "30m")]
+    pub idle_timeout: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The session's id.
+    pub id: String,
+    /// Working directory: absolute in the sandbox, or relative to /workspace.
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// A variable for this command only (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Kill the command (its process group) after this long.
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    /// The command's stdin is /dev/null.
+    #[arg(short = 'n', long)]
+    pub no_stdin: bool,
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PathArgs {
+    /// The session's id.
+    pub id: String,
+    /// The file: absolute in the sandbox, or relative to /workspace.
+    pub path: String,
+}
+
+#[derive(Debug, Args)]
+pub struct IdArgs {
+    /// The session's id.
+    pub id: String,
+}
+
+pub fn run(args: &SessionArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    match &args.command {
+        SessionCommand::Start(a) => client::start(a, json_out),
+        SessionCommand::Exec(a) => client::exec(a, json_out),
+        SessionCommand::Read(a) => client::read(a),
+        SessionCommand::Write(a) => client::write(a, json_out),
+        SessionCommand::Stop(a) => client::stop(a, json_out),
+        SessionCommand::Ls => client::ls(json_out),
+        SessionCommand::Hold(a) => holder::hold(a),
+    }
+}
+
+/// A duration option (`30s`, `10m`, `1h`, `500ms`; a bare number is seconds).
+fn parse_duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
+    super::flags::parse_duration_ms(text)
+        .map(Duration::from_millis)
+        .ok_or_else(|| {
+            crate::output::coded_error(
+                smithers_errors::ErrorCode::InvalidInput,
+                format!("invalid {flag} {text:?} (e.g. 30s, 10m, 1h)"),
+                serde_json::Value::Null,
+            )
+        })
+}

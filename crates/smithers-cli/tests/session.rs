@@ -1,0 +1,410 @@
+//! Sessions through the real CLI on native sandboxes: `session start` holds a sandbox,
+//! `session exec`, `read` and `write` drive it command by command, `session stop` ends it in
+//! the same review as a run's, and `accept` applies exactly that.
+//!
+//! Each test has its own sessions directory (`SMITHERS_RESIDENT_DIR`) and project. Needs
+//! native sandboxes; prints `SKIP <reason>` without them (fails under `CI=true`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod support;
+
+use support::native::{bin, sandboxes_usable};
+
+/// A project and a private sessions directory.
+struct Env {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    sessions: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("project");
+        let sessions = dir.path().join("sessions");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&sessions).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sessions, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(root.join("a.txt"), "hello\n").unwrap();
+        Env {
+            _dir: dir,
+            root,
+            sessions,
+        }
+    }
+
+    fn cli(&self) -> Command {
+        let mut c = bin();
+        c.env("SMITHERS_RESIDENT_DIR", &self.sessions)
+            .env("SMITHERS_RESIDENT", "off")
+            .current_dir(&self.root);
+        c
+    }
+
+    fn start(&self, extra: &[&str]) -> String {
+        let out = self
+            .cli()
+            .args(["session", "start", "--json"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "session start: {}", text(&out));
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        doc["sessionId"].as_str().unwrap().to_string()
+    }
+
+    /// `session exec ID ARGS… -- CMD…` with `stdin` bytes.
+    fn exec(&self, id: &str, opts: &[&str], cmd: &[&str], stdin: &[u8]) -> Output {
+        let mut child = self
+            .cli()
+            .args(["session", "exec", id])
+            .args(opts)
+            .arg("--")
+            .args(cmd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        let bytes = stdin.to_vec();
+        let feeder = std::thread::spawn(move || {
+            let _ = input.write_all(&bytes);
+        });
+        let out = child.wait_with_output().unwrap();
+        feeder.join().unwrap();
+        out
+    }
+
+    fn sh(&self, id: &str, script: &str) -> Output {
+        self.exec(id, &[], &["sh", "-c", script], b"")
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.cli().args(args).arg("--json").output().unwrap();
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", text(&out)))
+    }
+
+    fn holder_pid(&self, id: &str) -> i32 {
+        let list = self.json(&["session", "ls"]);
+        let s = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["sessionId"] == id)
+            .unwrap_or_else(|| panic!("{id} not listed: {list}"));
+        s["pid"].as_i64().unwrap() as i32
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout {}\nstderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
+/// Host processes whose command line holds `token`.
+fn pids_with(token: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(token) && pid != std::process::id() {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let began = Instant::now();
+    while began.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
+}
+
+#[test]
+fn a_session_runs_many_commands_byte_exact_and_ends_in_the_review_accept_applies() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&[]);
+
+    // stdin, stdout and stderr byte for byte; the exit code is exec's own.
+    let all: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    let out = env.exec(
+        &id,
+        &[],
+        &["sh", "-c", "cat; printf 'e\\000rr' >&2; exit 7"],
+        &all,
+    );
+    assert_eq!(code(&out), 7, "{}", text(&out));
+    assert!(
+        out.stdout == all,
+        "stdout differs ({} bytes)",
+        out.stdout.len()
+    );
+    assert_eq!(out.stderr, b"e\0rr");
+    // A signal is 128 + its number, as a shell says.
+    assert_eq!(code(&env.sh(&id, "kill -9 $$")), 137);
+
+    // Each exec's env and cwd are its own; the workspace is shared.
+    env.sh(&id, "mkdir -p sub && echo one > sub/f");
+    let out = env.exec(
+        &id,
+        &["--cwd", "sub", "--env", "K=v1"],
+        &["sh", "-c", "echo $K; cat f; pwd"],
+        b"",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "v1\none\n/workspace/sub\n",
+        "{}",
+        text(&out)
+    );
+    let out = env.sh(&id, "echo \"[$K]\"; pwd");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "[]\n/workspace\n");
+
+    // A timed-out command is killed (124) and the session goes on.
+    let out = env.exec(&id, &["--timeout", "300ms"], &["sleep", "30"], b"");
+    assert_eq!(code(&out), 124, "{}", text(&out));
+
+    // Files: bytes in, the same bytes out, parents made; absence is NOT_FOUND.
+    let mut bin_bytes = all[..70_000].to_vec();
+    bin_bytes.extend_from_slice(b"\r\n\x1b[2J\xff\xfe");
+    let mut w = env
+        .cli()
+        .args(["session", "write", &id, "deep/er/blob.bin"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    w.stdin.take().unwrap().write_all(&bin_bytes).unwrap();
+    assert!(w.wait().unwrap().success());
+    let out = env
+        .cli()
+        .args(["session", "read", &id, "deep/er/blob.bin"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        out.stdout == bin_bytes,
+        "read back {} bytes",
+        out.stdout.len()
+    );
+    let missing = env
+        .cli()
+        .args(["--json", "session", "read", &id, "no/such"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&missing), 1);
+    let err: Value = serde_json::from_slice(&missing.stdout).unwrap();
+    assert_eq!(err["code"], "NOT_FOUND", "{err}");
+
+    // A hundred commands in the one sandbox.
+    for i in 0..100 {
+        let out = env.exec(&id, &["-n"], &["true"], b"");
+        assert_eq!(code(&out), 0, "exec {i}: {}", text(&out));
+    }
+
+    // Nothing reached the project yet.
+    assert_eq!(
+        std::fs::read_to_string(env.root.join("a.txt")).unwrap(),
+        "hello\n"
+    );
+    env.sh(&id, "echo more >> a.txt");
+    let stop = env.json(&["session", "stop", &id]);
+    assert_eq!(stop["status"], "review", "{stop}");
+    assert!(
+        !env.root.join("deep").exists(),
+        "the project changed before accept"
+    );
+    let shown = env.json(&["review", &id]);
+    let files: Vec<String> = shown["patches"]
+        .as_array()
+        .unwrap_or(&Vec::new())
+        .iter()
+        .filter_map(|f| f["path"].as_str().map(str::to_string))
+        .collect();
+    assert!(files.iter().any(|f| f == "a.txt"), "{shown}");
+    let accepted = env.cli().args(["accept", &id]).output().unwrap();
+    assert!(accepted.status.success(), "{}", text(&accepted));
+    assert_eq!(
+        std::fs::read_to_string(env.root.join("a.txt")).unwrap(),
+        "hello\nmore\n"
+    );
+    assert_eq!(
+        std::fs::read(env.root.join("deep/er/blob.bin")).unwrap(),
+        bin_bytes
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.root.join("sub/f")).unwrap(),
+        "one\n"
+    );
+    // Every command is an event of the session.
+    let events = env.cli().args(["events", &id, "--json"]).output().unwrap();
+    let execs = String::from_utf8_lossy(&events.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "SessionExec")
+        .count();
+    assert!(execs >= 100, "{execs} SessionExec events");
+}
+
+#[test]
+fn commands_run_at_once_and_a_client_that_goes_away_kills_its_command() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&[]);
+    // The first waits for what the second writes: both must run at once.
+    let waiter = {
+        let mut c = env.cli();
+        c.args(["session", "exec", &id, "-n", "--timeout", "20s", "--"])
+            .args([
+                "sh",
+                "-c",
+                "while [ ! -e flag ]; do sleep 0.02; done; echo seen",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(code(&env.sh(&id, "touch flag")), 0);
+    let out = waiter.wait_with_output().unwrap();
+    assert_eq!(
+        (code(&out), out.stdout.as_slice()),
+        (0, &b"seen\n"[..]),
+        "{}",
+        text(&out)
+    );
+
+    // A client killed mid-command: the command is killed too, the session stays.
+    let token = format!("sess-hangup-{}", std::process::id());
+    let mut client = env
+        .cli()
+        .args([
+            "session",
+            "exec",
+            &id,
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            &format!("sleep 1000 # {token}"),
+        ])
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || !pids_with(&token).is_empty()));
+    client.kill().unwrap();
+    client.wait().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || pids_with(&token).is_empty()),
+        "the command outlived its client: {:?}",
+        pids_with(&token)
+    );
+    assert_eq!(code(&env.sh(&id, "true")), 0);
+    let stop = env.json(&["session", "stop", &id]);
+    assert_eq!(stop["ok"], true, "{stop}");
+}
+
+#[test]
+fn an_idle_session_ends_itself_in_a_review() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&["--idle-timeout", "1s"]);
+    assert_eq!(code(&env.sh(&id, "echo idle > idle.txt")), 0);
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            env.json(&["session", "ls"])
+                .as_array()
+                .is_some_and(|l| l.is_empty())
+        }),
+        "the session is still held: {}",
+        env.json(&["session", "ls"])
+    );
+    let row = env.json(&["show", &id]);
+    assert_eq!(row["status"], "review", "{row}");
+    let out = env.sh(&id, "true");
+    assert_eq!(code(&out), 1);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no such session"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_killed_holder_takes_its_sandbox_with_it_and_is_recovered() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&[]);
+    let token = format!("sess-killed-{}", std::process::id());
+    let mut bg = env
+        .cli()
+        .args([
+            "session",
+            "exec",
+            &id,
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            &format!("sleep 1000 # {token}"),
+        ])
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || !pids_with(&token).is_empty()));
+    let pid = env.holder_pid(&id);
+    // SAFETY-free: kill(1) as a process.
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let _ = bg.wait();
+    assert!(
+        wait_until(Duration::from_secs(15), || pids_with(&token).is_empty()),
+        "the sandbox outlived its holder: {:?}",
+        pids_with(&token)
+    );
+    let out = env.sh(&id, "true");
+    assert_eq!(code(&out), 1, "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("holder is gone"),
+        "{}",
+        text(&out)
+    );
+    // The next command in the project finds the session's row orphaned.
+    let row = env.json(&["show", &id]);
+    assert_eq!(row["status"], "failed", "{row}");
+    let _ = Path::new(&env.root);
+}

@@ -229,6 +229,19 @@ fn a_session_runs_many_commands_byte_exact_and_ends_in_the_review_accept_applies
         assert_eq!(code(&out), 0, "exec {i}: {}", text(&out));
     }
 
+    // The change so far, as review shows it, while the session goes on.
+    let diff = env.json(&["session", "diff", &id]);
+    let paths: Vec<&str> = diff["patches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["path"].as_str())
+        .collect();
+    assert!(
+        paths.contains(&"deep/er/blob.bin") && paths.contains(&"sub/f"),
+        "{diff}"
+    );
+
     // Nothing reached the project yet.
     assert_eq!(
         std::fs::read_to_string(env.root.join("a.txt")).unwrap(),
@@ -367,6 +380,7 @@ fn a_killed_holder_takes_its_sandbox_with_it_and_is_recovered() {
     }
     let env = Env::new();
     let id = env.start(&[]);
+    assert_eq!(code(&env.sh(&id, "echo kept > lost.txt")), 0);
     let token = format!("sess-killed-{}", std::process::id());
     let mut bg = env
         .cli()
@@ -403,8 +417,43 @@ fn a_killed_holder_takes_its_sandbox_with_it_and_is_recovered() {
         "{}",
         text(&out)
     );
-    // The next command in the project finds the session's row orphaned.
+    // The next command in the project finds the session lost, and its change (made before
+    // the holder died) waiting for review; accept applies it.
+    let row = env.json(&["show", &id]);
+    assert_eq!(row["status"], "review", "{row}");
+    let events: Vec<&str> = row["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert!(events.contains(&"SessionLost"), "{events:?}");
+    assert!(!env.root.join("lost.txt").exists());
+    let accepted = env.cli().args(["accept", &id]).output().unwrap();
+    assert!(accepted.status.success(), "{}", text(&accepted));
+    assert_eq!(
+        std::fs::read_to_string(env.root.join("lost.txt")).unwrap(),
+        "kept\n"
+    );
+}
+
+#[test]
+fn a_lost_session_that_changed_nothing_is_failed_as_lost() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&[]);
+    let pid = env.holder_pid(&id);
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    assert!(wait_until(Duration::from_secs(10), || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    }));
     let row = env.json(&["show", &id]);
     assert_eq!(row["status"], "failed", "{row}");
-    let _ = Path::new(&env.root);
+    assert!(row.to_string().contains("lost"), "{row}");
 }

@@ -88,4 +88,7 @@ pub struct RecoveredSandbox {
     /// Whether the row was marked `failed` (orphaned). False when the database is not ours
     /// to act on (owned by another user): then recovery only reports.
     pub marked_failed: bool,
+    /// A held session whose holder died: its change was collected from its layer and waits
+    /// for review (the row is `review`, not `failed`).
+    pub review_opened: bool,
 }

@@ -13,6 +13,22 @@ use crate::error::{error_to_json, OrchestratorError};
 use crate::outcome::RecoveredSandbox;
 use crate::support::{now_ms, off_worker};
 
+/// What became of a lost session.
+enum Lost {
+    /// Recovered (its review opened, or failed with the reason).
+    Reviewable(RecoveredSandbox),
+    /// Another process recovered it.
+    ClaimedElsewhere,
+    /// Its handle may not be acted on: recovered as any orphan.
+    NotCollected,
+}
+
+/// Whether the orphan is a held session (its recorded config says so).
+fn is_session(orphan: &smithers_store::Orphan) -> bool {
+    serde_json::from_str::<serde_json::Value>(&orphan.sandbox.config_json)
+        .is_ok_and(|c| c.get("session").is_some_and(|s| s.is_object()))
+}
+
 impl Orchestrator {
     /// Crash recovery, to run at start: every sandbox still active whose owner process is
     /// dead (gone, pid reused, host rebooted) has what is left of it cleaned up through its
@@ -42,11 +58,22 @@ impl Orchestrator {
                     cleaned_up: false,
                     cleanup_error: Some(format!("not acted on: {why}")),
                     marked_failed: false,
+                    review_opened: false,
                 })
                 .collect());
         }
         let mut out = Vec::new();
         for orphan in orphans {
+            if is_session(&orphan) {
+                match self.recover_lost_session(&orphan).await? {
+                    Lost::Reviewable(recovered) => {
+                        out.push(recovered);
+                        continue;
+                    }
+                    Lost::ClaimedElsewhere => continue,
+                    Lost::NotCollected => {}
+                }
+            }
             let run_id = orphan.sandbox.run_id.clone();
             let sandbox_id = orphan.sandbox.sandbox_id.clone();
             let runtime_name = orphan.sandbox.runtime.clone();
@@ -96,9 +123,177 @@ impl Orchestrator {
                 cleaned_up,
                 cleanup_error,
                 marked_failed: true,
+                review_opened: false,
             });
         }
         Ok(out)
+    }
+
+    /// A held session whose holder died (SIGKILL, a crash): its sandbox died with the holder
+    /// (its init saw its control socket end), but its layer is on disk. Claimed as any
+    /// orphan, then its change is collected and opened for review, as its stop would have
+    /// (its bundle `failed`: the session did not end well); a `SessionLost` event says why.
+    /// Nothing to review, or a handle that may not be acted on: the orphan path.
+    async fn recover_lost_session(
+        &self,
+        orphan: &smithers_store::Orphan,
+    ) -> Result<Lost, OrchestratorError> {
+        let Some((handle, rt)) = self.actionable_handle(orphan) else {
+            return Ok(Lost::NotCollected);
+        };
+        let now = now_ms();
+        // The claim comes first (one recovering process wins the sandbox): its processes
+        // are gone already, and only the winner may write its bundle.
+        if !off_worker(|| self.store.mark_orphan_failed(orphan, now))? {
+            return Ok(Lost::ClaimedElsewhere);
+        }
+        let (run_id, sid) = (&orphan.sandbox.run_id, &orphan.sandbox.sandbox_id);
+        let opened = match self.timed(rt.collect(&handle)).await {
+            Ok(report) => self.open_lost_review(orphan, &handle, &report.bundle_path, now),
+            Err(e) => Err(OrchestratorError::Runtime {
+                verb: "collect",
+                source: e,
+            }),
+        };
+        let cleaned = self.timed(rt.cleanup(&handle)).await;
+        let cleanup_error = cleaned.err().map(|e| e.to_string());
+        match opened {
+            Ok(true) => Ok(Lost::Reviewable(RecoveredSandbox {
+                run_id: run_id.clone(),
+                sandbox_id: sid.clone(),
+                runtime: orphan.sandbox.runtime.clone(),
+                cleaned_up: cleanup_error.is_none(),
+                cleanup_error,
+                marked_failed: false,
+                review_opened: true,
+            })),
+            other => {
+                let why = match other {
+                    Err(e) => format!("its change could not be collected: {e}"),
+                    _ => "it changed nothing".to_string(),
+                };
+                self.record_lost(orphan, &why, now);
+                Ok(Lost::Reviewable(RecoveredSandbox {
+                    run_id: run_id.clone(),
+                    sandbox_id: sid.clone(),
+                    runtime: orphan.sandbox.runtime.clone(),
+                    cleaned_up: cleanup_error.is_none(),
+                    cleanup_error,
+                    marked_failed: true,
+                    review_opened: false,
+                }))
+            }
+        }
+    }
+
+    /// Opens the review of a lost session's bundle at `bundle_path`: `false` when it holds no
+    /// change.
+    fn open_lost_review(
+        &self,
+        orphan: &smithers_store::Orphan,
+        handle: &SandboxHandle,
+        bundle_path: &Path,
+        now: i64,
+    ) -> Result<bool, OrchestratorError> {
+        let (run_id, sid) = (&orphan.sandbox.run_id, &orphan.sandbox.sandbox_id);
+        let bundle_error = |report| OrchestratorError::Bundle {
+            report: Box::new(report),
+        };
+        let bundle = off_worker(|| self.inspector.inspect(bundle_path)).map_err(bundle_error)?;
+        let patch_count = bundle.patch_count();
+        if patch_count == 0 {
+            return Ok(false);
+        }
+        let total_diff_lines = bundle.total_diff_lines().map_err(bundle_error)?;
+        let path_text = bundle.bundle_path.to_string_lossy().into_owned();
+        off_worker(|| {
+            self.store.upsert_sandbox(&smithers_store::SandboxUpsert {
+                status: Some(smithers_store::SandboxStatus::Review),
+                heartbeat_at_ms: smithers_store::Field::Value(now),
+                bundle_path: smithers_store::Field::Value(path_text.clone()),
+                ..smithers_store::SandboxUpsert::key(run_id, sid)
+            })
+        })?;
+        self.emit(
+            "SessionLost",
+            run_id,
+            sid,
+            vec![
+                (
+                    "reason",
+                    json!("the session's holder exited before the session was stopped"),
+                ),
+                ("ownerPid", json!(orphan.lease.owner.pid)),
+            ],
+            now,
+        )?;
+        self.emit_bundle_received(run_id, sid, &bundle, now)?;
+        self.emit_review_requested(run_id, sid, patch_count, total_diff_lines, now)?;
+        let root = handle
+            .project_root()
+            .map_err(|e| OrchestratorError::Runtime {
+                verb: "collect",
+                source: e,
+            })?;
+        self.open_pending_review(
+            &bundle,
+            smithers_store::NewReview {
+                run_id: run_id.clone(),
+                sandbox_id: sid.clone(),
+                root_dir: root.to_string_lossy().into_owned(),
+                bundle_path: path_text,
+                bundle_status: bundle.status.clone(),
+                remote_run_id: None,
+                patch_count,
+                total_diff_lines,
+                duration_ms: 0.0,
+                requested_at_ms: now,
+                bundle_digest: String::new(),
+                applied_by: None,
+            },
+        )?;
+        Ok(true)
+    }
+
+    /// A lost session with nothing to review: failed, as an orphan is, saying why.
+    fn record_lost(&self, orphan: &smithers_store::Orphan, why: &str, now: i64) {
+        let (run_id, sid) = (&orphan.sandbox.run_id, &orphan.sandbox.sandbox_id);
+        let report = smithers_errors::ErrorReport::new(
+            smithers_errors::ErrorCode::SandboxExecutionFailed,
+            format!("The session's holder exited before the session was stopped (lost); {why}."),
+        )
+        .with_details(json!({ "reason": "lost", "ownerPid": orphan.lease.owner.pid }));
+        self.settle_cli_run(
+            run_id,
+            RunStatus::Failed,
+            now,
+            Some(&error_to_json(&report)),
+        );
+        let event = vec![
+            ("runtime", json!(orphan.sandbox.runtime)),
+            ("error", error_to_json(&report)),
+        ];
+        if let Err(e) = self.emit("SandboxFailed", run_id, sid, event, now) {
+            warn!(run_id = %run_id, sandbox_id = %sid, error = %e, "lost session failure event emit failed");
+        }
+        self.metrics
+            .sandbox_completed(&orphan.sandbox.runtime, "failed");
+    }
+
+    /// The orphan's stored handle and its runtime, when the handle may be acted on (the
+    /// checks of [`Orchestrator::clean_up_orphan`]).
+    fn actionable_handle(
+        &self,
+        orphan: &smithers_store::Orphan,
+    ) -> Option<(SandboxHandle, std::sync::Arc<dyn smithers_runtime::Runtime>)> {
+        let text = orphan.lease.handle_json.as_ref()?;
+        if orphan.lease.owner.boot_id != self.owner.boot_id {
+            return None;
+        }
+        let handle = serde_json::from_str::<SandboxHandle>(text).ok()?;
+        self.check_orphan_handle(orphan, &handle).ok()?;
+        let rt = self.runtimes.get(&handle.runtime)?.clone();
+        Some((handle, rt))
     }
 
     /// Cleans up one orphan through its stored handle, when the handle may be acted on:

@@ -321,6 +321,15 @@ fn report_recovered(recovered: &[RecoveredSandbox], quiet: bool) {
         return;
     }
     for r in recovered {
+        if r.review_opened {
+            say!(
+                "recovered lost session {}:{} ({}): its holder is gone; its change awaits review",
+                inert(&r.run_id),
+                inert(&r.sandbox_id),
+                inert(&r.runtime)
+            );
+            continue;
+        }
         // Ids and runtime come from the database: inert.
         say!(
             "{} orphaned sandbox {}:{} ({}){}",
@@ -510,6 +519,7 @@ pub fn recovered_json(recovered: &[RecoveredSandbox]) -> Value {
                     "cleanedUp": r.cleaned_up,
                     "cleanupError": r.cleanup_error,
                     "markedFailed": r.marked_failed,
+                    "reviewOpened": r.review_opened,
                 })
             })
             .collect(),

@@ -207,6 +207,38 @@ pub fn write(args: &PathArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+pub fn diff(args: &IdArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    use crate::commands::changes;
+    let socket = socket_of(&args.id)?;
+    let answer = ask_with(&args.id, &socket, &Request::Diff, &[])?;
+    let bundle = Path::new(answer["bundlePath"].as_str().unwrap_or_default()).to_path_buf();
+    let root = Path::new(answer["rootDir"].as_str().unwrap_or_default()).to_path_buf();
+    let (patches, notes) = changes::bundle_contents(&bundle)?;
+    let shown = smithers_patch::PatchReview::new(&patches, Some(&root));
+    let files = changes::changes_from(&patches, shown.stats());
+    let hooks = smithers_patch::host_hooks_dirs(&root);
+    let mut findings = shown.findings(&hooks);
+    changes::add_change_notes(&mut findings, &notes);
+    if json_out {
+        println!(
+            "{}",
+            json!({
+                "sessionId": args.id,
+                "rootDir": root,
+                "patches": files.iter().map(changes::FileChange::to_json).collect::<Vec<_>>(),
+                "diff": smithers_patch::render_patches(&patches),
+                "findings": findings,
+            })
+        );
+    } else {
+        print!(
+            "{}",
+            shown.render(&smithers_patch::ReviewOptions { color: false }, &findings)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn stop(args: &IdArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let socket = socket_of(&args.id)?;
     let doc = ask_with(&args.id, &socket, &Request::Stop, &[])?;

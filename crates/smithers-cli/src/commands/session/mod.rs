@@ -39,6 +39,8 @@ pub enum SessionCommand {
     Read(PathArgs),
     /// Write stdin into a file of the session's workspace (parent directories made).
     Write(PathArgs),
+    /// The change so far, as `review` shows a stopped session's.
+    Diff(IdArgs),
     /// End the session: its change is collected and opens a review, as a run's does.
     Stop(IdArgs),
     /// List the sessions of this user that are held.
@@ -98,6 +100,7 @@ pub fn run(args: &SessionArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         SessionCommand::Exec(a) => client::exec(a, json_out),
         SessionCommand::Read(a) => client::read(a),
         SessionCommand::Write(a) => client::write(a, json_out),
+        SessionCommand::Diff(a) => client::diff(a, json_out),
         SessionCommand::Stop(a) => client::stop(a, json_out),
         SessionCommand::Ls => client::ls(json_out),
         SessionCommand::Hold(a) => holder::hold(a),

@@ -20,6 +20,8 @@ use tokio::sync::oneshot;
 pub struct Started {
     pub handle: SandboxHandle,
     pub engine: Arc<dyn Engine>,
+    /// The same backend's step verbs (`collect`, for the change so far).
+    pub runtime: Arc<dyn Runtime>,
     /// Fired by the holder: the session is over (stop, idle, its time bound).
     pub done: CancellationToken,
 }
@@ -87,6 +89,7 @@ impl Runtime for SessionRuntime {
         let started = Started {
             handle: handle.clone(),
             engine: self.engine.clone(),
+            runtime: self.runtime.clone(),
             done: done.clone(),
         };
         if to_holder.send(started).is_ok() {

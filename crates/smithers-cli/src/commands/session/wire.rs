@@ -40,6 +40,9 @@ pub enum Request {
     Read { path: String },
     /// The client's stdin into a file (descriptors: stdin, stderr).
     Write { path: String },
+    /// The change so far, collected into a bundle of its own (`bundlePath` in the answer);
+    /// the session's own bundle is made at its end.
+    Diff,
     /// End the session; the answer is its outcome (the review it opened).
     Stop,
 }

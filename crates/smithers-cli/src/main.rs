@@ -75,6 +75,8 @@ enum Command {
     Serve(Box<commands::serve::ServeArgs>),
     /// Sessions: a sandbox held across many commands (start, exec, read, write, stop, ls).
     Session(commands::session::SessionArgs),
+    /// An MCP server (stdio) whose tools drive sessions over one project.
+    Mcp(commands::mcp::McpArgs),
 }
 
 /// Rust ignores SIGPIPE, so printing into a pipe whose reader is gone is an EPIPE error, which
@@ -117,6 +119,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Egress(args) => commands::egress::run(args, cli.json),
         Command::Serve(args) => commands::serve::run(args),
         Command::Session(args) => commands::session::run(args, cli.json),
+        Command::Mcp(args) => commands::mcp::run(args),
         Command::Daemon(args) => commands::daemon::run(args, cli.json, parse_run),
     }
 }

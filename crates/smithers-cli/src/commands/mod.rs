@@ -10,6 +10,7 @@ pub mod egress;
 pub(crate) mod egress_summary;
 pub(crate) mod flags;
 pub mod inspect;
+pub mod mcp;
 pub mod mounts;
 mod progress;
 pub mod remove;

@@ -208,33 +208,19 @@ pub fn write(args: &PathArgs, json_out: bool) -> anyhow::Result<ExitCode> {
 }
 
 pub fn diff(args: &IdArgs, json_out: bool) -> anyhow::Result<ExitCode> {
-    use crate::commands::changes;
     let socket = socket_of(&args.id)?;
     let answer = ask_with(&args.id, &socket, &Request::Diff, &[])?;
     let bundle = Path::new(answer["bundlePath"].as_str().unwrap_or_default()).to_path_buf();
     let root = Path::new(answer["rootDir"].as_str().unwrap_or_default()).to_path_buf();
-    let (patches, notes) = changes::bundle_contents(&bundle)?;
-    let shown = smithers_patch::PatchReview::new(&patches, Some(&root));
-    let files = changes::changes_from(&patches, shown.stats());
-    let hooks = smithers_patch::host_hooks_dirs(&root);
-    let mut findings = shown.findings(&hooks);
-    changes::add_change_notes(&mut findings, &notes);
+    let mut doc = super::diff_json(&bundle, &root)?;
     if json_out {
-        println!(
-            "{}",
-            json!({
-                "sessionId": args.id,
-                "rootDir": root,
-                "patches": files.iter().map(changes::FileChange::to_json).collect::<Vec<_>>(),
-                "diff": smithers_patch::render_patches(&patches),
-                "findings": findings,
-            })
-        );
+        let text = doc.as_object_mut().and_then(|d| d.remove("text"));
+        drop(text);
+        doc["sessionId"] = json!(args.id);
+        doc["rootDir"] = json!(root);
+        println!("{doc}");
     } else {
-        print!(
-            "{}",
-            shown.render(&smithers_patch::ReviewOptions { color: false }, &findings)
-        );
+        print!("{}", doc["text"].as_str().unwrap_or_default());
     }
     Ok(ExitCode::SUCCESS)
 }

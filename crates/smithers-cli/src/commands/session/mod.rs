@@ -11,7 +11,9 @@ mod fd_sink;
 mod files;
 mod holder;
 mod runtime;
-mod wire;
+pub(crate) mod wire;
+
+pub(crate) use holder::socket_of;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -92,6 +94,26 @@ pub struct PathArgs {
 pub struct IdArgs {
     /// The session's id.
     pub id: String,
+}
+
+/// The change a session's diff bundle holds, as `review --json` shows one: its files, the
+/// diff, the findings.
+pub(crate) fn diff_json(
+    bundle: &std::path::Path,
+    root: &std::path::Path,
+) -> anyhow::Result<serde_json::Value> {
+    use crate::commands::changes;
+    let (patches, notes) = changes::bundle_contents(bundle)?;
+    let shown = smithers_patch::PatchReview::new(&patches, Some(root));
+    let files = changes::changes_from(&patches, shown.stats());
+    let mut findings = shown.findings(&smithers_patch::host_hooks_dirs(root));
+    changes::add_change_notes(&mut findings, &notes);
+    Ok(serde_json::json!({
+        "patches": files.iter().map(changes::FileChange::to_json).collect::<Vec<_>>(),
+        "diff": smithers_patch::render_patches(&patches),
+        "findings": findings,
+        "text": shown.render(&smithers_patch::ReviewOptions { color: false }, &findings),
+    }))
 }
 
 pub fn run(args: &SessionArgs, json_out: bool) -> anyhow::Result<ExitCode> {

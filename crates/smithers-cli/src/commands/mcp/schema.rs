@@ -1,0 +1,90 @@
+//! The tools' descriptions and input schemas, as `tools/list` gives them.
+
+use serde_json::{json, Value};
+
+fn id() -> Value {
+    json!({ "type": "string", "description": "The session's id (from session_start)." })
+}
+
+/// Every tool (`session_accept` among them; the server leaves it out unless allowed).
+pub fn all() -> Vec<Value> {
+    vec![
+        tool(
+            "session_start",
+            "Start a session: a sandbox over the project, held for many commands. The project is never changed by it; its change waits for review when it stops.",
+            json!({
+                "idleTimeout": { "type": "string", "description": "End it after this long without a command (30s, 10m, 1h; default 30m)." },
+                "timeout": { "type": "string", "description": "End it after this long in all." },
+                "memory": { "type": "string", "description": "Memory limit (512m, 2g)." },
+                "cpus": { "type": "string", "description": "CPU limit in cores (1.5)." },
+                "allowHosts": { "type": "array", "items": { "type": "string" }, "description": "Hosts it may reach (NAME[:PORTS]); none by default." }
+            }),
+            &[],
+        ),
+        tool("session_list", "The sessions this server started, and their state.", json!({}), &[]),
+        tool(
+            "session_exec",
+            "Run a command in the session (argv, no shell unless you run one). Its stdout and stderr come back (text, or base64 when not UTF-8), bounded.",
+            json!({
+                "sessionId": id(),
+                "command": { "type": "array", "items": { "type": "string" }, "minItems": 1 },
+                "cwd": { "type": "string", "description": "Absolute in the sandbox, or relative to /workspace." },
+                "env": { "type": "object", "additionalProperties": { "type": "string" } },
+                "stdin": { "type": "string" },
+                "stdinBase64": { "type": "string" },
+                "timeoutMs": { "type": "integer", "minimum": 0 },
+                "maxOutputBytes": { "type": "integer", "minimum": 0, "description": "Per stream (default 1 MiB, at most 16 MiB)." }
+            }),
+            &["sessionId", "command"],
+        ),
+        tool(
+            "session_read",
+            "Read a file of the session (relative to /workspace, or absolute in the sandbox): text, or base64 when not UTF-8.",
+            json!({ "sessionId": id(), "path": { "type": "string" }, "maxBytes": { "type": "integer", "minimum": 0 } }),
+            &["sessionId", "path"],
+        ),
+        tool(
+            "session_write",
+            "Write a file of the session (its parent directories made): content as text, or contentBase64.",
+            json!({ "sessionId": id(), "path": { "type": "string" }, "content": { "type": "string" }, "contentBase64": { "type": "string" } }),
+            &["sessionId", "path"],
+        ),
+        tool(
+            "session_list_dir",
+            "List a directory of the session: each entry's name, type and size.",
+            json!({ "sessionId": id(), "path": { "type": "string", "description": "Default: /workspace." } }),
+            &["sessionId"],
+        ),
+        tool(
+            "session_diff",
+            "The session's change to the project so far, as the review will show it.",
+            json!({ "sessionId": id() }),
+            &["sessionId"],
+        ),
+        tool(
+            "session_stop",
+            "Stop the session: its processes end and its change waits for a person's review.",
+            json!({ "sessionId": id() }),
+            &["sessionId"],
+        ),
+        tool(
+            "session_accept",
+            "Apply a stopped session's reviewed change to the project (offered only when the operator allows it).",
+            json!({ "sessionId": id() }),
+            &["sessionId"],
+        ),
+    ]
+}
+
+fn tool(name: &str, description: &str, properties: Value, required: &[&str]) -> Value {
+    json!({
+        "name": name,
+        "description": description,
+        "inputSchema": {
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": false,
+        },
+    })
+}

@@ -1,0 +1,522 @@
+//! The tools, and the sessions this server started (the only ones its client reaches).
+//!
+//! Each tool checks its arguments itself (types, sizes, names) before anything is done with
+//! them; a failure of the tool (a command that cannot run, a file that is not there) is a
+//! result with `isError`, a malformed call a JSON-RPC error.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use super::capture::{put_bytes, spawn_reader, take_bytes};
+use crate::commands::session::{socket_of, wire};
+
+/// Default and largest bound of a stream or file a tool returns.
+const DEFAULT_OUTPUT: usize = 1 << 20;
+const MAX_OUTPUT: usize = 16 << 20;
+/// Bounds of what a call may carry.
+const MAX_ARGV: usize = 4096;
+const MAX_ARG_BYTES: usize = 128 << 10;
+const MAX_ENV: usize = 256;
+
+pub struct Server {
+    root: PathBuf,
+    allow_accept: bool,
+    sessions: BTreeSet<String>,
+}
+
+type CallResult = Result<Value, (i64, String)>;
+
+fn bad(message: impl Into<String>) -> (i64, String) {
+    (-32602, message.into())
+}
+
+/// A tool's result: `text` for a model to read, `structured` for a program.
+fn result(text: String, structured: Value, is_error: bool) -> Value {
+    json!({
+        "content": [{ "type": "text", "text": text }],
+        "structuredContent": structured,
+        "isError": is_error,
+    })
+}
+
+/// A tool that failed: the session's error (code, message) as its result.
+fn failed(code: &str, message: &str) -> Value {
+    result(
+        format!("{code}: {message}"),
+        json!({ "code": code, "message": message }),
+        true,
+    )
+}
+
+impl Server {
+    pub fn new(root: PathBuf, allow_accept: bool) -> Server {
+        Server {
+            root,
+            allow_accept,
+            sessions: BTreeSet::new(),
+        }
+    }
+
+    pub fn list(&self) -> Vec<Value> {
+        let mut tools = super::schema::all();
+        if !self.allow_accept {
+            tools.retain(|t| t["name"] != "session_accept");
+        }
+        tools
+    }
+
+    pub fn call(&mut self, name: &str, args: &Value) -> CallResult {
+        match name {
+            "session_start" => self.start(args),
+            "session_list" => Ok(self.list_sessions()),
+            "session_exec" => self.exec(args),
+            "session_read" => self.read(args),
+            "session_write" => self.write(args),
+            "session_list_dir" => self.list_dir(args),
+            "session_diff" => self.diff(args),
+            "session_stop" => self.stop(args),
+            "session_accept" if self.allow_accept => self.accept(args),
+            other => Err(bad(format!("no tool {}", crate::output::inert(other)))),
+        }
+    }
+
+    /// Stops every session this server started (its client is gone): their changes wait
+    /// for review.
+    pub fn stop_all(&mut self) {
+        for id in std::mem::take(&mut self.sessions) {
+            if let Ok(socket) = socket_of(&id) {
+                let _ = ask(&socket, &wire::Request::Stop, &[]);
+            }
+        }
+    }
+
+    /// The session the call names, if this server started it.
+    fn session(&self, args: &Value) -> Result<(String, PathBuf), (i64, String)> {
+        let id = str_arg(args, "sessionId")?.ok_or_else(|| bad("sessionId is required"))?;
+        if !self.sessions.contains(id) {
+            return Err(bad(format!(
+                "no session {} was started here",
+                crate::output::inert(id)
+            )));
+        }
+        let socket = socket_of(id).map_err(|e| bad(e.to_string()))?;
+        Ok((id.to_string(), socket))
+    }
+
+    fn start(&mut self, args: &Value) -> CallResult {
+        let mut command = std::process::Command::new(
+            std::env::current_exe().map_err(|e| (-32603, e.to_string()))?,
+        );
+        command
+            .args(["--json", "session", "start", "--root"])
+            .arg(&self.root);
+        // Each option as one `--flag=value` word: a value is never read as another option.
+        for (key, flag) in [
+            ("idleTimeout", "--idle-timeout"),
+            ("timeout", "--timeout"),
+            ("memory", "--memory"),
+            ("cpus", "--cpus"),
+        ] {
+            if let Some(v) = str_arg(args, key)? {
+                command.arg(format!("{flag}={v}"));
+            }
+        }
+        for host in str_list(args, "allowHosts", 64)? {
+            command.arg(format!("--allow-host={host}"));
+        }
+        let out = command
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| (-32603, e.to_string()))?;
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let Some(id) = doc["sessionId"].as_str().filter(|_| out.status.success()) else {
+            let code = doc["code"].as_str().unwrap_or("SANDBOX_EXECUTION_FAILED");
+            let message = doc["message"]
+                .as_str()
+                .unwrap_or("the session did not start");
+            return Ok(failed(code, message));
+        };
+        self.sessions.insert(id.to_string());
+        Ok(result(
+            format!("session {id} started over {}", self.root.display()),
+            json!({ "sessionId": id, "rootDir": self.root }),
+            false,
+        ))
+    }
+
+    fn list_sessions(&self) -> Value {
+        let mut list = Vec::new();
+        for id in &self.sessions {
+            let info = socket_of(id)
+                .ok()
+                .and_then(|s| ask(&s, &wire::Request::Ping, &[]).ok())
+                .map_or(json!({ "sessionId": id, "held": false }), |a| {
+                    a["session"].clone()
+                });
+            list.push(info);
+        }
+        let text = format!("{} session(s)", list.len());
+        result(text, json!({ "sessions": list }), false)
+    }
+
+    fn exec(&self, args: &Value) -> CallResult {
+        let (_, socket) = self.session(args)?;
+        let argv = str_list(args, "command", MAX_ARGV)?;
+        if argv.is_empty() {
+            return Err(bad("command must be a non-empty array of strings"));
+        }
+        let env = env_arg(args)?;
+        let stdin = match (args.get("stdin"), args.get("stdinBase64")) {
+            (None, None) => None,
+            (t, b) => Some(take_bytes(t, b).map_err(bad)?),
+        };
+        let limit = limit_arg(args, "maxOutputBytes")?;
+        let request = wire::Request::Exec {
+            argv,
+            cwd: str_arg(args, "cwd")?.map(str::to_string),
+            env,
+            timeout_ms: u64_arg(args, "timeoutMs")?,
+            stdin: stdin.is_some(),
+        };
+        let ran = run_with_pipes(&socket, &request, stdin, limit)?;
+        let (answer, out, err) = match ran {
+            Ok(r) => r,
+            Err(e) => return Ok(e),
+        };
+        let exit = answer["exit"].clone();
+        let mut structured = Map::new();
+        structured.insert("exit".into(), exit.clone());
+        put_bytes(&mut structured, "stdout", &out.bytes);
+        put_bytes(&mut structured, "stderr", &err.bytes);
+        structured.insert("stdoutBytes".into(), json!(out.total));
+        structured.insert("stderrBytes".into(), json!(err.total));
+        structured.insert("stdoutTruncated".into(), json!(out.truncated()));
+        structured.insert("stderrTruncated".into(), json!(err.truncated()));
+        let text = format!(
+            "{} (exit code {}){}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            exit["termination"].as_str().unwrap_or("?"),
+            exit["exitCode"],
+            if out.truncated() || err.truncated() {
+                format!(" [output cut at {limit} bytes per stream]")
+            } else {
+                String::new()
+            },
+            String::from_utf8_lossy(&out.bytes),
+            String::from_utf8_lossy(&err.bytes)
+        );
+        Ok(result(text, Value::Object(structured), false))
+    }
+
+    fn read(&self, args: &Value) -> CallResult {
+        let (_, socket) = self.session(args)?;
+        let path = str_arg(args, "path")?.ok_or_else(|| bad("path is required"))?;
+        let limit = limit_arg(args, "maxBytes")?;
+        let (r, w) = std::os::unix::net::UnixStream::pair().map_err(|e| (-32603, e.to_string()))?;
+        let reader = spawn_reader(r, limit);
+        let request = wire::Request::Read { path: path.into() };
+        let answer = ask(&socket, &request, &[w.as_raw_fd()]);
+        drop(w);
+        let got = reader.join().map_err(|_| (-32603, "reader".to_string()))?;
+        if let Some(e) = answer_error(&answer) {
+            return Ok(e);
+        }
+        let mut structured = Map::new();
+        put_bytes(&mut structured, "content", &got.bytes);
+        structured.insert("sizeBytes".into(), json!(got.total));
+        structured.insert("truncated".into(), json!(got.truncated()));
+        let text = match std::str::from_utf8(&got.bytes) {
+            Ok(t) => t.to_string(),
+            Err(_) => format!("({} bytes, not UTF-8: in contentBase64)", got.total),
+        };
+        Ok(result(text, Value::Object(structured), false))
+    }
+
+    fn write(&self, args: &Value) -> CallResult {
+        let (_, socket) = self.session(args)?;
+        let path = str_arg(args, "path")?.ok_or_else(|| bad("path is required"))?;
+        let bytes = take_bytes(args.get("content"), args.get("contentBase64")).map_err(bad)?;
+        let (r, mut w) = std::os::unix::net::UnixStream::pair().map_err(|e| (-32603, e.to_string()))?;
+        let size = bytes.len();
+        let feeder = std::thread::spawn(move || {
+            let _ = w.write_all(&bytes);
+        });
+        let request = wire::Request::Write { path: path.into() };
+        let answer = ask(&socket, &request, &[r.as_raw_fd()]);
+        drop(r);
+        let _ = feeder.join();
+        if let Some(e) = answer_error(&answer) {
+            return Ok(e);
+        }
+        Ok(result(
+            format!("wrote {size} bytes to {path}"),
+            json!({ "path": path, "sizeBytes": size }),
+            false,
+        ))
+    }
+
+    fn list_dir(&self, args: &Value) -> CallResult {
+        let (_, socket) = self.session(args)?;
+        let path = str_arg(args, "path")?.unwrap_or(".");
+        let request = wire::Request::Exec {
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "cd -- \"$1\" && find . -mindepth 1 -maxdepth 1 -printf '%y\\t%s\\t%f\\0'".into(),
+                "sh".into(),
+                path.into(),
+            ],
+            cwd: None,
+            env: Vec::new(),
+            timeout_ms: Some(30_000),
+            stdin: false,
+        };
+        let (answer, out, err) = match run_with_pipes(&socket, &request, None, MAX_OUTPUT)? {
+            Ok(r) => r,
+            Err(e) => return Ok(e),
+        };
+        if answer["exit"]["exitCode"] != json!(0) {
+            return Ok(failed(
+                "NOT_FOUND",
+                &format!("{path}: {}", String::from_utf8_lossy(&err.bytes).trim()),
+            ));
+        }
+        let mut entries = Vec::new();
+        let mut text = String::new();
+        for record in out.bytes.split(|b| *b == 0).filter(|r| !r.is_empty()) {
+            let mut fields = record.splitn(3, |b| *b == b'\t');
+            let (Some(kind), Some(size), Some(name)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            let kind = match kind {
+                b"d" => "directory",
+                b"f" => "file",
+                b"l" => "symlink",
+                _ => "other",
+            };
+            let mut entry = Map::new();
+            put_bytes(&mut entry, "name", name);
+            entry.insert("type".into(), json!(kind));
+            entry.insert(
+                "sizeBytes".into(),
+                json!(String::from_utf8_lossy(size).parse::<u64>().ok()),
+            );
+            text.push_str(&format!(
+                "{kind}\t{}\n",
+                crate::output::inert(&String::from_utf8_lossy(name))
+            ));
+            entries.push(Value::Object(entry));
+        }
+        Ok(result(
+            text,
+            json!({ "path": path, "entries": entries, "truncated": out.truncated() }),
+            false,
+        ))
+    }
+
+    fn diff(&self, args: &Value) -> CallResult {
+        let (_, socket) = self.session(args)?;
+        let answer = match ask(&socket, &wire::Request::Diff, &[]) {
+            Ok(a) if a["ok"] == json!(true) => a,
+            other => {
+                return Ok(answer_error(&other).unwrap_or_else(|| failed("INTERNAL", "no answer")))
+            }
+        };
+        let bundle = PathBuf::from(answer["bundlePath"].as_str().unwrap_or_default());
+        let mut doc = crate::commands::session::diff_json(&bundle, &self.root)
+            .map_err(|e| (-32603, e.to_string()))?;
+        let text = doc
+            .as_object_mut()
+            .and_then(|d| d.remove("text"))
+            .unwrap_or_default();
+        let mut text = text.as_str().unwrap_or_default().to_string();
+        if text.len() > MAX_OUTPUT {
+            let mut cut = MAX_OUTPUT;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+            text.push_str("\n[diff cut: the rest is in structuredContent.diff]");
+        }
+        Ok(result(text, doc, false))
+    }
+
+    fn stop(&mut self, args: &Value) -> CallResult {
+        let (id, socket) = self.session(args)?;
+        let answer = ask(&socket, &wire::Request::Stop, &[]);
+        self.sessions.remove(&id);
+        if let Some(e) = answer_error(&answer) {
+            return Ok(e);
+        }
+        let doc = answer.unwrap_or_default();
+        let text = match doc["status"].as_str() {
+            Some("review") => format!(
+                "session {id} stopped: {} patch(es) wait for a person's review (smithers-sandbox review {id})",
+                doc["patchCount"]
+            ),
+            Some(s) => format!("session {id} stopped: {s}"),
+            None => format!("session {id} stopped"),
+        };
+        Ok(result(text, doc, false))
+    }
+
+    fn accept(&self, args: &Value) -> CallResult {
+        let id = str_arg(args, "sessionId")?.ok_or_else(|| bad("sessionId is required"))?;
+        smithers_runtime::config::validate_id("sessionId", id).map_err(|e| bad(e.to_string()))?;
+        let out = std::process::Command::new(
+            std::env::current_exe().map_err(|e| (-32603, e.to_string()))?,
+        )
+        .args(["--json", "accept", "--root"])
+        .arg(&self.root)
+        .arg(id)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| (-32603, e.to_string()))?;
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if !out.status.success() {
+            let code = doc["code"].as_str().unwrap_or("INTERNAL");
+            return Ok(failed(
+                code,
+                doc["message"].as_str().unwrap_or("accept failed"),
+            ));
+        }
+        Ok(result(format!("accepted {id}"), doc, false))
+    }
+}
+
+/// Sends `request` with stdout and stderr pipes (and stdin's, fed with `stdin`), reading both
+/// up to `limit`: the answer and the two streams, or the tool's error result.
+#[allow(clippy::type_complexity)]
+fn run_with_pipes(
+    socket: &std::path::Path,
+    request: &wire::Request,
+    stdin: Option<Vec<u8>>,
+    limit: usize,
+) -> Result<Result<(Value, super::capture::Captured, super::capture::Captured), Value>, (i64, String)>
+{
+    let pipe = || std::os::unix::net::UnixStream::pair().map_err(|e| (-32603, e.to_string()));
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let out = spawn_reader(out_r, limit);
+    let err = spawn_reader(err_r, limit);
+    let mut fds = Vec::new();
+    let mut feeder = None;
+    let stdin_r = match stdin {
+        Some(bytes) => {
+            let (r, mut w) = pipe()?;
+            feeder = Some(std::thread::spawn(move || {
+                let _ = w.write_all(&bytes);
+            }));
+            Some(r)
+        }
+        None => None,
+    };
+    if let Some(r) = &stdin_r {
+        fds.push(r.as_raw_fd());
+    }
+    fds.extend([out_w.as_raw_fd(), err_w.as_raw_fd()]);
+    let answer = ask(socket, request, &fds);
+    drop((out_w, err_w, stdin_r));
+    if let Some(f) = feeder {
+        let _ = f.join();
+    }
+    let join = |h: std::thread::JoinHandle<super::capture::Captured>| {
+        h.join().map_err(|_| (-32603, "output reader".to_string()))
+    };
+    let (out, err) = (join(out)?, join(err)?);
+    Ok(match answer_error(&answer) {
+        Some(e) => Err(e),
+        None => Ok((answer.unwrap_or_default(), out, err)),
+    })
+}
+
+fn ask(socket: &std::path::Path, request: &wire::Request, fds: &[i32]) -> std::io::Result<Value> {
+    let stream = wire::send(socket, request, fds)?;
+    stream.set_read_timeout(Some(Duration::from_secs(24 * 3600)))?;
+    wire::read_answer(&stream)
+}
+
+/// The tool error an answer is, if it is one.
+fn answer_error(answer: &std::io::Result<Value>) -> Option<Value> {
+    match answer {
+        Err(e) => Some(failed(
+            "NOT_FOUND",
+            &format!("the session is not held: {e}"),
+        )),
+        Ok(a) if a["ok"] == json!(true) => None,
+        Ok(a) => Some(failed(
+            a["error"]["code"].as_str().unwrap_or("INTERNAL"),
+            a["error"]["message"].as_str().unwrap_or("failed"),
+        )),
+    }
+}
+
+fn str_arg<'a>(args: &'a Value, key: &str) -> Result<Option<&'a str>, (i64, String)> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.len() <= MAX_ARG_BYTES && !s.contains('\0') => Ok(Some(s)),
+        Some(_) => Err(bad(format!(
+            "{key} must be a string (no NUL, at most {MAX_ARG_BYTES} bytes)"
+        ))),
+    }
+}
+
+fn str_list(args: &Value, key: &str, max: usize) -> Result<Vec<String>, (i64, String)> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) if items.len() <= max => items
+            .iter()
+            .map(|v| match v {
+                Value::String(s) if s.len() <= MAX_ARG_BYTES && !s.contains('\0') => Ok(s.clone()),
+                _ => Err(bad(format!(
+                    "{key} must hold strings (no NUL, at most {MAX_ARG_BYTES} bytes)"
+                ))),
+            })
+            .collect(),
+        Some(_) => Err(bad(format!(
+            "{key} must be an array of at most {max} strings"
+        ))),
+    }
+}
+
+fn env_arg(args: &Value) -> Result<Vec<(String, String)>, (i64, String)> {
+    match args.get("env") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Object(m)) if m.len() <= MAX_ENV => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s)
+                    if !k.is_empty() && !k.contains(['=', '\0']) && !s.contains('\0') =>
+                {
+                    Ok((k.clone(), s.clone()))
+                }
+                _ => Err(bad(format!(
+                    "env {k:?}: names without '=' or NUL, string values"
+                ))),
+            })
+            .collect(),
+        Some(_) => Err(bad(format!(
+            "env must be an object of at most {MAX_ENV} strings"
+        ))),
+    }
+}
+
+fn u64_arg(args: &Value, key: &str) -> Result<Option<u64>, (i64, String)> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| bad(format!("{key} must be a non-negative integer"))),
+    }
+}
+
+fn limit_arg(args: &Value, key: &str) -> Result<usize, (i64, String)> {
+    Ok(u64_arg(args, key)?.map_or(DEFAULT_OUTPUT, |n| (n as usize).min(MAX_OUTPUT)))
+}

@@ -9,7 +9,8 @@
 //! cargo run --release -p smithers-bench -- change-cost         # scenario 8
 //! cargo run --release -p smithers-bench -- egress              # scenario 9
 //! cargo run --release -p smithers-bench -- fleet               # scenario 10 (a Ray cluster)
-//! cargo run --release -p smithers-bench -- big-delta           # scenario 11
+//! cargo run --release -p smithers-bench -- sessions            # scenario 11 (exec)
+//! cargo run --release -p smithers-bench -- big-delta           # scenario 12
 //! cargo run --release -p smithers-bench -- all
 //! ```
 //!
@@ -23,17 +24,17 @@ mod fleet;
 mod measure;
 mod report;
 mod roundtrip;
+mod sessions;
 mod throughput;
 mod warm;
 mod whole_cli;
 mod workspace;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use clap::{Parser, Subcommand};
 
-use measure::{fmt_ms, interleaved, median_ratio, run_quiet, Contender, Series};
+use measure::{fmt_ms, have, interleaved, median_ratio, run_quiet, Contender, Series};
 use report::{bar_chart_svg, machine_line, write_section, Table};
 
 #[derive(Parser, Debug)]
@@ -77,7 +78,10 @@ enum Scenario {
     /// 10: leases on a Ray cluster (scripts/ray/cluster.sh up) against the same steps on
     /// this host: lease to first exec, steps per second, node death to NODE_LOST.
     Fleet,
-    /// 11: one byte flipped in a 32 MB, a 120 MB and a 1 GiB file: patch size, time and
+    /// 11: `true` exec'd in a live session (its socket, the CLI) against host spawn, a
+    /// bare bwrap sandbox per command and ours per command.
+    Sessions,
+    /// 12: one byte flipped in a 32 MB, a 120 MB and a 1 GiB file: patch size, time and
     /// peak RSS to make it and to apply it, against `git diff --binary` and `git apply`.
     BigDelta,
     /// Every scenario above (but the fleet, which needs a cluster).
@@ -130,11 +134,19 @@ fn main() -> anyhow::Result<()> {
             let body = big_delta::run(&cli.scratch, cli.rounds.unwrap_or(3))?;
             finish(
                 &cli,
-                "Scenario 11: big binaries keep their delta",
+                "Scenario 12: big binaries keep their delta",
                 "big-delta",
                 &body,
                 &[],
             )
+        }
+        Scenario::Sessions => {
+            anyhow::ensure!(
+                have("bwrap"),
+                "bare bwrap is the reference point of this scenario: apt-get install bubblewrap"
+            );
+            let body = sessions::run(&cli.scratch, cli.rounds.unwrap_or(300), BWRAP_ARGS)?;
+            finish(&cli, "Scenario 11: sessions (exec)", "sessions", &body, &[])
         }
         Scenario::Throughput => {
             let (body, series) = throughput::run(&cli.scratch, cli.rounds)?;
@@ -159,15 +171,6 @@ fn main() -> anyhow::Result<()> {
             )
         }
     }
-}
-
-fn have(program: &str) -> bool {
-    Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
 }
 
 const BWRAP_ARGS: &[&str] = &[

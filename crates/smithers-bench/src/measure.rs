@@ -148,6 +148,16 @@ pub fn run_quiet(program: &str, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `program` runs here (`--version` starts).
+pub fn have(program: &str) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

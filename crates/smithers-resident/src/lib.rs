@@ -24,6 +24,9 @@
 //! - [`client`]: the other end. It forwards the first Ctrl-C as a cancellation and exits at
 //!   the second, as `run` does; a client that dies makes the service cancel its step.
 //!
+//! - [`session`]: the protocol of a held session's socket (`smithers-sandbox session`), whose
+//!   holder is a process of its own, not this service.
+//!
 //! Requests are served one at a time: a client that finds the service busy runs its step
 //! itself, as it does when no service is running.
 
@@ -31,6 +34,7 @@ pub mod client;
 pub mod peer;
 pub mod place;
 pub mod server;
+pub mod session;
 mod vars;
 pub mod wire;
 

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -219,7 +219,7 @@ impl Server {
         let (r, w) = std::os::unix::net::UnixStream::pair().map_err(|e| (-32603, e.to_string()))?;
         let reader = spawn_reader(r, limit);
         let request = wire::Request::Read { path: path.into() };
-        let answer = ask(&socket, &request, &[w.as_raw_fd()]);
+        let answer = ask(&socket, &request, &[w.as_fd()]);
         drop(w);
         let got = reader.join().map_err(|_| (-32603, "reader".to_string()))?;
         if let Some(e) = answer_error(&answer) {
@@ -240,13 +240,14 @@ impl Server {
         let (_, socket) = self.session(args)?;
         let path = str_arg(args, "path")?.ok_or_else(|| bad("path is required"))?;
         let bytes = take_bytes(args.get("content"), args.get("contentBase64")).map_err(bad)?;
-        let (r, mut w) = std::os::unix::net::UnixStream::pair().map_err(|e| (-32603, e.to_string()))?;
+        let (r, mut w) =
+            std::os::unix::net::UnixStream::pair().map_err(|e| (-32603, e.to_string()))?;
         let size = bytes.len();
         let feeder = std::thread::spawn(move || {
             let _ = w.write_all(&bytes);
         });
         let request = wire::Request::Write { path: path.into() };
-        let answer = ask(&socket, &request, &[r.as_raw_fd()]);
+        let answer = ask(&socket, &request, &[r.as_fd()]);
         drop(r);
         let _ = feeder.join();
         if let Some(e) = answer_error(&answer) {
@@ -418,9 +419,9 @@ fn run_with_pipes(
         None => None,
     };
     if let Some(r) = &stdin_r {
-        fds.push(r.as_raw_fd());
+        fds.push(r.as_fd());
     }
-    fds.extend([out_w.as_raw_fd(), err_w.as_raw_fd()]);
+    fds.extend([out_w.as_fd(), err_w.as_fd()]);
     let answer = ask(socket, request, &fds);
     drop((out_w, err_w, stdin_r));
     if let Some(f) = feeder {
@@ -436,7 +437,11 @@ fn run_with_pipes(
     })
 }
 
-fn ask(socket: &std::path::Path, request: &wire::Request, fds: &[i32]) -> std::io::Result<Value> {
+fn ask(
+    socket: &std::path::Path,
+    request: &wire::Request,
+    fds: &[BorrowedFd<'_>],
+) -> std::io::Result<Value> {
     let stream = wire::send(socket, request, fds)?;
     stream.set_read_timeout(Some(Duration::from_secs(24 * 3600)))?;
     wire::read_answer(&stream)

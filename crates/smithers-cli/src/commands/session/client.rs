@@ -2,7 +2,7 @@
 //! one.
 
 use std::io::IsTerminal;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -155,11 +155,8 @@ pub fn exec(args: &ExecArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         timeout_ms,
         stdin,
     };
-    let (i, o, e) = (
-        std::io::stdin().as_raw_fd(),
-        std::io::stdout().as_raw_fd(),
-        std::io::stderr().as_raw_fd(),
-    );
+    let stdio = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    let (i, o, e) = (stdio.0.as_fd(), stdio.1.as_fd(), stdio.2.as_fd());
     let fds: Vec<_> = if stdin { vec![i, o, e] } else { vec![o, e] };
     let answer = ask_with(&args.id, &socket, &request, &fds)?;
     let exit = &answer["exit"];
@@ -186,12 +183,7 @@ pub fn read(args: &PathArgs) -> anyhow::Result<ExitCode> {
     let request = Request::Read {
         path: args.path.clone(),
     };
-    ask_with(
-        &args.id,
-        &socket,
-        &request,
-        &[std::io::stdout().as_raw_fd()],
-    )?;
+    ask_with(&args.id, &socket, &request, &[std::io::stdout().as_fd()])?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -200,7 +192,7 @@ pub fn write(args: &PathArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let request = Request::Write {
         path: args.path.clone(),
     };
-    let answer = ask_with(&args.id, &socket, &request, &[std::io::stdin().as_raw_fd()])?;
+    let answer = ask_with(&args.id, &socket, &request, &[std::io::stdin().as_fd()])?;
     if json_out {
         println!("{answer}");
     }
@@ -298,7 +290,12 @@ fn ask(socket: &Path, request: &Request) -> std::io::Result<Value> {
 }
 
 /// One request to session `id` with `fds`; the answer when it is `ok`, else its error.
-fn ask_with(id: &str, socket: &Path, request: &Request, fds: &[i32]) -> anyhow::Result<Value> {
+fn ask_with(
+    id: &str,
+    socket: &Path,
+    request: &Request,
+    fds: &[BorrowedFd<'_>],
+) -> anyhow::Result<Value> {
     let stream = wire::send(socket, request, fds).map_err(|e| unreachable_session(id, &e))?;
     let answer = wire::read_answer(&stream).map_err(|e| unreachable_session(id, &e))?;
     if answer["ok"] == json!(true) {

@@ -65,6 +65,7 @@ mod pump;
 mod run;
 mod runtime;
 mod verbs;
+mod watchdog;
 
 pub use engine::{default_socket, MIN_API_VERSION};
 pub use orphans::{OrphanFilter, OrphanReport};

@@ -58,12 +58,14 @@ mod enforcement;
 mod engine;
 mod handle;
 mod hostfs;
+mod live;
 mod monitor;
 mod orphans;
 pub mod plan;
 mod pump;
 mod run;
 mod runtime;
+mod started;
 mod verbs;
 mod watchdog;
 

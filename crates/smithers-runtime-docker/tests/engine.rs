@@ -1,0 +1,274 @@
+//! The engine suite (`smithers_test_support::engine`) against the docker runtime: a sandbox's
+//! long-lived container, sent many commands (at once too) with `docker exec`, stopped and
+//! destroyed; and what is the docker engine's own (how an exec ends, stdin's end, the kill of
+//! a group, a pid file the step forged, the egress decisions of a sandbox's life). Needs the
+//! engine and `smithers-test:busybox` (`scripts/docker-up.sh`): without them each case prints
+//! `SKIP` (create fails with `Unavailable`), and fails under `CI=true`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use smithers_runtime::{
+    CancellationToken, Controls, Engine, ExecRequest, RequestBundle, Runtime, RuntimeError,
+    RuntimeKind, SandboxConfig, StepStdin, Termination,
+};
+use smithers_runtime_docker::{DockerOptions, DockerRuntime};
+use smithers_test_support::conformance::Skip;
+use smithers_test_support::engine::{EngineEnv, Live};
+
+const IMAGE: &str = "smithers-test:busybox";
+
+fn options() -> DockerOptions {
+    DockerOptions {
+        watchdog: Some(env!("CARGO_BIN_EXE_smithers-docker-watchdog").into()),
+        egress_holder: Some(env!("CARGO_BIN_EXE_smithers-docker-init").into()),
+        ..DockerOptions::default()
+    }
+}
+
+fn make_env() -> EngineEnv {
+    EngineEnv::new(Arc::new(DockerRuntime::new(options()))).with_image(IMAGE)
+}
+
+smithers_test_support::engine_tests!(make_env);
+
+/// Runs `case` on a runtime of its own; a missing engine is a SKIP (a failure under CI=true).
+fn run_case<F>(name: &str, case: impl FnOnce(EngineEnv) -> F)
+where
+    F: std::future::Future<Output = Result<(), Skip>>,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    if let Err(Skip(reason)) = rt.block_on(case(make_env())) {
+        smithers_test_support::skip_or_fail_as(name, &reason);
+    }
+}
+
+fn sh(script: &str) -> ExecRequest {
+    ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        ..ExecRequest::default()
+    }
+}
+
+fn token(what: &str) -> String {
+    smithers_test_support::conformance::unique(what)
+}
+
+/// An exit code past 128 is an exit, a signal a signal, whatever the numbers.
+#[test]
+fn exit_and_signal_are_told_apart_exactly() {
+    run_case("exit_and_signal_are_told_apart_exactly", |env| async move {
+        let live = Live::started(&env).await?;
+        for (script, want) in [
+            ("exit 143", (Termination::Exited, Some(143), None)),
+            ("exit 129", (Termination::Exited, Some(129), None)),
+            ("exit 192", (Termination::Exited, Some(192), None)),
+            ("exit 200", (Termination::Exited, Some(200), None)),
+            ("kill -TERM $$", (Termination::Signaled, None, Some(15))),
+            ("kill -KILL $$", (Termination::Signaled, None, Some(9))),
+            ("kill -USR1 $$", (Termination::Signaled, None, Some(10))),
+        ] {
+            let ran = live.run(sh(script)).await;
+            let got = (ran.exit.termination, ran.exit.exit_code, ran.exit.signal);
+            assert_eq!(got, want, "{script}");
+        }
+        live.destroy().await;
+        Ok(())
+    });
+}
+
+/// The end of the stdin stream reaches the command (a `cat` ends), with every byte before it;
+/// without a stream stdin is /dev/null.
+#[test]
+fn stdin_ends_where_its_stream_ends() {
+    run_case("stdin_ends_where_its_stream_ends", |env| async move {
+        let live = Live::started(&env).await?;
+        let ran = live
+            .run(ExecRequest {
+                stdin: StepStdin::from_reader(std::io::Cursor::new(b"abc".to_vec())),
+                ..sh("cat; echo; echo after-eof")
+            })
+            .await
+            .ok();
+        assert_eq!(ran.stdout_text(), "abc\nafter-eof\n");
+        let ran = live
+            .run(ExecRequest {
+                stdin: StepStdin::from_reader(std::io::empty()),
+                ..sh("wc -c")
+            })
+            .await
+            .ok();
+        assert_eq!(ran.stdout_text().trim(), "0");
+        let ran = live.sh("readlink /proc/self/fd/0; cat").await.ok();
+        assert_eq!(ran.stdout_text(), "/dev/null\n");
+        live.destroy().await;
+        Ok(())
+    });
+}
+
+/// A cancel kills the whole group of the command (a child and a grandchild too), and nothing
+/// else: a process of another exec goes on.
+#[test]
+fn a_cancel_kills_the_commands_whole_group() {
+    run_case(
+        "a_cancel_kills_the_commands_whole_group",
+        |env| async move {
+            let live = Live::started(&env).await?;
+            let (mine, other) = (token("group"), token("other"));
+            // It has left the group before its command ends (else it is killed with it).
+            let background = format!(
+            "setsid sh -c 'touch /tmp/left; sleep 1000; : {other}' </dev/null >/dev/null 2>&1 & \
+             while [ ! -e /tmp/left ]; do sleep 0.01; done"
+        );
+            live.sh(&background).await.ok();
+            let cancel = CancellationToken::new();
+            let script = format!(
+            "sh -c 'sleep 1000; : {mine}-child' & sh -c 'sh -c \"sleep 1000; : {mine}-grand\"' & \
+             sleep 1000; : {mine}"
+        );
+            let canceller = {
+                let cancel = cancel.clone();
+                let mine = mine.clone();
+                async move {
+                    while smithers_test_support::engine::host_pids_with(&format!("{mine}-grand"))
+                        .is_empty()
+                    {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    cancel.cancel();
+                }
+            };
+            let (ran, ()) = tokio::join!(live.try_run(sh(&script), cancel), canceller);
+            let ran = ran.unwrap();
+            assert_eq!(
+                ran.exit.termination,
+                Termination::Cancelled,
+                "{:?}",
+                ran.exit
+            );
+            assert!(
+                smithers_test_support::engine::gone(&mine, Duration::from_secs(30)).await,
+                "a process of the cancelled group lives on"
+            );
+            assert!(
+                !smithers_test_support::engine::host_pids_with(&other).is_empty(),
+                "the cancel reached a process outside the command's group"
+            );
+            live.sh("true").await.ok();
+            live.destroy().await;
+            Ok(())
+        },
+    );
+}
+
+/// Pid files the step forged (pid 1, every process, the waiting init, garbage, a symlink)
+/// neither stop the kill of a timed-out command nor reach anything else: the sandbox goes on.
+#[test]
+fn a_forged_pid_file_neither_blocks_nor_misdirects_the_kill() {
+    run_case(
+        "a_forged_pid_file_neither_blocks_nor_misdirects_the_kill",
+        |env| async move {
+            let live = Live::started(&env).await?;
+            let mine = token("forged");
+            // Every pid file there is, and every one to come, rewritten while the command runs.
+            let forger = "i=0; while true; do for f in /run/smithers/exec/*.pid; do \
+                 [ -f \"$f\" ] || continue; i=$((i + 1)); echo $i >> /tmp/forged; \
+                 case $((i % 5)) in \
+                 0) echo 1 > \"$f\";; 1) echo -1 > \"$f\";; 2) echo garbage > \"$f\";; \
+                 3) echo $PPID > \"$f\";; \
+                 4) rm -f \"$f\"; ln -s /proc/1/stat \"$f\";; esac; done; sleep 0.01; done";
+            let forging = format!(
+                "setsid sh -c 'touch /tmp/forging; {forger}' </dev/null >/dev/null 2>&1 & \
+                 while [ ! -e /tmp/forging ]; do sleep 0.01; done"
+            );
+            live.sh(&forging).await.ok();
+            let ran = live
+                .run(ExecRequest {
+                    timeout: Some(Duration::from_millis(500)),
+                    ..sh(&format!("sleep 1000; : {mine}"))
+                })
+                .await;
+            assert_eq!(ran.exit.termination, Termination::Timeout, "{:?}", ran.exit);
+            assert!(
+                smithers_test_support::engine::gone(&mine, Duration::from_secs(30)).await,
+                "the timed-out command lives on"
+            );
+            let forged = live.sh("wc -l < /tmp/forged").await.ok().stdout_text();
+            assert_ne!(forged.trim(), "0", "no pid file was forged");
+            // The container's init and the sandbox are whole.
+            live.sh("echo still here").await.ok();
+            live.destroy().await;
+            Ok(())
+        },
+    );
+}
+
+/// What a started sandbox's egress engine decided reaches its log at stop, and with it the
+/// bundle collect makes from the layer the sandbox left.
+#[test]
+fn a_live_sandboxs_egress_decisions_reach_its_bundle() {
+    run_case(
+        "a_live_sandboxs_egress_decisions_reach_its_bundle",
+        |_| async {
+            let docker = DockerRuntime::new(options());
+            let dir = tempfile::tempdir().unwrap();
+            let project = dir.path().join("project");
+            std::fs::create_dir_all(&project).unwrap();
+            let config = SandboxConfig {
+                run_id: "engine-egress".into(),
+                sandbox_id: format!("egress-{}", std::process::id()),
+                runtime: RuntimeKind::Docker,
+                root_dir: project.clone(),
+                image: Some(IMAGE.into()),
+                controls: Controls {
+                    egress_policy: Some(serde_json::json!({
+                        "allow": [{"host": "api.example.com", "ports": [443]}]
+                    })),
+                    timeout_ms: Some(120_000),
+                    ..Controls::default()
+                },
+            };
+            let handle = match Engine::create(&docker, &config).await {
+                Ok(h) => h,
+                Err(RuntimeError::Unavailable { reason, .. }) => return Err(Skip::new(reason)),
+                Err(e) => panic!("create: {e}"),
+            };
+            let request = RequestBundle {
+                request: serde_json::json!({"status": "pending", "sandboxId": config.sandbox_id,
+                "runtime": "docker", "input": {}}),
+            };
+            Engine::ship(&docker, &handle, &request).await.unwrap();
+            Engine::start(&docker, &handle).await.unwrap();
+            let sink = smithers_test_support::engine::ByteSink::default();
+            let exit = Engine::exec(
+                &docker,
+                &handle,
+                sh("nslookup denied.example.org; echo made > /workspace/made.txt"),
+                Default::default(),
+                &sink,
+            )
+            .await
+            .unwrap();
+            assert_eq!(exit.termination, Termination::Exited, "{exit:?}");
+            Engine::stop(&docker, &handle).await.unwrap();
+            let report = Runtime::collect(&docker, &handle).await.unwrap();
+            let log =
+                std::fs::read_to_string(report.bundle_path.join("logs/stream.ndjson")).unwrap();
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("\"egress\"") && l.contains("denied.example.org")),
+                "no egress record of the denied name in the log:\n{log}"
+            );
+            let patches = std::fs::read_dir(report.bundle_path.join("patches"))
+                .map(|d| d.count())
+                .unwrap_or(0);
+            assert!(patches > 0, "the sandbox's write is not in the bundle");
+            Engine::destroy(&docker, &handle).await.unwrap();
+            Ok(())
+        },
+    );
+}

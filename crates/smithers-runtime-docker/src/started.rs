@@ -3,7 +3,7 @@
 //! egress holder and the watchdog they keep for their life. Kept by the runtime
 //! ([`crate::runtime::DockerRuntime`]), used by the engine's verbs (`live`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,13 +11,35 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::egress::Holder;
 use crate::watchdog::Watchdog;
 
-/// The started sandboxes, by container name.
+/// The started sandboxes, by container name; and those being started, whose container name
+/// is taken until their `start` ends (two starts of one sandbox would make one container
+/// name twice, the second removing the first's container).
 #[derive(Debug, Default)]
-pub(crate) struct StartedSandboxes(Mutex<HashMap<String, Arc<Started>>>);
+pub(crate) struct StartedSandboxes {
+    started: Mutex<HashMap<String, Arc<Started>>>,
+    starting: Mutex<HashSet<String>>,
+}
 
 impl StartedSandboxes {
     pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Started>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.started.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `name` for a start; false when it is started or being started already.
+    pub(crate) fn begin(&self, name: &str) -> bool {
+        let started = self.lock();
+        let mut starting = self.starting.lock().unwrap_or_else(|e| e.into_inner());
+        !started.contains_key(name) && starting.insert(name.to_string())
+    }
+
+    /// Ends a start: the sandbox is started (`Some`) or not.
+    pub(crate) fn finish(&self, name: &str, started: Option<Arc<Started>>) {
+        let mut map = self.lock();
+        if let Some(s) = started {
+            map.insert(name.to_string(), s);
+        }
+        let mut starting = self.starting.lock().unwrap_or_else(|e| e.into_inner());
+        starting.remove(name);
     }
 }
 

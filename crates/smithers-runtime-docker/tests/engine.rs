@@ -272,3 +272,49 @@ fn a_live_sandboxs_egress_decisions_reach_its_bundle() {
         },
     );
 }
+
+/// An exec returns once its command has ended, even when a process that left its group still
+/// holds its output (the engine ends the exec's stream a moment after the command's end); what
+/// the command wrote is all there.
+#[test]
+fn an_exec_ends_with_its_command_not_with_a_process_that_left() {
+    run_case(
+        "an_exec_ends_with_its_command_not_with_a_process_that_left",
+        |env| async move {
+            let live = Live::started(&env).await?;
+            let began = std::time::Instant::now();
+            let ran = live
+                .sh("setsid sh -c 'touch /tmp/left; sleep 60' & \
+                     while [ ! -e /tmp/left ]; do sleep 0.01; done; echo mine")
+                .await
+                .ok();
+            assert_eq!(ran.stdout_text(), "mine\n");
+            assert!(
+                began.elapsed() < Duration::from_secs(30),
+                "the exec waited for a process that left its group ({:?})",
+                began.elapsed()
+            );
+            live.destroy().await;
+            Ok(())
+        },
+    );
+}
+
+/// Two starts of one sandbox at once: one starts it, the other is out of order, and the
+/// sandbox works.
+#[test]
+fn two_starts_at_once_start_one_sandbox() {
+    run_case("two_starts_at_once_start_one_sandbox", |env| async move {
+        let live = Live::created(&env).await?;
+        let engine = env.engine();
+        let (a, b) = tokio::join!(engine.start(&live.handle), engine.start(&live.handle));
+        let refused = [&a, &b]
+            .iter()
+            .filter(|r| matches!(r, Err(RuntimeError::OutOfOrder { .. })))
+            .count();
+        assert!(refused == 1 && (a.is_ok() || b.is_ok()), "{a:?} {b:?}");
+        live.sh("echo works").await.ok();
+        live.destroy().await;
+        Ok(())
+    });
+}

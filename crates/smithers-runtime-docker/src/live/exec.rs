@@ -334,10 +334,13 @@ async fn relay(
             bytes: bytes.to_vec(),
             timestamp_ms: now_ms(),
         });
+        // A follower behind holds the command back (as a full pipe would), until its end is
+        // asked for: then its output is read as fast as it comes.
         if ended_by.is_none() {
             tokio::select! {
                 _ = sink.room() => {}
                 _ = cancel.cancelled() => {}
+                _ = sleep_until(deadline) => {}
             }
         }
     }

@@ -80,40 +80,25 @@ impl Engine for DockerRuntime {
     }
 
     async fn start(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
-        if self.started_of(handle, "start")?.is_some() {
+        let name = require_state(handle, "start")?.container_name;
+        if !self.started.begin(&name) {
             return Err(RuntimeError::OutOfOrder {
                 verb: "start",
-                reason: "the sandbox is running already".into(),
+                reason: "the sandbox is running already (or being started)".into(),
             });
         }
-        let (name, started) = start::start(self, handle).await?;
-        let started = Arc::new(started);
-        let raced = {
-            let mut map = self.started.lock();
-            match map.contains_key(&name) {
-                true => true,
-                false => {
-                    map.insert(name.clone(), started.clone());
-                    false
-                }
+        // The name is released whatever comes of the start.
+        let result = start::start(self, handle).await;
+        match result {
+            Ok(started) => {
+                self.started.finish(&name, Some(Arc::new(started)));
+                Ok(())
             }
-        };
-        if raced {
-            // Both made the same container name: ours may have replaced theirs. Neither is
-            // trusted to be whole: both are ended.
-            let docker = self.engine().await?;
-            let ours = stop::end(docker, &started).await;
-            if let Some(holder) = started.take_holder() {
-                let _ = holder.stop().await;
+            Err(e) => {
+                self.started.finish(&name, None);
+                Err(e)
             }
-            stop::stop(self, handle).await?;
-            ours?;
-            return Err(RuntimeError::OutOfOrder {
-                verb: "start",
-                reason: "the sandbox was started at the same time by another call".into(),
-            });
         }
-        Ok(())
     }
 
     async fn exec(

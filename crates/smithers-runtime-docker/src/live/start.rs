@@ -47,12 +47,11 @@ pub(super) fn binary(rt: &DockerRuntime) -> Result<&Path, RuntimeError> {
     }
 }
 
-/// Starts the sandbox's container; returns its name (the key of the started sandboxes) and
-/// what the sandbox keeps while it runs.
+/// Starts the sandbox's container; returns what the sandbox keeps while it runs.
 pub(super) async fn start(
     rt: &DockerRuntime,
     handle: &SandboxHandle,
-) -> Result<(String, Started), RuntimeError> {
+) -> Result<Started, RuntimeError> {
     let state = require_state(handle, "start")?;
     let live = rt
         .live_get(&state.container_name)
@@ -76,8 +75,7 @@ pub(super) async fn start(
                     std::mem::replace(&mut h.live, tokio::sync::mpsc::unbounded_channel().1);
                 tokio::spawn(async move { while records.recv().await.is_some() {} });
             }
-            let started = Started::new(id, prefix, holder, watchdog);
-            Ok((state.container_name.clone(), started))
+            Ok(Started::new(id, prefix, holder, watchdog))
         }
         Err(e) => {
             let _ = remove_container(docker, &state.container_name).await;

@@ -47,7 +47,7 @@ pub(super) async fn stop(rt: &DockerRuntime, handle: &SandboxHandle) -> Result<(
 
 /// The container killed and waited for, then the watchdog dismissed (not before: until the
 /// container is seen stopped, our death must still take it down).
-pub(super) async fn end(docker: &Docker, started: &Started) -> Result<(), RuntimeError> {
+async fn end(docker: &Docker, started: &Started) -> Result<(), RuntimeError> {
     let killed = kill_and_wait(docker, &started.id).await;
     if killed.is_ok() {
         if let Some(w) = started.take_watchdog() {

@@ -318,3 +318,73 @@ fn two_starts_at_once_start_one_sandbox() {
         Ok(())
     });
 }
+
+/// A project owned by another user than root: the sandbox's commands run as that user, and
+/// its wrappers' files (pid, kill marker, status) work for it as for root.
+#[test]
+fn a_sandbox_of_a_project_not_owned_by_root_works_whole() {
+    run_case(
+        "a_sandbox_of_a_project_not_owned_by_root_works_whole",
+        |env| async move {
+            let dir = tempfile::tempdir().unwrap();
+            let project = dir.path().join("project");
+            std::fs::create_dir_all(&project).unwrap();
+            // Only root can give the project away; otherwise it is ours, not root's, already.
+            let _ = std::os::unix::fs::chown(&project, Some(4321), Some(4321));
+            let mut config = env.config(&project, &token("owner"));
+            config.controls.timeout_ms = Some(120_000);
+            let docker = env.engine();
+            let handle = match docker.create(&config).await {
+                Ok(h) => h,
+                Err(RuntimeError::Unavailable { reason, .. }) => return Err(Skip::new(reason)),
+                Err(e) => panic!("create: {e}"),
+            };
+            let request = RequestBundle {
+                request: serde_json::json!({"status": "pending", "input": {}}),
+            };
+            docker.ship(&handle, &request).await.unwrap();
+            docker.start(&handle).await.unwrap();
+            let run = |req: ExecRequest| {
+                let handle = handle.clone();
+                async move {
+                    let sink = smithers_test_support::engine::ByteSink::default();
+                    let exit = docker
+                        .exec(&handle, req, CancellationToken::new(), &sink)
+                        .await
+                        .unwrap();
+                    (exit, String::from_utf8_lossy(&sink.stdout()).into_owned())
+                }
+            };
+            let owner = std::fs::metadata(&project).unwrap();
+            let (_, id) = run(sh(
+                "id -u; touch /workspace/mine; stat -c %u /workspace/mine",
+            ))
+            .await;
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(id, format!("{0}\n{0}\n", owner.uid()));
+            let (exit, _) = run(sh("kill -TERM $$")).await;
+            assert_eq!(
+                (exit.termination, exit.signal),
+                (Termination::Signaled, Some(15))
+            );
+            let (exit, _) = run(sh("exit 130")).await;
+            assert_eq!(
+                (exit.termination, exit.exit_code),
+                (Termination::Exited, Some(130))
+            );
+            let mine = token("owned");
+            let (exit, _) = run(ExecRequest {
+                timeout: Some(Duration::from_millis(300)),
+                ..sh(&format!("sleep 1000; : {mine}"))
+            })
+            .await;
+            assert_eq!(exit.termination, Termination::Timeout, "{exit:?}");
+            assert!(
+                smithers_test_support::engine::gone(&mine, Duration::from_secs(30)).await,
+                "the timed-out command lives on"
+            );
+            docker.destroy(&handle).await.unwrap();
+            Ok(())
+        },
+    );
+}

@@ -132,12 +132,11 @@ pub(crate) fn exec(args: &ExecArgs<'_>) -> i32 {
     // SAFETY: setpgid with plain integers.
     unsafe { libc::setpgid(pid, pid) };
     let pid_file = file(args.token, "pid");
-    let written = write_small(&pid_file, &pid.to_string());
+    // Without a pid file (a tmpfs the step filled, say) the kill finds the group in /proc.
+    let _ = write_small(&pid_file, &pid.to_string());
     // A kill that came before the pid file could be read left its marker: honoured here, so a
     // kill is never lost to that race (the kill writes its marker, then reads the pid file;
     // we write the pid file, then look for the marker).
-    // (Without a pid file, from a full tmpfs say, the kill finds the group through /proc.)
-    let _ = written;
     let kill_marker = file(args.token, "kill");
     if std::path::Path::new(&kill_marker).exists() {
         let _ = sys::kill(-pid, libc::SIGKILL);

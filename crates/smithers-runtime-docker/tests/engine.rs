@@ -388,3 +388,103 @@ fn a_sandbox_of_a_project_not_owned_by_root_works_whole() {
         },
     );
 }
+
+/// Set in the child process of [`a_started_sandbox_dies_with_the_process_that_started_it`].
+const CHILD_ENV: &str = "SMITHERS_DOCKER_ENGINE_TEST_CHILD";
+
+/// The process that started a sandbox is killed (`kill -9`): its watchdog has the engine kill
+/// the container. Another process then destroys it from the stored handle.
+#[test]
+fn a_started_sandbox_dies_with_the_process_that_started_it() {
+    if let Ok(project) = std::env::var(CHILD_ENV) {
+        return start_and_wait_to_be_killed(project.into());
+    }
+    run_case(
+        "a_started_sandbox_dies_with_the_process_that_started_it",
+        |env| async move {
+            use std::io::BufRead;
+            let dir = tempfile::tempdir().unwrap();
+            let project = dir.path().join("project");
+            std::fs::create_dir_all(&project).unwrap();
+            // The engine is there, or this is a SKIP before any child runs.
+            let probe = Live::created(&env).await?;
+            probe.destroy().await;
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "a_started_sandbox_dies_with_the_process_that_started_it",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_ENV, &project)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+            let line = tokio::task::spawn_blocking(move || {
+                stdout
+                    .lines()
+                    .map_while(Result::ok)
+                    // After the harness's `test NAME ... `, on the same line.
+                    .find_map(|l| l.split_once("HANDLE ").map(|(_, h)| h.to_string()))
+            })
+            .await
+            .unwrap()
+            .expect("the child started no sandbox");
+            let handle: smithers_runtime::SandboxHandle = serde_json::from_str(&line).unwrap();
+            let state: smithers_runtime_docker::BackendState =
+                serde_json::from_value(handle.backend.clone()).unwrap();
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let docker = bollard::Docker::connect_with_unix(
+                &smithers_runtime_docker::default_socket(),
+                30,
+                bollard::API_DEFAULT_VERSION,
+            )
+            .unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let info = docker
+                    .inspect_container(&state.container_name, None)
+                    .await
+                    .unwrap();
+                if info.state.and_then(|s| s.running) != Some(true) {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the container outlived the process that started it"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // Another runtime, from the stored handle: destroy removes it.
+            env.engine().destroy(&handle).await.unwrap();
+            assert!(docker
+                .inspect_container(&state.container_name, None)
+                .await
+                .is_err());
+            Ok(())
+        },
+    );
+}
+
+/// The child: a sandbox started over `project`, its handle printed, then a wait to be killed.
+fn start_and_wait_to_be_killed(project: std::path::PathBuf) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let env = make_env();
+        let config = env.config(&project, &token("orphan"));
+        let engine = env.engine();
+        let handle = engine.create(&config).await.unwrap();
+        let request = RequestBundle {
+            request: serde_json::json!({"status": "pending", "input": {}}),
+        };
+        engine.ship(&handle, &request).await.unwrap();
+        engine.start(&handle).await.unwrap();
+        println!("HANDLE {}", serde_json::to_string(&handle).unwrap());
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    });
+}

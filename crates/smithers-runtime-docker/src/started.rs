@@ -106,4 +106,15 @@ impl Started {
             .unwrap_or_else(|e| e.into_inner())
             .take()
     }
+
+    /// Once its container is gone: the watchdog dismissed, the egress engine stopped (its
+    /// decisions dropped: a sandbox cleaned up without a stop has no bundle to come).
+    pub(crate) async fn release(&self) {
+        if let Some(w) = self.take_watchdog() {
+            w.dismiss().await;
+        }
+        if let Some(h) = self.take_holder() {
+            let _ = h.stop().await;
+        }
+    }
 }

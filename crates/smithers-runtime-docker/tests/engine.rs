@@ -488,3 +488,47 @@ fn start_and_wait_to_be_killed(project: std::path::PathBuf) {
         tokio::time::sleep(Duration::from_secs(600)).await;
     });
 }
+
+/// The step's cleanup of a started sandbox, without a stop: the container goes, and so does
+/// what the sandbox kept (its watchdog, whose command line names the container); then the
+/// sandbox takes no exec.
+#[test]
+fn cleanup_without_stop_leaves_nothing_running() {
+    run_case(
+        "cleanup_without_stop_leaves_nothing_running",
+        |_| async move {
+            let runtime = Arc::new(DockerRuntime::new(options()));
+            let env = EngineEnv::new(runtime.clone()).with_image(IMAGE);
+            let live = Live::started(&env).await?;
+            let state: smithers_runtime_docker::BackendState =
+                serde_json::from_value(live.handle.backend.clone()).unwrap();
+            let docker = bollard::Docker::connect_with_unix(
+                &smithers_runtime_docker::default_socket(),
+                30,
+                bollard::API_DEFAULT_VERSION,
+            )
+            .unwrap();
+            let id = docker
+                .inspect_container(&state.container_name, None)
+                .await
+                .unwrap()
+                .id
+                .unwrap();
+            assert!(
+                !smithers_test_support::engine::host_pids_with(&id).is_empty(),
+                "no watchdog for the started sandbox"
+            );
+            Runtime::cleanup(&*runtime, &live.handle).await.unwrap();
+            assert!(
+                smithers_test_support::engine::gone(&id, Duration::from_secs(30)).await,
+                "the watchdog outlived the cleanup"
+            );
+            match live.try_run(sh("true"), CancellationToken::new()).await {
+                Err(RuntimeError::OutOfOrder { .. }) => {}
+                other => panic!("exec after cleanup: {other:?}"),
+            }
+            live.destroy().await;
+            Ok(())
+        },
+    );
+}

@@ -393,9 +393,16 @@ async fn exit_code_of(docker: &Docker, exec_id: &str) -> Result<i64, RuntimeErro
             .inspect_exec(exec_id)
             .await
             .map_err(|e| spawn_err("inspect the exec", &e))?;
-        if info.running != Some(true) {
-            if let Some(code) = info.exit_code {
-                return Ok(code);
+        match (info.running, info.exit_code) {
+            (Some(true), _) => {}
+            (_, Some(code)) => return Ok(code),
+            // The engine notes an exec's end and its code at once: ended without one, it was
+            // ended with its container (a stop, or the container's init killed).
+            (_, None) => {
+                return Err(RuntimeError::spawn(
+                    "run the command",
+                    "the sandbox ended while it ran",
+                ))
             }
         }
         if Instant::now() > deadline {

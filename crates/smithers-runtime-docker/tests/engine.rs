@@ -76,6 +76,17 @@ fn exit_and_signal_are_told_apart_exactly() {
             let got = (ran.exit.termination, ran.exit.exit_code, ran.exit.signal);
             assert_eq!(got, want, "{script}");
         }
+        let ran = live
+            .run(ExecRequest {
+                timeout: Some(Duration::from_millis(200)),
+                ..sh("sleep 1000")
+            })
+            .await;
+        assert_eq!(ran.exit.termination, Termination::Timeout, "{:?}", ran.exit);
+        // Nothing of those execs is left in the wrappers' tmpfs: only this one's pid file.
+        let left = live.sh("ls -A /run/smithers/exec").await.ok().stdout_text();
+        assert_eq!(left.lines().count(), 1, "{left}");
+        assert!(left.trim().ends_with(".pid"), "{left}");
         live.destroy().await;
         Ok(())
     });

@@ -11,7 +11,8 @@
 //!   `EXEC_DIR/TOKEN.pid`, waits for the command, kills what is left of the group, and exits
 //!   with the command's code, or 128 + the signal that ended it. Those two readings of a code
 //!   in 129..=192 are told apart by `EXEC_DIR/TOKEN.status` (`exit N` or `signal N`), written
-//!   only then and read by `--container-status`.
+//!   only then (and not for a command the runtime had killed, whose end it knows) and read and
+//!   removed by `--container-status`: nothing is left in `EXEC_DIR` once an exec is over.
 //! * `--container-kill TOKEN`: kills that exec's group (SIGKILL), as a second exec: Docker has
 //!   no call to kill an exec.
 //! * `--container-status TOKEN`: prints and removes the status file.
@@ -143,8 +144,14 @@ pub(crate) fn exec(args: &ExecArgs<'_>) -> i32 {
     }
     let status = wait_then_kill_group(pid);
     let _ = std::fs::remove_file(&pid_file);
-    let _ = std::fs::remove_file(&kill_marker);
-    report(args.token, status)
+    // A command the runtime had killed (a timeout, a cancel) is reported as such, whatever its
+    // status: no status file for it then, which nothing would read (and remove).
+    let killed = std::fs::remove_file(&kill_marker).is_ok();
+    let (code, status) = exit_code(status);
+    if let (Some(status), false) = (status, killed) {
+        let _ = write_small(&file(args.token, "status"), &status);
+    }
+    code
 }
 
 /// The child: its own group, the working directory, stdin, then the command (PATH searched).
@@ -236,14 +243,6 @@ pub(crate) fn exit_code(ended: Ended) -> (i32, Option<String>) {
         Ended::Exited(c) => (c, None),
         Ended::Signaled(s) => (128 + s, Some(format!("signal {s}"))),
     }
-}
-
-fn report(token: &str, ended: Ended) -> i32 {
-    let (code, status) = exit_code(ended);
-    if let Some(status) = status {
-        let _ = write_small(&file(token, "status"), &status);
-    }
-    code
 }
 
 /// Writes a small file anew, never through a symlink the step may have put there.

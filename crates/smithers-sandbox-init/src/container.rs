@@ -302,6 +302,8 @@ pub(crate) fn kill(token: &str) -> i32 {
         // No wrapper yet (it will see the marker) or none any more (nothing to kill).
         return if refused { KILL_REFUSED } else { 0 };
     };
+    // This process runs in the container's pid namespace: whatever `group` is, no process
+    // outside the sandbox has a number here to be reached by it.
     match sys::kill(-group, libc::SIGKILL) {
         // Gone already: the command ended on its own meanwhile.
         Ok(()) => 0,

@@ -263,6 +263,26 @@ fn loader_entrypoint(bin: &Path) -> Result<(Vec<String>, Vec<Mount>), RuntimeErr
     Ok((entrypoint, mounts))
 }
 
+/// Where this build's binary is bound in a container (the holder's, a started sandbox's).
+pub(crate) const HOST_BINARY: &str = "/smithers-host/smithers-sandbox";
+
+/// The command prefix and the read-only mounts that run this build's binary `bin` as its
+/// init in a container of any image, as the holder runs it: `[loader...] HOST_BINARY
+/// __sandbox-init`.
+pub(crate) fn bound_binary(bin: &Path) -> Result<(Vec<String>, Vec<Mount>), RuntimeError> {
+    let bin = std::fs::canonicalize(bin).map_err(|e| RuntimeError::Spawn {
+        operation: format!("bind {} into the sandbox", bin.display()),
+        reason: e.to_string(),
+    })?;
+    let (mut prefix, mut mounts) = loader_entrypoint(&bin)?;
+    mounts.push(bind(&bin, HOST_BINARY));
+    prefix.extend([
+        HOST_BINARY.to_string(),
+        smithers_runtime_native_init_subcommand().to_string(),
+    ]);
+    Ok((prefix, mounts))
+}
+
 /// The holder's container: `smithers-sandbox`'s init as the egress holder (behind
 /// `entrypoint`'s loader, if any) in the step's image, run as `uid:gid` with
 /// `NetworkMode=none`, no capabilities and small limits.

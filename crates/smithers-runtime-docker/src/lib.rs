@@ -21,6 +21,20 @@
 //!   long-lived container plus `exec`: one create/start instead of create/start/exec/kill),
 //!   attached before start so no output is lost.
 //!
+//! # The engine: a sandbox across many commands
+//!
+//! The runtime is also a [`smithers_runtime::Engine`] (`live`): `create` and `ship` are the
+//! step's; `start` runs one long-lived container from the same body a step's container gets,
+//! whose command is this build's binary (bound read-only, as the egress holder's) waiting in
+//! the init's `--container-wait` mode under Docker's init; each `exec` is a `docker exec` of
+//! that binary as the command's wrapper (`--container-exec`: the command's own process group,
+//! killed whole when it ends; its exit code or signal told apart), and a timeout or a cancel
+//! kills that group with a second exec (`--container-kill`), Docker having no call to kill an
+//! exec. The wrappers' pid files are in a tmpfs of the container's own, checked before use.
+//! `stop` kills the container and waits for it (the egress decisions of the sandbox's life go
+//! to its log, for `collect`'s bundle); `destroy` is `stop` and `cleanup`. The binary is
+//! [`DockerOptions::egress_holder`]: without it the engine refuses at `create`.
+//!
 //! # Enforced, or refused
 //!
 //! | control | how |
@@ -51,20 +65,40 @@
 
 #![forbid(unsafe_code)]
 
+/// The pids limit on a parent cgroup of ours.
 mod cgroup;
+/// The bundle, through `smithers_runtime::collect`.
 mod collect;
+/// The egress holder container; this build's binary bound into a container.
 mod egress;
+/// The controls refused, the probe, one sandbox's enforcement report.
 mod enforcement;
+/// The engine connection, its failures named with their fix, object removal.
 mod engine;
+/// What a stored handle names, and whether it may be trusted to name it.
 mod handle;
+/// State directories, the capped tmpfs layer, files read untrusted.
 mod hostfs;
+/// The `Engine`: start, exec, stop of a long-lived container.
+mod live;
+/// Usage and limit hits from the container's cgroup.
 mod monitor;
+/// The labelled leftovers of dead owners removed.
 mod orphans;
+/// Pure translation to Engine API objects.
 pub mod plan;
+/// A step's output relayed and capped.
 mod pump;
+/// One step's container created, attached, started, watched and waited for.
 mod run;
+/// The runtime value, its options, its engine connection.
 mod runtime;
+/// The sandboxes started through the engine and not stopped.
+mod started;
+/// The `Runtime` verbs: create, ship, execute, collect, cleanup, probe.
 mod verbs;
+/// The watchdog process of a running container.
+mod watchdog;
 
 pub use engine::{default_socket, MIN_API_VERSION};
 pub use orphans::{OrphanFilter, OrphanReport};

@@ -21,6 +21,7 @@ use crate::enforcement::enforcement_for;
 use crate::engine::{self, describe, remove_container, spawn_err};
 use crate::plan::{self, BackendState};
 use crate::runtime::{DockerRuntime, Live};
+use crate::watchdog::spawn_watchdog;
 use crate::{cgroup, hostfs, monitor, pump};
 
 /// Largest result JSON read from `/result/result.json` (the README limit of a bundle).
@@ -426,41 +427,6 @@ async fn termination_of(
         None if (129..=128 + 64).contains(&code) => (Termination::Signaled, None, Some(code - 128)),
         None => (Termination::Exited, Some(code), None),
     })
-}
-
-/// A running watchdog process; dropping it without [`Watchdog::dismiss`] closes its stdin,
-/// which makes it kill the container (right on every error path: the step must not outlive
-/// a failed execute).
-struct Watchdog {
-    child: tokio::process::Child,
-    stdin: Option<tokio::process::ChildStdin>,
-}
-
-impl Watchdog {
-    /// The container is stopped: tell the watchdog to exit without killing, and reap it.
-    async fn dismiss(mut self) {
-        use tokio::io::AsyncWriteExt;
-        if let Some(mut stdin) = self.stdin.take() {
-            let _ = stdin.write_all(b"done\n").await;
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
-    }
-}
-
-fn spawn_watchdog(bin: &Path, socket: &str, id: &str) -> Result<Watchdog, RuntimeError> {
-    let mut child = tokio::process::Command::new(bin)
-        .arg(socket)
-        .arg(id)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        // Its own process group: a signal to the orchestrator's group must not reach it.
-        .process_group(0)
-        .kill_on_drop(false)
-        .spawn()
-        .map_err(|e| RuntimeError::spawn(format!("start the watchdog {}", bin.display()), e))?;
-    let stdin = child.stdin.take();
-    Ok(Watchdog { child, stdin })
 }
 
 /// Waits until the container is not running (returns at once if it already stopped).

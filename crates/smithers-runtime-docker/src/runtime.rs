@@ -10,6 +10,7 @@ use smithers_runtime::{Controls, ExecOutcome, RuntimeError};
 use tokio::sync::OnceCell;
 
 use crate::engine::{self, default_socket};
+use crate::started::StartedSandboxes;
 
 /// File name of the watchdog binary.
 pub const WATCHDOG_BIN: &str = "smithers-docker-watchdog";
@@ -69,6 +70,8 @@ pub struct DockerRuntime {
     pub(crate) opts: DockerOptions,
     pub(crate) engine: OnceCell<(Docker, engine::EngineInfo)>,
     pub(crate) live: Mutex<HashMap<String, Live>>,
+    /// The sandboxes started through the engine and not stopped.
+    pub(crate) started: StartedSandboxes,
 }
 
 impl DockerRuntime {
@@ -78,6 +81,7 @@ impl DockerRuntime {
             opts,
             engine: OnceCell::new(),
             live: Mutex::new(HashMap::new()),
+            started: StartedSandboxes::default(),
         }
     }
 

@@ -342,6 +342,12 @@ impl Runtime for DockerRuntime {
                 }
                 Err(e) => errors.push(e),
             }
+            // A sandbox started through the engine and cleaned up without a stop: its
+            // container is gone now, so what it kept goes too.
+            let started = self.started.lock().remove(&state.container_name);
+            if let Some(started) = started {
+                started.release().await;
+            }
             // The host side (an unmount, whole trees removed, the cgroup) on a blocking thread.
             let (owned, engine_ok) = (state.clone(), errors.is_empty());
             let host_errors = blocking("clean up the sandbox", move || {

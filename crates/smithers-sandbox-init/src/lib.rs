@@ -42,7 +42,8 @@
 //! phases: `control` (the control socket), `namespaces` and `cgroups` (P0 before the
 //! fork), `p0` (forking and supervising P1), `network` (the network namespace, made by P0
 //! and entered by P1), `p1`, `mounts`, `privileges` and `spawn` (P1), `probe` (the host
-//! probe mode), [`zygote`] (the fork server) and [`sys`] (syscall wrappers).
+//! probe mode), [`zygote`] (the fork server), [`container`] (the docker engine's modes in a
+//! long-lived container: wait, an exec's wrapper, its kill) and [`sys`] (syscall wrappers).
 //!
 //! # Single-threaded, checked
 //!
@@ -53,6 +54,7 @@
 
 mod cgroups;
 pub mod channel;
+pub mod container;
 mod control;
 mod fdpass;
 mod mounts;
@@ -110,6 +112,22 @@ pub fn run(args: &[String]) -> i32 {
                 );
                 2
             }
+        },
+        Some(container::WAIT) => container::wait(),
+        Some(container::EXEC) => match container::parse_exec(&args[1..]) {
+            Some(exec) => container::exec(&exec),
+            None => {
+                eprintln!("smithers-sandbox-init: --container-exec needs TOKEN --cwd DIR [--null-stdin] -- ARGV...");
+                2
+            }
+        },
+        Some(container::KILL) => match args.get(1) {
+            Some(token) => container::kill(token),
+            None => 2,
+        },
+        Some(container::STATUS) => match args.get(1) {
+            Some(token) => container::status(token),
+            None => 2,
         },
         Some("--probe") => match args.get(1) {
             Some(scratch) => run_probe(Path::new(scratch)),

@@ -17,7 +17,7 @@ pub mod cases;
 mod live;
 
 pub use cases::CASES;
-pub use live::{ByteSink, Live, Ran};
+pub use live::{gone, host_pids_with, ByteSink, Live, Ran};
 
 use std::sync::Arc;
 

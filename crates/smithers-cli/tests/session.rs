@@ -457,3 +457,68 @@ fn a_lost_session_that_changed_nothing_is_failed_as_lost() {
     assert_eq!(row["status"], "failed", "{row}");
     assert!(row.to_string().contains("lost"), "{row}");
 }
+
+fn docker_ready() -> bool {
+    let ok = Command::new("docker")
+        .args(["image", "inspect", "smithers-test:busybox"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok || smithers_test_support::skip_or_fail(
+        "no Docker engine with smithers-test:busybox (scripts/docker-up.sh makes both)",
+    )
+}
+
+/// The same verbs on a container: one long-lived container, each command a Docker exec.
+#[test]
+fn a_docker_session_runs_many_commands_and_ends_in_the_review() {
+    if !docker_ready() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&["--runtime", "docker", "--image", "smithers-test:busybox"]);
+    let all: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    let out = env.exec(&id, &[], &["sh", "-c", "cat; echo err >&2; exit 4"], &all);
+    assert_eq!(code(&out), 4, "{}", text(&out));
+    assert!(
+        out.stdout == all,
+        "stdout differs ({} bytes)",
+        out.stdout.len()
+    );
+    assert_eq!(out.stderr, b"err\n");
+    assert_eq!(code(&env.sh(&id, "kill -9 $$")), 137);
+    assert_eq!(code(&env.sh(&id, "mkdir sub")), 0);
+    let out = env.exec(
+        &id,
+        &["--cwd", "sub", "--env", "K=v"],
+        &["sh", "-c", "echo $K; pwd"],
+        b"",
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "v\n/workspace/sub\n");
+    for i in 0..100 {
+        let out = env.exec(&id, &["-n"], &["true"], b"");
+        assert_eq!(code(&out), 0, "exec {i}: {}", text(&out));
+    }
+    let mut w = env
+        .cli()
+        .args(["session", "write", &id, "d/blob.bin"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    w.stdin.take().unwrap().write_all(&all[..5000]).unwrap();
+    assert!(w.wait().unwrap().success());
+    let read = env
+        .cli()
+        .args(["session", "read", &id, "d/blob.bin"])
+        .output()
+        .unwrap();
+    assert!(read.stdout == all[..5000], "{}", text(&read));
+    let stop = env.json(&["session", "stop", &id]);
+    assert_eq!(stop["status"], "review", "{stop}");
+    let accepted = env.cli().args(["accept", &id]).output().unwrap();
+    assert!(accepted.status.success(), "{}", text(&accepted));
+    assert_eq!(
+        std::fs::read(env.root.join("d/blob.bin")).unwrap(),
+        &all[..5000]
+    );
+}

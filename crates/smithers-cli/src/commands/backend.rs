@@ -206,6 +206,15 @@ pub fn orchestrator_with(
     orchestrator_over(db_path, Arc::new(native))
 }
 
+/// The docker runtime the CLI uses: this very binary holds a container's network namespace
+/// for an egress policy, and is a live container's waiting init.
+pub(crate) fn docker_runtime() -> DockerRuntime {
+    DockerRuntime::new(DockerOptions {
+        egress_holder: std::env::current_exe().ok(),
+        ..DockerOptions::default()
+    })
+}
+
 /// The orchestrator over the store at `db_path` with `native` as its native runtime (and
 /// docker, codeplane and ray as the environment configures them).
 pub(crate) fn orchestrator_over(
@@ -213,11 +222,7 @@ pub(crate) fn orchestrator_over(
     native: Arc<smithers_runtime_native::NativeRuntime>,
 ) -> anyhow::Result<Orchestrator> {
     let store = Arc::new(Store::open(db_path).coded()?);
-    // This very binary holds a container step's network namespace for an egress policy.
-    let docker = DockerRuntime::new(DockerOptions {
-        egress_holder: std::env::current_exe().ok(),
-        ..DockerOptions::default()
-    });
+    let docker = docker_runtime();
     let orchestrator = Orchestrator::new(store, Arc::new(AtomicPatchApplier), Settings::from_env())
         .coded()?
         .with_runtime(native)

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde_json::{json, Value};
 use smithers_orchestrator::{Orchestrator, SandboxOutcome, SandboxRequest, StepContext};
-use smithers_runtime::{CancellationToken, ExecExit, ExecRequest, OutputSink, StepStdin};
+use smithers_runtime::{
+    CancellationToken, Engine, ExecExit, ExecRequest, OutputSink, Runtime, StepStdin,
+};
 
 use super::fd_sink::FdSink;
 use super::runtime::{SessionRuntime, Started};
@@ -51,9 +53,20 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
     let socket = wire::sessions_dir(true)?.join(format!("{sandbox_id}.sock"));
     let native = Arc::new(backend::native_runtime_with(args.run.workspace.mode())?);
     let (to_holder, started) = tokio::sync::oneshot::channel();
+    let (runtime, engine): (Arc<dyn Runtime>, Arc<dyn Engine>) = match args.run.runtime {
+        backend::RuntimeChoice::Docker => {
+            let docker = Arc::new(backend::docker_runtime());
+            (docker.clone(), docker)
+        }
+        backend::RuntimeChoice::Bubblewrap => (native.clone(), native.clone()),
+        other => anyhow::bail!(
+            "a session is held on this host: --runtime bubblewrap or docker, not {}",
+            other.kind()
+        ),
+    };
     let session_runtime = SessionRuntime {
-        runtime: native.clone(),
-        engine: native.clone(),
+        runtime,
+        engine,
         started: Mutex::new(Some(to_holder)),
     };
     let db_path = args.run.store.db_path()?;

@@ -6,7 +6,7 @@
 //! descriptors, one answer); the same through the CLI (`session exec`, a whole process); a
 //! bare bwrap sandbox per command; and `smithers-sandbox run -- true` (a sandbox of ours per
 //! command, whole process). Peers' per-command sandboxes (firejail, `runsc do`, Codex's and
-//! srt) are measured when installed, and named as absent otherwise.
+//! srt: [`peers`]) are measured when installed, and named as absent otherwise.
 
 use std::fs::File;
 use std::os::fd::AsFd;

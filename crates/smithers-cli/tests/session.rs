@@ -522,3 +522,96 @@ fn a_docker_session_runs_many_commands_and_ends_in_the_review() {
         &all[..5000]
     );
 }
+
+/// A session held on a sandbox host (`serve`): the holder is the host's client; the commands
+/// run there, their bytes stream back; the change comes back for review here.
+#[test]
+fn a_session_on_a_sandbox_host_runs_there_and_its_change_comes_back_for_review() {
+    if !sandboxes_usable() {
+        return;
+    }
+    const TOKEN: &str = "session-host-token-0123456789";
+    let env = Env::new();
+    let data = support::serve::data_dir(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "session-host",
+    );
+    let (addr, _pid) = support::serve::keep_for_process(support::serve::ServeOptions {
+        token: TOKEN.into(),
+        data_dir: data,
+        ..Default::default()
+    })
+    .unwrap();
+    let url = format!("http://{addr}");
+    let cli = || {
+        let mut c = env.cli();
+        c.env("CODEPLANE_API_URL", &url)
+            .env("CODEPLANE_API_KEY", TOKEN);
+        c
+    };
+    let out = cli()
+        .args(["--json", "session", "start", "--runtime", "codeplane"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let id = serde_json::from_slice::<Value>(&out.stdout).unwrap()["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let all: Vec<u8> = (0..=255u8).cycle().take(200_000).collect();
+    let mut child = cli()
+        .args([
+            "session",
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "cat; cat a.txt >&2; exit 6",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let bytes = all.clone();
+    let feeder = std::thread::spawn(move || input.write_all(&bytes));
+    let out = child.wait_with_output().unwrap();
+    feeder.join().unwrap().unwrap();
+    assert_eq!(code(&out), 6, "{}", text(&out));
+    assert!(
+        out.stdout == all,
+        "stdout differs ({} bytes)",
+        out.stdout.len()
+    );
+    assert_eq!(out.stderr, b"hello\n");
+    let w = cli()
+        .args([
+            "session",
+            "exec",
+            &id,
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            "echo remote > r.txt",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&w), 0, "{}", text(&w));
+    let stop = cli()
+        .args(["--json", "session", "stop", &id])
+        .output()
+        .unwrap();
+    let stop: Value = serde_json::from_slice(&stop.stdout).unwrap();
+    assert_eq!(stop["status"], "review", "{stop}");
+    assert!(!env.root.join("r.txt").exists());
+    let accepted = cli().args(["accept", &id]).output().unwrap();
+    assert!(accepted.status.success(), "{}", text(&accepted));
+    assert_eq!(
+        std::fs::read_to_string(env.root.join("r.txt")).unwrap(),
+        "remote\n"
+    );
+}

@@ -125,9 +125,9 @@ pub struct RemoteRuntime {
 /// What the handle's `backend` field holds, enough to clean up from another process.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Backend {
-    base_url: String,
-    host_id: String,
+pub(crate) struct Backend {
+    pub(crate) base_url: String,
+    pub(crate) host_id: String,
     root_dir: PathBuf,
 }
 
@@ -177,11 +177,11 @@ impl RemoteRuntime {
         &self.options
     }
 
-    fn url(&self, base: &str, path: &str) -> String {
+    pub(crate) fn url(&self, base: &str, path: &str) -> String {
         format!("{base}{path}")
     }
 
-    fn request(&self, method: Method, url: &str) -> RequestBuilder {
+    pub(crate) fn request(&self, method: Method, url: &str) -> RequestBuilder {
         self.http
             .request(method, url)
             .bearer_auth(&self.options.token)
@@ -202,7 +202,7 @@ impl RemoteRuntime {
 
     /// Sends a request built by `build`, retrying what is safe (see the crate docs). `safe`
     /// says whether repeating a request the host may have received is harmless.
-    async fn send(
+    pub(crate) async fn send(
         &self,
         base: &str,
         what: &'static str,
@@ -437,7 +437,7 @@ impl RemoteRuntime {
     /// The handle's remote state, only when it names this runtime's own host and a plain
     /// sandbox id: a handle read back from a crafted database must not send our token to
     /// another server, nor splice a path (`../`) into the request URL.
-    fn backend(&self, handle: &SandboxHandle) -> Result<Backend, RuntimeError> {
+    pub(crate) fn backend(&self, handle: &SandboxHandle) -> Result<Backend, RuntimeError> {
         let b = backend(handle)?;
         if b.base_url != self.options.base_url {
             return Err(RuntimeError::InvalidControl {

@@ -28,6 +28,9 @@
 
 #[cfg(feature = "client")]
 mod client;
+/// The codeplane runtime as an engine: a session held on the host.
+#[cfg(feature = "client")]
+mod engine;
 
 #[cfg(feature = "client")]
 pub use client::{

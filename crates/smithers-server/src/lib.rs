@@ -48,6 +48,7 @@ mod policy;
 mod recovery;
 mod review;
 mod routes;
+mod session;
 mod state;
 #[cfg(feature = "test-runtime")]
 pub mod testing;
@@ -92,6 +93,7 @@ impl SandboxServer {
         Ok(SandboxServer {
             state: Arc::new(state::AppState {
                 runtime,
+                engine: None,
                 orchestrator: None,
                 config,
                 tokens,
@@ -113,6 +115,23 @@ impl SandboxServer {
     /// (it died without deleting them: see `recovery`). Call before serving.
     pub async fn recover(&self) -> Vec<Recovered> {
         recovery::recover(&self.state.config.data_dir, self.state.runtime.as_ref()).await
+    }
+
+    /// Attaches the engine of the same backend as the runtime: sandboxes can then be
+    /// started as sessions (`POST …/start`, `…/exec`, `…/stop`). Call before serving.
+    pub fn with_engine(
+        mut self,
+        engine: Arc<dyn smithers_runtime::Engine>,
+    ) -> Result<Self, ServerError> {
+        match Arc::get_mut(&mut self.state) {
+            Some(state) => {
+                state.engine = Some(engine);
+                Ok(self)
+            }
+            None => Err(ServerError::Serve {
+                source: std::io::Error::other("with_engine called on a shared server"),
+            }),
+        }
     }
 
     /// Attaches the orchestrator whose durable reviews the review endpoints serve. Call
@@ -145,6 +164,9 @@ impl SandboxServer {
             .route("/sandboxes/{id}/execute", post(routes::execute))
             .route("/sandboxes/{id}/events", get(routes::events))
             .route("/sandboxes/{id}/cancel", post(routes::cancel))
+            .route("/sandboxes/{id}/start", post(session::start))
+            .route("/sandboxes/{id}/exec", post(session::exec))
+            .route("/sandboxes/{id}/stop", post(session::stop))
             .route("/sandboxes/{id}/bundle", get(routes::bundle))
             .route("/probe", get(routes::probe))
             .route("/reviews", get(review::list))

@@ -1099,12 +1099,18 @@ pub(crate) async fn delete(
 /// removes its directory and its entry.
 async fn remove(state: &AppState, e: &Arc<Entry>) -> Result<(), ApiError> {
     let _op = e.op.lock().await;
+    let mut live = false;
     let running = {
         let mut inner = lock(&e.inner);
         match inner.state {
             SandboxState::Running => {
                 inner.cancel.cancel();
                 true
+            }
+            SandboxState::Live => {
+                inner.state = SandboxState::Cancelled;
+                live = true;
+                false
             }
             SandboxState::Created | SandboxState::Shipped => {
                 inner.state = SandboxState::Cancelled;
@@ -1118,6 +1124,19 @@ async fn remove(state: &AppState, e: &Arc<Entry>) -> Result<(), ApiError> {
             _ => false,
         }
     };
+    if live {
+        // Every process of the session ends before its files go.
+        if let Some(engine) = &state.engine {
+            engine
+                .stop(&e.handle)
+                .await
+                .map_err(|err| ApiError::runtime(&err))?;
+        }
+        state
+            .metrics
+            .sandbox_completed(state.runtime.kind().as_str(), "cancelled");
+        e.events.push(WireEvent::Cancelled);
+    }
     if running {
         // The runtime guarantees every process is gone when execute returns; wait for that
         // (and for collect) before removing what they used.
@@ -1184,6 +1203,17 @@ pub(crate) async fn expire_idle(state: Arc<AppState>, expiry: Duration) {
             // Touched (or started) while we were collecting: not idle any more.
             let idle_ms = now_ms().saturating_sub(e.last_active_ms.load(Ordering::SeqCst));
             if e.state() == SandboxState::Running || idle_ms < expiry_ms {
+                continue;
+            }
+            // An idle session is stopped and collected first: its bundle then waits for its
+            // client as a finished step's does, and expires as one.
+            if e.state() == SandboxState::Live {
+                if let Err(err) = crate::session::stop_and_collect(&state, &e).await {
+                    eprintln!(
+                        "smithers-server: stopping idle session {}: {}",
+                        e.id, err.report.message
+                    );
+                }
                 continue;
             }
             match remove(&state, &e).await {

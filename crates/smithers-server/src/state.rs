@@ -34,6 +34,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub(crate) struct AppState {
     pub runtime: Arc<dyn Runtime>,
+    /// The same backend's engine, for sessions (`crate::session`); none: sessions refused.
+    pub engine: Option<Arc<dyn smithers_runtime::Engine>>,
     /// Serves the review endpoints when attached.
     pub orchestrator: Option<Arc<smithers_orchestrator::Orchestrator>>,
     pub config: ServerConfig,

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod archive;
+pub mod session;
 mod sse;
 pub mod wire;
 

@@ -58,6 +58,9 @@ pub enum SandboxState {
     Shipped,
     /// The step is running.
     Running,
+    /// Started as a session (`POST …/start`): it takes commands (`POST …/exec`) until
+    /// `POST …/stop` collects its bundle.
+    Live,
     /// The step ended (any exit code, timeout, limit or cancellation while running) and the
     /// result bundle was collected.
     Completed,
@@ -81,6 +84,7 @@ impl SandboxState {
             SandboxState::Created => "created",
             SandboxState::Shipped => "shipped",
             SandboxState::Running => "running",
+            SandboxState::Live => "live",
             SandboxState::Completed => "completed",
             SandboxState::Failed => "failed",
             SandboxState::Cancelled => "cancelled",

@@ -197,7 +197,9 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     config.limits.sse_keepalive = Duration::from_millis(args.keepalive_ms);
     config.limits.header_read_timeout = Duration::from_millis(args.header_timeout_ms);
     config.limits.max_connections = args.max_connections as usize;
-    let server = SandboxServer::new(config, native)
+    let server = SandboxServer::new(config, native.clone())
+        .coded()?
+        .with_engine(native)
         .coded()?
         .with_orchestrator(orchestrator.clone())
         .coded()?;

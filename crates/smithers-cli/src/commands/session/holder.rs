@@ -25,6 +25,7 @@ use super::runtime::{SessionRuntime, Started};
 use super::wire::{self, error_json, Request, SessionInfo};
 use super::StartArgs;
 use crate::commands::{backend, context, run};
+use crate::output::Coded;
 
 /// What every connection's thread shares.
 struct Holder {
@@ -59,8 +60,13 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
             (docker.clone(), docker)
         }
         backend::RuntimeChoice::Bubblewrap => (native.clone(), native.clone()),
+        // Held on a sandbox host (`serve`): this holder is its client for the session's life.
+        backend::RuntimeChoice::Codeplane => {
+            let remote = Arc::new(smithers_runtime_remote::RemoteRuntime::from_env().coded()?);
+            (remote.clone(), remote)
+        }
         other => anyhow::bail!(
-            "a session is held on this host: --runtime bubblewrap or docker, not {}",
+            "a session runs on --runtime bubblewrap, docker or codeplane, not {}",
             other.kind()
         ),
     };

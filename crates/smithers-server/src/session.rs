@@ -1,0 +1,307 @@
+//! Hosted sessions: a shipped sandbox started through the host's engine (`POST …/start`),
+//! sent commands (`POST …/exec`, each answered by a framed stream of its output and its end:
+//! `smithers_wire::session`), and ended (`POST …/stop`), which collects its bundle as a step's
+//! end does (`GET …/bundle` then serves it). A session belongs to its token as any sandbox;
+//! the operator's ceilings were applied at create (its limits) and bound each command's
+//! timeout; one idle past the idle expiry is stopped and collected, then expires as a
+//! completed sandbox does.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use smithers_errors::{CodedError, ErrorCode};
+use smithers_runtime::{
+    CancellationToken, Engine, ExecRequest, OutputEvent, OutputSink, OutputStream, Room, StepStdin,
+};
+use smithers_wire::session::{self as wire_session, ExecBody, MAX_STDIN_BYTES};
+use smithers_wire::wire::{ResultInfo, SandboxState, WireEvent};
+use tokio::sync::{mpsc, Notify};
+
+use crate::error::ApiError;
+use crate::json::{json_response, read_json};
+use crate::state::{lock, AppState, Entry, Owner};
+
+type St = State<Arc<AppState>>;
+
+/// Output queued for a client beyond which the command waits (its pipe fills).
+const WINDOW_BYTES: u64 = 4 << 20;
+/// The largest exec body (a 16 MiB stdin in base64, and the rest).
+const MAX_EXEC_BODY: usize = MAX_STDIN_BYTES / 3 * 4 + (1 << 20);
+
+fn engine(state: &AppState) -> Result<Arc<dyn Engine>, ApiError> {
+    state.engine.clone().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            ErrorCode::TaskRuntimeUnavailable,
+            "this host runs no engine: sessions are unavailable",
+        )
+    })
+}
+
+fn entry(state: &AppState, id: &str, owner: &Owner) -> Result<Arc<Entry>, ApiError> {
+    let e = state
+        .get(id, owner)
+        .ok_or_else(|| ApiError::not_found(id))?;
+    e.touch();
+    Ok(e)
+}
+
+/// `POST /v1/sandboxes/{id}/start`: a shipped sandbox becomes a live session.
+pub(crate) async fn start(
+    State(state): St,
+    Extension(owner): Extension<Owner>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let engine = engine(&state)?;
+    let e = entry(&state, &id, &owner)?;
+    let _op = e.op.lock().await;
+    {
+        let inner = lock(&e.inner);
+        if inner.state != SandboxState::Shipped {
+            return Err(ApiError::conflict(
+                format!(
+                    "start needs a shipped sandbox (sandbox is {})",
+                    inner.state.as_str()
+                ),
+                inner.state.as_str(),
+            ));
+        }
+        if state.draining.load(Ordering::Relaxed) {
+            return Err(ApiError::draining());
+        }
+    }
+    engine
+        .start(&e.handle)
+        .await
+        .map_err(|err| ApiError::runtime(&err))?;
+    lock(&e.inner).state = SandboxState::Live;
+    e.events.push(WireEvent::State {
+        state: SandboxState::Live,
+    });
+    Ok(json_response(StatusCode::OK, &e.info(state.runtime.kind())))
+}
+
+/// `POST /v1/sandboxes/{id}/exec`: one command in the live session, answered by a framed
+/// stream. A client that goes away (the stream dropped) cancels it: its group is killed.
+pub(crate) async fn exec(
+    State(state): St,
+    Extension(owner): Extension<Owner>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let engine = engine(&state)?;
+    let e = entry(&state, &id, &owner)?;
+    let body: ExecBody = read_json(body, MAX_EXEC_BODY).await?;
+    let request = exec_request(&state, body)?;
+    if e.state() != SandboxState::Live {
+        return Err(ApiError::conflict(
+            format!(
+                "exec needs a live session (sandbox is {})",
+                e.state().as_str()
+            ),
+            e.state().as_str(),
+        ));
+    }
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let queued = Arc::new(AtomicU64::new(0));
+    let drained = Arc::new(Notify::new());
+    let sink = FrameSink {
+        tx: tx.clone(),
+        queued: queued.clone(),
+        drained: drained.clone(),
+    };
+    let cancel = CancellationToken::new();
+    let guard = cancel.clone().drop_guard();
+    let handle = e.handle.clone();
+    let entry = e.clone();
+    state.tasks.spawn(async move {
+        let last = match engine.exec(&handle, request, cancel, &sink).await {
+            Ok(exit) => wire_session::frame(
+                wire_session::EXIT,
+                &serde_json::to_vec(&exit).unwrap_or_default(),
+            ),
+            Err(err) => wire_session::frame(
+                wire_session::FAILED,
+                &serde_json::to_vec(&err.report()).unwrap_or_default(),
+            ),
+        };
+        entry.touch();
+        let _ = tx.send(Bytes::from(last));
+    });
+    let stream = futures_util::stream::unfold((rx, guard, queued, drained), |mut s| async move {
+        let chunk = s.0.recv().await?;
+        s.2.fetch_sub(chunk.len() as u64, Ordering::SeqCst);
+        s.3.notify_waiters();
+        Some((Ok::<_, std::io::Error>(chunk), s))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/vnd.smithers.exec-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// The engine's request from the client's body, checked; its timeout within the ceiling.
+fn exec_request(state: &AppState, body: ExecBody) -> Result<ExecRequest, ApiError> {
+    let invalid =
+        |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::InvalidInput, m);
+    if body.argv.first().is_none_or(String::is_empty) {
+        return Err(invalid("argv must name a program".into()));
+    }
+    let stdin = match &body.stdin_base64 {
+        None => StepStdin::default(),
+        Some(b64) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|e| invalid(format!("stdinBase64 is not base64: {e}")))?;
+            if bytes.len() > MAX_STDIN_BYTES {
+                return Err(ApiError::too_large("stdin", MAX_STDIN_BYTES as u64));
+            }
+            StepStdin::from_reader(std::io::Cursor::new(bytes))
+        }
+    };
+    let ceiling = state.config.limits.ceilings.max_timeout;
+    let timeout = body
+        .timeout_ms
+        .map_or(ceiling, |ms| Duration::from_millis(ms).min(ceiling));
+    Ok(ExecRequest {
+        argv: body.argv,
+        cwd: body.cwd,
+        env: body.env,
+        stdin,
+        timeout: Some(timeout),
+    })
+}
+
+/// Frames of a command's output for the client, with room for [`WINDOW_BYTES`] of them.
+struct FrameSink {
+    tx: mpsc::UnboundedSender<Bytes>,
+    queued: Arc<AtomicU64>,
+    drained: Arc<Notify>,
+}
+
+impl OutputSink for FrameSink {
+    fn event(&self, event: OutputEvent) {
+        let OutputEvent::Output { stream, bytes, .. } = event else {
+            return;
+        };
+        let kind = match stream {
+            OutputStream::Stdout => wire_session::STDOUT,
+            OutputStream::Stderr => wire_session::STDERR,
+        };
+        for part in bytes.chunks(wire_session::MAX_FRAME) {
+            let frame = wire_session::frame(kind, part);
+            self.queued.fetch_add(frame.len() as u64, Ordering::SeqCst);
+            let _ = self.tx.send(Bytes::from(frame));
+        }
+    }
+
+    fn room(&self) -> Room<'_> {
+        Box::pin(async move {
+            loop {
+                let notified = self.drained.notified();
+                if self.queued.load(Ordering::SeqCst) <= WINDOW_BYTES || self.tx.is_closed() {
+                    return;
+                }
+                notified.await;
+            }
+        })
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/stop`: the session ends; its bundle is collected.
+pub(crate) async fn stop(
+    State(state): St,
+    Extension(owner): Extension<Owner>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let e = entry(&state, &id, &owner)?;
+    stop_and_collect(&state, &e).await?;
+    Ok(json_response(StatusCode::OK, &e.info(state.runtime.kind())))
+}
+
+/// Stops a live session and collects its bundle (completed), or says why not. A session
+/// stopped already is left as it is.
+pub(crate) async fn stop_and_collect(state: &AppState, e: &Arc<Entry>) -> Result<(), ApiError> {
+    let _op = e.op.lock().await;
+    if e.state() != SandboxState::Live {
+        return match e.state() {
+            SandboxState::Completed => Ok(()),
+            other => Err(ApiError::conflict(
+                format!("stop needs a live session (sandbox is {})", other.as_str()),
+                other.as_str(),
+            )),
+        };
+    }
+    let engine = engine(state)?;
+    engine
+        .stop(&e.handle)
+        .await
+        .map_err(|err| ApiError::runtime(&err))?;
+    let runtime = state.runtime.kind().as_str();
+    match state.runtime.collect(&e.handle).await {
+        Ok(report) => {
+            let path = report.bundle_path.clone();
+            let size =
+                tokio::task::spawn_blocking(move || smithers_wire::archive::tree_size(&path))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or(0);
+            let result = ResultInfo {
+                patch_count: report.patch_count,
+                ignored_paths: report.ignored_paths.clone(),
+                bundle_size_bytes: size,
+            };
+            {
+                let mut inner = lock(&e.inner);
+                inner.state = SandboxState::Completed;
+                inner.result = Some(result.clone());
+                inner.bundle_path = Some(report.bundle_path.clone());
+            }
+            state.metrics.sandbox_completed(runtime, "finished");
+            // The session's end closes its event log, as a step's end does.
+            e.events.push(WireEvent::Completed {
+                outcome: Box::new(session_outcome(e)),
+                result,
+            });
+            e.touch();
+            Ok(())
+        }
+        Err(err) => {
+            lock(&e.inner).state = SandboxState::Failed;
+            state.metrics.sandbox_completed(runtime, "failed");
+            e.events.push(WireEvent::Failed {
+                error: err.report(),
+            });
+            Err(ApiError::runtime(&err))
+        }
+    }
+}
+
+/// How a stopped session ended, for its event log: stopped by its client, so well (each
+/// command's own end was that command's answer).
+fn session_outcome(e: &Entry) -> smithers_runtime::ExecOutcome {
+    let lived = crate::state::now_ms().saturating_sub(e.created_at_ms);
+    smithers_runtime::ExecOutcome {
+        termination: smithers_runtime::Termination::Exited,
+        exit_code: Some(0),
+        signal: None,
+        duration: Duration::from_millis(lived),
+        stdout_bytes: 0,
+        stderr_bytes: 0,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        usage: Default::default(),
+        enforcement: Default::default(),
+        result: None,
+        egress: None,
+        command_started_after_us: None,
+    }
+}

@@ -615,3 +615,73 @@ fn a_session_on_a_sandbox_host_runs_there_and_its_change_comes_back_for_review()
         "remote\n"
     );
 }
+
+/// On a terminal, what a session's command writes (and a file read) is shown inert, as a
+/// step's output is: its escapes never reach the terminal. To a pipe the bytes are as written.
+#[test]
+fn a_session_commands_output_on_a_terminal_is_inert() {
+    if !sandboxes_usable() {
+        return;
+    }
+    if !Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        smithers_test_support::skip_or_fail("util-linux `script` not found");
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&[]);
+    let evil =
+        r"printf 'a\033]52;c;aGk=\007b\n\033[2Jc\n' | tee evil.txt; printf '\033]0;title\007' >&2";
+    let on_tty = |args: &str| {
+        let out = Command::new("script")
+            .args([
+                "-qec",
+                &format!("{} {args}", support::native::bin_path()),
+                "/dev/null",
+            ])
+            .env("SMITHERS_RESIDENT_DIR", &env.sessions)
+            .env_remove("SMITHERS_DB")
+            .current_dir(&env.root)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        out.stdout
+    };
+    let shown = on_tty(&format!(
+        "session exec {id} -n -- sh -c \"{}\"",
+        evil.replace('"', "\\\"")
+    ));
+    let read = on_tty(&format!("session read {id} evil.txt"));
+    for bytes in [&shown, &read] {
+        assert!(
+            !contains(bytes, b"\x1b]52"),
+            "an OSC 52 reached the terminal: {bytes:?}"
+        );
+        assert!(
+            !contains(bytes, b"\x1b[2J") && !contains(bytes, b"\x07"),
+            "{bytes:?}"
+        );
+        assert!(
+            contains(bytes, b"]52;c;aGk="),
+            "the text is still shown: {bytes:?}"
+        );
+    }
+    assert!(
+        !contains(&shown, b"\x1b]0;"),
+        "a title escape reached the terminal"
+    );
+    let piped = env.sh(&id, "cat evil.txt");
+    assert!(
+        contains(&piped.stdout, b"\x1b]52;c;aGk=\x07"),
+        "to a pipe the bytes are as written"
+    );
+    let _ = env.json(&["session", "stop", &id]);
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}

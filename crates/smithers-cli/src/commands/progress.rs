@@ -167,6 +167,32 @@ fn complete_lines(pending: &mut Vec<u8>, bytes: &[u8], end: bool) -> Vec<Vec<u8>
     lines
 }
 
+/// Copies `from` to the terminal `to` made inert a line at a time, as a step's output is
+/// shown on a terminal (for a command whose bytes would otherwise reach the terminal as they
+/// are: a session's). Ends at `from`'s end; a terminal that cannot be written ends it too.
+pub(crate) fn inert_copy(mut from: impl std::io::Read, mut to: impl Write) {
+    let marked = color_allowed();
+    let mut pending = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let (n, end) = match from.read(&mut buf) {
+            Ok(0) => (0, true),
+            Ok(n) => (n, false),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => (0, true),
+        };
+        for line in complete_lines(&mut pending, &buf[..n], end) {
+            if writeln!(to, "{}", relayed(&line, marked)).is_err() {
+                return;
+            }
+        }
+        let _ = to.flush();
+        if end {
+            return;
+        }
+    }
+}
+
 const SPINNER: &[char] = &['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
 
 impl Display {

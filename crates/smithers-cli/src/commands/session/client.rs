@@ -156,9 +156,23 @@ pub fn exec(args: &ExecArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         stdin,
     };
     let stdio = (std::io::stdin(), std::io::stdout(), std::io::stderr());
-    let (i, o, e) = (stdio.0.as_fd(), stdio.1.as_fd(), stdio.2.as_fd());
+    // A terminal gets the command's output made inert, as `run` shows a step's: the command
+    // writes into a socket we read, never into the terminal itself.
+    let out = Shown::new(
+        stdio.1.as_fd(),
+        std::io::stdout().is_terminal(),
+        Terminal::Stdout,
+    )?;
+    let err = Shown::new(
+        stdio.2.as_fd(),
+        std::io::stderr().is_terminal(),
+        Terminal::Stderr,
+    )?;
+    let (i, o, e) = (stdio.0.as_fd(), out.fd(), err.fd());
     let fds: Vec<_> = if stdin { vec![i, o, e] } else { vec![o, e] };
-    let answer = ask_with(&args.id, &socket, &request, &fds)?;
+    let answer = ask_with(&args.id, &socket, &request, &fds);
+    let (_, _) = (out.finish(), err.finish());
+    let answer = answer?;
     let exit = &answer["exit"];
     if json_out {
         eprintln!("{exit}");
@@ -183,7 +197,11 @@ pub fn read(args: &PathArgs) -> anyhow::Result<ExitCode> {
     let request = Request::Read {
         path: args.path.clone(),
     };
-    ask_with(&args.id, &socket, &request, &[std::io::stdout().as_fd()])?;
+    let stdout = std::io::stdout();
+    let shown = Shown::new(stdout.as_fd(), stdout.is_terminal(), Terminal::Stdout)?;
+    let answer = ask_with(&args.id, &socket, &request, &[shown.fd()]);
+    shown.finish();
+    answer?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -281,6 +299,52 @@ pub fn ls(json_out: bool) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Which of our streams a relay writes to.
+#[derive(Clone, Copy)]
+enum Terminal {
+    Stdout,
+    Stderr,
+}
+
+/// A descriptor for a command's stream: ours as it is, or, for a terminal, a socket whose
+/// bytes a thread shows on the terminal made inert.
+enum Shown<'a> {
+    Direct(BorrowedFd<'a>),
+    Inert {
+        ours: std::os::unix::net::UnixStream,
+        relay: std::thread::JoinHandle<()>,
+    },
+}
+
+impl<'a> Shown<'a> {
+    fn new(fd: BorrowedFd<'a>, terminal: bool, which: Terminal) -> anyhow::Result<Shown<'a>> {
+        if !terminal {
+            return Ok(Shown::Direct(fd));
+        }
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let relay = std::thread::spawn(move || match which {
+            Terminal::Stdout => crate::commands::progress::inert_copy(theirs, std::io::stdout()),
+            Terminal::Stderr => crate::commands::progress::inert_copy(theirs, std::io::stderr()),
+        });
+        Ok(Shown::Inert { ours, relay })
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Shown::Direct(fd) => *fd,
+            Shown::Inert { ours, .. } => ours.as_fd(),
+        }
+    }
+
+    /// Our end closes (the holder's copy went with the command), and what is left is shown.
+    fn finish(self) {
+        if let Shown::Inert { ours, relay } = self {
+            drop(ours);
+            let _ = relay.join();
+        }
+    }
 }
 
 /// One request and its answer.

@@ -33,3 +33,22 @@ mod conformance {
 mod containment {
     smithers_test_support::containment_tests!(crate::env);
 }
+
+/// The engine suite on a lease: each sandbox placed on a node, started there as a session,
+/// sent its commands across the network hop, stopped and destroyed (its job ended).
+mod engine {
+    fn env(
+    ) -> Result<smithers_test_support::engine::EngineEnv, smithers_test_support::conformance::Skip>
+    {
+        if crate::support::ray::token().is_none() {
+            return Err(smithers_test_support::conformance::Skip::new(
+                "no Ray cluster (start one with scripts/ray/cluster.sh up; CI does)",
+            ));
+        }
+        Ok(smithers_test_support::engine::EngineEnv::new(
+            std::sync::Arc::new(crate::support::ray::runtime()),
+        ))
+    }
+
+    smithers_test_support::engine_tests!(env);
+}

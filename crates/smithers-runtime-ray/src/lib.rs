@@ -13,10 +13,14 @@
 //! retried here and a bundle from it is never kept; the node's own `serve` bounds a step
 //! nobody follows (`--orphan-timeout-ms`).
 //!
+//! A lease also holds a session for its life ([`smithers_runtime::Engine`], `engine`): the
+//! node's `serve` starts it and takes its commands, watched as a step is.
+//!
 //! See docs/scaling.md for running a fleet and ../shared/design/fleet.md for the design.
 
 #![forbid(unsafe_code)]
 
+mod engine;
 pub mod jobs;
 pub mod lease;
 mod options;

@@ -62,10 +62,10 @@ struct NodeBackend {
 
 /// A placed lease, attached: the node's client and the codeplane handle there.
 #[derive(Debug, Clone)]
-struct Attached {
-    remote: RemoteRuntime,
-    inner: SandboxHandle,
-    node: String,
+pub(crate) struct Attached {
+    pub(crate) remote: RemoteRuntime,
+    pub(crate) inner: SandboxHandle,
+    pub(crate) node: String,
 }
 
 /// The `ray` runtime. Cheap to clone.
@@ -363,7 +363,7 @@ impl RayRuntime {
 
     /// The attached lease of `handle`: from this process's table, or attached again from the
     /// cluster (a new client process reattaching from the row).
-    async fn attach(&self, handle: &SandboxHandle) -> Result<Attached, RuntimeError> {
+    pub(crate) async fn attach(&self, handle: &SandboxHandle) -> Result<Attached, RuntimeError> {
         let k = key(&handle.run_id, &handle.sandbox_id);
         if let Some(a) = self.attached.lock().expect("attached table").get(&k) {
             return Ok(a.clone());
@@ -450,7 +450,7 @@ impl RayRuntime {
 
     /// Runs `fut` while watching the lease: the lease ending first is NODE_LOST; an error of
     /// `fut` from a lease that has ended is NODE_LOST too (the node's connection died with it).
-    async fn guarded<T>(
+    pub(crate) async fn guarded<T>(
         &self,
         handle: &SandboxHandle,
         fut: impl std::future::Future<Output = Result<T, RuntimeError>>,

@@ -65,10 +65,11 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
             let remote = Arc::new(smithers_runtime_remote::RemoteRuntime::from_env().coded()?);
             (remote.clone(), remote)
         }
-        other => anyhow::bail!(
-            "a session runs on --runtime bubblewrap, docker or codeplane, not {}",
-            other.kind()
-        ),
+        // Held on a lease of a Ray fleet, for the session's life.
+        backend::RuntimeChoice::Ray => {
+            let ray = Arc::new(smithers_runtime_ray::RayRuntime::from_env().coded()?);
+            (ray.clone(), ray)
+        }
     };
     let session_runtime = SessionRuntime {
         runtime,

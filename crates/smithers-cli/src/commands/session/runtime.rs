@@ -52,8 +52,10 @@ impl Runtime for SessionRuntime {
         self.runtime.probe().await
     }
 
+    // The step's verbs up to the start (create, place, ship) are the backend's own: a
+    // fleet's lease is placed between create and ship, with its events.
     async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
-        self.engine.create(config).await
+        self.runtime.create(config).await
     }
 
     async fn ship(
@@ -61,7 +63,7 @@ impl Runtime for SessionRuntime {
         handle: &SandboxHandle,
         request: &RequestBundle,
     ) -> Result<ShipReport, RuntimeError> {
-        self.engine.ship(handle, request).await
+        self.runtime.ship(handle, request).await
     }
 
     /// The session's life: started, served by the holder until it is over or `cancel`
@@ -119,6 +121,15 @@ impl Runtime for SessionRuntime {
             egress: None,
             command_started_after_us: None,
         })
+    }
+
+    /// A fleet's lease waits here for its node, as a step's does.
+    async fn place(
+        &self,
+        handle: SandboxHandle,
+        sink: &dyn smithers_runtime::PlacementSink,
+    ) -> Result<(SandboxHandle, Option<smithers_runtime::Placement>), RuntimeError> {
+        self.runtime.place(handle, sink).await
     }
 
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {

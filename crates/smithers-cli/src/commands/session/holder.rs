@@ -176,12 +176,28 @@ fn bind(socket: &Path) -> anyhow::Result<UnixListener> {
     UnixListener::bind(socket).with_context(|| format!("binding {}", socket.display()))
 }
 
+/// Connections served at once (each a thread; a command runs for as long as it runs): the
+/// init's own bound on a sandbox's commands at once.
+const MAX_CONNECTIONS: u64 = 1024;
+/// How long a client has to send its request once connected.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+
 fn spawn_acceptor(listener: UnixListener, holder: Arc<Holder>) {
+    let open = Arc::new(AtomicU64::new(0));
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
-            let holder = holder.clone();
-            std::thread::spawn(move || serve(&holder, conn));
+            if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+                let message = format!("the session serves {MAX_CONNECTIONS} requests at once");
+                let _ = wire::answer(&conn, &error_json("INVALID_INPUT", &message, json!({})));
+                continue;
+            }
+            open.fetch_add(1, Ordering::SeqCst);
+            let (holder, open) = (holder.clone(), open.clone());
+            std::thread::spawn(move || {
+                serve(&holder, conn);
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
         }
     });
 }
@@ -220,7 +236,11 @@ impl Holder {
 
 /// One connection: its request, answered.
 fn serve(holder: &Holder, conn: UnixStream) {
-    let (request, fds) = match wire::receive(&conn) {
+    // A client that connects and says nothing holds no thread for long.
+    let _ = conn.set_read_timeout(Some(REQUEST_DEADLINE));
+    let received = wire::receive(&conn);
+    let _ = conn.set_read_timeout(None);
+    let (request, fds) = match received {
         Ok(r) => r,
         Err(message) => {
             let _ = wire::answer(&conn, &error_json("INVALID_INPUT", &message, json!({})));

@@ -489,6 +489,7 @@ function heldSession(client: SandboxHostClient, hostId: string, ids: Ids, workdi
       if (!resp.body) throw badStream("no body");
       const reader = resp.body.getReader();
       const decoder = new FrameDecoder();
+      let end: End | undefined;
       let done = false;
       try {
         for (;;) {
@@ -501,29 +502,37 @@ function heldSession(client: SandboxHostClient, hostId: string, ids: Ids, workdi
               cause: error,
             });
           }
-          if (chunk.done) break;
+          if (chunk.done) {
+            done = true;
+            break;
+          }
+          // The end is the last frame: anything after it is a host that breaks the protocol.
+          if (end !== undefined) throw badStream("bytes after the command's end");
           decoder.push(chunk.value);
           for (let frame = decoder.next(); frame !== null; frame = decoder.next()) {
             if (frame.kind === FRAME_STDOUT) stdout.add(frame.payload);
             else if (frame.kind === FRAME_STDERR) stderr.add(frame.payload);
             else {
-              done = true;
-              const end = parseEnd(frame.kind, frame.payload);
+              end = parseEnd(frame.kind, frame.payload);
               if (decoder.pending > 0) throw badStream("bytes after the command's end");
-              return {
-                exitCode: end.exitCode,
-                ...(end.signal !== undefined ? { signal: end.signal } : {}),
-                termination: end.termination,
-                stdout: stdout.bytes(),
-                stderr: stderr.bytes(),
-                stdoutTruncated: stdout.truncated,
-                stderrTruncated: stderr.truncated,
-                stdoutBytes: Math.max(end.stdoutBytes, stdout.seen),
-                stderrBytes: Math.max(end.stderrBytes, stderr.seen),
-                durationMs: end.durationMs,
-              };
+              break;
             }
           }
+        }
+        // Read to the stream's own end (so its connection is reused), then answered.
+        if (end !== undefined) {
+          return {
+            exitCode: end.exitCode,
+            ...(end.signal !== undefined ? { signal: end.signal } : {}),
+            termination: end.termination,
+            stdout: stdout.bytes(),
+            stderr: stderr.bytes(),
+            stdoutTruncated: stdout.truncated,
+            stderrTruncated: stderr.truncated,
+            stdoutBytes: Math.max(end.stdoutBytes, stdout.seen),
+            stderrBytes: Math.max(end.stderrBytes, stderr.seen),
+            durationMs: end.durationMs,
+          };
         }
         if (ctl.signal.aborted) throw stopped(killed, opts.signal);
         throw new SmithersSandboxError(ErrorCodes.SANDBOX_EXECUTION_FAILED, "exec: the stream from the host ended before the command's end, so how it ended is unknown", {
@@ -532,7 +541,6 @@ function heldSession(client: SandboxHostClient, hostId: string, ids: Ids, workdi
       } finally {
         // Closing the stream early is what kills the command on the host.
         if (!done) await reader.cancel().catch(() => {});
-        else reader.releaseLock();
       }
     })();
     const settled = run.then(

@@ -9,6 +9,7 @@
  */
 
 import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -135,6 +136,19 @@ test("all 256 byte values round-trip through writeFile/readFile and through spaw
   const err = await s.spawn(["/bin/sh", "-c", "cat >&2"], { stdin: ALL_BYTES });
   assert.deepEqual(err.stderr, ALL_BYTES);
   assert.equal(err.stdout.length, 0);
+});
+
+test("megabytes of random bytes round-trip whole (frames split and joined)", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const s = await open({ key: freshKey("large") });
+  const data = new Uint8Array(randomBytes(3 * 1024 * 1024 + 17));
+  await s.writeFile("large.bin", data);
+  const back = await s.readFile("large.bin");
+  assert.equal(back.length, data.length);
+  assert.ok(Buffer.from(back).equals(Buffer.from(data)));
+  const piped = await s.spawn(["cat"], { stdin: data });
+  assert.ok(Buffer.from(piped.stdout).equals(Buffer.from(data)));
+  assert.equal(piped.stdoutBytes, data.length);
 });
 
 test("a missing file is not_found; a directory is refused; parent directories are created", { timeout: TEST_TIMEOUT_MS }, async (t) => {

@@ -11,6 +11,8 @@
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
@@ -118,6 +120,91 @@ test("keys become plain host ids; other keys are hashed, never colliding with a 
   assert.notDeepEqual(sessionIdsFor("build-42", OTHER_TOKEN), plain);
   assert.ok(!plain.sandboxId.includes(TOKEN));
   assert.throws(() => sessionIdsFor("", TOKEN), (e: unknown) => e instanceof SmithersSandboxError && e.code === "INVALID_INPUT");
+});
+
+/**
+ * A host that breaks the exec protocol, one way per program name: it claims a live session for
+ * the key, so `openSession` attaches to it, and answers each command as its argv[0] says.
+ */
+async function hostileHost(): Promise<{ url: string; close: () => Promise<void> }> {
+  const ids = sessionIdsFor("hostile", TOKEN);
+  const frame = (kind: string, payload: Uint8Array | string, len?: number) => {
+    const bytes = typeof payload === "string" ? Buffer.from(payload) : Buffer.from(payload);
+    const head = Buffer.alloc(5);
+    head[0] = kind.charCodeAt(0);
+    head.writeUInt32BE(len ?? bytes.length, 1);
+    return Buffer.concat([head, bytes]);
+  };
+  const exit = frame("x", JSON.stringify({ termination: "exited", exitCode: 0, signal: null, duration: 1, stdoutBytes: 2, stderrBytes: 0 }));
+  const srv = createServer((req, res) => {
+    if (req.method === "GET" && req.url === "/v1/sandboxes") {
+      res.setHeader("content-type", "application/json");
+      res.end(JSON.stringify([{ id: "sbx-hostile", ...ids, runtime: "native", state: "live", createdAtMs: 0 }]));
+      return;
+    }
+    let body = "";
+    req.on("data", (c: Buffer) => (body += c.toString()));
+    req.on("end", () => {
+      const argv = (JSON.parse(body) as { argv: string[] }).argv;
+      res.setHeader("content-type", "application/vnd.smithers.exec-stream");
+      switch (argv[0]) {
+        case "ok":
+          res.end(Buffer.concat([frame("o", "hi"), exit]));
+          break;
+        case "unknown-kind":
+          res.end(Buffer.concat([frame("o", "hi"), frame("z", "?")]));
+          break;
+        case "oversized":
+          // Claims a frame of 2 GiB and keeps sending: refused at its header, never buffered.
+          res.write(frame("o", "", 0x7fff_ffff));
+          res.write(Buffer.alloc(64 * 1024));
+          break;
+        case "cut":
+          res.end(frame("o", "partial"));
+          break;
+        case "after-end":
+          res.end(Buffer.concat([exit, frame("o", "late")]));
+          break;
+        case "failed":
+          res.end(frame("f", JSON.stringify({ code: "TASK_RUNTIME_UNAVAILABLE", message: "the engine is gone", details: { why: "test" } })));
+          break;
+        default:
+          res.statusCode = 404;
+          res.end(JSON.stringify({ code: "NOT_FOUND", message: "no" }));
+      }
+    });
+  });
+  await new Promise<void>((resolve) => srv.listen(0, "127.0.0.1", resolve));
+  const { port } = srv.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    close: () =>
+      new Promise<void>((resolve) => {
+        srv.closeAllConnections();
+        srv.close(() => resolve());
+      }),
+  };
+}
+
+// Needs no sandbox: a fake host on loopback.
+test("whatever the host sends is checked: unknown kinds, oversized frames, cut streams, bytes after the end, error reports", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const host = await hostileHost();
+  try {
+    const s = await openSession({ url: host.url, token: TOKEN, key: "hostile" });
+    assert.equal(s.reacquired, true);
+    assert.equal(s.id, "sbx-hostile");
+    const ok = await s.spawn(["ok"]);
+    assert.equal(utf8(ok.stdout), "hi");
+    const failed = (pattern: RegExp, code = "SANDBOX_EXECUTION_FAILED") => (e: unknown) =>
+      e instanceof SmithersSandboxError && e.code === code && pattern.test(e.message);
+    await assert.rejects(s.spawn(["unknown-kind"]), failed(/unknown kind 0x7a/));
+    await assert.rejects(s.spawn(["oversized"]), failed(/over 1048576/));
+    await assert.rejects(s.spawn(["cut"]), failed(/ended before the command's end/));
+    await assert.rejects(s.spawn(["after-end"]), failed(/after the command's end/));
+    await assert.rejects(s.spawn(["failed"]), failed(/the engine is gone/, "TASK_RUNTIME_UNAVAILABLE"));
+  } finally {
+    await host.close();
+  }
 });
 
 test("all 256 byte values round-trip through writeFile/readFile and through spawn stdin to stdout", { timeout: TEST_TIMEOUT_MS }, async (t) => {

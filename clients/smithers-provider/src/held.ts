@@ -347,10 +347,12 @@ export async function openSession(options: OpenSessionOptions): Promise<Session>
   const ids = sessionIdsFor(options.key, client.token);
   const { hostId, reacquired } = await acquire(client, ids, options);
   const session = heldSession(client, hostId, ids, workdir, reacquired, options);
-  if (!reacquired && workdir !== DEFAULT_WORKDIR) {
+  if (workdir !== DEFAULT_WORKDIR) {
+    // Made whether the session is new or reacquired (an earlier holder may have used another).
     const made = await session.spawn(["mkdir", "-p", "--", workdir], { cwd: "/" });
     if (made.exitCode !== 0) {
-      await client.delete(hostId).catch(() => {});
+      // Only a session made here is removed: a reacquired one is another holder's too.
+      if (!reacquired) await client.delete(hostId).catch(() => {});
       throw new SmithersSandboxError(ErrorCodes.INVALID_INPUT, `workdir ${workdir}: mkdir failed: ${text(made.stderr)}`);
     }
   }

@@ -397,7 +397,10 @@ async function acquire(client: SandboxHostClient, ids: Ids, options: OpenSession
       hostId = info.id;
     } catch (error) {
       // Another opener created it between our look and our create: look again.
-      if (error instanceof SmithersSandboxError && error.httpStatus === 409 && attempt < 20) continue;
+      if (error instanceof SmithersSandboxError && error.httpStatus === 409 && attempt < 20) {
+        await sleep(100);
+        continue;
+      }
       throw error;
     }
     try {

@@ -334,6 +334,17 @@ test("reacquisition by key: a second open of a live key is the same host sandbox
   await assert.rejects(third.readFile("state.txt"), (e: unknown) => e instanceof SmithersSandboxError && e.code === "NOT_FOUND");
 });
 
+test("two opens of one key at once end on one session", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const key = freshKey("race");
+  const [a, b] = await Promise.all([open({ key }), open({ key })]);
+  assert.equal(a.id, b.id);
+  assert.deepEqual([a.reacquired, b.reacquired].sort(), [false, true]);
+  await a.writeFile("from-a", "a");
+  assert.equal(utf8(await b.readFile("from-a")), "a");
+  assert.equal(await a.ping(), true);
+});
+
 test("files come from the machine the processes run on: spawn writes what readFile reads, and back", { timeout: TEST_TIMEOUT_MS }, async (t) => {
   if (!ready(t)) return;
   const s = await open({ key: freshKey("machine") });

@@ -395,12 +395,16 @@ test("kill stops a sleep 1000 within 5 s, and it no longer runs", { timeout: TES
   await assert.rejects(one, (e: unknown) => e instanceof SmithersSandboxError && e.code === "PROCESS_ABORTED");
 });
 
-test("a command's timeout ends it with termination timeout", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+test("a command's timeout ends it with termination timeout; a signal with signaled", { timeout: TEST_TIMEOUT_MS }, async (t) => {
   if (!ready(t)) return;
   const s = await open({ key: freshKey("timeout") });
   const r = await s.spawn(["sleep", "1000"], { timeoutMs: 300 });
   assert.equal(r.termination, "timeout");
   assert.equal(r.exitCode, null);
+  const killed = await s.spawn("kill -9 $$");
+  assert.equal(killed.termination, "signaled");
+  assert.equal(killed.signal, 9);
+  assert.equal(killed.exitCode, null);
 });
 
 test("100 spawns in one session", { timeout: TEST_TIMEOUT_MS }, async (t) => {

@@ -32,7 +32,7 @@ export const ENV_API_URL = "CODEPLANE_API_URL";
 /** Environment variable holding the bearer token the host expects. */
 export const ENV_API_KEY = "CODEPLANE_API_KEY";
 
-export type SandboxState = "created" | "shipped" | "running" | "completed" | "failed" | "cancelled";
+export type SandboxState = "created" | "shipped" | "running" | "live" | "completed" | "failed" | "cancelled";
 
 export type ResultInfo = { patchCount: number; ignoredPaths?: string[]; bundleSizeBytes: number };
 
@@ -80,6 +80,9 @@ export type WorkspaceUploaded = { entries: number; bytes: number; receivedBytes:
 export type ExecuteAccepted = { id: string; state: SandboxState; idempotencyKey?: string; started: boolean };
 
 export type StepCommand = { argv: string[]; cwd?: string };
+
+/** `POST …/exec`'s body (smithers_wire::session::ExecBody). */
+export type ExecBody = { argv: string[]; cwd?: string; env?: Array<[string, string]>; timeoutMs?: number; stdinBase64?: string };
 
 /** The controls of a sandbox (smithers_runtime::Controls, camelCase). */
 export type Controls = {
@@ -179,7 +182,8 @@ type Built = { path: string; init: RequestInit & { duplex?: "half" } };
 
 export class SandboxHostClient {
   readonly baseUrl: string;
-  private readonly token: string;
+  /** The bearer token (held sessions derive their ids' token tag from it). */
+  readonly token: string;
   private readonly requestTimeoutMs: number;
   private readonly eventIdleTimeoutMs: number;
   private readonly retry: RetryPolicy;
@@ -457,6 +461,32 @@ export class SandboxHostClient {
       }),
       signal,
     );
+  }
+
+  /** `POST /v1/sandboxes/{id}/start`: a shipped sandbox becomes a live session. Not repeated once sent (a second start is 409). */
+  start(id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    return this.json("start the session", false, () => ({ path: `/v1/sandboxes/${encodeURIComponent(id)}/start`, init: { method: "POST" } }), signal);
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/exec`: one command of a live session; the answer is the framed
+   * stream (`held.ts` reads it). Never repeated once sent: the command may have run. No
+   * timeout of its own (a command may run long); aborting `signal` closes the stream, and the
+   * host then kills the command.
+   */
+  exec(id: string, body: ExecBody, signal?: AbortSignal): Promise<Response> {
+    const text = JSON.stringify(body);
+    return this.send(
+      "exec",
+      false,
+      () => ({ path: `/v1/sandboxes/${encodeURIComponent(id)}/exec`, init: { method: "POST", headers: { "content-type": "application/json" }, body: text } }),
+      signal ? { signal } : {},
+    );
+  }
+
+  /** `POST /v1/sandboxes/{id}/stop`: ends the session and collects its bundle; stopping a stopped one is a no-op, so it is retried. */
+  stop(id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    return this.json("stop the session", true, () => ({ path: `/v1/sandboxes/${encodeURIComponent(id)}/stop`, init: { method: "POST" } }), signal);
   }
 
   /** `POST /v1/sandboxes/{id}/cancel`: cancelling twice is harmless, so it is retried. */

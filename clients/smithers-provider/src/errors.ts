@@ -30,6 +30,8 @@ export const ErrorCodes = {
   SANDBOX_EXECUTION_FAILED: "SANDBOX_EXECUTION_FAILED",
   PROCESS_ABORTED: "PROCESS_ABORTED",
   TASK_RUNTIME_UNAVAILABLE: "TASK_RUNTIME_UNAVAILABLE",
+  /** The host's NOT_FOUND: an unknown sandbox, or (a held session's `readFile`) a missing file. */
+  NOT_FOUND: "NOT_FOUND",
 } as const;
 
 /** The message of anything thrown, with the chain of causes (fetch hides the useful part there). */

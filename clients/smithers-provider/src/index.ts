@@ -4,6 +4,7 @@ export { SandboxHostClient, ENV_API_KEY, ENV_API_URL } from "./client.js";
 export type {
   Controls,
   CreateSandbox,
+  ExecBody,
   ExecOutcome,
   ExecuteAccepted,
   HostClientOptions,
@@ -34,3 +35,5 @@ export { holdForReview, waitForDecision, reviewBin } from "./review.js";
 export type { DurableReviewOptions, ReviewDecision, Held } from "./review.js";
 export { createSmithersSandboxSession, KIT_REQUEST_FILE, KIT_RESULT_FILE } from "./session.js";
 export type { SandboxExecOptions, SandboxExecResult, SandboxSession, SmithersSandboxSessionOptions } from "./session.js";
+export { openSession, sessionIdsFor, FrameDecoder, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_WORKDIR, MAX_FRAME_BYTES, MAX_STDIN_BYTES } from "./held.js";
+export type { OpenSessionOptions, Session, SpawnOptions, SpawnResult, Termination } from "./held.js";

@@ -61,11 +61,14 @@ export function nativeUnavailable(bin: string): string | null {
 
 export type Server = { url: string; dataDir: string; child: ChildProcess; stop: () => Promise<void> };
 
-/** Starts `smithers-sandbox serve --listen 127.0.0.1:0 [args]` and waits for the address it prints. */
-export async function startServer(bin: string, args: string[] = []): Promise<Server> {
+/**
+ * Starts `smithers-sandbox serve --listen 127.0.0.1:0 [args]` and waits for the address it
+ * prints; `env` is added to its environment (e.g. SMITHERS_SANDBOX_TOKENS for more tokens).
+ */
+export async function startServer(bin: string, args: string[] = [], env: Record<string, string> = {}): Promise<Server> {
   const dataDir = await mkdtemp(join(tmpdir(), "smithers-provider-server-"));
   const child = spawn(bin, ["serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, ...args], {
-    env: { ...process.env, SMITHERS_SANDBOX_TOKEN: TOKEN, NO_COLOR: "1" },
+    env: { ...process.env, ...env, SMITHERS_SANDBOX_TOKEN: TOKEN, NO_COLOR: "1" },
     stdio: ["ignore", "ignore", "pipe"],
   });
   // Never outlive the test process, whatever way it ends.

@@ -513,6 +513,11 @@ fn a_docker_session_runs_many_commands_and_ends_in_the_review() {
         .output()
         .unwrap();
     assert!(read.stdout == all[..5000], "{}", text(&read));
+    // The diff holds the container still (paused) while it reads; a command asked for
+    // meanwhile starts at the resume.
+    let diff = env.json(&["session", "diff", &id]);
+    assert!(diff.to_string().contains("d/blob.bin"), "{diff}");
+    assert_eq!(code(&env.sh(&id, "true")), 0);
     let stop = env.json(&["session", "stop", &id]);
     assert_eq!(stop["status"], "review", "{stop}");
     let accepted = env.cli().args(["accept", &id]).output().unwrap();
@@ -684,4 +689,61 @@ fn a_session_commands_output_on_a_terminal_is_inert() {
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A process of the session swaps a directory and a link to a host directory back and forth
+/// as fast as it can while `session diff` reads the workspace: the diff holds the sandbox
+/// still first, so the host file never reaches the diff (before: within a few dozen diffs).
+#[test]
+fn a_diff_never_reads_through_a_link_swapped_in_while_it_reads() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret = format!("HOST-SECRET-{}", std::process::id());
+    std::fs::write(secret_dir.path().join("secret.txt"), &secret).unwrap();
+    let id = env.start(&[]);
+    let racer = format!(
+        r#"import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+os.mkdir("x"); open("x/secret.txt", "w").write("decoy\n")
+os.symlink("{}", "y")
+end = time.time() + 60
+while time.time() < end and not os.path.exists("stop"):
+    libc.renameat2(-100, b"x", -100, b"y", 2)
+"#,
+        secret_dir.path().display()
+    );
+    let mut w = env
+        .cli()
+        .args(["session", "write", &id, "racer.py"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    w.stdin.take().unwrap().write_all(racer.as_bytes()).unwrap();
+    assert!(w.wait().unwrap().success());
+    let started = env.sh(
+        &id,
+        "(setsid python3 racer.py </dev/null >/dev/null 2>&1 &); sleep 0.2; ls",
+    );
+    assert!(
+        String::from_utf8_lossy(&started.stdout).contains('y'),
+        "{}",
+        text(&started)
+    );
+    for i in 0..40 {
+        let out = env
+            .cli()
+            .args(["--json", "session", "diff", &id])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "diff {i}: {}", text(&out));
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains(&secret),
+            "diff {i} read the host file through the swapped link"
+        );
+    }
+    env.sh(&id, "touch stop");
+    let _ = env.json(&["session", "stop", &id]);
 }

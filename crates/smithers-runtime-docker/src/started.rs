@@ -58,6 +58,9 @@ pub(crate) struct Started {
     /// runtimes never pick the same) and a counter.
     token_base: u64,
     next: AtomicU64,
+    /// True while the container is paused (`Engine::pause`): the engine refuses an exec into
+    /// a paused container, so each of ours waits for the resume first.
+    paused: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Started {
@@ -87,7 +90,18 @@ impl Started {
             watchdog: Mutex::new(watchdog),
             token_base,
             next: AtomicU64::new(1),
+            paused: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    pub(crate) fn set_paused(&self, paused: bool) {
+        self.paused.send_replace(paused);
+    }
+
+    /// Returns once the container is not paused.
+    pub(crate) async fn unpaused(&self) {
+        let mut rx = self.paused.subscribe();
+        let _ = rx.wait_for(|paused| !*paused).await;
     }
 
     /// A token no other exec of this sandbox has had.

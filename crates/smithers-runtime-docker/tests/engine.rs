@@ -83,10 +83,11 @@ fn exit_and_signal_are_told_apart_exactly() {
             })
             .await;
         assert_eq!(ran.exit.termination, Termination::Timeout, "{:?}", ran.exit);
-        // Nothing of those execs is left in the wrappers' tmpfs: only this one's pid file.
+        // Nothing of those execs is left in the wrappers' tmpfs: at most this one's pid file
+        // (which its wrapper may write after `ls` has looked).
         let left = live.sh("ls -A /run/smithers/exec").await.ok().stdout_text();
-        assert_eq!(left.lines().count(), 1, "{left}");
-        assert!(left.trim().ends_with(".pid"), "{left}");
+        assert!(left.lines().count() <= 1, "{left}");
+        assert!(left.lines().all(|l| l.ends_with(".pid")), "{left}");
         live.destroy().await;
         Ok(())
     });

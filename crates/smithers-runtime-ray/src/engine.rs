@@ -24,6 +24,7 @@ impl Engine for RayRuntime {
         EngineCapabilities {
             concurrent_execs: true,
             exec_stdin: true,
+            pause: false,
         }
     }
 

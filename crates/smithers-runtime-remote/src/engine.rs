@@ -32,6 +32,7 @@ impl Engine for RemoteRuntime {
         EngineCapabilities {
             concurrent_execs: true,
             exec_stdin: true,
+            pause: false,
         }
     }
 

@@ -23,6 +23,9 @@
 //!   the command's group is killed and the sandbox stays usable for the next exec. Each exec's
 //!   environment and working directory are its own; the workspace and the sandbox's processes
 //!   started outside their group are shared.
+//! * **pause** / **resume** (where [`EngineCapabilities::pause`]) hold every process of the
+//!   sandbox still and let it go again: the workspace can then be read without a process
+//!   changing it meanwhile (swapping a directory for a link to a host path, say).
 //! * **stop** kills every process of the sandbox and returns when all are gone; the
 //!   workspace stays (to be collected). Idempotent; a stopped sandbox cannot exec.
 //! * **destroy** removes every host resource of the sandbox but a collected bundle.
@@ -108,6 +111,9 @@ pub struct EngineCapabilities {
     pub concurrent_execs: bool,
     /// An exec's stdin may be a stream (else only `/dev/null`).
     pub exec_stdin: bool,
+    /// `pause` and `resume` hold the sandbox's processes still (else they are refused).
+    #[serde(default)]
+    pub pause: bool,
 }
 
 /// One command for a started sandbox.
@@ -173,6 +179,30 @@ pub trait Engine: Send + Sync + fmt::Debug {
         cancel: CancellationToken,
         output: &dyn OutputSink,
     ) -> Result<ExecExit, RuntimeError>;
+
+    /// Holds every process of the started sandbox still (none runs, none writes) until
+    /// `resume`, so that its workspace can be read as it is (a session's change so far);
+    /// commands exec'd meanwhile start at the resume. Refused by an engine that cannot
+    /// ([`EngineCapabilities::pause`] false): the caller must not read a running sandbox's
+    /// workspace, whose processes can swap a path for a link while it is read.
+    async fn pause(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        let _ = handle;
+        Err(RuntimeError::ControlUnsupported {
+            runtime: "engine",
+            control: "pause",
+            reason: format!("the {} engine cannot hold a sandbox still", self.backend()),
+        })
+    }
+
+    /// Lets the paused sandbox's processes run again. Idempotent.
+    async fn resume(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        let _ = handle;
+        Err(RuntimeError::ControlUnsupported {
+            runtime: "engine",
+            control: "pause",
+            reason: format!("the {} engine cannot hold a sandbox still", self.backend()),
+        })
+    }
 
     /// Kills every process of the sandbox; the workspace stays. Idempotent.
     async fn stop(&self, handle: &SandboxHandle) -> Result<(), RuntimeError>;

@@ -12,7 +12,7 @@ pub const INIT_ENV: &str = "SMITHERS_SANDBOX_INIT";
 
 /// Bumped when the init and the runtime would disagree on the plan's meaning (11: a prelude
 /// may ask for a session, which an older init would take for a step with no command).
-pub const PLAN_VERSION: u32 = 11;
+pub const PLAN_VERSION: u32 = 12;
 
 /// Size of the tmpfs the new root is built on ([`RootFs::Tmpfs`]): it only holds directories,
 /// mount points, symlinks and the `/etc` copies, and is remounted read-only before the
@@ -382,6 +382,13 @@ pub enum SessionRequest {
     /// Kill every process of the sandbox, report each running command's end and
     /// `stopped`, and end P1 (and with it the sandbox).
     Stop,
+    /// Hold every process of the sandbox still (`SIGSTOP` to all but P1), and report
+    /// `paused` once each of their threads is stopped (so what they wrote stays as it is while
+    /// the runtime reads the workspace), or refuse (and continue them) when some did not stop
+    /// in time. Commands asked for while paused start at the resume. `id` names the answer.
+    Pause { id: u64 },
+    /// Continue every process (`SIGCONT`), start the commands held back, report `resumed`.
+    Resume { id: u64 },
 }
 
 /// A report on a session's exec channel (P1 → runtime), one JSON datagram.
@@ -413,4 +420,8 @@ pub enum SessionReport {
     },
     /// Every process of the sandbox is gone; P1 ends next.
     Stopped,
+    /// The `pause` `id` holds: every process but P1 is stopped.
+    Paused { id: u64 },
+    /// The `resume` `id` is done.
+    Resumed { id: u64 },
 }

@@ -53,16 +53,29 @@ pub(crate) trait ExecHost {
     fn signal_group(&mut self, pgid: libc::pid_t, signal: libc::c_int);
     /// Kills every process of the sandbox but P1 and waits until each has ended.
     fn kill_all_and_reap(&mut self);
+    /// Sends `signal` to every process of the sandbox but P1 (`kill(-1)`).
+    fn signal_all(&mut self, signal: libc::c_int);
+    /// Whether every thread of every process but P1 is stopped (or gone).
+    fn all_stopped(&mut self) -> bool;
+    /// Waits a millisecond (between looks at `all_stopped`).
+    fn wait_a_little(&mut self);
     /// The monotonic clock, for `started`.
     fn now_ns(&mut self) -> u64;
 }
 
-/// The commands running, both ways.
+/// The commands running, both ways, and those held back by a pause.
 #[derive(Default)]
 struct Running {
     by_pid: HashMap<libc::pid_t, u64>,
     by_id: HashMap<u64, libc::pid_t>,
+    /// Set between a `pause` that held and its `resume`.
+    paused: bool,
+    /// Commands asked for while paused, started at the resume.
+    held: Vec<(u64, ExecSpec, Vec<OwnedFd>)>,
 }
+
+/// How many milliseconds a pause waits for every process to stop.
+const PAUSE_WAIT_MS: u32 = 2000;
 
 /// Serves the session until a stop or the channel's end. Returns P1's exit code.
 pub(crate) fn serve(host: &mut impl ExecHost) -> i32 {
@@ -99,11 +112,16 @@ pub(crate) fn serve(host: &mut impl ExecHost) -> i32 {
                     Err(e) => {
                         host.report(&refused(None, format!("a request that is not valid: {e}")))
                     }
+                    Ok(SessionRequest::Exec { id, exec }) if running.paused => {
+                        hold_back(host, &mut running, id, exec, fds)
+                    }
                     Ok(SessionRequest::Exec { id, exec }) => {
                         start(host, &mut running, id, &exec, fds)
                     }
+                    Ok(SessionRequest::Pause { id }) => pause(host, &mut running, id),
+                    Ok(SessionRequest::Resume { id }) => resume(host, &mut running, id),
                     Ok(SessionRequest::Signal { id, signal }) => {
-                        signal_exec(host, &running, id, signal)
+                        signal_exec(host, &mut running, id, signal)
                     }
                     Ok(SessionRequest::Stop) => {
                         stop(host, &mut running);
@@ -114,6 +132,57 @@ pub(crate) fn serve(host: &mut impl ExecHost) -> i32 {
             }
         }
     }
+}
+
+/// Stops every process but P1 and waits until each thread is stopped; continues them and
+/// refuses when that takes over [`PAUSE_WAIT_MS`] (a process in uninterruptible sleep).
+/// Stopping every process at once is what holds: one that forks while the signal is on its
+/// way has the fork restarted after it stops, so none is left running. A pause while paused
+/// holds already.
+fn pause(host: &mut impl ExecHost, running: &mut Running, id: u64) {
+    if !running.paused {
+        host.signal_all(libc::SIGSTOP);
+        let mut waited = 0;
+        while !host.all_stopped() {
+            if waited >= PAUSE_WAIT_MS {
+                host.signal_all(libc::SIGCONT);
+                let message =
+                    format!("the sandbox's processes did not all stop within {PAUSE_WAIT_MS} ms");
+                return host.report(&refused(Some(id), message));
+            }
+            host.wait_a_little();
+            waited += 1;
+        }
+        running.paused = true;
+    }
+    host.report(&SessionReport::Paused { id });
+}
+
+/// Continues every process and starts the commands held back, in the order asked.
+fn resume(host: &mut impl ExecHost, running: &mut Running, id: u64) {
+    if running.paused {
+        host.signal_all(libc::SIGCONT);
+        running.paused = false;
+    }
+    host.report(&SessionReport::Resumed { id });
+    for (held_id, exec, fds) in std::mem::take(&mut running.held) {
+        start(host, running, held_id, &exec, fds);
+    }
+}
+
+/// A command asked for while paused waits for the resume (within the commands' bound).
+fn hold_back(
+    host: &mut impl ExecHost,
+    running: &mut Running,
+    id: u64,
+    exec: ExecSpec,
+    fds: Vec<OwnedFd>,
+) {
+    if running.by_id.len() + running.held.len() >= MAX_SESSION_EXECS {
+        let message = format!("{MAX_SESSION_EXECS} commands are running or waiting already");
+        return host.report(&refused(Some(id), message));
+    }
+    running.held.push((id, exec, fds));
 }
 
 fn refused(id: Option<u64>, message: String) -> SessionReport {
@@ -170,12 +239,21 @@ fn start(
     drop(stdio);
 }
 
-fn signal_exec(host: &mut impl ExecHost, running: &Running, id: u64, signal: i32) {
+fn signal_exec(host: &mut impl ExecHost, running: &mut Running, id: u64, signal: i32) {
     if !(1..=64).contains(&signal) {
         return host.report(&refused(
             Some(id),
             format!("signal {signal} is not 1 to 64"),
         ));
+    }
+    // A command held back by a pause ends without having started (its timeout, a cancel).
+    if let Some(at) = running.held.iter().position(|(held, _, _)| *held == id) {
+        running.held.remove(at);
+        return host.report(&SessionReport::Exit {
+            id,
+            code: None,
+            signal: Some(signal),
+        });
     }
     match running.by_id.get(&id) {
         Some(&pid) => host.signal_group(pid, signal),
@@ -201,10 +279,12 @@ fn reap_ended(host: &mut impl ExecHost, running: &mut Running) {
 /// Ends every process of the sandbox and reports each running command's end.
 fn stop(host: &mut impl ExecHost, running: &mut Running) {
     host.kill_all_and_reap();
-    let mut ended: Vec<(u64, libc::pid_t)> = running.by_id.drain().collect();
+    let mut ended: Vec<u64> = running.by_id.drain().map(|(id, _)| id).collect();
     running.by_pid.clear();
+    // Commands held back by a pause never started: they end as killed, as the others.
+    ended.extend(running.held.drain(..).map(|(id, _, _)| id));
     ended.sort_unstable();
-    for (id, _) in ended {
+    for id in ended {
         host.report(&SessionReport::Exit {
             id,
             code: None,
@@ -373,9 +453,61 @@ impl ExecHost for LibcHost {
         }
     }
 
+    fn signal_all(&mut self, signal: libc::c_int) {
+        // SAFETY: kill(-1) from pid 1 of the pid namespace reaches every other process in it
+        // (all have our uid; checked at `new`).
+        unsafe { libc::kill(-1, signal) };
+    }
+
+    fn all_stopped(&mut self) -> bool {
+        all_threads_stopped(std::path::Path::new("/proc"))
+    }
+
+    fn wait_a_little(&mut self) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+
     fn now_ns(&mut self) -> u64 {
         sys::monotonic_ns()
     }
+}
+
+/// Whether every thread of every process under `proc` (the sandbox's own procfs: its pid
+/// namespace) but pid 1 is stopped, traced, a zombie or dead. A process whose entries vanish
+/// while read has ended.
+fn all_threads_stopped(proc: &std::path::Path) -> bool {
+    let Ok(processes) = std::fs::read_dir(proc) else {
+        return false;
+    };
+    for process in processes.flatten() {
+        let name = process.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == 1 {
+            continue;
+        }
+        let Ok(threads) = std::fs::read_dir(process.path().join("task")) else {
+            continue;
+        };
+        for thread in threads.flatten() {
+            if let Ok(stat) = std::fs::read(thread.path().join("stat")) {
+                if !stopped_state(&stat) {
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
+/// The state letter of a `stat` line (after the command's closing parenthesis, which may
+/// itself hold any byte): stopped (`T`, `t`), zombie (`Z`) or dead (`X`).
+fn stopped_state(stat: &[u8]) -> bool {
+    let Some(close) = stat.iter().rposition(|b| *b == b')') else {
+        return false;
+    };
+    matches!(stat.get(close + 2), Some(b'T' | b't' | b'Z' | b'X'))
 }
 
 /// One datagram of the channel with its descriptors (close-on-exec: none may reach a command

@@ -145,6 +145,8 @@ pub(super) async fn exec(
 ) -> Result<ExecExit, RuntimeError> {
     let spec = spec_of(&request)?;
     let stdin = request.stdin.take();
+    // An exec asked for while the sandbox is paused starts at the resume.
+    started.unpaused().await;
     let token = started.next_token();
     let argv = wrapper_argv(&started.prefix, &token, &spec, stdin.is_none());
     let began = Instant::now();
@@ -357,6 +359,8 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 /// Runs the bound binary in the container with `args` and waits for its end; returns its
 /// stdout (small: a kill says nothing there, a status a few bytes).
 async fn helper(docker: &Docker, started: &Started, args: [&str; 2]) -> Option<String> {
+    // A kill or a status read during a pause is made at the resume.
+    started.unpaused().await;
     let mut cmd = started.prefix.clone();
     cmd.extend(args.iter().map(|a| a.to_string()));
     let (_, mut output) = run(docker, &started.id, exec_config(cmd, vec![], false), None)

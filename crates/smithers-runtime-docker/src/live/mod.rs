@@ -57,6 +57,7 @@ impl Engine for DockerRuntime {
         EngineCapabilities {
             concurrent_execs: true,
             exec_stdin: true,
+            pause: true,
         }
     }
 
@@ -113,6 +114,30 @@ impl Engine for DockerRuntime {
         };
         let docker = self.engine().await?;
         exec::exec(docker, &started, request, cancel, output).await
+    }
+
+    /// The container paused (the cgroup freezer: every process held, none told).
+    async fn pause(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        let Some(started) = self.started_of(handle, "pause")? else {
+            return Err(not_running("pause"));
+        };
+        let docker = self.engine().await?;
+        started.set_paused(true);
+        if let Err(e) = docker.pause_container(&started.id).await {
+            started.set_paused(false);
+            return Err(crate::engine::spawn_err("pause the container", &e));
+        }
+        Ok(())
+    }
+
+    async fn resume(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        let Some(started) = self.started_of(handle, "resume")? else {
+            return Err(not_running("resume"));
+        };
+        let docker = self.engine().await?;
+        let resumed = docker.unpause_container(&started.id).await;
+        started.set_paused(false);
+        resumed.map_err(|e| crate::engine::spawn_err("resume the container", &e))
     }
 
     async fn stop(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {

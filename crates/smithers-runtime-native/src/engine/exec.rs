@@ -230,7 +230,11 @@ async fn wait_for_exit(
                 };
                 break Ok((termination, code, signal));
             }
-            Some(SessionReport::Stopped) => continue,
+            Some(
+                SessionReport::Stopped
+                | SessionReport::Paused { .. }
+                | SessionReport::Resumed { .. },
+            ) => continue,
         }
     };
     exited.cancel();

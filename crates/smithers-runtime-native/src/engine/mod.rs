@@ -22,6 +22,8 @@ use smithers_runtime::{
     ShipReport,
 };
 
+use smithers_sandbox_init::plan::SessionRequest;
+
 use crate::backend::Backend;
 use crate::live::Live;
 use crate::runtime::NativeRuntime;
@@ -40,6 +42,13 @@ pub(crate) fn check_env<'a>(
             ),
         }),
         None => Ok(()),
+    }
+}
+
+fn not_running(verb: &'static str) -> RuntimeError {
+    RuntimeError::OutOfOrder {
+        verb,
+        reason: "the sandbox is not running (not started, or stopped)".into(),
     }
 }
 
@@ -64,6 +73,7 @@ impl Engine for NativeRuntime {
         EngineCapabilities {
             concurrent_execs: true,
             exec_stdin: true,
+            pause: true,
         }
     }
 
@@ -119,12 +129,31 @@ impl Engine for NativeRuntime {
         output: &dyn OutputSink,
     ) -> Result<ExecExit, RuntimeError> {
         let Some(live) = self.live_of(handle, "exec")? else {
-            return Err(RuntimeError::OutOfOrder {
-                verb: "exec",
-                reason: "the sandbox is not running (not started, or stopped)".into(),
-            });
+            return Err(not_running("exec"));
         };
         exec::exec(&live, request, cancel, output).await
+    }
+
+    /// Every process but the init stopped (its P1 sends `SIGSTOP` to all and waits until
+    /// each thread is stopped); commands asked for meanwhile start at the resume.
+    async fn pause(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        match self.live_of(handle, "pause")? {
+            Some(live) => {
+                live.control("pause", |id| SessionRequest::Pause { id })
+                    .await
+            }
+            None => Err(not_running("pause")),
+        }
+    }
+
+    async fn resume(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        match self.live_of(handle, "resume")? {
+            Some(live) => {
+                live.control("resume", |id| SessionRequest::Resume { id })
+                    .await
+            }
+            None => Err(not_running("resume")),
+        }
     }
 
     async fn stop(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {

@@ -111,7 +111,10 @@ impl Channel {
 
     fn dispatch(&self, report: SessionReport) {
         let id = match &report {
-            SessionReport::Started { id, .. } | SessionReport::Exit { id, .. } => Some(*id),
+            SessionReport::Started { id, .. }
+            | SessionReport::Exit { id, .. }
+            | SessionReport::Paused { id }
+            | SessionReport::Resumed { id } => Some(*id),
             SessionReport::Refused { id, .. } => *id,
             // `stop`'s end is the channel's and the control socket's (see `Live::kill`).
             SessionReport::Stopped => return,

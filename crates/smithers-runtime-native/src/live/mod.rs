@@ -19,6 +19,8 @@ use channel::Channel;
 
 /// How long `stop` waits for the sandbox's processes to be gone before it kills harder.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How long a pause or a resume waits for the init's answer.
+const CONTROL_WAIT: Duration = Duration::from_secs(10);
 
 /// The sandboxes this runtime has started and not stopped, by state directory.
 #[derive(Debug, Default)]
@@ -91,6 +93,47 @@ impl Live {
 
     pub(crate) fn set_enforcement(&self, report: EnforcementReport) {
         let _ = self.enforcement.set(report);
+    }
+
+    /// Sends the control request `make(id)` (a pause, a resume) and waits for its answer.
+    pub(crate) async fn control(
+        &self,
+        verb: &'static str,
+        make: impl FnOnce(u64) -> SessionRequest,
+    ) -> Result<(), smithers_runtime::RuntimeError> {
+        use smithers_runtime::RuntimeError;
+        use smithers_sandbox_init::plan::SessionReport;
+        let Some(channel) = self.channel() else {
+            return Err(RuntimeError::OutOfOrder {
+                verb,
+                reason: "the sandbox is not running (stopped)".into(),
+            });
+        };
+        let id = self.next_id();
+        let mut answers = channel.register(id);
+        let sent = channel.send(&make(id), &[]).await;
+        // P1 answers within its own bound (a pause waits at most 2 s for every process).
+        let answer = match sent {
+            Ok(()) => tokio::time::timeout(CONTROL_WAIT, answers.recv())
+                .await
+                .ok()
+                .flatten(),
+            Err(e) => {
+                channel.unregister(id);
+                return Err(RuntimeError::spawn(format!("{verb} the sandbox"), e));
+            }
+        };
+        channel.unregister(id);
+        match answer {
+            Some(SessionReport::Paused { .. } | SessionReport::Resumed { .. }) => Ok(()),
+            Some(SessionReport::Refused { message, .. }) => {
+                Err(RuntimeError::spawn(format!("{verb} the sandbox"), message))
+            }
+            _ => Err(RuntimeError::spawn(
+                format!("{verb} the sandbox"),
+                "the sandbox's init did not answer",
+            )),
+        }
     }
 
     pub(crate) fn next_id(&self) -> u64 {

@@ -28,6 +28,8 @@ struct Fake {
     reports: Vec<SessionReport>,
     /// Descriptors handed to `spawn`, still open then (checked: 3, all valid).
     spawned_with: Vec<usize>,
+    /// How many looks at `all_stopped` answer no before one answers yes (`None`: never).
+    stops_after: Option<u32>,
 }
 
 fn fds(n: usize) -> Vec<OwnedFd> {
@@ -46,6 +48,7 @@ impl Fake {
             calls: vec![],
             reports: vec![],
             spawned_with: vec![],
+            stops_after: Some(0),
         }
     }
     fn run(mut self) -> (i32, Fake) {
@@ -106,6 +109,20 @@ impl ExecHost for Fake {
     fn kill_all_and_reap(&mut self) {
         self.calls.push("kill all".into());
     }
+    fn signal_all(&mut self, signal: libc::c_int) {
+        self.calls.push(format!("signal all {signal}"));
+    }
+    fn all_stopped(&mut self) -> bool {
+        match &mut self.stops_after {
+            Some(0) => true,
+            Some(n) => {
+                *n -= 1;
+                false
+            }
+            None => false,
+        }
+    }
+    fn wait_a_little(&mut self) {}
     fn now_ns(&mut self) -> u64 {
         7
     }
@@ -275,4 +292,115 @@ fn no_more_than_the_bound_run_at_once() {
         .as_str()
         .unwrap()
         .contains("running already"));
+}
+
+#[test]
+fn a_pause_stops_every_process_and_holds_new_commands_until_the_resume() {
+    let mut fake = Fake::new(vec![
+        Step::Request(exec(1, "sleep"), 3),
+        Step::Request(json!({"op": "pause", "id": 50}), 0),
+        // Asked for while paused: held back, not started.
+        Step::Request(exec(2, "true"), 3),
+        Step::Request(json!({"op": "pause", "id": 51}), 0),
+        Step::Request(json!({"op": "resume", "id": 52}), 0),
+        Step::Request(json!({"op": "stop"}), 0),
+    ]);
+    fake.stops_after = Some(3);
+    let (code, fake) = fake.run();
+    assert_eq!(code, 0);
+    assert_eq!(
+        fake.reports_json(),
+        vec![
+            json!({"event": "started", "id": 1, "pid": 101, "monotonicNs": 7}),
+            json!({"event": "paused", "id": 50}),
+            json!({"event": "paused", "id": 51}),
+            json!({"event": "resumed", "id": 52}),
+            json!({"event": "started", "id": 2, "pid": 102, "monotonicNs": 7}),
+            json!({"event": "exit", "id": 1, "signal": 9}),
+            json!({"event": "exit", "id": 2, "signal": 9}),
+            json!({"event": "stopped"}),
+        ]
+    );
+    let stop = libc::SIGSTOP.to_string();
+    let cont = libc::SIGCONT.to_string();
+    assert_eq!(
+        fake.calls,
+        [
+            "spawn sleep".to_string(),
+            format!("signal all {stop}"),
+            format!("signal all {cont}"),
+            "spawn true".to_string(),
+            "kill all".to_string()
+        ]
+    );
+}
+
+#[test]
+fn a_pause_that_does_not_hold_in_time_is_refused_and_everything_continues() {
+    let mut fake = Fake::new(vec![
+        Step::Request(json!({"op": "pause", "id": 7}), 0),
+        Step::Request(exec(1, "true"), 3),
+        Step::Request(json!({"op": "stop"}), 0),
+    ]);
+    fake.stops_after = None;
+    let (_, fake) = fake.run();
+    let reports = fake.reports_json();
+    assert_eq!(reports[0]["event"], "refused", "{reports:?}");
+    assert_eq!(reports[0]["id"], 7);
+    // Not paused: the next command starts at once.
+    assert_eq!(reports[1]["event"], "started", "{reports:?}");
+    let cont = format!("signal all {}", libc::SIGCONT);
+    assert!(fake.calls.contains(&cont), "{:?}", fake.calls);
+}
+
+#[test]
+fn a_stop_while_paused_ends_the_held_back_commands_too() {
+    let (_, fake) = Fake::new(vec![
+        Step::Request(json!({"op": "pause", "id": 1}), 0),
+        Step::Request(exec(9, "true"), 3),
+        Step::Request(json!({"op": "stop"}), 0),
+    ])
+    .run();
+    assert_eq!(
+        fake.reports_json(),
+        vec![
+            json!({"event": "paused", "id": 1}),
+            json!({"event": "exit", "id": 9, "signal": 9}),
+            json!({"event": "stopped"}),
+        ]
+    );
+    assert!(!fake.calls.iter().any(|c| c == "spawn true"));
+}
+
+#[test]
+fn a_stat_line_is_read_after_its_last_parenthesis() {
+    use super::stopped_state;
+    assert!(stopped_state(b"12 (sleep) T 1 12"));
+    assert!(stopped_state(b"12 (a) R (b) t 1"));
+    assert!(stopped_state(b"12 (x) Z 1"));
+    assert!(!stopped_state(b"12 (x) T) R 1"));
+    assert!(!stopped_state(b"12 (sleep) S 1"));
+    assert!(!stopped_state(b"garbage"));
+}
+
+#[test]
+fn a_command_held_back_by_a_pause_can_be_killed_before_it_starts() {
+    let (_, fake) = Fake::new(vec![
+        Step::Request(json!({"op": "pause", "id": 1}), 0),
+        Step::Request(exec(4, "true"), 3),
+        Step::Request(json!({"op": "signal", "id": 4, "signal": 9}), 0),
+        Step::Request(json!({"op": "resume", "id": 2}), 0),
+        Step::Request(json!({"op": "stop"}), 0),
+    ])
+    .run();
+    assert_eq!(
+        fake.reports_json(),
+        vec![
+            json!({"event": "paused", "id": 1}),
+            json!({"event": "exit", "id": 4, "signal": 9}),
+            json!({"event": "resumed", "id": 2}),
+            json!({"event": "stopped"}),
+        ]
+    );
+    assert!(!fake.calls.iter().any(|c| c == "spawn true"));
 }

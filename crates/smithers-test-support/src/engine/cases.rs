@@ -24,6 +24,7 @@ pub const CASES: &[&str] = &[
     "exec_out_of_order_is_refused",
     "destroy_is_idempotent",
     "a_hundred_execs_in_one_sandbox",
+    "a_pause_holds_every_process_still",
 ];
 
 /// A file one exec writes, the next reads; the host project is untouched.
@@ -310,6 +311,63 @@ pub async fn a_hundred_execs_in_one_sandbox(env: &EngineEnv) -> CaseResult {
     }
     let lines = live.sh("wc -l < /workspace/log").await.ok().stdout_text();
     assert_eq!(lines.trim(), "100");
+    live.destroy().await;
+    Ok(())
+}
+
+/// A pause holds the sandbox: an exec asked for while paused runs only after the resume, a
+/// background writer (one that left its command's group) goes on after it, and a pause of
+/// an engine that cannot is refused. (That a paused process writes nothing is shown where
+/// it matters: a session's diff, which a swapping process cannot race.)
+pub async fn a_pause_holds_every_process_still(env: &EngineEnv) -> CaseResult {
+    let live = Live::started(env).await?;
+    if !env.engine().capabilities().pause {
+        let refused = env.engine().pause(&live.handle).await;
+        assert!(refused.is_err(), "an engine without pause paused");
+        live.destroy().await;
+        return Ok(());
+    }
+    live.sh("(setsid sh -c 'while :; do echo x >> /tmp/ticks; sleep 0.01; done' </dev/null >/dev/null 2>&1 &); sleep 0.2")
+        .await
+        .ok();
+    env.engine()
+        .pause(&live.handle)
+        .await
+        .map_err(|e| Skip::new(format!("pause: {e}")))?;
+    let resuming = std::sync::atomic::AtomicBool::new(false);
+    let count = async {
+        let ran = live.run(sh("wc -l < /tmp/ticks")).await;
+        (ran, resuming.load(std::sync::atomic::Ordering::SeqCst))
+    };
+    let resume = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        resuming.store(true, std::sync::atomic::Ordering::SeqCst);
+        env.engine().resume(&live.handle).await
+    };
+    let ((counted, after_resume), resumed) = tokio::join!(count, resume);
+    resumed.map_err(|e| Skip::new(format!("resume: {e}")))?;
+    assert!(after_resume, "an exec ran while the sandbox was paused");
+    let first: u64 = counted.ok().stdout_text().trim().parse().unwrap_or(0);
+    assert!(first > 0, "the writer never wrote");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let later: u64 = live
+            .sh("wc -l < /tmp/ticks")
+            .await
+            .ok()
+            .stdout_text()
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        if later > first {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the writer did not go on after the resume"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     live.destroy().await;
     Ok(())
 }

@@ -136,6 +136,7 @@ macro_rules! __engine_case_list {
             exec_out_of_order_is_refused,
             destroy_is_idempotent,
             a_hundred_execs_in_one_sandbox,
+            a_pause_holds_every_process_still,
         ] }
     };
 }

@@ -38,6 +38,7 @@ struct Holder {
     running: AtomicU64,
     /// Connections waiting for the session's outcome (`session stop`).
     stoppers: Mutex<Vec<UnixStream>>,
+    diffs: super::diff::Diffs,
 }
 
 /// `session __hold`: the holder's whole life. Its stdout and stderr are the session's log.
@@ -123,6 +124,7 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
         last_activity: Mutex::new(Instant::now()),
         running: AtomicU64::new(0),
         stoppers: Mutex::new(Vec::new()),
+        diffs: Default::default(),
     });
     let listener = bind(&socket)?;
     spawn_acceptor(listener, holder.clone());
@@ -131,7 +133,9 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
     rt.spawn(on_sigterm(end.clone()));
     let result = rt.block_on(lifecycle).context("the session's lifecycle")?;
     let _ = std::fs::remove_file(&socket);
-    let _ = std::fs::remove_dir_all(socket.with_extension("diff"));
+    if let Some(sessions) = socket.parent() {
+        super::diff::remove_all(sessions, sandbox_id, &holder.diffs);
+    }
     let doc = outcome_json(&req, result);
     for stopper in holder
         .stoppers
@@ -286,7 +290,14 @@ fn serve(holder: &Holder, conn: UnixStream) {
             };
             exec_answer(holder, &conn, request, fds, stdin)
         }
-        Request::Diff => diff(holder),
+        Request::Diff => {
+            let info = holder
+                .info
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            super::diff::diff(&holder.started, &holder.rt, &info, &holder.diffs)
+        }
         Request::Read { path } => {
             let run = |request, sink: &dyn OutputSink| run_exec(holder, &conn, request, sink);
             super::files::read(&run, &path, fds)
@@ -298,27 +309,6 @@ fn serve(holder: &Holder, conn: UnixStream) {
     };
     let _ = wire::answer(&conn, &answer);
     let _ = conn.shutdown(std::net::Shutdown::Both);
-}
-
-/// Collects the change so far into `<sessions dir>/<id>.diff/` (a bundle like the one
-/// the session's end makes, so `session diff` shows it as `review` would).
-fn diff(holder: &Holder) -> Value {
-    let info = holder
-        .info
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    let dir = match wire::sessions_dir(false) {
-        Ok(dir) => dir.join(format!("{}.diff", info.session_id)),
-        Err(e) => return error_json("INTERNAL", &e.to_string(), json!({})),
-    };
-    let mut handle = holder.started.handle.clone();
-    handle.result_path = dir.clone();
-    let runtime = holder.started.runtime.clone();
-    match holder.rt.block_on(runtime.collect(&handle)) {
-        Ok(_) => json!({ "ok": true, "bundlePath": dir, "rootDir": info.root_dir }),
-        Err(e) => error_json("SANDBOX_EXECUTION_FAILED", &e.to_string(), json!({})),
-    }
 }
 
 fn exec_answer(

@@ -7,6 +7,7 @@
 //! take the session's id); each command is a `SessionExec` event of it.
 
 mod client;
+mod diff;
 mod fd_sink;
 mod files;
 mod holder;

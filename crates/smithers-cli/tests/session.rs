@@ -747,3 +747,87 @@ while time.time() < end and not os.path.exists("stop"):
     env.sh(&id, "touch stop");
     let _ = env.json(&["session", "stop", &id]);
 }
+
+/// A client killed while its command's stdout is a pipe nobody reads: the command is still
+/// killed (the holder never blocks on that pipe), and the session goes on.
+#[test]
+fn a_client_gone_while_its_output_is_stuck_still_ends_its_command() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&[]);
+    let token = format!("stuck-token-{}", std::process::id());
+    // Our end of the pipe is kept, and never read.
+    let mut client = env
+        .cli()
+        .args(["session", "exec", &id, "-n", "--", "yes", &token])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _unread = client.stdout.take();
+    assert!(wait_until(Duration::from_secs(10), || !pids_with(&token).is_empty()));
+    client.kill().unwrap();
+    client.wait().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(15), || pids_with(&token).is_empty()),
+        "the command outlived its client: {:?}",
+        pids_with(&token)
+    );
+    assert_eq!(code(&env.sh(&id, "true")), 0);
+    let _ = env.json(&["session", "stop", &id]);
+}
+
+/// Output to a descriptor in non-blocking mode (a reader that set O_NONBLOCK on its pipe) is
+/// waited on, never cut: every byte arrives.
+#[test]
+fn output_to_a_non_blocking_pipe_arrives_whole() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&[]);
+    let mut client = env
+        .cli()
+        .args([
+            "session",
+            "exec",
+            &id,
+            "-n",
+            "--",
+            "head",
+            "-c",
+            "5000000",
+            "/dev/zero",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = client.stdout.take().unwrap();
+    {
+        use std::os::fd::AsRawFd;
+        let fd = out.as_raw_fd();
+        // SAFETY: fcntl on a descriptor we own, setting O_NONBLOCK on the pipe's file
+        // description (shared with the client's, and so with what the holder writes to).
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+    }
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        use std::io::Read;
+        match out.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let status = client.wait().unwrap();
+    assert_eq!((status.code(), got), (Some(0), 5_000_000));
+    let _ = env.json(&["session", "stop", &id]);
+}

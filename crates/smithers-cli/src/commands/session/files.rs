@@ -10,7 +10,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 
 use serde_json::{json, Value};
-use smithers_runtime::{ExecRequest, StepStdin, Termination};
+use smithers_runtime::{CancellationToken, ExecRequest, StepStdin, Termination};
 
 use super::fd_sink::Capture;
 use super::wire::error_json;
@@ -26,7 +26,12 @@ const MISSING: i32 = 66;
 const DIRECTORY: i32 = 67;
 
 /// Sends the file at `path` to the client's stdout (the one descriptor sent).
-pub(super) fn read(run: &RunCommand<'_>, path: &str, fds: Vec<OwnedFd>) -> Value {
+pub(super) fn read(
+    run: &RunCommand<'_>,
+    cancel: CancellationToken,
+    path: &str,
+    fds: Vec<OwnedFd>,
+) -> Value {
     let Some(out) = fds.into_iter().next() else {
         return error_json(
             "INVALID_INPUT",
@@ -37,17 +42,21 @@ pub(super) fn read(run: &RunCommand<'_>, path: &str, fds: Vec<OwnedFd>) -> Value
     let script = format!(
         "[ -e \"$1\" ] || exit {MISSING}; [ -d \"$1\" ] && exit {DIRECTORY}; exec cat -- \"$1\""
     );
-    let capture = Capture::new(Some(File::from(out)));
-    finish(
-        run(shell(&script, path, StepStdin::default()), &capture),
-        path,
-        &capture,
-    )
+    let mut capture = Capture::new(Some(File::from(out)), cancel);
+    let ran = run(shell(&script, path, StepStdin::default()), &capture);
+    // Every byte written before the answer.
+    capture.finish();
+    finish(ran, path, &capture)
 }
 
 /// Writes the client's stdin (the one descriptor sent) into the file at `path`, its parent
 /// directories made.
-pub(super) fn write(run: &RunCommand<'_>, path: &str, fds: Vec<OwnedFd>) -> Value {
+pub(super) fn write(
+    run: &RunCommand<'_>,
+    cancel: CancellationToken,
+    path: &str,
+    fds: Vec<OwnedFd>,
+) -> Value {
     let Some(input) = fds.into_iter().next() else {
         return error_json(
             "INVALID_INPUT",
@@ -58,7 +67,7 @@ pub(super) fn write(run: &RunCommand<'_>, path: &str, fds: Vec<OwnedFd>) -> Valu
     let script = format!(
         "[ -d \"$1\" ] && exit {DIRECTORY}; d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && exec cat > \"$1\""
     );
-    let capture = Capture::new(None);
+    let capture = Capture::new(None, cancel);
     let stdin = StepStdin::from_reader(File::from(input));
     finish(run(shell(&script, path, stdin), &capture), path, &capture)
 }

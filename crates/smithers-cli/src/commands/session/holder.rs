@@ -299,12 +299,18 @@ fn serve(holder: &Holder, conn: UnixStream) {
             super::diff::diff(&holder.started, &holder.rt, &info, &holder.diffs)
         }
         Request::Read { path } => {
-            let run = |request, sink: &dyn OutputSink| run_exec(holder, &conn, request, sink);
-            super::files::read(&run, &path, fds)
+            let cancel = holder.started.done.child_token();
+            let run = |request, sink: &dyn OutputSink| {
+                run_exec(holder, &conn, request, sink, cancel.clone())
+            };
+            super::files::read(&run, cancel.clone(), &path, fds)
         }
         Request::Write { path } => {
-            let run = |request, sink: &dyn OutputSink| run_exec(holder, &conn, request, sink);
-            super::files::write(&run, &path, fds)
+            let cancel = holder.started.done.child_token();
+            let run = |request, sink: &dyn OutputSink| {
+                run_exec(holder, &conn, request, sink, cancel.clone())
+            };
+            super::files::write(&run, cancel.clone(), &path, fds)
         }
     };
     let _ = wire::answer(&conn, &answer);
@@ -334,8 +340,12 @@ fn exec_answer(
             json!({}),
         );
     };
-    let sink = FdSink::new(File::from(out), File::from(err));
-    match run_exec(holder, conn, request, &sink) {
+    let cancel = holder.started.done.child_token();
+    let sink = FdSink::new(File::from(out), File::from(err), cancel.clone());
+    let ran = run_exec(holder, conn, request, &sink, cancel);
+    // Every byte written before the answer: the client's next output comes after it.
+    sink.finish();
+    match ran {
         Ok(exit) => json!({ "ok": true, "exit": exit }),
         Err(message) => error_json("SANDBOX_EXECUTION_FAILED", &message, json!({})),
     }
@@ -346,8 +356,8 @@ fn run_exec(
     conn: &UnixStream,
     request: ExecRequest,
     sink: &dyn OutputSink,
+    cancel: CancellationToken,
 ) -> Result<ExecExit, String> {
-    let cancel = holder.started.done.child_token();
     watch_hangup(conn, cancel.clone());
     let argv = request.argv.clone();
     let cwd = request.cwd.clone();

@@ -831,3 +831,41 @@ fn output_to_a_non_blocking_pipe_arrives_whole() {
     assert_eq!((status.code(), got), (Some(0), 5_000_000));
     let _ = env.json(&["session", "stop", &id]);
 }
+
+/// A second start of a held session's id is refused before anything is made; `session ls`
+/// does not hang on a socket nobody answers.
+#[test]
+fn a_held_id_is_not_started_twice_and_ls_does_not_hang_on_a_mute_socket() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&["--sandbox-id", "twice-1"]);
+    let again = env
+        .cli()
+        .args(["--json", "session", "start", "--sandbox-id", "twice-1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(code(&again), 1, "{}", text(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("held already"),
+        "{}",
+        text(&again)
+    );
+    // A socket that accepts and never answers (a stopped holder looks so).
+    let sessions = env.sessions.join("sessions");
+    let _mute = std::os::unix::net::UnixListener::bind(sessions.join("mute.sock")).unwrap();
+    let list = env.json(&["session", "ls"]);
+    let list = list.as_array().unwrap();
+    assert!(
+        list.iter()
+            .any(|s| s["sessionId"] == "mute" && s["held"] == false),
+        "{list:?}"
+    );
+    assert!(
+        list.iter().any(|s| s["sessionId"] == id.as_str()),
+        "{list:?}"
+    );
+    let _ = env.json(&["session", "stop", &id]);
+}

@@ -128,7 +128,8 @@ pub fn receive(stream: &UnixStream) -> Result<(Request, Vec<OwnedFd>), String> {
             fds.extend(received);
         }
     }
-    if got.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+    // (The control buffer is rounded up, so more than MAX_FDS can arrive untruncated.)
+    if got.flags.contains(rustix::net::ReturnFlags::CTRUNC) || fds.len() > MAX_FDS {
         return Err("the request carried more descriptors than a request has".into());
     }
     if got.bytes == 0 {

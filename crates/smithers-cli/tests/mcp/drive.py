@@ -62,6 +62,17 @@ async def main(binary, root):
             assert r["content"] == "ünïcode\n", r
             r, err, _ = await call(session, "session_read", sessionId=sid, path="missing.txt")
             assert err and r["code"] == "NOT_FOUND", r
+            # A file without end is read to the bound, and the server goes on.
+            r, err, _ = await call(session, "session_read", sessionId=sid, path="/dev/zero", maxBytes=10)
+            assert not err and r["truncated"] and r["content"] == "\0" * 10 and r["sizeBytes"] is None, r
+            assert (await session.send_ping()) is not None
+
+            # accept is offered to nobody here, and never for what this server did not start.
+            try:
+                res = await session.call_tool("session_accept", {"sessionId": sid})
+                assert res.is_error, res
+            except Exception:
+                pass
 
             ls, err, _ = await call(session, "session_list_dir", sessionId=sid)
             names = {e.get("name") for e in ls["entries"]}

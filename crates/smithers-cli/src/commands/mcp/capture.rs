@@ -45,6 +45,22 @@ pub fn spawn_reader(
     })
 }
 
+/// Reads `pipe` up to `limit` bytes and one more (to know there were more), then closes it:
+/// the writer learns its reader is gone. `total` is what was read.
+pub fn spawn_bounded_reader(
+    pipe: std::os::unix::net::UnixStream,
+    limit: usize,
+) -> std::thread::JoinHandle<Captured> {
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let _ = (&pipe).take(limit as u64 + 1).read_to_end(&mut kept);
+        let total = kept.len() as u64;
+        kept.truncate(limit);
+        drop(pipe);
+        Captured { bytes: kept, total }
+    })
+}
+
 /// `name` (text) or `name + "Base64"` in `into`, for `bytes`.
 pub fn put_bytes(into: &mut Map<String, Value>, name: &str, bytes: &[u8]) {
     match std::str::from_utf8(bytes) {

@@ -16,6 +16,15 @@ pub fn handle(server: &mut Server, line: &[u8]) -> Option<Value> {
         Ok(v) => v,
         Err(e) => return Some(error(Value::Null, -32700, &format!("not JSON: {e}"))),
     };
+    if !message.is_object() {
+        // A batch (an array) or a bare value: not a request this server takes (the protocol
+        // has no batches since 2025-06-18).
+        return Some(error(
+            Value::Null,
+            -32600,
+            "a message must be one JSON-RPC object",
+        ));
+    }
     let id = message.get("id").cloned();
     let method = message["method"].as_str().unwrap_or_default();
     let Some(id) = id else {
@@ -67,4 +76,33 @@ fn call(server: &mut Server, params: &Value) -> Result<Value, (i64, String)> {
 
 pub fn error(id: Value, code: i64, message: &str) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_not_one_request_object_is_answered_invalid() {
+        let mut server = Server::new(std::path::PathBuf::from("/x"), false);
+        for bad in [&b"[1,2]"[..], b"3", b"\"x\"", b"{"] {
+            let reply = handle(&mut server, bad).expect("an answer");
+            let code = reply["error"]["code"].as_i64().unwrap();
+            assert!(code == -32600 || code == -32700, "{reply}");
+        }
+        // A notification gets no answer; a request with an odd id is refused.
+        assert!(handle(
+            &mut server,
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
+        )
+        .is_none());
+        let reply = handle(
+            &mut server,
+            br#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#,
+        )
+        .unwrap();
+        assert_eq!(reply["error"]["code"], -32600);
+        let reply = handle(&mut server, br#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#).unwrap();
+        assert_eq!(reply["result"], json!({}));
+    }
 }

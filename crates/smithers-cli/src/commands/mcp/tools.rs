@@ -27,6 +27,8 @@ pub struct Server {
     root: PathBuf,
     allow_accept: bool,
     sessions: BTreeSet<String>,
+    /// Every session this server started, stopped ones too: only those may be accepted.
+    started: BTreeSet<String>,
 }
 
 type CallResult = Result<Value, (i64, String)>;
@@ -59,6 +61,7 @@ impl Server {
             root,
             allow_accept,
             sessions: BTreeSet::new(),
+            started: BTreeSet::new(),
         }
     }
 
@@ -142,6 +145,7 @@ impl Server {
             return Ok(failed(code, message));
         };
         self.sessions.insert(id.to_string());
+        self.started.insert(id.to_string());
         Ok(result(
             format!("session {id} started over {}", self.root.display()),
             json!({ "sessionId": id, "rootDir": self.root }),
@@ -154,7 +158,7 @@ impl Server {
         for id in &self.sessions {
             let info = socket_of(id)
                 .ok()
-                .and_then(|s| ask(&s, &wire::Request::Ping, &[]).ok())
+                .and_then(|s| ping(&s).ok())
                 .map_or(json!({ "sessionId": id, "held": false }), |a| {
                     a["session"].clone()
                 });
@@ -217,18 +221,24 @@ impl Server {
         let path = str_arg(args, "path")?.ok_or_else(|| bad("path is required"))?;
         let limit = limit_arg(args, "maxBytes")?;
         let (r, w) = std::os::unix::net::UnixStream::pair().map_err(|e| (-32603, e.to_string()))?;
-        let reader = spawn_reader(r, limit);
+        // Read to the bound and one byte more, then the pipe closes: a file without end
+        // (`/dev/zero`) ends its `cat` (its reader gone) instead of holding this server.
+        let reader = super::capture::spawn_bounded_reader(r, limit);
         let request = wire::Request::Read { path: path.into() };
         let answer = ask(&socket, &request, &[w.as_fd()]);
         drop(w);
         let got = reader.join().map_err(|_| (-32603, "reader".to_string()))?;
-        if let Some(e) = answer_error(&answer) {
+        // Cut at the bound, the read's command was ended (its reader gone): not an error.
+        let truncated = got.truncated();
+        if let Some(e) = answer_error(&answer).filter(|_| !truncated) {
             return Ok(e);
         }
         let mut structured = Map::new();
         put_bytes(&mut structured, "content", &got.bytes);
-        structured.insert("sizeBytes".into(), json!(got.total));
-        structured.insert("truncated".into(), json!(got.truncated()));
+        // The size is known only when the whole file came.
+        let size = (!truncated).then_some(got.total);
+        structured.insert("sizeBytes".into(), json!(size));
+        structured.insert("truncated".into(), json!(truncated));
         let text = match std::str::from_utf8(&got.bytes) {
             Ok(t) => t.to_string(),
             Err(_) => format!("({} bytes, not UTF-8: in contentBase64)", got.total),
@@ -369,7 +379,13 @@ impl Server {
 
     fn accept(&self, args: &Value) -> CallResult {
         let id = str_arg(args, "sessionId")?.ok_or_else(|| bad("sessionId is required"))?;
-        smithers_runtime::config::validate_id("sessionId", id).map_err(|e| bad(e.to_string()))?;
+        // Only a session this server started: never a person's run or another agent's work.
+        if !self.started.contains(id) {
+            return Err(bad(format!(
+                "no session {} was started here",
+                crate::output::inert(id)
+            )));
+        }
         let out = std::process::Command::new(
             std::env::current_exe().map_err(|e| (-32603, e.to_string()))?,
         )
@@ -444,6 +460,13 @@ fn ask(
 ) -> std::io::Result<Value> {
     let stream = wire::send(socket, request, fds)?;
     stream.set_read_timeout(Some(Duration::from_secs(24 * 3600)))?;
+    wire::read_answer(&stream)
+}
+
+/// A ping, bounded in time (a stopped holder is "not held", not a hang).
+fn ping(socket: &std::path::Path) -> std::io::Result<Value> {
+    let stream = wire::send(socket, &wire::Request::Ping, &[])?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     wire::read_answer(&stream)
 }
 
@@ -524,4 +547,31 @@ fn u64_arg(args: &Value, key: &str) -> Result<Option<u64>, (i64, String)> {
 
 fn limit_arg(args: &Value, key: &str) -> Result<usize, (i64, String)> {
     Ok(u64_arg(args, key)?.map_or(DEFAULT_OUTPUT, |n| (n as usize).min(MAX_OUTPUT)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_reaches_only_sessions_this_server_started() {
+        let mut server = Server::new(PathBuf::from("/nonexistent-project"), true);
+        assert!(server.list().iter().any(|t| t["name"] == "session_accept"));
+        let refused = server.call("session_accept", &json!({"sessionId": "person-run-1"}));
+        let (code, message) = refused.expect_err("a person's run was accepted");
+        assert_eq!(code, -32602);
+        assert!(message.contains("was started here"), "{message}");
+        let hidden = Server::new(PathBuf::from("/x"), false);
+        assert!(!hidden.list().iter().any(|t| t["name"] == "session_accept"));
+    }
+
+    #[test]
+    fn arguments_of_the_wrong_shape_are_refused_before_use() {
+        let args = json!({"command": ["a", 1], "env": {"A=B": "x"}, "timeoutMs": -1});
+        assert!(str_list(&args, "command", 10).is_err());
+        assert!(env_arg(&args).is_err());
+        assert!(u64_arg(&args, "timeoutMs").is_err());
+        assert!(str_arg(&json!({"p": "a\u{0}b"}), "p").is_err());
+        assert_eq!(limit_arg(&json!({"m": u64::MAX}), "m").unwrap(), MAX_OUTPUT);
+    }
 }

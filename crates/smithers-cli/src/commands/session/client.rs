@@ -41,6 +41,20 @@ pub fn start(args: &StartArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         .map_err(|e| invalid(e.to_string()))?;
     let dir = wire::sessions_dir(true).context("the sessions directory")?;
     let socket = dir.join(format!("{sandbox_id}.sock"));
+    // Said before anything is made: a socket path the kernel cannot bind (108 bytes with its
+    // end), or a session of that id held already (its holder answers there).
+    if socket.as_os_str().len() >= 108 {
+        return Err(invalid(format!(
+            "the session's socket {} would be longer than a socket path may be: a shorter --sandbox-id, or a shorter $SMITHERS_RESIDENT_DIR",
+            inert(&socket.display().to_string())
+        )));
+    }
+    if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+        return Err(invalid(format!(
+            "a session {} is held already (session stop it first, or choose another --sandbox-id)",
+            inert(&sandbox_id)
+        )));
+    }
     let log_path = dir.join(format!("{sandbox_id}.log"));
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
@@ -64,7 +78,8 @@ pub fn start(args: &StartArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let began = Instant::now();
     loop {
         if let Ok(info) = ask(&socket, &Request::Ping) {
-            if info["ok"] == json!(true) {
+            // Ours: the holder we started answers, no other.
+            if info["ok"] == json!(true) && info["session"]["pid"] == json!(holder.id()) {
                 break;
             }
         }
@@ -347,9 +362,14 @@ impl<'a> Shown<'a> {
     }
 }
 
-/// One request and its answer.
+/// How long a look at a session (a ping) waits for its answer: a holder that is stopped
+/// (SIGSTOP) or a socket nobody serves is then "not held", not a hang.
+const PING_WAIT: Duration = Duration::from_secs(2);
+
+/// One request without descriptors (a ping) and its answer, bounded in time.
 fn ask(socket: &Path, request: &Request) -> std::io::Result<Value> {
     let stream = wire::send(socket, request, &[])?;
+    stream.set_read_timeout(Some(PING_WAIT))?;
     wire::read_answer(&stream)
 }
 

@@ -185,16 +185,21 @@ fn collect_cost_is_linear_in_changed_files() {
     }
     let mut times = Vec::new();
     for n in [10_000u32, 40_000] {
-        let dir = project(&[]);
-        let script = format!("mkdir d && cd d && seq 1 {n} | xargs touch");
-        let (doc, took, _) = run(dir.path(), &script);
-        assert_eq!(doc["stepStatus"], "finished", "{doc}");
-        // Empty new files: no patch text, so what is measured is the per-file work (walk,
-        // patch files, review findings, stats), where the quadratic searches were.
-        let patched = doc["patches"].as_array().map_or(0, Vec::len);
-        assert_eq!(patched, n as usize, "{}", doc["changeNotes"]);
-        println!("{n} new files: run took {took:?}");
-        times.push(took);
+        // The faster of two runs: one run alone moves with whatever else the machine does.
+        let mut best = None;
+        for _ in 0..2 {
+            let dir = project(&[]);
+            let script = format!("mkdir d && cd d && seq 1 {n} | xargs touch");
+            let (doc, took, _) = run(dir.path(), &script);
+            assert_eq!(doc["stepStatus"], "finished", "{doc}");
+            // Empty new files: no patch text, so what is measured is the per-file work
+            // (walk, patch files, review findings, stats), where the quadratic searches were.
+            let patched = doc["patches"].as_array().map_or(0, Vec::len);
+            assert_eq!(patched, n as usize, "{}", doc["changeNotes"]);
+            println!("{n} new files: run took {took:?}");
+            best = Some(best.map_or(took, |b: std::time::Duration| b.min(took)));
+        }
+        times.push(best.expect("two runs"));
     }
     let ratio = times[1].as_secs_f64() / times[0].as_secs_f64();
     println!("40k / 10k: {ratio:.2}x");

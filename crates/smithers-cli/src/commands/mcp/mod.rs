@@ -31,6 +31,11 @@ pub struct McpArgs {
     /// Offer `session_accept`: an agent may apply a stopped session's change to the project.
     #[arg(long)]
     pub allow_accept: bool,
+    /// A host an agent's session may be given (`NAME[:PORTS]`, as run's --allow-host;
+    /// repeatable): `session_start`'s `allowHosts` must be among these. None by default: the
+    /// agent's sessions reach no network.
+    #[arg(long = "allow-host", value_name = "NAME[:PORTS]")]
+    pub allow_host: Vec<String>,
 }
 
 pub fn run(args: &McpArgs) -> anyhow::Result<ExitCode> {
@@ -40,7 +45,8 @@ pub fn run(args: &McpArgs) -> anyhow::Result<ExitCode> {
         }
         None => super::context::find_project_root(&std::env::current_dir()?),
     };
-    let mut server = tools::Server::new(root, args.allow_accept);
+    let mut server =
+        tools::Server::new(root, args.allow_accept).with_hosts(args.allow_host.clone());
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let stdout = std::io::stdout();

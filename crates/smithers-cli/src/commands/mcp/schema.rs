@@ -17,7 +17,7 @@ pub fn all() -> Vec<Value> {
                 "timeout": { "type": "string", "description": "End it after this long in all." },
                 "memory": { "type": "string", "description": "Memory limit (512m, 2g)." },
                 "cpus": { "type": "string", "description": "CPU limit in cores (1.5)." },
-                "allowHosts": { "type": "array", "items": { "type": "string" }, "description": "Hosts it may reach (NAME[:PORTS]); none by default." }
+                "allowHosts": { "type": "array", "items": { "type": "string" }, "description": "Hosts it may reach (NAME[:PORTS]), among those the operator allows this server; none by default." }
             }),
             &[],
         ),

@@ -29,6 +29,8 @@ pub struct Server {
     sessions: BTreeSet<String>,
     /// Every session this server started, stopped ones too: only those may be accepted.
     started: BTreeSet<String>,
+    /// The hosts the operator lets an agent's session reach (`mcp --allow-host`).
+    hosts: BTreeSet<String>,
 }
 
 type CallResult = Result<Value, (i64, String)>;
@@ -62,7 +64,14 @@ impl Server {
             allow_accept,
             sessions: BTreeSet::new(),
             started: BTreeSet::new(),
+            hosts: BTreeSet::new(),
         }
+    }
+
+    /// The hosts an agent may ask for (`mcp --allow-host`).
+    pub fn with_hosts(mut self, hosts: Vec<String>) -> Server {
+        self.hosts = hosts.into_iter().collect();
+        self
     }
 
     pub fn list(&self) -> Vec<Value> {
@@ -130,6 +139,17 @@ impl Server {
             }
         }
         for host in str_list(args, "allowHosts", 64)? {
+            // The operator's list bounds the agent's: a host not on it is refused, never
+            // dropped (the session would then not be what the agent thinks it is).
+            if !self.hosts.contains(&host) {
+                return Ok(failed(
+                    "INVALID_INPUT",
+                    &format!(
+                        "{} is not among the hosts this server may give a session (smithers-sandbox mcp --allow-host)",
+                        crate::output::inert(&host)
+                    ),
+                ));
+            }
             command.arg(format!("--allow-host={host}"));
         }
         let out = command
@@ -563,6 +583,20 @@ mod tests {
         assert!(message.contains("was started here"), "{message}");
         let hidden = Server::new(PathBuf::from("/x"), false);
         assert!(!hidden.list().iter().any(|t| t["name"] == "session_accept"));
+    }
+
+    #[test]
+    fn an_agent_gets_only_the_hosts_the_operator_allows() {
+        let mut server = Server::new(PathBuf::from("/nonexistent-project"), false)
+            .with_hosts(vec!["api.example.com:443".into()]);
+        let refused = server
+            .call(
+                "session_start",
+                &json!({"allowHosts": ["evil.example.org"]}),
+            )
+            .unwrap();
+        assert_eq!(refused["isError"], true, "{refused}");
+        assert!(refused.to_string().contains("--allow-host"), "{refused}");
     }
 
     #[test]

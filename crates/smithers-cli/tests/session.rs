@@ -458,6 +458,116 @@ fn a_lost_session_that_changed_nothing_is_failed_as_lost() {
     assert!(row.to_string().contains("lost"), "{row}");
 }
 
+/// Kills a session's holder and waits until it is gone.
+fn kill_holder(env: &Env, id: &str) {
+    let pid = env.holder_pid(id);
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    assert!(wait_until(Duration::from_secs(10), || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    }));
+}
+
+/// The project's database, and the one stored handle in it (the session's).
+fn stored_handle(env: &Env) -> (rusqlite::Connection, Value) {
+    let conn = rusqlite::Connection::open(env.root.join(".smithers/sandbox.db")).unwrap();
+    let text: String = conn
+        .query_row(
+            "SELECT handle_json FROM _smithers_sandbox_leases WHERE handle_json IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    (conn, serde_json::from_str(&text).unwrap())
+}
+
+/// A crafted database (the project is not trusted) whose stored handle names another state
+/// directory and project: recovery of the lost session collects nothing through them (the
+/// victim's files stay as they were, none of their content reaches a review) and fails it.
+#[test]
+fn a_lost_session_whose_stored_handle_names_other_directories_is_not_collected_through_them() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&[]);
+    assert_eq!(code(&env.sh(&id, "echo change > changed.txt")), 0);
+    kill_holder(&env, &id);
+    let victim = env._dir.path().join("victim");
+    let secret = env._dir.path().join("secret");
+    std::fs::create_dir_all(victim.join("artifacts")).unwrap();
+    std::fs::create_dir_all(secret.join("artifacts")).unwrap();
+    std::fs::write(victim.join("keep-layer"), b"").unwrap();
+    std::fs::write(victim.join("stream.ndjson"), b"{\"victim\":1}\n").unwrap();
+    std::fs::write(secret.join("secret.txt"), "host-secret-content\n").unwrap();
+    std::fs::write(secret.join("artifacts/a.txt"), "host-artifact-content\n").unwrap();
+    let (conn, mut handle) = stored_handle(&env);
+    handle["backend"]["stateDir"] = Value::from(victim.to_str().unwrap());
+    handle["backend"]["rootDir"] = Value::from(secret.to_str().unwrap());
+    conn.execute(
+        "UPDATE _smithers_sandbox_leases SET handle_json = ?1 WHERE handle_json IS NOT NULL",
+        [handle.to_string()],
+    )
+    .unwrap();
+    drop(conn);
+    let out = env.cli().arg("ls").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        victim.join("keep-layer").exists(),
+        "the victim's file is gone"
+    );
+    assert_eq!(
+        std::fs::read(victim.join("stream.ndjson")).unwrap(),
+        b"{\"victim\":1}\n"
+    );
+    assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 3);
+    let row = env.json(&["show", &id]);
+    assert_eq!(row["status"], "failed", "{row}");
+    assert!(row.to_string().contains("not trusted"), "{row}");
+    let all = format!(
+        "{row}{}",
+        text(&env.cli().args(["show", &id]).output().unwrap())
+    );
+    assert!(!all.contains("host-secret-content") && !all.contains("host-artifact-content"));
+    let result = Path::new(handle["resultPath"].as_str().unwrap());
+    assert!(!result.join("README.md").exists(), "a bundle was written");
+}
+
+/// The session's directory in the project replaced by a link to a host directory after its
+/// holder died: recovery neither removes nor writes anything there, and fails the session.
+#[test]
+fn a_lost_session_whose_sandbox_directory_is_a_link_is_not_collected() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&[]);
+    assert_eq!(code(&env.sh(&id, "echo change > changed.txt")), 0);
+    kill_holder(&env, &id);
+    let host = env._dir.path().join("host");
+    std::fs::create_dir_all(host.join("result")).unwrap();
+    std::fs::write(host.join("result/precious.txt"), "precious\n").unwrap();
+    let (conn, handle) = stored_handle(&env);
+    drop(conn);
+    let sandbox_root = PathBuf::from(handle["sandboxRoot"].as_str().unwrap());
+    std::fs::rename(&sandbox_root, env._dir.path().join("moved")).unwrap();
+    std::os::unix::fs::symlink(&host, &sandbox_root).unwrap();
+    let out = env.cli().arg("ls").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(host.join("result/precious.txt")).unwrap(),
+        "precious\n"
+    );
+    assert_eq!(std::fs::read_dir(host.join("result")).unwrap().count(), 1);
+    assert_eq!(std::fs::read_dir(&host).unwrap().count(), 1);
+    let row = env.json(&["show", &id]);
+    assert_eq!(row["status"], "failed", "{row}");
+    assert!(row.to_string().contains("a link?"), "{row}");
+}
+
 fn docker_ready() -> bool {
     let ok = Command::new("docker")
         .args(["image", "inspect", "smithers-test:busybox"])
@@ -525,6 +635,28 @@ fn a_docker_session_runs_many_commands_and_ends_in_the_review() {
     assert_eq!(
         std::fs::read(env.root.join("d/blob.bin")).unwrap(),
         &all[..5000]
+    );
+}
+
+/// A docker session whose holder died: its layer is collected from the state directory
+/// derived for it (the dead holder's memory is not needed) and opened for review.
+#[test]
+fn a_lost_docker_session_is_collected_for_review() {
+    if !docker_ready() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&["--runtime", "docker", "--image", "smithers-test:busybox"]);
+    assert_eq!(code(&env.sh(&id, "echo kept > lost.txt")), 0);
+    kill_holder(&env, &id);
+    let row = env.json(&["show", &id]);
+    assert_eq!(row["status"], "review", "{row}");
+    assert!(!env.root.join("lost.txt").exists());
+    let accepted = env.cli().args(["accept", &id]).output().unwrap();
+    assert!(accepted.status.success(), "{}", text(&accepted));
+    assert_eq!(
+        std::fs::read_to_string(env.root.join("lost.txt")).unwrap(),
+        "kept\n"
     );
 }
 

@@ -19,11 +19,17 @@ enum Lost {
     Reviewable(RecoveredSandbox),
     /// Another process recovered it.
     ClaimedElsewhere,
-    /// Its handle may not be acted on: recovered as any orphan.
-    NotCollected,
+    /// Its handle may not be acted on (why, when it says more than the orphan path will):
+    /// recovered as any orphan.
+    NotCollected(Option<String>),
 }
 
-/// Whether the orphan is a held session (its recorded config says so).
+/// Whether the orphan is a held session (its recorded config says so). The config comes from
+/// the database too, so a crafted row can claim to be a session and get its handle collected:
+/// harmless only because that collect is confined (`Runtime::collect_stored` recomputes every
+/// directory from the ids under the runtime's own roots and refuses a handle naming others,
+/// and the project's sandbox directories must hold no link), never through the handle's own
+/// paths.
 fn is_session(orphan: &smithers_store::Orphan) -> bool {
     serde_json::from_str::<serde_json::Value>(&orphan.sandbox.config_json)
         .is_ok_and(|c| c.get("session").is_some_and(|s| s.is_object()))
@@ -64,6 +70,7 @@ impl Orchestrator {
         }
         let mut out = Vec::new();
         for orphan in orphans {
+            let mut not_collected = None;
             if is_session(&orphan) {
                 match self.recover_lost_session(&orphan).await? {
                     Lost::Reviewable(recovered) => {
@@ -71,14 +78,22 @@ impl Orchestrator {
                         continue;
                     }
                     Lost::ClaimedElsewhere => continue,
-                    Lost::NotCollected => {}
+                    Lost::NotCollected(why) => not_collected = why,
                 }
             }
             let run_id = orphan.sandbox.run_id.clone();
             let sandbox_id = orphan.sandbox.sandbox_id.clone();
             let runtime_name = orphan.sandbox.runtime.clone();
             // Kill what is left first (cleanup is idempotent), then free the slot.
-            let (cleaned_up, cleanup_error) = self.clean_up_orphan(&orphan).await;
+            let (cleaned_up, mut cleanup_error) = self.clean_up_orphan(&orphan).await;
+            if let Some(why) = not_collected {
+                // The session's change was not collected: said first, whatever cleanup did.
+                let why = format!("the lost session's change was not collected: {why}");
+                cleanup_error = Some(match cleanup_error {
+                    Some(e) => format!("{why}; {e}"),
+                    None => why,
+                });
+            }
             if let Some(reason) = &cleanup_error {
                 warn!(run_id = %run_id, sandbox_id = %sandbox_id, reason = %reason, "orphaned sandbox not cleaned up");
             }
@@ -134,13 +149,24 @@ impl Orchestrator {
     /// orphan, then its change is collected and opened for review, as its stop would have
     /// (its bundle `failed`: the session did not end well); a `SessionLost` event says why.
     /// Nothing to review, or a handle that may not be acted on: the orphan path.
+    ///
+    /// The handle comes from the database, so it is collected only confined
+    /// ([`smithers_runtime::Runtime::collect_stored`]: its directories recomputed from the
+    /// ids and checked by the runtime), and only when no directory from `<project>/.smithers`
+    /// down to the sandbox's is a link; a runtime's refusal fails the session saying why.
     async fn recover_lost_session(
         &self,
         orphan: &smithers_store::Orphan,
     ) -> Result<Lost, OrchestratorError> {
         let Some((handle, rt)) = self.actionable_handle(orphan) else {
-            return Ok(Lost::NotCollected);
+            return Ok(Lost::NotCollected(None));
         };
+        let real = handle
+            .project_root()
+            .and_then(|root| handle.check_project_dirs_real(&root));
+        if let Err(e) = real {
+            return Ok(Lost::NotCollected(Some(e.to_string())));
+        }
         let now = now_ms();
         // The claim comes first (one recovering process wins the sandbox): its processes
         // are gone already, and only the winner may write its bundle.
@@ -148,7 +174,7 @@ impl Orchestrator {
             return Ok(Lost::ClaimedElsewhere);
         }
         let (run_id, sid) = (&orphan.sandbox.run_id, &orphan.sandbox.sandbox_id);
-        let opened = match self.timed(rt.collect(&handle)).await {
+        let opened = match self.timed(rt.collect_stored(&handle)).await {
             Ok(report) => self.open_lost_review(orphan, &handle, &report.bundle_path, now),
             Err(e) => Err(OrchestratorError::Runtime {
                 verb: "collect",

@@ -30,12 +30,17 @@ pub(crate) fn self_identity() -> (u32, u64) {
 }
 
 /// Start time of a process in clock ticks since boot (`/proc/<pid>/stat` field 22), or None
-/// when it does not exist.
+/// when it does not exist or exited and is not reaped yet (a zombie runs nothing, as the
+/// store's owner check says too).
 pub(crate) fn process_start(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Creates a directory and its parents with the given mode on the leaf.

@@ -11,7 +11,7 @@ use smithers_runtime::{
 use crate::egress::{self, append_records, forward_egress};
 use crate::enforcement::{probe_report, refuse_unsupported, unsupported};
 use crate::engine::{is_not_found, remove_container, remove_volume, spawn_err, RUNTIME};
-use crate::handle::{backend_state, check_labels, require_state};
+use crate::handle::{backend_state, check_labels, require_state, untrusted};
 use crate::plan::{self, BackendState};
 use crate::runtime::{DockerRuntime, Live};
 use crate::{cgroup, collect, hostfs};
@@ -304,6 +304,49 @@ impl Runtime for DockerRuntime {
                 live.result_rejected,
                 &live.log_notes,
             )
+        })
+        .await?
+    }
+
+    /// A sandbox whose maker died (a held session's holder): its layer is on the host, in
+    /// the state directory derived from its ids and project (checked as cleanup checks it:
+    /// names, directories, the engine objects' labels), so it is collected from there,
+    /// without the maker's outcome (the bundle is `failed`). The project is the handle's
+    /// (from which the names are derived); no link from `<project>/.smithers` down to the
+    /// sandbox's `request` and `result`.
+    async fn collect_stored(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
+        let root = handle.project_root()?;
+        handle.check_project_dirs_real(&root)?;
+        for dir in [&handle.request_path, &handle.result_path] {
+            match std::fs::symlink_metadata(dir) {
+                Ok(m) if !m.is_dir() => {
+                    return Err(untrusted(format!(
+                        "{} is not a directory (a link?)",
+                        dir.display()
+                    )))
+                }
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(RuntimeError::io("inspect", dir, e))
+                }
+                _ => {}
+            }
+        }
+        let state = require_state(handle, "collect")?;
+        self.check_derived(handle, &root, &state)?;
+        let docker = self.engine().await?;
+        check_labels(docker, handle, &state).await?;
+        match std::fs::symlink_metadata(&state.state_dir) {
+            Ok(m) if m.is_dir() => {}
+            _ => {
+                return Err(RuntimeError::OutOfOrder {
+                    verb: "collect",
+                    reason: "the sandbox does not exist (cleaned up?)".into(),
+                })
+            }
+        }
+        let handle = handle.clone();
+        blocking("collect the sandbox's bundle", move || {
+            collect::collect(&handle, &state, &root, None, false, &[])
         })
         .await?
     }

@@ -12,7 +12,22 @@ use smithers_runtime::collect::{
 use smithers_runtime::{CollectReport, ExecOutcome, RuntimeError, SandboxHandle};
 
 use crate::backend::{Backend, WorkspaceState};
+use crate::cgroup::CgroupHost;
 use crate::files::remove_tree;
+use crate::owned;
+
+/// `collect` from a stored handle: only on the backend `owned::confine_for_collect` rebuilds
+/// and checks; the handle's own paths are never used.
+pub(crate) fn collect_stored(
+    handle: &SandboxHandle,
+    stored: &Backend,
+    state_root: &std::path::Path,
+    layer_root: &std::path::Path,
+    host: &CgroupHost,
+) -> Result<CollectReport, RuntimeError> {
+    let backend = owned::confine_for_collect(handle, stored, state_root, layer_root, host)?;
+    collect(&backend, handle)
+}
 
 pub(crate) fn collect(
     backend: &Backend,
@@ -93,4 +108,166 @@ pub(crate) fn collect(
         }
     }
     Ok(done.report)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use smithers_runtime::RuntimeKind;
+
+    use super::*;
+    use crate::cgroup::SandboxCgroups;
+    use crate::owned::{CleanupRecord, CLEANUP_RECORD};
+
+    fn handle(project: &Path, backend: &Backend) -> SandboxHandle {
+        let root = SandboxHandle::derived_sandbox_root(project, "r1", "s1");
+        SandboxHandle {
+            runtime: RuntimeKind::Bubblewrap,
+            run_id: "r1".into(),
+            sandbox_id: "s1".into(),
+            request_path: root.join("request"),
+            result_path: root.join("result"),
+            sandbox_root: root,
+            container_id: None,
+            workspace_id: None,
+            backend: serde_json::to_value(backend).unwrap(),
+        }
+    }
+
+    fn backend(state_dir: &Path, root_dir: &Path) -> Backend {
+        Backend {
+            state_dir: state_dir.to_path_buf(),
+            root_dir: root_dir.to_path_buf(),
+            layer_tmpfs: false,
+            layer_dir: None,
+            flat_layer: false,
+            cgroups: SandboxCgroups::default(),
+            workspace: WorkspaceState::Overlay,
+        }
+    }
+
+    /// A victim directory laid out as a sandbox's state directory, and a snapshot of it.
+    fn victim(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        std::fs::create_dir_all(dir.join("artifacts")).unwrap();
+        std::fs::create_dir_all(dir.join("layer/upper")).unwrap();
+        std::fs::write(dir.join("keep-layer"), b"").unwrap();
+        std::fs::write(dir.join("stream.ndjson"), b"{\"v\":1}\n").unwrap();
+        std::fs::write(dir.join("artifacts/secret.txt"), b"secret").unwrap();
+        std::fs::write(dir.join("layer/upper/planted"), b"planted").unwrap();
+        snapshot(dir)
+    }
+
+    fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        for p in [
+            "keep-layer",
+            "stream.ndjson",
+            "artifacts/secret.txt",
+            "layer/upper/planted",
+        ] {
+            out.push((
+                p.to_string(),
+                std::fs::read(dir.join(p)).unwrap_or_default(),
+            ));
+        }
+        out
+    }
+
+    /// A handle from a crafted database whose backend names directories elsewhere is refused
+    /// and nothing is read or written there (nor a bundle written in the project).
+    #[test]
+    fn a_stored_handle_naming_other_directories_is_refused_and_touches_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (project, state_root, layer_root) = (
+            tmp.path().join("proj"),
+            tmp.path().join("state"),
+            tmp.path().join("layers"),
+        );
+        let (victim_dir, secret) = (tmp.path().join("victim"), tmp.path().join("secret"));
+        for d in [&project, &state_root, &layer_root, &secret] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let before = victim(&victim_dir);
+        let host = CgroupHost::default();
+        // The state directory elsewhere.
+        let b = backend(&victim_dir, &project);
+        let h = handle(&project, &b);
+        let err = collect_stored(&h, &b, &state_root, &layer_root, &host).unwrap_err();
+        assert!(err.to_string().contains("state directory"), "{err}");
+        // The state directory ours (with its record), the project elsewhere.
+        let state_dir = state_root.join("r1+s1");
+        std::fs::create_dir_all(state_dir.join("layer/upper")).unwrap();
+        let record = CleanupRecord::for_self(&project, &SandboxCgroups::default());
+        std::fs::write(
+            state_dir.join(CLEANUP_RECORD),
+            serde_json::to_vec(&record).unwrap(),
+        )
+        .unwrap();
+        let b = backend(&state_dir, &secret);
+        let err = collect_stored(&h, &b, &state_root, &layer_root, &host).unwrap_err();
+        assert!(
+            err.to_string().contains("not the handle's project"),
+            "{err}"
+        );
+        // A layer directory elsewhere.
+        let b = Backend {
+            layer_dir: Some(victim_dir.join("layer")),
+            ..backend(&state_dir, &project)
+        };
+        let err = collect_stored(&h, &b, &state_root, &layer_root, &host).unwrap_err();
+        assert!(err.to_string().contains("layer directory"), "{err}");
+        assert_eq!(snapshot(&victim_dir), before);
+        assert!(!h.result_path.exists(), "no bundle written");
+        assert!(
+            !victim_dir.join("result").exists() && !secret.join("result").exists(),
+            "nothing written elsewhere"
+        );
+    }
+
+    /// A sandbox directory (or its result directory) that is a link is refused: collect
+    /// would replace what it points to.
+    #[test]
+    fn a_linked_result_or_sandbox_directory_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (project, state_root, layer_root) = (
+            tmp.path().join("proj"),
+            tmp.path().join("state"),
+            tmp.path().join("layers"),
+        );
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir_all(elsewhere.join("result")).unwrap();
+        std::fs::write(elsewhere.join("result/precious.txt"), b"precious").unwrap();
+        let state_dir = state_root.join("r1+s1");
+        std::fs::create_dir_all(state_dir.join("layer/upper")).unwrap();
+        std::fs::create_dir_all(&layer_root).unwrap();
+        let record = CleanupRecord::for_self(&project, &SandboxCgroups::default());
+        std::fs::write(
+            state_dir.join(CLEANUP_RECORD),
+            serde_json::to_vec(&record).unwrap(),
+        )
+        .unwrap();
+        let b = backend(&state_dir, &project);
+        let h = handle(&project, &b);
+        let host = CgroupHost::default();
+        // The result directory a link.
+        std::fs::create_dir_all(&h.sandbox_root).unwrap();
+        std::os::unix::fs::symlink(elsewhere.join("result"), &h.result_path).unwrap();
+        let err = collect_stored(&h, &b, &state_root, &layer_root, &host).unwrap_err();
+        assert!(err.to_string().contains("a link?"), "{err}");
+        // The sandbox directory a link.
+        std::fs::remove_file(&h.result_path).unwrap();
+        std::fs::remove_dir(&h.sandbox_root).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &h.sandbox_root).unwrap();
+        let err = collect_stored(&h, &b, &state_root, &layer_root, &host).unwrap_err();
+        assert!(err.to_string().contains("a link?"), "{err}");
+        assert_eq!(
+            std::fs::read(elsewhere.join("result/precious.txt")).unwrap(),
+            b"precious"
+        );
+        assert_eq!(
+            std::fs::read_dir(elsewhere.join("result")).unwrap().count(),
+            1
+        );
+    }
 }

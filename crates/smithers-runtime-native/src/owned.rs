@@ -97,11 +97,17 @@ fn boot_id() -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// Field 22 of `/proc/<pid>/stat`, counted from the last `)` (the command may hold any byte).
+/// Field 22 of `/proc/<pid>/stat`, counted from the last `)` (the command may hold any byte);
+/// `None` for a process that exited and is not reaped yet (a zombie runs nothing, as the
+/// store's owner check says too).
 fn process_start(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// What cleanup from a handle may do: the backend with every path recomputed, the request
@@ -191,6 +197,59 @@ pub(crate) fn confine(
         kept_layer,
         left_alone,
     })
+}
+
+/// What collect from a stored handle may read and write (see `Runtime::collect_stored`):
+/// the backend confined as cleanup's is (state and layer directories recomputed from the ids
+/// and checked, a sandbox of another live process refused), made for this very project (its
+/// `rootDir`, and the root its record names, are the handle's project root), with no link from
+/// `<project>/.smithers` down to the sandbox's `request` and `result` (collect replaces the
+/// result directory). Anything else is refused before anything is touched.
+pub(crate) fn confine_for_collect(
+    handle: &SandboxHandle,
+    stored: &Backend,
+    state_root: &Path,
+    layer_root: &Path,
+    host: &CgroupHost,
+) -> Result<Backend, RuntimeError> {
+    let root = handle.project_root()?;
+    handle
+        .check_project_dirs_real(&root)
+        .map_err(|e| refuse(e.to_string()))?;
+    for dir in [&handle.request_path, &handle.result_path] {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) if !m.is_dir() => {
+                return Err(refuse(format!(
+                    "{} is not a directory (a link?)",
+                    dir.display()
+                )))
+            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(RuntimeError::io("inspect", dir, e))
+            }
+            _ => {}
+        }
+    }
+    if stored.root_dir != root {
+        return Err(refuse(format!(
+            "its project directory {} is not the handle's project {}",
+            stored.root_dir.display(),
+            root.display()
+        )));
+    }
+    let confined = confine(handle, stored, state_root, layer_root, host)?;
+    match read_record(&confined.backend.state_dir)? {
+        None => Err(refuse(format!(
+            "no record of sandbox {}/{} in this runtime's state",
+            handle.run_id, handle.sandbox_id
+        ))),
+        Some(record) if record.root_dir != root => Err(refuse(format!(
+            "the sandbox was made for {}, not {}",
+            record.root_dir.display(),
+            root.display()
+        ))),
+        Some(_) => Ok(confined.backend),
+    }
 }
 
 /// The record, read without following a link and size-capped; `None` when the state
@@ -301,4 +360,28 @@ fn confined_request_dir(
         return None;
     }
     Some(handle.request_path.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An owner that exited but is not reaped yet (a zombie) is not running: its sandbox is
+    /// not "another live process's".
+    #[test]
+    fn a_zombie_owner_is_gone() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while process_start(pid).is_some() {
+            assert!(std::time::Instant::now() < deadline, "never a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "reaped early"
+        );
+        child.wait().unwrap();
+        assert!(process_start(std::process::id()).is_some());
+    }
 }

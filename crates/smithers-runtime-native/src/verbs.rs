@@ -70,6 +70,24 @@ impl Runtime for NativeRuntime {
         .await?
     }
 
+    /// The backend is rebuilt from the ids under this runtime's own roots and checked (see
+    /// `owned::confine_for_collect`) before collect reads or writes anything.
+    async fn collect_stored(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
+        let stored = Backend::from_handle(handle, "collect")?;
+        let caps = self.caps();
+        let handle = handle.clone();
+        blocking("collect the sandbox's bundle", move || {
+            collect::collect_stored(
+                &handle,
+                &stored,
+                &caps.state_root,
+                &caps.layer_root,
+                &caps.cgroups,
+            )
+        })
+        .await?
+    }
+
     async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
         self.cleanup_sandbox(handle).await
     }

@@ -104,6 +104,20 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// Writes the result bundle on the host and returns where.
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError>;
 
+    /// `collect` from a handle that comes back from storage (the database in the project
+    /// tree, so not trusted to name host objects), after the process that made the sandbox
+    /// died: only with every directory it names recomputed from its ids under this runtime's
+    /// own roots and checked, as cleanup from a stored handle confines it; anything else is
+    /// refused and nothing is touched. A runtime that cannot confine a stored handle (or
+    /// needs its maker's memory to collect) refuses.
+    async fn collect_stored(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
+        let _ = handle;
+        Err(RuntimeError::OutOfOrder {
+            verb: "collect",
+            reason: "this runtime cannot collect a sandbox from a stored handle".to_string(),
+        })
+    }
+
     /// Removes everything the sandbox holds on the host but the bundle. Idempotent.
     async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError>;
 }

@@ -136,6 +136,10 @@ impl Runtime for SessionRuntime {
         self.runtime.collect(handle).await
     }
 
+    async fn collect_stored(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
+        self.runtime.collect_stored(handle).await
+    }
+
     async fn cleanup(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
         self.engine.destroy(handle).await
     }

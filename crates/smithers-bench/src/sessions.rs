@@ -21,13 +21,25 @@ use crate::report::{machine_line, Table};
 use crate::whole_cli::cli_binary;
 
 /// Peers with a per-command sandbox, when installed: the program and its arguments.
-const PEERS: [(&str, &[&str]); 2] = [
-    (
-        "firejail",
-        &["--quiet", "--noprofile", "--net=none", "true"],
-    ),
-    ("runsc", &["--network=none", "do", "true"]),
-];
+/// Codex's and srt come from npm (`npm install @openai/codex @anthropic-ai/sandbox-runtime`,
+/// their `.bin` on PATH; srt needs ripgrep and socat); `$SMITHERS_BENCH_CODEX` may name
+/// Codex's native binary, measured without its Node.js wrapper.
+fn peers() -> Vec<(String, Vec<String>)> {
+    let owned = |p: &str, a: &[&str]| (p.to_string(), a.iter().map(|s| s.to_string()).collect());
+    let mut peers = vec![
+        owned(
+            "firejail",
+            &["--quiet", "--noprofile", "--net=none", "true"],
+        ),
+        owned("runsc", &["--network=none", "do", "true"]),
+        owned("codex", &["sandbox", "--", "true"]),
+        owned("srt", &["true"]),
+    ];
+    if let Some(native) = std::env::var_os("SMITHERS_BENCH_CODEX") {
+        peers.push(owned(&native.to_string_lossy(), &["sandbox", "--", "true"]));
+    }
+    peers
+}
 
 pub fn run(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::Result<String> {
     let bin = cli_binary()?;
@@ -72,6 +84,8 @@ pub fn run(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::Result
         Ok(())
     };
     let sandboxes = project.join(".smithers/sandboxes");
+    // Declared before the contenders, which borrow them.
+    let peers = peers();
     let mut contenders = vec![
         Contender::new("spawn `true` on the host", || run_quiet("true", &[])),
         Contender::new(
@@ -95,14 +109,13 @@ pub fn run(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::Result
         }),
     ];
     let mut absent = Vec::new();
-    for (program, args) in PEERS {
-        if crate::measure::have(program) && run_quiet(program, args).is_ok() {
-            contenders.push(Contender::new(
-                format!("{program} {}", args.join(" ")),
-                move || run_quiet(program, args),
-            ));
+    for (program, args) in &peers {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        if crate::measure::have(program) && run_quiet(program, &args).is_ok() {
+            let name = format!("{program} {}", args.join(" "));
+            contenders.push(Contender::new(name, move || run_quiet(program, &args)));
         } else {
-            absent.push(program);
+            absent.push(program.as_str());
         }
     }
     let series: Vec<Series> = interleaved(&mut contenders, 5, rounds)?;

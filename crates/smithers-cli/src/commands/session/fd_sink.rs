@@ -43,9 +43,8 @@ impl FdSink {
     pub fn finish(self) {
         let cancelled = self.cancel.is_cancelled();
         for writer in [self.out, self.err] {
-            writer.close();
-            if !cancelled {
-                if let Some(thread) = writer.thread {
+            if let Some(thread) = writer.close() {
+                if !cancelled {
                     let _ = thread.join();
                 }
             }
@@ -83,32 +82,55 @@ struct Queue {
 
 type Shared = Arc<(Mutex<Queue>, Condvar)>;
 
+/// One descriptor's writer: its thread starts with the first bytes (a command that writes
+/// nothing costs no thread).
 struct Writer {
     queue: Shared,
     drained: Arc<Notify>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// The descriptor until the thread takes it, then the thread.
+    state: Mutex<WriterState>,
+    cancel: CancellationToken,
+}
+
+enum WriterState {
+    Idle(File),
+    Writing(std::thread::JoinHandle<()>),
+    Done,
 }
 
 impl Writer {
     fn start(file: File, cancel: CancellationToken) -> Writer {
-        let queue: Shared = Arc::default();
-        let drained = Arc::new(Notify::new());
-        let (q, d) = (queue.clone(), drained.clone());
-        let thread = std::thread::spawn(move || write_queue(file, &q, &d, &cancel));
         Writer {
-            queue,
-            drained,
-            thread: Some(thread),
+            queue: Arc::default(),
+            drained: Arc::new(Notify::new()),
+            state: Mutex::new(WriterState::Idle(file)),
+            cancel,
         }
     }
 
     fn push(&self, bytes: Vec<u8>) {
-        let (lock, ready) = &*self.queue;
-        let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
-        if !q.gone {
+        {
+            let (lock, ready) = &*self.queue;
+            let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
+            if q.gone {
+                return;
+            }
             q.bytes += bytes.len();
             q.chunks.push_back(bytes);
             ready.notify_one();
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(*state, WriterState::Idle(_)) {
+            let WriterState::Idle(file) = std::mem::replace(&mut *state, WriterState::Done) else {
+                unreachable!("matched above")
+            };
+            let (q, d, c) = (
+                self.queue.clone(),
+                self.drained.clone(),
+                self.cancel.clone(),
+            );
+            *state =
+                WriterState::Writing(std::thread::spawn(move || write_queue(file, &q, &d, &c)));
         }
     }
 
@@ -128,10 +150,16 @@ impl Writer {
         }
     }
 
-    fn close(&self) {
+    /// Closes the queue; the thread, if one started, to join.
+    fn close(&self) -> Option<std::thread::JoinHandle<()>> {
         let (lock, ready) = &*self.queue;
         lock.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
         ready.notify_one();
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match std::mem::replace(&mut *state, WriterState::Done) {
+            WriterState::Writing(thread) => Some(thread),
+            _ => None,
+        }
     }
 }
 

@@ -492,7 +492,7 @@ fn all_threads_stopped(proc: &std::path::Path) -> bool {
         };
         for thread in threads.flatten() {
             if let Ok(stat) = std::fs::read(thread.path().join("stat")) {
-                if !stopped_state(&stat) {
+                if !stopped_state(&stat) && !held_by_vfork(&stat, &thread.path()) {
                     return false;
                 }
             }
@@ -501,13 +501,47 @@ fn all_threads_stopped(proc: &std::path::Path) -> bool {
     true
 }
 
+/// A thread in uninterruptible sleep inside a process-making call (`clone`, `clone3`, `vfork`,
+/// `fork`): the parent of a `vfork` (`posix_spawn`, a shell's `vfork`) waits there for its
+/// child to exec or exit, and never stops while that child is stopped; it runs nothing until
+/// then, and the call changes no file, so it is as held as a stopped thread. Known by the
+/// call it is in (`/proc/<pid>/task/<tid>/syscall`, readable by P1, whose descendants all
+/// sandbox processes are); a thread asleep in any other call is not taken as held.
+fn held_by_vfork(stat: &[u8], thread: &std::path::Path) -> bool {
+    if state_letter(stat) != Some(b'D') {
+        return false;
+    }
+    let Ok(text) = std::fs::read(thread.join("syscall")) else {
+        return false;
+    };
+    let number = text
+        .split(|b| *b == b' ' || *b == b'\n')
+        .next()
+        .and_then(|n| std::str::from_utf8(n).ok())
+        .and_then(|n| n.parse::<libc::c_long>().ok());
+    number.is_some_and(process_making_call)
+}
+
+/// `clone`, `clone3`, and where the architecture has them, `fork` and `vfork`.
+fn process_making_call(number: libc::c_long) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let legacy = [libc::SYS_fork, libc::SYS_vfork];
+    #[cfg(not(target_arch = "x86_64"))]
+    let legacy: [libc::c_long; 0] = [];
+    number == libc::SYS_clone || number == libc::SYS_clone3 || legacy.contains(&number)
+}
+
+/// The state letter of a `stat` line (after the command's closing parenthesis, which may
+/// itself hold any byte).
+fn state_letter(stat: &[u8]) -> Option<u8> {
+    let close = stat.iter().rposition(|b| *b == b')')?;
+    stat.get(close + 2).copied()
+}
+
 /// The state letter of a `stat` line (after the command's closing parenthesis, which may
 /// itself hold any byte): stopped (`T`, `t`), zombie (`Z`) or dead (`X`).
 fn stopped_state(stat: &[u8]) -> bool {
-    let Some(close) = stat.iter().rposition(|b| *b == b')') else {
-        return false;
-    };
-    matches!(stat.get(close + 2), Some(b'T' | b't' | b'Z' | b'X'))
+    matches!(state_letter(stat), Some(b'T' | b't' | b'Z' | b'X'))
 }
 
 /// One datagram of the channel with its descriptors (close-on-exec: none may reach a command

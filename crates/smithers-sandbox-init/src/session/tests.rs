@@ -404,3 +404,14 @@ fn a_command_held_back_by_a_pause_can_be_killed_before_it_starts() {
     );
     assert!(!fake.calls.iter().any(|c| c == "spawn true"));
 }
+
+#[test]
+fn only_process_making_calls_count_as_held_in_uninterruptible_sleep() {
+    use super::process_making_call;
+    assert!(process_making_call(libc::SYS_clone));
+    assert!(process_making_call(libc::SYS_clone3));
+    #[cfg(target_arch = "x86_64")]
+    assert!(process_making_call(libc::SYS_vfork));
+    assert!(!process_making_call(libc::SYS_renameat2));
+    assert!(!process_making_call(libc::SYS_write));
+}

@@ -16,12 +16,12 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use smithers_errors::{CodedError, ErrorCode};
+use smithers_errors::ErrorCode;
 use smithers_runtime::{CancellationToken, RequestBundle, SandboxConfig, StepCommand, Termination};
 use smithers_wire::archive::{self, ArchiveError, ChannelWriter, PackOptions, UnpackLimits};
 use smithers_wire::wire::{
-    CreateSandbox, ExecuteAccepted, IfExists, ResultInfo, SandboxState, Shipped, WireEvent,
-    WorkspaceUploaded, IDEMPOTENCY_KEY_HEADER, IDEMPOTENCY_KEY_MAX_LENGTH,
+    CreateSandbox, ExecuteAccepted, IfExists, SandboxState, Shipped, WireEvent, WorkspaceUploaded,
+    IDEMPOTENCY_KEY_HEADER, IDEMPOTENCY_KEY_MAX_LENGTH,
 };
 
 use crate::config::{Limits, OPENAPI_YAML};
@@ -31,14 +31,9 @@ use crate::state::{lock, now_ms, AppState, Entry, EventLog, Inner, LogSink, Owne
 
 type St = State<Arc<AppState>>;
 
-/// The caller's sandbox `id` (404 for another token's, exactly as for an unknown id), its
-/// idle time started again.
+/// The caller's sandbox `id` (see [`AppState::owned`]).
 fn entry(state: &AppState, id: &str, owner: &Owner) -> Result<Arc<Entry>, ApiError> {
-    let e = state
-        .get(id, owner)
-        .ok_or_else(|| ApiError::not_found(id))?;
-    e.touch();
-    Ok(e)
+    state.owned(id, owner)
 }
 
 fn random_hex(bytes: usize) -> Result<String, ApiError> {
@@ -728,7 +723,6 @@ async fn run_step(
     command: StepCommand,
     cancel: CancellationToken,
 ) {
-    let runtime = state.runtime.kind().as_str();
     let started = Instant::now();
     let sink = Arc::new(LogSink::new(e.clone()));
     // Output gathered in the sink goes into the log at least this often.
@@ -762,14 +756,7 @@ async fn run_step(
     let finished = match executed {
         Ok(outcome) => match state.runtime.collect(&e.handle).await {
             Ok(report) => {
-                let size = {
-                    let path = report.bundle_path.clone();
-                    tokio::task::spawn_blocking(move || archive::tree_size(&path))
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
-                        .unwrap_or(0)
-                };
+                let size = crate::state::bundle_size(&report.bundle_path).await;
                 Ok((outcome, report, size))
             }
             Err(err) => Err(err),
@@ -785,32 +772,9 @@ async fn run_step(
                 _ if outcome.succeeded() => "finished",
                 _ => "failed",
             };
-            let result = ResultInfo {
-                patch_count: report.patch_count,
-                ignored_paths: report.ignored_paths.clone(),
-                bundle_size_bytes: size,
-            };
-            {
-                let mut inner = lock(&e.inner);
-                inner.state = SandboxState::Completed;
-                inner.result = Some(result.clone());
-                inner.bundle_path = Some(report.bundle_path.clone());
-            }
-            state.metrics.bundle_size_bytes(size as f64);
-            state.metrics.patch_count(report.patch_count as f64);
-            state.metrics.sandbox_completed(runtime, status);
-            e.events.push(WireEvent::Completed {
-                outcome: Box::new(outcome),
-                result,
-            });
+            state.record_completed(&e, outcome, &report, size, status);
         }
-        Err(err) => {
-            lock(&e.inner).state = SandboxState::Failed;
-            state.metrics.sandbox_completed(runtime, "failed");
-            e.events.push(WireEvent::Failed {
-                error: err.report(),
-            });
-        }
+        Err(err) => state.record_failed(&e, &err),
     }
 }
 

@@ -20,7 +20,7 @@ use smithers_runtime::{
     CancellationToken, Engine, ExecRequest, OutputEvent, OutputSink, OutputStream, Room, StepStdin,
 };
 use smithers_wire::session::{self as wire_session, ExecBody, MAX_STDIN_BYTES};
-use smithers_wire::wire::{ResultInfo, SandboxState, WireEvent};
+use smithers_wire::wire::{SandboxState, WireEvent};
 use tokio::sync::{mpsc, Notify};
 
 use crate::error::ApiError;
@@ -44,14 +44,6 @@ fn engine(state: &AppState) -> Result<Arc<dyn Engine>, ApiError> {
     })
 }
 
-fn entry(state: &AppState, id: &str, owner: &Owner) -> Result<Arc<Entry>, ApiError> {
-    let e = state
-        .get(id, owner)
-        .ok_or_else(|| ApiError::not_found(id))?;
-    e.touch();
-    Ok(e)
-}
-
 /// `POST /v1/sandboxes/{id}/start`: a shipped sandbox becomes a live session.
 pub(crate) async fn start(
     State(state): St,
@@ -59,7 +51,7 @@ pub(crate) async fn start(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let engine = engine(&state)?;
-    let e = entry(&state, &id, &owner)?;
+    let e = state.owned(&id, &owner)?;
     let _op = e.op.lock().await;
     {
         let inner = lock(&e.inner);
@@ -96,7 +88,7 @@ pub(crate) async fn exec(
     body: Body,
 ) -> Result<Response, ApiError> {
     let engine = engine(&state)?;
-    let e = entry(&state, &id, &owner)?;
+    let e = state.owned(&id, &owner)?;
     let body: ExecBody = read_json(body, MAX_EXEC_BODY).await?;
     let request = exec_request(&state, body)?;
     if e.state() != SandboxState::Live {
@@ -221,7 +213,7 @@ pub(crate) async fn stop(
     Extension(owner): Extension<Owner>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let e = entry(&state, &id, &owner)?;
+    let e = state.owned(&id, &owner)?;
     stop_and_collect(&state, &e).await?;
     Ok(json_response(StatusCode::OK, &e.info(state.runtime.kind())))
 }
@@ -244,42 +236,16 @@ pub(crate) async fn stop_and_collect(state: &AppState, e: &Arc<Entry>) -> Result
         .stop(&e.handle)
         .await
         .map_err(|err| ApiError::runtime(&err))?;
-    let runtime = state.runtime.kind().as_str();
     match state.runtime.collect(&e.handle).await {
         Ok(report) => {
-            let path = report.bundle_path.clone();
-            let size =
-                tokio::task::spawn_blocking(move || smithers_wire::archive::tree_size(&path))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .unwrap_or(0);
-            let result = ResultInfo {
-                patch_count: report.patch_count,
-                ignored_paths: report.ignored_paths.clone(),
-                bundle_size_bytes: size,
-            };
-            {
-                let mut inner = lock(&e.inner);
-                inner.state = SandboxState::Completed;
-                inner.result = Some(result.clone());
-                inner.bundle_path = Some(report.bundle_path.clone());
-            }
-            state.metrics.sandbox_completed(runtime, "finished");
+            let size = crate::state::bundle_size(&report.bundle_path).await;
             // The session's end closes its event log, as a step's end does.
-            e.events.push(WireEvent::Completed {
-                outcome: Box::new(session_outcome(e)),
-                result,
-            });
+            state.record_completed(e, session_outcome(e), &report, size, "finished");
             e.touch();
             Ok(())
         }
         Err(err) => {
-            lock(&e.inner).state = SandboxState::Failed;
-            state.metrics.sandbox_completed(runtime, "failed");
-            e.events.push(WireEvent::Failed {
-                error: err.report(),
-            });
+            state.record_failed(e, &err);
             Err(ApiError::runtime(&err))
         }
     }

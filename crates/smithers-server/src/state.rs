@@ -25,6 +25,16 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Bytes of regular files in a collected bundle (0 when it cannot be read).
+pub(crate) async fn bundle_size(path: &std::path::Path) -> u64 {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || smithers_wire::archive::tree_size(&path))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0)
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding one of these locks leaves plain data behind; keep serving.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -52,6 +62,57 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
+    /// The caller's sandbox `id` (404 for another token's, exactly as for an unknown id), its
+    /// idle time started again.
+    pub fn owned(&self, id: &str, owner: &Owner) -> Result<Arc<Entry>, crate::error::ApiError> {
+        let e = self
+            .get(id, owner)
+            .ok_or_else(|| crate::error::ApiError::not_found(id))?;
+        e.touch();
+        Ok(e)
+    }
+
+    /// A step's or a session's bundle collected: the sandbox completed with its result, the
+    /// metrics, and the terminal event (which closes its log).
+    pub(crate) fn record_completed(
+        &self,
+        e: &Entry,
+        outcome: smithers_runtime::ExecOutcome,
+        report: &smithers_runtime::CollectReport,
+        size: u64,
+        status: &str,
+    ) {
+        let result = ResultInfo {
+            patch_count: report.patch_count,
+            ignored_paths: report.ignored_paths.clone(),
+            bundle_size_bytes: size,
+        };
+        {
+            let mut inner = lock(&e.inner);
+            inner.state = SandboxState::Completed;
+            inner.result = Some(result.clone());
+            inner.bundle_path = Some(report.bundle_path.clone());
+        }
+        self.metrics.bundle_size_bytes(size as f64);
+        self.metrics.patch_count(report.patch_count as f64);
+        self.metrics
+            .sandbox_completed(self.runtime.kind().as_str(), status);
+        e.events.push(WireEvent::Completed {
+            outcome: Box::new(outcome),
+            result,
+        });
+    }
+
+    /// The runtime failed after the sandbox ran: failed, the metric, the terminal event.
+    pub(crate) fn record_failed(&self, e: &Entry, err: &smithers_runtime::RuntimeError) {
+        lock(&e.inner).state = SandboxState::Failed;
+        self.metrics
+            .sandbox_completed(self.runtime.kind().as_str(), "failed");
+        e.events.push(WireEvent::Failed {
+            error: smithers_errors::CodedError::report(err),
+        });
+    }
+
     /// The sandbox `id` if `owner` created it: another token's sandbox is as absent as one
     /// that never existed.
     pub fn get(&self, id: &str, owner: &Owner) -> Option<Arc<Entry>> {

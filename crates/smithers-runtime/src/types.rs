@@ -356,6 +356,26 @@ pub struct ExecOutcome {
 }
 
 impl ExecOutcome {
+    /// The end of a sandbox's life that ran no command of its own (a session's: each of its
+    /// commands had its own end): no output, no usage, no result, a default report.
+    pub fn of_life(termination: Termination, exit_code: Option<i32>, duration: Duration) -> Self {
+        ExecOutcome {
+            termination,
+            exit_code,
+            signal: None,
+            duration,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            usage: ResourceUsage::default(),
+            enforcement: EnforcementReport::default(),
+            result: None,
+            egress: None,
+            command_started_after_us: None,
+        }
+    }
+
     /// True when the command ran to completion and exited 0.
     pub fn succeeded(&self) -> bool {
         self.termination == Termination::Exited && self.exit_code == Some(0)

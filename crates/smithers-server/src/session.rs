@@ -255,19 +255,9 @@ pub(crate) async fn stop_and_collect(state: &AppState, e: &Arc<Entry>) -> Result
 /// command's own end was that command's answer).
 fn session_outcome(e: &Entry) -> smithers_runtime::ExecOutcome {
     let lived = crate::state::now_ms().saturating_sub(e.created_at_ms);
-    smithers_runtime::ExecOutcome {
-        termination: smithers_runtime::Termination::Exited,
-        exit_code: Some(0),
-        signal: None,
-        duration: Duration::from_millis(lived),
-        stdout_bytes: 0,
-        stderr_bytes: 0,
-        stdout_truncated: false,
-        stderr_truncated: false,
-        usage: Default::default(),
-        enforcement: Default::default(),
-        result: None,
-        egress: None,
-        command_started_after_us: None,
-    }
+    smithers_runtime::ExecOutcome::of_life(
+        smithers_runtime::Termination::Exited,
+        Some(0),
+        Duration::from_millis(lived),
+    )
 }

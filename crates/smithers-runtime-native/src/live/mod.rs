@@ -195,19 +195,9 @@ impl Live {
         };
         let lines = egress.map(crate::egress::log_lines).unwrap_or_default();
         let outcome = ExecOutcome {
-            termination: Termination::Exited,
-            exit_code: Some(0),
-            signal: None,
-            duration: self.started.elapsed(),
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-            stdout_truncated: false,
-            stderr_truncated: false,
-            usage: Default::default(),
             enforcement,
-            result: None,
             egress: egress.and_then(|s| serde_json::to_value(s).ok()),
-            command_started_after_us: None,
+            ..ExecOutcome::of_life(Termination::Exited, Some(0), self.started.elapsed())
         };
         // A log that cannot be written is the bundle's loss, not the stop's: collect then
         // has no outcome and the bundle says the sandbox failed; the denials file still

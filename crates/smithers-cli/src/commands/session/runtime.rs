@@ -102,24 +102,10 @@ impl Runtime for SessionRuntime {
         }
         self.engine.stop(handle).await?;
         let cancelled = cancel.is_cancelled() && !done.is_cancelled();
-        Ok(ExecOutcome {
-            termination: if cancelled {
-                Termination::Cancelled
-            } else {
-                Termination::Exited
-            },
-            exit_code: (!cancelled).then_some(0),
-            signal: None,
-            duration: began.elapsed(),
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-            stdout_truncated: false,
-            stderr_truncated: false,
-            usage: Default::default(),
-            enforcement: EnforcementReport::default(),
-            result: None,
-            egress: None,
-            command_started_after_us: None,
+        Ok(if cancelled {
+            ExecOutcome::of_life(Termination::Cancelled, None, began.elapsed())
+        } else {
+            ExecOutcome::of_life(Termination::Exited, Some(0), began.elapsed())
         })
     }
 

@@ -102,7 +102,7 @@ fn read_small(path: &Path) -> Option<String> {
     Some(buf)
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

@@ -27,6 +27,9 @@ pub fn start(args: &StartArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         ));
     }
     super::parse_duration("--idle-timeout", &args.idle_timeout)?;
+    // Run's checks before anything is made (the holder makes them again): a refused option
+    // is said here, with its code, not as a holder that ended.
+    crate::commands::run::check_before_creating(&args.run)?;
     let run_id = args
         .run
         .run_id
@@ -110,19 +113,43 @@ pub fn start(args: &StartArgs, json_out: bool) -> anyhow::Result<ExitCode> {
 /// The options `session start` was given, for its holder (everything after `start`).
 fn start_options() -> Vec<std::ffi::OsString> {
     let argv: Vec<_> = std::env::args_os().collect();
+    // The `start` that follows `session` (an option's value before them may be either word).
     let at = argv
         .iter()
-        .position(|a| a == "start")
-        .map_or(argv.len(), |i| i + 1);
+        .position(|a| a == "session")
+        .and_then(|s| {
+            argv[s..]
+                .iter()
+                .position(|a| a == "start")
+                .map(|i| s + i + 1)
+        })
+        .unwrap_or(argv.len());
     argv[at..].to_vec()
 }
 
 /// What a holder that ended before its sandbox was up said (the last line of its log, a
 /// JSON error, when it is one), as the error.
+/// The last `bytes` of the file at `path` (empty when it cannot be read).
+fn read_tail(path: &Path, bytes: u64) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let mut tail = Vec::new();
+    if file
+        .seek(SeekFrom::Start(len.saturating_sub(bytes)))
+        .is_ok()
+    {
+        let _ = file.take(bytes).read_to_end(&mut tail);
+    }
+    tail
+}
+
 fn holder_failed(log: &Path, status: std::process::ExitStatus) -> anyhow::Error {
-    let text = std::fs::read(log).unwrap_or_default();
-    let tail = &text[text.len().saturating_sub(16 << 10)..];
-    let tail = String::from_utf8_lossy(tail);
+    // Only its last 16 KiB are read: the log is the holder's, but its size is not ours.
+    let tail = read_tail(log, 16 << 10);
+    let tail = String::from_utf8_lossy(&tail);
     let last = tail
         .lines()
         .rev()

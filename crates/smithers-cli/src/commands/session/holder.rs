@@ -111,7 +111,7 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
         root_dir: root.clone(),
         runtime: args.run.runtime.kind().as_str().to_string(),
         pid: std::process::id(),
-        started_ms: now_ms(),
+        started_ms: crate::commands::run_row::now_ms(),
         execs: 0,
         running: 0,
         idle_timeout_ms: idle.as_millis() as u64,
@@ -444,12 +444,6 @@ fn outcome_json(
         }
     }
     doc
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The socket of session `id` (checked to be a plain name: it becomes a path).

@@ -32,6 +32,8 @@ export const ErrorCodes = {
   TASK_RUNTIME_UNAVAILABLE: "TASK_RUNTIME_UNAVAILABLE",
   /** The host's NOT_FOUND: an unknown sandbox, or (a held session's `readFile`) a missing file. */
   NOT_FOUND: "NOT_FOUND",
+  /** A session that cannot do it now (a checkpoint while a command works in the workspace). */
+  BUSY: "BUSY",
 } as const;
 
 /** The message of anything thrown, with the chain of causes (fetch hides the useful part there). */

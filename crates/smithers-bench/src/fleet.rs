@@ -115,6 +115,7 @@ fn node_death(options: &RayOptions, project: &Path, n: usize) -> anyhow::Result<
             root_dir: project.to_path_buf(),
             image: None,
             controls: Controls::default(),
+            workspace_layers: Vec::new(),
         };
         let handle = runtime.create(&config).await?;
         let (handle, placement) = runtime.place(handle, &NoPlacementEvents).await?;

@@ -167,6 +167,7 @@ impl RoundTrip {
                     ..Controls::default()
                 }
             },
+            workspace_layers: Vec::new(),
         };
         let command = StepCommand {
             argv: argv.iter().map(|s| s.to_string()).collect(),

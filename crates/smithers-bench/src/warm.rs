@@ -87,6 +87,7 @@ impl Steps {
                 timeout_ms: Some(60_000),
                 ..Controls::default()
             },
+            workspace_layers: Vec::new(),
         };
         let command = StepCommand {
             argv: vec!["echo".into(), "first".into()],

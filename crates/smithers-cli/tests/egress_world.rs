@@ -779,6 +779,7 @@ fn serve_confines_a_clients_policy_and_streams_its_decisions() {
                 root_dir: root,
                 image: None,
                 controls,
+                workspace_layers: Vec::new(),
             };
             let handle = runtime.create(&config).await.unwrap();
             let request = RequestBundle {

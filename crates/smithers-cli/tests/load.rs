@@ -327,6 +327,7 @@ impl Client {
             root_dir: self.project.path().to_path_buf(),
             image: None,
             controls: controls(step),
+            workspace_layers: Vec::new(),
         };
         let rt = &self.runtime;
         let handle = rt.create(&config).await.map_err(fail("create"))?;
@@ -1235,6 +1236,7 @@ async fn stuck_cleanup(base: String, index: usize) -> Result<Duration, StepError
         root_dir: project.path().to_path_buf(),
         image: None,
         controls: controls(0),
+        workspace_layers: Vec::new(),
     };
     let handle = runtime.create(&config).await.map_err(fail("create"))?;
     let started = Instant::now();

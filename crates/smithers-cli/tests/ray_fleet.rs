@@ -439,6 +439,7 @@ fn creating_the_same_sandbox_twice_makes_one_lease() {
         root_dir: p.path().to_path_buf(),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     };
     rt.block_on(async {
         let first = runtime.create(&config).await.expect("first create");
@@ -508,6 +509,7 @@ fn warm_leases_are_claimed_refilled_and_shut_down() {
         root_dir: p.path().to_path_buf(),
         image: None,
         controls,
+        workspace_layers: Vec::new(),
     };
     rt.block_on(async {
         runtime.warm_up(Duration::from_secs(120)).await.expect("warm up");
@@ -760,6 +762,7 @@ fn a_jobs_api_that_refuses_connections_for_a_moment_is_waited_out() {
         root_dir: p.path().to_path_buf(),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     };
     let reasons = Reasons::default();
     rt.block_on(async {

@@ -45,11 +45,15 @@ pub enum ErrorCode {
     /// What was asked for does not exist: a session's file, or a session that is not held
     /// (any more). Not in the original vocabulary.
     NotFound,
+    /// The sandbox cannot do it now: a command it is running holds what the operation needs
+    /// (a checkpoint while a command works in the workspace). Nothing changed; retry between
+    /// commands. Not in the original vocabulary.
+    Busy,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order (for documentation and exhaustive tests).
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 13] = [
         ErrorCode::InvalidInput,
         ErrorCode::ToolPathInvalid,
         ErrorCode::ToolPathEscape,
@@ -62,6 +66,7 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::NodeLost,
         ErrorCode::NotFound,
+        ErrorCode::Busy,
     ];
 
     /// The stable string form, e.g. `"TOOL_PATH_ESCAPE"`.
@@ -79,6 +84,7 @@ impl ErrorCode {
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::NodeLost => "NODE_LOST",
             ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::Busy => "BUSY",
         }
     }
 

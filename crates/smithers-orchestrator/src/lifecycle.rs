@@ -323,6 +323,7 @@ impl Orchestrator {
             root_dir: req.root_dir.clone(),
             image: req.image.clone(),
             controls: req.controls.clone(),
+            workspace_layers: Vec::new(),
         };
         let handle = self
             .timed(runtime.create(&sandbox_config))

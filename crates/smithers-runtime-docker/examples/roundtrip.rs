@@ -40,6 +40,7 @@ async fn main() {
             root_dir: project.path().to_path_buf(),
             image: Some(image.clone()),
             controls: Controls::default(),
+            workspace_layers: Vec::new(),
         };
         let t = Instant::now();
         let h = rt.create(&config).await.expect("create");

@@ -112,6 +112,7 @@ fn sandbox(test: &str, controls: Controls) -> Sandbox {
         root_dir: project.path().to_path_buf(),
         image: Some(IMAGE.to_string()),
         controls,
+        workspace_layers: Vec::new(),
     };
     Sandbox { project, config }
 }

@@ -17,6 +17,7 @@ fn config(dir: &std::path::Path, policy: serde_json::Value) -> SandboxConfig {
             egress_policy: Some(policy),
             ..Controls::default()
         },
+        workspace_layers: Vec::new(),
     }
 }
 

@@ -38,6 +38,7 @@ async fn main() {
         root_dir: std::env::current_dir().expect("cwd"),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     };
     let handle = rt.create(&config).await.expect("create");
     let t_create = t0.elapsed();

@@ -77,6 +77,10 @@ pub(crate) fn cleanup_backend(
             .into_iter()
             .filter(|d| std::fs::symlink_metadata(d).is_ok()),
     );
+    // A session's flips' leftovers, beside its upper directory.
+    trees.extend(
+        Some(crate::layers::flips_dir(backend)).filter(|d| std::fs::symlink_metadata(d).is_ok()),
+    );
     let emptied_layer = match (&backend.layer_dir, backend.flat_layer) {
         // The layer (the work directory, or the copy's parent) and the upper beside it.
         (Some(layer), true) => {
@@ -113,6 +117,14 @@ pub(crate) fn cleanup_backend(
         match removal {
             Some(problem) => problems.extend(problem),
             None => problems.push("a removal failed without a report (it panicked)".into()),
+        }
+    }
+    // Frozen layers no sandbox names any more (this one's record went with its state).
+    if let (Some(store), Some(state_root)) =
+        (crate::layers::store(backend), backend.state_dir.parent())
+    {
+        if store.is_dir() {
+            crate::layers::collect_garbage(state_root, &store);
         }
     }
     if let Some(layer) = emptied_layer {

@@ -16,6 +16,8 @@ use crate::cgroup::CgroupHost;
 use crate::files::remove_tree;
 use crate::owned;
 
+use std::path::{Path, PathBuf};
+
 /// `collect` from a stored handle: only on the backend `owned::confine_for_collect` rebuilds
 /// and checks; the handle's own paths are never used.
 pub(crate) fn collect_stored(
@@ -26,12 +28,58 @@ pub(crate) fn collect_stored(
     host: &CgroupHost,
 ) -> Result<CollectReport, RuntimeError> {
     let backend = owned::confine_for_collect(handle, stored, state_root, layer_root, host)?;
-    collect(&backend, handle)
+    collect(&backend, handle, false)
 }
 
+/// The bundle of the sandbox; `live` when it is still running (paused, for a session's diff).
 pub(crate) fn collect(
     backend: &Backend,
     handle: &SandboxHandle,
+    live: bool,
+) -> Result<CollectReport, RuntimeError> {
+    let merged = merged_upper(backend, live)?;
+    let collected = collect_from(backend, handle, merged.as_deref());
+    if let (true, Some(aside)) = (live, merged) {
+        let _ = remove_tree(&aside);
+    }
+    collected
+}
+
+/// Over a stack of frozen layers (a session that made checkpoints or was forked), the upper
+/// directory collect reads is one merged of them all (see `squash`). Once the sandbox has
+/// ended it takes the upper directory's place and the stack is folded into it, so that a
+/// second collect, a kept layer and accept see one layer as for any step (`None` returned:
+/// read the upper directory); while the sandbox runs it is made aside and removed after use.
+fn merged_upper(backend: &Backend, live: bool) -> Result<Option<PathBuf>, RuntimeError> {
+    let mut record = crate::layers::LayerRecord::load(backend)?;
+    if record.stack.is_empty() {
+        return Ok(None);
+    }
+    let mut bottom_first = crate::layers::stack_paths(backend)?;
+    bottom_first.reverse();
+    bottom_first.push(backend.upper());
+    let flips = crate::layers::flips_dir(backend);
+    std::fs::create_dir_all(&flips).map_err(|e| RuntimeError::io("create", &flips, e))?;
+    let tag = crate::layers::new_id();
+    let merged = flips.join(format!("merged-{tag}"));
+    crate::squash::squash(&bottom_first, &merged)
+        .map_err(|e| RuntimeError::io("merge the workspace's layers", &merged, e))?;
+    if live {
+        return Ok(Some(merged));
+    }
+    let (upper, old_top) = (backend.upper(), flips.join(format!("top-{tag}")));
+    std::fs::rename(&upper, &old_top).map_err(|e| RuntimeError::io("move", &upper, e))?;
+    std::fs::rename(&merged, &upper).map_err(|e| RuntimeError::io("move", &merged, e))?;
+    record.stack.clear();
+    record.save(backend)?;
+    let _ = remove_tree(&old_top);
+    Ok(None)
+}
+
+fn collect_from(
+    backend: &Backend,
+    handle: &SandboxHandle,
+    merged: Option<&Path>,
 ) -> Result<CollectReport, RuntimeError> {
     if !backend.state_dir.is_dir() {
         return Err(RuntimeError::OutOfOrder {
@@ -45,7 +93,8 @@ pub(crate) fn collect(
     // A result the step gave but that broke a limit makes the step failed (the log's
     // `resultRejected` record names the limit); it is never reported as finished.
     let rejected = backend.result_problem_file().exists();
-    let (upper, copy) = (backend.upper(), backend.copy());
+    let upper = merged.map_or_else(|| backend.upper(), Path::to_path_buf);
+    let copy = backend.copy();
     let manifest = backend.copy_manifest_file();
     let git_common = backend.git_common_upper();
     let layer = match backend.workspace {

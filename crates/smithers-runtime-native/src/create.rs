@@ -475,6 +475,7 @@ fn prepare(
         backend.layer_tmpfs = true;
     }
     make_layer_subdirs(backend)?;
+    crate::layers::adopt(backend, &config.workspace_layers)?;
     finish_on_disk(config, backend, request_path, pids, memory)?;
     Ok(warm)
 }

@@ -13,6 +13,8 @@ pub(crate) fn host_layout(
 ) -> (HostLayout, WorkspaceFacts) {
     let layout = HostLayout {
         root_dir: backend.root_dir.clone(),
+        // The caller's, from the sandbox's record (see `layers::stack_paths`).
+        layers: Vec::new(),
         upper: backend.upper(),
         work: backend.work(),
         workspace_copy: copy,

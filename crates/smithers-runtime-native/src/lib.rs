@@ -102,6 +102,8 @@ mod host;
 mod init_command;
 /// A sandbox's workspace layer: where, and what it holds.
 mod layer;
+/// A session's stack of frozen layers (checkpoints, restores, forks) and their store.
+mod layers;
 /// What a sandbox's directories and cgroups are called.
 mod names;
 /// [`NativeOptions`] and [`WorkspaceMode`].
@@ -112,6 +114,8 @@ mod owned;
 mod ownership;
 /// The enforcement report of a step, and the host probe's.
 mod report;
+/// One upper layer made of a stack of them, for collect.
+mod squash;
 
 // Small shared pieces.
 /// Milliseconds of the wall clock, as logs stamp them.

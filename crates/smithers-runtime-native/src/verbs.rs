@@ -63,9 +63,10 @@ impl Runtime for NativeRuntime {
 
     async fn collect(&self, handle: &SandboxHandle) -> Result<CollectReport, RuntimeError> {
         let backend = Backend::from_handle(handle, "collect")?;
+        let live = self.live.lock().contains_key(&backend.state_dir);
         let handle = handle.clone();
         blocking("collect the sandbox's bundle", move || {
-            collect::collect(&backend, &handle)
+            collect::collect(&backend, &handle, live)
         })
         .await?
     }

@@ -172,6 +172,7 @@ async fn run_script(rt: &NativeRuntime, project: tempfile::TempDir, script: &str
         root_dir: project.path().to_path_buf(),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     };
     let handle = rt.create(&config).await.expect("create");
     rt.ship(
@@ -459,6 +460,7 @@ async fn auto_falls_back_to_a_copy_where_overlay_cannot_be_mounted() {
             root_dir: project.path().to_path_buf(),
             image: None,
             controls: Controls::default(),
+            workspace_layers: Vec::new(),
         })
         .await
         .unwrap_err();
@@ -543,6 +545,7 @@ async fn a_tree_of_another_owner_switches_auto_to_a_copy_and_is_written() {
         root_dir: project.path().to_path_buf(),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     };
     let refused = overlay_rt
         .create(&config)

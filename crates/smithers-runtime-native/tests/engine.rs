@@ -52,6 +52,7 @@ fn a_live_sandboxs_egress_decisions_reach_its_bundle() {
                 timeout_ms: Some(120_000),
                 ..Controls::default()
             },
+            workspace_layers: Vec::new(),
         };
         let handle = match Engine::create(&native, &config).await {
             Ok(h) => h,

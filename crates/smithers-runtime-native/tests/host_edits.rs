@@ -124,6 +124,7 @@ async fn run(mode: WorkspaceMode, project: &Path) -> Option<Outcome> {
         root_dir: project.to_path_buf(),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     };
     let handle = rt.create(&config).await.expect("create");
     rt.ship(

@@ -64,6 +64,7 @@ async fn over_limit_change_is_kept(workspace: WorkspaceMode, tag: &str) {
         root_dir: project.path().to_path_buf(),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     };
     let handle = rt.create(&config).await.expect("create");
     rt.ship(

@@ -51,6 +51,7 @@ fn a_stuck_cleanup_does_not_hold_the_async_thread() {
             root_dir: project.path().to_path_buf(),
             image: None,
             controls: Controls::default(),
+            workspace_layers: Vec::new(),
         };
         let handle = native.create(&config).await.expect("create");
         let done = AtomicBool::new(false);

@@ -39,6 +39,7 @@ async fn entries_per_run(rt: &NativeRuntime, project: &std::path::Path, id: &str
         root_dir: project.to_path_buf(),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     };
     let before = ownership_entries_read();
     let handle = rt.create(&config).await.expect("create");

@@ -100,6 +100,7 @@ impl Sandbox {
             root_dir: project.path().to_path_buf(),
             image: None,
             controls,
+            workspace_layers: Vec::new(),
         };
         let handle = rt.create(&config).await.expect("create");
         rt.ship(
@@ -441,6 +442,7 @@ async fn a_dead_owners_leftover_is_taken_over_by_a_create_of_its_ids() {
         root_dir: sb.project.path().to_path_buf(),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     };
     let err = rt.create(&config).await.unwrap_err();
     assert!(err.to_string().contains("already exists"), "{err}");
@@ -851,6 +853,7 @@ async fn unsupported_controls_are_refused() {
         root_dir: project.path().to_path_buf(),
         image: Some("alpine".into()),
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     };
     let err = rt.create(&config).await.unwrap_err();
     assert!(err.to_string().contains("image"), "{err}");

@@ -92,6 +92,7 @@ fn config(run_id: String, sandbox_id: String, root: &Path, controls: Controls) -
         root_dir: root.to_path_buf(),
         image: None,
         controls,
+        workspace_layers: Vec::new(),
     }
 }
 

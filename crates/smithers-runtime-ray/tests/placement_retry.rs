@@ -27,6 +27,7 @@ fn config(project: &Project, sandbox_id: &str) -> SandboxConfig {
         root_dir: project.0.clone(),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     }
 }
 

@@ -33,6 +33,7 @@ fn config(project: &Project) -> SandboxConfig {
         root_dir: project.0.clone(),
         image: None,
         controls: Controls::default(),
+        workspace_layers: Vec::new(),
     }
 }
 

@@ -811,6 +811,7 @@ impl Runtime for RemoteRuntime {
     }
 
     async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
+        config.refuse_layers("codeplane")?;
         config.validate()?;
         if config.runtime != RuntimeKind::Codeplane {
             return Err(RuntimeError::InvalidControl {

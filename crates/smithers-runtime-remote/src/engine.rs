@@ -33,6 +33,8 @@ impl Engine for RemoteRuntime {
             concurrent_execs: true,
             exec_stdin: true,
             pause: false,
+
+            snapshot: false,
         }
     }
 

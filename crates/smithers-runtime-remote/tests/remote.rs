@@ -95,6 +95,7 @@ fn config(root: &std::path::Path, sandbox_id: &str) -> SandboxConfig {
         root_dir: root.to_path_buf(),
         image: None,
         controls: Default::default(),
+        workspace_layers: Vec::new(),
     }
 }
 

@@ -445,12 +445,32 @@ pub struct SandboxConfig {
     pub image: Option<String>,
     #[serde(default)]
     pub controls: Controls,
+    /// A session forked from a checkpoint: the frozen layers (ids of the engine's own store,
+    /// top first) its workspace starts from, over the project. Never read from or written
+    /// to JSON: a config that came from a client or a file must not name another sandbox's
+    /// layers; only this process's own session code sets it. Refused by an engine that
+    /// cannot stack layers.
+    #[serde(skip)]
+    pub workspace_layers: Vec<String>,
 }
 
 impl SandboxConfig {
     /// The entity id `"<runId>:<sandboxId>"` every runtime is keyed by.
     pub fn entity_id(&self) -> String {
         format!("{}:{}", self.run_id, self.sandbox_id)
+    }
+
+    /// Refuses [`SandboxConfig::workspace_layers`] for a runtime that cannot stack layers
+    /// (rather than starting the sandbox from the project and losing the fork's state).
+    pub fn refuse_layers(&self, runtime: &'static str) -> Result<(), RuntimeError> {
+        if self.workspace_layers.is_empty() {
+            return Ok(());
+        }
+        Err(RuntimeError::ControlUnsupported {
+            runtime,
+            control: "checkpoint",
+            reason: "this runtime cannot start a sandbox from a checkpoint's layers".into(),
+        })
     }
 
     /// Checks ids (they become path components) and every control.

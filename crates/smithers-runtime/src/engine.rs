@@ -114,6 +114,21 @@ pub struct EngineCapabilities {
     /// `pause` and `resume` hold the sandbox's processes still (else they are refused).
     #[serde(default)]
     pub pause: bool,
+    /// `snapshot` and `restore` work, and a config's `workspace_layers` starts a sandbox
+    /// from a snapshot (else they are refused).
+    #[serde(default)]
+    pub snapshot: bool,
+}
+
+/// A frozen state of a sandbox's workspace (its files, never its processes): what `snapshot`
+/// made, to `restore` the sandbox to or to start another from
+/// ([`crate::SandboxConfig::workspace_layers`]). Plain data, meaningful to the engine that
+/// made it, which checks it again wherever it is given back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    /// The engine's frozen layers, top first (empty: the project as it is).
+    pub layers: Vec<String>,
 }
 
 /// One command for a started sandbox.
@@ -204,11 +219,39 @@ pub trait Engine: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Freezes the started sandbox's workspace as it is now, without stopping it: its
+    /// processes go on over the same files, and its later writes are not the snapshot's.
+    /// Refused ([`RuntimeError::Busy`]) while a process holds a file or a working directory
+    /// in the workspace, and by an engine that cannot ([`EngineCapabilities::snapshot`]).
+    async fn snapshot(&self, handle: &SandboxHandle) -> Result<Snapshot, RuntimeError> {
+        let _ = handle;
+        Err(no_snapshot(self.backend()))
+    }
+
+    /// Puts the started sandbox's workspace back to `snapshot` (one this sandbox made or
+    /// started from); what was written since is dropped. Refused as `snapshot` is.
+    async fn restore(
+        &self,
+        handle: &SandboxHandle,
+        snapshot: &Snapshot,
+    ) -> Result<(), RuntimeError> {
+        let _ = (handle, snapshot);
+        Err(no_snapshot(self.backend()))
+    }
+
     /// Kills every process of the sandbox; the workspace stays. Idempotent.
     async fn stop(&self, handle: &SandboxHandle) -> Result<(), RuntimeError>;
 
     /// Removes every host resource of the sandbox but its bundle. Idempotent.
     async fn destroy(&self, handle: &SandboxHandle) -> Result<(), RuntimeError>;
+}
+
+fn no_snapshot(backend: BackendName) -> RuntimeError {
+    RuntimeError::ControlUnsupported {
+        runtime: "engine",
+        control: "checkpoint",
+        reason: format!("the {backend} engine cannot freeze a sandbox's workspace"),
+    }
 }
 
 #[cfg(test)]

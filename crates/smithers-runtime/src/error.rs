@@ -47,6 +47,10 @@ pub enum RuntimeError {
     #[error("{verb} called out of order: {reason}")]
     OutOfOrder { verb: &'static str, reason: String },
 
+    /// The sandbox cannot do `verb` now (a command holds what it needs); nothing changed.
+    #[error("cannot {verb} now: {reason}")]
+    Busy { verb: &'static str, reason: String },
+
     /// The fleet node holding the sandbox's lease was lost (died, partitioned, or the lease
     /// ended under the step). The step's result is unknown; nothing from it is kept.
     #[error("the {runtime} runtime lost the node of lease {lease}: {reason}")]
@@ -107,6 +111,7 @@ impl CodedError for RuntimeError {
             RuntimeError::Io { .. } => ErrorCode::SandboxExecutionFailed,
             RuntimeError::OutOfOrder { .. } => ErrorCode::SandboxExecutionFailed,
             RuntimeError::NodeLost { .. } => ErrorCode::NodeLost,
+            RuntimeError::Busy { .. } => ErrorCode::Busy,
             RuntimeError::Inner { inner, .. } => inner.code,
         }
     }
@@ -130,7 +135,9 @@ impl CodedError for RuntimeError {
             } => {
                 json!({ "operation": operation, "path": path, "os_error": source.raw_os_error() })
             }
-            RuntimeError::OutOfOrder { verb, .. } => json!({ "verb": verb }),
+            RuntimeError::OutOfOrder { verb, .. } | RuntimeError::Busy { verb, .. } => {
+                json!({ "verb": verb })
+            }
             RuntimeError::NodeLost {
                 runtime,
                 lease,

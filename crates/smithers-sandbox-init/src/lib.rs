@@ -57,6 +57,7 @@ pub mod channel;
 pub mod container;
 mod control;
 mod fdpass;
+mod flip;
 mod mounts;
 mod namespaces;
 mod network;
@@ -129,6 +130,7 @@ pub fn run(args: &[String]) -> i32 {
             Some(token) => container::status(token),
             None => 2,
         },
+        Some("--flip") => crate::flip::run(),
         Some("--probe") => match args.get(1) {
             Some(scratch) => run_probe(Path::new(scratch)),
             None => {

@@ -196,6 +196,14 @@ fn put_whiteout(upper: &Path, name: &str) -> SysResult<()> {
     }
 }
 
+/// The `lowerdir` option's value: the frozen layers (top first), then the lower directory,
+/// each escaped.
+pub(crate) fn lowerdirs(layers: &[PathBuf], lower: &Path) -> String {
+    let mut all: Vec<String> = layers.iter().map(|l| overlay_escape(l)).collect();
+    all.push(overlay_escape(lower));
+    all.join(":")
+}
+
 /// Escapes a path for overlayfs' option parser (`,` separates options, `:` lower layers).
 fn overlay_escape(path: &Path) -> String {
     let s = path.to_string_lossy();
@@ -307,12 +315,21 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
         }
         MountOp::Overlay {
             lower,
+            layers,
             upper,
             work,
             path,
             attrs,
             hide,
-        } => mount_overlay(root, lower, upper, work, path, *attrs, hide),
+        } => mount_overlay(
+            root,
+            &lowerdirs(layers, lower),
+            upper,
+            work,
+            path,
+            *attrs,
+            hide,
+        ),
         MountOp::Proc { path } => {
             let at = join(root, path);
             sys::mount(
@@ -341,43 +358,15 @@ pub fn apply(op: &MountOp, root: &Path, prepared: bool) -> SysResult<()> {
 /// `path` in the root, and checks that the kernel did not fall back to read-only.
 fn mount_overlay(
     root: &Path,
-    lower: &Path,
+    lowerdir: &str,
     upper: &Path,
     work: &Path,
     path: &Path,
     attrs: MountAttrs,
     hide: &[String],
 ) -> SysResult<()> {
-    for name in hide {
-        put_whiteout(upper, name)?;
-    }
     let at = join(root, path);
-    let options = format!(
-        "lowerdir={},upperdir={},workdir={},userxattr",
-        overlay_escape(lower),
-        overlay_escape(upper),
-        overlay_escape(work)
-    );
-    // `volatile` (Linux 5.10): the upper layer is never synced. Without it, the
-    // overlay's unmount, when the sandbox's last process exits, syncs the whole file
-    // system the upper layer is on (`sync_filesystem` of the host's disk, whatever
-    // else is dirty there) on the way to cleanup. The layer is thrown away after
-    // collect, which reads it through the page cache, so a crash can lose nothing it
-    // would have kept. A kernel without the option refuses it (EINVAL): mounted
-    // without it then.
-    let mount = |data: &str| {
-        sys::mount(
-            Some(c"overlay"),
-            &at,
-            Some(c"overlay"),
-            mount_flags(attrs),
-            Some(&cstring(data)),
-        )
-    };
-    match mount(&format!("{options},volatile")) {
-        Err(e) if e.errno == libc::EINVAL => mount(&options)?,
-        other => other?,
-    }
+    mount_overlay_at(&at, lowerdir, upper, work, attrs, hide)?;
     // A workdir the kernel cannot use makes overlayfs fall back to read-only silently.
     let st = sys::statvfs(&at)?;
     if !attrs.readonly && st.f_flag & libc::ST_RDONLY != 0 {
@@ -391,4 +380,45 @@ fn mount_overlay(
         });
     }
     Ok(())
+}
+
+/// Mounts the overlay of `lowerdir` (see [`lowerdirs`]) at `at`: the whiteouts of `hide` put
+/// in `upper` first. The mount a sandbox starts with and the one a flip swaps in are made
+/// here alike.
+pub(crate) fn mount_overlay_at(
+    at: &Path,
+    lowerdir: &str,
+    upper: &Path,
+    work: &Path,
+    attrs: MountAttrs,
+    hide: &[String],
+) -> SysResult<()> {
+    for name in hide {
+        put_whiteout(upper, name)?;
+    }
+    let options = format!(
+        "lowerdir={lowerdir},upperdir={},workdir={},userxattr",
+        overlay_escape(upper),
+        overlay_escape(work)
+    );
+    // `volatile` (Linux 5.10): the upper layer is never synced. Without it, the
+    // overlay's unmount, when the sandbox's last process exits, syncs the whole file
+    // system the upper layer is on (`sync_filesystem` of the host's disk, whatever
+    // else is dirty there) on the way to cleanup. The layer is thrown away after
+    // collect, which reads it through the page cache, so a crash can lose nothing it
+    // would have kept. A kernel without the option refuses it (EINVAL): mounted
+    // without it then.
+    let mount = |data: &str| {
+        sys::mount(
+            Some(c"overlay"),
+            at,
+            Some(c"overlay"),
+            mount_flags(attrs),
+            Some(&cstring(data)),
+        )
+    };
+    match mount(&format!("{options},volatile")) {
+        Err(e) if e.errno == libc::EINVAL => mount(&options),
+        other => other,
+    }
 }

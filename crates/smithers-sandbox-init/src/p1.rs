@@ -15,7 +15,7 @@ use crate::control::{
 use crate::mounts::apply;
 use crate::network::enter_network_namespace;
 use crate::plan::{InitPlan, MountOp, RootFs, WarmPlan};
-use crate::privileges::{read_cap_last_cap, restrict};
+use crate::privileges::{read_cap_last_cap, restrict, restrict_session_init};
 use crate::spawn::PreparedExec;
 use crate::sys::{self, cpath, cstring, SysError, SysResult};
 
@@ -38,7 +38,7 @@ pub(crate) fn pid1(
     if exec_channel.is_some() && !plan.exec.argv.is_empty() {
         return report_plan_error("a session's plan must hold no command".to_string());
     }
-    let ready = match setup(plan, netns, joined) {
+    let ready = match setup(plan, netns, joined, exec_channel.is_some()) {
         Ok(r) => r,
         Err((stage, err)) => {
             report_error(stage, &err);
@@ -46,23 +46,9 @@ pub(crate) fn pid1(
         }
     };
     match exec_channel {
-        Some(channel) => serve_session(channel, ready),
+        Some(channel) => crate::session::spawner::serve_as_init(channel, plan),
         None => run_command(plan, Some(ready)),
     }
-}
-
-/// P1 of a session once set up: reports `ready` and serves the exec channel until a stop or
-/// its end (see [`crate::session`]). Returns the exit code of P1 itself.
-fn serve_session(channel: OwnedFd, ready: Value) -> i32 {
-    let mut host = match crate::session::LibcHost::new(channel) {
-        Ok(h) => h,
-        Err(e) => {
-            report_error("session", &e);
-            return 1;
-        }
-    };
-    report(ready);
-    crate::session::serve(&mut host)
 }
 
 /// P1's first steps, warm or not: dies with P0, joins the v1 cgroups. False (reported) when
@@ -125,7 +111,7 @@ pub(crate) fn pid1_warm(
         for op in &plan.mounts {
             stage("mount", apply(op, &plan.new_root, prepared))?;
         }
-        enter_root(&plan, netns, joined, last_cap)
+        enter_root(&plan, netns, joined, last_cap, false)
     })();
     let ready = match ready {
         Ok(r) => r,
@@ -222,10 +208,11 @@ pub(crate) fn setup(
     plan: &InitPlan,
     netns: Option<OwnedFd>,
     joined: libc::c_int,
+    session: bool,
 ) -> StageResult<Value> {
     let last_cap = read_cap_last_cap();
     build_root(&plan.new_root, &plan.root, &plan.mounts)?;
-    enter_root(plan, netns, joined, last_cap)
+    enter_root(plan, netns, joined, last_cap, session)
 }
 
 /// Mounts the root at `new_root` and carries out `mounts` on it; returns whether the root is
@@ -275,12 +262,14 @@ fn build_root(new_root: &Path, root_fs: &RootFs, mounts: &[MountOp]) -> StageRes
 }
 
 /// Sets the host name, pivots into the root, waits for the cgroups, enters the network
-/// namespace and drops privileges. Returns the `ready` report.
+/// namespace and drops privileges. Returns the `ready` report (a session's spawner makes
+/// it: `null` for a session's P1).
 fn enter_root(
     plan: &InitPlan,
     netns: Option<OwnedFd>,
     joined: libc::c_int,
     last_cap: u32,
+    session: bool,
 ) -> StageResult<Value> {
     let root = &plan.new_root;
     // The name's bytes as they are, with their length (a C string made of it would end at a
@@ -298,6 +287,9 @@ fn enter_root(
     // while we build the root (its ~0.5 ms took longer than the prepared root's mounts).
     if let Some(sock) = netns {
         stage("network", enter_network_namespace(&sock))?;
+    }
+    if session {
+        return restrict_session_init(last_cap).map(|()| Value::Null);
     }
     restrict(plan, last_cap)
 }

@@ -105,6 +105,10 @@ pub enum MountOp {
     },
     Overlay {
         lower: PathBuf,
+        /// Frozen layers stacked over `lower`, top first (a session's checkpoints): each is
+        /// a former upper layer the runtime keeps read-only. Empty for a plain step.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        layers: Vec<PathBuf>,
         upper: PathBuf,
         work: PathBuf,
         path: PathBuf,
@@ -389,6 +393,15 @@ pub enum SessionRequest {
     Pause { id: u64 },
     /// Continue every process (`SIGCONT`), start the commands held back, report `resumed`.
     Resume { id: u64 },
+    /// Hand the session over for a layer flip: refused while a command runs or waits;
+    /// else every process is held still (as by `pause`), `handedOver` reported, and the
+    /// spawner that serves the channel ends. P1 then reads the channel itself, for the
+    /// `respawn` (or a stop).
+    Handover { id: u64 },
+    /// To P1, after a handover: start a new spawner, confined over the workspace as it is
+    /// mounted now (its Landlock rules are bound to the mount they were made on), which
+    /// continues every process and reports `respawned`.
+    Respawn { id: u64 },
 }
 
 /// A report on a session's exec channel (P1 → runtime), one JSON datagram.
@@ -424,4 +437,54 @@ pub enum SessionReport {
     Paused { id: u64 },
     /// The `resume` `id` is done.
     Resumed { id: u64 },
+    /// The `handover` `id` is done: every process is held still, the spawner is ending.
+    HandedOver { id: u64 },
+    /// The `respawn` `id` is done: a new spawner serves the channel, every process runs.
+    Respawned { id: u64 },
+}
+
+/// What `smithers-sandbox-init --flip` reads on its stdin: swap the overlay at `target` in the
+/// running sandbox whose init is `ns_pid` for a new one (see [`crate::flip`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FlipRequest {
+    /// A host pid in the sandbox's user and mount namespaces (its P0).
+    pub ns_pid: i32,
+    /// The overlay's mount point inside the sandbox (`/workspace`).
+    pub target: PathBuf,
+    /// The new overlay, as a plan mounts one (its `path` unused: it goes to `target`).
+    pub mount: FlipOverlay,
+    /// The overlay to mount again if the new one cannot be (its upper and lowers as they
+    /// are now, a work directory of its own: a volatile one cannot be used twice).
+    pub put_back: FlipOverlay,
+    /// An empty host directory the new overlay is first mounted on, in a mount namespace of
+    /// the helper's own.
+    pub scratch: PathBuf,
+}
+
+/// One overlay of a [`FlipRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FlipOverlay {
+    pub lower: PathBuf,
+    /// Frozen layers over `lower`, top first.
+    pub layers: Vec<PathBuf>,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub attrs: MountAttrs,
+    pub hide: Vec<String>,
+}
+
+/// How `--flip` ended: its exit codes.
+pub mod flip_exit {
+    /// The new overlay is at the target.
+    pub const DONE: i32 = 0;
+    /// A process of the sandbox holds the old overlay (a working directory, an open or
+    /// mapped file in it): nothing changed.
+    pub const BUSY: i32 = 3;
+    /// The new overlay could not be mounted; the old one is back (its upper at the path the
+    /// request named).
+    pub const PUT_BACK: i32 = 4;
+    /// Neither could be mounted: the sandbox has no workspace any more.
+    pub const LOST: i32 = 5;
 }

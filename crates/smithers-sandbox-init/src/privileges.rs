@@ -147,6 +147,42 @@ pub(crate) fn install_seccomp(program: &[BpfInstruction]) -> SysResult<()> {
 /// Privileges go in this order: capabilities (while we still may change securebits), then
 /// no_new_privs, Landlock (needs no_new_privs), the remaining capability sets, and seccomp last
 /// so that nothing above is blocked by it.
+/// P1 of a session: every capability gone, no_new_privs, not dumpable; the Landlock domain
+/// and the seccomp filter are its spawner's ([`confine_spawner`]), because Landlock's rules
+/// are bound to the mount they were made on, and a checkpoint puts a new mount at
+/// `/workspace`: each spawner is confined over the workspace as mounted when it starts, and
+/// every command is the child of one. P1 runs no command and reads only the runtime's
+/// requests; no sandbox process may trace it or read its memory (not dumpable, and none has
+/// a capability).
+pub(crate) fn restrict_session_init(last_cap: u32) -> StageResult<()> {
+    stage("capabilities", drop_capabilities(last_cap))?;
+    stage(
+        "no_new_privs",
+        sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS"),
+    )?;
+    stage("capabilities", capset_zero())?;
+    stage(
+        "dumpable",
+        sys::prctl(libc::PR_SET_DUMPABLE, 0, "PR_SET_DUMPABLE").map(|_| ()),
+    )
+}
+
+/// A session's spawner, forked by P1 (see [`restrict_session_init`]): Landlock, then seccomp,
+/// as `restrict` confines a step's P1. Returns the `ready` report.
+pub(crate) fn confine_spawner(plan: &InitPlan) -> StageResult<Value> {
+    let (landlock, landlock_detail) = match apply_landlock(&plan.landlock) {
+        Ok(status) => (status, String::new()),
+        Err(e) => ("unavailable", e),
+    };
+    stage("seccomp", install_seccomp(&plan.seccomp))?;
+    Ok(json!({
+        "event": "ready",
+        "landlock": landlock,
+        "landlockDetail": landlock_detail,
+        "seccomp": !plan.seccomp.is_empty(),
+    }))
+}
+
 pub(crate) fn restrict(plan: &InitPlan, last_cap: u32) -> StageResult<Value> {
     stage("capabilities", drop_capabilities(last_cap))?;
     stage(

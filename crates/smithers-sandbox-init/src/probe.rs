@@ -146,6 +146,7 @@ fn probe_overlay(scratch: &Path) -> SysResult<()> {
     apply(
         &MountOp::Overlay {
             lower: dirs[0].clone(),
+            layers: Vec::new(),
             upper: dirs[1].clone(),
             work: dirs[2].clone(),
             path: PathBuf::from("/"),

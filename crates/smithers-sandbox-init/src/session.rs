@@ -77,6 +77,12 @@ struct Running {
 /// How many milliseconds a pause waits for every process to stop.
 const PAUSE_WAIT_MS: u32 = 2000;
 
+/// [`serve`]'s return after a `handover`: the spawner's exit code that tells P1 to wait for
+/// the `respawn`.
+pub(crate) const HANDED_OVER: i32 = 75;
+
+pub(crate) mod spawner;
+
 /// Serves the session until a stop or the channel's end. Returns P1's exit code.
 pub(crate) fn serve(host: &mut impl ExecHost) -> i32 {
     let mut running = Running::default();
@@ -120,6 +126,15 @@ pub(crate) fn serve(host: &mut impl ExecHost) -> i32 {
                     }
                     Ok(SessionRequest::Pause { id }) => pause(host, &mut running, id),
                     Ok(SessionRequest::Resume { id }) => resume(host, &mut running, id),
+                    Ok(SessionRequest::Handover { id }) => {
+                        if hand_over(host, &mut running, id) {
+                            return HANDED_OVER;
+                        }
+                    }
+                    Ok(SessionRequest::Respawn { id }) => host.report(&refused(
+                        Some(id),
+                        "a spawner serves the session already".into(),
+                    )),
                     Ok(SessionRequest::Signal { id, signal }) => {
                         signal_exec(host, &mut running, id, signal)
                     }
@@ -140,22 +155,50 @@ pub(crate) fn serve(host: &mut impl ExecHost) -> i32 {
 /// way has the fork restarted after it stops, so none is left running. A pause while paused
 /// holds already.
 fn pause(host: &mut impl ExecHost, running: &mut Running, id: u64) {
+    match hold_still(host, running) {
+        Ok(()) => host.report(&SessionReport::Paused { id }),
+        Err(message) => host.report(&refused(Some(id), message)),
+    }
+}
+
+/// [`pause`]'s work: every process stopped, or all continued again and why not.
+fn hold_still(host: &mut impl ExecHost, running: &mut Running) -> Result<(), String> {
     if !running.paused {
         host.signal_all(libc::SIGSTOP);
         let mut waited = 0;
         while !host.all_stopped() {
             if waited >= PAUSE_WAIT_MS {
                 host.signal_all(libc::SIGCONT);
-                let message =
-                    format!("the sandbox's processes did not all stop within {PAUSE_WAIT_MS} ms");
-                return host.report(&refused(Some(id), message));
+                return Err(format!(
+                    "the sandbox's processes did not all stop within {PAUSE_WAIT_MS} ms"
+                ));
             }
             host.wait_a_little();
             waited += 1;
         }
         running.paused = true;
     }
-    host.report(&SessionReport::Paused { id });
+    Ok(())
+}
+
+/// Ends this spawner's service for a layer flip, every process held still (P1 starts the
+/// next spawner at the `respawn`, which continues them). Refused (false) while a command runs
+/// or waits: its parent is this spawner, which must see it end.
+fn hand_over(host: &mut impl ExecHost, running: &mut Running, id: u64) -> bool {
+    if !running.by_id.is_empty() || !running.held.is_empty() {
+        let message = format!(
+            "{} commands are running or waiting",
+            running.by_id.len() + running.held.len()
+        );
+        host.report(&refused(Some(id), message));
+        return false;
+    }
+    if let Err(message) = hold_still(host, running) {
+        host.report(&refused(Some(id), message));
+        return false;
+    }
+    host.report(&SessionReport::HandedOver { id });
+    true
 }
 
 /// Continues every process and starts the commands held back, in the order asked.
@@ -321,7 +364,10 @@ impl LibcHost {
     pub(crate) fn new(channel: OwnedFd) -> SysResult<LibcHost> {
         // A stop is `kill(-1)`, which only pid 1 of the sandbox's own pid namespace may send:
         // anywhere else it would reach every process of the user.
-        if rustix::process::getpid().as_raw_nonzero().get() != 1 {
+        // A session's spawner is P1's child (see `spawner`), in the same pid namespace.
+        let pid = rustix::process::getpid().as_raw_nonzero().get();
+        let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get());
+        if pid != 1 && parent != 1 {
             return Err(SysError {
                 op: "serve a session outside its own pid namespace".into(),
                 errno: libc::EPERM,
@@ -409,7 +455,12 @@ impl ExecHost for LibcHost {
 
     fn spawn(&mut self, exec: &ExecSpec, stdio: &[OwnedFd; 3]) -> Result<libc::pid_t, i32> {
         let raw = [0, 1, 2].map(|i| stdio[i].as_raw_fd());
-        match PreparedExec::new(exec).and_then(|p| p.with_stdio(raw).spawn()) {
+        let spawned = PreparedExec::new(exec).and_then(|p| p.with_stdio(raw).spawn());
+        // The spawn entered the command's directory first: P1 leaves it, or its working
+        // directory alone would hold the workspace's mount (a layer flip needs it unheld).
+        // SAFETY: a valid C string; "/" always exists.
+        unsafe { libc::chdir(c"/".as_ptr()) };
+        match spawned {
             Ok(pid) => Ok(pid),
             Err((code, message)) => {
                 let _ = sys::write_all_fd(raw[2], message.as_bytes());
@@ -460,7 +511,8 @@ impl ExecHost for LibcHost {
     }
 
     fn all_stopped(&mut self) -> bool {
-        all_threads_stopped(std::path::Path::new("/proc"))
+        let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        all_threads_stopped(std::path::Path::new("/proc"), me)
     }
 
     fn wait_a_little(&mut self) {
@@ -475,7 +527,7 @@ impl ExecHost for LibcHost {
 /// Whether every thread of every process under `proc` (the sandbox's own procfs: its pid
 /// namespace) but pid 1 is stopped, traced, a zombie or dead. A process whose entries vanish
 /// while read has ended.
-fn all_threads_stopped(proc: &std::path::Path) -> bool {
+fn all_threads_stopped(proc: &std::path::Path, me: u32) -> bool {
     let Ok(processes) = std::fs::read_dir(proc) else {
         return false;
     };
@@ -484,7 +536,7 @@ fn all_threads_stopped(proc: &std::path::Path) -> bool {
         let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
-        if pid == 1 {
+        if pid == 1 || pid == me {
             continue;
         }
         let Ok(threads) = std::fs::read_dir(process.path().join("task")) else {

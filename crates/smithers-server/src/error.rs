@@ -126,7 +126,7 @@ impl ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             RuntimeError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            RuntimeError::OutOfOrder { .. } => StatusCode::CONFLICT,
+            RuntimeError::OutOfOrder { .. } | RuntimeError::Busy { .. } => StatusCode::CONFLICT,
             // Not 502/503: the client retries those, and would lose the stable code.
             RuntimeError::Spawn { .. }
             | RuntimeError::Io { .. }

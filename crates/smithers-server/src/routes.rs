@@ -306,6 +306,7 @@ pub(crate) async fn create(
         root_dir: workspace.clone(),
         image: req.image,
         controls: req.controls,
+        workspace_layers: Vec::new(),
     };
     config.validate().map_err(|e| ApiError::runtime(&e))?;
     if req.if_exists == IfExists::Replace {

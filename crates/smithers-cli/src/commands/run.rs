@@ -205,6 +205,7 @@ pub(crate) fn check_before_creating(args: &RunArgs) -> anyhow::Result<Checked> {
         root_dir: root.clone(),
         image: None,
         controls: controls.clone(),
+        workspace_layers: Vec::new(),
     }
     .validate()
     .coded()?;

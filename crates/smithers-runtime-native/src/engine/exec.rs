@@ -37,12 +37,15 @@ pub(crate) async fn exec(
     let (in_r, feeder) = stdin_of(&request)?;
     let id = live.next_id();
     let mut reports = channel.register(id);
+    // Not while a layer flip has no spawner serving the channel.
+    let gate = live.flip_gate.read().await;
     let sent = channel
         .send(
             &SessionRequest::Exec { id, exec: spec },
             &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
         )
         .await;
+    drop(gate);
     // P1 has its copies now (or nothing was sent): ours must go, so the pipes end with the
     // command.
     drop((in_r, out_w, err_w));
@@ -233,7 +236,9 @@ async fn wait_for_exit(
             Some(
                 SessionReport::Stopped
                 | SessionReport::Paused { .. }
-                | SessionReport::Resumed { .. },
+                | SessionReport::Resumed { .. }
+                | SessionReport::HandedOver { .. }
+                | SessionReport::Respawned { .. },
             ) => continue,
         }
     };

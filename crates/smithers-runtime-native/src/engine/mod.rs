@@ -11,6 +11,7 @@
 //! works as `cleanup` does (the cgroups killed, the directories removed).
 
 mod exec;
+mod snapshot;
 mod start;
 
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use async_trait::async_trait;
 use smithers_runtime::{
     BackendName, CancellationToken, EnforcementReport, Engine, EngineCapabilities, ExecExit,
     ExecRequest, OutputSink, RequestBundle, Runtime, RuntimeError, SandboxConfig, SandboxHandle,
-    ShipReport,
+    ShipReport, Snapshot,
 };
 
 use smithers_sandbox_init::plan::SessionRequest;
@@ -74,6 +75,7 @@ impl Engine for NativeRuntime {
             concurrent_execs: true,
             exec_stdin: true,
             pause: true,
+            snapshot: true,
         }
     }
 
@@ -139,6 +141,7 @@ impl Engine for NativeRuntime {
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
         match self.live_of(handle, "pause")? {
             Some(live) => {
+                let _gate = live.flip_gate.read().await;
                 live.control("pause", |id| SessionRequest::Pause { id })
                     .await
             }
@@ -149,10 +152,25 @@ impl Engine for NativeRuntime {
     async fn resume(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
         match self.live_of(handle, "resume")? {
             Some(live) => {
+                let _gate = live.flip_gate.read().await;
                 live.control("resume", |id| SessionRequest::Resume { id })
                     .await
             }
             None => Err(not_running("resume")),
+        }
+    }
+
+    async fn snapshot(&self, handle: &SandboxHandle) -> Result<Snapshot, RuntimeError> {
+        match self.live_of(handle, "snapshot")? {
+            Some(live) => snapshot::snapshot(self, &live).await,
+            None => Err(not_running("snapshot")),
+        }
+    }
+
+    async fn restore(&self, handle: &SandboxHandle, to: &Snapshot) -> Result<(), RuntimeError> {
+        match self.live_of(handle, "restore")? {
+            Some(live) => snapshot::restore(self, &live, to).await,
+            None => Err(not_running("restore")),
         }
     }
 

@@ -45,7 +45,8 @@ pub(crate) async fn start(
             reason: "the workspace copy was not made: call ship before start".into(),
         });
     }
-    let (layout, workspace) = host_layout(&backend, copy);
+    let (mut layout, workspace) = host_layout(&backend, copy);
+    layout.layers = crate::layers::stack_paths(&backend)?;
     let mut prelude = prelude(&caps, &backend, controls.allow_network);
     prelude.egress = egress.listen.clone();
     prelude.session = true;

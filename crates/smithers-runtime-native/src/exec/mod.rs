@@ -71,7 +71,8 @@ pub(crate) async fn execute(
             });
         }
     }
-    let (layout, workspace) = host_layout(backend, copy);
+    let (mut layout, workspace) = host_layout(backend, copy);
+    layout.layers = crate::layers::stack_paths(backend)?;
     // The prelude goes into the socket's buffer before the init exists, and the init is
     // started before the plan is compiled: the init's fork and its namespaces (~0.4 ms here)
     // overlap the plan's compilation (~0.1 ms), and P0 reads the plan only after its

@@ -114,7 +114,9 @@ impl Channel {
             SessionReport::Started { id, .. }
             | SessionReport::Exit { id, .. }
             | SessionReport::Paused { id }
-            | SessionReport::Resumed { id } => Some(*id),
+            | SessionReport::Resumed { id }
+            | SessionReport::HandedOver { id }
+            | SessionReport::Respawned { id } => Some(*id),
             SessionReport::Refused { id, .. } => *id,
             // `stop`'s end is the channel's and the control socket's (see `Live::kill`).
             SessionReport::Stopped => return,

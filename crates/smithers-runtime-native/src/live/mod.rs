@@ -51,6 +51,9 @@ pub(crate) struct Live {
     /// What held for the sandbox's life, set once it was ready.
     enforcement: OnceLock<EnforcementReport>,
     started: Instant,
+    /// Held (write) by a layer flip from the handover to the respawn, when no spawner serves
+    /// the channel; every other request is sent holding it (read).
+    pub(crate) flip_gate: tokio::sync::RwLock<()>,
 }
 
 impl Live {
@@ -73,7 +76,13 @@ impl Live {
             next_id: AtomicU64::new(1),
             enforcement: OnceLock::new(),
             started: Instant::now(),
+            flip_gate: tokio::sync::RwLock::new(()),
         }
+    }
+
+    /// The init's host pid (its namespaces are the sandbox's), when this process started it.
+    pub(crate) fn init_pid(&self) -> Option<i32> {
+        self.init_pid
     }
 
     pub(crate) fn channel(&self) -> Option<Arc<Channel>> {
@@ -125,7 +134,19 @@ impl Live {
         };
         channel.unregister(id);
         match answer {
-            Some(SessionReport::Paused { .. } | SessionReport::Resumed { .. }) => Ok(()),
+            Some(
+                SessionReport::Paused { .. }
+                | SessionReport::Resumed { .. }
+                | SessionReport::HandedOver { .. }
+                | SessionReport::Respawned { .. },
+            ) => Ok(()),
+            // A handover is refused while a command runs (or a process would not stop).
+            Some(SessionReport::Refused { message, .. }) if verb == "checkpoint" => {
+                Err(RuntimeError::Busy {
+                    verb,
+                    reason: message,
+                })
+            }
             Some(SessionReport::Refused { message, .. }) => {
                 Err(RuntimeError::spawn(format!("{verb} the sandbox"), message))
             }

@@ -169,6 +169,8 @@ pub struct HostLayout {
     /// The project: the overlay's lower layer (or, in copy mode, what the copy is compared
     /// with; its `.git` is bound read-only into the copy).
     pub root_dir: PathBuf,
+    /// A session forked from a checkpoint: the frozen layers over the project, top first.
+    pub layers: Vec<PathBuf>,
     pub upper: PathBuf,
     pub work: PathBuf,
     /// Copy mode: the copy of the project bound read-write at /workspace instead of the
@@ -445,6 +447,7 @@ fn workspace_ops(ops: &mut Vec<MountOp>, input: &PlanInput<'_>) {
     ops.push(match &layout.workspace_copy {
         None => MountOp::Overlay {
             lower: layout.root_dir.clone(),
+            layers: layout.layers.clone(),
             upper: layout.upper.clone(),
             work: layout.work.clone(),
             path: p(paths::WORKSPACE),
@@ -462,6 +465,7 @@ fn workspace_ops(ops: &mut Vec<MountOp>, input: &PlanInput<'_>) {
     if let Some(g) = &input.git_common {
         ops.push(MountOp::Overlay {
             lower: g.common.clone(),
+            layers: Vec::new(),
             upper: g.upper.clone(),
             work: g.work.clone(),
             path: g.common.clone(),

@@ -19,6 +19,7 @@ fn facts() -> HostFacts {
 fn layout() -> HostLayout {
     HostLayout {
         root_dir: p("/home/u/project"),
+        layers: Vec::new(),
         upper: p("/state/s1/layer/upper"),
         work: p("/state/s1/layer/work"),
         workspace_copy: None,

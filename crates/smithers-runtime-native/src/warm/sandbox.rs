@@ -145,7 +145,8 @@ pub(super) fn reap(pid: libc::pid_t) {
 /// no network, the default `/tmp` size and no cpu cgroup. The rest of the plan is compared
 /// at `execute`.
 pub(crate) fn eligible(config: &SandboxConfig) -> bool {
-    eligible_controls(&config.controls)
+    // A sandbox over frozen layers is made cold: its plan holds them.
+    config.workspace_layers.is_empty() && eligible_controls(&config.controls)
 }
 
 /// [`eligible`], of the controls alone.
@@ -165,6 +166,7 @@ fn warm_plan(caps: &HostCaps) -> Result<WarmPlan, String> {
     let step = Path::new("/nonexistent/smithers-warm-step");
     let layout = HostLayout {
         root_dir: step.join("project"),
+        layers: Vec::new(),
         upper: step.join("upper"),
         work: step.join("work"),
         workspace_copy: None,

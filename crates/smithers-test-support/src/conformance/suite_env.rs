@@ -195,6 +195,7 @@ impl SuiteEnv {
             root_dir: project.to_path_buf(),
             image: self.image.clone(),
             controls,
+            workspace_layers: Vec::new(),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use smithers_errors::CodedError;
 use smithers_runtime::{CancellationToken, ExecRequest, RuntimeError, Termination};
 
 use super::live::{gone, host_pids_with, sh, sh_with_stdin, Live};
@@ -25,6 +26,7 @@ pub const CASES: &[&str] = &[
     "destroy_is_idempotent",
     "a_hundred_execs_in_one_sandbox",
     "a_pause_holds_every_process_still",
+    "a_snapshot_restores_and_starts_another",
 ];
 
 /// A file one exec writes, the next reads; the host project is untouched.
@@ -368,6 +370,78 @@ pub async fn a_pause_holds_every_process_still(env: &EngineEnv) -> CaseResult {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    live.destroy().await;
+    Ok(())
+}
+
+/// A snapshot freezes the workspace as it is: a sandbox started from it sees exactly that
+/// (and its own writes stay its own), a restore puts the first sandbox back to it, a second
+/// snapshot with nothing written since is the first, a command working in the workspace makes
+/// it refused, and the host project is never written. An engine that cannot refuses.
+pub async fn a_snapshot_restores_and_starts_another(env: &EngineEnv) -> CaseResult {
+    let live = Live::started(env).await?;
+    let engine = env.engine();
+    if !engine.capabilities().snapshot {
+        assert!(
+            engine.snapshot(&live.handle).await.is_err(),
+            "an engine without snapshots made one"
+        );
+        live.destroy().await;
+        return Ok(());
+    }
+    let handle = &live.handle;
+    let snap = |what: &'static str| async move {
+        engine
+            .snapshot(handle)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {}", e.report()))
+    };
+    live.sh("echo one > a; rm README.txt; mkdir -p d/e && echo x > d/e/x")
+        .await
+        .ok();
+    let first = snap("snapshot").await;
+    assert!(
+        !first.layers.is_empty(),
+        "a snapshot of a change holds a layer"
+    );
+    live.sh("echo two > a; echo new > b; rm -r d").await.ok();
+    let second = snap("second snapshot").await;
+    assert_eq!(snap("snapshot of nothing new").await, second);
+    let state = "cat a; ls; cat d/e/x 2>&1";
+    let fork = live.forked(first.layers.clone()).await;
+    assert_eq!(fork.sh(state).await.ok().stdout_text(), "one\na\nd\nx\n");
+    fork.sh("echo forked > a; echo only-here > c").await.ok();
+    assert_eq!(live.sh("cat a; ls").await.ok().stdout_text(), "two\na\nb\n");
+    engine
+        .restore(&live.handle, &first)
+        .await
+        .unwrap_or_else(|e| panic!("restore: {}", e.report()));
+    assert_eq!(live.sh(state).await.ok().stdout_text(), "one\na\nd\nx\n");
+    assert_eq!(fork.sh("cat a").await.ok().stdout_text(), "forked\n");
+    // A command that works in the workspace while the snapshot is asked for.
+    let cancel = CancellationToken::new();
+    let working = live.try_run(sh("echo z > z; exec sleep 60"), cancel.clone());
+    let asked = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let refused = engine.snapshot(&live.handle).await;
+        cancel.cancel();
+        refused
+    };
+    let (_, refused) = tokio::join!(working, asked);
+    match refused {
+        Err(RuntimeError::Busy { .. }) => {}
+        other => panic!("a snapshot under a working command: {other:?}"),
+    }
+    assert_eq!(live.sh("cat a z").await.ok().stdout_text(), "one\nz\n");
+    assert_eq!(
+        std::fs::read_to_string(live.project.join("README.txt")).unwrap(),
+        "from the host\n"
+    );
+    assert!(
+        !live.project.join("a").exists(),
+        "a sandbox wrote the host project"
+    );
+    fork.destroy().await;
     live.destroy().await;
     Ok(())
 }

@@ -80,7 +80,8 @@ pub struct Live<'e> {
     pub env: &'e EngineEnv,
     pub handle: SandboxHandle,
     pub project: PathBuf,
-    _dir: tempfile::TempDir,
+    /// The project's directory, owned by the first sandbox over it.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl<'e> Live<'e> {
@@ -112,8 +113,37 @@ impl<'e> Live<'e> {
             env,
             handle,
             project,
-            _dir: dir,
+            _dir: Some(dir),
         })
+    }
+
+    /// Another sandbox over the same project, started from `layers` (a snapshot's).
+    pub async fn forked(&self, layers: Vec<String>) -> Live<'e> {
+        let mut config = self.env.config(&self.project, &unique("fork"));
+        config.workspace_layers = layers;
+        let engine = self.env.engine();
+        let handle = engine
+            .create(&config)
+            .await
+            .unwrap_or_else(|e| panic!("create the fork failed: {}", e.report()));
+        let request = RequestBundle {
+            request: json!({"status": "pending", "sandboxId": config.sandbox_id,
+                "runtime": config.runtime.as_str(), "input": {}}),
+        };
+        engine
+            .ship(&handle, &request)
+            .await
+            .unwrap_or_else(|e| panic!("ship failed: {}", e.report()));
+        engine
+            .start(&handle)
+            .await
+            .unwrap_or_else(|e| panic!("start the fork failed: {}", e.report()));
+        Live {
+            env: self.env,
+            handle,
+            project: self.project.clone(),
+            _dir: None,
+        }
     }
 
     /// A created, shipped and started sandbox.

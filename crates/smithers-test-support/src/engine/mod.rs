@@ -69,6 +69,7 @@ impl EngineEnv {
             root_dir: project.to_path_buf(),
             image: self.image.clone(),
             controls,
+            workspace_layers: Vec::new(),
         }
     }
 }
@@ -137,6 +138,7 @@ macro_rules! __engine_case_list {
             destroy_is_idempotent,
             a_hundred_execs_in_one_sandbox,
             a_pause_holds_every_process_still,
+            a_snapshot_restores_and_starts_another,
         ] }
     };
 }

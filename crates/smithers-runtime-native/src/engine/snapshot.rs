@@ -1,0 +1,326 @@
+//! `snapshot` and `restore` of a started sandbox: layer flips (see [`crate::layers`]).
+//!
+//! A flip holds every process of the sandbox still (the pause), moves the upper directory
+//! away (into the store when it is frozen, among the leftovers when a restore drops it),
+//! makes a new empty one at its path, and has the init's `--flip` helper swap the mounted
+//! overlay for one over the new stack. The pause is the whole cost to the sandbox: a rename,
+//! two directories, one short process and a remount. A process that holds a file or a working
+//! directory in the workspace makes the kernel refuse the unmount: then everything is put back
+//! as it was and the caller told to try between commands ([`RuntimeError::Busy`]).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smithers_runtime::{RuntimeError, Snapshot};
+use smithers_sandbox_init::plan::{flip_exit, FlipOverlay, FlipRequest, MountAttrs};
+
+use crate::backend::Backend;
+use crate::files::remove_tree;
+use crate::init_command::InitCommand;
+use crate::layers::{self, LayerRecord};
+use crate::live::Live;
+use crate::plan::{paths, HIDDEN_TOP_LEVEL};
+use crate::runtime::NativeRuntime;
+
+/// How long the helper may take (it mounts once or twice).
+const FLIP_WAIT: Duration = Duration::from_secs(20);
+
+/// What becomes of the upper directory in a flip.
+enum Top {
+    /// Frozen into the store as the new stack's top layer.
+    Freeze,
+    /// Dropped: the new stack is the one given.
+    Drop(Vec<String>),
+}
+
+pub(crate) async fn snapshot(
+    rt: &NativeRuntime,
+    live: &Arc<Live>,
+) -> Result<Snapshot, RuntimeError> {
+    let backend = live.backend.clone();
+    layers::check_flippable(&backend)?;
+    let record = LayerRecord::load(&backend)?;
+    let hidden = HIDDEN_TOP_LEVEL;
+    // Nothing written since the last flip: the stack as it is is the snapshot. Read while
+    // the sandbox runs: a write that lands after this look is after the snapshot too.
+    if layers::upper_is_empty(&backend.upper(), hidden)? {
+        return Ok(Snapshot {
+            layers: record.stack,
+        });
+    }
+    let layers = paused_flip(rt, live, Top::Freeze).await?;
+    Ok(Snapshot { layers })
+}
+
+pub(crate) async fn restore(
+    rt: &NativeRuntime,
+    live: &Arc<Live>,
+    snapshot: &Snapshot,
+) -> Result<(), RuntimeError> {
+    let backend = live.backend.clone();
+    layers::check_flippable(&backend)?;
+    let record = LayerRecord::load(&backend)?;
+    // Only what this sandbox made or started from: never another session's layers.
+    if let Some(id) = snapshot.layers.iter().find(|id| !record.refs.contains(id)) {
+        return Err(RuntimeError::InvalidControl {
+            control: "checkpoint",
+            reason: format!("layer {id:?} is not one of this sandbox's checkpoints"),
+        });
+    }
+    paused_flip(rt, live, Top::Drop(snapshot.layers.clone()))
+        .await
+        .map(|_| ())
+}
+
+/// The flip, between a handover and a respawn (see
+/// `smithers_sandbox_init::session::spawner`): the spawner that serves the session holds
+/// every process still and ends (refused, nothing changed, while a command runs); the
+/// overlay is swapped; P1 starts a spawner confined over the new mount, which lets every
+/// process go on. No request reaches the sandbox in between (the gate). Returns the new
+/// stack.
+async fn paused_flip(
+    rt: &NativeRuntime,
+    live: &Arc<Live>,
+    top: Top,
+) -> Result<Vec<String>, RuntimeError> {
+    use smithers_sandbox_init::plan::SessionRequest;
+    let init = rt
+        .caps()
+        .init
+        .clone()
+        .map_err(|reason| RuntimeError::Unavailable {
+            runtime: "native",
+            reason,
+            fix: None,
+        })?;
+    let Some(ns_pid) = live.init_pid() else {
+        return Err(RuntimeError::ControlUnsupported {
+            runtime: "native",
+            control: "checkpoint",
+            reason: "the sandbox's init was forked by a zygote, whose pid is not ours to name"
+                .into(),
+        });
+    };
+    let _gate = live.flip_gate.write().await;
+    live.control("checkpoint", |id| SessionRequest::Handover { id })
+        .await?;
+    let backend = live.backend.clone();
+    let flipped = crate::threads::blocking("flip the workspace's layers", move || {
+        flip(&backend, &init, ns_pid, top)
+    })
+    .await
+    .and_then(|r| r);
+    // Over the new mount, or the old one when the flip did not happen.
+    let respawned = live
+        .control("respawn", |id| SessionRequest::Respawn { id })
+        .await;
+    let stack = flipped?;
+    respawned.map(|()| stack)
+}
+
+/// The names a flip moves things to, each made once.
+struct Moves {
+    /// Where the upper directory goes.
+    top: PathBuf,
+    /// Where the work directory goes (the old overlay's, unusable again).
+    work: PathBuf,
+    /// A work directory for the old overlay if it must be mounted again.
+    put_back_work: PathBuf,
+    /// The helper's mount point.
+    scratch: PathBuf,
+}
+
+/// The flip itself (the sandbox paused). Returns the new stack.
+fn flip(
+    backend: &Backend,
+    init: &InitCommand,
+    ns_pid: i32,
+    top: Top,
+) -> Result<Vec<String>, RuntimeError> {
+    let mut record = LayerRecord::load(backend)?;
+    let old_paths = stack_paths(backend, &record.stack)?;
+    let flips = layers::flips_dir(backend);
+    std::fs::create_dir_all(&flips).map_err(|e| RuntimeError::io("create", &flips, e))?;
+    let tag = layers::new_id();
+    let (stack, moved_top) = match &top {
+        Top::Freeze => {
+            let id = layers::new_id();
+            let frozen = layers::frozen_path(backend, &id)?;
+            if let Some(store) = frozen.parent() {
+                std::fs::create_dir_all(store).map_err(|e| RuntimeError::io("create", store, e))?;
+            }
+            // Named before it exists: a cleanup's collection never takes it.
+            record.keep(&id);
+            record.save(backend)?;
+            let mut stack = vec![id];
+            stack.extend(record.stack.iter().cloned());
+            (stack, frozen)
+        }
+        Top::Drop(stack) => (stack.clone(), flips.join(format!("dropped-{tag}"))),
+    };
+    if stack.len() > layers::MAX_DEPTH {
+        return Err(RuntimeError::InvalidControl {
+            control: "checkpoint",
+            reason: format!(
+                "the workspace holds {} layers already, the most it may stack; restore an earlier checkpoint or end the session",
+                stack.len() - 1
+            ),
+        });
+    }
+    let new_paths = match &top {
+        // The new top is the upper directory, moved there below.
+        Top::Freeze => std::iter::once(moved_top.clone())
+            .chain(old_paths.iter().cloned())
+            .collect(),
+        Top::Drop(_) => stack_paths(backend, &stack)?,
+    };
+    let moves = Moves {
+        top: moved_top,
+        work: flips.join(format!("work-{tag}")),
+        put_back_work: flips.join(format!("putback-{tag}")),
+        scratch: flips.join(format!("mnt-{tag}")),
+    };
+    let (upper, work) = (backend.upper(), backend.work());
+    rename(&upper, &moves.top)?;
+    rename(&work, &moves.work)?;
+    for dir in [&upper, &work, &moves.put_back_work, &moves.scratch] {
+        std::fs::create_dir(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
+    }
+    let overlay = |layers: Vec<PathBuf>, upper: &Path, work: &Path| FlipOverlay {
+        lower: backend.root_dir.clone(),
+        layers,
+        upper: upper.to_path_buf(),
+        work: work.to_path_buf(),
+        attrs: MountAttrs::RW,
+        hide: HIDDEN_TOP_LEVEL.iter().map(|n| n.to_string()).collect(),
+    };
+    let request = FlipRequest {
+        ns_pid,
+        target: PathBuf::from(paths::WORKSPACE),
+        mount: overlay(new_paths, &upper, &work),
+        put_back: overlay(old_paths, &moves.top, &moves.put_back_work),
+        scratch: moves.scratch.clone(),
+    };
+    let (code, said) = run_helper(init, &request)?;
+    settle(backend, record, stack, &top, &moves, code, said)
+}
+
+/// After the helper: the record and the directories as its exit says they are.
+fn settle(
+    backend: &Backend,
+    mut record: LayerRecord,
+    stack: Vec<String>,
+    top: &Top,
+    moves: &Moves,
+    code: i32,
+    said: String,
+) -> Result<Vec<String>, RuntimeError> {
+    let (upper, work) = (backend.upper(), backend.work());
+    let _ = std::fs::remove_dir(&moves.scratch);
+    match code {
+        flip_exit::DONE => {
+            record.stack = stack.clone();
+            record.save(backend)?;
+            let _ = std::fs::remove_dir(&moves.put_back_work);
+            let leftovers = [moves.work.clone(), moves.top.clone()];
+            let dropped = matches!(top, Top::Drop(_));
+            // Off the pause's path: a dropped upper directory can be large.
+            std::thread::spawn(move || {
+                let _ = remove_tree(&leftovers[0]);
+                if dropped {
+                    let _ = remove_tree(&leftovers[1]);
+                }
+            });
+            Ok(stack)
+        }
+        flip_exit::LOST => {
+            // The old top is kept in the stack so that nothing written is lost to the review.
+            record.stack = stack;
+            record.save(backend)?;
+            Err(RuntimeError::Spawn {
+                operation: "flip the workspace's layers".into(),
+                reason: format!(
+                    "the sandbox has no workspace any more (end the session; its change is kept for review): {said}"
+                ),
+            })
+        }
+        _ => {
+            // Nothing changed for the sandbox (busy or failed early), or the old overlay is
+            // back over the moved upper directory: its names go back either way.
+            let _ = remove_tree(&upper);
+            rename(&moves.top, &upper)?;
+            if code != flip_exit::PUT_BACK {
+                let _ = std::fs::remove_dir(&work);
+                rename(&moves.work, &work)?;
+                let _ = std::fs::remove_dir(&moves.put_back_work);
+            }
+            if let Top::Freeze = top {
+                record
+                    .refs
+                    .retain(|id| stack.first().is_none_or(|top| top != id));
+                record.save(backend)?;
+            }
+            Err(match code {
+                flip_exit::BUSY => RuntimeError::Busy {
+                    verb: "checkpoint",
+                    reason: "a process of the sandbox has a file or its working directory in the workspace; try between commands".into(),
+                },
+                _ => RuntimeError::Spawn {
+                    operation: "flip the workspace's layers".into(),
+                    reason: said,
+                },
+            })
+        }
+    }
+}
+
+fn stack_paths(backend: &Backend, ids: &[String]) -> Result<Vec<PathBuf>, RuntimeError> {
+    ids.iter()
+        .map(|id| layers::existing_frozen(backend, id))
+        .collect()
+}
+
+fn rename(from: &Path, to: &Path) -> Result<(), RuntimeError> {
+    std::fs::rename(from, to).map_err(|e| RuntimeError::io("move", from, e))
+}
+
+/// Runs `init --flip` with the request; its exit code and what it said (bounded).
+fn run_helper(init: &InitCommand, request: &FlipRequest) -> Result<(i32, String), RuntimeError> {
+    let spawn_err = |e: std::io::Error| RuntimeError::spawn("start the layer flip", e);
+    let mut child = std::process::Command::new(&init.program)
+        .args(&init.args)
+        .arg("--flip")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn_err)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let bytes = serde_json::to_vec(request).unwrap_or_default();
+        stdin.write_all(&bytes).map_err(spawn_err)?;
+    }
+    let deadline = std::time::Instant::now() + FLIP_WAIT;
+    let status = loop {
+        match child.try_wait().map_err(spawn_err)? {
+            Some(status) => break status,
+            None if std::time::Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(RuntimeError::Spawn {
+                    operation: "flip the workspace's layers".into(),
+                    reason: format!("the helper did not end within {FLIP_WAIT:?}"),
+                });
+            }
+            None => std::thread::sleep(Duration::from_micros(200)),
+        }
+    };
+    let mut said = String::new();
+    if let Some(stderr) = child.stderr.take() {
+        use std::io::Read;
+        let _ = stderr.take(16 * 1024).read_to_string(&mut said);
+    }
+    Ok((status.code().unwrap_or(2), said.trim().to_string()))
+}

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 mod support;
 
@@ -628,6 +628,9 @@ fn a_docker_session_runs_many_commands_and_ends_in_the_review() {
     let diff = env.json(&["session", "diff", &id]);
     assert!(diff.to_string().contains("d/blob.bin"), "{diff}");
     assert_eq!(code(&env.sh(&id, "true")), 0);
+    // A container's workspace is not frozen in place: refused, never faked.
+    let refused = env.json(&["session", "checkpoint", &id]);
+    assert_eq!(refused["code"], "TASK_RUNTIME_UNAVAILABLE", "{refused}");
     let stop = env.json(&["session", "stop", &id]);
     assert_eq!(stop["status"], "review", "{stop}");
     let accepted = env.cli().args(["accept", &id]).output().unwrap();
@@ -1000,4 +1003,110 @@ fn a_held_id_is_not_started_twice_and_ls_does_not_hang_on_a_mute_socket() {
         "{list:?}"
     );
     let _ = env.json(&["session", "stop", &id]);
+}
+
+fn stdout(out: &Output) -> String {
+    assert_eq!(code(out), 0, "{}", text(out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Checkpoints, restore and forks through the CLI: a fork starts from its parent's state
+/// (now, or a checkpoint), its writes are its own and its siblings' and parent's theirs; a
+/// restore drops what came after; a checkpoint while a command works in the workspace is
+/// refused (BUSY) and changes nothing; each session ends in its own review, and accepting a
+/// fork applies exactly the fork's state.
+#[test]
+fn checkpoints_restore_and_forks_each_keep_their_own_writes() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.start(&[]);
+    stdout(&env.sh(&id, "echo one > a.txt; mkdir d; echo x > d/x"));
+    let cp = env.json(&["session", "checkpoint", &id]);
+    let cp = cp["checkpoint"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{cp}"))
+        .to_string();
+    stdout(&env.sh(&id, "echo two > a.txt; rm -r d; echo new > n"));
+    let fork = |from: Option<&str>| {
+        let mut args = vec!["session", "fork", &id];
+        args.extend(from);
+        let doc = env.json(&args);
+        doc["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{doc}"))
+            .to_string()
+    };
+    let now = fork(None);
+    let old = fork(Some(&cp));
+    assert_eq!(stdout(&env.sh(&now, "cat a.txt; ls")), "two\na.txt\nn\n");
+    assert_eq!(
+        stdout(&env.sh(&old, "cat a.txt d/x; ls")),
+        "one\nx\na.txt\nd\n"
+    );
+    stdout(&env.sh(&old, "echo from-old > a.txt; rm d/x"));
+    stdout(&env.sh(&now, "echo from-now > n"));
+    assert_eq!(stdout(&env.sh(&id, "cat a.txt n")), "two\nnew\n");
+    assert_eq!(stdout(&env.sh(&now, "cat a.txt n")), "two\nfrom-now\n");
+
+    let back = env.json(&["session", "restore", &id, &cp]);
+    assert_eq!(back["checkpoint"], json!(cp), "{back}");
+    assert_eq!(
+        stdout(&env.sh(&id, "cat a.txt d/x; ls")),
+        "one\nx\na.txt\nd\n"
+    );
+    let unknown = env.json(&["session", "restore", &id, "cp-99"]);
+    assert_eq!(unknown["code"], "NOT_FOUND", "{unknown}");
+
+    // A command at work in the workspace holds it: the checkpoint waits for its end.
+    let mut busy = env
+        .cli()
+        .args([
+            "session",
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo z > z; exec sleep 60",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(20), || {
+        env.cli()
+            .args(["session", "read", &id, "z"])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    }));
+    let refused = env.json(&["session", "checkpoint", &id]);
+    assert_eq!(refused["code"], "BUSY", "{refused}");
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert_eq!(stdout(&env.sh(&id, "cat a.txt")), "one\n");
+
+    for s in [&id, &now, &old] {
+        let stop = env.json(&["session", "stop", s]);
+        assert_eq!(stop["status"], "review", "{stop}");
+    }
+    let accepted = env.cli().args(["accept", &old]).output().unwrap();
+    assert!(accepted.status.success(), "{}", text(&accepted));
+    assert_eq!(
+        std::fs::read_to_string(env.root.join("a.txt")).unwrap(),
+        "from-old\n"
+    );
+    // (An emptied directory is not a patch: the file's absence is what is applied.)
+    assert!(!env.root.join("d/x").exists());
+    assert!(
+        !env.root.join("n").exists(),
+        "a sibling's file reached the project"
+    );
+    for s in [&id, &now] {
+        let rejected = env.cli().args(["reject", s]).output().unwrap();
+        assert!(rejected.status.success(), "{}", text(&rejected));
+    }
 }

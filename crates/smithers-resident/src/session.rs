@@ -54,6 +54,13 @@ pub enum Request {
     Diff,
     /// End the session; the answer is its outcome (the review it opened).
     Stop,
+    /// Freeze the workspace as it is now (`checkpoint` in the answer: its name).
+    Checkpoint,
+    /// Put the workspace back to a checkpoint of this session.
+    Restore { checkpoint: String },
+    /// What a fork starts from: the layers of `checkpoint`, or of one made now, and how
+    /// this session was started (`layers`, `checkpoint`, `startOptions`, `rootDir`).
+    Fork { checkpoint: Option<String> },
 }
 
 /// The session's state, as a ping answers it.

@@ -252,6 +252,10 @@ pub(crate) fn collect_garbage(state_root: &Path, store: &Path) {
     let mut named = std::collections::HashSet::new();
     if let Ok(states) = std::fs::read_dir(state_root) {
         for state in states.flatten() {
+            // A sandbox's state is a directory; the root holds a few files of its own.
+            if !state.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
             match read_record(&state.path().join(RECORD)) {
                 Ok(Some(record)) => named.extend(record.refs.into_iter().chain(record.stack)),
                 Ok(None) => {}
@@ -320,6 +324,8 @@ mod tests {
         for d in [states.join("s1"), store.join(&kept), store.join(&gone)] {
             std::fs::create_dir_all(d).unwrap();
         }
+        // The state root's own files are no sandbox's.
+        std::fs::write(states.join("container-probe.json"), b"{}").unwrap();
         std::fs::write(
             states.join("s1").join(RECORD),
             serde_json::to_vec(&LayerRecord {

@@ -42,6 +42,26 @@ pub fn start(args: &StartArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| crate::commands::run::new_id("ses"));
     smithers_runtime::config::validate_id("sandboxId", &sandbox_id)
         .map_err(|e| invalid(e.to_string()))?;
+    let mut options = Vec::new();
+    if args.run.run_id.is_none() {
+        options.extend(["--run-id".into(), run_id.clone().into()]);
+    }
+    if args.run.sandbox_id.is_none() {
+        options.extend(["--sandbox-id".into(), sandbox_id.clone().into()]);
+    }
+    options.extend(start_options());
+    launch(&options, &run_id, &sandbox_id, None, json_out)
+}
+
+/// Starts a holder with `options` (its ids among them) in `cwd` (ours when `None`) and waits
+/// until it answers; prints the session's id.
+pub(super) fn launch(
+    options: &[std::ffi::OsString],
+    run_id: &str,
+    sandbox_id: &str,
+    cwd: Option<&Path>,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
     let dir = wire::sessions_dir(true).context("the sessions directory")?;
     let socket = dir.join(format!("{sandbox_id}.sock"));
     // Said before anything is made: a socket path the kernel cannot bind (108 bytes with its
@@ -65,14 +85,11 @@ pub fn start(args: &StartArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         std::env::current_exe().context("locating the current executable")?,
     );
     command.args(["session", "__hold"]);
-    if args.run.run_id.is_none() {
-        command.args(["--run-id", &run_id]);
-    }
-    if args.run.sandbox_id.is_none() {
-        command.args(["--sandbox-id", &sandbox_id]);
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
     }
     command
-        .args(start_options())
+        .args(options)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -401,7 +418,7 @@ fn ask(socket: &Path, request: &Request) -> std::io::Result<Value> {
 }
 
 /// One request to session `id` with `fds`; the answer when it is `ok`, else its error.
-fn ask_with(
+pub(super) fn ask_with(
     id: &str,
     socket: &Path,
     request: &Request,
@@ -439,6 +456,6 @@ fn answered_error(err: &Value) -> anyhow::Error {
     coded_error(code, inert(message), err["details"].clone())
 }
 
-fn invalid(message: String) -> anyhow::Error {
+pub(super) fn invalid(message: String) -> anyhow::Error {
     coded_error(ErrorCode::InvalidInput, message, Value::Null)
 }

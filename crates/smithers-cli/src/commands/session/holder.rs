@@ -39,6 +39,7 @@ struct Holder {
     /// Connections waiting for the session's outcome (`session stop`).
     stoppers: Mutex<Vec<UnixStream>>,
     diffs: super::diff::Diffs,
+    checkpoints: super::checkpoints::Checkpoints,
 }
 
 /// `session __hold`: the holder's whole life. Its stdout and stderr are the session's log.
@@ -72,10 +73,12 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
             (ray.clone(), ray)
         }
     };
+    let layers = from_layers(args, engine.as_ref())?;
     let session_runtime = SessionRuntime {
         runtime,
         engine,
         started: Mutex::new(Some(to_holder)),
+        layers,
     };
     let db_path = args.run.store.db_path()?;
     let orchestrator = Arc::new(
@@ -125,6 +128,7 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
         running: AtomicU64::new(0),
         stoppers: Mutex::new(Vec::new()),
         diffs: Default::default(),
+        checkpoints: Default::default(),
     });
     let listener = bind(&socket)?;
     spawn_acceptor(listener, holder.clone());
@@ -153,6 +157,29 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
         println!("{doc}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The layers a fork starts from (`--from-layers`, given by `session fork`), refused for an
+/// engine that cannot start a sandbox from them.
+fn from_layers(args: &StartArgs, engine: &dyn Engine) -> anyhow::Result<Vec<String>> {
+    let Some(list) = &args.from_layers else {
+        return Ok(Vec::new());
+    };
+    if !engine.capabilities().snapshot {
+        return Err(crate::output::coded_error(
+            smithers_errors::ErrorCode::TaskRuntimeUnavailable,
+            format!(
+                "the {} engine cannot start a session from a checkpoint",
+                engine.backend()
+            ),
+            Value::Null,
+        ));
+    }
+    Ok(list
+        .split(',')
+        .filter(|id| !id.is_empty())
+        .map(str::to_string)
+        .collect())
 }
 
 /// The config recorded for the session: its controls, and that it is a session.
@@ -233,6 +260,30 @@ async fn on_sigterm(end: CancellationToken) {
 }
 
 impl Holder {
+    fn checkpoint_ctx(&self) -> super::checkpoints::Ctx<'_> {
+        super::checkpoints::Ctx {
+            started: &self.started,
+            rt: &self.rt,
+            checkpoints: &self.checkpoints,
+            record: Box::new(move |event: &str, payload| self.record(event, payload)),
+        }
+    }
+
+    /// Records an event of the session (its commands', checkpoints').
+    fn record(&self, event: &str, payload: Value) {
+        let info = self.info.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let key = match event {
+            "SessionExec" => "command",
+            _ => "session",
+        };
+        let _ = self.orchestrator.record_event(
+            event,
+            &info.run_id,
+            &info.session_id,
+            vec![(key, payload)],
+        );
+    }
+
     fn touch(&self) {
         *self.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
@@ -297,6 +348,13 @@ fn serve(holder: &Holder, conn: UnixStream) {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
             super::diff::diff(&holder.started, &holder.rt, &info, &holder.diffs)
+        }
+        Request::Checkpoint => super::checkpoints::checkpoint(&holder.checkpoint_ctx()),
+        Request::Restore { checkpoint } => {
+            super::checkpoints::restore(&holder.checkpoint_ctx(), &checkpoint)
+        }
+        Request::Fork { checkpoint } => {
+            super::checkpoints::fork(&holder.checkpoint_ctx(), checkpoint.as_deref())
         }
         Request::Read { path } => {
             let cancel = holder.started.done.child_token();
@@ -377,17 +435,7 @@ fn run_exec(
         Ok(exit) => json!({ "argv": argv, "cwd": cwd, "exit": exit }),
         Err(e) => json!({ "argv": argv, "cwd": cwd, "error": e.to_string() }),
     };
-    let info = holder
-        .info
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    let _ = holder.orchestrator.record_event(
-        "SessionExec",
-        &info.run_id,
-        &info.session_id,
-        vec![("command", recorded)],
-    );
+    holder.record("SessionExec", recorded);
     result.map_err(|e| e.to_string())
 }
 

@@ -6,10 +6,12 @@
 //! collects its change and opens the same review as `run` (`review`, `accept`, `reject`
 //! take the session's id); each command is a `SessionExec` event of it.
 
+mod checkpoints;
 mod client;
 mod diff;
 mod fd_sink;
 mod files;
+mod fork;
 mod holder;
 mod runtime;
 pub(crate) mod wire;
@@ -44,6 +46,14 @@ pub enum SessionCommand {
     Write(PathArgs),
     /// The change so far, as `review` shows a stopped session's.
     Diff(IdArgs),
+    /// Freeze the workspace as it is now; prints the checkpoint's name (cp-1, cp-2, …).
+    /// No file is copied; refused (BUSY) while a command runs.
+    Checkpoint(IdArgs),
+    /// Put the workspace back to a checkpoint (what was written since is dropped).
+    Restore(RestoreArgs),
+    /// Start another session from this one's workspace (now, or a checkpoint), with its
+    /// options; prints the new session's id. Processes are not carried.
+    Fork(ForkArgs),
     /// End the session: its change is collected and opens a review, as a run's does.
     Stop(IdArgs),
     /// List the sessions of this user that are held.
@@ -61,6 +71,25 @@ pub struct StartArgs {
     /// End the session once no command has run for this long (30s, 10m, 1h).
     #[arg(long, value_name = "DURATION", default_value = "30m")]
     pub idle_timeout: String,
+    /// The frozen layers a fork starts from (set by `session fork`).
+    #[arg(long, hide = true, value_name = "IDS")]
+    pub from_layers: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// The session's id.
+    pub id: String,
+    /// The checkpoint (as `session checkpoint` named it).
+    pub checkpoint: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// The session's id.
+    pub id: String,
+    /// Start from this checkpoint (default: the workspace as it is now).
+    pub checkpoint: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -124,6 +153,9 @@ pub fn run(args: &SessionArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         SessionCommand::Read(a) => client::read(a),
         SessionCommand::Write(a) => client::write(a, json_out),
         SessionCommand::Diff(a) => client::diff(a, json_out),
+        SessionCommand::Checkpoint(a) => fork::checkpoint(a, json_out),
+        SessionCommand::Restore(a) => fork::restore(a, json_out),
+        SessionCommand::Fork(a) => fork::fork(a, json_out),
         SessionCommand::Stop(a) => client::stop(a, json_out),
         SessionCommand::Ls => client::ls(json_out),
         SessionCommand::Hold(a) => holder::hold(a),

@@ -32,6 +32,8 @@ pub struct SessionRuntime {
     pub engine: Arc<dyn Engine>,
     /// Taken by the one `execute`: the holder's end.
     pub started: Mutex<Option<oneshot::Sender<Started>>>,
+    /// A fork's: the frozen layers its workspace starts from (empty for any other session).
+    pub layers: Vec<String>,
 }
 
 impl std::fmt::Debug for SessionRuntime {
@@ -55,7 +57,13 @@ impl Runtime for SessionRuntime {
     // The step's verbs up to the start (create, place, ship) are the backend's own: a
     // fleet's lease is placed between create and ship, with its events.
     async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
-        self.runtime.create(config).await
+        if self.layers.is_empty() {
+            return self.runtime.create(config).await;
+        }
+        // A fork: its workspace starts from the checkpoint's layers.
+        let mut config = config.clone();
+        config.workspace_layers = self.layers.clone();
+        self.runtime.create(&config).await
     }
 
     async fn ship(

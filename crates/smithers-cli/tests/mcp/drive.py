@@ -97,6 +97,34 @@ async def main(binary, root):
                 out, err, _ = await call(session, "session_exec", sessionId=sid, command=["true"])
                 assert out["exit"]["exitCode"] == 0, out
 
+            # Checkpoint, fork, restore: the fork starts from the checkpoint, its writes and
+            # the parent's stay apart, the restore drops what came after the checkpoint.
+            cp, err, _ = await call(session, "session_checkpoint", sessionId=sid)
+            assert not err and cp["checkpoint"] == "cp-1", cp
+            out, err, _ = await call(session, "session_exec", sessionId=sid, command=["sh", "-c", "echo later > notes.txt"])
+            assert out["exit"]["exitCode"] == 0, out
+            forked, err, _ = await call(session, "session_fork", sessionId=sid, checkpoint="cp-1")
+            assert not err, forked
+            fid = forked["sessionId"]
+            w, err, _ = await call(session, "session_write", sessionId=fid, path="fork-only.txt", content="mine\n")
+            assert not err, w
+            r, err, _ = await call(session, "session_read", sessionId=fid, path="notes.txt")
+            assert r["content"] == "ünïcode\n", r
+            r, err, _ = await call(session, "session_read", sessionId=sid, path="fork-only.txt")
+            assert err and r["code"] == "NOT_FOUND", r
+            back, err, _ = await call(session, "session_restore", sessionId=sid, checkpoint="cp-1")
+            assert not err, back
+            r, err, _ = await call(session, "session_read", sessionId=sid, path="notes.txt")
+            assert r["content"] == "ünïcode\n", r
+            try:
+                bad, err, _ = await call(session, "session_restore", sessionId=sid, checkpoint="--root=/")
+                refused = err
+            except Exception:
+                refused = True
+            assert refused
+            fstop, err, _ = await call(session, "session_stop", sessionId=fid)
+            assert not err and fstop["status"] == "review", fstop
+
             stopped, err, _ = await call(session, "session_stop", sessionId=sid)
             assert not err and stopped["status"] == "review", stopped
             print(json.dumps({"sessionId": sid, "tools": tools, "protocol": init.protocol_version, "paths": paths}))

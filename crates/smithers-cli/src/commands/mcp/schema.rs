@@ -62,6 +62,24 @@ pub fn all() -> Vec<Value> {
             &["sessionId"],
         ),
         tool(
+            "session_checkpoint",
+            "Freeze the session's workspace as it is now (no file copied); returns its name (cp-1, cp-2, ...) for session_restore and session_fork. Refused (BUSY) while a command runs.",
+            json!({ "sessionId": id() }),
+            &["sessionId"],
+        ),
+        tool(
+            "session_restore",
+            "Put the session's workspace back to a checkpoint; what was written since is dropped.",
+            json!({ "sessionId": id(), "checkpoint": { "type": "string" } }),
+            &["sessionId", "checkpoint"],
+        ),
+        tool(
+            "session_fork",
+            "Start a new session whose workspace starts from this one's (now, or a checkpoint); the two then change apart. No process is carried over.",
+            json!({ "sessionId": id(), "checkpoint": { "type": "string", "description": "Default: the workspace as it is now." } }),
+            &["sessionId"],
+        ),
+        tool(
             "session_stop",
             "Stop the session: its processes end and its change waits for a person's review.",
             json!({ "sessionId": id() }),

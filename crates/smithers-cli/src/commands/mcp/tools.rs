@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
+mod checkpoints;
+
 use super::capture::{put_bytes, spawn_reader, take_bytes};
 use crate::commands::session::{socket_of, wire};
 
@@ -91,6 +93,9 @@ impl Server {
             "session_write" => self.write(args),
             "session_list_dir" => self.list_dir(args),
             "session_diff" => self.diff(args),
+            "session_checkpoint" => self.checkpoint(args),
+            "session_restore" => self.restore(args),
+            "session_fork" => self.fork(args),
             "session_stop" => self.stop(args),
             "session_accept" if self.allow_accept => self.accept(args),
             other => Err(bad(format!("no tool {}", crate::output::inert(other)))),

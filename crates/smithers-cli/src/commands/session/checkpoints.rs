@@ -44,13 +44,15 @@ impl Checkpoints {
     }
 }
 
+/// Records an event of the session (its type, its payload).
+pub(super) type Record<'a> = Box<dyn Fn(&str, Value) + 'a>;
+
 /// What a checkpoint, restore or fork needs of the holder.
 pub(super) struct Ctx<'a> {
     pub started: &'a Started,
     pub rt: &'a tokio::runtime::Handle,
     pub checkpoints: &'a Checkpoints,
-    /// Records an event of the session (its type, its payload).
-    pub record: Box<dyn Fn(&str, Value) + 'a>,
+    pub record: Record<'a>,
 }
 
 fn engine_error(e: &RuntimeError) -> Value {

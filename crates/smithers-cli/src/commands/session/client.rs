@@ -75,7 +75,7 @@ pub(super) fn launch(
     if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
         return Err(invalid(format!(
             "a session {} is held already (session stop it first, or choose another --sandbox-id)",
-            inert(&sandbox_id)
+            inert(sandbox_id)
         )));
     }
     let log_path = dir.join(format!("{sandbox_id}.log"));

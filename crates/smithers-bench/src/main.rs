@@ -21,6 +21,7 @@
 mod big_delta;
 mod egress;
 mod fleet;
+mod forks;
 mod measure;
 mod report;
 mod roundtrip;
@@ -81,6 +82,8 @@ enum Scenario {
     /// 11: `true` exec'd in a live session (its socket, the CLI) against host spawn, a
     /// bare bwrap sandbox per command and ours per command.
     Sessions,
+    /// 11 (its checkpoint and fork half): a session whose layer holds 10k files and 1 GiB, checkpointed, restored and forked (socket, CLI, engine API).
+    Forks,
     /// 12: one byte flipped in a 32 MB, a 120 MB and a 1 GiB file: patch size, time and
     /// peak RSS to make it and to apply it, against `git diff --binary` and `git apply`.
     BigDelta,
@@ -136,6 +139,16 @@ fn main() -> anyhow::Result<()> {
                 &cli,
                 "Scenario 12: big binaries keep their delta",
                 "big-delta",
+                &body,
+                &[],
+            )
+        }
+        Scenario::Forks => {
+            let body = forks::run(&cli.scratch, cli.rounds.unwrap_or(100))?;
+            finish(
+                &cli,
+                "Scenario 11: sessions (checkpoint and fork)",
+                "forks",
                 &body,
                 &[],
             )

@@ -39,6 +39,13 @@ pub struct Series {
 }
 
 impl Series {
+    /// An empty series, filled by hand.
+    pub fn new(name: impl Into<String>) -> Series {
+        Series {
+            name: name.into(),
+            samples: Vec::new(),
+        }
+    }
     pub fn median(&self) -> Duration {
         percentile(&self.samples, 50.0)
     }

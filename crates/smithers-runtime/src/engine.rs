@@ -129,6 +129,10 @@ pub struct EngineCapabilities {
 pub struct Snapshot {
     /// The engine's frozen layers, top first (empty: the project as it is).
     pub layers: Vec<String>,
+    /// How long the sandbox's processes were held still to make it, in microseconds (0:
+    /// not at all, nothing had been written since the last).
+    #[serde(default)]
+    pub held_us: u64,
 }
 
 /// One command for a started sandbox.

@@ -49,10 +49,14 @@ pub(crate) async fn snapshot(
     if layers::upper_is_empty(&backend.upper(), hidden)? {
         return Ok(Snapshot {
             layers: record.stack,
+            held_us: 0,
         });
     }
-    let layers = paused_flip(rt, live, Top::Freeze).await?;
-    Ok(Snapshot { layers })
+    let (layers, held) = paused_flip(rt, live, Top::Freeze).await?;
+    Ok(Snapshot {
+        layers,
+        held_us: held.as_micros() as u64,
+    })
 }
 
 pub(crate) async fn restore(
@@ -80,12 +84,13 @@ pub(crate) async fn restore(
 /// every process still and ends (refused, nothing changed, while a command runs); the
 /// overlay is swapped; P1 starts a spawner confined over the new mount, which lets every
 /// process go on. No request reaches the sandbox in between (the gate). Returns the new
-/// stack.
+/// stack and how long the processes were held (from the handover's request to the
+/// respawn's answer: at most that).
 async fn paused_flip(
     rt: &NativeRuntime,
     live: &Arc<Live>,
     top: Top,
-) -> Result<Vec<String>, RuntimeError> {
+) -> Result<(Vec<String>, Duration), RuntimeError> {
     use smithers_sandbox_init::plan::SessionRequest;
     let init = rt
         .caps()
@@ -105,6 +110,7 @@ async fn paused_flip(
         });
     };
     let _gate = live.flip_gate.write().await;
+    let held = std::time::Instant::now();
     live.control("checkpoint", |id| SessionRequest::Handover { id })
         .await?;
     let backend = live.backend.clone();
@@ -117,8 +123,9 @@ async fn paused_flip(
     let respawned = live
         .control("respawn", |id| SessionRequest::Respawn { id })
         .await;
+    let held = held.elapsed();
     let stack = flipped?;
-    respawned.map(|()| stack)
+    respawned.map(|()| (stack, held))
 }
 
 /// The names a flip moves things to, each made once.

@@ -406,7 +406,7 @@ pub async fn a_snapshot_restores_and_starts_another(env: &EngineEnv) -> CaseResu
     );
     live.sh("echo two > a; echo new > b; rm -r d").await.ok();
     let second = snap("second snapshot").await;
-    assert_eq!(snap("snapshot of nothing new").await, second);
+    assert_eq!(snap("snapshot of nothing new").await.layers, second.layers);
     let state = "cat a; ls; cat d/e/x 2>&1";
     let fork = live.forked(first.layers.clone()).await;
     assert_eq!(fork.sh(state).await.ok().stdout_text(), "one\na\nd\nx\n");

@@ -80,16 +80,19 @@ fn make(ctx: &Ctx<'_>) -> Result<(String, Snapshot), Value> {
     let name = ctx.checkpoints.add(snapshot.clone())?;
     (ctx.record)(
         "SessionCheckpoint",
-        json!({ "checkpoint": name, "layers": snapshot.layers.len() }),
+        json!({ "checkpoint": name, "layers": snapshot.layers.len(), "heldUs": snapshot.held_us }),
     );
     Ok((name, snapshot))
 }
 
 pub(super) fn checkpoint(ctx: &Ctx<'_>) -> Value {
     match make(ctx) {
-        Ok((name, snapshot)) => {
-            json!({ "ok": true, "checkpoint": name, "layers": snapshot.layers.len() })
-        }
+        Ok((name, snapshot)) => json!({
+            "ok": true,
+            "checkpoint": name,
+            "layers": snapshot.layers.len(),
+            "heldUs": snapshot.held_us,
+        }),
         Err(error) => error,
     }
 }

@@ -19,7 +19,7 @@ pub fn checkpoint(args: &IdArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     if json_out {
         println!(
             "{}",
-            json!({ "sessionId": args.id, "checkpoint": name, "layers": answer["layers"] })
+            json!({ "sessionId": args.id, "checkpoint": name, "layers": answer["layers"], "heldUs": answer["heldUs"] })
         );
     } else {
         println!("{}", inert(name));

@@ -1,6 +1,9 @@
 //! `--flip`: swaps the workspace overlay of a running sandbox for another, the layer flip of
-//! a session's checkpoint, restore and fork. Started by the runtime for one flip while every
-//! process of the sandbox is paused; reads a [`FlipRequest`] on stdin.
+//! a session's checkpoint, restore and fork. Started by the runtime for one flip; reads a
+//! [`FlipRequest`] (one line) on stdin, makes itself ready (the namespaces joined and made),
+//! says `ready` on stdout, and waits for one byte on stdin: `g` once every process of the
+//! sandbox is held still and the layers are in place (the flip), anything else or the input's
+//! end (nothing done). So the sandbox is held only for the unmount, the mount and the move.
 //!
 //! The sandbox's init gave up every privilege, so the flip is made from outside: this process
 //! joins the sandbox's user namespace (the runtime's user owns it, so it gets every capability
@@ -11,7 +14,7 @@
 //! on writing into a layer that is now frozen), mounts the new overlay in its own namespace,
 //! clones it (`open_tree`) and moves the clone onto the sandbox's target (`move_mount`).
 
-use std::io::Read;
+use std::io::{BufRead, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 
@@ -27,10 +30,12 @@ const MAX_REQUEST: u64 = 512 * 1024;
 /// The flip, from a request on stdin. Returns the exit code ([`flip_exit`]).
 pub(crate) fn run() -> i32 {
     let mut bytes = Vec::new();
-    if let Err(e) = std::io::stdin()
+    // The lock ends here: the go byte is read through stdin's same buffer later.
+    let read = std::io::stdin()
+        .lock()
         .take(MAX_REQUEST + 1)
-        .read_to_end(&mut bytes)
-    {
+        .read_until(b'\n', &mut bytes);
+    if let Err(e) = read {
         eprintln!("smithers-sandbox-init --flip: reading the request: {e}");
         return 2;
     }
@@ -65,6 +70,21 @@ fn flip(request: &FlipRequest) -> FlipResult {
     setns(&user, libc::CLONE_NEWUSER, "the sandbox's user namespace").map_err(failed)?;
     sys::unshare(libc::CLONE_NEWNS, "a mount namespace").map_err(failed)?;
     let ours = open_ns(std::process::id() as i32, "mnt").map_err(failed)?;
+    // Ready: the runtime now holds the sandbox still, moves the layers and says go.
+    let mut out = std::io::stdout();
+    out.write_all(b"ready\n")
+        .and_then(|()| out.flush())
+        .map_err(|e| {
+            failed(SysError {
+                op: format!("say ready: {e}"),
+                errno: libc::EPIPE,
+            })
+        })?;
+    let mut go = [0u8; 1];
+    if !matches!(std::io::stdin().read(&mut go), Ok(1)) || go[0] != b'g' {
+        // Called off: nothing was done.
+        return Ok(flip_exit::CALLED_OFF);
+    }
 
     setns(&sandbox, libc::CLONE_NEWNS, "the sandbox's mount namespace").map_err(failed)?;
     match sys::umount2(&request.target, libc::UMOUNT_NOFOLLOW) {

@@ -487,4 +487,6 @@ pub mod flip_exit {
     pub const PUT_BACK: i32 = 4;
     /// Neither could be mounted: the sandbox has no workspace any more.
     pub const LOST: i32 = 5;
+    /// The runtime did not say go: nothing was done.
+    pub const CALLED_OFF: i32 = 6;
 }

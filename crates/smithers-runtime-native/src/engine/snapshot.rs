@@ -109,16 +109,25 @@ async fn paused_flip(
                 .into(),
         });
     };
+    let backend = live.backend.clone();
+    let prepared = crate::threads::blocking("prepare the layer flip", move || {
+        prepare(&backend, &init, ns_pid, top)
+    })
+    .await??;
     let _gate = live.flip_gate.write().await;
     let held = std::time::Instant::now();
-    live.control("checkpoint", |id| SessionRequest::Handover { id })
-        .await?;
-    let backend = live.backend.clone();
-    let flipped = crate::threads::blocking("flip the workspace's layers", move || {
-        flip(&backend, &init, ns_pid, top)
-    })
-    .await
-    .and_then(|r| r);
+    if let Err(e) = live
+        .control("checkpoint", |id| SessionRequest::Handover { id })
+        .await
+    {
+        let _ =
+            crate::threads::blocking("call the layer flip off", move || prepared.call_off()).await;
+        return Err(e);
+    }
+    let flipped =
+        crate::threads::blocking("flip the workspace's layers", move || prepared.carry_out())
+            .await
+            .and_then(|r| r);
     // Over the new mount, or the old one when the flip did not happen.
     let respawned = live
         .control("respawn", |id| SessionRequest::Respawn { id })
@@ -140,13 +149,25 @@ struct Moves {
     scratch: PathBuf,
 }
 
-/// The flip itself (the sandbox paused). Returns the new stack.
-fn flip(
+/// A flip made ready before the sandbox is held: names chosen, the new upper and work
+/// directories made aside, the helper started and ready (its namespaces joined).
+struct Prepared {
+    backend: Backend,
+    record: LayerRecord,
+    stack: Vec<String>,
+    top: Top,
+    moves: Moves,
+    /// The new upper and work directories, moved into place once the old ones are away.
+    next: [PathBuf; 2],
+    helper: Helper,
+}
+
+fn prepare(
     backend: &Backend,
     init: &InitCommand,
     ns_pid: i32,
     top: Top,
-) -> Result<Vec<String>, RuntimeError> {
+) -> Result<Prepared, RuntimeError> {
     let mut record = LayerRecord::load(backend)?;
     let old_paths = stack_paths(backend, &record.stack)?;
     let flips = layers::flips_dir(backend);
@@ -159,9 +180,6 @@ fn flip(
             if let Some(store) = frozen.parent() {
                 std::fs::create_dir_all(store).map_err(|e| RuntimeError::io("create", store, e))?;
             }
-            // Named before it exists: a cleanup's collection never takes it.
-            record.keep(&id);
-            record.save(backend)?;
             let mut stack = vec![id];
             stack.extend(record.stack.iter().cloned());
             (stack, frozen)
@@ -178,22 +196,28 @@ fn flip(
         });
     }
     let new_paths = match &top {
-        // The new top is the upper directory, moved there below.
+        // The new top is the upper directory, moved there at the flip.
         Top::Freeze => std::iter::once(moved_top.clone())
             .chain(old_paths.iter().cloned())
             .collect(),
         Top::Drop(_) => stack_paths(backend, &stack)?,
     };
+    if let Top::Freeze = top {
+        // Named before it exists: a cleanup's collection never takes it.
+        record.keep(&stack[0]);
+        record.save(backend)?;
+    }
     let moves = Moves {
         top: moved_top,
         work: flips.join(format!("work-{tag}")),
         put_back_work: flips.join(format!("putback-{tag}")),
         scratch: flips.join(format!("mnt-{tag}")),
     };
-    let (upper, work) = (backend.upper(), backend.work());
-    rename(&upper, &moves.top)?;
-    rename(&work, &moves.work)?;
-    for dir in [&upper, &work, &moves.put_back_work, &moves.scratch] {
+    let next = [
+        flips.join(format!("next-upper-{tag}")),
+        flips.join(format!("next-work-{tag}")),
+    ];
+    for dir in next.iter().chain([&moves.put_back_work, &moves.scratch]) {
         std::fs::create_dir(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
     }
     let overlay = |layers: Vec<PathBuf>, upper: &Path, work: &Path| FlipOverlay {
@@ -207,12 +231,65 @@ fn flip(
     let request = FlipRequest {
         ns_pid,
         target: PathBuf::from(paths::WORKSPACE),
-        mount: overlay(new_paths, &upper, &work),
+        mount: overlay(new_paths, &backend.upper(), &backend.work()),
         put_back: overlay(old_paths, &moves.top, &moves.put_back_work),
         scratch: moves.scratch.clone(),
     };
-    let (code, said) = run_helper(init, &request)?;
-    settle(backend, record, stack, &top, &moves, code, said)
+    let prepared = Prepared {
+        backend: backend.clone(),
+        record,
+        stack,
+        top,
+        moves,
+        next,
+        helper: Helper::start(init, &request)?,
+    };
+    Ok(prepared)
+}
+
+impl Prepared {
+    /// The flip, the sandbox held: the old directories away, the new in place, go.
+    fn carry_out(mut self) -> Result<Vec<String>, RuntimeError> {
+        let (upper, work) = (self.backend.upper(), self.backend.work());
+        let moved = rename(&upper, &self.moves.top)
+            .and_then(|()| rename(&work, &self.moves.work))
+            .and_then(|()| rename(&self.next[0], &upper))
+            .and_then(|()| rename(&self.next[1], &work));
+        if let Err(e) = moved {
+            // Back as they were (what moved), the helper told nothing.
+            let _ = std::fs::rename(&self.moves.top, &upper);
+            let _ = std::fs::rename(&self.moves.work, &work);
+            self.call_off();
+            return Err(e);
+        }
+        let (code, said) = self.helper.go()?;
+        settle(
+            &self.backend,
+            std::mem::take(&mut self.record),
+            std::mem::take(&mut self.stack),
+            &self.top,
+            &self.moves,
+            code,
+            said,
+        )
+    }
+
+    /// Nothing is done: the helper ends, what was made for the flip goes.
+    fn call_off(self) {
+        self.helper.call_off();
+        for dir in self
+            .next
+            .iter()
+            .chain([&self.moves.put_back_work, &self.moves.scratch])
+        {
+            let _ = std::fs::remove_dir(dir);
+        }
+        if let Top::Freeze = self.top {
+            let mut record = self.record;
+            record.refs.retain(|id| Some(id) != self.stack.first());
+            let _ = record.save(&self.backend);
+        }
+    }
 }
 
 /// After the helper: the record and the directories as its exit says they are.
@@ -294,40 +371,85 @@ fn rename(from: &Path, to: &Path) -> Result<(), RuntimeError> {
     std::fs::rename(from, to).map_err(|e| RuntimeError::io("move", from, e))
 }
 
-/// Runs `init --flip` with the request; its exit code and what it said (bounded).
-fn run_helper(init: &InitCommand, request: &FlipRequest) -> Result<(i32, String), RuntimeError> {
-    let spawn_err = |e: std::io::Error| RuntimeError::spawn("start the layer flip", e);
-    let mut child = std::process::Command::new(&init.program)
-        .args(&init.args)
-        .arg("--flip")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(spawn_err)?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let bytes = serde_json::to_vec(request).unwrap_or_default();
-        stdin.write_all(&bytes).map_err(spawn_err)?;
-    }
-    let deadline = std::time::Instant::now() + FLIP_WAIT;
-    let status = loop {
-        match child.try_wait().map_err(spawn_err)? {
-            Some(status) => break status,
-            None if std::time::Instant::now() > deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(RuntimeError::Spawn {
-                    operation: "flip the workspace's layers".into(),
-                    reason: format!("the helper did not end within {FLIP_WAIT:?}"),
-                });
-            }
-            None => std::thread::sleep(Duration::from_micros(200)),
+/// The init's `--flip` helper, started and ready (see `smithers_sandbox_init::flip`).
+struct Helper {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+}
+
+impl Helper {
+    fn start(init: &InitCommand, request: &FlipRequest) -> Result<Helper, RuntimeError> {
+        let spawn_err = |e: std::io::Error| RuntimeError::spawn("start the layer flip", e);
+        let mut child = std::process::Command::new(&init.program)
+            .args(&init.args)
+            .arg("--flip")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_err)?;
+        let mut stdin = child.stdin.take();
+        let mut line = serde_json::to_vec(request).unwrap_or_default();
+        line.push(b'\n');
+        let sent = stdin.as_mut().map(|s| s.write_all(&line));
+        let mut helper = Helper { child, stdin };
+        if let Some(Err(e)) = sent {
+            helper.call_off();
+            return Err(spawn_err(e));
         }
-    };
-    let mut said = String::new();
-    if let Some(stderr) = child.stderr.take() {
-        use std::io::Read;
-        let _ = stderr.take(16 * 1024).read_to_string(&mut said);
+        // `ready`, or the helper's end (its stderr says why).
+        let mut ready = [0u8; 6];
+        let said_ready = helper.child.stdout.as_mut().map(|out| {
+            use std::io::Read;
+            out.read_exact(&mut ready)
+        });
+        if !matches!(said_ready, Some(Ok(()))) || &ready != b"ready\n" {
+            let (_, said) = helper.finish()?;
+            return Err(RuntimeError::Spawn {
+                operation: "prepare the layer flip".into(),
+                reason: said,
+            });
+        }
+        Ok(helper)
     }
-    Ok((status.code().unwrap_or(2), said.trim().to_string()))
+
+    /// Go: the flip is made; its exit code and what it said.
+    fn go(mut self) -> Result<(i32, String), RuntimeError> {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(b"g");
+        }
+        self.finish()
+    }
+
+    /// The helper ends without doing anything.
+    fn call_off(mut self) {
+        self.stdin.take();
+        let _ = self.finish();
+    }
+
+    fn finish(&mut self) -> Result<(i32, String), RuntimeError> {
+        self.stdin.take();
+        let spawn_err = |e: std::io::Error| RuntimeError::spawn("flip the workspace's layers", e);
+        let deadline = std::time::Instant::now() + FLIP_WAIT;
+        let status = loop {
+            match self.child.try_wait().map_err(spawn_err)? {
+                Some(status) => break status,
+                None if std::time::Instant::now() > deadline => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return Err(RuntimeError::Spawn {
+                        operation: "flip the workspace's layers".into(),
+                        reason: format!("the helper did not end within {FLIP_WAIT:?}"),
+                    });
+                }
+                None => std::thread::sleep(Duration::from_micros(100)),
+            }
+        };
+        let mut said = String::new();
+        if let Some(stderr) = self.child.stderr.take() {
+            use std::io::Read;
+            let _ = stderr.take(16 * 1024).read_to_string(&mut said);
+        }
+        Ok((status.code().unwrap_or(2), said.trim().to_string()))
+    }
 }

@@ -380,7 +380,11 @@ fn a_killed_holder_takes_its_sandbox_with_it_and_is_recovered() {
     }
     let env = Env::new();
     let id = env.start(&[]);
+    // A change frozen by a checkpoint and one made after it: both are the session's.
     assert_eq!(code(&env.sh(&id, "echo kept > lost.txt")), 0);
+    let cp = env.json(&["session", "checkpoint", &id]);
+    assert_eq!(cp["checkpoint"], "cp-1", "{cp}");
+    assert_eq!(code(&env.sh(&id, "echo after > after.txt")), 0);
     let token = format!("sess-killed-{}", std::process::id());
     let mut bg = env
         .cli()
@@ -434,6 +438,10 @@ fn a_killed_holder_takes_its_sandbox_with_it_and_is_recovered() {
     assert_eq!(
         std::fs::read_to_string(env.root.join("lost.txt")).unwrap(),
         "kept\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.root.join("after.txt")).unwrap(),
+        "after\n"
     );
 }
 

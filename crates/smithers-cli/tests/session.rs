@@ -1118,3 +1118,35 @@ fn checkpoints_restore_and_forks_each_keep_their_own_writes() {
         assert!(rejected.status.success(), "{}", text(&rejected));
     }
 }
+
+/// A user holds at most `SMITHERS_SESSIONS_MAX` sessions at once: one more is refused
+/// (BUSY) until one ends.
+#[test]
+fn a_user_holds_no_more_sessions_than_the_bound() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let start = || {
+        env.cli()
+            .env("SMITHERS_SESSIONS_MAX", "1")
+            .args(["--json", "session", "start"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let first = start();
+    assert!(first.status.success(), "{}", text(&first));
+    let id: Value = serde_json::from_slice(&first.stdout).unwrap();
+    let id = id["sessionId"].as_str().unwrap().to_string();
+    let refused = start();
+    assert_eq!(code(&refused), 1, "{}", text(&refused));
+    let err: Value = serde_json::from_slice(&refused.stdout).unwrap();
+    assert_eq!(err["code"], "BUSY", "{err}");
+    let stop = env.json(&["session", "stop", &id]);
+    assert_eq!(stop["status"], "finished", "{stop}");
+    let again = start();
+    assert!(again.status.success(), "{}", text(&again));
+    let id: Value = serde_json::from_slice(&again.stdout).unwrap();
+    env.json(&["session", "stop", id["sessionId"].as_str().unwrap()]);
+}

@@ -148,8 +148,15 @@ pub(super) fn fork(ctx: &Ctx<'_>, name: Option<&str>) -> Value {
 /// This holder's own options (`session __hold …`), without the ids and layers that were this
 /// session's own: what a fork of it is started with.
 fn start_options() -> Result<Vec<String>, String> {
-    let argv: Vec<String> = std::env::args_os()
-        .skip(3)
+    let all: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Everything after `__hold` (the holder is `smithers-sandbox [--json] session __hold …`).
+    let at = all
+        .iter()
+        .position(|a| a == "__hold")
+        .map_or(all.len(), |i| i + 1);
+    let argv: Vec<String> = all[at..]
+        .iter()
+        .cloned()
         .map(|a| {
             a.into_string()
                 .map_err(|_| "the session was started with an option that is not UTF-8".to_string())

@@ -84,7 +84,8 @@ pub(super) fn launch(
     let mut command = std::process::Command::new(
         std::env::current_exe().context("locating the current executable")?,
     );
-    command.args(["session", "__hold"]);
+    // `--json`: an error of the holder is one line of its log, which `holder_failed` reads.
+    command.args(["--json", "session", "__hold"]);
     if let Some(cwd) = cwd {
         command.current_dir(cwd);
     }

@@ -53,7 +53,9 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("the holder is started with its ids");
     };
     let idle = super::parse_duration("--idle-timeout", &args.idle_timeout)?;
-    let socket = wire::sessions_dir(true)?.join(format!("{sandbox_id}.sock"));
+    let sessions = wire::sessions_dir(true)?;
+    let socket = sessions.join(format!("{sandbox_id}.sock"));
+    let admitted = super::admission::admit(&sessions, sandbox_id)?;
     let native = Arc::new(backend::native_runtime_with(args.run.workspace.mode())?);
     let (to_holder, started) = tokio::sync::oneshot::channel();
     let (runtime, engine): (Arc<dyn Runtime>, Arc<dyn Engine>) = match args.run.runtime {
@@ -131,6 +133,7 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
         checkpoints: Default::default(),
     });
     let listener = bind(&socket)?;
+    drop(admitted);
     spawn_acceptor(listener, holder.clone());
     let bound = life_bound(&req);
     rt.spawn(watch_idle(holder.clone(), idle, bound));

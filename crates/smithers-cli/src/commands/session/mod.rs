@@ -6,6 +6,7 @@
 //! collects its change and opens the same review as `run` (`review`, `accept`, `reject`
 //! take the session's id); each command is a `SessionExec` event of it.
 
+mod admission;
 mod checkpoints;
 mod client;
 mod diff;

@@ -184,3 +184,16 @@ pub fn read_answer(stream: &UnixStream) -> std::io::Result<serde_json::Value> {
 pub fn error_json(code: &str, message: &str, details: serde_json::Value) -> serde_json::Value {
     serde_json::json!({ "ok": false, "error": { "code": code, "message": message, "details": details } })
 }
+
+/// The sessions directory's admission lock (`.admission.lock`), held (exclusive `flock`)
+/// until the returned file is closed: holders starting at once count the user's sessions one
+/// after another.
+pub fn admission_lock(dir: &std::path::Path) -> std::io::Result<std::fs::File> {
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(".admission.lock"))?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)?;
+    Ok(lock)
+}

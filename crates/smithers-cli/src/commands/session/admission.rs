@@ -33,13 +33,8 @@ pub(super) fn admit(dir: &Path, id: &str) -> anyhow::Result<Admitted> {
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|n| *n > 0)
         .unwrap_or(DEFAULT_MAX);
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(".admission.lock"))?;
-    // Released when `lock` is closed, at the end of this function.
-    lock.lock()?;
+    // Released when closed, at the end of this function.
+    let _lock = smithers_resident::session::admission_lock(dir)?;
     let held = count(dir, id);
     if held >= max {
         return Err(coded_error(

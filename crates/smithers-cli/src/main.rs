@@ -77,6 +77,8 @@ enum Command {
     Session(commands::session::SessionArgs),
     /// An MCP server (stdio) whose tools drive sessions over one project.
     Mcp(commands::mcp::McpArgs),
+    /// The persistent homes `--home NAME` gives a step (ls, rm).
+    Home(commands::home::HomeArgs),
 }
 
 /// Rust ignores SIGPIPE, so printing into a pipe whose reader is gone is an EPIPE error, which
@@ -120,6 +122,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => commands::serve::run(args),
         Command::Session(args) => commands::session::run(args, cli.json),
         Command::Mcp(args) => commands::mcp::run(args),
+        Command::Home(args) => commands::home::run(args, cli.json),
         Command::Daemon(args) => commands::daemon::run(args, cli.json, parse_run),
     }
 }

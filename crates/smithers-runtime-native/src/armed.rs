@@ -347,6 +347,7 @@ pub(crate) fn arm(
         }
         let git_common = git_layer(&backend, &layout).map_err(|e| e.to_string())?;
         let mut plan = plan::compile(&PlanInput {
+            home: None,
             stdin: false,
             git_common,
             layout: &layout,

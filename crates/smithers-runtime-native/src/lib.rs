@@ -96,6 +96,8 @@ mod backend;
 mod copy;
 /// The egress policy's proxy, resolver and listeners.
 mod egress;
+/// Persistent homes: where they are kept, and one made ready to bind.
+pub mod home;
 /// What this host offers (found once per runtime), and the default limits.
 mod host;
 /// How the init is started and where it is found.

@@ -171,6 +171,13 @@ pub struct Controls {
     /// caller's explicit choice, recorded in the config and the enforcement report.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_sensitive_mounts: bool,
+    /// A persistent home: the step's `$HOME` is the named home this runtime keeps for its
+    /// user across runs and sessions (never the host's own home, never part of the
+    /// patches), instead of an empty tmpfs. A name, never a path: the runtime places it.
+    /// Refused by a runtime that keeps no homes (a remote host's would be shared by its
+    /// clients).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
     /// The network the step may reach, by name and port (the `smithers-egress` policy in
     /// its JSON form): enforced outside the sandbox by a runtime that can, refused at create
     /// by one that cannot. Exclusive with `allow_network`. From the caller only.
@@ -204,6 +211,7 @@ impl Default for Controls {
             workspace: None,
             egress: None,
             allow_sensitive_mounts: false,
+            home: None,
             egress_policy: None,
         }
     }
@@ -219,6 +227,9 @@ impl Controls {
     pub fn validate(&self) -> Result<(), RuntimeError> {
         for (key, value) in &self.env {
             validate_env_entry(key, value)?;
+        }
+        if let Some(name) = &self.home {
+            validate_id("home", name)?;
         }
         if let Some(policy) = &self.egress_policy {
             if !policy.is_object() {
@@ -458,6 +469,19 @@ impl SandboxConfig {
     /// The entity id `"<runId>:<sandboxId>"` every runtime is keyed by.
     pub fn entity_id(&self) -> String {
         format!("{}:{}", self.run_id, self.sandbox_id)
+    }
+
+    /// Refuses [`Controls::home`] for a runtime that keeps no homes.
+    pub fn refuse_home(&self, runtime: &'static str) -> Result<(), RuntimeError> {
+        match &self.controls.home {
+            None => Ok(()),
+            Some(_) => Err(RuntimeError::ControlUnsupported {
+                runtime,
+                control: "home",
+                reason: "a persistent home is kept by the native runtime on this machine only"
+                    .into(),
+            }),
+        }
     }
 
     /// Refuses [`SandboxConfig::workspace_layers`] for a runtime that cannot stack layers

@@ -309,6 +309,10 @@ pub(crate) async fn create(
         workspace_layers: Vec::new(),
     };
     config.validate().map_err(|e| ApiError::runtime(&e))?;
+    // A home kept on this host would be every client's: not a client's to ask for.
+    config
+        .refuse_home("codeplane")
+        .map_err(|e| ApiError::runtime(&e))?;
     if req.if_exists == IfExists::Replace {
         // A resumed run whose earlier client died before cleanup: its sandbox (running or
         // not) is cancelled and removed, as a DELETE would, before the new one is made.

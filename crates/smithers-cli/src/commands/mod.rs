@@ -9,6 +9,7 @@ pub mod doctor;
 pub mod egress;
 pub(crate) mod egress_summary;
 pub(crate) mod flags;
+pub mod home;
 pub mod inspect;
 pub mod mcp;
 pub mod mounts;

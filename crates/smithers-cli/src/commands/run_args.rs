@@ -77,6 +77,11 @@ pub struct RunArgs {
     /// a whole home): the step can then read (or write) them.
     #[arg(long)]
     pub allow_sensitive_mount: bool,
+    /// The step's $HOME is the named home kept for you across runs and sessions (an agent's
+    /// login, settings, caches), instead of an empty one: never your own home, never part of
+    /// the patches. `home ls`, `home rm NAME`.
+    #[arg(long, value_name = "NAME")]
+    pub home: Option<String>,
     /// Bring a toolchain of this host in, read-only: rustup, pyenv, nvm or pipx
     /// (repeatable; see `run --help`).
     #[arg(long = "toolchain", value_name = "NAME", long_help = super::mounts::TOOLCHAIN_HELP)]
@@ -195,6 +200,13 @@ pub(crate) fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
         c.env.insert("PATH".into(), path.join(":"));
     }
     c.allow_sensitive_mounts = args.allow_sensitive_mount;
+    c.home = args.home.clone();
+    if c.home.is_some() && args.runtime.is_remote() {
+        return Err(invalid(format!(
+            "--home is kept on this machine, which a remote host (--runtime {}) cannot use",
+            args.runtime.kind()
+        )));
+    }
     if args.runtime.is_remote() && !c.volumes.is_empty() {
         return Err(invalid(format!(
             "--mount and --toolchain name paths of this machine, which a remote host (--runtime {}) cannot mount",

@@ -191,7 +191,15 @@ async fn compile_plan(
 ) -> Result<InitPlan, RuntimeError> {
     let (caps, controls, command) = (input.caps, input.controls, input.command);
     let tmp_bytes = controls.disk_limit_bytes.unwrap_or(plan::DEFAULT_TMP_BYTES);
+    let home = match &controls.home {
+        Some(name) => Some(crate::home::prepare(
+            crate::home::homes_root(&caps.host_env).as_deref(),
+            name,
+        )?),
+        None => None,
+    };
     let mut plan = plan::compile(&PlanInput {
+        home: home.as_deref(),
         stdin,
         git_common,
         layout: input.layout,

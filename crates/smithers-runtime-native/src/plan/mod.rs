@@ -239,6 +239,8 @@ pub struct PlanInput<'a> {
     /// `/etc` instead of the host's (the runtime's resolver inside the sandbox's namespace,
     /// and no host names that would bypass it).
     pub egress_etc: Option<&'a Path>,
+    /// A persistent home bound at `$HOME` (else a tmpfs).
+    pub home: Option<&'a Path>,
     pub seccomp: Vec<BpfInstruction>,
     /// Plan for a prepared root ([`RootFs::Prepared`]): `/dev` is a directory of the root
     /// (read-only with it) rather than a tmpfs of its own, so that everything but the mounts
@@ -429,6 +431,17 @@ fn tmp_ops(ops: &mut Vec<MountOp>, input: &PlanInput<'_>) {
         mode: 0o1777,
         attrs: MountAttrs::RW,
     });
+    if let Some(home) = input.home {
+        // A persistent home (`--home NAME`), kept by the runtime outside every project.
+        ops.push(MountOp::Bind {
+            source: home.to_path_buf(),
+            path: p(paths::HOME),
+            kind: TargetKind::Dir,
+            attrs: MountAttrs::RW,
+            optional: false,
+        });
+        return;
+    }
     ops.push(MountOp::Tmpfs {
         path: p(paths::HOME),
         size_bytes: input.tmp_bytes,

@@ -62,6 +62,7 @@ fn plan_for_root(
     .into();
     let argv = vec!["echo".to_string(), "hi".to_string()];
     compile(&PlanInput {
+        home: None,
         stdin: false,
         git_common: None,
         layout: &layout,

@@ -111,12 +111,18 @@ fn filesystem_rows(c: &Controls, workspace: &WorkspaceState) -> Vec<Protection> 
         n::FILESYSTEM,
         Enforced,
         format!(
-            "read-only root of /usr, /bin, /lib*, /sbin and a filtered /etc; writable: /workspace ({}), /result, /tmp, $HOME ({}, empty at start)",
+            "read-only root of /usr, /bin, /lib*, /sbin and a filtered /etc; writable: /workspace ({}), /result, /tmp, $HOME ({}, {})",
             match workspace {
                 WorkspaceState::Overlay => "copy-on-write",
                 WorkspaceState::Copy { .. } => "a copy of the project",
             },
             crate::plan::paths::HOME,
+            match &c.home {
+                Some(name) => format!(
+                    "the persistent home {name:?} kept across runs outside every project, never in the patches (`home rm {name}`)"
+                ),
+                None => "empty at start".to_string(),
+            },
         ),
         None,
     ));

@@ -156,6 +156,7 @@ pub(crate) fn eligible_controls(c: &smithers_runtime::Controls) -> bool {
         && c.disk_limit_bytes.is_none()
         && c.cpu_limit.is_none()
         && c.volumes.is_empty()
+        && c.home.is_none()
 }
 
 /// The step-independent part of every plan on this host, and the prepared root it is bound
@@ -179,6 +180,7 @@ fn warm_plan(caps: &HostCaps) -> Result<WarmPlan, String> {
     let argv = vec!["true".to_string()];
     let empty = Default::default();
     let plan = plan::compile(&PlanInput {
+        home: None,
         stdin: false,
         git_common: None,
         layout: &layout,

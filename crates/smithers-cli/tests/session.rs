@@ -749,6 +749,31 @@ fn a_session_on_a_sandbox_host_runs_there_and_its_change_comes_back_for_review()
         .output()
         .unwrap();
     assert_eq!(code(&w), 0, "{}", text(&w));
+    // A checkpoint and a restore on the host, over HTTP; a fork is not (said, not faked).
+    let json = |args: &[&str]| -> Value {
+        let out = cli().arg("--json").args(args).output().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)))
+    };
+    let cp = json(&["session", "checkpoint", &id]);
+    assert_eq!(cp["checkpoint"], "cp-1", "{cp}");
+    let later = cli()
+        .args([
+            "session",
+            "exec",
+            &id,
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            "echo later > r.txt",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&later), 0, "{}", text(&later));
+    let back = json(&["session", "restore", &id, "cp-1"]);
+    assert_eq!(back["checkpoint"], "cp-1", "{back}");
+    let fork = json(&["session", "fork", &id, "cp-1"]);
+    assert_eq!(fork["code"], "TASK_RUNTIME_UNAVAILABLE", "{fork}");
     let stop = cli()
         .args(["--json", "session", "stop", &id])
         .output()

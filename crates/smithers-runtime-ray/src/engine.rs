@@ -25,8 +25,8 @@ impl Engine for RayRuntime {
             concurrent_execs: true,
             exec_stdin: true,
             pause: false,
-
             snapshot: false,
+            fork: false,
         }
     }
 

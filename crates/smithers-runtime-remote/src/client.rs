@@ -245,7 +245,7 @@ impl RemoteRuntime {
         }
     }
 
-    async fn json_call<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn json_call<T: serde::de::DeserializeOwned>(
         &self,
         base: &str,
         what: &'static str,

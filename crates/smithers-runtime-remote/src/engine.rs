@@ -16,9 +16,9 @@ use smithers_errors::ErrorReport;
 use smithers_runtime::{
     BackendName, CancellationToken, EnforcementReport, Engine, EngineCapabilities, ExecExit,
     ExecRequest, OutputEvent, OutputSink, OutputStream, RequestBundle, Runtime, RuntimeError,
-    SandboxConfig, SandboxHandle, ShipReport, Termination,
+    SandboxConfig, SandboxHandle, ShipReport, Snapshot, Termination,
 };
-use smithers_wire::session::{self as frames, ExecBody, MAX_STDIN_BYTES};
+use smithers_wire::session::{self as frames, CheckpointBody, ExecBody, MAX_STDIN_BYTES};
 
 use crate::client::RemoteRuntime;
 
@@ -33,8 +33,9 @@ impl Engine for RemoteRuntime {
             concurrent_execs: true,
             exec_stdin: true,
             pause: false,
-
-            snapshot: false,
+            // Checkpoints are the host's (named there); a sandbox started from one is not.
+            snapshot: true,
+            fork: false,
         }
     }
 
@@ -99,6 +100,56 @@ impl Engine for RemoteRuntime {
             }
             output.room().await;
         }
+    }
+
+    /// `POST …/checkpoint`: the host freezes the session's workspace and names the
+    /// checkpoint; that name is this snapshot's one layer.
+    async fn snapshot(&self, handle: &SandboxHandle) -> Result<Snapshot, RuntimeError> {
+        let b = self.backend(handle)?;
+        let url = self.url(
+            &b.base_url,
+            &format!("/v1/sandboxes/{}/checkpoint", b.host_id),
+        );
+        let made: CheckpointBody = self
+            .json_call(&b.base_url, "checkpoint the session", false, || {
+                self.request(Method::POST, &url)
+            })
+            .await
+            .map_err(|e| out_of_order("checkpoint", e))?;
+        Ok(Snapshot {
+            layers: vec![made.checkpoint],
+            held_us: made.held_us.unwrap_or(0),
+        })
+    }
+
+    /// `POST …/restore` with the checkpoint's name.
+    async fn restore(
+        &self,
+        handle: &SandboxHandle,
+        snapshot: &Snapshot,
+    ) -> Result<(), RuntimeError> {
+        let [name] = snapshot.layers.as_slice() else {
+            return Err(RuntimeError::InvalidControl {
+                control: "checkpoint",
+                reason: "not a checkpoint of a session on a sandbox host".into(),
+            });
+        };
+        let b = self.backend(handle)?;
+        let url = self.url(&b.base_url, &format!("/v1/sandboxes/{}/restore", b.host_id));
+        let body = serde_json::to_vec(&CheckpointBody {
+            checkpoint: name.clone(),
+            held_us: None,
+        })
+        .unwrap_or_default();
+        let _: CheckpointBody = self
+            .json_call(&b.base_url, "restore the session", false, || {
+                self.request(Method::POST, &url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await
+            .map_err(|e| out_of_order("restore", e))?;
+        Ok(())
     }
 
     async fn stop(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
@@ -205,6 +256,8 @@ fn out_of_order(verb: &str, e: RuntimeError) -> RuntimeError {
                 verb: match verb {
                     "start" => "start",
                     "stop" => "stop",
+                    "checkpoint" => "checkpoint",
+                    "restore" => "restore",
                     _ => "exec",
                 },
                 reason: inner.message,

@@ -114,10 +114,12 @@ pub struct EngineCapabilities {
     /// `pause` and `resume` hold the sandbox's processes still (else they are refused).
     #[serde(default)]
     pub pause: bool,
-    /// `snapshot` and `restore` work, and a config's `workspace_layers` starts a sandbox
-    /// from a snapshot (else they are refused).
+    /// `snapshot` and `restore` work (else they are refused).
     #[serde(default)]
     pub snapshot: bool,
+    /// A config's `workspace_layers` starts a sandbox from a snapshot (else refused).
+    #[serde(default)]
+    pub fork: bool,
 }
 
 /// A frozen state of a sandbox's workspace (its files, never its processes): what `snapshot`

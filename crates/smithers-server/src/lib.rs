@@ -167,6 +167,8 @@ impl SandboxServer {
             .route("/sandboxes/{id}/start", post(session::start))
             .route("/sandboxes/{id}/exec", post(session::exec))
             .route("/sandboxes/{id}/stop", post(session::stop))
+            .route("/sandboxes/{id}/checkpoint", post(session::checkpoint))
+            .route("/sandboxes/{id}/restore", post(session::restore))
             .route("/sandboxes/{id}/bundle", get(routes::bundle))
             .route("/probe", get(routes::probe))
             .route("/reviews", get(review::list))

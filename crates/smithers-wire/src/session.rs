@@ -38,6 +38,18 @@ pub struct ExecBody {
     pub stdin_base64: Option<String>,
 }
 
+/// `POST …/restore`'s body, and `POST …/checkpoint`'s answer: a checkpoint of the session,
+/// named by the host (`cp-1`, `cp-2`, … in the order made; the layers behind a name never
+/// leave the host).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CheckpointBody {
+    pub checkpoint: String,
+    /// In an answer: how long the session's processes were held still, in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_us: Option<u64>,
+}
+
 /// One frame's bytes.
 pub fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(5 + payload.len());

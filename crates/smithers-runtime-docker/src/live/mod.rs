@@ -58,8 +58,8 @@ impl Engine for DockerRuntime {
             concurrent_execs: true,
             exec_stdin: true,
             pause: true,
-
             snapshot: false,
+            fork: false,
         }
     }
 

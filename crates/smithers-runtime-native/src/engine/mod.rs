@@ -76,6 +76,7 @@ impl Engine for NativeRuntime {
             exec_stdin: true,
             pause: true,
             snapshot: true,
+            fork: true,
         }
     }
 

@@ -39,7 +39,13 @@ impl Checkpoints {
                 json!({}),
             ));
         }
-        made.push(snapshot);
+        // Nothing written since the last: the same checkpoint, the same name.
+        if made
+            .last()
+            .is_none_or(|last| last.layers != snapshot.layers)
+        {
+            made.push(snapshot);
+        }
         Ok(format!("cp-{}", made.len()))
     }
 }

@@ -115,7 +115,7 @@ pub(super) fn launch(
                 inert(&log_path.display().to_string())
             )));
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(1));
     }
     if json_out {
         println!(

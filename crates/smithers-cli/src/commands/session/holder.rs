@@ -168,7 +168,7 @@ fn from_layers(args: &StartArgs, engine: &dyn Engine) -> anyhow::Result<Vec<Stri
     let Some(list) = &args.from_layers else {
         return Ok(Vec::new());
     };
-    if !engine.capabilities().snapshot {
+    if !engine.capabilities().fork {
         return Err(crate::output::coded_error(
             smithers_errors::ErrorCode::TaskRuntimeUnavailable,
             format!(

@@ -1175,3 +1175,40 @@ fn a_user_holds_no_more_sessions_than_the_bound() {
     let id: Value = serde_json::from_slice(&again.stdout).unwrap();
     env.json(&["session", "stop", id["sessionId"].as_str().unwrap()]);
 }
+
+/// A session started for a process (`--owner-pid`, what the MCP server passes) ends when
+/// that process does, killed outright too: its change opens a review instead of waiting for
+/// the idle timeout.
+#[test]
+fn a_session_ends_with_the_process_that_owns_it() {
+    if !sandboxes_usable() {
+        return;
+    }
+    let env = Env::new();
+    let mut owner = Command::new("sleep").arg("1000").spawn().unwrap();
+    let pid = owner.id().to_string();
+    let id = env.start(&["--owner-pid", &pid]);
+    assert_eq!(code(&env.sh(&id, "echo kept > owned.txt")), 0);
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            env.json(&["show", &id])["status"] == "review"
+        }),
+        "the session outlived its owner"
+    );
+    let accepted = env.cli().args(["accept", &id]).output().unwrap();
+    assert!(accepted.status.success(), "{}", text(&accepted));
+    assert_eq!(
+        std::fs::read_to_string(env.root.join("owned.txt")).unwrap(),
+        "kept\n"
+    );
+    // An owner that is not running is refused at the start.
+    let out = env
+        .cli()
+        .args(["--json", "session", "start", "--owner-pid", &pid])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 1, "{}", text(&out));
+}

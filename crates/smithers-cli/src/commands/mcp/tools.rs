@@ -131,7 +131,10 @@ impl Server {
         );
         command
             .args(["--json", "session", "start", "--root"])
-            .arg(&self.root);
+            .arg(&self.root)
+            // Ended with this server, however it ends (killed too): its change then waits
+            // for review instead of an idle timeout.
+            .arg(format!("--owner-pid={}", std::process::id()));
         // Each option as one `--flag=value` word: a value is never read as another option.
         for (key, flag) in [
             ("idleTimeout", "--idle-timeout"),

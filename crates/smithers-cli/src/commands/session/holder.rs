@@ -56,6 +56,13 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
     let sessions = wire::sessions_dir(true)?;
     let socket = sessions.join(format!("{sandbox_id}.sock"));
     let admitted = super::admission::admit(&sessions, sandbox_id)?;
+    let owner = match args.owner_pid {
+        Some(pid) => Some(
+            OwnerProcess::of(pid)
+                .ok_or_else(|| anyhow::anyhow!("the session's owner (pid {pid}) is not running"))?,
+        ),
+        None => None,
+    };
     let native = Arc::new(backend::native_runtime_with(args.run.workspace.mode())?);
     let (to_holder, started) = tokio::sync::oneshot::channel();
     let (runtime, engine): (Arc<dyn Runtime>, Arc<dyn Engine>) = match args.run.runtime {
@@ -136,7 +143,7 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
     drop(admitted);
     spawn_acceptor(listener, holder.clone());
     let bound = life_bound(&req);
-    rt.spawn(watch_idle(holder.clone(), idle, bound));
+    rt.spawn(watch_idle(holder.clone(), idle, bound, owner));
     rt.spawn(on_sigterm(end.clone()));
     let result = rt.block_on(lifecycle).context("the session's lifecycle")?;
     let _ = std::fs::remove_file(&socket);
@@ -236,8 +243,48 @@ fn spawn_acceptor(listener: UnixListener, holder: Arc<Holder>) {
     });
 }
 
-/// Ends the session once no command has run for `idle`, or at its time bound.
-async fn watch_idle(holder: Arc<Holder>, idle: Duration, bound: Option<Duration>) {
+/// A process that owns the session (`--owner-pid`): known by its pid and its start time, so
+/// that another process given the same pid later is not taken for it.
+struct OwnerProcess {
+    pid: u32,
+    started: String,
+}
+
+impl OwnerProcess {
+    fn of(pid: u32) -> Option<OwnerProcess> {
+        Some(OwnerProcess {
+            pid,
+            started: start_time(pid)?,
+        })
+    }
+
+    fn alive(&self) -> bool {
+        start_time(self.pid).is_some_and(|t| t == self.started)
+    }
+}
+
+/// Field 22 of `/proc/<pid>/stat` (after the command's closing parenthesis, which may hold
+/// any byte), a zombie's included (then it is gone).
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|b| *b == b')')?;
+    let rest = String::from_utf8_lossy(&stat[close + 1..]).into_owned();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // fields[0] is the state (field 3); the start time is field 22.
+    match fields.first() {
+        Some(&"Z") | Some(&"X") => None,
+        _ => fields.get(19).map(|s| s.to_string()),
+    }
+}
+
+/// Ends the session once no command has run for `idle`, at its time bound, or once its owner
+/// process is gone.
+async fn watch_idle(
+    holder: Arc<Holder>,
+    idle: Duration,
+    bound: Option<Duration>,
+    owner: Option<OwnerProcess>,
+) {
     let began = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -247,7 +294,8 @@ async fn watch_idle(holder: Arc<Holder>, idle: Duration, bound: Option<Duration>
             .unwrap_or_else(|p| p.into_inner())
             .elapsed();
         let idle_over = holder.running.load(Ordering::SeqCst) == 0 && quiet_for >= idle;
-        if idle_over || bound.is_some_and(|b| began.elapsed() >= b) {
+        let orphaned = owner.as_ref().is_some_and(|o| !o.alive());
+        if idle_over || orphaned || bound.is_some_and(|b| began.elapsed() >= b) {
             holder.started.done.cancel();
             return;
         }

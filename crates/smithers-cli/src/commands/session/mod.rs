@@ -75,6 +75,10 @@ pub struct StartArgs {
     /// The frozen layers a fork starts from (set by `session fork`).
     #[arg(long, hide = true, value_name = "IDS")]
     pub from_layers: Option<String>,
+    /// End the session (its change opens a review) when this process ends: the MCP server
+    /// that started it, killed or not.
+    #[arg(long, hide = true, value_name = "PID")]
+    pub owner_pid: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -1092,6 +1092,29 @@ fn checkpoints_restore_and_forks_each_keep_their_own_writes() {
     let unknown = env.json(&["session", "restore", &id, "cp-99"]);
     assert_eq!(unknown["code"], "NOT_FOUND", "{unknown}");
 
+    // Checkpoints asked for at once, with a diff: one after another, none lost.
+    stdout(&env.sh(&id, "echo three > a.txt"));
+    let at_once: Vec<_> = (0..3)
+        .map(|i| {
+            let args: Vec<&str> = match i {
+                2 => vec!["--json", "session", "diff", &id],
+                _ => vec!["--json", "session", "checkpoint", &id],
+            };
+            env.cli()
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in at_once {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(code(&out), 0, "{}", text(&out));
+    }
+    assert_eq!(stdout(&env.sh(&id, "cat a.txt d/x")), "three\nx\n");
+
     // A command at work in the workspace holds it: the checkpoint waits for its end.
     let mut busy = env
         .cli()
@@ -1120,7 +1143,7 @@ fn checkpoints_restore_and_forks_each_keep_their_own_writes() {
     assert_eq!(refused["code"], "BUSY", "{refused}");
     let _ = busy.kill();
     let _ = busy.wait();
-    assert_eq!(stdout(&env.sh(&id, "cat a.txt")), "one\n");
+    assert_eq!(stdout(&env.sh(&id, "cat a.txt")), "three\n");
 
     for s in [&id, &now, &old] {
         let stop = env.json(&["session", "stop", s]);

@@ -42,6 +42,9 @@ pub(crate) async fn snapshot(
 ) -> Result<Snapshot, RuntimeError> {
     let backend = live.backend.clone();
     layers::check_flippable(&backend)?;
+    // One flip at a time, and no request to the sandbox while one is made: from the look at
+    // the record to the respawn (two at once would each build on the stack before both).
+    let _gate = live.flip_gate.write().await;
     let record = LayerRecord::load(&backend)?;
     let hidden = HIDDEN_TOP_LEVEL;
     // Nothing written since the last flip: the stack as it is is the snapshot. Read while
@@ -66,6 +69,7 @@ pub(crate) async fn restore(
 ) -> Result<(), RuntimeError> {
     let backend = live.backend.clone();
     layers::check_flippable(&backend)?;
+    let _gate = live.flip_gate.write().await;
     let record = LayerRecord::load(&backend)?;
     // Only what this sandbox made or started from: never another session's layers.
     if let Some(id) = snapshot.layers.iter().find(|id| !record.refs.contains(id)) {
@@ -79,7 +83,7 @@ pub(crate) async fn restore(
         .map(|_| ())
 }
 
-/// The flip, between a handover and a respawn (see
+/// The flip (the caller holds the gate), between a handover and a respawn (see
 /// `smithers_sandbox_init::session::spawner`): the spawner that serves the session holds
 /// every process still and ends (refused, nothing changed, while a command runs); the
 /// overlay is swapped; P1 starts a spawner confined over the new mount, which lets every
@@ -114,7 +118,6 @@ async fn paused_flip(
         prepare(&backend, &init, ns_pid, top)
     })
     .await??;
-    let _gate = live.flip_gate.write().await;
     let held = std::time::Instant::now();
     if let Err(e) = live
         .control("checkpoint", |id| SessionRequest::Handover { id })

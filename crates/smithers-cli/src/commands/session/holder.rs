@@ -40,6 +40,9 @@ struct Holder {
     stoppers: Mutex<Vec<UnixStream>>,
     diffs: super::diff::Diffs,
     checkpoints: super::checkpoints::Checkpoints,
+    /// Held by a diff, a checkpoint, a restore and a fork's checkpoint: a flip between a
+    /// diff's pause and its read would let the sandbox's processes run under the read.
+    still: Mutex<()>,
 }
 
 /// `session __hold`: the holder's whole life. Its stdout and stderr are the session's log.
@@ -138,6 +141,7 @@ pub fn hold(args: &StartArgs) -> anyhow::Result<ExitCode> {
         stoppers: Mutex::new(Vec::new()),
         diffs: Default::default(),
         checkpoints: Default::default(),
+        still: Mutex::new(()),
     });
     let listener = bind(&socket)?;
     drop(admitted);
@@ -398,13 +402,19 @@ fn serve(holder: &Holder, conn: UnixStream) {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
+            let _still = holder.still.lock().unwrap_or_else(|p| p.into_inner());
             super::diff::diff(&holder.started, &holder.rt, &info, &holder.diffs)
         }
-        Request::Checkpoint => super::checkpoints::checkpoint(&holder.checkpoint_ctx()),
+        Request::Checkpoint => {
+            let _still = holder.still.lock().unwrap_or_else(|p| p.into_inner());
+            super::checkpoints::checkpoint(&holder.checkpoint_ctx())
+        }
         Request::Restore { checkpoint } => {
+            let _still = holder.still.lock().unwrap_or_else(|p| p.into_inner());
             super::checkpoints::restore(&holder.checkpoint_ctx(), &checkpoint)
         }
         Request::Fork { checkpoint } => {
+            let _still = holder.still.lock().unwrap_or_else(|p| p.into_inner());
             super::checkpoints::fork(&holder.checkpoint_ctx(), checkpoint.as_deref())
         }
         Request::Read { path } => {

@@ -289,7 +289,7 @@ fn enter_root(
         stage("network", enter_network_namespace(&sock))?;
     }
     if session {
-        return restrict_session_init(last_cap).map(|()| Value::Null);
+        return restrict_session_init(last_cap, plan.landlock.scope).map(|()| Value::Null);
     }
     restrict(plan, last_cap)
 }

@@ -118,6 +118,24 @@ pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<&'static str, String
     })
 }
 
+/// A domain that scopes signals and abstract unix sockets and handles no file access: a
+/// session's P1's (see [`restrict_session_init`]). Its spawners' domains nest in it without
+/// a scope of their own, so every process of the session, whichever spawner started it, may
+/// signal every other (a pause, a resume, a command's `kill`), and none a process outside.
+/// `None` when this kernel cannot scope (Landlock ABI < 6): nothing is then scoped anywhere.
+fn scope_only() -> Option<&'static str> {
+    use landlock::{CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetStatus, Scope};
+    let ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .ok()?;
+    let status = ruleset.create().ok()?.restrict_self().ok()?;
+    match status.ruleset {
+        RulesetStatus::NotEnforced => None,
+        _ => Some("enforced"),
+    }
+}
+
 /// Installs `program` (nothing when it is empty).
 pub(crate) fn install_seccomp(program: &[BpfInstruction]) -> SysResult<()> {
     if program.is_empty() {
@@ -154,12 +172,15 @@ pub(crate) fn install_seccomp(program: &[BpfInstruction]) -> SysResult<()> {
 /// every command is the child of one. P1 runs no command and reads only the runtime's
 /// requests; no sandbox process may trace it or read its memory (not dumpable, and none has
 /// a capability).
-pub(crate) fn restrict_session_init(last_cap: u32) -> StageResult<()> {
+pub(crate) fn restrict_session_init(last_cap: u32, scope: bool) -> StageResult<()> {
     stage("capabilities", drop_capabilities(last_cap))?;
     stage(
         "no_new_privs",
         sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS"),
     )?;
+    if scope {
+        scope_only();
+    }
     stage("capabilities", capset_zero())?;
     stage(
         "dumpable",
@@ -170,7 +191,13 @@ pub(crate) fn restrict_session_init(last_cap: u32) -> StageResult<()> {
 /// A session's spawner, forked by P1 (see [`restrict_session_init`]): Landlock, then seccomp,
 /// as `restrict` confines a step's P1. Returns the `ready` report.
 pub(crate) fn confine_spawner(plan: &InitPlan) -> StageResult<Value> {
-    let (landlock, landlock_detail) = match apply_landlock(&plan.landlock) {
+    // The scope is P1's (see `scope_only`): a spawner's own would part its commands from
+    // those of the spawner before it.
+    let rules = LandlockPlan {
+        scope: false,
+        ..plan.landlock.clone()
+    };
+    let (landlock, landlock_detail) = match apply_landlock(&rules) {
         Ok(status) => (status, String::new()),
         Err(e) => ("unavailable", e),
     };

@@ -42,7 +42,13 @@ pub(crate) fn serve_as_init(channel: OwnedFd, plan: &InitPlan) -> i32 {
             break;
         }
         match await_respawn(&channel) {
-            Some(id) => answer = Some(id),
+            Some(id) => {
+                // The handover held every process still; P1, in whose domain they all are,
+                // lets them go (the next spawner's domain is not theirs).
+                // SAFETY: kill(-1) from pid 1 reaches every other process of the namespace.
+                unsafe { libc::kill(-1, libc::SIGCONT) };
+                answer = Some(id);
+            }
             None => break,
         }
     }

@@ -399,11 +399,39 @@ pub async fn a_snapshot_restores_and_starts_another(env: &EngineEnv) -> CaseResu
     live.sh("echo one > a; rm README.txt; mkdir -p d/e && echo x > d/e/x")
         .await
         .ok();
+    // A process of the session's that lives on (outside the workspace) through the snapshot.
+    live.sh("cd /tmp && (setsid sh -c 'while :; do echo x >> /tmp/ticks; sleep 0.01; done' </dev/null >/dev/null 2>&1 &); sleep 0.1")
+        .await
+        .ok();
     let first = snap("snapshot").await;
     assert!(
         !first.layers.is_empty(),
         "a snapshot of a change holds a layer"
     );
+    let ticks = || async {
+        let text = live.sh("wc -l < /tmp/ticks").await.ok().stdout_text();
+        text.trim().parse::<u64>().unwrap_or(0)
+    };
+    let before = ticks().await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while ticks().await <= before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a process held for the snapshot was never let go"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Still one session: a pause holds it too, whichever spawner started it.
+    if engine.capabilities().pause {
+        engine
+            .pause(&live.handle)
+            .await
+            .unwrap_or_else(|e| panic!("pause after a snapshot: {}", e.report()));
+        engine
+            .resume(&live.handle)
+            .await
+            .unwrap_or_else(|e| panic!("resume: {}", e.report()));
+    }
     live.sh("echo two > a; echo new > b; rm -r d").await.ok();
     let second = snap("second snapshot").await;
     assert_eq!(snap("snapshot of nothing new").await.layers, second.layers);

@@ -16,18 +16,36 @@ use std::path::{Path, PathBuf};
 /// directory with.
 const OPAQUE: &str = "user.overlay.opaque";
 
-/// Merges `layers` (bottom first) into `into`, a directory that must not exist yet.
+/// Merges `layers` (bottom first) into `into`, a directory that must not exist yet. Its
+/// directories stay writable (0700) while it is built, whatever the layers' modes (a step may
+/// leave a directory read-only with files in it), and get their own modes at the end,
+/// deepest first.
 pub(crate) fn squash(layers: &[PathBuf], into: &Path) -> io::Result<()> {
     std::fs::create_dir(into)?;
+    let mut modes = std::collections::BTreeMap::new();
     for layer in layers {
-        merge(layer, into)?;
+        merge(layer, into, &mut modes)?;
+    }
+    // Deepest first (longest paths), so that a directory is closed after its children.
+    let mut dirs: Vec<(PathBuf, u32)> = modes.into_iter().collect();
+    dirs.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
+    for (dir, mode) in dirs {
+        if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))?;
+        }
     }
     Ok(())
 }
 
+/// The modes the merged directories get at the end, by path.
+type Modes = std::collections::BTreeMap<PathBuf, u32>;
+
+/// While it is built, a merged directory is ours to write into.
+const BUILDING: u32 = 0o700;
+
 /// Puts `src` (a layer's directory) over `dst` (the merged one's), as overlayfs would see
 /// it. Iterative: a step can make a tree deeper than a thread's stack.
-fn merge(src: &Path, dst: &Path) -> io::Result<()> {
+fn merge(src: &Path, dst: &Path, modes: &mut Modes) -> io::Result<()> {
     let mut dirs = vec![(src.to_path_buf(), dst.to_path_buf())];
     while let Some((src, dst)) = dirs.pop() {
         for entry in std::fs::read_dir(&src)? {
@@ -36,6 +54,7 @@ fn merge(src: &Path, dst: &Path) -> io::Result<()> {
             let md = std::fs::symlink_metadata(&s)?;
             if md.is_dir() {
                 if merge_dir(&s, &md, &d)? {
+                    modes.insert(d.clone(), md.mode() & 0o7777);
                     dirs.push((s, d));
                 }
             } else {
@@ -51,18 +70,16 @@ fn merge(src: &Path, dst: &Path) -> io::Result<()> {
 /// was there (then opaque, as overlayfs makes a directory made over a deleted name).
 /// True when its entries are to be merged next.
 fn merge_dir(s: &Path, md: &std::fs::Metadata, d: &Path) -> io::Result<bool> {
+    let _ = md;
     let opaque = is_opaque(s);
     let below = std::fs::symlink_metadata(d).ok();
-    let mode = std::fs::Permissions::from_mode(md.mode() & 0o7777);
     match below {
-        Some(b) if b.is_dir() && !opaque => {
-            std::fs::set_permissions(d, mode)?;
-        }
+        Some(b) if b.is_dir() && !opaque => {}
         _ => {
             let replaced = below.is_some();
             remove_any(d)?;
             std::fs::create_dir(d)?;
-            std::fs::set_permissions(d, mode)?;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(BUILDING))?;
             if opaque || replaced {
                 set_opaque(d)?;
             }
@@ -98,7 +115,7 @@ fn set_opaque(dir: &Path) -> io::Result<()> {
 }
 
 /// Removes whatever is at `path` in the merged directory (links of ours, directories we
-/// made); nothing there is fine.
+/// made, all writable while it is built); nothing there is fine.
 fn remove_any(path: &Path) -> io::Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(md) if md.is_dir() => std::fs::remove_dir_all(path),
@@ -209,6 +226,26 @@ mod tests {
         // An opaque one is its own layer's entries only.
         assert!(!into.join("o/old").exists());
         assert!(is_opaque(&into.join("o")));
+    }
+
+    #[test]
+    fn read_only_directories_are_merged_and_keep_their_modes() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (l0, l1) = (dir.path().join("0"), dir.path().join("1"));
+        write(&l0.join("ro/a"), "a");
+        write(&l1.join("ro/b"), "b");
+        for l in [&l0, &l1] {
+            std::fs::set_permissions(l.join("ro"), std::fs::Permissions::from_mode(0o555)).unwrap();
+        }
+        let into = dir.path().join("merged");
+        squash(&[l0.clone(), l1.clone()], &into).unwrap();
+        assert!(into.join("ro/a").exists() && into.join("ro/b").exists());
+        let mode = std::fs::metadata(into.join("ro")).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o555);
+        for d in [&l0, &l1, &into] {
+            std::fs::set_permissions(d.join("ro"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
     }
 
     #[test]

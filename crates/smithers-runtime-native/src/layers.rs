@@ -33,6 +33,10 @@ pub(crate) const MAX_DEPTH: usize = 32;
 /// The most a record may hold (it is read from every sandbox's state at a cleanup).
 const MAX_RECORD: u64 = 64 * 1024;
 
+/// How many frozen layers one sandbox may keep (its record then stays well within
+/// [`MAX_RECORD`]: 33 bytes an id).
+pub(crate) const MAX_KEPT: usize = 1024;
+
 /// A sandbox's stack and the layers it keeps.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

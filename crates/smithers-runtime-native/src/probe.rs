@@ -65,11 +65,32 @@ impl NativeRuntime {
     }
 
     /// What the init's probe mode found on this host (run once per runtime).
-    async fn findings(&self) -> &Result<serde_json::Value, String> {
+    pub(crate) async fn findings(&self) -> &Result<serde_json::Value, String> {
         let caps = self.caps();
         self.findings
             .get_or_init(|| async move { report::findings(&caps).await })
             .await
+    }
+
+    /// Whether a layer flip works here (the probe's `layerFlip`: an unmounted overlay's upper
+    /// layer, as a lower layer of a new one, has a directory removed through it): some
+    /// kernels' overlayfs answers EIO there, and checkpoints are then refused, never tried.
+    pub(crate) async fn check_layer_flips(&self) -> Result<(), smithers_runtime::RuntimeError> {
+        let why = match self.findings().await {
+            Ok(v) if v["layerFlip"]["ok"] == serde_json::Value::Bool(true) => return Ok(()),
+            Ok(v) => v["layerFlip"]["detail"]
+                .as_str()
+                .unwrap_or("not tried (an earlier probe step failed)")
+                .to_string(),
+            Err(e) => e.clone(),
+        };
+        Err(smithers_runtime::RuntimeError::ControlUnsupported {
+            runtime: "native",
+            control: "checkpoint",
+            reason: format!(
+                "this kernel's overlayfs cannot stack a session's frozen layer under a new one (probe: {why})"
+            ),
+        })
     }
 
     /// Whether overlayfs works here for the layer root: the probe's answer, remembered in the

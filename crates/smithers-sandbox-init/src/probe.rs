@@ -55,6 +55,7 @@ pub(crate) fn run_probe(scratch: &Path) -> i32 {
         let mount_ok = out["mount"]["ok"] == json!(true);
         if mount_ok {
             out.insert("overlay".into(), outcome(probe_overlay(scratch)));
+            out.insert("layerFlip".into(), outcome(probe_layer_flip(scratch)));
         }
         if out["pid"]["ok"] == json!(true) && mount_ok {
             out.insert("proc".into(), outcome(probe_proc(scratch)));
@@ -168,6 +169,46 @@ fn probe_overlay(scratch: &Path) -> SysResult<()> {
         });
     }
     Ok(())
+}
+
+/// A session's checkpoint as the kernel will see it: an overlay's upper layer, once that
+/// overlay is unmounted, becomes a lower layer of a new one, through which a directory of it
+/// is removed (some kernels' overlayfs answers EIO there; then sessions refuse checkpoints).
+fn probe_layer_flip(scratch: &Path) -> SysResult<()> {
+    let base = scratch.join("flip");
+    let dirs = ["lower", "upper0", "work0", "upper1", "work1", "merged"].map(|d| base.join(d));
+    for d in &dirs {
+        mkdir_p(d, 0o755)?;
+    }
+    let overlay = |layers: Vec<PathBuf>, upper: &Path, work: &Path| MountOp::Overlay {
+        lower: dirs[0].clone(),
+        layers,
+        upper: upper.to_path_buf(),
+        work: work.to_path_buf(),
+        path: PathBuf::from("/"),
+        attrs: MountAttrs::RW,
+        hide: Vec::new(),
+    };
+    apply(&overlay(Vec::new(), &dirs[1], &dirs[2]), &dirs[5], false)?;
+    mkdir_p(&dirs[5].join("d/e"), 0o755)?;
+    touch(&dirs[5].join("d/e/x"))?;
+    sys::umount2(&dirs[5], 0)?;
+    apply(
+        &overlay(vec![dirs[1].clone()], &dirs[3], &dirs[4]),
+        &dirs[5],
+        false,
+    )?;
+    let merged = &dirs[5];
+    sys::rx(rustix::fs::unlink(merged.join("d/e/x")), || {
+        "unlink through a flipped overlay".to_string()
+    })?;
+    sys::rx(rustix::fs::rmdir(merged.join("d/e")), || {
+        "rmdir of a frozen layer's directory".to_string()
+    })?;
+    sys::rx(rustix::fs::rmdir(merged.join("d")), || {
+        "rmdir of a frozen layer's directory".to_string()
+    })?;
+    sys::umount2(merged, 0)
 }
 
 fn probe_proc(scratch: &Path) -> SysResult<()> {

@@ -179,6 +179,8 @@ impl Engine for NativeRuntime {
         let backend = Backend::from_handle(handle, "stop")?;
         let live = self.live.lock().remove(&backend.state_dir);
         if let Some(live) = live {
+            // Not in the middle of a flip: its directories and record settle first.
+            let _gate = live.flip_gate.write().await;
             live.kill().await;
         }
         Ok(())

@@ -40,26 +40,30 @@ pub(crate) async fn snapshot(
     rt: &NativeRuntime,
     live: &Arc<Live>,
 ) -> Result<Snapshot, RuntimeError> {
-    let backend = live.backend.clone();
-    layers::check_flippable(&backend)?;
-    // One flip at a time, and no request to the sandbox while one is made: from the look at
-    // the record to the respawn (two at once would each build on the stack before both).
-    let _gate = live.flip_gate.write().await;
-    let record = LayerRecord::load(&backend)?;
-    let hidden = HIDDEN_TOP_LEVEL;
-    // Nothing written since the last flip: the stack as it is is the snapshot. Read while
-    // the sandbox runs: a write that lands after this look is after the snapshot too.
-    if layers::upper_is_empty(&backend.upper(), hidden)? {
-        return Ok(Snapshot {
-            layers: record.stack,
-            held_us: 0,
-        });
-    }
-    let (layers, held) = paused_flip(rt, live, Top::Freeze).await?;
-    Ok(Snapshot {
-        layers,
-        held_us: held.as_micros() as u64,
+    layers::check_flippable(&live.backend)?;
+    rt.check_layer_flips().await?;
+    let init = init_of(rt)?;
+    let live = live.clone();
+    detached(async move {
+        // One flip at a time, and no request to the sandbox while one is made: from the look
+        // at the record to the respawn (two at once would each build on the stack before both).
+        let _gate = live.flip_gate.write().await;
+        let record = LayerRecord::load(&live.backend)?;
+        // Nothing written since the last flip: the stack as it is is the snapshot. Read while
+        // the sandbox runs: a write that lands after this look is after the snapshot too.
+        if layers::upper_is_empty(&live.backend.upper(), HIDDEN_TOP_LEVEL)? {
+            return Ok(Snapshot {
+                layers: record.stack,
+                held_us: 0,
+            });
+        }
+        let (layers, held) = paused_flip(init, &live, Top::Freeze).await?;
+        Ok(Snapshot {
+            layers,
+            held_us: held.as_micros() as u64,
+        })
     })
+    .await
 }
 
 pub(crate) async fn restore(
@@ -67,20 +71,47 @@ pub(crate) async fn restore(
     live: &Arc<Live>,
     snapshot: &Snapshot,
 ) -> Result<(), RuntimeError> {
-    let backend = live.backend.clone();
-    layers::check_flippable(&backend)?;
-    let _gate = live.flip_gate.write().await;
-    let record = LayerRecord::load(&backend)?;
-    // Only what this sandbox made or started from: never another session's layers.
-    if let Some(id) = snapshot.layers.iter().find(|id| !record.refs.contains(id)) {
-        return Err(RuntimeError::InvalidControl {
-            control: "checkpoint",
-            reason: format!("layer {id:?} is not one of this sandbox's checkpoints"),
-        });
-    }
-    paused_flip(rt, live, Top::Drop(snapshot.layers.clone()))
+    layers::check_flippable(&live.backend)?;
+    rt.check_layer_flips().await?;
+    let init = init_of(rt)?;
+    let (live, target) = (live.clone(), snapshot.layers.clone());
+    detached(async move {
+        let _gate = live.flip_gate.write().await;
+        let record = LayerRecord::load(&live.backend)?;
+        // Only what this sandbox made or started from: never another session's layers.
+        if let Some(id) = target.iter().find(|id| !record.refs.contains(id)) {
+            return Err(RuntimeError::InvalidControl {
+                control: "checkpoint",
+                reason: format!("layer {id:?} is not one of this sandbox's checkpoints"),
+            });
+        }
+        paused_flip(init, &live, Top::Drop(target))
+            .await
+            .map(|_| ())
+    })
+    .await
+}
+
+/// Runs a flip to its end on a task of its own: a caller that goes away (a dropped request)
+/// must not leave the session handed over with no spawner, or the gate open mid-flip.
+async fn detached<T: Send + 'static>(
+    flip: impl std::future::Future<Output = Result<T, RuntimeError>> + Send + 'static,
+) -> Result<T, RuntimeError> {
+    tokio::spawn(flip)
         .await
-        .map(|_| ())
+        .map_err(|e| RuntimeError::spawn("flip the workspace's layers", e))?
+}
+
+/// The init to start the flip's helper with.
+fn init_of(rt: &NativeRuntime) -> Result<InitCommand, RuntimeError> {
+    rt.caps()
+        .init
+        .clone()
+        .map_err(|reason| RuntimeError::Unavailable {
+            runtime: "native",
+            reason,
+            fix: None,
+        })
 }
 
 /// The flip (the caller holds the gate), between a handover and a respawn (see
@@ -91,20 +122,11 @@ pub(crate) async fn restore(
 /// stack and how long the processes were held (from the handover's request to the
 /// respawn's answer: at most that).
 async fn paused_flip(
-    rt: &NativeRuntime,
+    init: InitCommand,
     live: &Arc<Live>,
     top: Top,
 ) -> Result<(Vec<String>, Duration), RuntimeError> {
     use smithers_sandbox_init::plan::SessionRequest;
-    let init = rt
-        .caps()
-        .init
-        .clone()
-        .map_err(|reason| RuntimeError::Unavailable {
-            runtime: "native",
-            reason,
-            fix: None,
-        })?;
     let Some(ns_pid) = live.init_pid() else {
         return Err(RuntimeError::ControlUnsupported {
             runtime: "native",
@@ -206,6 +228,15 @@ fn prepare(
         Top::Drop(_) => stack_paths(backend, &stack)?,
     };
     if let Top::Freeze = top {
+        if record.refs.len() >= layers::MAX_KEPT {
+            return Err(RuntimeError::InvalidControl {
+                control: "checkpoint",
+                reason: format!(
+                    "the session keeps {} checkpointed layers, the most: end it, or start another from a checkpoint",
+                    layers::MAX_KEPT
+                ),
+            });
+        }
         // Named before it exists: a cleanup's collection never takes it.
         record.keep(&stack[0]);
         record.save(backend)?;
@@ -302,11 +333,14 @@ fn settle(
     stack: Vec<String>,
     top: &Top,
     moves: &Moves,
-    code: i32,
+    code: Option<i32>,
     said: String,
 ) -> Result<Vec<String>, RuntimeError> {
     let (upper, work) = (backend.upper(), backend.work());
     let _ = std::fs::remove_dir(&moves.scratch);
+    let Some(code) = code else {
+        return unknown(backend, record, stack, said);
+    };
     match code {
         flip_exit::DONE => {
             record.stack = stack.clone();
@@ -336,8 +370,12 @@ fn settle(
         }
         _ => {
             // Nothing changed for the sandbox (busy or failed early), or the old overlay is
-            // back over the moved upper directory: its names go back either way.
-            let _ = remove_tree(&upper);
+            // back over the moved upper directory: its names go back either way. The new
+            // upper directory was never mounted, so it is empty; if it is not, nobody knows
+            // what happened, and nothing is undone.
+            if std::fs::remove_dir(&upper).is_err() {
+                return unknown(backend, record, stack, said);
+            }
             rename(&moves.top, &upper)?;
             if code != flip_exit::PUT_BACK {
                 let _ = std::fs::remove_dir(&work);
@@ -362,6 +400,25 @@ fn settle(
             })
         }
     }
+}
+
+/// The helper ended without saying how far it got (killed, or past its time): nothing is
+/// removed or moved back. The record names the new stack, so that whichever overlay is
+/// mounted, what was written is in a layer collect reads; the session should end.
+fn unknown(
+    backend: &Backend,
+    mut record: LayerRecord,
+    stack: Vec<String>,
+    said: String,
+) -> Result<Vec<String>, RuntimeError> {
+    record.stack = stack;
+    record.save(backend)?;
+    Err(RuntimeError::Spawn {
+        operation: "flip the workspace's layers".into(),
+        reason: format!(
+            "the flip's helper did not finish ({said}); stop the session, whose change is kept for review"
+        ),
+    })
 }
 
 fn stack_paths(backend: &Backend, ids: &[String]) -> Result<Vec<PathBuf>, RuntimeError> {
@@ -416,8 +473,9 @@ impl Helper {
         Ok(helper)
     }
 
-    /// Go: the flip is made; its exit code and what it said.
-    fn go(mut self) -> Result<(i32, String), RuntimeError> {
+    /// Go: the flip is made; its exit code (`None`: killed, or past its time) and what it
+    /// said.
+    fn go(mut self) -> Result<(Option<i32>, String), RuntimeError> {
         if let Some(mut stdin) = self.stdin.take() {
             let _ = stdin.write_all(b"g");
         }
@@ -430,20 +488,17 @@ impl Helper {
         let _ = self.finish();
     }
 
-    fn finish(&mut self) -> Result<(i32, String), RuntimeError> {
+    fn finish(&mut self) -> Result<(Option<i32>, String), RuntimeError> {
         self.stdin.take();
         let spawn_err = |e: std::io::Error| RuntimeError::spawn("flip the workspace's layers", e);
         let deadline = std::time::Instant::now() + FLIP_WAIT;
         let status = loop {
             match self.child.try_wait().map_err(spawn_err)? {
-                Some(status) => break status,
+                Some(status) => break Some(status),
                 None if std::time::Instant::now() > deadline => {
                     let _ = self.child.kill();
                     let _ = self.child.wait();
-                    return Err(RuntimeError::Spawn {
-                        operation: "flip the workspace's layers".into(),
-                        reason: format!("the helper did not end within {FLIP_WAIT:?}"),
-                    });
+                    break None;
                 }
                 None => std::thread::sleep(Duration::from_micros(100)),
             }
@@ -453,6 +508,10 @@ impl Helper {
             use std::io::Read;
             let _ = stderr.take(16 * 1024).read_to_string(&mut said);
         }
-        Ok((status.code().unwrap_or(2), said.trim().to_string()))
+        let said = match status {
+            None => format!("it did not end within {FLIP_WAIT:?}"),
+            Some(_) => said.trim().to_string(),
+        };
+        Ok((status.and_then(|s| s.code()), said))
     }
 }

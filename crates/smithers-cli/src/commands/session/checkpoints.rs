@@ -30,6 +30,19 @@ impl Checkpoints {
         made.get(n.checked_sub(1)?).cloned()
     }
 
+    /// Whether another checkpoint may be named.
+    fn room(&self) -> Result<(), Value> {
+        let made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+        match made.len() >= MAX_CHECKPOINTS {
+            true => Err(error_json(
+                "INVALID_INPUT",
+                &format!("a session keeps {MAX_CHECKPOINTS} checkpoints at most"),
+                json!({}),
+            )),
+            false => Ok(()),
+        }
+    }
+
     fn add(&self, snapshot: Snapshot) -> Result<String, Value> {
         let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
         if made.len() >= MAX_CHECKPOINTS {
@@ -79,6 +92,8 @@ fn unknown(name: &str) -> Value {
 
 /// A snapshot of the workspace now, named.
 fn make(ctx: &Ctx<'_>) -> Result<(String, Snapshot), Value> {
+    // Said before the flip: a refused name must not leave a layer behind.
+    ctx.checkpoints.room()?;
     let snapshot = ctx
         .rt
         .block_on(ctx.started.engine.snapshot(&ctx.started.handle))

@@ -252,6 +252,65 @@ pub trait Engine: Send + Sync + fmt::Debug {
     async fn destroy(&self, handle: &SandboxHandle) -> Result<(), RuntimeError>;
 }
 
+/// A session's checkpoints by name (`cp-1`, `cp-2`, … in the order made), what the CLI's
+/// holder and `serve` both keep for a live session: the snapshots themselves never leave the
+/// process that holds the session, only their names.
+#[derive(Debug, Default)]
+pub struct Checkpoints {
+    made: std::sync::Mutex<Vec<Snapshot>>,
+}
+
+impl Checkpoints {
+    /// How many names a session keeps.
+    pub const MAX: usize = 1000;
+
+    /// The index a checkpoint's name stands for (`cp-N`, N from 1, at most 9 digits).
+    pub fn index_of(name: &str) -> Option<usize> {
+        let digits = name.strip_prefix("cp-")?;
+        if digits.is_empty() || digits.len() > 9 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse::<usize>().ok()?.checked_sub(1)
+    }
+
+    fn made(&self) -> std::sync::MutexGuard<'_, Vec<Snapshot>> {
+        self.made.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses when no more names may be made (said before a snapshot is taken, so that a
+    /// refused name leaves no layer behind).
+    pub fn room(&self) -> Result<(), RuntimeError> {
+        match self.made().len() >= Self::MAX {
+            true => Err(RuntimeError::InvalidControl {
+                control: "checkpoint",
+                reason: format!("a session keeps {} checkpoints at most", Self::MAX),
+            }),
+            false => Ok(()),
+        }
+    }
+
+    /// Names `snapshot`: nothing written since the last gives the last's name.
+    pub fn add(&self, snapshot: Snapshot) -> Result<String, RuntimeError> {
+        let mut made = self.made();
+        if made
+            .last()
+            .is_none_or(|last| last.layers != snapshot.layers)
+        {
+            if made.len() >= Self::MAX {
+                drop(made);
+                return self.room().map(|()| String::new());
+            }
+            made.push(snapshot);
+        }
+        Ok(format!("cp-{}", made.len()))
+    }
+
+    /// The snapshot named `name`, if this session made it.
+    pub fn named(&self, name: &str) -> Option<Snapshot> {
+        self.made().get(Self::index_of(name)?).cloned()
+    }
+}
+
 fn no_snapshot(backend: BackendName) -> RuntimeError {
     RuntimeError::ControlUnsupported {
         runtime: "engine",
@@ -263,6 +322,30 @@ fn no_snapshot(backend: BackendName) -> RuntimeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checkpoint_names_are_cp_and_a_number_and_repeat_for_nothing_new() {
+        let c = Checkpoints::default();
+        let snap = |l: &str| Snapshot {
+            layers: vec![l.to_string()],
+            held_us: 0,
+        };
+        assert_eq!(c.add(snap("a")).unwrap(), "cp-1");
+        assert_eq!(c.add(snap("a")).unwrap(), "cp-1");
+        assert_eq!(c.add(snap("b")).unwrap(), "cp-2");
+        assert_eq!(c.named("cp-2").unwrap().layers, ["b"]);
+        for bad in [
+            "cp-0",
+            "cp-3",
+            "cp-",
+            "cp-+1",
+            "cp-1 ",
+            "--root=/",
+            "cp-99999999999",
+        ] {
+            assert!(c.named(bad).is_none(), "{bad}");
+        }
+    }
 
     #[test]
     fn known_backends_keep_their_stored_names() {

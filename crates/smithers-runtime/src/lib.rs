@@ -49,7 +49,9 @@ pub use config::{
     parse_cpu_limit, parse_memory_limit, Controls, EgressConfig, PortMapping, RuntimeKind,
     SandboxConfig, VolumeMount, WorkspacePersistence, WorkspaceSpec,
 };
-pub use engine::{BackendName, Engine, EngineCapabilities, ExecExit, ExecRequest, Snapshot};
+pub use engine::{
+    BackendName, Checkpoints, Engine, EngineCapabilities, ExecExit, ExecRequest, Snapshot,
+};
 pub use error::RuntimeError;
 pub use output::OutputStream;
 pub use types::{

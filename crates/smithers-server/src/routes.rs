@@ -380,7 +380,7 @@ pub(crate) async fn create(
         events: EventLog::new(state.config.limits.output_window_bytes),
         followers: std::sync::atomic::AtomicUsize::new(0),
         unfollowed_since_ms: AtomicU64::new(now_ms()),
-        checkpoints: std::sync::Mutex::new(Vec::new()),
+        checkpoints: Default::default(),
     });
     entry.events.push(WireEvent::State {
         state: SandboxState::Created,

@@ -262,9 +262,6 @@ fn session_outcome(e: &Entry) -> smithers_runtime::ExecOutcome {
     )
 }
 
-/// How many checkpoints a hosted session keeps names for.
-const MAX_CHECKPOINTS: usize = 1000;
-
 /// `POST /v1/sandboxes/{id}/checkpoint`: the live session's workspace frozen as it is now
 /// (the engine's snapshot; refused with `BUSY` while a command works in it); answered with
 /// its name.
@@ -277,29 +274,18 @@ pub(crate) async fn checkpoint(
     let e = state.owned(&id, &owner)?;
     let _op = e.op.lock().await;
     live_or_conflict(&e, "checkpoint")?;
-    if lock(&e.checkpoints).len() >= MAX_CHECKPOINTS {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::InvalidInput,
-            format!("a session keeps {MAX_CHECKPOINTS} checkpoints at most"),
-        ));
-    }
+    e.checkpoints
+        .room()
+        .map_err(|err| ApiError::runtime(&err))?;
     let snapshot = engine
         .snapshot(&e.handle)
         .await
         .map_err(|err| ApiError::runtime(&err))?;
     let held_us = snapshot.held_us;
-    let name = {
-        let mut made = lock(&e.checkpoints);
-        // Nothing written since the last: the same checkpoint, the same name.
-        if made
-            .last()
-            .is_none_or(|last| last.layers != snapshot.layers)
-        {
-            made.push(snapshot);
-        }
-        format!("cp-{}", made.len())
-    };
+    let name = e
+        .checkpoints
+        .add(snapshot)
+        .map_err(|err| ApiError::runtime(&err))?;
     e.touch();
     let body = wire_session::CheckpointBody {
         checkpoint: name,
@@ -321,19 +307,13 @@ pub(crate) async fn restore(
     let body: wire_session::CheckpointBody = read_json(body, 4096).await?;
     let _op = e.op.lock().await;
     live_or_conflict(&e, "restore")?;
-    let snapshot = body
-        .checkpoint
-        .strip_prefix("cp-")
-        .and_then(|n| n.parse::<usize>().ok())
-        .and_then(|n| n.checked_sub(1))
-        .and_then(|i| lock(&e.checkpoints).get(i).cloned())
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                ErrorCode::NotFound,
-                "the session has no such checkpoint",
-            )
-        })?;
+    let snapshot = e.checkpoints.named(&body.checkpoint).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            ErrorCode::NotFound,
+            "the session has no such checkpoint",
+        )
+    })?;
     engine
         .restore(&e.handle, &snapshot)
         .await

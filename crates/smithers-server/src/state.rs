@@ -166,9 +166,9 @@ pub(crate) struct Entry {
     /// watchdog cancels a running step nobody follows.
     pub followers: AtomicUsize,
     pub unfollowed_since_ms: AtomicU64,
-    /// A live session's checkpoints, in the order made (`cp-1` is the first): the engine's
-    /// snapshots, which never leave the host.
-    pub checkpoints: Mutex<Vec<smithers_runtime::Snapshot>>,
+    /// A live session's checkpoints by name: the engine's snapshots, which never leave the
+    /// host.
+    pub checkpoints: smithers_runtime::Checkpoints,
 }
 
 impl Entry {
@@ -669,7 +669,7 @@ mod tests {
             events: EventLog::new(1 << 20),
             followers: AtomicUsize::new(0),
             unfollowed_since_ms: AtomicU64::new(0),
-            checkpoints: Mutex::new(Vec::new()),
+            checkpoints: Default::default(),
         })
     }
 }

@@ -6,62 +6,12 @@
 //! checks again. Each is recorded as an event of the session (`SessionCheckpoint`,
 //! `SessionRestore`, `SessionFork`).
 
-use std::sync::Mutex;
-
 use serde_json::{json, Value};
 use smithers_errors::CodedError;
-use smithers_runtime::{RuntimeError, Snapshot};
+use smithers_runtime::{Checkpoints, RuntimeError, Snapshot};
 
 use super::runtime::Started;
 use super::wire::error_json;
-
-/// How many checkpoints a session keeps names for.
-const MAX_CHECKPOINTS: usize = 1000;
-
-#[derive(Default)]
-pub(super) struct Checkpoints {
-    made: Mutex<Vec<Snapshot>>,
-}
-
-impl Checkpoints {
-    fn named(&self, name: &str) -> Option<Snapshot> {
-        let n: usize = name.strip_prefix("cp-")?.parse().ok()?;
-        let made = self.made.lock().unwrap_or_else(|p| p.into_inner());
-        made.get(n.checked_sub(1)?).cloned()
-    }
-
-    /// Whether another checkpoint may be named.
-    fn room(&self) -> Result<(), Value> {
-        let made = self.made.lock().unwrap_or_else(|p| p.into_inner());
-        match made.len() >= MAX_CHECKPOINTS {
-            true => Err(error_json(
-                "INVALID_INPUT",
-                &format!("a session keeps {MAX_CHECKPOINTS} checkpoints at most"),
-                json!({}),
-            )),
-            false => Ok(()),
-        }
-    }
-
-    fn add(&self, snapshot: Snapshot) -> Result<String, Value> {
-        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
-        if made.len() >= MAX_CHECKPOINTS {
-            return Err(error_json(
-                "INVALID_INPUT",
-                &format!("a session keeps {MAX_CHECKPOINTS} checkpoints at most"),
-                json!({}),
-            ));
-        }
-        // Nothing written since the last: the same checkpoint, the same name.
-        if made
-            .last()
-            .is_none_or(|last| last.layers != snapshot.layers)
-        {
-            made.push(snapshot);
-        }
-        Ok(format!("cp-{}", made.len()))
-    }
-}
 
 /// Records an event of the session (its type, its payload).
 pub(super) type Record<'a> = Box<dyn Fn(&str, Value) + 'a>;
@@ -93,12 +43,15 @@ fn unknown(name: &str) -> Value {
 /// A snapshot of the workspace now, named.
 fn make(ctx: &Ctx<'_>) -> Result<(String, Snapshot), Value> {
     // Said before the flip: a refused name must not leave a layer behind.
-    ctx.checkpoints.room()?;
+    ctx.checkpoints.room().map_err(|e| engine_error(&e))?;
     let snapshot = ctx
         .rt
         .block_on(ctx.started.engine.snapshot(&ctx.started.handle))
         .map_err(|e| engine_error(&e))?;
-    let name = ctx.checkpoints.add(snapshot.clone())?;
+    let name = ctx
+        .checkpoints
+        .add(snapshot.clone())
+        .map_err(|e| engine_error(&e))?;
     (ctx.record)(
         "SessionCheckpoint",
         json!({ "checkpoint": name, "layers": snapshot.layers.len(), "heldUs": snapshot.held_us }),

@@ -39,7 +39,7 @@ struct Holder {
     /// Connections waiting for the session's outcome (`session stop`).
     stoppers: Mutex<Vec<UnixStream>>,
     diffs: super::diff::Diffs,
-    checkpoints: super::checkpoints::Checkpoints,
+    checkpoints: smithers_runtime::Checkpoints,
     /// Held by a diff, a checkpoint, a restore and a fork's checkpoint: a flip between a
     /// diff's pause and its read would let the sandbox's processes run under the read.
     still: Mutex<()>,

@@ -13,13 +13,7 @@ use crate::output::inert;
 /// passed on, so an argument is never read as an option.
 fn checkpoint_arg(args: &Value, required: bool) -> Result<Option<String>, (i64, String)> {
     match str_arg(args, "checkpoint")? {
-        Some(c)
-            if c.strip_prefix("cp-").is_some_and(|n| {
-                !n.is_empty() && n.len() <= 9 && n.bytes().all(|b| b.is_ascii_digit())
-            }) =>
-        {
-            Ok(Some(c.to_string()))
-        }
+        Some(c) if smithers_runtime::Checkpoints::index_of(c).is_some() => Ok(Some(c.to_string())),
         Some(c) => Err(bad(format!(
             "{} is not a checkpoint's name (cp-N)",
             inert(c)

@@ -26,8 +26,9 @@ pub fn homes_root(host_env: &std::collections::BTreeMap<String, String>) -> Opti
         .map(|home| home.join(".local/share/smithers-sandbox/homes"))
 }
 
-/// The home `name` (checked), made if it is not there, checked to be a directory of ours.
-pub(crate) fn prepare(root: Option<&Path>, name: &str) -> Result<PathBuf, RuntimeError> {
+/// The home `name` (checked), made if it is not there, checked to be a directory of `uid`
+/// (the runtime's user).
+pub(crate) fn prepare(root: Option<&Path>, name: &str, uid: u32) -> Result<PathBuf, RuntimeError> {
     smithers_runtime::config::validate_id("home", name)?;
     let Some(root) = root else {
         return Err(RuntimeError::ControlUnsupported {
@@ -42,19 +43,15 @@ pub(crate) fn prepare(root: Option<&Path>, name: &str) -> Result<PathBuf, Runtim
         .mode(0o700)
         .create(&dir)
         .map_err(|e| RuntimeError::io("make the home", &dir, e))?;
-    check_ours(root)?;
-    check_ours(&dir)?;
+    check_ours(root, uid)?;
+    check_ours(&dir, uid)?;
     Ok(dir)
 }
 
-/// A directory (never a link) owned by this process's user.
-fn check_ours(dir: &Path) -> Result<(), RuntimeError> {
+/// A directory (never a link) owned by `uid`.
+fn check_ours(dir: &Path, uid: u32) -> Result<(), RuntimeError> {
     let md = std::fs::symlink_metadata(dir).map_err(|e| RuntimeError::io("look at", dir, e))?;
-    // SAFETY-free: the effective uid of this process, from the file system's view.
-    let me = std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(u32::MAX);
-    if !md.is_dir() || md.uid() != me {
+    if !md.is_dir() || md.uid() != uid {
         return Err(RuntimeError::InvalidControl {
             control: "home",
             reason: format!(

@@ -91,15 +91,7 @@ pub(crate) async fn exec(
     let e = state.owned(&id, &owner)?;
     let body: ExecBody = read_json(body, MAX_EXEC_BODY).await?;
     let request = exec_request(&state, body)?;
-    if e.state() != SandboxState::Live {
-        return Err(ApiError::conflict(
-            format!(
-                "exec needs a live session (sandbox is {})",
-                e.state().as_str()
-            ),
-            e.state().as_str(),
-        ));
-    }
+    live_or_conflict(&e, "exec")?;
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
     let queued = Arc::new(AtomicU64::new(0));
     let drained = Arc::new(Notify::new());
@@ -222,15 +214,10 @@ pub(crate) async fn stop(
 /// stopped already is left as it is.
 pub(crate) async fn stop_and_collect(state: &AppState, e: &Arc<Entry>) -> Result<(), ApiError> {
     let _op = e.op.lock().await;
-    if e.state() != SandboxState::Live {
-        return match e.state() {
-            SandboxState::Completed => Ok(()),
-            other => Err(ApiError::conflict(
-                format!("stop needs a live session (sandbox is {})", other.as_str()),
-                other.as_str(),
-            )),
-        };
+    if e.state() == SandboxState::Completed {
+        return Ok(());
     }
+    live_or_conflict(e, "stop")?;
     let engine = engine(state)?;
     engine
         .stop(&e.handle)

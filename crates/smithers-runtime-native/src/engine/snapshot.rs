@@ -338,8 +338,12 @@ fn settle(
 ) -> Result<Vec<String>, RuntimeError> {
     let (upper, work) = (backend.upper(), backend.work());
     let _ = std::fs::remove_dir(&moves.scratch);
+    let unknown = |record, stack, said| {
+        let why = format!("the flip's helper did not finish ({said})");
+        kept_for_review(backend, record, stack, why)
+    };
     let Some(code) = code else {
-        return unknown(backend, record, stack, said);
+        return unknown(record, stack, said);
     };
     match code {
         flip_exit::DONE => {
@@ -357,24 +361,20 @@ fn settle(
             });
             Ok(stack)
         }
-        flip_exit::LOST => {
-            // The old top is kept in the stack so that nothing written is lost to the review.
-            record.stack = stack;
-            record.save(backend)?;
-            Err(RuntimeError::Spawn {
-                operation: "flip the workspace's layers".into(),
-                reason: format!(
-                    "the sandbox has no workspace any more (end the session; its change is kept for review): {said}"
-                ),
-            })
-        }
+        // The old top is kept in the stack so that nothing written is lost to the review.
+        flip_exit::LOST => kept_for_review(
+            backend,
+            record,
+            stack,
+            format!("the sandbox has no workspace any more: {said}"),
+        ),
         _ => {
             // Nothing changed for the sandbox (busy or failed early), or the old overlay is
             // back over the moved upper directory: its names go back either way. The new
             // upper directory was never mounted, so it is empty; if it is not, nobody knows
             // what happened, and nothing is undone.
             if std::fs::remove_dir(&upper).is_err() {
-                return unknown(backend, record, stack, said);
+                return unknown(record, stack, said);
             }
             rename(&moves.top, &upper)?;
             if code != flip_exit::PUT_BACK {
@@ -402,22 +402,21 @@ fn settle(
     }
 }
 
-/// The helper ended without saying how far it got (killed, or past its time): nothing is
-/// removed or moved back. The record names the new stack, so that whichever overlay is
-/// mounted, what was written is in a layer collect reads; the session should end.
-fn unknown(
+/// A flip that went wrong past the point of undoing (the workspace lost, or the helper ended
+/// without saying how far it got): nothing is removed or moved back, and the record names the
+/// new stack, so that whichever overlay is mounted, what was written is in a layer collect
+/// reads. The session should end.
+fn kept_for_review(
     backend: &Backend,
     mut record: LayerRecord,
     stack: Vec<String>,
-    said: String,
+    why: String,
 ) -> Result<Vec<String>, RuntimeError> {
     record.stack = stack;
     record.save(backend)?;
     Err(RuntimeError::Spawn {
         operation: "flip the workspace's layers".into(),
-        reason: format!(
-            "the flip's helper did not finish ({said}); stop the session, whose change is kept for review"
-        ),
+        reason: format!("{why}; stop the session, whose change is kept for review"),
     })
 }
 

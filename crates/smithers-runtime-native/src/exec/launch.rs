@@ -195,6 +195,7 @@ async fn compile_plan(
         Some(name) => Some(crate::home::prepare(
             crate::home::homes_root(&caps.host_env).as_deref(),
             name,
+            caps.uid,
         )?),
         None => None,
     };

@@ -33,17 +33,7 @@ const ENGINE_FORKS: usize = 100;
 
 pub fn run(scratch: &Path, rounds: usize) -> anyhow::Result<String> {
     let bin = cli_binary()?;
-    let project = scratch.join("forks-project");
-    let _ = std::fs::remove_dir_all(&project);
-    std::fs::create_dir_all(&project)?;
-    std::fs::write(project.join("README"), "a tiny project\n")?;
-    let sessions = scratch.join("forks-sessions");
-    let _ = std::fs::remove_dir_all(&sessions);
-    std::fs::create_dir_all(&sessions)?;
-    std::fs::set_permissions(
-        &sessions,
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )?;
+    let (project, sessions) = crate::sessions::fresh_project(scratch, "forks")?;
     let cli = || {
         let mut c = Command::new(&bin);
         c.env("SMITHERS_RESIDENT_DIR", &sessions)

@@ -43,17 +43,7 @@ fn peers() -> Vec<(String, Vec<String>)> {
 
 pub fn run(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::Result<String> {
     let bin = cli_binary()?;
-    let project = scratch.join("sessions-project");
-    let _ = std::fs::remove_dir_all(&project);
-    std::fs::create_dir_all(&project)?;
-    std::fs::write(project.join("README"), "a tiny project\n")?;
-    let sessions = scratch.join("sessions-dir");
-    let _ = std::fs::remove_dir_all(&sessions);
-    std::fs::create_dir_all(&sessions)?;
-    std::fs::set_permissions(
-        &sessions,
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )?;
+    let (project, sessions) = fresh_project(scratch, "sessions")?;
     let cli = || {
         let mut c = Command::new(&bin);
         c.env("SMITHERS_RESIDENT_DIR", &sessions)
@@ -122,6 +112,26 @@ pub fn run(scratch: &Path, rounds: usize, bwrap_args: &[&str]) -> anyhow::Result
     drop(contenders);
     let _ = cli().args(["session", "stop", &id]).output();
     Ok(report(&series, rounds, &absent))
+}
+
+/// A fresh tiny project `<scratch>/<name>-project` and a private sessions directory
+/// `<scratch>/<name>-sessions` (what a session's scenario starts from).
+pub(crate) fn fresh_project(
+    scratch: &Path,
+    name: &str,
+) -> anyhow::Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let project = scratch.join(format!("{name}-project"));
+    let _ = std::fs::remove_dir_all(&project);
+    std::fs::create_dir_all(&project)?;
+    std::fs::write(project.join("README"), "a tiny project\n")?;
+    let sessions = scratch.join(format!("{name}-sessions"));
+    let _ = std::fs::remove_dir_all(&sessions);
+    std::fs::create_dir_all(&sessions)?;
+    std::fs::set_permissions(
+        &sessions,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )?;
+    Ok((project, sessions))
 }
 
 /// One `true` through the session's socket, its output to /dev/null.

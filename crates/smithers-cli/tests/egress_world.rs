@@ -557,6 +557,10 @@ for c in held:
             told += 1
     except BlockingIOError:
         pass
+    except ConnectionResetError:
+        # Told and reset: the reset can overtake the 429 still in flight, and then the
+        # kernel reports the reset, not the bytes.
+        reset += 1
     except Exception:
         other += 1
 r["flood"] = {"opened": len(held), "told_429": told, "reset": reset, "other": other, "s": round(time.time() - t, 2)}

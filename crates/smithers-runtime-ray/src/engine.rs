@@ -27,6 +27,7 @@ impl Engine for RayRuntime {
             pause: false,
             snapshot: false,
             fork: false,
+            terminal: false,
         }
     }
 

@@ -36,6 +36,7 @@ impl Engine for RemoteRuntime {
             // Checkpoints are the host's (named there); a sandbox started from one is not.
             snapshot: true,
             fork: false,
+            terminal: false,
         }
     }
 
@@ -67,6 +68,7 @@ impl Engine for RemoteRuntime {
         cancel: CancellationToken,
         output: &dyn OutputSink,
     ) -> Result<ExecExit, RuntimeError> {
+        smithers_runtime::refuse_terminal(&Engine::backend(self), &request)?;
         let began = Instant::now();
         let b = self.backend(handle)?;
         let body = exec_body(request).await?;

@@ -120,6 +120,29 @@ pub struct EngineCapabilities {
     /// A config's `workspace_layers` starts a sandbox from a snapshot (else refused).
     #[serde(default)]
     pub fork: bool,
+    /// An exec may have a terminal ([`ExecRequest::terminal`]; else refused).
+    #[serde(default)]
+    pub terminal: bool,
+}
+
+/// For an engine that gives no terminal and keeps no record of its own of a sandbox's life:
+/// refuses an exec that asks for either, rather than running it without.
+pub fn refuse_terminal(backend: &BackendName, request: &ExecRequest) -> Result<(), RuntimeError> {
+    if request.terminal.is_some() {
+        return Err(RuntimeError::InvalidControl {
+            control: "terminal",
+            reason: format!(
+                "the {backend} engine cannot give a command a terminal (the native one can)"
+            ),
+        });
+    }
+    if request.is_step {
+        return Err(RuntimeError::InvalidControl {
+            control: "exec",
+            reason: format!("the {backend} engine cannot record a command as the sandbox's step"),
+        });
+    }
+    Ok(())
 }
 
 /// A frozen state of a sandbox's workspace (its files, never its processes): what `snapshot`
@@ -151,6 +174,36 @@ pub struct ExecRequest {
     pub stdin: StepStdin,
     /// Killed (its group) after this long; `None`: no bound of its own.
     pub timeout: Option<Duration>,
+    /// A pseudo-terminal of the sandbox's own as the command's stdin, stdout, stderr and
+    /// controlling terminal (where [`EngineCapabilities::terminal`]; else refused): its output
+    /// comes as [`crate::OutputStream::Stdout`], exactly as the terminal gives it; `stdin` is
+    /// typed into it.
+    pub terminal: Option<TerminalRequest>,
+    /// This command is the sandbox's step (`run -t`): how it ends is how the sandbox's life
+    /// ended, recorded at `stop` for `collect` as a one-shot step's is (else a stopped
+    /// sandbox ended well, whatever its commands did).
+    pub is_step: bool,
+}
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalSize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+impl Default for TerminalSize {
+    /// The size a terminal has when nobody says (VT100's).
+    fn default() -> Self {
+        TerminalSize { rows: 24, cols: 80 }
+    }
+}
+
+/// A command's terminal: its size now, and each change the caller's terminal makes (a
+/// window resized), passed on to the command as it happens.
+#[derive(Debug, Clone)]
+pub struct TerminalRequest {
+    pub size: tokio::sync::watch::Receiver<TerminalSize>,
 }
 
 /// How one exec ended.

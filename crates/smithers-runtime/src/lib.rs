@@ -50,7 +50,8 @@ pub use config::{
     SandboxConfig, VolumeMount, WorkspacePersistence, WorkspaceSpec,
 };
 pub use engine::{
-    BackendName, Checkpoints, Engine, EngineCapabilities, ExecExit, ExecRequest, Snapshot,
+    refuse_terminal, BackendName, Checkpoints, Engine, EngineCapabilities, ExecExit, ExecRequest,
+    Snapshot, TerminalRequest, TerminalSize,
 };
 pub use error::RuntimeError;
 pub use output::OutputStream;

@@ -70,6 +70,7 @@ mod sandbox;
 mod session;
 mod spawn;
 pub mod sys;
+mod terminal;
 pub mod zygote;
 
 use std::path::Path;

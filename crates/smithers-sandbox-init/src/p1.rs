@@ -141,7 +141,16 @@ fn run_command(plan: &InitPlan, ready: Option<Value>) -> i32 {
     if let Some(ready) = ready {
         report(ready);
     }
-    let pid = match PreparedExec::new(&plan.exec).and_then(|exec| exec.spawn()) {
+    // A terminal is a live sandbox's (its spawner makes one per command): refused here
+    // rather than started without one.
+    let prepared = match plan.exec.terminal {
+        Some(_) => Err((
+            126,
+            "smithers-sandbox: a terminal is given only to a live sandbox's command\n".into(),
+        )),
+        None => PreparedExec::new(&plan.exec),
+    };
+    let pid = match prepared.and_then(|exec| exec.spawn()) {
         // posix_spawn returns once the command's exec succeeded: it runs from here on.
         Ok(pid) => {
             report(json!({"event": "started", "monotonicNs": sys::monotonic_ns()}));

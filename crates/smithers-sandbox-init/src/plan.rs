@@ -208,6 +208,19 @@ pub struct ExecSpec {
     /// fed by the caller's stream), else `/dev/null`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<PathBuf>,
+    /// A session's command only: a pseudo-terminal of the sandbox's own (its devpts) as the
+    /// command's stdin, stdout, stderr and controlling terminal, this size at the start. The
+    /// master is sent back with a `terminal` report before the command starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<TerminalSize>,
+}
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TerminalSize {
+    pub rows: u16,
+    pub cols: u16,
 }
 
 /// How P1 enters the sandbox's cgroups without the cost of a cgroup migration.
@@ -377,7 +390,8 @@ pub const MAX_SESSION_EXECS: usize = 1024;
 #[serde(tag = "op", rename_all = "camelCase", deny_unknown_fields)]
 pub enum SessionRequest {
     /// Start `exec` with the three descriptors that come with the datagram as its stdin,
-    /// stdout and stderr (`exec.stdin` must be `None`). `id` is the runtime's, unique among
+    /// stdout and stderr (`exec.stdin` must be `None`), or, with `exec.terminal`, none: then
+    /// on a terminal of its own. `id` is the runtime's, unique among
     /// the session's running commands.
     Exec { id: u64, exec: ExecSpec },
     /// Send `signal` (1..=64) to the command's process group (each command starts in a
@@ -408,6 +422,9 @@ pub enum SessionRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "camelCase", deny_unknown_fields)]
 pub enum SessionReport {
+    /// The master of the command `id`'s terminal (its `exec.terminal`) comes with this
+    /// report, before the command's `started` or `exit`.
+    Terminal { id: u64 },
     /// The command `id` runs (its exec succeeded).
     #[serde(rename_all = "camelCase")]
     Started {

@@ -15,10 +15,11 @@
 //! protocol is tested without namespaces (as youki tests its container set-up).
 
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::plan::{
-    ExecSpec, SessionReport, SessionRequest, MAX_SESSION_EXECS, MAX_SESSION_MESSAGE,
+    ExecSpec, SessionReport, SessionRequest, TerminalSize, MAX_SESSION_EXECS, MAX_SESSION_MESSAGE,
 };
 use crate::spawn::PreparedExec;
 use crate::sys::{self, SysError, SysResult};
@@ -44,9 +45,13 @@ pub(crate) trait ExecHost {
     fn next(&mut self) -> SysResult<Wake>;
     /// Sends a report to the runtime (a runtime that is gone is seen by `next`).
     fn report(&mut self, report: &SessionReport);
-    /// Starts `exec` with `stdio` as its 0, 1 and 2; the pid, or the exit code and message of
-    /// a command that could not start (already written to its stderr).
-    fn spawn(&mut self, exec: &ExecSpec, stdio: &[OwnedFd; 3]) -> Result<libc::pid_t, i32>;
+    /// Sends a report with `fd` attached (a command's terminal).
+    fn report_with(&mut self, report: &SessionReport, fd: &OwnedFd);
+    /// Opens a terminal of the sandbox's own of `size`: its master and its slave's path.
+    fn open_terminal(&mut self, size: TerminalSize) -> Result<(OwnedFd, CString), String>;
+    /// Starts `exec` on `io`; the pid, or the exit code and message of a command that could
+    /// not start (already written to its stderr).
+    fn spawn(&mut self, exec: &ExecSpec, io: CommandIo<'_>) -> Result<libc::pid_t, i32>;
     /// One ended child and its wait status, without blocking; `None` when none is left.
     fn reap(&mut self) -> Option<(libc::pid_t, libc::c_int)>;
     /// Sends `signal` to process group `pgid` (gone already: nothing to do).
@@ -61,6 +66,15 @@ pub(crate) trait ExecHost {
     fn wait_a_little(&mut self);
     /// The monotonic clock, for `started`.
     fn now_ns(&mut self) -> u64;
+}
+
+/// What a command's 0, 1 and 2 are.
+pub(crate) enum CommandIo<'a> {
+    /// The three descriptors its request carried.
+    Fds(&'a [OwnedFd; 3]),
+    /// The slave of its terminal, by path (opened in the command's new session, so that it
+    /// becomes its controlling terminal).
+    Terminal(&'a CString),
 }
 
 /// The commands running, both ways, and those held back by a pause.
@@ -241,13 +255,16 @@ fn start(
     exec: &ExecSpec,
     fds: Vec<OwnedFd>,
 ) {
-    let stdio: [OwnedFd; 3] = match fds.try_into() {
-        Ok(stdio) => stdio,
-        Err(fds) => {
-            let message = format!("exec {id} came with {} descriptors, not 3", fds.len());
-            return host.report(&refused(Some(id), message));
-        }
-    };
+    // A command on a terminal comes with no descriptor; any other with its three.
+    let wanted = if exec.terminal.is_some() { 0 } else { 3 };
+    if fds.len() != wanted {
+        let message = format!(
+            "exec {id} came with {} descriptors, not {wanted}",
+            fds.len()
+        );
+        return host.report(&refused(Some(id), message));
+    }
+    let stdio: Option<[OwnedFd; 3]> = fds.try_into().ok();
     let why_not = if running.by_id.contains_key(&id) {
         Some(format!("exec {id} is already running"))
     } else if running.by_id.len() >= MAX_SESSION_EXECS {
@@ -262,7 +279,22 @@ fn start(
     if let Some(message) = why_not {
         return host.report(&refused(Some(id), message));
     }
-    match host.spawn(exec, &stdio) {
+    let terminal = match exec.terminal.map(|size| host.open_terminal(size)) {
+        Some(Ok(terminal)) => Some(terminal),
+        Some(Err(message)) => return host.report(&refused(Some(id), message)),
+        None => None,
+    };
+    let io = match (&terminal, &stdio) {
+        (Some((master, slave)), _) => {
+            // The master goes first: what the command writes, a start failure included, is
+            // read from it.
+            host.report_with(&SessionReport::Terminal { id }, master);
+            CommandIo::Terminal(slave)
+        }
+        (None, Some(stdio)) => CommandIo::Fds(stdio),
+        (None, None) => unreachable!("three descriptors were checked above"),
+    };
+    match host.spawn(exec, io) {
         Ok(pid) => {
             running.by_pid.insert(pid, id);
             running.by_id.insert(id, pid);
@@ -279,7 +311,7 @@ fn start(
             signal: None,
         }),
     }
-    drop(stdio);
+    drop((stdio, terminal));
 }
 
 fn signal_exec(host: &mut impl ExecHost, running: &mut Running, id: u64, signal: i32) {
@@ -453,9 +485,27 @@ impl ExecHost for LibcHost {
         };
     }
 
-    fn spawn(&mut self, exec: &ExecSpec, stdio: &[OwnedFd; 3]) -> Result<libc::pid_t, i32> {
-        let raw = [0, 1, 2].map(|i| stdio[i].as_raw_fd());
-        let spawned = PreparedExec::new(exec).and_then(|p| p.with_stdio(raw).spawn());
+    fn report_with(&mut self, report: &SessionReport, fd: &OwnedFd) {
+        let bytes = serde_json::to_vec(report).unwrap_or_default();
+        // A runtime that is gone is seen by `next` as the channel's end.
+        let _ = crate::channel::send(
+            self.channel.as_raw_fd(),
+            &bytes,
+            &[fd.as_raw_fd()],
+            libc::MSG_NOSIGNAL,
+        );
+    }
+
+    fn open_terminal(&mut self, size: TerminalSize) -> Result<(OwnedFd, CString), String> {
+        crate::terminal::open(size)
+    }
+
+    fn spawn(&mut self, exec: &ExecSpec, io: CommandIo<'_>) -> Result<libc::pid_t, i32> {
+        let prepared = PreparedExec::new(exec).map(|p| match &io {
+            CommandIo::Fds(stdio) => p.with_stdio([0, 1, 2].map(|i| stdio[i].as_raw_fd())),
+            CommandIo::Terminal(slave) => p.with_terminal((*slave).clone()),
+        });
+        let spawned = prepared.and_then(|p| p.spawn());
         // The spawn entered the command's directory first: P1 leaves it, or its working
         // directory alone would hold the workspace's mount (a layer flip needs it unheld).
         // SAFETY: a valid C string; "/" always exists.
@@ -463,7 +513,12 @@ impl ExecHost for LibcHost {
         match spawned {
             Ok(pid) => Ok(pid),
             Err((code, message)) => {
-                let _ = sys::write_all_fd(raw[2], message.as_bytes());
+                match io {
+                    CommandIo::Fds(stdio) => {
+                        let _ = sys::write_all_fd(stdio[2].as_raw_fd(), message.as_bytes());
+                    }
+                    CommandIo::Terminal(slave) => crate::terminal::tell(slave, &message),
+                }
                 Err(code)
             }
         }

@@ -17,6 +17,9 @@ pub(crate) struct PreparedExec {
     /// A session's command: its stdin, stdout and stderr, given with its request (these
     /// replace `stdin` and P1's own 1 and 2).
     stdio: Option<[libc::c_int; 3]>,
+    /// A session's command on a terminal: the slave's path, opened as its 0 (which makes it
+    /// the controlling terminal of the command's new session) and copied to 1 and 2.
+    terminal: Option<CString>,
     argv0: String,
 }
 
@@ -67,6 +70,7 @@ impl PreparedExec {
             cwd,
             stdin,
             stdio: None,
+            terminal: None,
             argv0,
         })
     }
@@ -77,6 +81,55 @@ impl PreparedExec {
     pub(crate) fn with_stdio(mut self, stdio: [libc::c_int; 3]) -> PreparedExec {
         self.stdio = Some(stdio);
         self
+    }
+
+    /// The command started on the terminal whose slave is at `slave` (a session's command):
+    /// opened in the new process after its `setsid`, without `O_NOCTTY`, so the terminal
+    /// becomes its controlling one (job control, Ctrl-C, window size changes reach it).
+    pub(crate) fn with_terminal(mut self, slave: CString) -> PreparedExec {
+        self.terminal = Some(slave);
+        self
+    }
+
+    /// Adds the file actions that make the command's 0, 1 and 2 (its terminal, its
+    /// request's descriptors, or the plan's stdin with P1's own 1 and 2); each call's result.
+    fn stdio_actions(&self, actions: &mut libc::posix_spawn_file_actions_t) -> [libc::c_int; 3] {
+        // SAFETY: `actions` was initialised by the caller; every path is a valid C string
+        // that outlives the spawn (it is ours).
+        unsafe {
+            match (&self.terminal, self.stdio) {
+                // glibc runs the file actions after the setsid: the open makes the slave the
+                // new session's controlling terminal.
+                (Some(slave), _) => [
+                    libc::posix_spawn_file_actions_addopen(
+                        actions,
+                        0,
+                        slave.as_ptr(),
+                        libc::O_RDWR,
+                        0,
+                    ),
+                    libc::posix_spawn_file_actions_adddup2(actions, 0, 1),
+                    libc::posix_spawn_file_actions_adddup2(actions, 0, 2),
+                ],
+                // dup2 clears close-on-exec on the copy (the originals, like every descriptor
+                // of P1 from 3 up, are close-on-exec). P1's own 0-2 are taken (see
+                // `session`), so none of these is a 0-2 a dup2 before it would overwrite.
+                (None, Some(fds)) => [0, 1, 2].map(|i| {
+                    libc::posix_spawn_file_actions_adddup2(actions, fds[i], i as libc::c_int)
+                }),
+                (None, None) => [
+                    libc::posix_spawn_file_actions_addopen(
+                        actions,
+                        0,
+                        self.stdin.0.as_ptr(),
+                        self.stdin.1,
+                        0,
+                    ),
+                    0,
+                    0,
+                ],
+            }
+        }
     }
 
     /// The message and exit code of a command that could not start, as a shell gives them.
@@ -177,25 +230,7 @@ impl PreparedExec {
                 libc::posix_spawnattr_setsigmask(&mut attr, &none),
                 libc::posix_spawnattr_setflags(&mut attr, flags),
             ];
-            let stdio = match self.stdio {
-                // dup2 clears close-on-exec on the copy (the originals, like every descriptor
-                // of P1 from 3 up, are close-on-exec). P1's own 0-2 are taken (see
-                // `session`), so none of these is a 0-2 a dup2 before it would overwrite.
-                Some(fds) => [0, 1, 2].map(|i| {
-                    libc::posix_spawn_file_actions_adddup2(&mut actions, fds[i], i as libc::c_int)
-                }),
-                None => [
-                    libc::posix_spawn_file_actions_addopen(
-                        &mut actions,
-                        0,
-                        self.stdin.0.as_ptr(),
-                        self.stdin.1,
-                        0,
-                    ),
-                    0,
-                    0,
-                ],
-            };
+            let stdio = self.stdio_actions(&mut actions);
             if let Some(&e) = setup.iter().chain(&stdio).find(|&&e| e != 0) {
                 libc::posix_spawn_file_actions_destroy(&mut actions);
                 libc::posix_spawnattr_destroy(&mut attr);
@@ -270,6 +305,7 @@ mod tests {
                 cwd: PathBuf::from(cwd),
                 search_path: "/usr/bin:/bin".into(),
                 stdin: None,
+                terminal: None,
             },
             exec_follows: false,
         }

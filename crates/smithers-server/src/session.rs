@@ -160,6 +160,8 @@ fn exec_request(state: &AppState, body: ExecBody) -> Result<ExecRequest, ApiErro
         env: body.env,
         stdin,
         timeout: Some(timeout),
+        // A client over HTTP gets no terminal (yet): its frames carry stdout and stderr.
+        ..ExecRequest::default()
     })
 }
 

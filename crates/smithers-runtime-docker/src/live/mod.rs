@@ -60,6 +60,7 @@ impl Engine for DockerRuntime {
             pause: true,
             snapshot: false,
             fork: false,
+            terminal: false,
         }
     }
 
@@ -111,6 +112,7 @@ impl Engine for DockerRuntime {
         cancel: CancellationToken,
         output: &dyn OutputSink,
     ) -> Result<ExecExit, RuntimeError> {
+        smithers_runtime::refuse_terminal(&Engine::backend(self), &request)?;
         let Some(started) = self.started_of(handle, "exec")? else {
             return Err(not_running("exec"));
         };

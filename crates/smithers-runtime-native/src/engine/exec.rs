@@ -25,66 +25,130 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 
 pub(crate) async fn exec(
     live: &Live,
-    request: ExecRequest,
+    mut request: ExecRequest,
     cancel: CancellationToken,
     sink: &dyn OutputSink,
 ) -> Result<ExecExit, RuntimeError> {
     let channel = live.channel().ok_or_else(not_running)?;
-    let spec = command_spec(&live.base, &request)?;
+    let mut spec = command_spec(&live.base, &request)?;
+    let terminal = request.terminal.take();
+    if let Some(t) = &terminal {
+        let size = *t.size.borrow();
+        spec.terminal = Some(smithers_sandbox_init::plan::TerminalSize {
+            rows: size.rows,
+            cols: size.cols,
+        });
+    }
     let started = Instant::now();
-    let (out_r, out_w) = output_pipe().map_err(pipe_err)?;
-    let (err_r, err_w) = output_pipe().map_err(pipe_err)?;
-    let (in_r, feeder) = stdin_of(&request)?;
     let id = live.next_id();
     let mut reports = channel.register(id);
-    // Not while a layer flip has no spawner serving the channel.
-    let gate = live.flip_gate.read().await;
-    let sent = channel
-        .send(
-            &SessionRequest::Exec { id, exec: spec },
-            &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
-        )
-        .await;
-    drop(gate);
+    let ends = match terminal {
+        None => {
+            on_pipes(
+                live,
+                &channel,
+                id,
+                spec,
+                &request,
+                &cancel,
+                sink,
+                &mut reports,
+            )
+            .await
+        }
+        Some(terminal) => {
+            let exec = super::terminal::Exec {
+                live,
+                channel: &channel,
+                id,
+                spec,
+                request: &request,
+                cancel: &cancel,
+                sink,
+            };
+            exec.run(terminal, &mut reports).await
+        }
+    };
+    channel.unregister(id);
+    let (termination, exit_code, signal, stdout_bytes, stderr_bytes) = ends?;
+    let exit = ExecExit {
+        termination,
+        exit_code,
+        signal,
+        duration: started.elapsed(),
+        stdout_bytes,
+        stderr_bytes,
+    };
+    if request.is_step {
+        live.set_step_end(exit.clone());
+    }
+    Ok(exit)
+}
+
+/// How a command ended: why, its code or signal, the bytes of its stdout and stderr.
+pub(super) type Ends = (Termination, Option<i32>, Option<i32>, u64, u64);
+
+/// A command whose stdin, stdout and stderr are pipes of its own.
+#[allow(clippy::too_many_arguments)] // one exec's parts, each used once
+async fn on_pipes(
+    live: &Live,
+    channel: &Arc<Channel>,
+    id: u64,
+    spec: ExecSpec,
+    request: &ExecRequest,
+    cancel: &CancellationToken,
+    sink: &dyn OutputSink,
+    reports: &mut UnboundedReceiver<SessionReport>,
+) -> Result<Ends, RuntimeError> {
+    let (out_r, out_w) = output_pipe().map_err(pipe_err)?;
+    let (err_r, err_w) = output_pipe().map_err(pipe_err)?;
+    let (in_r, feeder) = stdin_of(request)?;
+    let sent = send_exec(
+        live,
+        channel,
+        id,
+        spec,
+        &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+    )
+    .await;
     // P1 has its copies now (or nothing was sent): ours must go, so the pipes end with the
     // command.
     drop((in_r, out_w, err_w));
-    if let Err(e) = sent {
-        channel.unregister(id);
-        return Err(match e.kind() {
-            std::io::ErrorKind::InvalidInput => RuntimeError::InvalidControl {
-                control: "command",
-                reason: e.to_string(),
-            },
-            _ => not_running_because(e.to_string()),
-        });
-    }
+    sent?;
     if let Some(feed) = feeder {
         feed.start();
     }
     let exited = CancellationToken::new();
-    let end = wait_for_exit(
-        &channel,
-        id,
-        &mut reports,
-        request.timeout,
-        &cancel,
-        &exited,
-    );
+    let end = wait_for_exit(channel, id, reports, request.timeout, cancel, &exited);
     let (out_bytes, err_bytes, end) = tokio::join!(
         relay(out_r, OutputStream::Stdout, sink, &exited),
         relay(err_r, OutputStream::Stderr, sink, &exited),
         end
     );
-    channel.unregister(id);
     let (termination, exit_code, signal) = end?;
-    Ok(ExecExit {
-        termination,
-        exit_code,
-        signal,
-        duration: started.elapsed(),
-        stdout_bytes: out_bytes,
-        stderr_bytes: err_bytes,
+    Ok((termination, exit_code, signal, out_bytes, err_bytes))
+}
+
+/// Sends exec `id`'s request with `fds`, never while a layer flip has no spawner serving the
+/// channel.
+pub(super) async fn send_exec(
+    live: &Live,
+    channel: &Channel,
+    id: u64,
+    spec: ExecSpec,
+    fds: &[std::os::fd::RawFd],
+) -> Result<(), RuntimeError> {
+    let gate = live.flip_gate.read().await;
+    let sent = channel
+        .send(&SessionRequest::Exec { id, exec: spec }, fds)
+        .await;
+    drop(gate);
+    sent.map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput => RuntimeError::InvalidControl {
+            control: "command",
+            reason: e.to_string(),
+        },
+        _ => not_running_because(e.to_string()),
     })
 }
 
@@ -95,7 +159,7 @@ fn not_running() -> RuntimeError {
     }
 }
 
-fn not_running_because(reason: String) -> RuntimeError {
+pub(super) fn not_running_because(reason: String) -> RuntimeError {
     RuntimeError::spawn("run the command", format!("the sandbox ended: {reason}"))
 }
 
@@ -147,6 +211,7 @@ fn command_spec(base: &ExecSpec, request: &ExecRequest) -> Result<ExecSpec, Runt
         cwd,
         search_path,
         stdin: None,
+        terminal: None,
     })
 }
 
@@ -186,7 +251,7 @@ impl Feeder {
 
 /// Waits for the command's exit report, killing its group on the timeout or a cancel.
 /// Cancels `exited` once the command's exit is known (the relays then read what is left).
-async fn wait_for_exit(
+pub(super) async fn wait_for_exit(
     channel: &Arc<Channel>,
     id: u64,
     reports: &mut UnboundedReceiver<SessionReport>,
@@ -218,7 +283,7 @@ async fn wait_for_exit(
         };
         match report {
             None => break Err(not_running_because("its init is gone".into())),
-            Some(SessionReport::Started { .. }) => continue,
+            Some(SessionReport::Started { .. } | SessionReport::Terminal { .. }) => continue,
             Some(SessionReport::Refused { message, .. }) => {
                 break Err(RuntimeError::InvalidControl {
                     control: "command",
@@ -322,7 +387,7 @@ async fn relay(
 }
 
 /// One non-blocking `read(2)` of a pipe (its descriptor is non-blocking: tokio made it so).
-fn read_now(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
+pub(super) fn read_now(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
     loop {
         // SAFETY: reads into a valid buffer of its own length.
         let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };

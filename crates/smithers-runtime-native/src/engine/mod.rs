@@ -13,6 +13,7 @@
 mod exec;
 mod snapshot;
 mod start;
+mod terminal;
 
 use std::sync::Arc;
 
@@ -77,6 +78,7 @@ impl Engine for NativeRuntime {
             pause: true,
             snapshot: true,
             fork: true,
+            terminal: true,
         }
     }
 

@@ -18,6 +18,9 @@ pub(crate) struct Channel {
     fd: AsyncFd<OwnedFd>,
     /// The running execs' report queues, by id.
     waiters: Mutex<HashMap<u64, UnboundedSender<SessionReport>>>,
+    /// The masters of commands' terminals, by exec id, from their `terminal` report until
+    /// the exec takes them.
+    terminals: Mutex<HashMap<u64, OwnedFd>>,
     /// The channel ended: P1 is gone (stopped, killed, or the sandbox died).
     pub(crate) closed: CancellationToken,
 }
@@ -31,6 +34,7 @@ impl Channel {
             // (which owns it) is dropped.
             fd: unsafe { AsyncFd::register(fd) }.map_err(std::io::Error::from)?,
             waiters: Mutex::new(HashMap::new()),
+            terminals: Mutex::new(HashMap::new()),
             closed: CancellationToken::new(),
         });
         tokio::spawn(channel.clone().read_reports());
@@ -49,6 +53,16 @@ impl Channel {
 
     pub(crate) fn unregister(&self, id: u64) {
         self.lock().remove(&id);
+        self.lock_terminals().remove(&id);
+    }
+
+    /// The master of exec `id`'s terminal, once its `terminal` report came.
+    pub(crate) fn take_terminal(&self, id: u64) -> Option<OwnedFd> {
+        self.lock_terminals().remove(&id)
+    }
+
+    fn lock_terminals(&self) -> std::sync::MutexGuard<'_, HashMap<u64, OwnedFd>> {
+        self.terminals.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, UnboundedSender<SessionReport>>> {
@@ -99,10 +113,17 @@ impl Channel {
             let Ok(Some(datagram)) = datagram else {
                 break;
             };
-            // P1 sends no descriptors; any that came are closed with the datagram.
+            // P1 sends a descriptor only with a `terminal` report (its master, kept for a
+            // running exec that waits for it); any other is closed with the datagram.
             let Ok(report) = serde_json::from_slice::<SessionReport>(&datagram.bytes) else {
                 continue;
             };
+            if let (SessionReport::Terminal { id }, [_]) = (&report, &datagram.fds[..]) {
+                if self.lock().contains_key(id) {
+                    let mut fds = datagram.fds;
+                    self.lock_terminals().insert(*id, fds.remove(0));
+                }
+            }
             self.dispatch(report);
         }
         self.lock().clear();
@@ -112,6 +133,7 @@ impl Channel {
     fn dispatch(&self, report: SessionReport) {
         let id = match &report {
             SessionReport::Started { id, .. }
+            | SessionReport::Terminal { id }
             | SessionReport::Exit { id, .. }
             | SessionReport::Paused { id }
             | SessionReport::Resumed { id }

@@ -54,6 +54,9 @@ pub(crate) struct Live {
     /// Held (write) by a layer flip from the handover to the respawn, when no spawner serves
     /// the channel; every other request is sent holding it (read).
     pub(crate) flip_gate: tokio::sync::RwLock<()>,
+    /// How the sandbox's step ended, when a command was exec'd as its step
+    /// ([`smithers_runtime::ExecRequest::is_step`]): the life's end recorded at the stop.
+    step_end: Mutex<Option<smithers_runtime::ExecExit>>,
 }
 
 impl Live {
@@ -77,7 +80,13 @@ impl Live {
             enforcement: OnceLock::new(),
             started: Instant::now(),
             flip_gate: tokio::sync::RwLock::new(()),
+            step_end: Mutex::new(None),
         }
+    }
+
+    /// Records how the sandbox's step ended (see `step_end`).
+    pub(crate) fn set_step_end(&self, exit: smithers_runtime::ExecExit) {
+        *self.step_end.lock().unwrap_or_else(|e| e.into_inner()) = Some(exit);
     }
 
     /// The init's host pid (its namespaces are the sandbox's), when this process started it.
@@ -208,17 +217,31 @@ impl Live {
     /// Writes how the sandbox's life ended for `collect`, as a step's execute does: its log
     /// (the egress decisions, the enforcement record, an exit record) and its outcome. A
     /// sandbox stopped by its caller ended well (exit 0): each of its commands' own ends
-    /// were its caller's to see. One that never became ready records nothing (it had no
+    /// were its caller's to see; one whose step was a command of its own ended as it did. One that never became ready records nothing (it had no
     /// life; `start` failed). A session's commands write no log of their own.
     fn record_end(&self, egress: Option<&smithers_egress::Summary>) {
         let Some(enforcement) = self.enforcement.get().cloned() else {
             return;
         };
         let lines = egress.map(crate::egress::log_lines).unwrap_or_default();
+        let step = self
+            .step_end
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let life = match &step {
+            Some(exit) => ExecOutcome {
+                signal: exit.signal,
+                stdout_bytes: exit.stdout_bytes,
+                stderr_bytes: exit.stderr_bytes,
+                ..ExecOutcome::of_life(exit.termination, exit.exit_code, self.started.elapsed())
+            },
+            None => ExecOutcome::of_life(Termination::Exited, Some(0), self.started.elapsed()),
+        };
         let outcome = ExecOutcome {
             enforcement,
             egress: egress.and_then(|s| serde_json::to_value(s).ok()),
-            ..ExecOutcome::of_life(Termination::Exited, Some(0), self.started.elapsed())
+            ..life
         };
         // A log that cannot be written is the bundle's loss, not the stop's: collect then
         // has no outcome and the bundle says the sandbox failed; the denials file still

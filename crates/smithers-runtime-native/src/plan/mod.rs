@@ -680,6 +680,7 @@ pub fn compile(input: &PlanInput<'_>) -> InitPlan {
             cwd: step_cwd(input),
             search_path,
             stdin: input.stdin.then(|| p(paths::STDIN_FIFO)),
+            terminal: None,
         },
         exec_follows: false,
     }

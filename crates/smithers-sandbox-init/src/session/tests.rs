@@ -5,8 +5,8 @@ use std::os::fd::OwnedFd;
 
 use serde_json::{json, Value};
 
-use super::{serve, ExecHost, Wake};
-use crate::plan::{ExecSpec, SessionReport, MAX_SESSION_EXECS};
+use super::{serve, CommandIo, ExecHost, Wake};
+use crate::plan::{ExecSpec, SessionReport, TerminalSize, MAX_SESSION_EXECS};
 use crate::sys::{SysError, SysResult};
 
 enum Step {
@@ -90,8 +90,23 @@ impl ExecHost for Fake {
     fn report(&mut self, report: &SessionReport) {
         self.reports.push(report.clone());
     }
-    fn spawn(&mut self, exec: &ExecSpec, stdio: &[OwnedFd; 3]) -> Result<libc::pid_t, i32> {
-        self.spawned_with.push(stdio.len());
+    fn report_with(&mut self, report: &SessionReport, _fd: &OwnedFd) {
+        self.calls.push("report with a descriptor".into());
+        self.reports.push(report.clone());
+    }
+    fn open_terminal(
+        &mut self,
+        size: TerminalSize,
+    ) -> Result<(OwnedFd, std::ffi::CString), String> {
+        self.calls
+            .push(format!("terminal {}x{}", size.cols, size.rows));
+        Ok((fds(1).remove(0), c"/dev/pts/0".to_owned()))
+    }
+    fn spawn(&mut self, exec: &ExecSpec, io: CommandIo<'_>) -> Result<libc::pid_t, i32> {
+        self.spawned_with.push(match io {
+            CommandIo::Fds(stdio) => stdio.len(),
+            CommandIo::Terminal(_) => 0,
+        });
         let argv0 = exec.argv.first().cloned().unwrap_or_default();
         self.calls.push(format!("spawn {argv0}"));
         if let Some((_, code)) = self.missing.iter().find(|(m, _)| *m == argv0) {
@@ -414,4 +429,38 @@ fn only_process_making_calls_count_as_held_in_uninterruptible_sleep() {
     assert!(process_making_call(libc::SYS_vfork));
     assert!(!process_making_call(libc::SYS_renameat2));
     assert!(!process_making_call(libc::SYS_write));
+}
+
+#[test]
+fn a_command_on_a_terminal_gets_one_whose_master_is_reported_before_its_start() {
+    let mut on_terminal = exec(1, "sh");
+    on_terminal["exec"]["terminal"] = json!({"rows": 24, "cols": 80});
+    let (_, fake) = Fake::new(vec![
+        Step::Request(on_terminal.clone(), 0),
+        // A terminal command that also brings descriptors is refused whole.
+        Step::Request(
+            {
+                let mut both = on_terminal.clone();
+                both["id"] = json!(2);
+                both
+            },
+            3,
+        ),
+        Step::Ended(vec![(101, exited(0))]),
+    ])
+    .run();
+    assert_eq!(
+        fake.reports_json(),
+        vec![
+            json!({"event": "terminal", "id": 1}),
+            json!({"event": "started", "id": 1, "pid": 101, "monotonicNs": 7}),
+            json!({"event": "refused", "id": 2, "message": "exec 2 came with 3 descriptors, not 0"}),
+            json!({"event": "exit", "id": 1, "code": 0}),
+        ]
+    );
+    assert_eq!(
+        fake.calls[..3],
+        ["terminal 80x24", "report with a descriptor", "spawn sh"]
+    );
+    assert_eq!(fake.spawned_with, [0]);
 }

@@ -27,6 +27,7 @@ pub const CASES: &[&str] = &[
     "a_hundred_execs_in_one_sandbox",
     "a_pause_holds_every_process_still",
     "a_snapshot_restores_and_starts_another",
+    "a_command_on_a_terminal_is_its_sessions_leader",
 ];
 
 /// A file one exec writes, the next reads; the host project is untouched.
@@ -493,6 +494,60 @@ pub async fn a_snapshot_restores_and_starts_another(env: &EngineEnv) -> CaseResu
     if let Some(fork) = fork {
         fork.destroy().await;
     }
+    live.destroy().await;
+    Ok(())
+}
+
+/// With [`smithers_runtime::EngineCapabilities::terminal`], a command gets a terminal of its
+/// own: a tty as 0, 1 and 2 and its controlling one, of the size asked for and then of each
+/// size set; what it types back comes through; an engine without refuses it (never runs it
+/// without one).
+pub async fn a_command_on_a_terminal_is_its_sessions_leader(env: &EngineEnv) -> CaseResult {
+    use smithers_runtime::{TerminalRequest, TerminalSize};
+    let live = Live::started(env).await?;
+    let (size_tx, size) = tokio::sync::watch::channel(TerminalSize { rows: 33, cols: 111 });
+    let on_terminal = |script: &str, input: &[u8]| ExecRequest {
+        stdin: smithers_runtime::StepStdin::from_reader(std::io::Cursor::new(input.to_vec())),
+        terminal: Some(TerminalRequest { size: size.clone() }),
+        ..sh(script)
+    };
+    if !env.engine().capabilities().terminal {
+        let refused = live
+            .try_run(on_terminal("true", b""), CancellationToken::new())
+            .await;
+        let Err(e) = refused else {
+            panic!("an engine without terminals ran a command that asked for one")
+        };
+        assert!(e.to_string().contains("terminal"), "{e}");
+        live.destroy().await;
+        return Ok(());
+    }
+    // Its own terminal, its controlling one (`/dev/tty` opens), of the size asked for; a line
+    // typed is read back (the terminal echoes it too).
+    let ran = live
+        .run(on_terminal(
+            "test -t 0 && test -t 1 && test -t 2 && : </dev/tty && stty size && read l && echo \"got $l\"",
+            b"typed\n",
+        ))
+        .await;
+    assert_eq!(ran.exit.exit_code, Some(0), "{}", ran.stdout_text());
+    let text = ran.stdout_text();
+    assert!(text.contains("33 111") && text.contains("got typed"), "{text:?}");
+    assert!(ran.stderr.is_empty(), "a terminal's output is one stream");
+    // A size set while it runs reaches it (SIGWINCH, and the new size).
+    let resize = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = size_tx.send(TerminalSize { rows: 50, cols: 160 });
+    };
+    let (ran, ()) = tokio::join!(
+        live.run(on_terminal(
+            "trap 'stty size; exit 0' WINCH; i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; exit 3",
+            b"",
+        )),
+        resize
+    );
+    assert_eq!(ran.exit.exit_code, Some(0), "{}", ran.stdout_text());
+    assert!(ran.stdout_text().contains("50 160"), "{}", ran.stdout_text());
     live.destroy().await;
     Ok(())
 }

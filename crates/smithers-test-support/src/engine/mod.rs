@@ -139,6 +139,7 @@ macro_rules! __engine_case_list {
             a_hundred_execs_in_one_sandbox,
             a_pause_holds_every_process_still,
             a_snapshot_restores_and_starts_another,
+            a_command_on_a_terminal_is_its_sessions_leader,
         ] }
     };
 }

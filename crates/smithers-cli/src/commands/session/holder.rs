@@ -393,6 +393,7 @@ fn serve(holder: &Holder, conn: UnixStream) {
                 env,
                 stdin: StepStdin::default(),
                 timeout: timeout_ms.map(Duration::from_millis),
+                ..ExecRequest::default()
             };
             exec_answer(holder, &conn, request, fds, stdin)
         }

@@ -24,6 +24,8 @@
 //! `^[` in the text. That is the only escape sequence this crate emits.
 #![forbid(unsafe_code)]
 
+pub mod vt;
+
 /// Starts the reverse-video style of an escape (only with [`Inert::marked`]).
 pub const MARK_ON: &str = "\x1b[7m";
 /// Ends it, leaving colour and weight as they were.

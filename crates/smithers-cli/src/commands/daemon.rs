@@ -475,6 +475,12 @@ fn handle(incoming: Incoming, service: &Service) {
                 service.counters.declined(NOT_A_RUN);
                 return connection.decline(NOT_A_RUN);
             };
+            if args.tty || args.interactive {
+                // The terminal is the client's: its own process runs such a step.
+                let why = "a step with -t or -i runs in its caller's own process";
+                service.counters.declined(why);
+                return connection.decline(why);
+            }
             let mut projects = match service.projects.try_lock() {
                 Ok(p) => p,
                 Err(std::sync::TryLockError::WouldBlock) => {

@@ -93,14 +93,17 @@ pub fn new_id(prefix: &str) -> String {
 /// or `/dev/null` is not passed (the step reads EOF): a step has no terminal, and reading the
 /// user's keystrokes into it unasked would surprise. Docker and codeplane carry no stream, so
 /// there a piped stdin is left out and said so.
-fn step_stdin(runtime: RuntimeChoice, json_out: bool) -> smithers_runtime::StepStdin {
+/// With `-i`, a terminal is passed too (as a stream; with `-t` the keys go to the step's
+/// terminal instead, see `run_terminal`).
+fn step_stdin(args: &RunArgs, json_out: bool) -> smithers_runtime::StepStdin {
     use std::os::fd::AsFd;
     use std::os::unix::fs::FileTypeExt;
+    let runtime = args.runtime;
     let piped = std::fs::metadata("/proc/self/fd/0").is_ok_and(|m| {
         let t = m.file_type();
-        t.is_fifo() || t.is_file() || t.is_socket()
+        t.is_fifo() || t.is_file() || t.is_socket() || (args.interactive && t.is_char_device())
     });
-    if !piped {
+    if !piped || args.tty {
         return smithers_runtime::StepStdin::default();
     }
     if runtime != RuntimeChoice::Bubblewrap {
@@ -173,6 +176,7 @@ fn run_with(
     STDOUT_GONE.store(false, std::sync::atomic::Ordering::SeqCst);
     let served = cache.is_some();
     let ctx = match cache {
+        None if args.tty => context::CtxHandle::Own(terminal_context(args, json_out)?),
         None => context::CtxHandle::Own(context::open_with(
             &args.store,
             json_out,
@@ -187,6 +191,28 @@ fn run_with(
     let req = step_request(args, json_out, &root, &run_id, &sandbox_id, controls, input);
     let (result, display) = execute_step(args, json_out, interrupts, &ctx, served, &req);
     report_outcome(args, json_out, &ctx, &req, &display, result)
+}
+
+/// `run -t`'s store and orchestrator: the native backend's step, on a terminal
+/// ([`super::run_terminal::TerminalRuntime`]).
+fn terminal_context(args: &RunArgs, json_out: bool) -> anyhow::Result<context::Ctx> {
+    if args.runtime != RuntimeChoice::Bubblewrap {
+        return Err(invalid(format!(
+            "-t gives a step a terminal on the native runtime only; the {} runtime has none (yet)",
+            args.runtime.kind()
+        )));
+    }
+    if json_out {
+        return Err(invalid(
+            "-t shows the step's terminal on yours: it has no --json form".to_string(),
+        ));
+    }
+    let db_path = args.store.db_path()?;
+    let native = Arc::new(backend::native_runtime_with(args.workspace.mode())?);
+    let terminal = super::run_terminal::TerminalRuntime::new(native.clone(), args.interactive);
+    let orchestrator =
+        backend::orchestrator_over(&db_path, native)?.with_runtime(Arc::new(terminal));
+    context::open_over(Arc::new(orchestrator), db_path, json_out)
 }
 
 /// The checks made before anything is created: the runtime's configuration, the controls
@@ -248,7 +274,7 @@ pub(crate) fn step_request(
     req.command = Some(StepCommand {
         argv: args.command.clone(),
         cwd,
-        stdin: step_stdin(args.runtime, json_out),
+        stdin: step_stdin(args, json_out),
     });
     req.input = input;
     req.image = args.image.clone();
@@ -270,7 +296,8 @@ fn execute_step(
     req: &SandboxRequest,
 ) -> (Result<SandboxOutcome, OrchestratorError>, Arc<Display>) {
     let (run_id, sandbox_id, root) = (&req.run_id, &req.sandbox_id, &req.root_dir);
-    let mode = if json_out {
+    // On a terminal the step's screen is the step's: no progress line drawn over it.
+    let mode = if json_out || args.tty {
         Mode::Quiet
     } else if std::io::stderr().is_terminal() {
         Mode::Tty
@@ -278,7 +305,7 @@ fn execute_step(
         Mode::Plain
     };
     let display = Arc::new(Display::new(mode, Relay::detect()));
-    if mode != Mode::Quiet {
+    if !json_out {
         say!(
             "sandbox {}:{} ({}) over {}",
             inert(run_id),

@@ -135,6 +135,16 @@ pub struct RunArgs {
     /// Request a review and accept it at once (autoAcceptDiffs: true).
     #[arg(long)]
     pub auto_accept: bool,
+    /// Give the step a terminal of its own (a pseudo-terminal inside the sandbox) shown on
+    /// yours: REPLs, full-screen programs and interactive agents work. What reaches your
+    /// terminal is filtered: clipboard, title, report and device control sequences are kept
+    /// out (and counted). Native runtime.
+    #[arg(short = 't', long = "tty")]
+    pub tty: bool,
+    /// Your stdin goes to the step even when it is a terminal; with -t your terminal is put
+    /// in raw mode and every key goes to the step's terminal (Ctrl-C and Ctrl-Z included).
+    #[arg(short = 'i', long = "interactive")]
+    pub interactive: bool,
     /// The command to run inside, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,

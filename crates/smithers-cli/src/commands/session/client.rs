@@ -26,6 +26,12 @@ pub fn start(args: &StartArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 .into(),
         ));
     }
+    if args.run.tty || args.run.interactive {
+        return Err(invalid(
+            "-t and -i are a command's, not a session's: a session's commands get no terminal yet"
+                .into(),
+        ));
+    }
     super::parse_duration("--idle-timeout", &args.idle_timeout)?;
     // Run's checks before anything is made (the holder makes them again): a refused option
     // is said here, with its code, not as a holder that ended.

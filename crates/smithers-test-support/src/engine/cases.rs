@@ -505,7 +505,10 @@ pub async fn a_snapshot_restores_and_starts_another(env: &EngineEnv) -> CaseResu
 pub async fn a_command_on_a_terminal_is_its_sessions_leader(env: &EngineEnv) -> CaseResult {
     use smithers_runtime::{TerminalRequest, TerminalSize};
     let live = Live::started(env).await?;
-    let (size_tx, size) = tokio::sync::watch::channel(TerminalSize { rows: 33, cols: 111 });
+    let (size_tx, size) = tokio::sync::watch::channel(TerminalSize {
+        rows: 33,
+        cols: 111,
+    });
     let on_terminal = |script: &str, input: &[u8]| ExecRequest {
         stdin: smithers_runtime::StepStdin::from_reader(std::io::Cursor::new(input.to_vec())),
         terminal: Some(TerminalRequest { size: size.clone() }),
@@ -532,12 +535,18 @@ pub async fn a_command_on_a_terminal_is_its_sessions_leader(env: &EngineEnv) -> 
         .await;
     assert_eq!(ran.exit.exit_code, Some(0), "{}", ran.stdout_text());
     let text = ran.stdout_text();
-    assert!(text.contains("33 111") && text.contains("got typed"), "{text:?}");
+    assert!(
+        text.contains("33 111") && text.contains("got typed"),
+        "{text:?}"
+    );
     assert!(ran.stderr.is_empty(), "a terminal's output is one stream");
     // A size set while it runs reaches it (SIGWINCH, and the new size).
     let resize = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let _ = size_tx.send(TerminalSize { rows: 50, cols: 160 });
+        let _ = size_tx.send(TerminalSize {
+            rows: 50,
+            cols: 160,
+        });
     };
     let (ran, ()) = tokio::join!(
         live.run(on_terminal(
@@ -547,7 +556,11 @@ pub async fn a_command_on_a_terminal_is_its_sessions_leader(env: &EngineEnv) -> 
         resize
     );
     assert_eq!(ran.exit.exit_code, Some(0), "{}", ran.stdout_text());
-    assert!(ran.stdout_text().contains("50 160"), "{}", ran.stdout_text());
+    assert!(
+        ran.stdout_text().contains("50 160"),
+        "{}",
+        ran.stdout_text()
+    );
     live.destroy().await;
     Ok(())
 }

@@ -18,6 +18,7 @@
 //! - [`proxy`]: the entry points' protocols (HTTP head, SOCKS5, TLS server name).
 //! - [`engine`]: the listeners served, the caps, the records.
 //! - [`sandbox`]: what a sandbox sees of it (ports, `/etc` files, proxy variables).
+//! - [`secrets`]: secrets on egress (placeholders inside, values swapped in for bound hosts).
 //! - [`tls`]: TLS to an origin for an absolute-form `https://` request (busybox `wget`).
 
 pub mod addr;
@@ -27,6 +28,7 @@ pub mod fdpass;
 pub mod policy;
 pub mod proxy;
 pub mod sandbox;
+pub mod secrets;
 pub mod suffix;
 pub mod tls;
 

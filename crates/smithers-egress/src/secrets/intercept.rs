@@ -1,0 +1,378 @@
+//! The relay of a connection to a bound host: the step's TLS ended here, ours to the real
+//! host, HTTP/1.1 between them with the swaps of [`super`].
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use super::http::{Framer, Head, Pending, Piece, Side};
+use super::replace::Replacer;
+use super::{foreign_refusal, Secrets};
+
+/// What a relayed connection did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Relayed {
+    /// The secrets bound to the host.
+    pub names: Vec<String>,
+    /// Placeholders swapped for values on the way out.
+    pub swapped: u64,
+    /// Values (or their forms) swapped for placeholders on the way back.
+    pub scrubbed: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// Why the relay was refused or cut, if it was (nothing after the cause was sent).
+    pub refused: Option<String>,
+}
+
+/// Relays `client` (whose first bytes, its ClientHello, are `early`) to `origin` as `host`,
+/// within `handshake` for both handshakes.
+pub async fn relay(
+    secrets: &Secrets,
+    client: TcpStream,
+    early: Vec<u8>,
+    origin: TcpStream,
+    host: &str,
+    handshake: Duration,
+) -> Relayed {
+    let mut done = Relayed {
+        names: secrets.names_for(host),
+        ..Relayed::default()
+    };
+    let server = match secrets.authority.server_for(host) {
+        Ok(s) => s,
+        Err(e) => {
+            done.refused = Some(e);
+            return done;
+        }
+    };
+    let accepted = tokio::time::timeout(
+        handshake,
+        tokio_rustls::TlsAcceptor::from(server).accept(Rewind::new(early, client)),
+    )
+    .await;
+    let client = match accepted {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            done.refused = Some(format!(
+                "the step's TLS handshake as {host} failed (a client that does not trust the run's authority, or pins its own): {e}"
+            ));
+            return done;
+        }
+        Err(_) => {
+            done.refused = Some(format!(
+                "the step's TLS handshake was not done within {handshake:?}"
+            ));
+            return done;
+        }
+    };
+    let Ok(name) = rustls::pki_types::ServerName::try_from(host.to_string()) else {
+        done.refused = Some(format!("{host} is not a server name"));
+        return done;
+    };
+    let connected = tokio::time::timeout(
+        handshake,
+        tokio_rustls::TlsConnector::from(secrets.upstream.clone()).connect(name, origin),
+    )
+    .await;
+    let origin = match connected {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => {
+            done.refused = Some(format!(
+                "{host} did not prove itself with this host's trust store: {e}; nothing was sent"
+            ));
+            return done;
+        }
+        Err(_) => {
+            done.refused = Some(format!(
+                "{host}'s TLS handshake was not done within {handshake:?}"
+            ));
+            return done;
+        }
+    };
+    let (cr, cw) = tokio::io::split(client);
+    let (or, ow) = tokio::io::split(origin);
+    let pending = Pending::default();
+    let stop = Notify::new();
+    let up = Pump {
+        framer: Framer::new(Side::Request, pending.clone()),
+        swaps: secrets.swap_in(host),
+        finder: Some(secrets.foreign(host)),
+        mask_at_end: false,
+        frames: Default::default(),
+        fed: 0,
+        sent: 0,
+    };
+    let down = Pump {
+        framer: Framer::new(Side::Response, pending),
+        swaps: secrets.swap_out(),
+        finder: None,
+        mask_at_end: true,
+        frames: Default::default(),
+        fed: 0,
+        sent: 0,
+    };
+    let request_head = |bytes: &[u8]| rewrite_request(secrets, host, bytes);
+    let (a, b) = tokio::join!(
+        up.run(cr, ow, request_head, &stop),
+        down.run(or, cw, check_response, &stop)
+    );
+    done.bytes_up = a.bytes;
+    done.bytes_down = b.bytes;
+    done.swapped = a.swaps;
+    done.scrubbed = b.swaps;
+    done.refused = a.refused.or(b.refused);
+    done
+}
+
+/// One direction's work.
+struct Pump {
+    framer: Framer,
+    swaps: Replacer,
+    /// Placeholders that must not pass this way (request side).
+    finder: Option<Replacer>,
+    /// At the end, a held tail that began a pattern is masked (response side).
+    mask_at_end: bool,
+    /// Chunk framing, held until the payload before it has left the replacer: (the payload
+    /// offset it follows, its bytes). Swaps keep lengths, so offsets stay true.
+    frames: std::collections::VecDeque<(u64, Vec<u8>)>,
+    /// Payload bytes given to the replacer, and those it has given back.
+    fed: u64,
+    sent: u64,
+}
+
+struct PumpEnd {
+    bytes: u64,
+    swaps: u64,
+    refused: Option<String>,
+}
+
+impl Pump {
+    async fn run<R, W>(
+        mut self,
+        mut from: R,
+        mut to: W,
+        on_head: impl Fn(&[u8]) -> Result<(Vec<u8>, u64), String>,
+        stop: &Notify,
+    ) -> PumpEnd
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut end = PumpEnd {
+            bytes: 0,
+            swaps: 0,
+            refused: None,
+        };
+        let mut buf = vec![0u8; 64 << 10];
+        let mut pieces = Vec::new();
+        loop {
+            let n = tokio::select! {
+                r = from.read(&mut buf) => match r {
+                    Ok(n) if n > 0 => n,
+                    _ => break,
+                },
+                _ = stop.notified() => break,
+            };
+            match self.step(&buf[..n], &mut pieces, &on_head, &mut end) {
+                Ok(out) => {
+                    if to.write_all(&out).await.is_err() {
+                        break;
+                    }
+                    end.bytes += out.len() as u64;
+                }
+                Err(why) => {
+                    end.refused = Some(why);
+                    // The other way ends too: the connection is over.
+                    stop.notify_waiters();
+                    stop.notify_one();
+                    let _ = to.shutdown().await;
+                    return end;
+                }
+            }
+        }
+        let mut tail = Vec::new();
+        self.swaps.finish(self.mask_at_end, &mut tail);
+        let mut out = Vec::new();
+        self.interleave(tail, &mut out);
+        out.extend(self.frames.drain(..).flat_map(|(_, f)| f));
+        let _ = to.write_all(&out).await;
+        end.swaps += self.swaps.swaps;
+        let _ = to.shutdown().await;
+        end
+    }
+
+    /// `input` read as messages, heads checked and rewritten, placeholders looked for, the
+    /// swaps made over the payload (heads and bodies, never the chunk framing between them):
+    /// what can be sent now.
+    fn step(
+        &mut self,
+        input: &[u8],
+        pieces: &mut Vec<Piece>,
+        on_head: &impl Fn(&[u8]) -> Result<(Vec<u8>, u64), String>,
+        end: &mut PumpEnd,
+    ) -> Result<Vec<u8>, String> {
+        self.framer.feed(input, pieces)?;
+        let mut out = Vec::with_capacity(input.len());
+        for piece in pieces.drain(..) {
+            let payload = match piece {
+                Piece::Frame(f) => {
+                    self.frames.push_back((self.fed, f));
+                    continue;
+                }
+                Piece::Head(h) => {
+                    let (head, swapped) = on_head(&h)?;
+                    end.swaps += swapped;
+                    head
+                }
+                Piece::Data(d) => d,
+            };
+            if let Some(finder) = &mut self.finder {
+                finder.push(&payload, &mut Vec::new());
+                if finder.swaps > 0 {
+                    return Err(foreign_refusal("this host"));
+                }
+            }
+            let mut swapped = Vec::with_capacity(payload.len());
+            self.swaps.push(&payload, &mut swapped);
+            self.fed += payload.len() as u64;
+            self.interleave(swapped, &mut out);
+        }
+        // Framing right after what has left can go too.
+        self.interleave(Vec::new(), &mut out);
+        Ok(out)
+    }
+
+    /// Appends `payload` (the replacer's next output) to `out` with each held frame at its
+    /// place.
+    fn interleave(&mut self, payload: Vec<u8>, out: &mut Vec<u8>) {
+        let mut i = 0usize;
+        loop {
+            match self.frames.front() {
+                Some((at, _)) if *at <= self.sent => {
+                    let (_, f) = self.frames.pop_front().unwrap_or_default();
+                    out.extend_from_slice(&f);
+                }
+                _ if i == payload.len() => return,
+                Some((at, _)) => {
+                    let n = ((*at - self.sent) as usize).min(payload.len() - i);
+                    out.extend_from_slice(&payload[i..i + n]);
+                    i += n;
+                    self.sent += n as u64;
+                }
+                None => {
+                    out.extend_from_slice(&payload[i..]);
+                    self.sent += (payload.len() - i) as u64;
+                    i = payload.len();
+                }
+            }
+        }
+    }
+}
+
+/// A request's head: its `Host` must be the connection's; `Accept-Encoding` becomes
+/// `identity`; a `Basic` credential gets the placeholders swapped inside it.
+fn rewrite_request(secrets: &Secrets, host: &str, bytes: &[u8]) -> Result<(Vec<u8>, u64), String> {
+    let mut head = Head::parse(bytes)?;
+    if let Some(named) = head.get("host") {
+        let name = named.rsplit_once(':').map_or(named, |(n, p)| {
+            if p.bytes().all(|b| b.is_ascii_digit()) {
+                n
+            } else {
+                named
+            }
+        });
+        if !name.eq_ignore_ascii_case(host) {
+            return Err(format!(
+                "a request for {:?} on a connection to {host}: not sent",
+                crate::policy::escape(named)
+            ));
+        }
+    }
+    let mut swapped = 0;
+    for (name, value) in &mut head.fields {
+        if name.eq_ignore_ascii_case("accept-encoding") {
+            *value = "identity".into();
+        } else if name.eq_ignore_ascii_case("authorization")
+            || name.eq_ignore_ascii_case("proxy-authorization")
+        {
+            if let Some(encoded) = value
+                .strip_prefix("Basic ")
+                .or_else(|| value.strip_prefix("basic "))
+            {
+                let (swapped_in, n) = secrets.basic_auth(host, encoded)?;
+                *value = format!("Basic {swapped_in}");
+                swapped += n;
+            }
+        }
+    }
+    Ok((head.to_bytes(), swapped))
+}
+
+/// A response's head: a compressed body could not be read for the secrets' values, so it
+/// ends the connection.
+fn check_response(bytes: &[u8]) -> Result<(Vec<u8>, u64), String> {
+    let head = Head::parse(bytes)?;
+    if let Some(coding) = head.get("content-encoding") {
+        if !coding.trim().eq_ignore_ascii_case("identity") {
+            return Err(format!(
+                "a response compressed as {:?} (asked for identity) cannot be read for secrets: cut",
+                crate::policy::escape(coding)
+            ));
+        }
+    }
+    Ok((bytes.to_vec(), 0))
+}
+
+/// A stream that first gives back bytes already read from it.
+struct Rewind<S> {
+    early: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S> Rewind<S> {
+    fn new(early: Vec<u8>, inner: S) -> Rewind<S> {
+        Rewind {
+            early,
+            at: 0,
+            inner,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.at < self.early.len() {
+            let n = (self.early.len() - self.at).min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.early[at..at + n]);
+            self.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

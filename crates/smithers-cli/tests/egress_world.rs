@@ -58,7 +58,7 @@ impl World {
         ip(&["link", "add", &vw, "type", "veth", "peer", "name", &vc]);
         ip(&["link", "set", &vw, "netns", &world]);
         ip(&["link", "set", &vc, "netns", &client]);
-        for a in ["11.0.0.1/24", "11.0.0.2/24", "11.0.0.3/24"] {
+        for a in ["11.0.0.1/24", "11.0.0.2/24", "11.0.0.3/24", "11.0.0.4/24"] {
             ip(&["-n", &world, "addr", "add", a, "dev", &vw]);
         }
         ip(&["-n", &client, "addr", "add", "11.0.0.100/24", "dev", &vc]);
@@ -184,6 +184,7 @@ fn dns_server(sock: UdpSocket, log: Log) {
             "allowed.test" => dns::Answer::Address([11, 0, 0, 2].into()),
             "denied.test" => dns::Answer::Address([11, 0, 0, 3].into()),
             "private.test" => dns::Answer::Address([10, 9, 9, 9].into()),
+            "api.allowed.test" => dns::Answer::Address([11, 0, 0, 4].into()),
             _ => dns::Answer::NoSuchName,
         };
         let _ = sock.send_to(&dns::respond(&q, answer), from);
@@ -1021,7 +1022,7 @@ fn test_tls() -> Option<TestTls> {
     let d = dir.path();
     std::fs::write(
         d.join("leaf.ext"),
-        "subjectAltName=DNS:allowed.test,DNS:private.test,IP:11.0.0.2,IP:10.9.9.9\n\
+        "subjectAltName=DNS:allowed.test,DNS:private.test,DNS:api.allowed.test,IP:11.0.0.2,IP:10.9.9.9\n\
          basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
          extendedKeyUsage=serverAuth\nauthorityKeyIdentifier=keyid,issuer\n\
          subjectKeyIdentifier=hash\n",
@@ -1161,7 +1162,14 @@ fn tls_exchange(s: std::net::TcpStream, config: Arc<rustls::ServerConfig>, at: &
     log.lock()
         .unwrap()
         .push(format!("tls-origin {at} {method} {path} host={host}"));
-    let (status, ctype, body) = tls_route(path);
+    // `/echo`: the request's head, logged and sent back whole (an API that reflects what it
+    // was sent, its credentials included).
+    let (status, ctype, body) = if path.starts_with("/echo") {
+        log.lock().unwrap().push(format!("tls-echo {head:?}"));
+        (200, "text/plain", head.clone())
+    } else {
+        tls_route(path)
+    };
     let _ = write!(
         tls,
         "HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -1682,5 +1690,133 @@ for head in [b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n", b"GET gopher://all
             || (err.contains("deny (no destination read) (1x): the proxy could not take the request: this is the sandbox's egress proxy")
                 && err.contains("deny (no destination read) (1x): the proxy could not take the request: only http://")),
         "{err}"
+    );
+}
+
+/// Secrets on egress through the real CLI: the step's `$API_KEY` is a placeholder; its
+/// request to the bound host arrives at the world's origin with the real value, and the
+/// origin's reflection of it comes back as the placeholder; the placeholder sent in plain text
+/// to another allowed host is not sent; the value is nowhere in the step's environment, files,
+/// output or bundle; the records name the secret and the swaps, never the value.
+#[test]
+fn a_secret_reaches_only_its_host_and_never_the_step() {
+    const VALUE: &str = "sk-world-api01-Qw3Er5Ty7Ui9Op1As3Df5Gh7Jk9Lz";
+    let Some(w) = world() else { return };
+    let Some(tls) = test_tls() else { return };
+    serve_tls(&w, &tls, &["11.0.0.4:443"]);
+    let project = tempfile::tempdir().unwrap();
+    // The value's middle, assembled inside so that no command line holds it.
+    let script = r#"
+echo "env=$API_KEY"
+echo "echo=$(curl -s https://api.allowed.test/echo -H "Authorization: Bearer $API_KEY" 2>&1 | tr -d '\r' | grep -i '^authorization')"
+echo "plain=$(curl -s -o /dev/null -w '%{http_code}' http://allowed.test/ -H "X-Key: $API_KEY" 2>&1)"
+a=Qw3Er5Ty; b=7Ui9Op1A
+echo "inside=$( (env; cat /proc/self/environ; grep -rs "$a$b" /workspace /run/smithers /tmp /etc) 2>/dev/null | grep -c "$a$b")"
+"#;
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &w.client,
+            bin_path(),
+            "run",
+            "--no-review",
+            "--root",
+        ])
+        .arg(project.path())
+        .args([
+            "--secret",
+            "API_KEY@api.allowed.test",
+            "--allow-host",
+            "allowed.test:80",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ])
+        .env_remove("SMITHERS_DB")
+        .env("NO_COLOR", "1")
+        .env("SMITHERS_RESIDENT", "off")
+        .env("SSL_CERT_FILE", tls.ca())
+        .env("API_KEY", VALUE)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let line = |k: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k}= in:\n{stdout}\n{stderr}"))
+            .to_string()
+    };
+    let placeholder = line("env");
+    assert_eq!(placeholder.len(), VALUE.len(), "{placeholder}");
+    assert!(placeholder.starts_with("sk-world-api01-") && placeholder != VALUE);
+    // The origin got the value; what it reflected came back as the placeholder.
+    let log = w.log();
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("tls-echo") && l.contains(&format!("Bearer {VALUE}"))),
+        "the origin never saw the value: {log:?}\n{stdout}\n{stderr}"
+    );
+    assert!(
+        line("echo").ends_with(&format!("Bearer {placeholder}")),
+        "{stdout}\n{stderr}"
+    );
+    // In plain text to a host it is not bound to: not sent (the world's port 80 never saw it).
+    assert_ne!(line("plain"), "200", "{stdout}\n{stderr}");
+    assert!(
+        log.iter()
+            .all(|l| !l.contains(&placeholder) && !l.starts_with("origin 11.0.0.2:80")),
+        "{log:?}"
+    );
+    assert_eq!(
+        line("inside"),
+        "0",
+        "the value is inside the sandbox: {stdout}"
+    );
+    // Nowhere in what the run printed or kept.
+    assert!(!stdout.contains(VALUE) && !stderr.contains(VALUE));
+    let bundle = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("bundle   "))
+        .unwrap_or_else(|| panic!("no bundle line in:\n{stderr}"));
+    let mut stack = vec![std::path::PathBuf::from(bundle.trim())];
+    while let Some(p) = stack.pop() {
+        if p.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+        } else {
+            let bytes = std::fs::read(&p).unwrap_or_default();
+            assert!(
+                !bytes.windows(VALUE.len()).any(|w| w == VALUE.as_bytes()),
+                "the value is in {}",
+                p.display()
+            );
+        }
+    }
+    let records = bundle_records(&stderr);
+    let bound = records
+        .iter()
+        .find(|r| r["host"] == "api.allowed.test")
+        .unwrap_or_else(|| panic!("{records:?}"));
+    assert_eq!(
+        bound["secrets"]["names"],
+        serde_json::json!(["API_KEY"]),
+        "{bound}"
+    );
+    assert!(
+        bound["secrets"]["swapped"].as_u64().unwrap() >= 1,
+        "{bound}"
+    );
+    assert!(
+        bound["secrets"]["scrubbed"].as_u64().unwrap() >= 1,
+        "{bound}"
+    );
+    assert!(
+        records.iter().any(|r| r["verdict"] == "deny"
+            && r["reason"].as_str().unwrap_or("").contains("placeholder")),
+        "{records:?}"
     );
 }

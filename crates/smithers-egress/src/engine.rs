@@ -41,6 +41,8 @@ pub const SYNTHETIC_BASE: Ipv4Addr = Ipv4Addr::new(127, 100, 0, 1);
 /// ssh, whose server speaks first: a tunnel to this port does not wait for the client's
 /// first bytes (no TLS to check there).
 const SSH_PORT: u16 = 22;
+/// The port a secret's hosts are relayed on.
+const HTTPS_PORT: u16 = 443;
 
 /// Per-sandbox bounds: the proxy parses hostile input in a trusted process.
 #[derive(Debug, Clone)]
@@ -143,6 +145,10 @@ pub struct EngineOptions {
     pub denials_file: Option<PathBuf>,
     /// Records as they are made (for `serve`'s live events).
     pub live: Option<mpsc::UnboundedSender<EgressRecord>>,
+    /// The step's secrets: connections to their hosts on port 443 are relayed with the
+    /// swaps ([`crate::secrets`]); their placeholders are kept from every other host the
+    /// engine can read (plain HTTP).
+    pub secrets: Option<Arc<crate::secrets::Secrets>>,
 }
 
 /// One decision, as data: for the bundle's log, the step's result and live events.
@@ -177,6 +183,21 @@ pub struct EgressRecord {
     /// For a denial an allow rule would lift: that rule ([`Fix`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<Fix>,
+    /// A connection to a host secrets are bound to: which, and the swaps made (never a value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<SecretsUse>,
+}
+
+/// What a connection to a bound host did with its secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretsUse {
+    /// The secrets bound to the host.
+    pub names: Vec<String>,
+    /// Placeholders swapped for values in what the step sent.
+    pub swapped: u64,
+    /// Values (in any of their forms) swapped for placeholders in what came back.
+    pub scrubbed: u64,
 }
 
 /// Per destination, for the step's result.
@@ -450,6 +471,7 @@ impl Shared {
             ms: 0,
             error: None,
             fix: d.fix.clone(),
+            secrets: None,
         }
     }
 
@@ -874,6 +896,14 @@ async fn forward(
     tls: bool,
 ) {
     let started = Instant::now();
+    // Checked before the origin is even dialed: a denial, the step told why.
+    if carries_placeholder(shared, &first) {
+        deny_flight(&mut rec, PLACEHOLDER_REFUSED.into());
+        shared.record(rec);
+        let denied = proxy::http_denied(403, host, port, PLACEHOLDER_REFUSED, &shared.hash);
+        let _ = stream.write_all(&denied).await;
+        return;
+    }
     let (origin, addr) = match shared.connect_checked(host, port).await {
         Ok(c) => c,
         Err((refusal, reason)) => {
@@ -979,7 +1009,18 @@ async fn tunnel(
             }
         }
     }
-    let (mut origin, addr) = match shared.dial(&addrs).await {
+    // First bytes holding a placeholder bound elsewhere: the origin is never dialed.
+    let bound_here = normalize_name(host).ok().is_some_and(|name| {
+        addrs.first().is_some_and(|a| a.port() == HTTPS_PORT)
+            && (shared.opts.secrets.as_ref()).is_some_and(|s| s.bound(&name))
+    });
+    if !bound_here && carries_placeholder(shared, &early) {
+        deny_flight(&mut rec, PLACEHOLDER_REFUSED.into());
+        shared.record(rec);
+        reset(client);
+        return;
+    }
+    let (origin, addr) = match shared.dial(&addrs).await {
         Ok(c) => c,
         Err(reason) => {
             finish_refused(shared, &mut rec, None, reason);
@@ -988,6 +1029,12 @@ async fn tunnel(
         }
     };
     rec.address = Some(addr.to_string());
+    let Some((client, early, origin, rec)) =
+        secrets_or_on(shared, client, early, origin, rec, host, started).await
+    else {
+        return;
+    };
+    let mut origin = origin;
     if !early.is_empty() && origin.write_all(&early).await.is_err() {
         return;
     }
@@ -995,6 +1042,66 @@ async fn tunnel(
     // Silent so far (a slow client, or one waiting for the server): checked on arrival.
     let check = early.is_empty().then_some(host);
     splice(shared, client, origin, rec, started, up, check).await;
+}
+
+/// Why bytes holding a secret's placeholder were not sent.
+const PLACEHOLDER_REFUSED: &str =
+    "the placeholder of a secret was sent to a host it is not bound to: not sent";
+
+/// Whether `bytes` hold the placeholder of any of the step's secrets.
+fn carries_placeholder(shared: &Shared, bytes: &[u8]) -> bool {
+    (shared.opts.secrets.as_ref()).is_some_and(|s| {
+        let mut finder = s.placeholder_finder();
+        finder.push(bytes, &mut Vec::new());
+        finder.finish(false, &mut Vec::new());
+        finder.swaps > 0
+    })
+}
+
+/// A connection whose destination is checked and dialed, before its first bytes go: to a
+/// host the step's secrets are bound to (port 443), relayed with their swaps, and `None`;
+/// first bytes that hold a placeholder bound elsewhere, refused, and `None`; else handed back
+/// to be spliced.
+async fn secrets_or_on(
+    shared: &Shared,
+    client: TcpStream,
+    early: Vec<u8>,
+    origin: TcpStream,
+    mut rec: EgressRecord,
+    host: &str,
+    started: Instant,
+) -> Option<(TcpStream, Vec<u8>, TcpStream, EgressRecord)> {
+    let Some(secrets) = shared.opts.secrets.as_ref() else {
+        return Some((client, early, origin, rec));
+    };
+    let port = origin.peer_addr().map_or(0, |a| a.port());
+    let bound = normalize_name(host)
+        .ok()
+        .filter(|name| port == HTTPS_PORT && secrets.bound(name));
+    let Some(name) = bound else {
+        if carries_placeholder(shared, &early) {
+            deny_flight(&mut rec, PLACEHOLDER_REFUSED.into());
+            shared.record(rec);
+            reset(client);
+            return None;
+        }
+        return Some((client, early, origin, rec));
+    };
+    let limit = shared.opts.limits.handshake;
+    let r = crate::secrets::relay(secrets, client, early, origin, &name, limit).await;
+    rec.bytes_up = r.bytes_up;
+    rec.bytes_down = r.bytes_down;
+    rec.ms = started.elapsed().as_millis() as u64;
+    rec.secrets = Some(SecretsUse {
+        names: r.names,
+        swapped: r.swapped,
+        scrubbed: r.scrubbed,
+    });
+    if let Some(why) = r.refused {
+        deny_flight(&mut rec, why);
+    }
+    shared.record(rec);
+    None
 }
 
 /// How a tunnel's first flight ended.
@@ -1181,7 +1288,11 @@ async fn serve_socks(shared: &Shared, mut stream: TcpStream) {
         }
     };
     let n = early.len();
-    let mut origin = origin;
+    let Some((stream, early, mut origin, rec)) =
+        secrets_or_on(shared, stream, early, origin, rec, &host, started).await
+    else {
+        return;
+    };
     if !early.is_empty() && origin.write_all(&early).await.is_err() {
         return;
     }
@@ -1419,8 +1530,22 @@ async fn splice<O: Origin>(
             }
             up.fetch_add(first.len() as u64, Ordering::Relaxed);
         }
+        // The step's placeholders go to no host they are not bound to, where the bytes can
+        // be read (plain text; a TLS stream's are not, and carry no placeholder in the clear).
+        let mut finder = (shared.opts.secrets.as_ref()).map(|s| s.placeholder_finder());
         while let Ok(n) = cr.read(&mut buf).await {
-            if n == 0 || ow.write_all(&buf[..n]).await.is_err() {
+            if n == 0 {
+                break;
+            }
+            if let Some(f) = &mut finder {
+                f.push(&buf[..n], &mut Vec::new());
+                if f.swaps > 0 {
+                    refused = Some(PLACEHOLDER_REFUSED.into());
+                    stop.notify_one();
+                    break;
+                }
+            }
+            if ow.write_all(&buf[..n]).await.is_err() {
                 break;
             }
             up.fetch_add(n as u64, Ordering::Relaxed);

@@ -32,5 +32,5 @@ pub mod secrets;
 pub mod suffix;
 pub mod tls;
 
-pub use engine::{EgressLimits, EgressRecord, Engine, Listeners, Summary};
+pub use engine::{EgressLimits, EgressRecord, Engine, Listeners, SecretsUse, Summary};
 pub use policy::{Decision, Fix, Mode, Policy, PolicyError};

@@ -28,7 +28,7 @@ impl Runtime for DockerRuntime {
 
     async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
         config.refuse_layers("docker")?;
-        config.refuse_home("docker")?;
+        (config.refuse_home("docker")).and_then(|()| config.refuse_secrets("docker"))?;
         config.validate()?;
         if config.runtime != RuntimeKind::Docker {
             return Err(RuntimeError::InvalidControl {

@@ -764,6 +764,7 @@ impl Runtime for RayRuntime {
     async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
         config.refuse_layers("ray")?;
         config.refuse_home("ray")?;
+        config.refuse_secrets("ray")?;
         config.validate()?;
         if config.runtime != RuntimeKind::Ray {
             return Err(RuntimeError::InvalidControl {

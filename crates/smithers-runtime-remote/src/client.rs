@@ -813,6 +813,7 @@ impl Runtime for RemoteRuntime {
     async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
         config.refuse_layers("codeplane")?;
         config.refuse_home("codeplane")?;
+        config.refuse_secrets("codeplane")?;
         config.validate()?;
         if config.runtime != RuntimeKind::Codeplane {
             return Err(RuntimeError::InvalidControl {

@@ -183,6 +183,50 @@ pub struct Controls {
     /// by one that cannot. Exclusive with `allow_network`. From the caller only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_policy: Option<serde_json::Value>,
+    /// Secrets on egress (`--secret NAME@HOST`): the step's `$NAME` holds a placeholder of
+    /// the value's shape; the value, read by the runtime when the step starts (from its own
+    /// environment or a file, never stored), is swapped in only in requests to the bound
+    /// hosts, and swapped out of what comes back. Needs an egress policy. Refused by a
+    /// runtime that cannot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretBinding>,
+}
+
+/// One secret: its variable, the hosts it is bound to, where its value is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretBinding {
+    pub name: String,
+    pub hosts: Vec<String>,
+    /// A file holding the value (its trailing newline dropped); `None`: the runtime's own
+    /// `$NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<std::path::PathBuf>,
+}
+
+impl SecretBinding {
+    /// The value, read now (by the runtime, in its own process).
+    pub fn value(&self) -> Result<Vec<u8>, String> {
+        let raw = match &self.file {
+            Some(path) => {
+                let meta = std::fs::metadata(path)
+                    .map_err(|e| format!("{}: {}: {e}", self.name, path.display()))?;
+                if meta.len() > 64 << 10 {
+                    return Err(format!("{}: {} is over 64 KiB", self.name, path.display()));
+                }
+                std::fs::read(path)
+                    .map_err(|e| format!("{}: {}: {e}", self.name, path.display()))?
+            }
+            None => std::env::var_os(&self.name)
+                .map(std::os::unix::ffi::OsStringExt::into_vec)
+                .ok_or_else(|| format!("${} is not set in the runtime's environment", self.name))?,
+        };
+        let end = raw
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(0, |i| i + 1);
+        Ok(raw[..end].to_vec())
+    }
 }
 
 fn default_max_output() -> u64 {
@@ -213,6 +257,7 @@ impl Default for Controls {
             allow_sensitive_mounts: false,
             home: None,
             egress_policy: None,
+            secrets: Vec::new(),
         }
     }
 }
@@ -230,6 +275,29 @@ impl Controls {
         }
         if let Some(name) = &self.home {
             validate_id("home", name)?;
+        }
+        for s in &self.secrets {
+            let named = !s.name.is_empty()
+                && !s.name.starts_with(|c: char| c.is_ascii_digit())
+                && s.name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !named || s.hosts.is_empty() {
+                return Err(invalid(
+                    "secrets",
+                    format!(
+                        "{:?}: a secret is a variable name bound to at least one host",
+                        s.name
+                    ),
+                ));
+            }
+            if self.egress_policy.is_none() {
+                return Err(invalid(
+                    "secrets",
+                    "a secret is given only under an egress policy (its hosts allowed on 443)"
+                        .to_string(),
+                ));
+            }
         }
         if let Some(policy) = &self.egress_policy {
             if !policy.is_object() {
@@ -482,6 +550,21 @@ impl SandboxConfig {
                     .into(),
             }),
         }
+    }
+
+    /// Refuses [`Controls::secrets`] for a runtime that cannot swap them on egress (rather
+    /// than giving the step the placeholder with nothing to swap it, or the value).
+    pub fn refuse_secrets(&self, runtime: &'static str) -> Result<(), RuntimeError> {
+        if self.controls.secrets.is_empty() {
+            return Ok(());
+        }
+        Err(RuntimeError::ControlUnsupported {
+            runtime,
+            control: "secrets",
+            reason:
+                "secrets on egress are swapped by the native runtime's egress engine only (yet)"
+                    .into(),
+        })
     }
 
     /// Refuses [`SandboxConfig::workspace_layers`] for a runtime that cannot stack layers

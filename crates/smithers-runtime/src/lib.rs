@@ -47,7 +47,7 @@ pub use tokio_util::sync::CancellationToken;
 
 pub use config::{
     parse_cpu_limit, parse_memory_limit, Controls, EgressConfig, PortMapping, RuntimeKind,
-    SandboxConfig, VolumeMount, WorkspacePersistence, WorkspaceSpec,
+    SandboxConfig, SecretBinding, VolumeMount, WorkspacePersistence, WorkspaceSpec,
 };
 pub use engine::{
     refuse_terminal, BackendName, Checkpoints, Engine, EngineCapabilities, ExecExit, ExecRequest,

@@ -313,6 +313,10 @@ pub(crate) async fn create(
     config
         .refuse_home("codeplane")
         .map_err(|e| ApiError::runtime(&e))?;
+    // A client's secret would be read from this host's environment: refused.
+    config
+        .refuse_secrets("codeplane")
+        .map_err(|e| ApiError::runtime(&e))?;
     if req.if_exists == IfExists::Replace {
         // A resumed run whose earlier client died before cleanup: its sandbox (running or
         // not) is cancelled and removed, as a DELETE would, before the new one is made.

@@ -475,9 +475,10 @@ fn handle(incoming: Incoming, service: &Service) {
                 service.counters.declined(NOT_A_RUN);
                 return connection.decline(NOT_A_RUN);
             };
-            if args.tty || args.interactive {
-                // The terminal is the client's: its own process runs such a step.
-                let why = "a step with -t or -i runs in its caller's own process";
+            if args.tty || args.interactive || !args.secret.is_empty() {
+                // The terminal and the environment (a secret's value) are the client's: its
+                // own process runs such a step.
+                let why = "a step with -t, -i or --secret runs in its caller's own process";
                 service.counters.declined(why);
                 return connection.decline(why);
             }

@@ -145,6 +145,12 @@ pub struct RunArgs {
     /// in raw mode and every key goes to the step's terminal (Ctrl-C and Ctrl-Z included).
     #[arg(short = 'i', long = "interactive")]
     pub interactive: bool,
+    /// Give the step a placeholder in $NAME instead of the value of your $NAME (or of FILE,
+    /// with NAME=@FILE@HOST): the egress engine swaps the value in only in HTTPS requests to
+    /// HOST (allowed on 443 by this), and swaps it out of what they answer. The step trusts
+    /// this run's own certificate authority for those hosts. Repeatable. Native runtime.
+    #[arg(long = "secret", value_name = "NAME@HOST[,HOST…]")]
+    pub secret: Vec<String>,
     /// The command to run inside, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -223,9 +229,17 @@ pub(crate) fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
             args.runtime.kind()
         )));
     }
+    // A secret's hosts are allowed on 443 by its binding.
+    c.secrets = (args.secret.iter())
+        .map(|s| parse_secret(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut allow_host = args.allow_host.clone();
+    for s in &c.secrets {
+        allow_host.extend(s.hosts.iter().map(|h| format!("{h}:443")));
+    }
     if let Some(policy) = super::egress::policy_of_flags(
         args.egress_policy.as_deref(),
-        &args.allow_host,
+        &allow_host,
         &args.allow_cidr,
     )? {
         if args.allow_network {
@@ -236,4 +250,32 @@ pub(crate) fn controls(args: &RunArgs) -> anyhow::Result<Controls> {
         c.egress_policy = Some(policy.to_json());
     }
     Ok(c)
+}
+
+/// `NAME@HOST[,HOST…]` (the value: `$NAME` of this process) or `NAME=@FILE@HOST[,HOST…]`.
+fn parse_secret(spec: &str) -> anyhow::Result<smithers_runtime::SecretBinding> {
+    let bad = || {
+        invalid(format!(
+            "--secret {}: the form is NAME@HOST[,HOST…] or NAME=@FILE@HOST[,HOST…]",
+            crate::output::inert(spec)
+        ))
+    };
+    let (left, hosts) = spec.rsplit_once('@').ok_or_else(bad)?;
+    let hosts: Vec<String> = (hosts.split(','))
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .collect();
+    let (name, file) = match left.split_once("=@") {
+        Some((name, file)) if !file.is_empty() => (name, Some(std::path::PathBuf::from(file))),
+        Some(_) => return Err(bad()),
+        None => (left, None),
+    };
+    if name.is_empty() || hosts.is_empty() {
+        return Err(bad());
+    }
+    Ok(smithers_runtime::SecretBinding {
+        name: name.to_string(),
+        hosts,
+        file,
+    })
 }

@@ -137,7 +137,7 @@ pub(crate) async fn start(
 async fn read_status(
     control: tokio::net::UnixStream,
     live: Arc<Live>,
-    mut policy: Option<smithers_egress::Policy>,
+    mut policy: Option<crate::egress::Served>,
     denials_file: std::path::PathBuf,
     ready_tx: oneshot::Sender<Readiness>,
 ) {

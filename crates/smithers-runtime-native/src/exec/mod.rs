@@ -221,7 +221,7 @@ fn check_command(command: &StepCommand, controls: &Controls) -> Result<(), Runti
 /// The step's egress policy and what it needs: the listeners P0 binds, the resolver
 /// configuration, the proxy variables and the denials file.
 pub(crate) struct EgressSetup {
-    pub(crate) policy: Option<smithers_egress::Policy>,
+    pub(crate) policy: Option<egress::Served>,
     pub(crate) listen: Option<smithers_sandbox_init::plan::EgressListen>,
     pub(crate) resolv: Option<PathBuf>,
     pub(crate) step_env: BTreeMap<String, String>,
@@ -247,12 +247,18 @@ impl EgressSetup {
             })?),
             None => None,
         };
-        // The proxy variables, under the step's own (which win).
+        // The step's secrets: their values read now (never stored), their placeholders and
+        // the run's authority given to the step.
+        let secrets = egress::secrets(controls, &backend.request_dir())?;
+        // The proxy variables and the secrets' placeholders, under the step's own (which win).
         let step_env = match &egress_policy {
             None => controls.env.clone(),
             Some(_) => {
                 let mut env: std::collections::BTreeMap<String, String> =
                     egress::proxy_env().into_iter().collect();
+                if let Some(s) = &secrets {
+                    env.extend(egress::secrets_env(s));
+                }
                 env.extend(controls.env.clone());
                 env
             }
@@ -260,7 +266,7 @@ impl EgressSetup {
         let denials_file = backend.request_dir().join(egress::DENIALS_FILE);
 
         Ok(EgressSetup {
-            policy: egress_policy,
+            policy: egress_policy.map(|policy| egress::Served { policy, secrets }),
             listen: egress_listen,
             resolv: egress_resolv,
             step_env,

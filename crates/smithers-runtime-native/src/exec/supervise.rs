@@ -94,7 +94,7 @@ impl Supervision<'_> {
         ours: UnixStream,
         spawned: SpawnedInit,
         ready: Option<Value>,
-        egress_policy: Option<smithers_egress::Policy>,
+        egress_policy: Option<egress::Served>,
         denials_file: PathBuf,
     ) -> Result<Ran, RuntimeError> {
         let (sink, controls) = (self.sink, self.controls);
@@ -248,7 +248,7 @@ impl Supervision<'_> {
 fn serve_egress(
     v: &Value,
     fds: Vec<std::os::fd::OwnedFd>,
-    policy: Option<smithers_egress::Policy>,
+    policy: Option<egress::Served>,
     denials_file: &std::path::Path,
     live_tx: &UnboundedSender<smithers_egress::EgressRecord>,
 ) -> Option<Result<smithers_egress::Engine, Value>> {

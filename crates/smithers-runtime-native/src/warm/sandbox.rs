@@ -157,6 +157,7 @@ pub(crate) fn eligible_controls(c: &smithers_runtime::Controls) -> bool {
         && c.cpu_limit.is_none()
         && c.volumes.is_empty()
         && c.home.is_none()
+        && c.secrets.is_empty()
 }
 
 /// The step-independent part of every plan on this host, and the prepared root it is bound

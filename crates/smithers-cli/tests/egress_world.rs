@@ -1820,3 +1820,321 @@ echo "inside=$( (env; cat /proc/self/environ; grep -rs "$a$b" /workspace /run/sm
         "{records:?}"
     );
 }
+
+/// The Claude Code CLI (from npm: `@anthropic-ai/claude-code`, its native binary), where
+/// `scripts/setup` installs it (`$SMITHERS_AGENTS_DIR`, default `~/.cache/smithers-agents`),
+/// or `$SMITHERS_CLAUDE_CODE`.
+fn claude_code() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("SMITHERS_CLAUDE_CODE") {
+        return Some(p.into());
+    }
+    let dir = std::env::var_os("SMITHERS_AGENTS_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| std::path::Path::new(&h).join(".cache/smithers-agents"))
+        })?;
+    let p = dir.join("node_modules/@anthropic-ai/claude-code-linux-x64/claude");
+    p.exists().then_some(p)
+}
+
+/// The world of a real agent's test: the stand-in for its API at api.allowed.test:443 (the
+/// world's test authority; the runtime trusts it through `SSL_CERT_FILE`), a project with
+/// tests, and the agent's binary directory (mounted read-only at /opt/claude).
+struct AgentWorld {
+    w: World,
+    tls: TestTls,
+    server: std::process::Child,
+    project: tempfile::TempDir,
+    bin_dir: std::path::PathBuf,
+}
+
+/// The agent's key: a secret bound to the stand-in's host.
+const AGENT_KEY: &str = "sk-ant-api03-Rk7Lw2Qp9Xz4Mn6Bv8Cc1Dd3Ff5Gg7Hh9Jj2Kk4Ll6";
+
+impl Drop for AgentWorld {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+impl AgentWorld {
+    fn new() -> Option<AgentWorld> {
+        let w = world()?;
+        let tls = test_tls()?;
+        let Some(claude) = claude_code() else {
+            skip_or_fail("Claude Code is not installed (scripts/setup installs it from npm)");
+            return None;
+        };
+        let standin =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agent/standin.py");
+        let server = Command::new("ip")
+            .args(["netns", "exec", &w.world, "python3"])
+            .arg(&standin)
+            .args(["11.0.0.4", "443"])
+            .arg(tls.dir.path().join("api.log"))
+            .arg(tls.dir.path().join("leaf.pem"))
+            .arg(tls.dir.path().join("leaf.key"))
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let project = tempfile::tempdir().unwrap();
+        std::fs::write(project.path().join("test.sh"), "echo TESTS PASS\n").unwrap();
+        Some(AgentWorld {
+            bin_dir: claude.parent().unwrap().to_path_buf(),
+            w,
+            tls,
+            server,
+            project,
+        })
+    }
+
+    /// `run`'s arguments for the agent: its secret, its binary, its API's address.
+    fn run_args(&self, extra: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "run",
+            "--sandbox-id",
+            "sbx-agent",
+            "--secret",
+            "ANTHROPIC_API_KEY@api.allowed.test",
+            "--env",
+            "ANTHROPIC_BASE_URL=https://api.allowed.test",
+            "--env",
+            "IS_SANDBOX=1",
+            "--env",
+            "DISABLE_TELEMETRY=1",
+            "--env",
+            "DISABLE_AUTOUPDATER=1",
+            "--env",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+            "--timeout",
+            "120s",
+            "--root",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.push(self.project.path().display().to_string());
+        args.push("--mount".into());
+        args.push(format!("{}:/opt/claude:ro", self.bin_dir.display()));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    }
+
+    /// What the stand-in logged: every request carried the real key; there were the three
+    /// turns of its script. Then the edits, accepted, are the project's; the agent's shell saw
+    /// the placeholder; the key is nowhere in the project (its store and bundle included) or
+    /// `printed`.
+    fn check(&self, printed: &str) {
+        let api = std::fs::read_to_string(self.tls.dir.path().join("api.log")).unwrap_or_default();
+        let requests: Vec<Value> = api
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let turns = (requests.iter())
+            .filter(|r| r["tools"].as_array().is_some_and(|t| !t.is_empty()))
+            .count();
+        assert!(turns >= 3, "{api}\n{printed}");
+        assert!(
+            (requests.iter())
+                .filter(|r| r.get("path").is_some())
+                .all(|r| r["key"] == AGENT_KEY),
+            "a request without the real key: {api}"
+        );
+        let project = self.project.path();
+        let accept = Command::new(bin_path())
+            .args(["accept", "sbx-agent", "--root"])
+            .arg(project)
+            .env("SMITHERS_RESIDENT", "off")
+            .output()
+            .unwrap();
+        assert!(accept.status.success(), "{accept:?}\n{printed}");
+        let read = |f: &str| std::fs::read_to_string(project.join(f)).unwrap();
+        assert_eq!(read("hello.txt"), "hello from the agent\n");
+        assert_eq!(read("test-result.txt"), "TESTS PASS\n");
+        let env = read("agent-env.txt");
+        let seen = (env.lines())
+            .find_map(|l| l.strip_prefix("ANTHROPIC_API_KEY="))
+            .unwrap_or_else(|| panic!("{env}"));
+        assert!(seen.starts_with("sk-ant-api03-") && seen.len() == AGENT_KEY.len());
+        assert_ne!(seen, AGENT_KEY);
+        assert!(!printed.contains(AGENT_KEY));
+        let mut stack = vec![project.to_path_buf()];
+        while let Some(p) = stack.pop() {
+            if p.is_dir() {
+                stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+            } else {
+                let bytes = std::fs::read(&p).unwrap_or_default();
+                assert!(
+                    !bytes
+                        .windows(AGENT_KEY.len())
+                        .any(|w| w == AGENT_KEY.as_bytes()),
+                    "the key is in {}",
+                    p.display()
+                );
+            }
+        }
+    }
+}
+
+/// A real agent, end to end, non-interactive: Claude Code from npm (`-p`) in the sandbox
+/// against a scripted stand-in for its API on a world address over TLS; its key a secret
+/// bound to the stand-in's host (see [`AgentWorld::check`]).
+#[test]
+fn a_real_agent_edits_and_tests_through_its_secret() {
+    let Some(a) = AgentWorld::new() else { return };
+    let out = Command::new("ip")
+        .args(["netns", "exec", &a.w.client, bin_path()])
+        .args(a.run_args(&[
+            "--",
+            "/opt/claude/claude",
+            "-p",
+            "write hello.txt and run the tests",
+            "--dangerously-skip-permissions",
+        ]))
+        .env_remove("SMITHERS_DB")
+        .env("NO_COLOR", "1")
+        .env("SMITHERS_RESIDENT", "off")
+        .env("SSL_CERT_FILE", a.tls.ca())
+        .env("ANTHROPIC_API_KEY", AGENT_KEY)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        printed.contains("All done"),
+        "exit {:?}\n{printed}",
+        out.status
+    );
+    a.check(&printed);
+}
+
+/// The same agent in its interactive interface, on the step's terminal (`run -it`), driven
+/// through tmux: its home (a persistent one, `--home`) says onboarding is done and the
+/// workspace trusted; it asks whether to use the key it found (the placeholder), is told yes,
+/// is given the task as typed keys, shows its answer on the screen, and `/exit`s.
+#[test]
+fn a_real_agent_works_interactively_on_the_steps_terminal() {
+    let Some(a) = AgentWorld::new() else { return };
+    if Command::new("tmux").arg("-V").output().is_err() {
+        skip_or_fail("tmux is not installed (scripts/setup installs it)");
+        return;
+    }
+    let homes = a.tls.dir.path().join("homes");
+    let home = homes.join("agent");
+    std::fs::create_dir_all(&home).unwrap();
+    for d in [&homes, &home] {
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    }
+    std::fs::write(
+        home.join(".claude.json"),
+        r#"{"hasCompletedOnboarding": true, "theme": "dark", "bypassPermissionsModeAccepted": true,
+            "projects": {"/workspace": {"hasTrustDialogAccepted": true, "hasCompletedProjectOnboarding": true}}}"#,
+    )
+    .unwrap();
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let args: Vec<String> = a
+        .run_args(&[
+            "-it",
+            "--home",
+            "agent",
+            "--",
+            "/opt/claude/claude",
+            "--dangerously-skip-permissions",
+        ])
+        .iter()
+        .map(|s| quote(s))
+        .collect();
+    let exit = a.tls.dir.path().join("exit");
+    let sock = a.tls.dir.path().join("tmux.sock");
+    let script = format!(
+        "ip netns exec {client} env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=xterm-256color \
+         SSL_CERT_FILE={ca} SMITHERS_HOMES_DIR={homes} SMITHERS_RESIDENT=off NO_COLOR=1 ANTHROPIC_API_KEY={key} \
+         {bin} {args} > /dev/tty 2>&1; echo $? > {exit}; sleep 600",
+        client = a.w.client,
+        ca = quote(&a.tls.ca().display().to_string()),
+        homes = quote(&homes.display().to_string()),
+        key = AGENT_KEY,
+        bin = quote(bin_path()),
+        args = args.join(" "),
+        exit = quote(&exit.display().to_string()),
+    );
+    let tmux = |args: &[&str]| {
+        let out = Command::new("tmux")
+            .arg("-S")
+            .arg(&sock)
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    tmux(&[
+        "-f",
+        "/dev/null",
+        "new-session",
+        "-d",
+        "-s",
+        "a",
+        "-x",
+        "120",
+        "-y",
+        "40",
+        &script,
+    ]);
+    let wait_for = |what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let screen = tmux(&["capture-pane", "-p", "-t", "a"]);
+            if screen.contains(what) {
+                return screen;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {what:?} on:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("Do you want to use this API key?");
+    tmux(&["send-keys", "-t", "a", "Up"]);
+    std::thread::sleep(Duration::from_millis(300));
+    tmux(&["send-keys", "-t", "a", "Enter"]);
+    wait_for("bypass permissions");
+    std::thread::sleep(Duration::from_millis(500));
+    tmux(&[
+        "send-keys",
+        "-t",
+        "a",
+        "-l",
+        "write hello.txt and run the tests",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
+    tmux(&["send-keys", "-t", "a", "Enter"]);
+    let screen = wait_for("All done");
+    tmux(&["send-keys", "-t", "a", "-l", "/exit"]);
+    std::thread::sleep(Duration::from_millis(300));
+    tmux(&["send-keys", "-t", "a", "Enter"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let code = loop {
+        if let Ok(t) = std::fs::read_to_string(&exit) {
+            if t.ends_with('\n') {
+                break t.trim().to_string();
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            tmux(&["capture-pane", "-p", "-t", "a"])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let last = tmux(&["capture-pane", "-p", "-S", "-200", "-t", "a"]);
+    tmux(&["kill-server"]);
+    assert_eq!(code, "0", "{last}");
+    a.check(&format!("{screen}{last}"));
+}

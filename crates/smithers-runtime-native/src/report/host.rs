@@ -88,9 +88,26 @@ pub(crate) fn probe(
         (Err(e), WorkspaceMode::Auto) => copy_row(&format!("overlayfs cannot be mounted in a user namespace here: {e}")),
         (Err(_), WorkspaceMode::Copy) => copy_row("copy mode requested (workspace = copy)"),
     });
+    p.push(checkpoints_row(ok("overlay"), ok("layerFlip"), mode));
     EnforcementReport {
         runtime: Some(RuntimeKind::Bubblewrap),
         protections: p,
+    }
+}
+
+/// Whether a session's workspace can be checkpointed here: an overlay workspace whose frozen
+/// layer can be stacked under a new one (the probe's `layerFlip`).
+fn checkpoints_row(
+    overlay: Result<(), String>,
+    flip: Result<(), String>,
+    mode: WorkspaceMode,
+) -> smithers_runtime::Protection {
+    use ProtectionStatus::*;
+    let fix = "an overlay workspace on a kernel whose overlayfs passes the layer-flip probe (6.18 does; Debian's 6.1 answers EIO)";
+    match (overlay, flip, mode) {
+        (_, _, WorkspaceMode::Copy) | (Err(_), _, _) => row(n::CHECKPOINTS, Unavailable, "session checkpoint, restore and fork need an overlay workspace (a copy has no layers to freeze): refused", Some(fix)),
+        (Ok(()), Ok(()), _) => row(n::CHECKPOINTS, Enforced, "session checkpoint, restore and fork by layer flips: the session's layer frozen in place (no file copied), a new one over it", None),
+        (Ok(()), Err(e), _) => row(n::CHECKPOINTS, Unavailable, format!("this kernel's overlayfs cannot stack a frozen layer under a new one ({e}): session checkpoint, restore and fork are refused"), Some(fix)),
     }
 }
 

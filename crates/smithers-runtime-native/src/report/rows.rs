@@ -30,6 +30,9 @@ pub mod protection_names {
     pub const TIMEOUT: &str = "timeout";
     pub const OUTPUT: &str = "output";
     pub const WORKSPACE_COW: &str = "workspace-cow";
+    /// A session's checkpoints, restores and forks (layer flips): the host probe's row only
+    /// (a capability, not a protection; never required).
+    pub const CHECKPOINTS: &str = "checkpoints";
     /// Host paths mounted by the caller (`volumes`), each with its mode.
     pub const HOST_MOUNTS: &str = smithers_runtime::mounts::HOST_MOUNTS;
 }

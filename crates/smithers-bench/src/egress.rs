@@ -235,5 +235,6 @@ pub fn run(rounds: usize) -> anyhow::Result<String> {
         summary.allowed + summary.denied,
         summary.denied
     ));
+    body.push_str(&crate::egress_secrets::run(rounds)?);
     Ok(body)
 }

@@ -1438,6 +1438,10 @@ trait Origin {
     type Read: AsyncRead + Unpin + Send;
     type Write: tokio::io::AsyncWrite + Unpin + Send;
     fn halves(self) -> (Self::Read, Self::Write);
+    /// The socket under a half, when the origin is a plain TCP connection (its bytes can then
+    /// be moved in the kernel, [`crate::kernel_splice`]).
+    fn tcp_read(r: &Self::Read) -> Option<&TcpStream>;
+    fn tcp_write(w: &Self::Write) -> Option<&TcpStream>;
 }
 
 impl Origin for TcpStream {
@@ -1446,6 +1450,12 @@ impl Origin for TcpStream {
     fn halves(self) -> (Self::Read, Self::Write) {
         self.into_split()
     }
+    fn tcp_read(r: &Self::Read) -> Option<&TcpStream> {
+        Some(r.as_ref())
+    }
+    fn tcp_write(w: &Self::Write) -> Option<&TcpStream> {
+        Some(w.as_ref())
+    }
 }
 
 impl Origin for tokio_rustls::client::TlsStream<TcpStream> {
@@ -1453,6 +1463,12 @@ impl Origin for tokio_rustls::client::TlsStream<TcpStream> {
     type Write = tokio::io::WriteHalf<Self>;
     fn halves(self) -> (Self::Read, Self::Write) {
         tokio::io::split(self)
+    }
+    fn tcp_read(_: &Self::Read) -> Option<&TcpStream> {
+        None
+    }
+    fn tcp_write(_: &Self::Write) -> Option<&TcpStream> {
+        None
     }
 }
 
@@ -1533,6 +1549,12 @@ async fn splice<O: Origin>(
         // The step's placeholders go to no host they are not bound to, where the bytes can
         // be read (plain text; a TLS stream's are not, and carry no placeholder in the clear).
         let mut finder = (shared.opts.secrets.as_ref()).map(|s| s.placeholder_finder());
+        // Nothing to look for in it: moved in the kernel.
+        if let (None, Some(to)) = (&finder, O::tcp_write(&ow)) {
+            let _ = crate::kernel_splice::copy(cr.as_ref(), to, &up).await;
+            let _ = ow.shutdown().await;
+            return;
+        }
         while let Ok(n) = cr.read(&mut buf).await {
             if n == 0 {
                 break;
@@ -1553,6 +1575,14 @@ async fn splice<O: Origin>(
         let _ = ow.shutdown().await;
     };
     let b = async {
+        if let Some(from) = O::tcp_read(&or) {
+            tokio::select! {
+                _ = crate::kernel_splice::copy(from, cw.as_ref(), &down) => {}
+                _ = stop.notified() => {}
+            }
+            let _ = cw.shutdown().await;
+            return;
+        }
         let mut buf = vec![0u8; 64 << 10];
         loop {
             let n = tokio::select! {

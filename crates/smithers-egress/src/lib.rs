@@ -25,6 +25,7 @@ pub mod addr;
 pub mod dns;
 pub mod engine;
 pub mod fdpass;
+mod kernel_splice;
 pub mod policy;
 pub mod proxy;
 pub mod sandbox;

@@ -142,6 +142,7 @@ fn exec_over_socket(socket: &Path, devnull: &File) -> anyhow::Result<()> {
         env: Vec::new(),
         timeout_ms: None,
         stdin: false,
+        terminal: None,
     };
     let stream = session::send(socket, &request, &[devnull.as_fd(), devnull.as_fd()])?;
     let answer = session::read_answer(&stream)?;

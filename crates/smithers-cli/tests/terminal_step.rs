@@ -34,15 +34,27 @@ impl Tmux {
     /// A project, and the pane running `run -it` with `args` in it (then its exit code is
     /// written where [`Tmux::exit_code`] reads it).
     fn start(args: &[&str]) -> Tmux {
+        let mut all: Vec<String> = ["run", "-it", "--sandbox-id", "sbx-term"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        all.extend(args.iter().map(|s| s.to_string()));
+        Tmux::start_cli(|_| all)
+    }
+
+    /// A project, and the pane running the CLI with the arguments `prepare` gives once it
+    /// exists.
+    fn start_cli(prepare: impl FnOnce(&Tmux) -> Vec<String>) -> Tmux {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("project");
         std::fs::create_dir_all(&root).unwrap();
         std::fs::write(root.join("a.txt"), "a\n").unwrap();
         let t = Tmux { dir, root };
+        let args = prepare(&t);
         let quoted: Vec<String> = args.iter().map(|a| shell_quote(a)).collect();
         let script = format!(
             "cd {root} && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME={home} TERM=xterm-256color \
-             SMITHERS_RESIDENT=off NO_COLOR=1 {bin} run -it --sandbox-id sbx-term {args}; \
+             SMITHERS_RESIDENT=off NO_COLOR=1 {bin} {args}; \
              echo $? > {exit}; sleep 600",
             root = shell_quote(&t.root.display().to_string()),
             home = shell_quote(&t.dir.path().display().to_string()),
@@ -154,6 +166,21 @@ impl Tmux {
     }
 }
 
+impl Tmux {
+    /// Asks the shell for its terminal's size until it says `size` (a resize reaches it
+    /// asynchronously).
+    fn wait_until_size(&self, size: &str) {
+        for _ in 0..50 {
+            self.line("stty size");
+            std::thread::sleep(Duration::from_millis(100));
+            if self.screen().contains(size) {
+                return;
+            }
+        }
+        panic!("the size never became {size}:\n{}", self.screen());
+    }
+}
+
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
@@ -208,8 +235,8 @@ fn a_repl_and_a_full_screen_program_run_on_the_steps_own_terminal() {
     t.wait_format("#{alternate_on}", "0");
     // The window's new size reaches the step's terminal.
     t.cmd(&["resize-window", "-t", "t", "-x", "120", "-y", "40"]);
-    t.line("stty size");
-    t.wait_for("40 120");
+    // Until the new size has reached the step's terminal (a signal, then an ioctl).
+    t.wait_until_size("40 120");
     // Ctrl-C is the step's: it ends the step's command, not the run.
     t.line("sleep 100");
     std::thread::sleep(Duration::from_millis(300));
@@ -310,4 +337,50 @@ fn a_hostile_steps_clipboard_title_and_answer_back_never_reach_the_terminal() {
     ]);
     t.wait_format("#{pane_title}", "CONTROL-TITLE");
     assert!(t.cmd(&["list-buffers"]).contains("echo pwned"));
+}
+
+/// `session exec -t`: a session's command on a terminal of its own, shown on the client's
+/// terminal through the same filter: its size and a resize, a title change kept out, its exit
+/// code as the client's, its change in the session's diff.
+#[test]
+fn a_sessions_command_runs_on_a_terminal_of_its_own() {
+    if usable().is_none() {
+        return;
+    }
+    let cli = |t: &Tmux, args: &[&str]| {
+        Command::new(bin_path())
+            .args(args)
+            .current_dir(&t.root)
+            .env("HOME", t.dir.path())
+            .env("SMITHERS_RESIDENT", "off")
+            .output()
+            .unwrap()
+    };
+    let mut id = String::new();
+    let t = Tmux::start_cli(|t| {
+        let out = cli(t, &["session", "start"]);
+        assert!(out.status.success(), "{out:?}");
+        id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        ["session", "exec", "-t", &id, "--", "bash", "--norc", "-i"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    });
+    t.wait_for("bash-");
+    t.line("stty size; echo from-the-session > s.txt");
+    t.wait_for("30 100");
+    t.cmd(&["resize-window", "-t", "t", "-x", "120", "-y", "40"]);
+    t.wait_until_size("40 120");
+    t.line("printf '\\033]2;PWNED\\007'; exit 3");
+    assert_eq!(t.exit_code(), 3, "{}", t.screen());
+    let screen = t.screen();
+    assert!(screen.contains("kept from your terminal"), "{screen}");
+    assert_ne!(t.format("#{pane_title}"), "PWNED");
+    let diff = cli(&t, &["session", "diff", &id]);
+    assert!(
+        String::from_utf8_lossy(&diff.stdout).contains("+from-the-session"),
+        "{diff:?}"
+    );
+    let stop = cli(&t, &["session", "stop", &id]);
+    assert!(stop.status.success(), "{stop:?}");
 }

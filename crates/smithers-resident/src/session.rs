@@ -44,6 +44,11 @@ pub enum Request {
         timeout_ms: Option<u64>,
         /// Whether the first descriptor is the command's stdin.
         stdin: bool,
+        /// On a terminal of its own of this size (rows, columns): then the descriptors are
+        /// the keys typed into it, where what it shows goes, and its later sizes (4 bytes
+        /// each: rows, columns, big-endian).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        terminal: Option<[u16; 2]>,
     },
     /// A file's bytes to the client's stdout (descriptors: stdout, stderr).
     Read { path: String },

@@ -20,6 +20,6 @@ pub mod run;
 mod run_args;
 mod run_row;
 mod run_summary;
-mod run_terminal;
+pub(crate) mod run_terminal;
 pub mod serve;
 pub mod session;

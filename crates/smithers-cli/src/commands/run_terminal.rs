@@ -169,7 +169,7 @@ fn terminal_env() -> Vec<(String, String)> {
 }
 
 /// Our window's size (stdout's terminal, else stdin's), or the VT100's.
-fn window_size() -> TerminalSize {
+pub(crate) fn window_size() -> TerminalSize {
     let of = |fd: std::os::fd::BorrowedFd<'_>| {
         rustix::termios::tcgetwinsize(fd)
             .ok()
@@ -198,12 +198,12 @@ async fn follow_window(size: tokio::sync::watch::Sender<TerminalSize>) {
 
 /// Our terminal in raw mode until dropped (every key is the step's; nothing is echoed here:
 /// the step's terminal echoes), then as it was.
-struct RawMode {
+pub(crate) struct RawMode {
     saved: rustix::termios::Termios,
 }
 
 impl RawMode {
-    fn enter() -> Option<RawMode> {
+    pub(crate) fn enter() -> Option<RawMode> {
         let stdin = std::io::stdin();
         let saved = rustix::termios::tcgetattr(stdin.as_fd()).ok()?;
         let mut raw = saved.clone();
@@ -226,8 +226,8 @@ impl Drop for RawMode {
 
 /// Our keys, read while the step runs: a read that waits at most a tenth of a second at a
 /// time, so that it ends with the step and leaves nothing of ours reading the terminal.
-struct Keys {
-    typing: Arc<AtomicBool>,
+pub(crate) struct Keys {
+    pub(crate) typing: Arc<AtomicBool>,
 }
 
 impl std::io::Read for Keys {
@@ -265,18 +265,21 @@ struct Shown<'a> {
 }
 
 impl Shown<'_> {
-    /// One line on stderr naming what was kept from the terminal, if anything was.
     fn say_what_was_kept_out(&self) {
-        let filter = self.filter.lock().unwrap_or_else(|p| p.into_inner());
-        let kept: Vec<String> = (filter.blocked().iter())
-            .map(|(kind, n)| format!("{n} {}", kind.describe()))
-            .collect();
-        if !kept.is_empty() {
-            say!(
-                "smithers-sandbox: kept from your terminal: {}",
-                kept.join(", ")
-            );
-        }
+        say_kept(&self.filter.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+}
+
+/// One line on stderr naming what `filter` kept from the terminal, if anything.
+pub(crate) fn say_kept(filter: &VtFilter) {
+    let kept: Vec<String> = (filter.blocked().iter())
+        .map(|(kind, n)| format!("{n} {}", kind.describe()))
+        .collect();
+    if !kept.is_empty() {
+        say!(
+            "smithers-sandbox: kept from your terminal: {}",
+            kept.join(", ")
+        );
     }
 }
 

@@ -214,6 +214,7 @@ impl Server {
             env,
             timeout_ms: u64_arg(args, "timeoutMs")?,
             stdin: stdin.is_some(),
+            terminal: None,
         };
         let ran = run_with_pipes(&socket, &request, stdin, limit)?;
         let (answer, out, err) = match ran {
@@ -313,6 +314,7 @@ impl Server {
             env: Vec::new(),
             timeout_ms: Some(30_000),
             stdin: false,
+            terminal: None,
         };
         let (answer, out, err) = match run_with_pipes(&socket, &request, None, MAX_OUTPUT)? {
             Ok(r) => r,

@@ -211,8 +211,27 @@ pub fn exec(args: &ExecArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         Some(t) => Some(super::parse_duration("--timeout", t)?.as_millis() as u64),
         None => None,
     };
+    if args.tty {
+        if json_out || !std::io::stdin().is_terminal() || !std::io::stdout().is_terminal() {
+            return Err(invalid(
+                "-t shows the command's terminal on yours: stdin and stdout must be a terminal (and no --json)"
+                    .into(),
+            ));
+        }
+        let request = Request::Exec {
+            argv: args.command.clone(),
+            cwd: args.cwd.clone(),
+            env,
+            timeout_ms,
+            stdin: false,
+            terminal: Some(super::terminal::our_size()),
+        };
+        let answer =
+            super::terminal::on_our_terminal(|fds| ask_with(&args.id, &socket, &request, fds))?;
+        return Ok(ExitCode::from(exit_status(&answer["exit"])));
+    }
     // A terminal is not passed: the holder would go on reading it after the command ended
-    // (a terminal for the command is `session attach`'s).
+    // (a terminal of the command's own is `-t`).
     let stdin = !args.no_stdin && !std::io::stdin().is_terminal();
     let request = Request::Exec {
         argv: args.command.clone(),
@@ -220,6 +239,7 @@ pub fn exec(args: &ExecArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         env,
         timeout_ms,
         stdin,
+        terminal: None,
     };
     let stdio = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     // A terminal gets the command's output made inert, as `run` shows a step's: the command

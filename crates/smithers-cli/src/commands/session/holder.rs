@@ -28,7 +28,7 @@ use crate::commands::{backend, context, run};
 use crate::output::Coded;
 
 /// What every connection's thread shares.
-struct Holder {
+pub(super) struct Holder {
     started: Started,
     info: Mutex<SessionInfo>,
     orchestrator: Arc<Orchestrator>,
@@ -386,6 +386,7 @@ fn serve(holder: &Holder, conn: UnixStream) {
             env,
             timeout_ms,
             stdin,
+            terminal,
         } => {
             let request = ExecRequest {
                 argv,
@@ -395,7 +396,10 @@ fn serve(holder: &Holder, conn: UnixStream) {
                 timeout: timeout_ms.map(Duration::from_millis),
                 ..ExecRequest::default()
             };
-            exec_answer(holder, &conn, request, fds, stdin)
+            match terminal {
+                Some(size) => super::terminal::exec_answer(holder, &conn, request, fds, size),
+                None => exec_answer(holder, &conn, request, fds, stdin),
+            }
         }
         Request::Diff => {
             let info = holder
@@ -471,7 +475,14 @@ fn exec_answer(
     }
 }
 
-fn run_exec(
+impl Holder {
+    /// A command's cancellation: fired at its end, or with the session's.
+    pub(super) fn exec_token(&self) -> CancellationToken {
+        self.started.done.child_token()
+    }
+}
+
+pub(super) fn run_exec(
     holder: &Holder,
     conn: &UnixStream,
     request: ExecRequest,

@@ -15,6 +15,7 @@ mod files;
 mod fork;
 mod holder;
 mod runtime;
+mod terminal;
 pub(crate) mod wire;
 
 pub(crate) use holder::socket_of;
@@ -113,6 +114,11 @@ pub struct ExecArgs {
     /// The command's stdin is /dev/null.
     #[arg(short = 'n', long)]
     pub no_stdin: bool,
+    /// The command on a terminal of its own in the sandbox, shown on yours (which must be a
+    /// terminal, put in raw mode: every key is the command's); what reaches your terminal is
+    /// filtered as `run -t`'s.
+    #[arg(short = 't', long = "tty", conflicts_with = "no_stdin")]
+    pub tty: bool,
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }

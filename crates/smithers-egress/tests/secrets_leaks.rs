@@ -333,7 +333,12 @@ async fn no_case_of_the_leak_suite_leaks() {
     let s = w
         .case(&[get(&format!("/?key={p}"), "")], body("ok"), None)
         .await;
-    check("query string swapped in", &s, &value_in);
+    // Never in the request line or a body: an API that stores or repeats what it is sent
+    // (a model asked to spell it out) would give it back another way.
+    let stays = |o: &[u8]| !o.is_empty() && !has(o, VALUE);
+    check("a placeholder in the request line stays one", &s, &|o| {
+        stays(o) && has(o, &p)
+    });
     let s = w
         .case(
             &[post(
@@ -345,8 +350,8 @@ async fn no_case_of_the_leak_suite_leaks() {
             None,
         )
         .await;
-    check("json-escaped body swapped in", &s, &|o| {
-        has(o, &VALUE.replace('/', "\\/"))
+    check("a json-escaped placeholder in a body stays one", &s, &|o| {
+        stays(o) && !has(o, &VALUE.replace('/', "\\/"))
     });
     let pct = |s: &str| {
         s.replace('/', "%2F")
@@ -360,7 +365,19 @@ async fn no_case_of_the_leak_suite_leaks() {
             None,
         )
         .await;
-    check("percent-encoded body swapped in", &s, &|o| {
+    check(
+        "a percent-encoded placeholder in a body stays one",
+        &s,
+        &|o| stays(o) && !has(o, &pct(VALUE)),
+    );
+    let s = w
+        .case(
+            &[get("/", &format!("Cookie: k={}\r\n", pct(&p)))],
+            body("ok"),
+            None,
+        )
+        .await;
+    check("a percent-encoded header swapped in", &s, &|o| {
         has(o, &pct(VALUE))
     });
     let s = w
@@ -388,8 +405,8 @@ async fn no_case_of_the_leak_suite_leaks() {
             )
             .await;
         let want = b64(&format!("{lead}{VALUE}tail"));
-        check("base64 body swapped in", &s, &move |o| {
-            has(o, &want[4..want.len() - 8])
+        check("a base64 placeholder in a body stays one", &s, &move |o| {
+            !o.is_empty() && !has(o, &want[4..want.len() - 8])
         });
     }
     let chunked = format!(
@@ -397,8 +414,8 @@ async fn no_case_of_the_leak_suite_leaks() {
         10, &p[..10], p.len() - 10, &p[10..]
     );
     let s = w.case(&[chunked.into_bytes()], body("ok"), None).await;
-    check("placeholder split across chunks swapped in", &s, &|o| {
-        has(o, &VALUE[..10]) && has(o, &VALUE[10..])
+    check("a placeholder split across chunks stays one", &s, &|o| {
+        stays(o) && has(o, &p[10..])
     });
     let whole = get("/", &format!("Authorization: Bearer {p}\r\n"));
     let (a, b) = whole.split_at(30);

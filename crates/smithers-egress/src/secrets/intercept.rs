@@ -97,9 +97,11 @@ pub async fn relay(
     let (or, ow) = tokio::io::split(origin);
     let pending = Pending::default();
     let stop = Notify::new();
+    // The request's bodies pass as they are: only its header fields get the values (see
+    // `rewrite_request`).
     let up = Pump {
         framer: Framer::new(Side::Request, pending.clone()),
-        swaps: secrets.swap_in(host),
+        swaps: Replacer::new(Vec::new()),
         finder: Some(secrets.foreign(host)),
         mask_at_end: false,
         frames: Default::default(),
@@ -274,7 +276,10 @@ impl Pump {
 }
 
 /// A request's head: its `Host` must be the connection's; `Accept-Encoding` becomes
-/// `identity`; a `Basic` credential gets the placeholders swapped inside it.
+/// `identity`; the placeholders of the host's secrets become their values in its header
+/// fields (inside a `Basic` credential too), never in its request line or its body: an API
+/// that stores or repeats what it is sent (a prompt, a document, a query kept in a log)
+/// would otherwise give the value back by another way, or spell it out.
 fn rewrite_request(secrets: &Secrets, host: &str, bytes: &[u8]) -> Result<(Vec<u8>, u64), String> {
     let mut head = Head::parse(bytes)?;
     if let Some(named) = head.get("host") {
@@ -296,17 +301,25 @@ fn rewrite_request(secrets: &Secrets, host: &str, bytes: &[u8]) -> Result<(Vec<u
     for (name, value) in &mut head.fields {
         if name.eq_ignore_ascii_case("accept-encoding") {
             *value = "identity".into();
-        } else if name.eq_ignore_ascii_case("authorization")
-            || name.eq_ignore_ascii_case("proxy-authorization")
-        {
-            if let Some(encoded) = value
-                .strip_prefix("Basic ")
-                .or_else(|| value.strip_prefix("basic "))
-            {
-                let (swapped_in, n) = secrets.basic_auth(host, encoded)?;
-                *value = format!("Basic {swapped_in}");
-                swapped += n;
-            }
+            continue;
+        }
+        let credential = name.eq_ignore_ascii_case("authorization")
+            || name.eq_ignore_ascii_case("proxy-authorization");
+        let basic = (value.strip_prefix("Basic ")).or_else(|| value.strip_prefix("basic "));
+        if let (true, Some(encoded)) = (credential, basic) {
+            let (swapped_in, n) = secrets.basic_auth(host, encoded)?;
+            *value = format!("Basic {swapped_in}");
+            swapped += n;
+            continue;
+        }
+        let mut r = secrets.swap_in(host);
+        let mut out = Vec::with_capacity(value.len());
+        r.push(value.as_bytes(), &mut out);
+        r.finish(false, &mut out);
+        if r.swaps > 0 {
+            *value =
+                String::from_utf8(out).map_err(|_| "a header that is not UTF-8".to_string())?;
+            swapped += r.swaps;
         }
     }
     Ok((head.to_bytes(), swapped))

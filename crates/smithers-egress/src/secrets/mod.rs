@@ -6,12 +6,14 @@
 //! run's own authority ([`authority`]), opens its own TLS to the real host, verified with this
 //! host's trust store, and relays HTTP/1.1 message by message ([`http`]):
 //!
-//! - requests: the placeholder of a secret bound to the host is replaced by its value, in any
-//!   of its forms ([`placeholder::forms`]: as is, percent-encoded, JSON-escaped, base64 at any
-//!   alignment) and inside `Authorization: Basic` (git's `user:token`); the placeholder of a
-//!   secret *not* bound to the host ends the connection before it is sent; a `Host` other than
-//!   the connection's ends it too; `Accept-Encoding` is made `identity`, so that what comes
-//!   back can be read;
+//! - requests: the placeholder of a secret bound to the host is replaced by its value in the
+//!   request's header fields only, in any of its forms ([`placeholder::forms`]: as is,
+//!   percent-encoded, base64 at any alignment) and inside `Authorization: Basic` (git's
+//!   `user:token`); never in the request line or a body, where an API that stores or repeats
+//!   what it is sent (a prompt to a model that can spell it out) would give it back by another
+//!   way; the placeholder of a secret *not* bound to the host ends the connection before it is
+//!   sent; a `Host` other than the connection's ends it too; `Accept-Encoding` is made
+//!   `identity`, so that what comes back can be read;
 //! - responses: every secret's value, in any of its forms, and any run of its beginning long
 //!   enough to be it (an echo that truncates it), is replaced by its placeholder, streamed
 //!   (only a tail that could still become a match is held); a compressed body, which could

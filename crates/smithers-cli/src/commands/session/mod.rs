@@ -42,6 +42,9 @@ pub enum SessionCommand {
     /// Run a command in the session: its stdin (unless a terminal, or -n), stdout, stderr
     /// and exit status are this command's own.
     Exec(ExecArgs),
+    /// A shell in the session on a terminal of its own, shown on yours (`exec -t ID -- sh`,
+    /// bash where the sandbox has it).
+    Attach(IdArgs),
     /// Print a file of the session's workspace (bytes, to stdout).
     Read(PathArgs),
     /// Write stdin into a file of the session's workspace (parent directories made).
@@ -161,6 +164,23 @@ pub fn run(args: &SessionArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     match &args.command {
         SessionCommand::Start(a) => client::start(a, json_out),
         SessionCommand::Exec(a) => client::exec(a, json_out),
+        SessionCommand::Attach(a) => client::exec(
+            &ExecArgs {
+                id: a.id.clone(),
+                cwd: None,
+                env: Vec::new(),
+                timeout: None,
+                no_stdin: false,
+                tty: true,
+                // The sandbox sees the host's /usr: bash where it is, else sh.
+                command: if std::path::Path::new("/bin/bash").exists() {
+                    vec!["bash".into(), "-i".into()]
+                } else {
+                    vec!["sh".into(), "-i".into()]
+                },
+            },
+            json_out,
+        ),
         SessionCommand::Read(a) => client::read(a),
         SessionCommand::Write(a) => client::write(a, json_out),
         SessionCommand::Diff(a) => client::diff(a, json_out),

@@ -550,7 +550,8 @@ for i in range(400):
         other += 1
 for c in held:
     c.setblocking(False)
-time.sleep(1)
+# The engine tells them at once; a loaded machine may take its time to run it.
+time.sleep(3)
 for c in held:
     try:
         d = c.recv(200)

@@ -225,6 +225,14 @@ impl Pump {
                     self.frames.push_back((self.fed, f));
                     continue;
                 }
+                // A message's end: what is held is no secret's start any more (nothing
+                // follows in it), so it goes now, never held back to be told apart.
+                Piece::End => {
+                    let mut held = Vec::new();
+                    self.swaps.finish(self.mask_at_end, &mut held);
+                    self.interleave(held, &mut out);
+                    continue;
+                }
                 Piece::Head(h) => {
                     let (head, swapped) = on_head(&h)?;
                     end.swaps += swapped;
@@ -282,34 +290,51 @@ impl Pump {
 /// would otherwise give the value back by another way, or spell it out.
 fn rewrite_request(secrets: &Secrets, host: &str, bytes: &[u8]) -> Result<(Vec<u8>, u64), String> {
     let mut head = Head::parse(bytes)?;
-    if let Some(named) = head.get("host") {
-        let name = named.rsplit_once(':').map_or(named, |(n, p)| {
-            if p.bytes().all(|b| b.is_ascii_digit()) {
-                n
-            } else {
-                named
-            }
-        });
-        if !name.eq_ignore_ascii_case(host) {
-            return Err(format!(
-                "a request for {:?} on a connection to {host}: not sent",
-                crate::policy::escape(named)
-            ));
+    // Exactly one Host (the parse refuses two), and it is the connection's: a front end
+    // serving many sites routes by it.
+    let named = head
+        .get("host")
+        .ok_or_else(|| format!("a request without a Host on a connection to {host}: not sent"))?;
+    let name = named.rsplit_once(':').map_or(named, |(n, p)| {
+        if p.bytes().all(|b| b.is_ascii_digit()) {
+            n
+        } else {
+            named
         }
+    });
+    if !name.eq_ignore_ascii_case(host) {
+        return Err(format!(
+            "a request for another host on a connection to {host}: not sent"
+        ));
     }
+    if (head.get("upgrade")).is_some_and(|u| !u.eq_ignore_ascii_case("websocket")) {
+        return Err("an upgrade to anything but a WebSocket (h2c) cannot be read: not sent".into());
+    }
+    // Codings that would hide what comes back (`TE: gzip`, a WebSocket's deflate): dropped,
+    // so the answer comes plain.
+    head.fields.retain(|(n, _)| {
+        !n.eq_ignore_ascii_case("te") && !n.eq_ignore_ascii_case("sec-websocket-extensions")
+    });
     let mut swapped = 0;
     for (name, value) in &mut head.fields {
         if name.eq_ignore_ascii_case("accept-encoding") {
             *value = "identity".into();
             continue;
         }
-        let credential = name.eq_ignore_ascii_case("authorization")
-            || name.eq_ignore_ascii_case("proxy-authorization");
+        let credential = CREDENTIAL_FIELDS[..2]
+            .iter()
+            .any(|f| name.eq_ignore_ascii_case(f));
         let basic = (value.strip_prefix("Basic ")).or_else(|| value.strip_prefix("basic "));
         if let (true, Some(encoded)) = (credential, basic) {
             let (swapped_in, n) = secrets.basic_auth(host, encoded)?;
             *value = format!("Basic {swapped_in}");
             swapped += n;
+            continue;
+        }
+        if !CREDENTIAL_FIELDS
+            .iter()
+            .any(|f| name.eq_ignore_ascii_case(f))
+        {
             continue;
         }
         let mut r = secrets.swap_in(host);
@@ -325,16 +350,28 @@ fn rewrite_request(secrets: &Secrets, host: &str, bytes: &[u8]) -> Result<(Vec<u
     Ok((head.to_bytes(), swapped))
 }
 
+/// The header fields a value is swapped into: where credentials go. Any other field (one an
+/// API might store or repeat) carries the placeholder as it is.
+pub const CREDENTIAL_FIELDS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "x-goog-api-key",
+    "x-auth-token",
+    "private-token",
+];
+
 /// A response's head: a compressed body could not be read for the secrets' values, so it
 /// ends the connection.
 fn check_response(bytes: &[u8]) -> Result<(Vec<u8>, u64), String> {
     let head = Head::parse(bytes)?;
     if let Some(coding) = head.get("content-encoding") {
         if !coding.trim().eq_ignore_ascii_case("identity") {
-            return Err(format!(
-                "a response compressed as {:?} (asked for identity) cannot be read for secrets: cut",
-                crate::policy::escape(coding)
-            ));
+            return Err(
+                "a compressed response (identity was asked for) cannot be read for secrets: cut"
+                    .into(),
+            );
         }
     }
     Ok((bytes.to_vec(), 0))

@@ -221,7 +221,7 @@ impl Secrets {
             let least = placeholder::prefix_len(&b.value) + placeholder::PARTIAL_MIN;
             r = r.with_beginning(&b.value, &b.placeholder, least);
         }
-        r
+        r.steady()
     }
 
     /// Every secret's value, replaced by its placeholder, in `text` (all of it, at once).

@@ -4,6 +4,12 @@
 //! could still become a match (a proper prefix of a pattern), so a stream that pauses is never
 //! held longer than that, and a pattern split across chunks is still found. Every swap keeps
 //! the length, so the framing of what passes (lengths, chunk sizes) stays true.
+//!
+//! A [`Replacer::steady`] one holds a tail of one length whatever it holds (the longest
+//! pattern's, less one): what it gives back, and when, then depends on the bytes' count, not
+//! on whether they begin a secret. Holding only a possible beginning would let a sender that
+//! controls what is echoed (a prompt a model streams back) learn, from which guesses stall,
+//! a secret one character at a time.
 
 /// A streaming replacer.
 #[derive(Debug, Clone)]
@@ -16,6 +22,8 @@ pub struct Replacer {
     /// Whether a byte can begin a match.
     starts: [bool; 256],
     tail: Vec<u8>,
+    /// Hold a tail of one length (see the module's docs).
+    steady: bool,
     /// How many swaps were made.
     pub swaps: u64,
 }
@@ -33,8 +41,27 @@ impl Replacer {
             beginnings: Vec::new(),
             starts,
             tail: Vec::new(),
+            steady: false,
             swaps: 0,
         }
+    }
+
+    /// Holds a tail of one length whatever it holds (see the module's docs).
+    pub fn steady(mut self) -> Replacer {
+        self.steady = true;
+        self
+    }
+
+    /// The longest byte string a match may take.
+    fn longest(&self) -> usize {
+        let p = self.patterns.first().map_or(0, |(f, _)| f.len());
+        let b = self
+            .beginnings
+            .iter()
+            .map(|(v, _, _)| v.len())
+            .max()
+            .unwrap_or(0);
+        p.max(b)
     }
 
     /// Also replaces any run of `value`'s first `least` or more bytes by as many of `to`'s.
@@ -50,8 +77,14 @@ impl Replacer {
     pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) {
         let mut buf = std::mem::take(&mut self.tail);
         buf.extend_from_slice(input);
+        // Steady: only where every match is decided (at least the longest ahead).
+        let limit = if self.steady {
+            buf.len().saturating_sub(self.longest().saturating_sub(1))
+        } else {
+            buf.len()
+        };
         let mut i = 0;
-        while i < buf.len() {
+        while i < limit {
             let b = buf[i];
             if !self.starts[b as usize] {
                 out.push(b);
@@ -97,22 +130,28 @@ impl Replacer {
             out.push(b);
             i += 1;
         }
+        self.tail = buf[i..].to_vec();
     }
 
-    /// The end of the stream: what was held goes out, replaced by the same length of the
-    /// replacement it began when `mask` (it may be the cut-off start of a secret), else as is.
+    /// The end of a stream or a message: what was held goes out as it is, unless `mask` and
+    /// it is a run of a value's beginning at least its bound long (a cut-off echo of it):
+    /// then as that much of the replacement. A shorter held tail is never told apart from a
+    /// miss, or a guessed beginning would be confirmed one character at a time.
     pub fn finish(&mut self, mask: bool, out: &mut Vec<u8>) {
+        if self.steady {
+            // What was held for its length is read now, holding only real beginnings.
+            self.steady = false;
+            self.push(&[], out);
+            self.steady = true;
+        }
         let tail = std::mem::take(&mut self.tail);
         if tail.is_empty() {
             return;
         }
-        let from_pattern = (self.patterns.iter())
-            .find(|(f, _)| f.starts_with(&tail))
-            .map(|(_, t)| t.as_slice());
-        let from_beginning = (self.beginnings.iter())
-            .find(|(v, _, _)| v.starts_with(&tail))
+        let cut_off = (self.beginnings.iter())
+            .find(|(v, _, least)| tail.len() >= *least && v.starts_with(&tail))
             .map(|(_, t, _)| t.as_slice());
-        match from_pattern.or(from_beginning) {
+        match cut_off {
             Some(t) if mask => {
                 out.extend_from_slice(&t[..tail.len()]);
                 self.swaps += 1;
@@ -190,12 +229,41 @@ mod tests {
         assert_eq!(out, b"key was sk-test-ZyXwVuTsRq... (truncated)".to_vec());
         let mut r =
             Replacer::new(vec![(value.to_vec(), to.to_vec())]).with_beginning(value, to, 16);
+        // Held, but shorter than the bound: out as it is (never told apart from a miss).
         let out = run(&mut r, &[b"ends with sk-test-AbCd"], true);
-        assert_eq!(out, b"ends with sk-test-ZyXw".to_vec());
+        assert_eq!(out, b"ends with sk-test-AbCd".to_vec());
         // Too short a run of it is left (it is the public prefix).
         let mut r =
             Replacer::new(vec![(value.to_vec(), to.to_vec())]).with_beginning(value, to, 16);
         let out = run(&mut r, &[b"sk-test-A and more"], true);
         assert_eq!(out, b"sk-test-A and more".to_vec());
+    }
+
+    /// Steady: how much comes back, and when, does not depend on whether the bytes begin the
+    /// secret (a right guess and a wrong one come back alike).
+    #[test]
+    fn a_steady_replacer_gives_back_by_count_not_by_content() {
+        let value = b"sk-test-AbCdEfGhIjKlMnOp";
+        let to = b"sk-test-ZyXwVuTsRqPoNmLk";
+        let make = || {
+            Replacer::new(vec![(value.to_vec(), to.to_vec())])
+                .with_beginning(value, to, 16)
+                .steady()
+        };
+        for guess in [
+            &b"data: sk-test-A"[..],
+            b"data: sk-test-Q",
+            b"data: zzzzzzzzz",
+        ] {
+            let mut r = make();
+            let mut out = Vec::new();
+            r.push(guess, &mut out);
+            r.push(b" and then some more bytes to come", &mut out);
+            assert_eq!(out.len(), guess.len() + 33 - (value.len() - 1), "{guess:?}");
+        }
+        // Whole, it still swaps.
+        let mut r = make();
+        let out = run(&mut r, &[b"x sk-test-AbCdEfG", b"hIjKlMnOp y"], true);
+        assert_eq!(out, b"x sk-test-ZyXwVuTsRqPoNmLk y".to_vec());
     }
 }

@@ -62,6 +62,11 @@ pub(crate) trait ExecHost {
     fn signal_all(&mut self, signal: libc::c_int);
     /// Whether every thread of every process but P1 is stopped (or gone).
     fn all_stopped(&mut self) -> bool;
+    /// Which process the last `all_stopped` found running, and in what state (for the
+    /// refusal's message).
+    fn not_stopped(&self) -> String {
+        String::new()
+    }
     /// Waits a millisecond (between looks at `all_stopped`).
     fn wait_a_little(&mut self);
     /// The monotonic clock, for `started`.
@@ -182,13 +187,19 @@ fn hold_still(host: &mut impl ExecHost, running: &mut Running) -> Result<(), Str
         let mut waited = 0;
         while !host.all_stopped() {
             if waited >= PAUSE_WAIT_MS {
+                let which = host.not_stopped();
                 host.signal_all(libc::SIGCONT);
                 return Err(format!(
-                    "the sandbox's processes did not all stop within {PAUSE_WAIT_MS} ms"
+                    "the sandbox's processes did not all stop within {PAUSE_WAIT_MS} ms ({which})"
                 ));
             }
             host.wait_a_little();
             waited += 1;
+            // Again now and then: a process that came to be as the first went out (in the
+            // middle of an exec, say) is held by the next.
+            if waited % 100 == 0 {
+                host.signal_all(libc::SIGSTOP);
+            }
         }
         running.paused = true;
     }
@@ -386,6 +397,8 @@ pub(crate) struct LibcHost {
     sigchld: OwnedFd,
     /// Every request is received here ([`MAX_SESSION_MESSAGE`], made once).
     buf: Vec<u8>,
+    /// What the last look at the processes found running.
+    running: String,
 }
 
 impl LibcHost {
@@ -428,6 +441,7 @@ impl LibcHost {
             channel,
             sigchld,
             buf: vec![0; MAX_SESSION_MESSAGE],
+            running: String::new(),
         })
     }
 
@@ -567,7 +581,17 @@ impl ExecHost for LibcHost {
 
     fn all_stopped(&mut self) -> bool {
         let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
-        all_threads_stopped(std::path::Path::new("/proc"), me)
+        match first_running(std::path::Path::new("/proc"), me) {
+            None => true,
+            Some(which) => {
+                self.running = which;
+                false
+            }
+        }
+    }
+
+    fn not_stopped(&self) -> String {
+        self.running.clone()
     }
 
     fn wait_a_little(&mut self) {
@@ -579,12 +603,12 @@ impl ExecHost for LibcHost {
     }
 }
 
-/// Whether every thread of every process under `proc` (the sandbox's own procfs: its pid
-/// namespace) but pid 1 is stopped, traced, a zombie or dead. A process whose entries vanish
-/// while read has ended.
-fn all_threads_stopped(proc: &std::path::Path, me: u32) -> bool {
+/// The first thread of a process under `proc` (the sandbox's own procfs: its pid namespace)
+/// but pid 1 and `me` that is neither stopped, traced, a zombie, dead nor held by a vfork
+/// (`pid N (comm) in state S`), or none. A process whose entries vanish while read has ended.
+fn first_running(proc: &std::path::Path, me: u32) -> Option<String> {
     let Ok(processes) = std::fs::read_dir(proc) else {
-        return false;
+        return Some("/proc cannot be read".into());
     };
     for process in processes.flatten() {
         let name = process.file_name();
@@ -600,12 +624,18 @@ fn all_threads_stopped(proc: &std::path::Path, me: u32) -> bool {
         for thread in threads.flatten() {
             if let Ok(stat) = std::fs::read(thread.path().join("stat")) {
                 if !stopped_state(&stat) && !held_by_vfork(&stat, &thread.path()) {
-                    return false;
+                    let text = String::from_utf8_lossy(&stat);
+                    let comm = text.split(['(', ')']).nth(1).unwrap_or("?").to_string();
+                    let state = state_letter(&stat).map_or('?', char::from);
+                    return Some(format!(
+                        "pid {pid} ({}) in state {state}",
+                        comm.escape_default()
+                    ));
                 }
             }
         }
     }
-    true
+    None
 }
 
 /// A thread in uninterruptible sleep inside a process-making call (`clone`, `clone3`, `vfork`,

@@ -1784,19 +1784,7 @@ echo "inside=$( (env; cat /proc/self/environ; grep -rs "$a$b" /workspace /run/sm
         .lines()
         .find_map(|l| l.strip_prefix("bundle   "))
         .unwrap_or_else(|| panic!("no bundle line in:\n{stderr}"));
-    let mut stack = vec![std::path::PathBuf::from(bundle.trim())];
-    while let Some(p) = stack.pop() {
-        if p.is_dir() {
-            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
-        } else {
-            let bytes = std::fs::read(&p).unwrap_or_default();
-            assert!(
-                !bytes.windows(VALUE.len()).any(|w| w == VALUE.as_bytes()),
-                "the value is in {}",
-                p.display()
-            );
-        }
-    }
+    assert_nowhere_under(std::path::Path::new(bundle.trim()), VALUE);
     let records = bundle_records(&stderr);
     let bound = records
         .iter()
@@ -1820,6 +1808,26 @@ echo "inside=$( (env; cat /proc/self/environ; grep -rs "$a$b" /workspace /run/sm
             && r["reason"].as_str().unwrap_or("").contains("placeholder")),
         "{records:?}"
     );
+}
+
+/// No file under `dir` (links not followed) holds `secret`.
+fn assert_nowhere_under(dir: &std::path::Path, secret: &str) {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+        } else if meta.is_file() {
+            let bytes = std::fs::read(&p).unwrap_or_default();
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "the secret is in {}",
+                p.display()
+            );
+        }
+    }
 }
 
 /// The Claude Code CLI (from npm: `@anthropic-ai/claude-code`, its native binary), where
@@ -1961,21 +1969,7 @@ impl AgentWorld {
         assert!(seen.starts_with("sk-ant-api03-") && seen.len() == AGENT_KEY.len());
         assert_ne!(seen, AGENT_KEY);
         assert!(!printed.contains(AGENT_KEY));
-        let mut stack = vec![project.to_path_buf()];
-        while let Some(p) = stack.pop() {
-            if p.is_dir() {
-                stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
-            } else {
-                let bytes = std::fs::read(&p).unwrap_or_default();
-                assert!(
-                    !bytes
-                        .windows(AGENT_KEY.len())
-                        .any(|w| w == AGENT_KEY.as_bytes()),
-                    "the key is in {}",
-                    p.display()
-                );
-            }
-        }
+        assert_nowhere_under(project, AGENT_KEY);
     }
 }
 

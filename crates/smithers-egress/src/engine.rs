@@ -1017,11 +1017,8 @@ async fn tunnel(
         }
     }
     // First bytes holding a placeholder bound elsewhere: the origin is never dialed.
-    let bound_here = normalize_name(host).ok().is_some_and(|name| {
-        addrs.first().is_some_and(|a| a.port() == HTTPS_PORT)
-            && (shared.opts.secrets.as_ref()).is_some_and(|s| s.bound(&name))
-    });
-    if !bound_here && carries_placeholder(shared, &early) {
+    let port = addrs.first().map_or(0, |a| a.port());
+    if bound_name(shared, host, port).is_none() && carries_placeholder(shared, &early) {
         deny_flight(&mut rec, PLACEHOLDER_REFUSED.into());
         shared.record(rec);
         reset(client);
@@ -1065,10 +1062,19 @@ fn carries_placeholder(shared: &Shared, bytes: &[u8]) -> bool {
     })
 }
 
-/// A connection whose destination is checked and dialed, before its first bytes go: to a
-/// host the step's secrets are bound to (port 443), relayed with their swaps, and `None`;
-/// first bytes that hold a placeholder bound elsewhere, refused, and `None`; else handed back
-/// to be spliced.
+/// `host` (normalized) when the step's secrets are bound to it and `port` is 443: its
+/// connections are relayed with the swaps.
+fn bound_name(shared: &Shared, host: &str, port: u16) -> Option<String> {
+    let secrets = shared.opts.secrets.as_ref()?;
+    normalize_name(host)
+        .ok()
+        .filter(|name| port == HTTPS_PORT && secrets.bound(name))
+}
+
+/// A connection whose destination is checked and dialed, and whose first bytes were checked
+/// for placeholders bound elsewhere (by the caller, before its dial where it can): to a host
+/// the step's secrets are bound to (port 443), relayed with their swaps, and `None`; else
+/// handed back to be spliced.
 async fn secrets_or_on(
     shared: &Shared,
     client: TcpStream,
@@ -1082,16 +1088,8 @@ async fn secrets_or_on(
         return Some((client, early, origin, rec));
     };
     let port = origin.peer_addr().map_or(0, |a| a.port());
-    let bound = normalize_name(host)
-        .ok()
-        .filter(|name| port == HTTPS_PORT && secrets.bound(name));
-    let Some(name) = bound else {
-        if carries_placeholder(shared, &early) {
-            deny_flight(&mut rec, PLACEHOLDER_REFUSED.into());
-            shared.record(rec);
-            reset(client);
-            return None;
-        }
+    // Unbound: its first bytes were checked for placeholders by the caller.
+    let Some(name) = bound_name(shared, host, port) else {
         return Some((client, early, origin, rec));
     };
     let limit = shared.opts.limits.handshake;
@@ -1294,6 +1292,12 @@ async fn serve_socks(shared: &Shared, mut stream: TcpStream) {
             return;
         }
     };
+    if bound_name(shared, &host, port).is_none() && carries_placeholder(shared, &early) {
+        deny_flight(&mut rec, PLACEHOLDER_REFUSED.into());
+        shared.record(rec);
+        reset(stream);
+        return;
+    }
     let n = early.len();
     let Some((stream, early, mut origin, rec)) =
         secrets_or_on(shared, stream, early, origin, rec, &host, started).await

@@ -209,13 +209,18 @@ impl SecretBinding {
     pub fn value(&self) -> Result<Vec<u8>, String> {
         let raw = match &self.file {
             Some(path) => {
-                let meta = std::fs::metadata(path)
-                    .map_err(|e| format!("{}: {}: {e}", self.name, path.display()))?;
-                if meta.len() > 64 << 10 {
+                use std::io::Read as _;
+                let fail = |e: std::io::Error| format!("{}: {}: {e}", self.name, path.display());
+                let mut raw = Vec::new();
+                // Bounded as read (a file that grows after a look at its size stays bounded).
+                (std::fs::File::open(path).map_err(fail)?)
+                    .take((64 << 10) + 1)
+                    .read_to_end(&mut raw)
+                    .map_err(fail)?;
+                if raw.len() > 64 << 10 {
                     return Err(format!("{}: {} is over 64 KiB", self.name, path.display()));
                 }
-                std::fs::read(path)
-                    .map_err(|e| format!("{}: {}: {e}", self.name, path.display()))?
+                raw
             }
             None => std::env::var_os(&self.name)
                 .map(std::os::unix::ffi::OsStringExt::into_vec)

@@ -224,15 +224,6 @@ impl Secrets {
         r.steady()
     }
 
-    /// Every secret's value, replaced by its placeholder, in `text` (all of it, at once).
-    pub fn scrub(&self, text: &[u8]) -> Vec<u8> {
-        let mut r = self.swap_out();
-        let mut out = Vec::with_capacity(text.len());
-        r.push(text, &mut out);
-        r.finish(true, &mut out);
-        out
-    }
-
     /// A `Basic` credential with the placeholders bound to `host` swapped in, or why not.
     fn basic_auth(&self, host: &str, encoded: &str) -> Result<(String, u64), String> {
         let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim()) else {

@@ -89,14 +89,7 @@ fn checked_master(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, RuntimeError> {
     if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGPTN, &mut number) } < 0 {
         return Err(bad("is not a pseudo-terminal master".into()));
     }
-    // SAFETY: fcntl on a descriptor we own, reading then setting its status flags.
-    let nonblocking = unsafe {
-        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        flags >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
-    };
-    if !nonblocking {
-        return Err(bad(format!("{}", std::io::Error::last_os_error())));
-    }
+    crate::live::channel::set_nonblocking(&fd).map_err(|e| bad(e.to_string()))?;
     // SAFETY: an OwnedFd's `as_raw_fd` is its one descriptor, open until the AsyncFd (which
     // owns it) is dropped.
     unsafe { AsyncFd::register(fd) }.map_err(|e| bad(e.to_string()))

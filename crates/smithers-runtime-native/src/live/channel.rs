@@ -154,7 +154,7 @@ impl Channel {
     }
 }
 
-fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+pub(crate) fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
     // SAFETY: fcntl on a descriptor we own, reading its status flags.
     let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
     if flags < 0 {

@@ -75,10 +75,16 @@ impl Replacer {
 
     /// Replaces in `input` (after what was held), appending what is certain to `out`.
     pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) {
+        self.scan(input, self.steady, out);
+    }
+
+    /// [`Replacer::push`]'s work; `steady` holds a tail of one length, else only a possible
+    /// beginning.
+    fn scan(&mut self, input: &[u8], steady: bool, out: &mut Vec<u8>) {
         let mut buf = std::mem::take(&mut self.tail);
         buf.extend_from_slice(input);
         // Steady: only where every match is decided (at least the longest ahead).
-        let limit = if self.steady {
+        let limit = if steady {
             buf.len().saturating_sub(self.longest().saturating_sub(1))
         } else {
             buf.len()
@@ -138,12 +144,8 @@ impl Replacer {
     /// then as that much of the replacement. A shorter held tail is never told apart from a
     /// miss, or a guessed beginning would be confirmed one character at a time.
     pub fn finish(&mut self, mask: bool, out: &mut Vec<u8>) {
-        if self.steady {
-            // What was held for its length is read now, holding only real beginnings.
-            self.steady = false;
-            self.push(&[], out);
-            self.steady = true;
-        }
+        // What was held for its length is read now, holding only real beginnings.
+        self.scan(&[], false, out);
         let tail = std::mem::take(&mut self.tail);
         if tail.is_empty() {
             return;

@@ -408,8 +408,16 @@ async fn a_step_a_warm_sandbox_cannot_serve_starts_cold() {
 }
 
 fn alive(pid: i32) -> bool {
-    // A zombie has no mount namespace link any more; a live process does.
-    std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok()
+    // Gone once reaped or a zombie: an exiting process's files (its control socket) are
+    // released before it becomes a zombie, but after its namespaces are (so a missing
+    // `ns/mnt` link does not yet mean the pool can see it gone).
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
 }
 
 /// SIGKILLs a warm init this test's runtime started and waits (bounded) until it is gone.

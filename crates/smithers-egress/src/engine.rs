@@ -905,9 +905,15 @@ async fn forward(
     let started = Instant::now();
     // Checked before the origin is even dialed: a denial, the step told why.
     if carries_placeholder(shared, &first) {
-        deny_flight(&mut rec, PLACEHOLDER_REFUSED.into());
+        // To one of its own hosts, but in plain text (an https:// URL sent to the proxy as
+        // it is, as busybox's wget does): its value travels only inside TLS.
+        let why = match bound_name(shared, host, HTTPS_PORT) {
+            Some(_) => PLACEHOLDER_IN_PLAIN_TEXT,
+            None => PLACEHOLDER_REFUSED,
+        };
+        deny_flight(&mut rec, why.into());
         shared.record(rec);
-        let denied = proxy::http_denied(403, host, port, PLACEHOLDER_REFUSED, &shared.hash);
+        let denied = proxy::http_denied(403, host, port, why, &shared.hash);
         let _ = stream.write_all(&denied).await;
         return;
     }
@@ -1051,6 +1057,8 @@ async fn tunnel(
 /// Why bytes holding a secret's placeholder were not sent.
 const PLACEHOLDER_REFUSED: &str =
     "the placeholder of a secret was sent to a host it is not bound to: not sent";
+const PLACEHOLDER_IN_PLAIN_TEXT: &str =
+    "the placeholder of a secret was sent to its host in plain text (its value is sent only inside TLS, to port 443): not sent";
 
 /// Whether `bytes` hold the placeholder of any of the step's secrets.
 fn carries_placeholder(shared: &Shared, bytes: &[u8]) -> bool {

@@ -1,6 +1,6 @@
 //! What a sandbox with a policy sees of the engine, the same on every runtime: where the
 //! listeners are inside its network namespace, the `/etc` files naming our resolver, and the
-//! proxy variables.
+//! proxy variables; with secrets, the run's authority it trusts and the variables naming it.
 
 /// The HTTP proxy's port on the sandbox's loopback.
 pub const HTTP_PROXY_PORT: u16 = 3128;
@@ -96,5 +96,76 @@ pub fn report_detail(policy: &crate::Policy) -> String {
         policy.hash(),
         policy.mode.as_str(),
         if ports.contains(',') { "s" } else { "" },
+    )
+}
+
+/// The run's authority's certificate, and this host's bundle with it, in the step's request
+/// directory (see [`write_authority`]).
+pub const CA_FILE: &str = "egress-ca.pem";
+pub const CA_BUNDLE: &str = "egress-ca-bundle.pem";
+
+/// The step's secrets made (their placeholders and the run's authority) from `specs`, and
+/// the authority written into `request_dir` for the step to trust: its certificate alone
+/// ([`CA_FILE`], as `NODE_EXTRA_CA_CERTS` wants it) and after this host's bundle
+/// ([`CA_BUNDLE`], for the variables that replace the system's). `None` without any.
+pub fn secrets_for(
+    specs: Vec<crate::secrets::SecretSpec>,
+    request_dir: &std::path::Path,
+) -> Result<Option<std::sync::Arc<crate::secrets::Secrets>>, String> {
+    if specs.is_empty() {
+        return Ok(None);
+    }
+    let secrets = crate::secrets::Secrets::new(specs)?;
+    let ca = secrets.ca_pem();
+    let host_bundle = [
+        "/etc/ssl/certs/ca-certificates.crt",
+        "/etc/pki/tls/certs/ca-bundle.crt",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok())
+    .unwrap_or_default();
+    for (name, content) in [
+        (CA_FILE, ca.clone()),
+        (CA_BUNDLE, format!("{host_bundle}\n{ca}")),
+    ] {
+        let path = request_dir.join(name);
+        std::fs::write(&path, content).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(Some(std::sync::Arc::new(secrets)))
+}
+
+/// What the step's environment gets for its secrets: each placeholder under the secret's
+/// name, and the run's authority (under `request_inside`, where the step sees its request
+/// directory) named in every variable common clients read.
+pub fn secrets_env(s: &crate::secrets::Secrets, request_inside: &str) -> Vec<(String, String)> {
+    let bundle = format!("{request_inside}/{CA_BUNDLE}");
+    let mut env = s.env();
+    for name in [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+    ] {
+        env.push((name.to_string(), bundle.clone()));
+    }
+    env.push((
+        "NODE_EXTRA_CA_CERTS".to_string(),
+        format!("{request_inside}/{CA_FILE}"),
+    ));
+    env
+}
+
+/// What the network row says of a step's secrets, `(name, hosts)` each: names and hosts,
+/// never a value. Empty without any.
+pub fn secrets_detail<'a>(bindings: impl IntoIterator<Item = (&'a str, &'a [String])>) -> String {
+    let each: Vec<String> = (bindings.into_iter())
+        .map(|(name, hosts)| format!("{name} for {}", hosts.join(", ")))
+        .collect();
+    if each.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; secrets on egress: {}: the step holds a placeholder of each; the value is swapped in only in HTTPS requests to its hosts (TLS ended by this run's own authority, name-constrained to them; the hosts verified with the runtime's trust store) and swapped out of everything they answer",
+        each.join("; ")
     )
 }

@@ -22,6 +22,7 @@ use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use bollard::query_parameters::CreateContainerOptions;
 use bollard::Docker;
 use smithers_egress::engine::EngineOptions;
+use smithers_egress::secrets::SecretSpec;
 use smithers_egress::{EgressRecord, Engine, Listeners, Policy};
 use smithers_runtime::{Controls, OutputSink, RuntimeError};
 use smithers_sandbox_init::plan::EgressListen;
@@ -116,6 +117,9 @@ pub(crate) struct Holder {
     /// The `/etc` files the step's container binds.
     pub etc_dir: PathBuf,
     pub live: tokio::sync::mpsc::UnboundedReceiver<EgressRecord>,
+    /// With secrets: their placeholders and the variables naming the run's authority, for
+    /// the step's environment.
+    pub secret_env: Vec<(String, String)>,
 }
 
 impl Holder {
@@ -142,15 +146,32 @@ fn bind(source: &Path, target: &str) -> Mount {
     }
 }
 
-/// Starts the holder for `state` and the engine on what it sends.
+/// Starts the holder for `state` and the engine on what it sends, with `controls`' secrets.
 pub(crate) async fn start_holder(
     docker: &Docker,
     state: &BackendState,
-    policy: Policy,
+    (policy, controls): (Policy, &Controls),
     holder_bin: &Path,
     labels: HashMap<String, String>,
     request_dir: &Path,
 ) -> Result<Holder, RuntimeError> {
+    // The secrets first: a value that cannot be read refuses the step before any container.
+    let specs = (controls.secret_values()?.into_iter())
+        .map(|s| SecretSpec {
+            name: s.name,
+            hosts: s.hosts,
+            value: s.value,
+        })
+        .collect();
+    let secrets = smithers_egress::sandbox::secrets_for(specs, request_dir).map_err(|reason| {
+        RuntimeError::InvalidControl {
+            control: "secrets",
+            reason,
+        }
+    })?;
+    let secret_env = (secrets.as_deref())
+        .map(|s| smithers_egress::sandbox::secrets_env(s, crate::plan::REQUEST_DIR))
+        .unwrap_or_default();
     let dir = state.state_dir.join("egress");
     std::fs::create_dir_all(&dir).map_err(|e| holder_err("its directory", e.to_string()))?;
     let etc_dir = smithers_egress::sandbox::write_etc_files(&dir.join("etc"))
@@ -218,6 +239,7 @@ pub(crate) async fn start_holder(
         EngineOptions {
             denials_file: Some(denials),
             live: Some(tx),
+            secrets,
             ..Default::default()
         },
     )
@@ -228,6 +250,7 @@ pub(crate) async fn start_holder(
         conn,
         etc_dir,
         live: rx,
+        secret_env,
     })
 }
 

@@ -93,8 +93,11 @@ pub(crate) fn enforcement_for(
                     Enforced
                 },
                 format!(
-                    "the network namespace of a NetworkMode=none holder container, joined by the step's: {}",
-                    smithers_egress::sandbox::report_detail(&policy)
+                    "the network namespace of a NetworkMode=none holder container, joined by the step's: {}{}",
+                    smithers_egress::sandbox::report_detail(&policy),
+                    smithers_egress::sandbox::secrets_detail(
+                        (c.secrets.iter()).map(|s| (s.name.as_str(), s.hosts.as_slice()))
+                    ),
                 ),
             ),
             None if c.allow_network => {

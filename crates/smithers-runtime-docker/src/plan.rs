@@ -181,6 +181,8 @@ pub struct ContainerPlan<'a> {
 pub struct EgressPlan<'a> {
     pub holder: &'a str,
     pub etc_dir: &'a Path,
+    /// The secrets' placeholders and the variables naming the run's authority.
+    pub secret_env: &'a [(String, String)],
 }
 
 /// The environment of the step: nothing from the host but a fixed allowlist of values that
@@ -192,12 +194,13 @@ pub fn container_env(plan: &ContainerPlan<'_>) -> Vec<String> {
         ("HOME".into(), "/tmp".into()),
         ("TMPDIR".into(), "/tmp".into()),
     ];
-    if plan.egress.is_some() {
-        // The proxies' variables, under the step's own (which win).
+    if let Some(egress) = &plan.egress {
+        // The proxies' variables and the secrets', under the step's own (which win).
         env.extend(smithers_egress::sandbox::proxy_env(&format!(
             "{REQUEST_DIR}/{}",
             smithers_egress::sandbox::DENIALS_FILE
         )));
+        env.extend(egress.secret_env.iter().cloned());
     }
     for (k, v) in &plan.controls.env {
         if let Some(slot) = env.iter_mut().find(|(ek, _)| ek == k) {

@@ -231,6 +231,7 @@ impl DockerRuntime {
             egress: holder.map(|h| plan::EgressPlan {
                 holder: &h.name,
                 etc_dir: &h.etc_dir,
+                secret_env: &h.secret_env,
             }),
         });
         let created = docker

@@ -28,7 +28,7 @@ impl Runtime for DockerRuntime {
 
     async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
         config.refuse_layers("docker")?;
-        (config.refuse_home("docker")).and_then(|()| config.refuse_secrets("docker"))?;
+        config.refuse_home("docker")?;
         config.validate()?;
         if config.runtime != RuntimeKind::Docker {
             return Err(RuntimeError::InvalidControl {
@@ -241,9 +241,15 @@ impl Runtime for DockerRuntime {
                     hostfs::self_identity(),
                     &state.state_dir,
                 );
-                let started =
-                    egress::start_holder(docker, &state, policy, bin, labels, &handle.request_path)
-                        .await;
+                let started = egress::start_holder(
+                    docker,
+                    &state,
+                    (policy, &live.controls),
+                    bin,
+                    labels,
+                    &handle.request_path,
+                )
+                .await;
                 match started {
                     Ok(h) => Some(h),
                     Err(e) => {

@@ -66,72 +66,35 @@ pub(crate) struct Served {
     pub(crate) secrets: Option<Arc<Secrets>>,
 }
 
-/// The CA certificate and the bundle with it, in the request directory (read-only inside at
-/// [`REQUEST_INSIDE`]).
-const CA_FILE: &str = "egress-ca.pem";
-const CA_BUNDLE: &str = "egress-ca-bundle.pem";
+/// Where the step sees its request directory (the authority's files are in it).
 const REQUEST_INSIDE: &str = "/run/smithers/request";
 
 /// The step's secrets (`Controls::secrets`), their values read from this process's
 /// environment or their files, their placeholders made, the run's authority written for the
-/// step to trust (its certificate alone, and with this host's bundle); `None` without any.
+/// step to trust; `None` without any.
 pub(crate) fn secrets(
     c: &Controls,
     request_dir: &Path,
 ) -> Result<Option<Arc<Secrets>>, RuntimeError> {
-    if c.secrets.is_empty() {
-        return Ok(None);
-    }
-    let refuse = |reason: String| RuntimeError::InvalidControl {
-        control: "secrets",
-        reason,
-    };
-    let mut specs = Vec::new();
-    for b in &c.secrets {
-        let value = b.value().map_err(&refuse)?;
-        specs.push(SecretSpec {
-            name: b.name.clone(),
-            hosts: b.hosts.clone(),
-            value,
-        });
-    }
-    let secrets = Secrets::new(specs).map_err(&refuse)?;
-    let ca = secrets.ca_pem();
-    let host_bundle = [
-        "/etc/ssl/certs/ca-certificates.crt",
-        "/etc/pki/tls/certs/ca-bundle.crt",
-    ]
-    .iter()
-    .find_map(|p| std::fs::read_to_string(p).ok())
-    .unwrap_or_default();
-    for (name, content) in [
-        (CA_FILE, ca.clone()),
-        (CA_BUNDLE, format!("{host_bundle}\n{ca}")),
-    ] {
-        let path = request_dir.join(name);
-        std::fs::write(&path, content).map_err(|e| RuntimeError::io("write", &path, e))?;
-    }
-    Ok(Some(Arc::new(secrets)))
+    let specs = (c.secret_values()?.into_iter())
+        .map(|s| SecretSpec {
+            name: s.name,
+            hosts: s.hosts,
+            value: s.value,
+        })
+        .collect();
+    smithers_egress::sandbox::secrets_for(specs, request_dir).map_err(|reason| {
+        RuntimeError::InvalidControl {
+            control: "secrets",
+            reason,
+        }
+    })
 }
 
-/// What the step's environment gets for its secrets: each placeholder under the secret's
-/// name, and the run's authority named in every variable common clients read.
+/// What the step's environment gets for its secrets (see
+/// [`smithers_egress::sandbox::secrets_env`]).
 pub(crate) fn secrets_env(s: &Secrets) -> Vec<(String, String)> {
-    let bundle = format!("{REQUEST_INSIDE}/{CA_BUNDLE}");
-    let mut env = s.env();
-    for name in [
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "GIT_SSL_CAINFO",
-    ] {
-        env.push((name.to_string(), bundle.clone()));
-    }
-    env.push((
-        "NODE_EXTRA_CA_CERTS".to_string(),
-        format!("{REQUEST_INSIDE}/{CA_FILE}"),
-    ));
-    env
+    smithers_egress::sandbox::secrets_env(s, REQUEST_INSIDE)
 }
 
 /// Starts the engine on the descriptors of P0's `egress` line, named by `names` in order.

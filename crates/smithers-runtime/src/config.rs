@@ -234,6 +234,43 @@ impl SecretBinding {
     }
 }
 
+/// A secret with its value read by the runtime: given to its egress engine, never
+/// serialized; `Debug` leaves the value out.
+pub struct ReadSecret {
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub value: Vec<u8>,
+}
+
+impl fmt::Debug for ReadSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadSecret")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Controls {
+    /// Each secret with its value, read now (by the runtime, in its own process); refused as
+    /// the `secrets` control, naming the one that cannot be read.
+    pub fn secret_values(&self) -> Result<Vec<ReadSecret>, RuntimeError> {
+        (self.secrets.iter())
+            .map(|b| {
+                let value = b.value().map_err(|reason| RuntimeError::InvalidControl {
+                    control: "secrets",
+                    reason,
+                })?;
+                Ok(ReadSecret {
+                    name: b.name.clone(),
+                    hosts: b.hosts.clone(),
+                    value,
+                })
+            })
+            .collect()
+    }
+}
+
 fn default_max_output() -> u64 {
     DEFAULT_MAX_OUTPUT_BYTES
 }

@@ -46,8 +46,8 @@ use async_trait::async_trait;
 pub use tokio_util::sync::CancellationToken;
 
 pub use config::{
-    parse_cpu_limit, parse_memory_limit, Controls, EgressConfig, PortMapping, RuntimeKind,
-    SandboxConfig, SecretBinding, VolumeMount, WorkspacePersistence, WorkspaceSpec,
+    parse_cpu_limit, parse_memory_limit, Controls, EgressConfig, PortMapping, ReadSecret,
+    RuntimeKind, SandboxConfig, SecretBinding, VolumeMount, WorkspacePersistence, WorkspaceSpec,
 };
 pub use engine::{
     refuse_terminal, BackendName, Checkpoints, Engine, EngineCapabilities, ExecExit, ExecRequest,

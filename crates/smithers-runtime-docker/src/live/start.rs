@@ -112,7 +112,16 @@ async fn start_holder(
         hostfs::self_identity(),
         &state.state_dir,
     );
-    match egress::start_holder(docker, state, policy, bin, labels, &handle.request_path).await {
+    match egress::start_holder(
+        docker,
+        state,
+        (policy, &live.controls),
+        bin,
+        labels,
+        &handle.request_path,
+    )
+    .await
+    {
         Ok(h) => Ok(Some(h)),
         Err(e) => {
             let _ = remove_container(docker, &egress::holder_name(state)).await;
@@ -180,6 +189,7 @@ async fn run_container(
         egress: holder.as_ref().map(|h| plan::EgressPlan {
             holder: &h.name,
             etc_dir: &h.etc_dir,
+            secret_env: &h.secret_env,
         }),
     });
     // Nothing is attached to the waiting init: its output would be nobody's.

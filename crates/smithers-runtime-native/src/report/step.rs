@@ -105,15 +105,8 @@ fn network_rows(c: &Controls) -> Vec<Protection> {
 
 /// What the network row says of the step's secrets (names and hosts, never a value).
 fn secrets_detail(c: &Controls) -> String {
-    if c.secrets.is_empty() {
-        return String::new();
-    }
-    let each: Vec<String> = (c.secrets.iter())
-        .map(|s| format!("{} for {}", s.name, s.hosts.join(", ")))
-        .collect();
-    format!(
-        "; secrets on egress: {}: the step holds a placeholder of each; the value is swapped in only in HTTPS requests to its hosts (TLS ended by this run's own authority, name-constrained to them; the hosts verified with this host's trust store) and swapped out of everything they answer",
-        each.join("; ")
+    smithers_egress::sandbox::secrets_detail(
+        (c.secrets.iter()).map(|s| (s.name.as_str(), s.hosts.as_slice())),
     )
 }
 

@@ -813,7 +813,6 @@ impl Runtime for RemoteRuntime {
     async fn create(&self, config: &SandboxConfig) -> Result<SandboxHandle, RuntimeError> {
         config.refuse_layers("codeplane")?;
         config.refuse_home("codeplane")?;
-        config.refuse_secrets("codeplane")?;
         config.validate()?;
         if config.runtime != RuntimeKind::Codeplane {
             return Err(RuntimeError::InvalidControl {
@@ -841,12 +840,14 @@ impl Runtime for RemoteRuntime {
             });
         }
         let base = self.options.base_url.clone();
+        let (controls, secret_values) = secrets_sent(&config.controls)?;
         let body = CreateSandbox {
             run_id: config.run_id.clone(),
             sandbox_id: config.sandbox_id.clone(),
             image: config.image.clone(),
-            controls: config.controls.clone(),
+            controls,
             if_exists: Default::default(),
+            secret_values,
         };
         let url = self.url(&base, "/v1/sandboxes");
         // Not safe to repeat once sent: only connect failures are retried (inside `send`).
@@ -990,6 +991,31 @@ impl Runtime for RemoteRuntime {
         .await?;
         local_error.map_or(Ok(()), Err)
     }
+}
+
+/// The controls as the host is sent them, and the secrets' values: each read here, on this
+/// machine (from this process's `$NAME` or the binding's file), sent in base64 beside the
+/// bindings, whose files (paths of this machine) are not sent.
+fn secrets_sent(
+    controls: &smithers_runtime::Controls,
+) -> Result<
+    (
+        smithers_runtime::Controls,
+        smithers_wire::wire::SecretValues,
+    ),
+    RuntimeError,
+> {
+    use base64::Engine as _;
+    let mut sent = controls.clone();
+    let mut values = smithers_wire::wire::SecretValues::default();
+    for s in controls.secret_values()? {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(s.value);
+        values.0.insert(s.name, encoded);
+    }
+    for binding in &mut sent.secrets {
+        binding.file = None;
+    }
+    Ok((sent, values))
 }
 
 #[cfg(test)]

@@ -48,6 +48,7 @@ mod policy;
 mod recovery;
 mod review;
 mod routes;
+mod secrets;
 mod session;
 mod state;
 #[cfg(feature = "test-runtime")]

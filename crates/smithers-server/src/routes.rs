@@ -296,6 +296,10 @@ pub(crate) async fn create(
         .limits
         .ceilings
         .apply_output_lines(&mut req.controls, asked_lines)?;
+    // Each secret's value, sent by the client, held in a sealed memory file of this process
+    // (never on disk) that its binding names; closed with the entry.
+    let secret_files =
+        crate::secrets::take(&mut req.controls, std::mem::take(&mut req.secret_values))?;
     let id = format!("sbx-{}", random_hex(16)?);
     let dir = state.config.data_dir.join("sandboxes").join(&id);
     let workspace = dir.join("workspace");
@@ -312,10 +316,6 @@ pub(crate) async fn create(
     // A home kept on this host would be every client's: not a client's to ask for.
     config
         .refuse_home("codeplane")
-        .map_err(|e| ApiError::runtime(&e))?;
-    // A client's secret would be read from this host's environment: refused.
-    config
-        .refuse_secrets("codeplane")
         .map_err(|e| ApiError::runtime(&e))?;
     if req.if_exists == IfExists::Replace {
         // A resumed run whose earlier client died before cleanup: its sandbox (running or
@@ -385,6 +385,7 @@ pub(crate) async fn create(
         followers: std::sync::atomic::AtomicUsize::new(0),
         unfollowed_since_ms: AtomicU64::new(now_ms()),
         checkpoints: Default::default(),
+        secret_files,
     });
     entry.events.push(WireEvent::State {
         state: SandboxState::Created,

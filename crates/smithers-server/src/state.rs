@@ -169,6 +169,11 @@ pub(crate) struct Entry {
     /// A live session's checkpoints by name: the engine's snapshots, which never leave the
     /// host.
     pub checkpoints: smithers_runtime::Checkpoints,
+    /// The client's secrets' values, held for the sandbox's life (see `crate::secrets`):
+    /// never read here (the runtime opens them by the paths their bindings name), only kept
+    /// open until the entry goes.
+    #[allow(dead_code)]
+    pub secret_files: crate::secrets::SecretFiles,
 }
 
 impl Entry {
@@ -670,6 +675,7 @@ mod tests {
             followers: AtomicUsize::new(0),
             unfollowed_since_ms: AtomicU64::new(0),
             checkpoints: Default::default(),
+            secret_files: Default::default(),
         })
     }
 }

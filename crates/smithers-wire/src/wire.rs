@@ -29,6 +29,29 @@ pub struct CreateSandbox {
     /// (the old one is cancelled and removed first; its bundle was never applied).
     #[serde(default, skip_serializing_if = "IfExists::is_refuse")]
     pub if_exists: IfExists,
+    /// The values of `controls.secrets`, read by the client on its own machine (a binding
+    /// sent here names no file: the host's files are not a client's to read).
+    #[serde(default, skip_serializing_if = "SecretValues::is_empty")]
+    pub secret_values: SecretValues,
+}
+
+/// Secrets' values a client sends with its create: each secret's name and its value in
+/// standard base64. The host keeps them in memory only, never echoes, logs or stores them;
+/// `Debug` shows the names alone.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretValues(pub std::collections::BTreeMap<String, String>);
+
+impl SecretValues {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for SecretValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
 }
 
 /// [`CreateSandbox::if_exists`].

@@ -91,12 +91,16 @@ impl Replacer {
         };
         let mut i = 0;
         while i < limit {
-            let b = buf[i];
-            if !self.starts[b as usize] {
-                out.push(b);
-                i += 1;
+            // A run of bytes none of which can begin a match goes out whole.
+            let run = (buf[i..limit].iter())
+                .position(|b| self.starts[*b as usize])
+                .unwrap_or(limit - i);
+            if run > 0 {
+                out.extend_from_slice(&buf[i..i + run]);
+                i += run;
                 continue;
             }
+            let b = buf[i];
             let rest = &buf[i..];
             if let Some((f, t)) = self.patterns.iter().find(|(f, _)| rest.starts_with(f)) {
                 out.extend_from_slice(t);

@@ -98,9 +98,22 @@ export type Controls = {
   workspace?: unknown;
   /** The network the step may reach (a smithers-egress policy: {mode?, allow, deny}). */
   egressPolicy?: Record<string, unknown>;
+  /** Secrets on egress: each variable's name and the hosts its value is swapped in for. */
+  secrets?: Array<{ name: string; hosts: string[] }>;
 };
 
-export type CreateSandbox = { runId: string; sandboxId: string; image?: string; controls?: Controls; ifExists?: "replace" | "refuse" };
+/**
+ * `POST /v1/sandboxes`' body. `secretValues`: each secret's value in base64, which the host
+ * keeps in memory only (never on disk, in a log or a reply).
+ */
+export type CreateSandbox = {
+  runId: string;
+  sandboxId: string;
+  image?: string;
+  controls?: Controls;
+  ifExists?: "replace" | "refuse";
+  secretValues?: Record<string, string>;
+};
 
 export type RetryPolicy = {
   /** Attempts in total (1 = no retry). */

@@ -65,6 +65,15 @@ export type SmithersSandboxProviderOptions = {
   /** The egress policy of every step ({mode?, allow, deny}: see `smithers-sandbox egress
    * check`); a step's `egressPolicy` setting replaces it. The host confines it to its own. */
   egressPolicy?: Record<string, unknown>;
+  /**
+   * The hosts each of Smithers' `egress.secretBindings` (variable name → value) is bound to:
+   * variable name → hosts. The step's variable holds a placeholder of the value's shape; the
+   * host's egress engine swaps the value in only in HTTPS requests to those hosts (each
+   * allowed on 443 by the binding) and swaps it out of everything they answer. A binding
+   * with no hosts here is refused: bound to no host (or to every allowed one) a key is one
+   * prompt away from a leak.
+   */
+  secretHosts?: Record<string, string[]>;
   /** Bytes every step may write (`"1g"` or a count); a step's `diskLimit` setting wins. */
   diskLimit?: string | number;
   /** Processes and threads every step may have at once; a step's `pidsLimit` setting wins. */
@@ -140,7 +149,10 @@ function stringRecord(control: string, value: unknown): Record<string, string> {
  * The host's controls for one request: the execution options, then the step's config and its
  * settings (`config.workspace.smithersSandbox`, see `settings.ts`).
  */
-export function controlsFor(request: SandboxProviderRequest, options: SmithersSandboxProviderOptions = {}): { controls: Controls; image?: string } {
+export function controlsFor(
+  request: SandboxProviderRequest,
+  options: SmithersSandboxProviderOptions = {},
+): { controls: Controls; image?: string; secretValues?: Record<string, string> } {
   const config = request.config ?? {};
   const { settings: step, workspace } = stepSettingsOf(config);
   const controls: Controls = { allowNetwork: request.allowNetwork === true };
@@ -189,15 +201,60 @@ export function controlsFor(request: SandboxProviderRequest, options: SmithersSa
   if (Array.isArray(config.volumes) && config.volumes.length > 0) {
     throw unsupported("volumes", "paths of this machine do not exist on the remote sandbox host");
   }
-  if (request.egress !== undefined || (config.egress !== undefined && config.egress !== null && config.egress !== false)) {
-    throw unsupported("egress", "egress proxying, CA certificates and secret bindings are not forwarded to the sandbox host");
-  }
+  const secretValues = secretsFor(request, controls, options);
   let image: string | undefined;
   if (config.image !== undefined) {
     if (typeof config.image !== "string") throw invalid("image", "must be a string");
     image = config.image;
   }
-  return image === undefined ? { controls } : { controls, image };
+  return { controls, ...(image === undefined ? {} : { image }), ...(secretValues === undefined ? {} : { secretValues }) };
+}
+
+/**
+ * Smithers' `egress` config as the host takes it: its `secretBindings` become the controls'
+ * `secrets` (each bound to the hosts `options.secretHosts` names, allowed on 443 in the
+ * policy, as `run --secret` does) and their values the create's `secretValues` (base64);
+ * anything else in it (proxies, CA certificates, proxy variables) is refused, never dropped.
+ */
+function secretsFor(request: SandboxProviderRequest, controls: Controls, options: SmithersSandboxProviderOptions): Record<string, string> | undefined {
+  const config = request.config ?? {};
+  const raw = request.egress ?? (config.egress === false || config.egress === null ? undefined : config.egress);
+  if (raw === undefined) return undefined;
+  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw invalid("egress", "must be an object");
+  const { secretBindings, ...rest } = raw as Record<string, unknown>;
+  if (Object.values(rest).some((v) => v !== undefined)) {
+    throw unsupported("egress", "egress proxying and CA certificates are not forwarded to the sandbox host (only secretBindings are, with the provider's secretHosts)");
+  }
+  if (secretBindings !== undefined && secretBindings !== null && (typeof secretBindings !== "object" || Array.isArray(secretBindings))) {
+    throw invalid("egress.secretBindings", "must be an object of variable names to values");
+  }
+  const bindings = (secretBindings ?? {}) as Record<string, unknown>;
+  if (Object.values(bindings).some((v) => typeof v !== "string" || v === "")) {
+    throw invalid("egress.secretBindings", "each binding's value must be a non-empty string");
+  }
+  const names = Object.keys(bindings);
+  if (names.length === 0) return undefined;
+  if (controls.allowNetwork === true) {
+    throw invalid("egress.secretBindings", "allowNetwork shares the host's whole network, where no secret can be held to its hosts: use an egressPolicy instead");
+  }
+  const policy = structuredClone(controls.egressPolicy ?? { allow: [] }) as { allow?: unknown };
+  const allow = Array.isArray(policy.allow) ? policy.allow : [];
+  const secrets: Array<{ name: string; hosts: string[] }> = [];
+  const values: Record<string, string> = {};
+  for (const name of names.sort()) {
+    // Binding names are sensitive to Smithers too: an error says how many, never which.
+    const hosts = options.secretHosts?.[name];
+    if (!Array.isArray(hosts) || hosts.length === 0 || !hosts.every((h) => typeof h === "string" && h.trim() !== "")) {
+      throw invalid("egress.secretBindings", `a binding (of ${names.length}) has no hosts in the provider's secretHosts: each secret is swapped in only for the hosts named there`);
+    }
+    secrets.push({ name, hosts: [...hosts] });
+    values[name] = Buffer.from(bindings[name] as string, "utf8").toString("base64");
+    for (const host of hosts) allow.push({ host, ports: [443] });
+  }
+  policy.allow = allow;
+  controls.egressPolicy = policy as Record<string, unknown>;
+  controls.secrets = secrets;
+  return values;
 }
 
 function commandFrom(value: unknown, what: string): string[] | undefined {
@@ -294,7 +351,7 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
       throw invalid("rootDir", `cannot read ${request.rootDir}: ${describeError(error)}`);
     });
     if (!rootInfo.isDirectory()) throw invalid("rootDir", `${request.rootDir} is not a directory`);
-    const { controls, image } = controlsFor(request, options);
+    const { controls, image, secretValues } = controlsFor(request, options);
     const command = stepCommandFor(request, options);
     const key = keyOf(request);
     if (active.has(key)) {
@@ -310,6 +367,7 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
       controls,
       ifExists: options.ifExists ?? "replace",
       ...(image !== undefined ? { image } : {}),
+      ...(secretValues !== undefined ? { secretValues } : {}),
     };
     const info = await client.create(body, signal);
     const hostId = info.id;

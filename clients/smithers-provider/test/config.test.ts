@@ -85,6 +85,47 @@ test("execution options and config map to the host's controls", () => {
   assert.equal(parseSize("memoryLimit", "1.5KiB"), 1536);
 });
 
+test("Smithers' secretBindings become secrets bound to the provider's secretHosts; the values ride beside the controls, never in them", () => {
+  const value = "sk-ant-api03-provider-secret-value-0123456789";
+  const egress = { secretBindings: { API_KEY: value } };
+  const options = { secretHosts: { API_KEY: ["api.example.com"] }, egressPolicy: { allow: [{ host: "registry.example.com", ports: [443] }] } };
+  const { controls, secretValues } = controlsFor(request({ egress }), options);
+  assert.deepEqual(controls.secrets, [{ name: "API_KEY", hosts: ["api.example.com"] }]);
+  // The binding's host allowed on 443 beside the policy's own (as `run --secret` does).
+  assert.deepEqual(controls.egressPolicy, {
+    allow: [
+      { host: "registry.example.com", ports: [443] },
+      { host: "api.example.com", ports: [443] },
+    ],
+  });
+  assert.deepEqual(secretValues, { API_KEY: Buffer.from(value).toString("base64") });
+  assert.ok(!JSON.stringify(controls).includes(value));
+  // The provider's policy object is not changed for the next step.
+  assert.equal(options.egressPolicy.allow.length, 1);
+  // The same from the step's config.egress; without any binding, nothing.
+  assert.deepEqual(controlsFor(request({ config: { egress } }), options).controls.secrets, controls.secrets);
+  assert.equal(controlsFor(request({ egress: { secretBindings: {} } }), options).secretValues, undefined);
+  // A binding with no hosts, or with allowNetwork: refused, naming neither the binding nor its value.
+  const cases: Array<[SandboxProviderRequest, { secretHosts?: Record<string, string[]> }]> = [
+    [request({ egress }), {}],
+    [request({ egress }), { secretHosts: { API_KEY: [] } }],
+    [request({ egress, allowNetwork: true }), { secretHosts: { API_KEY: ["api.example.com"] } }],
+  ];
+  for (const [req, opts] of cases) {
+    assert.throws(
+      () => controlsFor(req, opts),
+      (error: { code?: string; message?: string }) => {
+        assert.equal(error.code, "INVALID_INPUT");
+        assert.match(String(error.message), /secretBindings/);
+        assert.ok(!String(error.message).includes("API_KEY") && !String(error.message).includes(value), error.message);
+        return true;
+      },
+    );
+  }
+  // A value that is not a string: refused.
+  assert.throws(() => controlsFor(request({ egress: { secretBindings: { API_KEY: 7 } } }), options), /secretBindings/);
+});
+
 test("a step's settings ride in its workspace prop (what Smithers 0.32 hands a provider), over the provider's", () => {
   // What <Sandbox workspace={sandboxSettings({...})}> becomes in request.config (Smithers
   // builds config from image, env, egress, ports, volumes, memoryLimit, cpuLimit, command and

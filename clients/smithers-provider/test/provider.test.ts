@@ -834,3 +834,34 @@ test("egress decisions reach Smithers as heartbeats, and a denial is named in th
     await host.stop();
   }
 });
+
+test("Smithers' secretBindings reach the host as secrets: the step holds a placeholder of the value's shape, never the value", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  if (!ready(t)) return;
+  const ceilingDir = await mkdtemp(join(tmpdir(), "smithers-provider-secret-"));
+  scratch.push(ceilingDir);
+  const ceiling = join(ceilingDir, "ceiling.json");
+  await writeFile(ceiling, JSON.stringify({ allow: [{ host: "api.allowed.test", ports: [443] }] }));
+  const host = await startServer(binPath()!, ["--egress-ceiling", ceiling]);
+  const value = "sk-ant-api03-Zq8Wx7Cv6Bn5Mk4Lj3Hg2Fd1Sa0Pp9Oo8Ii7Uu";
+  try {
+    const p = createSmithersSandboxProvider({ url: host.url, token: TOKEN, livenessIntervalMs: 60_000, secretHosts: { API_KEY: ["api.allowed.test"] } });
+    // The step reports its $API_KEY, where its trusted authority is, and whether the value's
+    // middle (assembled here, so no command line holds it) is anywhere it can read.
+    const command = `m=Wx7Cv6Bn; n=5Mk4Lj3H; hits=$( (env; grep -rs "$m$n" /workspace /run/smithers /tmp /etc) 2>/dev/null | grep -c "$m$n"); printf '{"status":"finished","outputs":{"key":"%s","ca":"%s","hits":"%s"}}' "$API_KEY" "$SSL_CERT_FILE" "$hits" > "$SMITHERS_SANDBOX_RESULT_PATH"`;
+    const req = request(await project(), { egress: { secretBindings: { API_KEY: value } }, config: { command } });
+    try {
+      const result = await p.run(req);
+      const validated = await reference.validateSandboxBundle(result.bundlePath);
+      const outputs = validated.manifest.outputs as { key: string; ca: string; hits: string };
+      assert.equal(outputs.key.length, value.length, outputs.key);
+      assert.ok(outputs.key.startsWith("sk-ant-api03-") && outputs.key !== value, outputs.key);
+      assert.match(outputs.ca, /^\/run\/smithers\/request\/egress-ca-bundle\.pem$/);
+      assert.equal(outputs.hits, "0");
+      assert.ok(!JSON.stringify(req.beats).includes(value));
+    } finally {
+      await p.cleanup(req);
+    }
+  } finally {
+    await host.stop();
+  }
+});

@@ -3,6 +3,11 @@
 //! on disk, in a log or in a reply, and points the binding at it, where the native runtime
 //! reads it when the step starts. The file closes with the sandbox's entry.
 //!
+//! The path a binding names (`/proc/self/fd/N`) is this entry's own descriptor, good only
+//! while the entry holds it: nothing gives a binding to another sandbox (this host forks no
+//! session), and a sandbox recovered after a restart is only cleaned up, never run (see
+//! `crate::recovery`), so a number reused by another file is never read as a secret.
+//!
 //! Everything here is the client's and hostile: a binding naming a file (a path of this
 //! host) is refused, as is a value with no binding, a binding with no value, or a value that
 //! is not base64 or is over [`MAX_VALUE`].

@@ -21,6 +21,9 @@ pub struct Replacer {
     beginnings: Vec<(Vec<u8>, Vec<u8>, usize)>,
     /// Whether a byte can begin a match.
     starts: [bool; 256],
+    /// Whether two bytes can begin a match (a bit per pair): most bytes that could begin
+    /// one are ruled out by the next without comparing any pattern.
+    pairs: Box<[u64; 1024]>,
     tail: Vec<u8>,
     /// Hold a tail of one length (see the module's docs).
     steady: bool,
@@ -32,18 +35,48 @@ impl Replacer {
     pub fn new(mut patterns: Vec<(Vec<u8>, Vec<u8>)>) -> Replacer {
         patterns.retain(|(f, t)| !f.is_empty() && f.len() == t.len());
         patterns.sort_by_key(|(f, _)| std::cmp::Reverse(f.len()));
-        let mut starts = [false; 256];
-        for (f, _) in &patterns {
-            starts[f[0] as usize] = true;
-        }
-        Replacer {
-            patterns,
+        let mut r = Replacer {
+            patterns: Vec::new(),
             beginnings: Vec::new(),
-            starts,
+            starts: [false; 256],
+            pairs: Box::new([0; 1024]),
             tail: Vec::new(),
             steady: false,
             swaps: 0,
+        };
+        for (f, _) in &patterns {
+            r.may_begin_with(&f[..f.len().min(2)]);
         }
+        r.patterns = patterns;
+        r
+    }
+
+    /// Notes that a match may begin with `begin` (one byte: with it and any other).
+    fn may_begin_with(&mut self, begin: &[u8]) {
+        let Some(&first) = begin.first() else {
+            return;
+        };
+        self.starts[first as usize] = true;
+        let seconds = match begin.get(1) {
+            Some(&b) => b..=b,
+            None => 0..=255,
+        };
+        for second in seconds {
+            let k = pair(first, second);
+            self.pairs[k >> 6] |= 1 << (k & 63);
+        }
+    }
+
+    /// Whether a match may begin at `buf[i]`: by its byte and the next (when there is one).
+    fn may_begin(&self, buf: &[u8], i: usize) -> bool {
+        let first = buf[i];
+        if !self.starts[first as usize] {
+            return false;
+        }
+        buf.get(i + 1).is_none_or(|&second| {
+            let k = pair(first, second);
+            self.pairs[k >> 6] & (1 << (k & 63)) != 0
+        })
     }
 
     /// Holds a tail of one length whatever it holds (see the module's docs).
@@ -67,7 +100,7 @@ impl Replacer {
     /// Also replaces any run of `value`'s first `least` or more bytes by as many of `to`'s.
     pub fn with_beginning(mut self, value: &[u8], to: &[u8], least: usize) -> Replacer {
         if value.len() == to.len() && least > 0 && least <= value.len() {
-            self.starts[value[0] as usize] = true;
+            self.may_begin_with(&value[..least.min(2)]);
             self.beginnings.push((value.to_vec(), to.to_vec(), least));
         }
         self
@@ -92,8 +125,8 @@ impl Replacer {
         let mut i = 0;
         while i < limit {
             // A run of bytes none of which can begin a match goes out whole.
-            let run = (buf[i..limit].iter())
-                .position(|b| self.starts[*b as usize])
+            let run = (i..limit)
+                .position(|j| self.may_begin(&buf, j))
                 .unwrap_or(limit - i);
             if run > 0 {
                 out.extend_from_slice(&buf[i..i + run]);
@@ -172,6 +205,11 @@ impl Replacer {
     }
 }
 
+/// The bit of two bytes in [`Replacer::pairs`].
+fn pair(first: u8, second: u8) -> usize {
+    (usize::from(first) << 8) | usize::from(second)
+}
+
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -204,6 +242,21 @@ mod tests {
                 "cut at {cut}"
             );
             assert_eq!(r.swaps, 2);
+        }
+    }
+
+    #[test]
+    fn the_pair_filter_misses_no_match_of_one_byte_or_two() {
+        // Patterns of one and two bytes, a beginning bound of one, next to look-alikes.
+        let text = b"xaxbcxbdxqwerty-qwXq";
+        for cut in 0..text.len() {
+            let mut r = Replacer::new(vec![
+                (b"a".to_vec(), b"A".to_vec()),
+                (b"bc".to_vec(), b"BC".to_vec()),
+            ])
+            .with_beginning(b"qwerty", b"QWERTY", 1);
+            let out = run(&mut r, &[&text[..cut], &text[cut..]], true);
+            assert_eq!(out, b"xAxBCxbdxQWERTY-QWXQ".to_vec(), "cut at {cut}");
         }
     }
 

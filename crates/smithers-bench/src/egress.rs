@@ -16,12 +16,18 @@ use smithers_egress::{Engine, Listeners, Policy};
 use crate::measure::{fmt_ms, interleaved, median_ratio, Contender};
 use crate::report::Table;
 
-/// An origin that answers each byte it reads with one byte, and sinks bulk uploads (a first
-/// byte `B` means "read until EOF, then say how many").
+/// [`serve_origin`] on this host's loopback; its port.
 fn origin() -> anyhow::Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let port = l.local_addr()?.port();
-    std::thread::spawn(move || {
+    std::thread::spawn(move || serve_origin(l));
+    Ok(port)
+}
+
+/// An origin that answers each byte it reads with one byte, and sinks bulk uploads (a first
+/// byte `B` means "read until EOF, then say how many").
+pub(crate) fn serve_origin(l: TcpListener) {
+    {
         for s in l.incoming() {
             let Ok(mut s) = s else { continue };
             std::thread::spawn(move || {
@@ -50,11 +56,10 @@ fn origin() -> anyhow::Result<u16> {
                 }
             });
         }
-    });
-    Ok(port)
+    }
 }
 
-fn connect_via_http(proxy: u16, port: u16) -> anyhow::Result<TcpStream> {
+pub(crate) fn connect_via_http(proxy: u16, port: u16) -> anyhow::Result<TcpStream> {
     let mut s = TcpStream::connect(("127.0.0.1", proxy))?;
     s.set_nodelay(true)?;
     write!(s, "CONNECT origin.bench:{port} HTTP/1.1\r\n\r\n")?;
@@ -100,7 +105,7 @@ fn ping(mut s: TcpStream) -> anyhow::Result<()> {
 }
 
 /// `bytes` uploaded and acknowledged; the time it took.
-fn bulk(mut s: TcpStream, bytes: u64) -> anyhow::Result<Duration> {
+pub(crate) fn bulk(mut s: TcpStream, bytes: u64) -> anyhow::Result<Duration> {
     let chunk = vec![b'B'; 256 << 10];
     let started = Instant::now();
     let mut left = bytes;
@@ -235,6 +240,8 @@ pub fn run(rounds: usize) -> anyhow::Result<String> {
         summary.allowed + summary.denied,
         summary.denied
     ));
+    body.push('\n');
+    body.push_str(&crate::egress_link::run()?);
     body.push_str(&crate::egress_secrets::run(rounds)?);
     Ok(body)
 }

@@ -20,6 +20,7 @@
 
 mod big_delta;
 mod egress;
+mod egress_link;
 mod egress_secrets;
 mod fleet;
 mod forks;

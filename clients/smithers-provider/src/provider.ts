@@ -210,6 +210,19 @@ export function controlsFor(
   return { controls, ...(image === undefined ? {} : { image }), ...(secretValues === undefined ? {} : { secretValues }) };
 }
 
+/** Whether secrets' values may be sent to the host at `url`: https, or http to this machine's loopback. */
+export function carriesSecretsSafely(url: string): boolean {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    return false;
+  }
+  const host = parsed.hostname.replace(/^\[|\]$/g, "");
+  const loopback = host === "localhost" || /^127\.\d+\.\d+\.\d+$/.test(host) || host === "::1";
+  return parsed.protocol === "https:" || (parsed.protocol === "http:" && loopback);
+}
+
 /**
  * Smithers' `egress` config as the host takes it: its `secretBindings` become the controls'
  * `secrets` (each bound to the hosts `options.secretHosts` names, allowed on 443 in the
@@ -218,13 +231,21 @@ export function controlsFor(
  */
 function secretsFor(request: SandboxProviderRequest, controls: Controls, options: SmithersSandboxProviderOptions): Record<string, string> | undefined {
   const config = request.config ?? {};
-  const raw = request.egress ?? (config.egress === false || config.egress === null ? undefined : config.egress);
-  if (raw === undefined) return undefined;
-  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw invalid("egress", "must be an object");
-  const { secretBindings, ...rest } = raw as Record<string, unknown>;
-  if (Object.values(rest).some((v) => v !== undefined)) {
-    throw unsupported("egress", "egress proxying and CA certificates are not forwarded to the sandbox host (only secretBindings are, with the provider's secretHosts)");
+  // Both places Smithers may put it are checked: nothing in either is dropped unread.
+  const sources = [request.egress, config.egress === false || config.egress === null ? undefined : config.egress].filter((e) => e !== undefined);
+  if (sources.length === 0) return undefined;
+  for (const raw of sources) {
+    if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw invalid("egress", "must be an object");
+    const { secretBindings: _bindings, ...rest } = raw as Record<string, unknown>;
+    if (Object.values(rest).some((v) => v !== undefined)) {
+      throw unsupported("egress", "egress proxying and CA certificates are not forwarded to the sandbox host (only secretBindings are, with the provider's secretHosts)");
+    }
   }
+  const given = sources.map((e) => (e as Record<string, unknown>).secretBindings).filter((b) => b !== undefined && b !== null);
+  if (given.length > 1 && JSON.stringify(given[0]) !== JSON.stringify(given[1])) {
+    throw invalid("egress.secretBindings", "the request's egress and its config's egress bind different secrets: give them in one place");
+  }
+  const secretBindings = given[0];
   if (secretBindings !== undefined && secretBindings !== null && (typeof secretBindings !== "object" || Array.isArray(secretBindings))) {
     throw invalid("egress.secretBindings", "must be an object of variable names to values");
   }
@@ -242,7 +263,8 @@ function secretsFor(request: SandboxProviderRequest, controls: Controls, options
   const secrets: Array<{ name: string; hosts: string[] }> = [];
   const values: Record<string, string> = {};
   for (const name of names.sort()) {
-    // Binding names are sensitive to Smithers too: an error says how many, never which.
+    // Binding names are sensitive to Smithers too: this provider's errors say how many,
+    // never which (the host's own refusals, e.g. of a value's shape, name the variable).
     const hosts = options.secretHosts?.[name];
     if (!Array.isArray(hosts) || hosts.length === 0 || !hosts.every((h) => typeof h === "string" && h.trim() !== "")) {
       throw invalid("egress.secretBindings", `a binding (of ${names.length}) has no hosts in the provider's secretHosts: each secret is swapped in only for the hosts named there`);
@@ -352,6 +374,9 @@ export function createSmithersSandboxProvider(options: SmithersSandboxProviderOp
     });
     if (!rootInfo.isDirectory()) throw invalid("rootDir", `${request.rootDir} is not a directory`);
     const { controls, image, secretValues } = controlsFor(request, options);
+    if (secretValues !== undefined && !carriesSecretsSafely(client.baseUrl)) {
+      throw invalid("egress.secretBindings", "the sandbox host is plain http on another machine: a secret's value is sent only over https, or to this machine's loopback");
+    }
     const command = stepCommandFor(request, options);
     const key = keyOf(request);
     if (active.has(key)) {

@@ -14,6 +14,7 @@ import { after, before, test } from "node:test";
 
 import { controlsFor, createSmithersSandboxProvider, DEFAULT_SANDBOX_COMMAND, parseSize, sandboxSettings, stepCommandFor } from "../src/index.js";
 import type { SandboxProviderRequest } from "../src/index.js";
+import { carriesSecretsSafely } from "../src/provider.js";
 
 let root = "";
 /** A loopback URL nothing listens on (a port just released; fetch refuses "bad ports" like 9). */
@@ -124,6 +125,18 @@ test("Smithers' secretBindings become secrets bound to the provider's secretHost
   }
   // A value that is not a string: refused.
   assert.throws(() => controlsFor(request({ egress: { secretBindings: { API_KEY: 7 } } }), options), /secretBindings/);
+  // Both places read: a proxy in the config's egress is refused though the request's has bindings.
+  assert.throws(() => controlsFor(request({ egress, config: { egress: { httpsProxy: "http://p:3128" } } }), options), /egress/);
+  assert.throws(() => controlsFor(request({ egress, config: { egress: { secretBindings: { OTHER: value } } } }), options), /different secrets/);
+});
+
+test("secrets' values go to the host over https, or over http to this machine's loopback only", () => {
+  for (const ok of ["https://host.example:7420", "http://127.0.0.1:7420", "http://localhost:1", "http://[::1]:7420"]) {
+    assert.ok(carriesSecretsSafely(ok), ok);
+  }
+  for (const no of ["http://10.0.0.5:7420", "http://host.example", "not a url"]) {
+    assert.ok(!carriesSecretsSafely(no), no);
+  }
 });
 
 test("a step's settings ride in its workspace prop (what Smithers 0.32 hands a provider), over the provider's", () => {

@@ -841,6 +841,15 @@ impl Runtime for RemoteRuntime {
         }
         let base = self.options.base_url.clone();
         let (controls, secret_values) = secrets_sent(&config.controls)?;
+        if !secret_values.is_empty() && !carries_secrets_safely(&self.options.base_url) {
+            return Err(RuntimeError::InvalidControl {
+                control: "secrets",
+                reason: format!(
+                    "{} is plain http to another machine: a secret's value is sent only over https, or to this machine's loopback",
+                    self.options.base_url
+                ),
+            });
+        }
         let body = CreateSandbox {
             run_id: config.run_id.clone(),
             sandbox_id: config.sandbox_id.clone(),
@@ -993,6 +1002,25 @@ impl Runtime for RemoteRuntime {
     }
 }
 
+/// Whether secrets' values may be sent to the host at `base_url`: over https, or over plain
+/// http to this machine's own loopback only (never across a network in the clear).
+fn carries_secrets_safely(base_url: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(base_url) else {
+        return false;
+    };
+    let host = url.host_str().unwrap_or("");
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback());
+    match url.scheme() {
+        "https" => true,
+        "http" => loopback,
+        _ => false,
+    }
+}
+
 /// The controls as the host is sent them, and the secrets' values: each read here, on this
 /// machine (from this process's `$NAME` or the binding's file), sent in base64 beside the
 /// bindings, whose files (paths of this machine) are not sent.
@@ -1016,6 +1044,24 @@ fn secrets_sent(
         binding.file = None;
     }
     Ok((sent, values))
+}
+
+#[cfg(test)]
+mod secrets_tests {
+    #[test]
+    fn values_go_over_https_or_to_this_machines_loopback_only() {
+        for ok in [
+            "https://host.example:7420",
+            "http://127.0.0.1:7420",
+            "http://localhost:7420",
+            "http://[::1]:7420",
+        ] {
+            assert!(super::carries_secrets_safely(ok), "{ok}");
+        }
+        for no in ["http://10.0.0.5:7420", "http://host.example", "not a url"] {
+            assert!(!super::carries_secrets_safely(no), "{no}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -192,6 +192,9 @@ pub struct Controls {
     pub secrets: Vec<SecretBinding>,
 }
 
+/// The most secrets a sandbox may be given.
+pub const MAX_SECRETS: usize = 32;
+
 /// One secret: its variable, the hosts it is bound to, where its value is read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -317,6 +320,12 @@ impl Controls {
         }
         if let Some(name) = &self.home {
             validate_id("home", name)?;
+        }
+        if self.secrets.len() > MAX_SECRETS {
+            return Err(invalid(
+                "secrets",
+                format!("a sandbox holds at most {MAX_SECRETS} secrets"),
+            ));
         }
         for s in &self.secrets {
             let named = !s.name.is_empty()

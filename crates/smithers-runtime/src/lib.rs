@@ -48,6 +48,7 @@ pub use tokio_util::sync::CancellationToken;
 pub use config::{
     parse_cpu_limit, parse_memory_limit, Controls, EgressConfig, PortMapping, ReadSecret,
     RuntimeKind, SandboxConfig, SecretBinding, VolumeMount, WorkspacePersistence, WorkspaceSpec,
+    MAX_SECRETS,
 };
 pub use engine::{
     refuse_terminal, BackendName, Checkpoints, Engine, EngineCapabilities, ExecExit, ExecRequest,

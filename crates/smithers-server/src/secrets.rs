@@ -23,6 +23,9 @@ use crate::error::ApiError;
 
 /// The largest value (as the native runtime bounds a secret's file).
 const MAX_VALUE: usize = 64 << 10;
+/// The most secrets one sandbox may hold (each is a descriptor of this process for the
+/// sandbox's life: a client must not exhaust them for every other).
+pub(crate) const MAX_SECRETS: usize = smithers_runtime::MAX_SECRETS;
 
 /// The sealed files holding a sandbox's secrets' values, open for its life.
 #[derive(Debug, Default)]
@@ -35,6 +38,11 @@ pub(crate) fn take(
     controls: &mut Controls,
     mut values: SecretValues,
 ) -> Result<SecretFiles, ApiError> {
+    if controls.secrets.len() > MAX_SECRETS || values.0.len() > MAX_SECRETS {
+        return Err(ApiError::malformed(format!(
+            "a sandbox holds at most {MAX_SECRETS} secrets"
+        )));
+    }
     let mut files = Vec::new();
     for binding in &mut controls.secrets {
         let name = smithers_egress::policy::escape(&binding.name);
@@ -63,6 +71,13 @@ pub(crate) fn take(
                 "secret {name}'s value is empty or over {MAX_VALUE} bytes"
             )));
         }
+        // Checked now as the runtime will when the step starts (a key's shape), so that a
+        // create that cannot run is refused as one.
+        let end = (value.iter())
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(0, |i| i + 1);
+        smithers_egress::secrets::placeholder::check_value(&value[..end])
+            .map_err(|why| ApiError::malformed(format!("secret {name}: {why}")))?;
         let fd = sealed_file(&value)
             .map_err(|e| ApiError::internal(format!("hold secret {name}'s value: {e}")))?;
         binding.file = Some(format!("/proc/self/fd/{}", fd.as_raw_fd()).into());
@@ -123,9 +138,11 @@ mod tests {
     #[test]
     fn each_value_is_held_in_a_sealed_file_of_this_process_that_its_binding_names() {
         let mut c = controls(&["API_KEY"]);
-        let files = take(&mut c, values(&[("API_KEY", "c2stdmFsdWU=")])).unwrap();
+        let value = b"sk-test-0123456789abcdefghij";
+        let encoded = base64::engine::general_purpose::STANDARD.encode(value);
+        let files = take(&mut c, values(&[("API_KEY", &encoded)])).unwrap();
         assert_eq!(files.0.len(), 1);
-        assert_eq!(c.secrets[0].value().unwrap(), b"sk-value");
+        assert_eq!(c.secrets[0].value().unwrap(), value);
         let path = c.secrets[0].file.clone().unwrap();
         assert!(path.starts_with("/proc/self/fd/"), "{path:?}");
         // Sealed: not even this process can change it.
@@ -149,11 +166,24 @@ mod tests {
                 controls(&["A"]),
                 values(&[("A", &"QUFB".repeat(MAX_VALUE / 3 + 2))]),
             ),
+            // Not a key's shape (too short, a space).
+            (controls(&["A"]), values(&[("A", "eA==")])),
+            (
+                controls(&["A"]),
+                values(&[("A", "c2stdGVzdCAwMTIzNDU2Nzg5YWJjZGVmZ2hpag==")]),
+            ),
         ];
         for (mut c, v) in cases {
             let before = c.clone();
             assert!(take(&mut c, v).is_err(), "{before:?}");
         }
+    }
+
+    #[test]
+    fn a_sandbox_holds_a_bounded_number_of_secrets() {
+        let names: Vec<String> = (0..=MAX_SECRETS).map(|i| format!("K{i}")).collect();
+        let mut c = controls(&names.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(take(&mut c, values(&[])).is_err());
     }
 
     #[test]

@@ -240,8 +240,5 @@ pub fn run(rounds: usize) -> anyhow::Result<String> {
         summary.allowed + summary.denied,
         summary.denied
     ));
-    body.push('\n');
-    body.push_str(&crate::egress_link::run()?);
-    body.push_str(&crate::egress_secrets::run(rounds)?);
     Ok(body)
 }

@@ -128,7 +128,13 @@ fn main() -> anyhow::Result<()> {
         }
         Scenario::WorkspaceScaling => workspace_scaling(&cli),
         Scenario::Egress => {
-            let body = egress::run(cli.rounds.unwrap_or(300))?;
+            let rounds = cli.rounds.unwrap_or(300);
+            let body = format!(
+                "{}\n{}{}",
+                egress::run(rounds)?,
+                egress_link::run()?,
+                egress_secrets::run(rounds)?
+            );
             finish(&cli, "Scenario 9: egress", "egress", &body, &[])
         }
         Scenario::Fleet => {

@@ -263,6 +263,20 @@ fn duplicate(
     })
 }
 
+/// Paths on this host are not a client's to mount.
+fn refuse_volumes(controls: &smithers_runtime::Controls) -> Result<(), ApiError> {
+    if controls.volumes.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::runtime(
+        &smithers_runtime::RuntimeError::ControlUnsupported {
+            runtime: "codeplane",
+            control: "volumes",
+            reason: "a remote client cannot mount paths of the sandbox host".into(),
+        },
+    ))
+}
+
 pub(crate) async fn create(
     State(state): St,
     Extension(owner): Extension<Owner>,
@@ -276,16 +290,7 @@ pub(crate) async fn create(
     if state.draining.load(Ordering::Relaxed) {
         return Err(ApiError::draining());
     }
-    if !req.controls.volumes.is_empty() {
-        // Paths on this host are not the client's to mount.
-        return Err(ApiError::runtime(
-            &smithers_runtime::RuntimeError::ControlUnsupported {
-                runtime: "codeplane",
-                control: "volumes",
-                reason: "a remote client cannot mount paths of the sandbox host".into(),
-            },
-        ));
-    }
+    refuse_volumes(&req.controls)?;
     state
         .config
         .limits

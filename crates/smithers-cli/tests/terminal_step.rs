@@ -259,6 +259,23 @@ fn a_repl_and_a_full_screen_program_run_on_the_steps_own_terminal() {
     );
 }
 
+/// A step that leaves the terminal in modes a shell cannot live with (mouse and focus
+/// reports, a hidden cursor, the application keypad, the alternate screen) and ends: they
+/// hold while it runs (so the check can fail) and are set back when it ends, on tmux's side.
+#[test]
+fn what_a_step_left_set_on_the_terminal_is_set_back_when_it_ends() {
+    if usable().is_none() {
+        return;
+    }
+    let script = r"printf '\033[?1003h\033[?1004h\033[?25l\033=\033[?1049hMODES-SET'; sleep 3";
+    let t = Tmux::start(&["--", "sh", "-c", script]);
+    t.wait_for("MODES-SET");
+    let flags = "#{alternate_on} #{mouse_any_flag} #{cursor_flag} #{keypad_flag}";
+    assert_eq!(t.format(flags), "1 1 0 1", "{}", t.screen());
+    assert_eq!(t.exit_code(), 0, "{}", t.screen());
+    assert_eq!(t.format(flags), "0 0 1 0", "{}", t.screen());
+}
+
 /// The hostile step: each sequence sent on its terminal (raw), and whatever comes back on its
 /// input within half a second counted; it prints the counts and exits 7.
 const HOSTILE: &str = r#"

@@ -24,6 +24,7 @@
 //! `^[` in the text. That is the only escape sequence this crate emits.
 #![forbid(unsafe_code)]
 
+mod left;
 pub mod vt;
 
 /// Starts the reverse-video style of an escape (only with [`Inert::marked`]).

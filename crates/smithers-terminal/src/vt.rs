@@ -14,12 +14,18 @@
 //! |---|---|
 //! | printable UTF-8; BEL, BS, HT, LF, VT, FF, CR | other C0 (ENQ, SO/SI, ...); C1 controls (U+0080–U+009F); invalid UTF-8 (shown as U+FFFD) |
 //! | CSI cursor movement and position, erase and insert/delete, scroll regions and scrolling, SGR colours and attributes, tab stops, save/restore cursor, cursor style | CSI window operations and reports (`t`), DECRQM and every `$` sequence, XTVERSION, media copy, any CSI not listed, any over 64 bytes |
-//! | DEC private modes: cursor keys, origin, autowrap, blink, cursor shown, the alternate screen (47, 1047–1049), mouse reporting (1000–1007, 1015, 1016), focus events, bracketed paste (2004), synchronized output (2026) | any other private mode |
-//! | the cursor position and status reports (`CSI 6n`, `CSI 5n`) and the device attributes (`CSI c`, `CSI > c`), whose answers are fixed by the terminal, not by the step; the kitty keyboard protocol (`CSI > u`, `CSI < u`, `CSI ? u`) | `ESC Z` (DECID), `CSI = c` (its unit id) |
+//! | DEC private modes: cursor keys, origin, autowrap, blink, cursor shown, the alternate screen (47, 1047–1049), mouse reporting (1000, 1002–1007, 1015, 1016; not 1001, highlight tracking, which waits for the program's answer), focus events, bracketed paste (2004), synchronized output (2026); erase in display and line, selective (`CSI ? J`, `CSI ? K`); insert and newline modes (4, 20); REP, ECH; the soft reset (`CSI ! p`) | any other private mode; any colon in a parameter but SGR's |
+//! | the cursor position and status reports (`CSI 6n`, `CSI ? 6n`, `CSI 5n`) and the device attributes (`CSI c`, `CSI > c`), whose answers are fixed by the terminal, not by the step; the kitty keyboard protocol (`CSI > u`, `CSI < u`, `CSI = u`, `CSI ? u`) and modifyOtherKeys (`CSI > 4 ; n m`) — without `-i` (the step gets no keys) every request for an answer and the mouse and focus modes are dropped too, or the answers would be typed into the person's shell | `ESC Z` (DECID), `CSI = c` (its unit id) |
 //! | ESC 7/8, ESC =/>, ESC D/E/H/M, character set designations (`ESC ( B`, ...) | every other ESC sequence, RIS (`ESC c`) included |
 //! | — | every OSC (title, clipboard, font, colours, hyperlinks, notifications), DCS (DECRQSS, sixel, tmux passthrough), SOS, PM, APC: read to their end, never shown |
+//!
+//! When the step ends, [`VtFilter::restore`] gives the bytes that set back whatever the
+//! sequences it let through left set (see `left.rs`): modes, the alternate screen, keyboard
+//! protocols, character sets, attributes, the scroll region.
 
 use std::collections::BTreeMap;
+
+use crate::left::{parse_csi, Csi, Left};
 
 /// Why a sequence was kept from the terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -98,6 +104,12 @@ pub struct VtFilter {
     utf8: Vec<u8>,
     utf8_len: usize,
     blocked: BTreeMap<Blocked, u64>,
+    /// Whether the terminal's answers reach the step (its keys are relayed to it): else a
+    /// request for one, or a mode that makes the terminal report, is kept out, or its answer
+    /// would be typed into whatever reads the person's terminal next (their shell).
+    answers: bool,
+    /// What the sequences let through left set, to be undone at the end.
+    left: Left,
 }
 
 impl Default for VtFilter {
@@ -115,7 +127,26 @@ impl VtFilter {
             utf8: Vec::new(),
             utf8_len: 0,
             blocked: BTreeMap::new(),
+            answers: true,
+            left: Left::default(),
         }
+    }
+
+    /// A filter for a terminal whose keys do not reach the step (`run -t` without `-i`):
+    /// requests for the terminal to answer, and the modes that make it report (mouse, focus),
+    /// are kept out too.
+    pub fn without_answers() -> VtFilter {
+        VtFilter {
+            answers: false,
+            ..VtFilter::new()
+        }
+    }
+
+    /// The bytes that set back what the sequences let through left set on the terminal
+    /// (modes, the alternate screen, keyboard protocols, character sets, attributes, the
+    /// scroll region): written when the step ends; empty when it changed nothing.
+    pub fn restore(&self) -> Vec<u8> {
+        self.left.restore()
     }
 
     /// What was kept out so far, by kind.
@@ -219,6 +250,7 @@ impl VtFilter {
                     _ => false,
                 };
                 if allowed {
+                    self.left.esc(&self.seq[1..]);
                     out.extend_from_slice(&self.seq);
                 } else if self.seq[1..] == *b"Z" {
                     self.block(Blocked::Report);
@@ -247,8 +279,15 @@ impl VtFilter {
             0x20..=0x3f if self.seq.len() < MAX_SEQUENCE => self.seq.push(b),
             0x40..=0x7e if self.seq.len() < MAX_SEQUENCE => {
                 self.seq.push(b);
-                match csi_verdict(&self.seq[2..]) {
-                    None => out.extend_from_slice(&self.seq),
+                let body = &self.seq[2..];
+                let verdict = csi_verdict(body).or_else(|| {
+                    (!self.answers && asks_for_answer(body)).then_some(Blocked::Report)
+                });
+                match verdict {
+                    None => {
+                        self.left.csi(&self.seq[2..]);
+                        out.extend_from_slice(&self.seq);
+                    }
                     Some(kind) => self.block(kind),
                 }
                 self.state = State::Ground;
@@ -327,6 +366,28 @@ const DEC_MODES: &[u32] = &[
     2004, 2026,
 ];
 
+/// Whether the CSI whose bytes after `ESC [` are `body` (one that passes) makes the terminal
+/// answer: a report asked for, or a mode that reports mouse or focus events.
+fn asks_for_answer(body: &[u8]) -> bool {
+    let Some(Csi {
+        private,
+        numbers,
+        intermediates,
+        last,
+    }) = parse_csi(body)
+    else {
+        return false;
+    };
+    if !intermediates.is_empty() {
+        return false;
+    }
+    match (private, last) {
+        (None | Some(b'?'), b'n') | (None | Some(b'>'), b'c') | (Some(b'?'), b'u') => true,
+        (Some(b'?'), b'h') => numbers.iter().any(|n| (1000..=1016).contains(n)),
+        _ => false,
+    }
+}
+
 /// Whether the CSI whose bytes after `ESC [` are `body` passes (`None`) or why not.
 fn csi_verdict(body: &[u8]) -> Option<Blocked> {
     let (last, rest) = body.split_last()?;
@@ -337,10 +398,13 @@ fn csi_verdict(body: &[u8]) -> Option<Blocked> {
         .unwrap_or(rest.len());
     let intermediates = &rest[params_end..];
     let params = &rest[usize::from(private.is_some())..params_end];
-    // Parameters are digits and separators only (a private marker is only ever first).
+    // Parameters are digits and separators only (a private marker is only ever first); a
+    // colon only in SGR (colours), where every terminal reads it alike (elsewhere some read
+    // `4:2` as `4;2`, so what was checked would not be what acts).
     if !params
         .iter()
         .all(|b| b.is_ascii_digit() || *b == b';' || *b == b':')
+        || (params.contains(&b':') && (*last != b'm' || private.is_some()))
     {
         return Some(Blocked::Other);
     }
@@ -510,5 +574,53 @@ mod tests {
         // An unterminated string swallows what follows until it ends, never shows it.
         let (out, _) = filter(b"\x1b]52;c;AAAA and more text");
         assert_eq!(out, b"");
+    }
+
+    fn restore_after(input: &[u8]) -> String {
+        let mut f = VtFilter::new();
+        f.feed(input, &mut Vec::new());
+        String::from_utf8(f.restore()).unwrap()
+    }
+
+    #[test]
+    fn what_the_step_left_set_is_set_back_and_nothing_else() {
+        assert_eq!(restore_after(b"plain \x1b[1;1H\x1b[2J\x1b[0m text"), "");
+        // Set then reset: nothing to undo.
+        assert_eq!(
+            restore_after(b"\x1b[?1049h\x1b[?25l\x1b[?1049l\x1b[?25h"),
+            ""
+        );
+        let left = restore_after(
+            b"\x1b[?1003h\x1b[?1004h\x1b[>1u\x1b[>3u\x1b[>4;2m\x1b(0\x1b[8m\x1b[?25l\x1b[?1049h\x1b[4h\x1b=\x1b[2;5r",
+        );
+        assert_eq!(
+            left,
+            "\x1b[r\x1b[?1049l\x1b[?1004l\x1b[?1003l\x1b[?25h\x1b[4l\x1b>\x1b(B\x1b)B\x1b[0m\x1b[<2u\x1b[>4m"
+        );
+        // A pop undoes a push; the cursor-saving mode is an action, not a state.
+        assert_eq!(restore_after(b"\x1b[>1u\x1b[<u\x1b[?1048h"), "");
+        // A sequence kept out leaves nothing to undo.
+        assert_eq!(restore_after(b"\x1b[?9h\x1b[4:2h"), "");
+    }
+
+    #[test]
+    fn without_keys_relayed_no_answer_is_asked_for() {
+        let mut f = VtFilter::without_answers();
+        let mut out = Vec::new();
+        f.feed(
+            b"\x1b[6n\x1b[5n\x1b[?6n\x1b[c\x1b[>c\x1b[?u\x1b[?1000h\x1b[?1004hok\x1b[?1000l\x1b[?1049h",
+            &mut out,
+        );
+        assert_eq!(out, b"ok\x1b[?1000l\x1b[?1049h".to_vec());
+        assert_eq!(f.blocked().get(&Blocked::Report), Some(&8));
+    }
+
+    #[test]
+    fn a_colon_passes_only_in_sgr() {
+        passes(b"\x1b[38:2::1:2:3m\x1b[4:3m");
+        for s in [&b"\x1b[4:2h"[..], b"\x1b[?25:2l", b"\x1b[2:1J"] {
+            let (out, _) = filter(s);
+            assert_eq!(out, b"", "{:?}", String::from_utf8_lossy(s));
+        }
     }
 }

@@ -89,7 +89,8 @@ impl Runtime for TerminalRuntime {
         let (size_tx, size) = tokio::sync::watch::channel(window_size());
         let resizes = tokio::spawn(follow_window(size_tx));
         let typing = Arc::new(AtomicBool::new(true));
-        let (stdin, raw) = if self.interactive && std::io::stdin().is_terminal() {
+        let keys = self.interactive && std::io::stdin().is_terminal();
+        let (stdin, raw) = if keys {
             let reader = Keys {
                 typing: typing.clone(),
             };
@@ -106,13 +107,19 @@ impl Runtime for TerminalRuntime {
             terminal: Some(TerminalRequest { size }),
             is_step: true,
         };
+        // Without our keys, the terminal's answers would go to our shell, not the step.
+        let filter = match keys {
+            true => VtFilter::new(),
+            false => VtFilter::without_answers(),
+        };
         let shown = Shown {
-            filter: Mutex::new(VtFilter::new()),
+            filter: Mutex::new(filter),
             forward: output,
         };
         let exit = self.engine.exec(handle, request, cancel, &shown).await;
         typing.store(false, Ordering::SeqCst);
         resizes.abort();
+        shown.restore_terminal();
         drop(raw);
         let stopped = self.engine.stop(handle).await;
         shown.say_what_was_kept_out();
@@ -216,9 +223,11 @@ impl RawMode {
 
 impl Drop for RawMode {
     fn drop(&mut self) {
+        // Input not read yet is dropped with the raw mode: an answer of the terminal to a
+        // request the step made as it ended would otherwise be typed into our shell.
         let _ = rustix::termios::tcsetattr(
             std::io::stdin().as_fd(),
-            rustix::termios::OptionalActions::Now,
+            rustix::termios::OptionalActions::Flush,
             &self.saved,
         );
     }
@@ -265,8 +274,24 @@ struct Shown<'a> {
 }
 
 impl Shown<'_> {
+    /// Sets back what the step's sequences left set on our terminal.
+    fn restore_terminal(&self) {
+        restore_terminal(&self.filter.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
     fn say_what_was_kept_out(&self) {
         say_kept(&self.filter.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+}
+
+/// Writes what sets back the modes, screen and keyboard protocols the sequences `filter` let
+/// through left set, before anything of ours is shown after the step.
+pub(crate) fn restore_terminal(filter: &VtFilter) {
+    let restore = filter.restore();
+    if !restore.is_empty() {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(&restore);
+        let _ = out.flush();
     }
 }
 

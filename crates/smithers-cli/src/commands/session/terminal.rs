@@ -21,7 +21,7 @@ use smithers_terminal::vt::VtFilter;
 use super::fd_sink::FdSink;
 use super::holder::{run_exec, Holder};
 use super::wire::error_json;
-use crate::commands::run_terminal::{say_kept, window_size, Keys, RawMode};
+use crate::commands::run_terminal::{restore_terminal, say_kept, window_size, Keys, RawMode};
 
 /// The holder's side: the command on a terminal of `size`, its keys, output and sizes the
 /// three descriptors that came with the request.
@@ -145,6 +145,7 @@ pub(super) fn on_our_terminal(
     let _ = typing.join();
     let _ = sizing.join();
     let filter = showing.join().unwrap_or_default();
+    restore_terminal(&filter);
     drop(raw);
     say_kept(&filter);
     answer

@@ -93,8 +93,11 @@ struct Running {
     held: Vec<(u64, ExecSpec, Vec<OwnedFd>)>,
 }
 
-/// How many milliseconds a pause waits for every process to stop.
-const PAUSE_WAIT_MS: u32 = 2000;
+/// How many milliseconds (at least: each is a sleep and a look at `/proc`) a pause waits for
+/// every process to stop: a thread in uninterruptible sleep (a page read from a busy disk, an
+/// overlayfs copy-up) stops only when it leaves it, which on a machine busy with I/O has taken
+/// over 2 s. The runtime waits for the answer longer (its `CONTROL_WAIT`).
+const PAUSE_WAIT_MS: u32 = 4000;
 
 /// [`serve`]'s return after a `handover`: the spawner's exit code that tells P1 to wait for
 /// the `respawn`.

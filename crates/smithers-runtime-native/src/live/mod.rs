@@ -19,8 +19,9 @@ use channel::Channel;
 
 /// How long `stop` waits for the sandbox's processes to be gone before it kills harder.
 const STOP_GRACE: Duration = Duration::from_secs(5);
-/// How long a pause or a resume waits for the init's answer.
-const CONTROL_WAIT: Duration = Duration::from_secs(10);
+/// How long a pause or a resume waits for the init's answer (a pause waits up to 4000 of its
+/// rounds, each a millisecond's sleep and a look at `/proc`, for every process to stop).
+const CONTROL_WAIT: Duration = Duration::from_secs(20);
 
 /// The sandboxes this runtime has started and not stopped, by state directory.
 #[derive(Debug, Default)]
@@ -130,7 +131,7 @@ impl Live {
         let id = self.next_id();
         let mut answers = channel.register(id);
         let sent = channel.send(&make(id), &[]).await;
-        // P1 answers within its own bound (a pause waits at most 2 s for every process).
+        // P1 answers within its own bound (see `CONTROL_WAIT`).
         let answer = match sent {
             Ok(()) => tokio::time::timeout(CONTROL_WAIT, answers.recv())
                 .await

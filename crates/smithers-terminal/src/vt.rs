@@ -408,15 +408,11 @@ fn csi_verdict(body: &[u8]) -> Option<Blocked> {
     {
         return Some(Blocked::Other);
     }
-    let numbers: Vec<u32> = (params.split(|b| *b == b';'))
-        .map(|p| {
-            let digits = p.split(|b| *b == b':').next().unwrap_or(&[]);
-            std::str::from_utf8(digits)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0)
-        })
-        .collect();
+    // Read as `left` reads it; no parameter at all is one of 0, as a terminal takes it.
+    let mut numbers = parse_csi(body).map(|c| c.numbers).unwrap_or_default();
+    if numbers.is_empty() {
+        numbers.push(0);
+    }
     let allowed = match (private, intermediates, *last) {
         (None, [], b'@' | b'A'..=b'H' | b'I' | b'J' | b'K' | b'L' | b'M' | b'P') => true,
         (None, [], b'S' | b'T' | b'X' | b'Z' | b'`' | b'a' | b'b' | b'd' | b'e' | b'f') => true,

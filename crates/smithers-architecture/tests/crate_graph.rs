@@ -18,6 +18,11 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "the escaping of human output is a leaf every renderer can use",
     ),
     (
+        "smithers-mcp",
+        &["*-except:smithers-terminal"],
+        "the MCP protocol and the tools' shapes are shared by the stdio and the HTTP server: what a tool does is theirs",
+    ),
+    (
         "smithers-paths",
         &["*-except:smithers-errors"],
         "path safety is a leaf",

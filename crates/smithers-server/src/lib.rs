@@ -43,6 +43,7 @@ mod conn;
 mod error;
 mod json;
 mod lifecycle;
+mod mcp;
 mod metrics;
 mod policy;
 mod recovery;
@@ -171,6 +172,7 @@ impl SandboxServer {
             .route("/sandboxes/{id}/checkpoint", post(session::checkpoint))
             .route("/sandboxes/{id}/restore", post(session::restore))
             .route("/sandboxes/{id}/bundle", get(routes::bundle))
+            .route("/mcp", post(mcp::post))
             .route("/probe", get(routes::probe))
             .route("/reviews", get(review::list))
             .route(

@@ -36,7 +36,7 @@ fn entry(state: &AppState, id: &str, owner: &Owner) -> Result<Arc<Entry>, ApiErr
     state.owned(id, owner)
 }
 
-fn random_hex(bytes: usize) -> Result<String, ApiError> {
+pub(crate) fn random_hex(bytes: usize) -> Result<String, ApiError> {
     let mut buf = vec![0u8; bytes];
     getrandom::fill(&mut buf).map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
@@ -92,8 +92,13 @@ pub(crate) async fn auth(State(state): St, mut req: Request, next: Next) -> Resp
 pub(crate) async fn deadline(State(state): St, req: Request, next: Next) -> Response {
     let upload =
         req.method() == axum::http::Method::PUT && req.uri().path().ends_with("/workspace");
+    // An MCP tool call answers once its command ended: within the longest timeout a
+    // command may have here, and the usual deadline past it.
+    let mcp = req.uri().path() == "/v1/mcp";
     let limit = if upload {
         state.config.limits.upload_timeout
+    } else if mcp {
+        state.config.limits.request_timeout + state.config.limits.ceilings.max_timeout
     } else {
         state.config.limits.request_timeout
     };
@@ -285,8 +290,25 @@ pub(crate) async fn create(
     let raw: Value = read_json(body, state.config.limits.max_json_bytes).await?;
     let asked_output = asks(&raw, "maxOutputBytes");
     let asked_lines = asks(&raw, "maxOutputLines");
-    let mut req: CreateSandbox = serde_json::from_value(raw)
+    let req: CreateSandbox = serde_json::from_value(raw)
         .map_err(|e| ApiError::malformed(format!("malformed JSON body: {e}")))?;
+    let entry = create_entry(&state, &owner, req, (asked_output, asked_lines)).await?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &entry.info(state.runtime.kind()),
+    ))
+}
+
+/// Makes a sandbox of `owner` as `req` asks, within the operator's ceilings (for the route and
+/// the MCP endpoint). `asked` says whether the client asked for an output cap in bytes and
+/// in lines (an unasked one gets the ceiling).
+pub(crate) async fn create_entry(
+    state: &AppState,
+    owner: &Owner,
+    mut req: CreateSandbox,
+    asked: (bool, bool),
+) -> Result<Arc<Entry>, ApiError> {
+    let (asked_output, asked_lines) = asked;
     if state.draining.load(Ordering::Relaxed) {
         return Err(ApiError::draining());
     }
@@ -325,14 +347,9 @@ pub(crate) async fn create(
     if req.if_exists == IfExists::Replace {
         // A resumed run whose earlier client died before cleanup: its sandbox (running or
         // not) is cancelled and removed, as a DELETE would, before the new one is made.
-        let old = existing(
-            &lock(&state.sandboxes),
-            &owner,
-            &req.run_id,
-            &req.sandbox_id,
-        );
+        let old = existing(&lock(&state.sandboxes), owner, &req.run_id, &req.sandbox_id);
         if let Some(old) = old {
-            remove(&state, &old).await?;
+            remove(state, &old).await?;
             eprintln!(
                 "smithers-server: sandbox {} ({}:{}) of token {:?} replaced by a new create",
                 old.id, old.run_id, old.sandbox_id, old.owner
@@ -341,10 +358,10 @@ pub(crate) async fn create(
     }
     {
         let all = lock(&state.sandboxes);
-        if let Some(err) = duplicate(&all, &owner, &req.run_id, &req.sandbox_id) {
+        if let Some(err) = duplicate(&all, owner, &req.run_id, &req.sandbox_id) {
             return Err(err);
         }
-        check_caps(&all, &state.config.limits, &owner)?;
+        check_caps(&all, &state.config.limits, owner)?;
     }
     tokio::fs::create_dir_all(&workspace)
         .await
@@ -399,9 +416,9 @@ pub(crate) async fn create(
     // name or the last slot meanwhile; then ours is undone.
     let refused = {
         let mut all = lock(&state.sandboxes);
-        let refused = duplicate(&all, &owner, &entry.run_id, &entry.sandbox_id)
+        let refused = duplicate(&all, owner, &entry.run_id, &entry.sandbox_id)
             .map(Err)
-            .unwrap_or_else(|| check_caps(&all, &state.config.limits, &owner))
+            .unwrap_or_else(|| check_caps(&all, &state.config.limits, owner))
             .err();
         if refused.is_none() {
             all.insert(id, entry.clone());
@@ -414,10 +431,7 @@ pub(crate) async fn create(
         return Err(err);
     }
     state.metrics.sandbox_created(state.runtime.kind().as_str());
-    Ok(json_response(
-        StatusCode::CREATED,
-        &entry.info(state.runtime.kind()),
-    ))
+    Ok(entry)
 }
 
 pub(crate) async fn upload_workspace(
@@ -621,6 +635,22 @@ pub(crate) async fn put_request(
             ))
         }
     }
+    let report = ship_entry(&state, &e, request).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &Shipped {
+            bundle_size_bytes: report.bundle_size_bytes,
+        },
+    ))
+}
+
+/// Ships `request` into a created sandbox, which becomes shipped (the caller holds its
+/// operation lock and checked its state).
+pub(crate) async fn ship_entry(
+    state: &AppState,
+    e: &Entry,
+    request: Value,
+) -> Result<smithers_runtime::ShipReport, ApiError> {
     let report = state
         .runtime
         .ship(
@@ -639,12 +669,7 @@ pub(crate) async fn put_request(
     e.events.push(WireEvent::State {
         state: SandboxState::Shipped,
     });
-    Ok(json_response(
-        StatusCode::OK,
-        &Shipped {
-            bundle_size_bytes: report.bundle_size_bytes,
-        },
-    ))
+    Ok(report)
 }
 
 pub(crate) async fn execute(
@@ -1077,7 +1102,7 @@ pub(crate) async fn delete(
 
 /// Cancels what still runs of the sandbox, waits for it, cleans it up in the runtime and
 /// removes its directory and its entry.
-async fn remove(state: &AppState, e: &Arc<Entry>) -> Result<(), ApiError> {
+pub(crate) async fn remove(state: &AppState, e: &Arc<Entry>) -> Result<(), ApiError> {
     let _op = e.op.lock().await;
     let mut live = false;
     let running = {

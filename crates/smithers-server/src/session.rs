@@ -34,7 +34,7 @@ const WINDOW_BYTES: u64 = 4 << 20;
 /// The largest exec body (a 16 MiB stdin in base64, and the rest).
 const MAX_EXEC_BODY: usize = MAX_STDIN_BYTES / 3 * 4 + (1 << 20);
 
-fn engine(state: &AppState) -> Result<Arc<dyn Engine>, ApiError> {
+pub(crate) fn engine(state: &AppState) -> Result<Arc<dyn Engine>, ApiError> {
     state.engine.clone().ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
@@ -50,8 +50,14 @@ pub(crate) async fn start(
     Extension(owner): Extension<Owner>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let engine = engine(&state)?;
     let e = state.owned(&id, &owner)?;
+    start_entry(&state, &e).await?;
+    Ok(json_response(StatusCode::OK, &e.info(state.runtime.kind())))
+}
+
+/// Starts a shipped sandbox as a live session (for the route and the MCP endpoint).
+pub(crate) async fn start_entry(state: &AppState, e: &Arc<Entry>) -> Result<(), ApiError> {
+    let engine = engine(state)?;
     let _op = e.op.lock().await;
     {
         let inner = lock(&e.inner);
@@ -76,7 +82,7 @@ pub(crate) async fn start(
     e.events.push(WireEvent::State {
         state: SandboxState::Live,
     });
-    Ok(json_response(StatusCode::OK, &e.info(state.runtime.kind())))
+    Ok(())
 }
 
 /// `POST /v1/sandboxes/{id}/exec`: one command in the live session, answered by a framed
@@ -132,7 +138,7 @@ pub(crate) async fn exec(
 }
 
 /// The engine's request from the client's body, checked; its timeout within the ceiling.
-fn exec_request(state: &AppState, body: ExecBody) -> Result<ExecRequest, ApiError> {
+pub(crate) fn exec_request(state: &AppState, body: ExecBody) -> Result<ExecRequest, ApiError> {
     let invalid =
         |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::InvalidInput, m);
     if body.argv.first().is_none_or(String::is_empty) {
@@ -259,10 +265,19 @@ pub(crate) async fn checkpoint(
     Extension(owner): Extension<Owner>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let engine = engine(&state)?;
     let e = state.owned(&id, &owner)?;
+    let body = checkpoint_entry(&state, &e).await?;
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// Makes a checkpoint of a live session (for the route and the MCP endpoint).
+pub(crate) async fn checkpoint_entry(
+    state: &AppState,
+    e: &Arc<Entry>,
+) -> Result<wire_session::CheckpointBody, ApiError> {
+    let engine = engine(state)?;
     let _op = e.op.lock().await;
-    live_or_conflict(&e, "checkpoint")?;
+    live_or_conflict(e, "checkpoint")?;
     e.checkpoints
         .room()
         .map_err(|err| ApiError::runtime(&err))?;
@@ -276,11 +291,10 @@ pub(crate) async fn checkpoint(
         .add(snapshot)
         .map_err(|err| ApiError::runtime(&err))?;
     e.touch();
-    let body = wire_session::CheckpointBody {
+    Ok(wire_session::CheckpointBody {
         checkpoint: name,
         held_us: Some(held_us),
-    };
-    Ok(json_response(StatusCode::OK, &body))
+    })
 }
 
 /// `POST /v1/sandboxes/{id}/restore`: the live session's workspace put back to one of its
@@ -291,12 +305,23 @@ pub(crate) async fn restore(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let engine = engine(&state)?;
     let e = state.owned(&id, &owner)?;
     let body: wire_session::CheckpointBody = read_json(body, 4096).await?;
+    restore_entry(&state, &e, &body.checkpoint).await?;
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// Puts a live session's workspace back to its checkpoint `name` (for the route and the MCP
+/// endpoint).
+pub(crate) async fn restore_entry(
+    state: &AppState,
+    e: &Arc<Entry>,
+    name: &str,
+) -> Result<(), ApiError> {
+    let engine = engine(state)?;
     let _op = e.op.lock().await;
-    live_or_conflict(&e, "restore")?;
-    let snapshot = e.checkpoints.named(&body.checkpoint).ok_or_else(|| {
+    live_or_conflict(e, "restore")?;
+    let snapshot = e.checkpoints.named(name).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             ErrorCode::NotFound,
@@ -308,10 +333,10 @@ pub(crate) async fn restore(
         .await
         .map_err(|err| ApiError::runtime(&err))?;
     e.touch();
-    Ok(json_response(StatusCode::OK, &body))
+    Ok(())
 }
 
-fn live_or_conflict(e: &Entry, verb: &str) -> Result<(), ApiError> {
+pub(crate) fn live_or_conflict(e: &Entry, verb: &str) -> Result<(), ApiError> {
     match e.state() {
         SandboxState::Live => Ok(()),
         other => Err(ApiError::conflict(

@@ -736,6 +736,7 @@ async fn openapi_document_is_served_and_covers_every_route() {
             if call.contains(&format!("{method}(routes::"))
                 || call.contains(&format!("{method}(review::"))
                 || call.contains(&format!("{method}(session::"))
+                || call.contains(&format!("{method}(mcp::"))
             {
                 routes.push((method, full.clone()));
             }

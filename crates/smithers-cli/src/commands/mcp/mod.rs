@@ -10,8 +10,6 @@
 //! bytes are UTF-8, base64 otherwise, never re-encoded lossily).
 
 mod capture;
-mod protocol;
-mod schema;
 mod tools;
 
 use std::io::{BufRead, Write};
@@ -20,8 +18,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-/// The largest message a client may send (a file written through `session_write` is in it).
-pub const MAX_MESSAGE: usize = 24 << 20;
+use smithers_mcp::args::MAX_MESSAGE;
+use smithers_mcp::protocol;
 
 #[derive(Debug, Args)]
 pub struct McpArgs {
@@ -37,6 +35,9 @@ pub struct McpArgs {
     #[arg(long = "allow-host", value_name = "NAME[:PORTS]")]
     pub allow_host: Vec<String>,
 }
+
+/// What the server tells a client at the handshake.
+const INSTRUCTIONS: &str = "Sandboxed sessions over one project: start a session, run commands and edit files in it (the project is untouched), look at its change with session_diff, and stop it: its change then waits for a person's review.";
 
 pub fn run(args: &McpArgs) -> anyhow::Result<ExitCode> {
     let root = match &args.root {
@@ -65,9 +66,19 @@ pub fn run(args: &McpArgs) -> anyhow::Result<ExitCode> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        if let Some(reply) = protocol::handle(&mut server, &line) {
-            write_message(&stdout, &reply)?;
-        }
+        let tools = server.list();
+        let about = protocol::About {
+            tools: &tools,
+            instructions: INSTRUCTIONS,
+        };
+        let reply = match protocol::read(&line, about) {
+            protocol::Message::Reply(reply) => reply,
+            protocol::Message::Nothing => continue,
+            protocol::Message::Call { id, name, args } => {
+                protocol::reply(id, server.call(&name, &args))
+            }
+        };
+        write_message(&stdout, &reply)?;
     }
     server.stop_all();
     Ok(ExitCode::SUCCESS)

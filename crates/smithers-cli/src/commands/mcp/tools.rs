@@ -10,20 +10,19 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 mod checkpoints;
 
-use super::capture::{put_bytes, spawn_reader, take_bytes};
-use crate::commands::session::{socket_of, wire};
+use smithers_mcp::args::{
+    argv_arg, bad, env_arg, failed, limit_arg, required, result, stdin_arg, str_arg, str_list,
+    u64_arg, CallResult, MAX_OUTPUT,
+};
+use smithers_mcp::bytes::take_bytes;
+use smithers_mcp::results::{exec_result, listing_result, read_result};
 
-/// Default and largest bound of a stream or file a tool returns.
-const DEFAULT_OUTPUT: usize = 1 << 20;
-const MAX_OUTPUT: usize = 16 << 20;
-/// Bounds of what a call may carry.
-const MAX_ARGV: usize = 4096;
-const MAX_ARG_BYTES: usize = 128 << 10;
-const MAX_ENV: usize = 256;
+use super::capture::spawn_reader;
+use crate::commands::session::{socket_of, wire};
 
 pub struct Server {
     root: PathBuf,
@@ -33,30 +32,6 @@ pub struct Server {
     started: BTreeSet<String>,
     /// The hosts the operator lets an agent's session reach (`mcp --allow-host`).
     hosts: BTreeSet<String>,
-}
-
-type CallResult = Result<Value, (i64, String)>;
-
-fn bad(message: impl Into<String>) -> (i64, String) {
-    (-32602, message.into())
-}
-
-/// A tool's result: `text` for a model to read, `structured` for a program.
-fn result(text: String, structured: Value, is_error: bool) -> Value {
-    json!({
-        "content": [{ "type": "text", "text": text }],
-        "structuredContent": structured,
-        "isError": is_error,
-    })
-}
-
-/// A tool that failed: the session's error (code, message) as its result.
-fn failed(code: &str, message: &str) -> Value {
-    result(
-        format!("{code}: {message}"),
-        json!({ "code": code, "message": message }),
-        true,
-    )
 }
 
 impl Server {
@@ -77,7 +52,7 @@ impl Server {
     }
 
     pub fn list(&self) -> Vec<Value> {
-        let mut tools = super::schema::all();
+        let mut tools = smithers_mcp::schema::all();
         if !self.allow_accept {
             tools.retain(|t| t["name"] != "session_accept");
         }
@@ -114,7 +89,7 @@ impl Server {
 
     /// The session the call names, if this server started it.
     fn session(&self, args: &Value) -> Result<(String, PathBuf), (i64, String)> {
-        let id = str_arg(args, "sessionId")?.ok_or_else(|| bad("sessionId is required"))?;
+        let id = required(args, "sessionId")?;
         if !self.sessions.contains(id) {
             return Err(bad(format!(
                 "no session {} was started here",
@@ -198,15 +173,9 @@ impl Server {
 
     fn exec(&self, args: &Value) -> CallResult {
         let (_, socket) = self.session(args)?;
-        let argv = str_list(args, "command", MAX_ARGV)?;
-        if argv.is_empty() {
-            return Err(bad("command must be a non-empty array of strings"));
-        }
+        let argv = argv_arg(args)?;
         let env = env_arg(args)?;
-        let stdin = match (args.get("stdin"), args.get("stdinBase64")) {
-            (None, None) => None,
-            (t, b) => Some(take_bytes(t, b).map_err(bad)?),
-        };
+        let stdin = stdin_arg(args)?;
         let limit = limit_arg(args, "maxOutputBytes")?;
         let request = wire::Request::Exec {
             argv,
@@ -221,33 +190,12 @@ impl Server {
             Ok(r) => r,
             Err(e) => return Ok(e),
         };
-        let exit = answer["exit"].clone();
-        let mut structured = Map::new();
-        structured.insert("exit".into(), exit.clone());
-        put_bytes(&mut structured, "stdout", &out.bytes);
-        put_bytes(&mut structured, "stderr", &err.bytes);
-        structured.insert("stdoutBytes".into(), json!(out.total));
-        structured.insert("stderrBytes".into(), json!(err.total));
-        structured.insert("stdoutTruncated".into(), json!(out.truncated()));
-        structured.insert("stderrTruncated".into(), json!(err.truncated()));
-        let text = format!(
-            "{} (exit code {}){}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            exit["termination"].as_str().unwrap_or("?"),
-            exit["exitCode"],
-            if out.truncated() || err.truncated() {
-                format!(" [output cut at {limit} bytes per stream]")
-            } else {
-                String::new()
-            },
-            String::from_utf8_lossy(&out.bytes),
-            String::from_utf8_lossy(&err.bytes)
-        );
-        Ok(result(text, Value::Object(structured), false))
+        Ok(exec_result(answer["exit"].clone(), &out, &err, limit))
     }
 
     fn read(&self, args: &Value) -> CallResult {
         let (_, socket) = self.session(args)?;
-        let path = str_arg(args, "path")?.ok_or_else(|| bad("path is required"))?;
+        let path = required(args, "path")?;
         let limit = limit_arg(args, "maxBytes")?;
         let (r, w) = std::os::unix::net::UnixStream::pair().map_err(|e| (-32603, e.to_string()))?;
         // Read to the bound and one byte more, then the pipe closes: a file without end
@@ -262,22 +210,12 @@ impl Server {
         if let Some(e) = answer_error(&answer).filter(|_| !truncated) {
             return Ok(e);
         }
-        let mut structured = Map::new();
-        put_bytes(&mut structured, "content", &got.bytes);
-        // The size is known only when the whole file came.
-        let size = (!truncated).then_some(got.total);
-        structured.insert("sizeBytes".into(), json!(size));
-        structured.insert("truncated".into(), json!(truncated));
-        let text = match std::str::from_utf8(&got.bytes) {
-            Ok(t) => t.to_string(),
-            Err(_) => format!("({} bytes, not UTF-8: in contentBase64)", got.total),
-        };
-        Ok(result(text, Value::Object(structured), false))
+        Ok(read_result(&got))
     }
 
     fn write(&self, args: &Value) -> CallResult {
         let (_, socket) = self.session(args)?;
-        let path = str_arg(args, "path")?.ok_or_else(|| bad("path is required"))?;
+        let path = required(args, "path")?;
         let bytes = take_bytes(args.get("content"), args.get("contentBase64")).map_err(bad)?;
         let (r, mut w) =
             std::os::unix::net::UnixStream::pair().map_err(|e| (-32603, e.to_string()))?;
@@ -303,13 +241,7 @@ impl Server {
         let (_, socket) = self.session(args)?;
         let path = str_arg(args, "path")?.unwrap_or(".");
         let request = wire::Request::Exec {
-            argv: vec![
-                "/bin/sh".into(),
-                "-c".into(),
-                "cd -- \"$1\" && find . -mindepth 1 -maxdepth 1 -printf '%y\\t%s\\t%f\\0'".into(),
-                "sh".into(),
-                path.into(),
-            ],
+            argv: smithers_mcp::scripts::argv(smithers_mcp::scripts::LIST_DIR, path),
             cwd: None,
             env: Vec::new(),
             timeout_ms: Some(30_000),
@@ -326,39 +258,7 @@ impl Server {
                 &format!("{path}: {}", String::from_utf8_lossy(&err.bytes).trim()),
             ));
         }
-        let mut entries = Vec::new();
-        let mut text = String::new();
-        for record in out.bytes.split(|b| *b == 0).filter(|r| !r.is_empty()) {
-            let mut fields = record.splitn(3, |b| *b == b'\t');
-            let (Some(kind), Some(size), Some(name)) =
-                (fields.next(), fields.next(), fields.next())
-            else {
-                continue;
-            };
-            let kind = match kind {
-                b"d" => "directory",
-                b"f" => "file",
-                b"l" => "symlink",
-                _ => "other",
-            };
-            let mut entry = Map::new();
-            put_bytes(&mut entry, "name", name);
-            entry.insert("type".into(), json!(kind));
-            entry.insert(
-                "sizeBytes".into(),
-                json!(String::from_utf8_lossy(size).parse::<u64>().ok()),
-            );
-            text.push_str(&format!(
-                "{kind}\t{}\n",
-                crate::output::inert(&String::from_utf8_lossy(name))
-            ));
-            entries.push(Value::Object(entry));
-        }
-        Ok(result(
-            text,
-            json!({ "path": path, "entries": entries, "truncated": out.truncated() }),
-            false,
-        ))
+        Ok(listing_result(path, &out))
     }
 
     fn diff(&self, args: &Value) -> CallResult {
@@ -408,7 +308,7 @@ impl Server {
     }
 
     fn accept(&self, args: &Value) -> CallResult {
-        let id = str_arg(args, "sessionId")?.ok_or_else(|| bad("sessionId is required"))?;
+        let id = required(args, "sessionId")?;
         // Only a session this server started: never a person's run or another agent's work.
         if !self.started.contains(id) {
             return Err(bad(format!(
@@ -515,70 +415,6 @@ fn answer_error(answer: &std::io::Result<Value>) -> Option<Value> {
     }
 }
 
-fn str_arg<'a>(args: &'a Value, key: &str) -> Result<Option<&'a str>, (i64, String)> {
-    match args.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.len() <= MAX_ARG_BYTES && !s.contains('\0') => Ok(Some(s)),
-        Some(_) => Err(bad(format!(
-            "{key} must be a string (no NUL, at most {MAX_ARG_BYTES} bytes)"
-        ))),
-    }
-}
-
-fn str_list(args: &Value, key: &str, max: usize) -> Result<Vec<String>, (i64, String)> {
-    match args.get(key) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(items)) if items.len() <= max => items
-            .iter()
-            .map(|v| match v {
-                Value::String(s) if s.len() <= MAX_ARG_BYTES && !s.contains('\0') => Ok(s.clone()),
-                _ => Err(bad(format!(
-                    "{key} must hold strings (no NUL, at most {MAX_ARG_BYTES} bytes)"
-                ))),
-            })
-            .collect(),
-        Some(_) => Err(bad(format!(
-            "{key} must be an array of at most {max} strings"
-        ))),
-    }
-}
-
-fn env_arg(args: &Value) -> Result<Vec<(String, String)>, (i64, String)> {
-    match args.get("env") {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Object(m)) if m.len() <= MAX_ENV => m
-            .iter()
-            .map(|(k, v)| match v {
-                Value::String(s)
-                    if !k.is_empty() && !k.contains(['=', '\0']) && !s.contains('\0') =>
-                {
-                    Ok((k.clone(), s.clone()))
-                }
-                _ => Err(bad(format!(
-                    "env {k:?}: names without '=' or NUL, string values"
-                ))),
-            })
-            .collect(),
-        Some(_) => Err(bad(format!(
-            "env must be an object of at most {MAX_ENV} strings"
-        ))),
-    }
-}
-
-fn u64_arg(args: &Value, key: &str) -> Result<Option<u64>, (i64, String)> {
-    match args.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| bad(format!("{key} must be a non-negative integer"))),
-    }
-}
-
-fn limit_arg(args: &Value, key: &str) -> Result<usize, (i64, String)> {
-    Ok(u64_arg(args, key)?.map_or(DEFAULT_OUTPUT, |n| (n as usize).min(MAX_OUTPUT)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -607,15 +443,5 @@ mod tests {
             .unwrap();
         assert_eq!(refused["isError"], true, "{refused}");
         assert!(refused.to_string().contains("--allow-host"), "{refused}");
-    }
-
-    #[test]
-    fn arguments_of_the_wrong_shape_are_refused_before_use() {
-        let args = json!({"command": ["a", 1], "env": {"A=B": "x"}, "timeoutMs": -1});
-        assert!(str_list(&args, "command", 10).is_err());
-        assert!(env_arg(&args).is_err());
-        assert!(u64_arg(&args, "timeoutMs").is_err());
-        assert!(str_arg(&json!({"p": "a\u{0}b"}), "p").is_err());
-        assert_eq!(limit_arg(&json!({"m": u64::MAX}), "m").unwrap(), MAX_OUTPUT);
     }
 }

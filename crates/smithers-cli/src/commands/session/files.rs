@@ -20,10 +20,7 @@ use super::wire::error_json;
 pub(super) type RunCommand<'a> = dyn Fn(ExecRequest, &dyn smithers_runtime::OutputSink) -> Result<smithers_runtime::ExecExit, String>
     + 'a;
 
-/// The shell's exit code when the file is not there.
-const MISSING: i32 = 66;
-/// The shell's exit code when the path is a directory.
-const DIRECTORY: i32 = 67;
+use smithers_mcp::scripts::{DIRECTORY, MISSING};
 
 /// Sends the file at `path` to the client's stdout (the one descriptor sent).
 pub(super) fn read(
@@ -39,9 +36,7 @@ pub(super) fn read(
             json!({}),
         );
     };
-    let script = format!(
-        "[ -e \"$1\" ] || exit {MISSING}; [ -d \"$1\" ] && exit {DIRECTORY}; exec cat -- \"$1\""
-    );
+    let script = smithers_mcp::scripts::read();
     let mut capture = Capture::new(Some(File::from(out)), cancel);
     let ran = run(shell(&script, path, StepStdin::default()), &capture);
     // Every byte written before the answer.
@@ -64,9 +59,7 @@ pub(super) fn write(
             json!({}),
         );
     };
-    let script = format!(
-        "[ -d \"$1\" ] && exit {DIRECTORY}; d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && exec cat > \"$1\""
-    );
+    let script = smithers_mcp::scripts::write();
     let capture = Capture::new(None, cancel);
     let stdin = StepStdin::from_reader(File::from(input));
     finish(run(shell(&script, path, stdin), &capture), path, &capture)
@@ -74,13 +67,7 @@ pub(super) fn write(
 
 fn shell(script: &str, path: &str, stdin: StepStdin) -> ExecRequest {
     ExecRequest {
-        argv: vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            script.into(),
-            "sh".into(),
-            path.into(),
-        ],
+        argv: smithers_mcp::scripts::argv(script, path),
         stdin,
         ..ExecRequest::default()
     }

@@ -6,6 +6,38 @@ fn id() -> Value {
     json!({ "type": "string", "description": "The session's id (from session_start)." })
 }
 
+/// The tools of a `serve` host's endpoint: those of [`all`] that a host's sessions offer, its
+/// `session_start` over a sandbox the client shipped (or an empty one). A host has no
+/// project of its own to diff against and keeps no second copy to fork from: those tools are
+/// not offered there, and accept is the client's (it fetches the bundle).
+pub fn hosted() -> Vec<Value> {
+    const OFFERED: [&str; 9] = [
+        "session_list",
+        "session_exec",
+        "session_read",
+        "session_write",
+        "session_list_dir",
+        "session_checkpoint",
+        "session_restore",
+        "session_stop",
+        "session_start",
+    ];
+    let mut tools = vec![tool(
+        "session_start",
+        "Start a session: a sandbox of this host held for many commands, over the workspace of a sandbox your client created and shipped (sandboxId), or an empty /workspace. Its change is collected into a bundle when it stops, for your client's review.",
+        json!({
+            "sandboxId": { "type": "string", "description": "A shipped sandbox of this token (sbx-...); none: a new sandbox with an empty workspace and the host's limits." }
+        }),
+        &[],
+    )];
+    tools.extend(
+        all()
+            .into_iter()
+            .filter(|t| t["name"] != "session_start" && OFFERED.iter().any(|n| t["name"] == *n)),
+    );
+    tools
+}
+
 /// Every tool (`session_accept` among them; the server leaves it out unless allowed).
 pub fn all() -> Vec<Value> {
     vec![
@@ -105,4 +137,23 @@ fn tool(name: &str, description: &str, properties: Value, required: &[&str]) -> 
             "additionalProperties": false,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_offers_its_own_start_and_no_diff_fork_or_accept() {
+        let names: Vec<String> = hosted()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names.len(), 9, "{names:?}");
+        assert_eq!(names.iter().filter(|n| *n == "session_start").count(), 1);
+        for absent in ["session_diff", "session_fork", "session_accept"] {
+            assert!(!names.iter().any(|n| n == absent), "{absent}");
+        }
+        assert!(hosted()[0]["inputSchema"]["properties"]["sandboxId"].is_object());
+    }
 }

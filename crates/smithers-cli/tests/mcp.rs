@@ -157,11 +157,39 @@ fn the_official_sdk_client_drives_a_hosted_session_over_streamable_http() {
     );
     let theirs = http_get(&server.addr, &format!("/v1/sandboxes/{id}"), other);
     assert!(theirs.starts_with("HTTP/1.1 404"), "{theirs}");
+    // The fork whose parent was deleted collected its own bundle; the parent's directory
+    // (its shipped workspace) stays while the fork is held, and goes with it.
+    let fork = summary["fork"].as_str().unwrap();
+    let parent = summary["deletedParent"].as_str().unwrap();
+    let bundle = http_get(&server.addr, &format!("/v1/sandboxes/{fork}/bundle"), token);
+    assert!(
+        bundle.starts_with("HTTP/1.1 200"),
+        "{}",
+        &bundle[..200.min(bundle.len())]
+    );
+    let sandboxes = options.data_dir.join("sandboxes");
+    assert!(sandboxes.join(parent).is_dir());
+    let gone = http_delete(&server.addr, &format!("/v1/sandboxes/{fork}"), token);
+    assert!(gone.starts_with("HTTP/1.1 204"), "{gone}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while sandboxes.join(parent).exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        !sandboxes.join(parent).exists(),
+        "the shared workspace outlived its last fork"
+    );
+    assert!(!sandboxes.join(fork).exists());
 }
 
 /// A GET with a bearer token over one HTTP/1.1 connection, the answer whole (lossy text).
 fn http_get(addr: &std::net::SocketAddr, path: &str, token: &str) -> String {
     let head = format!("GET {path} HTTP/1.1\r\nAuthorization: Bearer {token}\r\n");
+    exchange(addr, &head, "")
+}
+
+fn http_delete(addr: &std::net::SocketAddr, path: &str, token: &str) -> String {
+    let head = format!("DELETE {path} HTTP/1.1\r\nAuthorization: Bearer {token}\r\n");
     exchange(addr, &head, "")
 }
 

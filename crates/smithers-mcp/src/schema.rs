@@ -7,11 +7,11 @@ fn id() -> Value {
 }
 
 /// The tools of a `serve` host's endpoint: those of [`all`] that a host's sessions offer, its
-/// `session_start` over a sandbox the client shipped (or an empty one). A host has no
-/// project of its own to diff against and keeps no second copy to fork from: those tools are
-/// not offered there, and accept is the client's (it fetches the bundle).
+/// `session_start` over a sandbox the client shipped (or an empty one). A host has no project
+/// of its own to diff against: that tool is not offered there, and accept is the client's (it
+/// fetches the bundle).
 pub fn hosted() -> Vec<Value> {
-    const OFFERED: [&str; 9] = [
+    const OFFERED: [&str; 10] = [
         "session_list",
         "session_exec",
         "session_read",
@@ -19,6 +19,7 @@ pub fn hosted() -> Vec<Value> {
         "session_list_dir",
         "session_checkpoint",
         "session_restore",
+        "session_fork",
         "session_stop",
         "session_start",
     ];
@@ -144,14 +145,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_host_offers_its_own_start_and_no_diff_fork_or_accept() {
+    fn a_host_offers_its_own_start_and_no_diff_or_accept() {
         let names: Vec<String> = hosted()
             .iter()
             .map(|t| t["name"].as_str().unwrap().to_string())
             .collect();
-        assert_eq!(names.len(), 9, "{names:?}");
+        assert_eq!(names.len(), 10, "{names:?}");
         assert_eq!(names.iter().filter(|n| *n == "session_start").count(), 1);
-        for absent in ["session_diff", "session_fork", "session_accept"] {
+        for absent in ["session_diff", "session_accept"] {
             assert!(!names.iter().any(|n| n == absent), "{absent}");
         }
         assert!(hosted()[0]["inputSchema"]["properties"]["sandboxId"].is_object());

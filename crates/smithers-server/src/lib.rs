@@ -41,6 +41,7 @@
 mod config;
 mod conn;
 mod error;
+mod fork;
 mod json;
 mod lifecycle;
 mod mcp;
@@ -171,6 +172,7 @@ impl SandboxServer {
             .route("/sandboxes/{id}/stop", post(session::stop))
             .route("/sandboxes/{id}/checkpoint", post(session::checkpoint))
             .route("/sandboxes/{id}/restore", post(session::restore))
+            .route("/sandboxes/{id}/fork", post(fork::fork))
             .route("/sandboxes/{id}/bundle", get(routes::bundle))
             .route("/mcp", post(mcp::post))
             .route("/probe", get(routes::probe))

@@ -356,28 +356,72 @@ pub(crate) async fn create_entry(
             );
         }
     }
-    {
-        let all = lock(&state.sandboxes);
-        if let Some(err) = duplicate(&all, owner, &req.run_id, &req.sandbox_id) {
-            return Err(err);
-        }
-        check_caps(&all, &state.config.limits, owner)?;
-    }
     tokio::fs::create_dir_all(&workspace)
         .await
         .map_err(|e| ApiError::internal(format!("create {}: {e}", workspace.display())))?;
-    let handle = match state.runtime.create(&config).await {
+    let project = Arc::new(crate::state::Project { dir: dir.clone() });
+    let new = NewSandbox {
+        id,
+        dir,
+        project,
+        config,
+        secret_files,
+    };
+    register(state, owner, new).await
+}
+
+/// A sandbox about to be made: its id, its directory, the workspace it runs over and its
+/// config, admitted by the operator's ceilings.
+pub(crate) struct NewSandbox {
+    pub id: String,
+    /// `<data>/sandboxes/<id>`, made by the caller.
+    pub dir: PathBuf,
+    pub project: Arc<crate::state::Project>,
+    pub config: SandboxConfig,
+    pub secret_files: crate::secrets::SecretFiles,
+}
+
+/// Makes `new` in the runtime and holds it for `owner`, within the caps of sandboxes held
+/// (decided before and again under the lock it is inserted with). On a refusal nothing is
+/// left: neither the runtime's sandbox nor the directory.
+pub(crate) async fn register(
+    state: &AppState,
+    owner: &Owner,
+    new: NewSandbox,
+) -> Result<Arc<Entry>, ApiError> {
+    let NewSandbox {
+        id,
+        dir,
+        project,
+        config,
+        secret_files,
+    } = new;
+    let admitted = {
+        let all = lock(&state.sandboxes);
+        duplicate(&all, owner, &config.run_id, &config.sandbox_id)
+            .map(Err)
+            .unwrap_or_else(|| check_caps(&all, &state.config.limits, owner))
+    };
+    let made = match admitted {
+        Ok(()) => state
+            .runtime
+            .create(&config)
+            .await
+            .map_err(|e| ApiError::runtime(&e)),
+        Err(e) => Err(e),
+    };
+    let handle = match made {
         Ok(h) => h,
         Err(e) => {
-            let _ = tokio::fs::remove_dir_all(&dir).await;
-            return Err(ApiError::runtime(&e));
+            remove_own_dir(&dir, &project).await;
+            return Err(e);
         }
     };
     // Written before anyone can use the sandbox: a server that dies (SIGKILL, power) leaves
     // it behind, and the next one cleans up what the handle names (`crate::recovery`).
     if let Err(e) = crate::recovery::record_handle(&dir, &handle).await {
         let _ = state.runtime.cleanup(&handle).await;
-        let _ = tokio::fs::remove_dir_all(&dir).await;
+        remove_own_dir(&dir, &project).await;
         return Err(ApiError::internal(format!(
             "record the sandbox's handle in {}: {e}",
             dir.display()
@@ -385,13 +429,15 @@ pub(crate) async fn create_entry(
     }
     let entry = Arc::new(Entry {
         id: id.clone(),
-        run_id: req.run_id,
-        sandbox_id: req.sandbox_id,
+        run_id: config.run_id.clone(),
+        sandbox_id: config.sandbox_id.clone(),
         created_at_ms: now_ms(),
         owner: owner.0.clone(),
         last_active_ms: AtomicU64::new(now_ms()),
         dir,
-        workspace,
+        workspace: config.root_dir.clone(),
+        project,
+        config,
         handle,
         op: tokio::sync::Mutex::new(()),
         swap: std::sync::Mutex::new(()),
@@ -427,11 +473,20 @@ pub(crate) async fn create_entry(
     };
     if let Some(err) = refused {
         let _ = state.runtime.cleanup(&entry.handle).await;
-        let _ = tokio::fs::remove_dir_all(&entry.dir).await;
+        remove_own_dir(&entry.dir, &entry.project).await;
         return Err(err);
     }
     state.metrics.sandbox_created(state.runtime.kind().as_str());
     Ok(entry)
+}
+
+/// Removes a sandbox's directory, unless it holds a workspace a fork still runs over (then
+/// the last of them removes it: [`crate::state::Project`]).
+async fn remove_own_dir(dir: &std::path::Path, project: &Arc<crate::state::Project>) {
+    if project.dir == dir && Arc::strong_count(project) > 1 {
+        return;
+    }
+    let _ = tokio::fs::remove_dir_all(dir).await;
 }
 
 pub(crate) async fn upload_workspace(
@@ -1158,6 +1213,11 @@ pub(crate) async fn remove(state: &AppState, e: &Arc<Entry>) -> Result<(), ApiEr
         .await
         .map_err(|err| ApiError::runtime(&err))?;
     let dir = e.dir.clone();
+    if e.project.dir == dir && Arc::strong_count(&e.project) > 1 {
+        // A fork still runs over this workspace: the directory goes with the last of them.
+        lock(&state.sandboxes).remove(&e.id);
+        return Ok(());
+    }
     tokio::fs::remove_dir_all(&dir)
         .await
         .or_else(|err| {

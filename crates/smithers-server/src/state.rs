@@ -128,6 +128,35 @@ impl AppState {
 #[derive(Debug, Clone)]
 pub(crate) struct Owner(pub String);
 
+/// The directory of the sandbox a workspace was uploaded to: the workspace is the lower layer
+/// of that sandbox and of every fork started from its sessions (and theirs), so the
+/// directory goes with the last of them: a sandbox removed while a fork still uses its
+/// workspace leaves the directory to this, dropped with the fork's entry.
+#[derive(Debug)]
+pub(crate) struct Project {
+    /// `<data>/sandboxes/<id of the first sandbox>`.
+    pub dir: PathBuf,
+}
+
+impl Drop for Project {
+    fn drop(&mut self) {
+        let dir = std::mem::take(&mut self.dir);
+        if dir.as_os_str().is_empty() {
+            return;
+        }
+        // Gone already when its own sandbox's removal took it (nothing shared it then).
+        let remove = move || {
+            let _ = std::fs::remove_dir_all(&dir);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn_blocking(remove);
+            }
+            Err(_) => remove(),
+        }
+    }
+}
+
 /// Mutable part of an entry.
 #[derive(Debug)]
 pub(crate) struct Inner {
@@ -153,8 +182,13 @@ pub(crate) struct Entry {
     pub last_active_ms: AtomicU64,
     /// `<data>/sandboxes/<id>`: everything the host keeps for it.
     pub dir: PathBuf,
-    /// `<dir>/workspace`: the runtime's rootDir.
+    /// `<dir>/workspace`, or for a fork the workspace of the sandbox it was forked from: the
+    /// runtime's rootDir.
     pub workspace: PathBuf,
+    /// The directory holding `workspace`, shared with the forks over it.
+    pub project: Arc<Project>,
+    /// What the sandbox was created with (a fork is created with its parent's).
+    pub config: smithers_runtime::SandboxConfig,
     pub handle: SandboxHandle,
     /// Serialises the verbs that change the sandbox (upload, ship, delete).
     pub op: tokio::sync::Mutex<()>,
@@ -650,6 +684,18 @@ mod tests {
             last_active_ms: AtomicU64::new(0),
             dir: dir.clone(),
             workspace: dir.join("workspace"),
+            project: Arc::new(Project {
+                dir: PathBuf::new(),
+            }),
+            config: smithers_runtime::SandboxConfig {
+                run_id: "r".into(),
+                sandbox_id: "s".into(),
+                runtime: smithers_runtime::RuntimeKind::Bubblewrap,
+                root_dir: dir.join("workspace"),
+                image: None,
+                controls: Default::default(),
+                workspace_layers: Vec::new(),
+            },
             handle: SandboxHandle {
                 runtime: smithers_runtime::RuntimeKind::Bubblewrap,
                 run_id: "r".into(),

@@ -737,6 +737,7 @@ async fn openapi_document_is_served_and_covers_every_route() {
                 || call.contains(&format!("{method}(review::"))
                 || call.contains(&format!("{method}(session::"))
                 || call.contains(&format!("{method}(mcp::"))
+                || call.contains(&format!("{method}(fork::"))
             {
                 routes.push((method, full.clone()));
             }

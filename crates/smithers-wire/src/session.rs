@@ -50,6 +50,22 @@ pub struct CheckpointBody {
     pub held_us: Option<u64>,
 }
 
+/// `POST …/fork`'s body: the checkpoint the fork starts from (none: one made now).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ForkBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+}
+
+/// `POST …/fork`'s answer: the new live session, and the parent's checkpoint it started from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Forked {
+    pub sandbox: crate::wire::SandboxInfo,
+    pub checkpoint: String,
+}
+
 /// One frame's bytes.
 pub fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(5 + payload.len());

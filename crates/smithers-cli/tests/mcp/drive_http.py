@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import sys
+import urllib.request
 
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -38,6 +39,71 @@ async def as_other(url, token, sid):
             assert err and out["code"] == "NOT_FOUND", out
             r, err = await call(session, "session_read", sessionId=sid, path="a.txt")
             assert err and r["code"] == "NOT_FOUND", r
+
+
+async def read_text(session, sid, path):
+    r, err = await call(session, "session_read", sessionId=sid, path=path)
+    return None if err else r["content"]
+
+
+async def forks(session, sid, url, token):
+    """Forks start from the parent's state (now, or a checkpoint), then change apart; a fork
+    outlives its parent's removal."""
+    await call(session, "session_write", sessionId=sid, path="shared.txt", content="before\n")
+    one, err = await call(session, "session_fork", sessionId=sid)
+    assert not err and one["sandbox"]["state"] == "live", one
+    two, err = await call(session, "session_fork", sessionId=sid, checkpoint=one["checkpoint"])
+    assert not err and two["checkpoint"] == one["checkpoint"], two
+    old, err = await call(session, "session_fork", sessionId=sid, checkpoint="cp-1")
+    assert not err, old
+    a, b, c = one["sessionId"], two["sessionId"], old["sessionId"]
+    await call(session, "session_write", sessionId=sid, path="parent.txt", content="p\n")
+    await call(session, "session_write", sessionId=a, path="shared.txt", content="a\n")
+    await call(session, "session_write", sessionId=b, path="b.txt", content="b\n")
+    assert await read_text(session, sid, "shared.txt") == "before\n"
+    assert await read_text(session, a, "shared.txt") == "a\n"
+    assert await read_text(session, b, "shared.txt") == "before\n"
+    assert await read_text(session, c, "shared.txt") is None  # cp-1 was before it
+    assert await read_text(session, c, "a.txt") == "ünïcode\n"
+    for other in (a, b, c):
+        assert await read_text(session, other, "parent.txt") is None, other
+    assert await read_text(session, sid, "b.txt") is None
+    assert await read_text(session, a, "b.txt") is None
+    out, err = await call(session, "session_fork", sessionId=sid, checkpoint="cp-99")
+    assert err and out["code"] == "NOT_FOUND", out
+    listed, _ = await call(session, "session_list")
+    assert len(listed["sessions"]) == 4, listed
+    for doomed in (b, c):
+        stopped, err = await call(session, "session_stop", sessionId=doomed)
+        assert not err, stopped
+        delete(url, token, doomed)
+
+    # A fork outlives its parent: the parent's sandbox is deleted over HTTP (its processes
+    # end, its directory stays for the fork), and the fork runs on, whole.
+    parent, err = await call(session, "session_start")
+    assert not err, parent
+    pid = parent["sessionId"]
+    await call(session, "session_write", sessionId=pid, path="kept/deep.txt", content="kept\n")
+    child, err = await call(session, "session_fork", sessionId=pid)
+    assert not err, child
+    delete(url, token, pid)
+    out, err = await call(session, "session_exec", sessionId=pid, command=["true"])
+    assert err and out["code"] == "NOT_FOUND", out
+    fid = child["sessionId"]
+    assert await read_text(session, fid, "kept/deep.txt") == "kept\n"
+    await call(session, "session_write", sessionId=fid, path="kept/new.txt", content="new\n")
+    out, err = await call(session, "session_exec", sessionId=fid, command=["cat", "kept/deep.txt", "kept/new.txt"])
+    assert out["stdout"] == "kept\nnew\n", out
+    for done in (a, fid):
+        stopped, err = await call(session, "session_stop", sessionId=done)
+        assert not err and stopped["sandbox"]["state"] == "completed", stopped
+    return pid, fid
+
+
+def delete(url, token, sandbox):
+    request = urllib.request.Request(f"{url.rsplit('/mcp', 1)[0]}/sandboxes/{sandbox}", method="DELETE",
+                                     headers={"Authorization": f"Bearer {token}"})
+    assert urllib.request.urlopen(request).status == 204
 
 
 async def without_token(url):
@@ -139,13 +205,16 @@ async def main(url, token, other):
             listed, err = await call(session, "session_list")
             assert [s["sessionId"] for s in listed["sessions"]] == [sid], listed
 
+            forked_parent, fork = await forks(session, sid, url, token)
+
             await as_other(url, other, sid)
 
             stopped, err = await call(session, "session_stop", sessionId=sid)
             assert not err and stopped["sandbox"]["state"] == "completed", stopped
             out, err = await call(session, "session_exec", sessionId=sid, command=["true"])
             assert err and out["code"] == "SANDBOX_EXECUTION_FAILED", out
-            print(json.dumps({"sessionId": sid, "refusedWithoutToken": refused[:200], "execs": 100}))
+            print(json.dumps({"sessionId": sid, "refusedWithoutToken": refused[:200], "execs": 100,
+                              "deletedParent": forked_parent, "fork": fork}))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ pub(super) async fn call(
         "session_list_dir" => list_dir(state, owner, args).await,
         "session_checkpoint" => checkpoint(state, owner, args).await,
         "session_restore" => restore(state, owner, args).await,
+        "session_fork" => fork(state, owner, args).await,
         "session_stop" => stop(state, owner, args).await,
         other => Err(Failure::Call(bad(format!(
             "no tool {} on this host",
@@ -251,6 +252,24 @@ async fn restore(state: &Arc<AppState>, owner: &Owner, args: &Value) -> Outcome 
             smithers_terminal::line(name)
         ),
         json!({ "sessionId": e.id, "checkpoint": name }),
+        false,
+    ))
+}
+
+async fn fork(state: &Arc<AppState>, owner: &Owner, args: &Value) -> Outcome {
+    let parent = session(state, owner, args)?;
+    let name = str_arg(args, "checkpoint")?;
+    let (child, checkpoint) = crate::fork::fork_entry(state, owner, &parent, name).await?;
+    Ok(result(
+        format!(
+            "session {} forked from {} of session {}",
+            child.id, checkpoint, parent.id
+        ),
+        json!({
+            "sessionId": child.id,
+            "checkpoint": checkpoint,
+            "sandbox": child.info(state.runtime.kind()),
+        }),
         false,
     ))
 }

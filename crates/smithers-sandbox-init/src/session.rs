@@ -67,8 +67,8 @@ pub(crate) trait ExecHost {
     fn not_stopped(&self) -> String {
         String::new()
     }
-    /// Waits a millisecond (between looks at `all_stopped`).
-    fn wait_a_little(&mut self);
+    /// Waits `us` microseconds (between looks at `all_stopped`).
+    fn wait_a_little(&mut self, us: u64);
     /// The monotonic clock, for `started`.
     fn now_ns(&mut self) -> u64;
 }
@@ -98,6 +98,10 @@ struct Running {
 /// overlayfs copy-up) stops only when it leaves it, which on a machine busy with I/O has taken
 /// over 2 s. The runtime waits for the answer longer (its `CONTROL_WAIT`).
 const PAUSE_WAIT_MS: u32 = 4000;
+
+/// The first looks at whether every process stopped, this many microseconds apart.
+const SHORT_LOOK_US: u64 = 20;
+const SHORT_LOOKS: u32 = 50;
 
 /// [`serve`]'s return after a `handover`: the spawner's exit code that tells P1 to wait for
 /// the `respawn`.
@@ -187,20 +191,29 @@ fn pause(host: &mut impl ExecHost, running: &mut Running, id: u64) {
 fn hold_still(host: &mut impl ExecHost, running: &mut Running) -> Result<(), String> {
     if !running.paused {
         host.signal_all(libc::SIGSTOP);
-        let mut waited = 0;
+        let (mut waited_us, mut rounds) = (0u64, 0u32);
         while !host.all_stopped() {
-            if waited >= PAUSE_WAIT_MS {
+            if waited_us >= u64::from(PAUSE_WAIT_MS) * 1000 {
                 let which = host.not_stopped();
                 host.signal_all(libc::SIGCONT);
                 return Err(format!(
                     "the sandbox's processes did not all stop within {PAUSE_WAIT_MS} ms ({which})"
                 ));
             }
-            host.wait_a_little();
-            waited += 1;
+            // A stop lands at the process's next return to user space: tens of microseconds
+            // for one that runs or sleeps interruptibly. Looked at closely for the first
+            // millisecond (the pause is what the session's processes feel), then every one.
+            let step = if rounds < SHORT_LOOKS {
+                SHORT_LOOK_US
+            } else {
+                1000
+            };
+            host.wait_a_little(step);
+            waited_us += step;
+            rounds += 1;
             // Again now and then: a process that came to be as the first went out (in the
             // middle of an exec, say) is held by the next.
-            if waited % 100 == 0 {
+            if rounds % 100 == 0 {
                 host.signal_all(libc::SIGSTOP);
             }
         }
@@ -597,8 +610,8 @@ impl ExecHost for LibcHost {
         self.running.clone()
     }
 
-    fn wait_a_little(&mut self) {
-        std::thread::sleep(std::time::Duration::from_millis(1));
+    fn wait_a_little(&mut self, us: u64) {
+        std::thread::sleep(std::time::Duration::from_micros(us));
     }
 
     fn now_ns(&mut self) -> u64 {

@@ -137,7 +137,7 @@ impl ExecHost for Fake {
             None => false,
         }
     }
-    fn wait_a_little(&mut self) {}
+    fn wait_a_little(&mut self, _us: u64) {}
     fn now_ns(&mut self) -> u64 {
         7
     }

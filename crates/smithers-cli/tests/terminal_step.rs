@@ -401,3 +401,75 @@ fn a_sessions_command_runs_on_a_terminal_of_its_own() {
     let stop = cli(&t, &["session", "stop", &id]);
     assert!(stop.status.success(), "{stop:?}");
 }
+
+/// A step that turns off its terminal's signals and ignores SIGINT: Ctrl-C reaches it as a
+/// byte it ignores, and only `~.` at the start of a line ends it (as ssh's escape): the step
+/// is cancelled, the terminal set back. A `~` elsewhere reaches the step as typed.
+#[test]
+fn tilde_dot_ends_a_step_that_took_away_its_own_signals() {
+    if usable().is_none() {
+        return;
+    }
+    let script =
+        "stty -isig; trap '' INT; echo IGNORING; while read -r l; do echo \"GOT[$l]\"; done";
+    let t = Tmux::start(&["--", "sh", "-c", script]);
+    t.wait_for("IGNORING");
+    t.keys(&["C-c"]);
+    t.line("a~.b");
+    t.wait_for("GOT[a~.b]");
+    t.cmd(&["send-keys", "-t", "t", "-l", "~~x"]);
+    t.keys(&["Enter"]);
+    t.wait_for("GOT[~x]");
+    t.cmd(&["send-keys", "-t", "t", "-l", "~."]);
+    let code = t.exit_code();
+    assert_ne!(code, 0, "{}", t.screen());
+    let screen = t.screen();
+    assert!(screen.contains("cancel"), "{screen}");
+    // Our terminal is back in its own mode: a line typed now is echoed by the shell's pty.
+    assert_eq!(t.format("#{pane_in_mode}"), "0");
+}
+
+/// The same escape for a session's command on its terminal: the command is killed, the
+/// session goes on.
+#[test]
+fn tilde_dot_ends_a_sessions_command_and_not_the_session() {
+    if usable().is_none() {
+        return;
+    }
+    let cli = |t: &Tmux, args: &[&str]| {
+        Command::new(bin_path())
+            .args(args)
+            .current_dir(&t.root)
+            .env("HOME", t.dir.path())
+            .env("SMITHERS_RESIDENT", "off")
+            .output()
+            .unwrap()
+    };
+    let mut id = String::new();
+    let script = "stty -isig; trap '' INT; echo IGNORING; sleep 600";
+    let t = Tmux::start_cli(|t| {
+        let out = cli(t, &["session", "start"]);
+        assert!(out.status.success(), "{out:?}");
+        id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        ["session", "exec", "-t", &id, "--", "sh", "-c", script]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    });
+    t.wait_for("IGNORING");
+    // Ctrl-C, then a new line (the escape is read only at the start of one).
+    t.keys(&["C-c", "Enter"]);
+    t.cmd(&["send-keys", "-t", "t", "-l", "~."]);
+    assert_eq!(t.exit_code(), 130, "{}", t.screen());
+    t.wait_for("ended with ~.");
+    let after = cli(
+        &t,
+        &["session", "exec", &id, "--", "sh", "-c", "echo still-here"],
+    );
+    assert!(
+        String::from_utf8_lossy(&after.stdout).contains("still-here"),
+        "{after:?}"
+    );
+    let stop = cli(&t, &["session", "stop", &id]);
+    assert!(stop.status.success(), "{stop:?}");
+}

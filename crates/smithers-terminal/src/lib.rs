@@ -24,6 +24,7 @@
 //! `^[` in the text. That is the only escape sequence this crate emits.
 #![forbid(unsafe_code)]
 
+pub mod escape_keys;
 mod left;
 pub mod vt;
 

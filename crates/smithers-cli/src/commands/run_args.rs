@@ -142,7 +142,8 @@ pub struct RunArgs {
     #[arg(short = 't', long = "tty")]
     pub tty: bool,
     /// Your stdin goes to the step even when it is a terminal; with -t your terminal is put
-    /// in raw mode and every key goes to the step's terminal (Ctrl-C and Ctrl-Z included).
+    /// in raw mode and every key goes to the step's terminal (Ctrl-C and Ctrl-Z included),
+    /// but `~.` at the start of a line, which ends the step (`~~` types a `~`).
     #[arg(short = 'i', long = "interactive")]
     pub interactive: bool,
     /// Give the step a placeholder in $NAME instead of the value of your $NAME (or of FILE,

@@ -21,6 +21,7 @@ use smithers_runtime::{
     OutputEvent, OutputSink, RequestBundle, Runtime, RuntimeError, RuntimeKind, SandboxConfig,
     SandboxHandle, ShipReport, StepCommand, StepStdin, TerminalRequest, TerminalSize,
 };
+use smithers_terminal::escape_keys::EscapeKeys;
 use smithers_terminal::vt::VtFilter;
 
 use crate::output::say;
@@ -91,9 +92,8 @@ impl Runtime for TerminalRuntime {
         let typing = Arc::new(AtomicBool::new(true));
         let keys = self.interactive && std::io::stdin().is_terminal();
         let (stdin, raw) = if keys {
-            let reader = Keys {
-                typing: typing.clone(),
-            };
+            let escaped = cancel.clone();
+            let reader = Keys::new(typing.clone(), move || escaped.cancel());
             (StepStdin::from_reader(reader), RawMode::enter())
         } else {
             (StepStdin::default(), None)
@@ -209,12 +209,17 @@ pub(crate) struct RawMode {
     saved: rustix::termios::Termios,
 }
 
+/// The terminal's settings before raw mode, while it is on: what an exit that cannot wait
+/// for the step (a second interrupt) puts back ([`put_terminal_back`]).
+static SAVED: Mutex<Option<rustix::termios::Termios>> = Mutex::new(None);
+
 impl RawMode {
     pub(crate) fn enter() -> Option<RawMode> {
         let stdin = std::io::stdin();
         let saved = rustix::termios::tcgetattr(stdin.as_fd()).ok()?;
         let mut raw = saved.clone();
         raw.make_raw();
+        *SAVED.lock().unwrap_or_else(|p| p.into_inner()) = Some(saved.clone());
         rustix::termios::tcsetattr(stdin.as_fd(), rustix::termios::OptionalActions::Now, &raw)
             .ok()?;
         Some(RawMode { saved })
@@ -230,17 +235,46 @@ impl Drop for RawMode {
             rustix::termios::OptionalActions::Flush,
             &self.saved,
         );
+        *SAVED.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// Puts our terminal's settings back if raw mode is on (before an exit that skips the
+/// ordinary way out).
+pub(crate) fn put_terminal_back() {
+    if let Some(saved) = SAVED.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        let _ = rustix::termios::tcsetattr(
+            std::io::stdin().as_fd(),
+            rustix::termios::OptionalActions::Flush,
+            &saved,
+        );
     }
 }
 
 /// Our keys, read while the step runs: a read that waits at most a tenth of a second at a
 /// time, so that it ends with the step and leaves nothing of ours reading the terminal.
+/// `~.` at the start of a line (`smithers_terminal::escape_keys`) ends the step whatever it did to
+/// its own terminal's signals: `on_escape` is called and the step's input ends.
 pub(crate) struct Keys {
-    pub(crate) typing: Arc<AtomicBool>,
+    typing: Arc<AtomicBool>,
+    escape: EscapeKeys,
+    on_escape: Box<dyn Fn() + Send>,
+    /// Keys for the step not yet read (a `~` held back comes out with the key after it).
+    pending: Vec<u8>,
 }
 
-impl std::io::Read for Keys {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+impl Keys {
+    pub(crate) fn new(typing: Arc<AtomicBool>, on_escape: impl Fn() + Send + 'static) -> Keys {
+        Keys {
+            typing,
+            escape: EscapeKeys::default(),
+            on_escape: Box::new(on_escape),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Bytes from our terminal as they come, or 0 once typing is over.
+    fn read_typed(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         let stdin = std::io::stdin();
         let tenth = Timespec {
@@ -264,6 +298,30 @@ impl std::io::Read for Keys {
             }
         }
         Ok(0)
+    }
+}
+
+impl std::io::Read for Keys {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if !self.pending.is_empty() {
+                let n = buf.len().min(self.pending.len());
+                buf[..n].copy_from_slice(&self.pending[..n]);
+                self.pending.drain(..n);
+                return Ok(n);
+            }
+            let mut typed = [0u8; 4096];
+            let n = self.read_typed(&mut typed)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            if self.escape.feed(&typed[..n], &mut self.pending) {
+                self.pending.clear();
+                self.typing.store(false, Ordering::SeqCst);
+                (self.on_escape)();
+                return Ok(0);
+            }
+        }
     }
 }
 

@@ -226,8 +226,22 @@ pub fn exec(args: &ExecArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             stdin: false,
             terminal: Some(super::terminal::our_size()),
         };
-        let answer =
-            super::terminal::on_our_terminal(|fds| ask_with(&args.id, &socket, &request, fds))?;
+        let answer = super::terminal::on_our_terminal(|fds, hang_up_on_escape| {
+            let stream = wire::send(&socket, &request, fds)
+                .map_err(|e| unreachable_session(&args.id, &e))?;
+            hang_up_on_escape(stream.try_clone()?);
+            let answer =
+                wire::read_answer(&stream).map_err(|e| unreachable_session(&args.id, &e))?;
+            match answer["ok"] == json!(true) {
+                true => Ok(answer),
+                false => Err(answered_error(&answer["error"])),
+            }
+        })?;
+        let Some(answer) = answer else {
+            // `~.`: the connection hung up, which ends the command (the holder kills it).
+            say!("ended with ~.: the command was killed");
+            return Ok(ExitCode::from(130));
+        };
         return Ok(ExitCode::from(exit_status(&answer["exit"])));
     }
     // A terminal is not passed: the holder would go on reading it after the command ended

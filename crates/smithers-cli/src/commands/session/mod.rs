@@ -118,8 +118,9 @@ pub struct ExecArgs {
     #[arg(short = 'n', long)]
     pub no_stdin: bool,
     /// The command on a terminal of its own in the sandbox, shown on yours (which must be a
-    /// terminal, put in raw mode: every key is the command's); what reaches your terminal is
-    /// filtered as `run -t`'s.
+    /// terminal, put in raw mode: every key is the command's but `~.` at the start of a line,
+    /// which ends it, and `~~`, which types a `~`); what reaches your terminal is filtered as
+    /// `run -t`'s.
     #[arg(short = 't', long = "tty", conflicts_with = "no_stdin")]
     pub tty: bool,
     #[arg(last = true, required = true, value_name = "CMD")]

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -77,19 +77,31 @@ pub(super) fn exec_answer(
 /// The client's side, around `ask` (the request, with the three descriptors it is given):
 /// our terminal in raw mode, the relays running until the answer, then all put back and what
 /// the filter kept out said.
+///
+/// `ask` is given the connection's hang-up: a clone of its connection, shut down when `~.` is
+/// typed (the holder then kills the command); the answer is then `None`.
 pub(super) fn on_our_terminal(
-    ask: impl FnOnce(&[std::os::fd::BorrowedFd<'_>]) -> anyhow::Result<Value>,
-) -> anyhow::Result<Value> {
+    ask: impl FnOnce(&[std::os::fd::BorrowedFd<'_>], &dyn Fn(UnixStream)) -> anyhow::Result<Value>,
+) -> anyhow::Result<Option<Value>> {
     let (keys_ours, keys_theirs) = UnixStream::pair()?;
     let (out_ours, out_theirs) = UnixStream::pair()?;
     let (sizes_ours, sizes_theirs) = UnixStream::pair()?;
     let running = Arc::new(AtomicBool::new(true));
+    let connection: Arc<Mutex<Option<UnixStream>>> = Arc::default();
+    let escaped = Arc::new(AtomicBool::new(false));
     let raw = RawMode::enter();
     let typing = {
         let running = running.clone();
+        let (connection, escaped) = (connection.clone(), escaped.clone());
         let mut to = keys_ours;
         std::thread::spawn(move || {
-            let mut keys = Keys { typing: running };
+            let mut keys = Keys::new(running, move || {
+                let mut registered = lock(&connection);
+                escaped.store(true, Ordering::SeqCst);
+                if let Some(c) = registered.take() {
+                    let _ = c.shutdown(std::net::Shutdown::Both);
+                }
+            });
             let mut b = [0u8; 4096];
             while let Ok(n) = keys.read(&mut b) {
                 if n == 0 || to.write_all(&b[..n]).is_err() {
@@ -135,11 +147,25 @@ pub(super) fn on_our_terminal(
             }
         })
     };
-    let answer = ask(&[
-        keys_theirs.as_fd(),
-        out_theirs.as_fd(),
-        sizes_theirs.as_fd(),
-    ]);
+    // Decided under the lock the escape takes: a `~.` typed before the connection was
+    // registered hangs it up at once.
+    let hang_up = |c: UnixStream| {
+        let mut registered = lock(&connection);
+        match escaped.load(Ordering::SeqCst) {
+            true => {
+                let _ = c.shutdown(std::net::Shutdown::Both);
+            }
+            false => *registered = Some(c),
+        }
+    };
+    let answer = ask(
+        &[
+            keys_theirs.as_fd(),
+            out_theirs.as_fd(),
+            sizes_theirs.as_fd(),
+        ],
+        &hang_up,
+    );
     running.store(false, Ordering::SeqCst);
     drop((keys_theirs, out_theirs, sizes_theirs));
     let _ = typing.join();
@@ -148,7 +174,14 @@ pub(super) fn on_our_terminal(
     restore_terminal(&filter);
     drop(raw);
     say_kept(&filter);
-    answer
+    if escaped.load(Ordering::SeqCst) {
+        return Ok(None);
+    }
+    answer.map(Some)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The size our window has now, as the request carries it.

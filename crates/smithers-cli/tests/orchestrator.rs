@@ -523,6 +523,32 @@ fn ctrl_c_cancels_the_step() {
     assert_eq!(row["status"], "cancelled");
 }
 
+/// A SIGTERM (a CI job's timeout, a supervisor) or a SIGHUP (a closed terminal) is a Ctrl-C:
+/// the step is cancelled and cleaned up, not left to a later recovery.
+#[test]
+fn sigterm_and_sighup_cancel_the_step_as_ctrl_c_does() {
+    if !usable() {
+        return;
+    }
+    let dir = project();
+    let root = dir.path();
+    for (signal, sandbox) in [(libc::SIGTERM, "term"), (libc::SIGHUP, "hup")] {
+        let mut child = spawn_sleeper(root, "sig", sandbox);
+        wait_for_status(root, "sig", sandbox, &["shipped"]);
+        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let out = wait_with_output(&mut child);
+        assert_eq!(
+            out.status.code(),
+            Some(130),
+            "{signal}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(json_of(&out)["status"], "cancelled");
+        wait_for_status(root, "sig", sandbox, &["cancelled"]);
+    }
+}
+
 fn wait_with_output(child: &mut Child) -> Output {
     let status = child.wait().unwrap();
     let mut stdout = Vec::new();

@@ -330,11 +330,14 @@ fn execute_step(
         let ctrl_display = display.clone();
         let ctrl_c = match interrupts {
             Interrupts::Signals => Some(tokio::spawn(async move {
-                if tokio::signal::ctrl_c().await.is_ok() {
+                // Ctrl-C, and a SIGTERM or SIGHUP (a CI job's timeout, a closed terminal)
+                // too: the step is cancelled and cleaned up, a terminal set back.
+                if interrupted().await {
                     on_ctrl_c.cancel();
                     ctrl_display.cancelling();
-                    if tokio::signal::ctrl_c().await.is_ok() {
+                    if interrupted().await {
                         ctrl_display.finish();
+                        super::run_terminal::put_terminal_back();
                         say!("interrupted again: exiting without waiting for cleanup");
                         std::process::exit(130);
                     }
@@ -648,6 +651,22 @@ fn status_exit(status: &str, termination: Option<&str>, exit_code: Option<i64>) 
         (Some("timeout"), _) => 124,
         (_, Some(c)) if (1..=255).contains(&c) => c as u8,
         _ => EXIT_REJECTED,
+    }
+}
+
+/// Resolves at the next SIGINT, SIGTERM or SIGHUP (false if none can be listened for).
+async fn interrupted() -> bool {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return tokio::signal::ctrl_c().await.is_ok();
+    };
+    tokio::select! {
+        c = tokio::signal::ctrl_c() => c.is_ok(),
+        _ = term.recv() => true,
+        _ = hup.recv() => true,
     }
 }
 

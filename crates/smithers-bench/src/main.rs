@@ -10,6 +10,8 @@
 //! cargo run --release -p smithers-bench -- egress              # scenario 9
 //! cargo run --release -p smithers-bench -- fleet               # scenario 10 (a Ray cluster)
 //! cargo run --release -p smithers-bench -- sessions            # scenario 11 (exec)
+//! cargo run --release -p smithers-bench -- forks               # scenario 11 (checkpoint, fork)
+//! cargo run --release -p smithers-bench -- hosted              # scenario 11 on a serve host
 //! cargo run --release -p smithers-bench -- big-delta           # scenario 12
 //! cargo run --release -p smithers-bench -- all
 //! ```
@@ -24,6 +26,7 @@ mod egress_link;
 mod egress_secrets;
 mod fleet;
 mod forks;
+mod hosted;
 mod measure;
 mod report;
 mod roundtrip;
@@ -86,6 +89,9 @@ enum Scenario {
     Sessions,
     /// 11 (its checkpoint and fork half): a session whose layer holds 10k files and 1 GiB, checkpointed, restored and forked (socket, CLI, engine API).
     Forks,
+    /// 11 on a sandbox host: a session of `serve` driven over HTTP (its MCP endpoint and the
+    /// fork route): exec, checkpoint (and how long it held the session), fork.
+    Hosted,
     /// 12: one byte flipped in a 32 MB, a 120 MB and a 1 GiB file: patch size, time and
     /// peak RSS to make it and to apply it, against `git diff --binary` and `git apply`.
     BigDelta,
@@ -157,6 +163,16 @@ fn main() -> anyhow::Result<()> {
                 &cli,
                 "Scenario 11: sessions (checkpoint and fork)",
                 "forks",
+                &body,
+                &[],
+            )
+        }
+        Scenario::Hosted => {
+            let body = hosted::run(&cli.scratch, cli.rounds.unwrap_or(50))?;
+            finish(
+                &cli,
+                "Scenario 11: sessions on a sandbox host (MCP over HTTP, fork)",
+                "hosted",
                 &body,
                 &[],
             )

@@ -189,3 +189,59 @@ fn serve_applies_operator_ceilings_and_token_scopes() {
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+/// A server without a token listens on loopback only, and answers only requests addressed to
+/// a loopback name: a web page whose own name was pointed at 127.0.0.1 (DNS rebinding) gets
+/// 403 from every `/v1` route, the MCP endpoint's too.
+#[test]
+fn a_server_without_a_token_answers_only_loopback_names() {
+    let data = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_smithers-sandbox"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .env_remove("SMITHERS_SANDBOX_TOKEN")
+        .env_remove("SMITHERS_SANDBOX_TOKENS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = line
+        .split("serving on http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address printed: {line}"))
+        .to_string();
+    let port = addr.rsplit(':').next().unwrap().to_string();
+    let ask = |host: &str, request: &str| {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        write!(s, "{request}Host: {host}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut response = String::new();
+        s.read_to_string(&mut response).unwrap();
+        response
+    };
+    let list = "GET /v1/sandboxes HTTP/1.1\r\n";
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let mcp = format!(
+        "POST /v1/mcp HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        ping.len()
+    );
+    let rebound = format!("evil.example:{port}");
+    for host in [addr.as_str(), &format!("localhost:{port}")] {
+        let ok = ask(host, list);
+        assert!(ok.starts_with("HTTP/1.1 200"), "{host}: {ok}");
+    }
+    let refused = ask(&rebound, list);
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+    let mut s = TcpStream::connect(&addr).unwrap();
+    write!(s, "{mcp}Host: {rebound}\r\nConnection: close\r\n\r\n{ping}").unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 403"), "{response}");
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}

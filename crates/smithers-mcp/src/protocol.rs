@@ -35,7 +35,7 @@ pub struct About<'a> {
 
 /// Reads one message.
 pub fn read(bytes: &[u8], about: About<'_>) -> Message {
-    let message: Value = match serde_json::from_slice(bytes) {
+    let mut message: Value = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => return Message::Reply(error(Value::Null, -32700, &format!("not JSON: {e}"))),
     };
@@ -48,8 +48,8 @@ pub fn read(bytes: &[u8], about: About<'_>) -> Message {
             "a message must be one JSON-RPC object",
         ));
     }
-    let method = message["method"].as_str().unwrap_or_default();
-    let Some(id) = message.get("id").cloned() else {
+    let method = message["method"].as_str().unwrap_or_default().to_string();
+    let Some(id) = message.get_mut("id").map(Value::take) else {
         // A notification (initialized, cancelled, ...) or a stray response: nothing to say.
         return Message::Nothing;
     };
@@ -60,12 +60,16 @@ pub fn read(bytes: &[u8], about: About<'_>) -> Message {
         // A response to a request of ours (none are made): nothing to say.
         return Message::Nothing;
     }
-    let params = message.get("params").cloned().unwrap_or(json!({}));
-    let result = match method {
+    // Taken, not copied: a message may be as large as the transport lets it be.
+    let params = message
+        .get_mut("params")
+        .map(Value::take)
+        .unwrap_or(json!({}));
+    let result = match method.as_str() {
         "initialize" => Ok(initialize(&params, about.instructions)),
         "ping" => Ok(json!({})),
         "tools/list" => Ok(json!({ "tools": about.tools })),
-        "tools/call" => match call_of(&params) {
+        "tools/call" => match call_of(params) {
             Ok((name, args)) => return Message::Call { id, name, args },
             Err(e) => Err(e),
         },
@@ -99,16 +103,17 @@ fn initialize(params: &Value, instructions: &str) -> Value {
     })
 }
 
-fn call_of(params: &Value) -> Result<(String, Value), (i64, String)> {
+fn call_of(mut params: Value) -> Result<(String, Value), (i64, String)> {
     let name = params["name"]
         .as_str()
-        .ok_or((-32602, "tools/call needs a tool name".to_string()))?;
-    let args = match params.get("arguments") {
+        .ok_or((-32602, "tools/call needs a tool name".to_string()))?
+        .to_string();
+    let args = match params.get_mut("arguments").map(Value::take) {
         None | Some(Value::Null) => json!({}),
-        Some(Value::Object(m)) => Value::Object(m.clone()),
+        Some(args @ Value::Object(_)) => args,
         Some(_) => return Err((-32602, "arguments must be an object".into())),
     };
-    Ok((name.to_string(), args))
+    Ok((name, args))
 }
 
 pub fn error(id: Value, code: i64, message: &str) -> Value {

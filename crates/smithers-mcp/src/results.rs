@@ -6,6 +6,23 @@ use serde_json::{json, Map, Value};
 use crate::args::result;
 use crate::bytes::{put_bytes, Captured};
 
+/// The most of each stream or file the text form of a result (what a model reads) shows;
+/// the structured form has all that was kept.
+pub const TEXT_LIMIT: usize = 1 << 20;
+
+/// `bytes` as text for a model (lossy), at most [`TEXT_LIMIT`] of them, the rest named.
+fn text_of(bytes: &[u8]) -> String {
+    let shown = &bytes[..bytes.len().min(TEXT_LIMIT)];
+    let mut text = String::from_utf8_lossy(shown).into_owned();
+    if bytes.len() > shown.len() {
+        text.push_str(&format!(
+            "\n[{} more bytes in structuredContent]",
+            bytes.len() - shown.len()
+        ));
+    }
+    text
+}
+
 /// `session_exec`'s result: the command's end (`exit`, as the session reports it) and its
 /// two streams, each cut at `limit` (said, with the whole count).
 pub fn exec_result(exit: Value, out: &Captured, err: &Captured, limit: usize) -> Value {
@@ -26,8 +43,8 @@ pub fn exec_result(exit: Value, out: &Captured, err: &Captured, limit: usize) ->
         } else {
             String::new()
         },
-        String::from_utf8_lossy(&out.bytes),
-        String::from_utf8_lossy(&err.bytes)
+        text_of(&out.bytes),
+        text_of(&err.bytes)
     );
     result(text, Value::Object(structured), false)
 }
@@ -41,7 +58,7 @@ pub fn read_result(got: &Captured) -> Value {
     structured.insert("sizeBytes".into(), json!((!truncated).then_some(got.total)));
     structured.insert("truncated".into(), json!(truncated));
     let text = match std::str::from_utf8(&got.bytes) {
-        Ok(t) => t.to_string(),
+        Ok(_) => text_of(&got.bytes),
         Err(_) => format!("({} bytes, not UTF-8: in contentBase64)", got.bytes.len()),
     };
     result(text, Value::Object(structured), false)
@@ -52,7 +69,12 @@ pub fn read_result(got: &Captured) -> Value {
 pub fn listing_result(path: &str, out: &Captured) -> Value {
     let mut entries = Vec::new();
     let mut text = String::new();
-    for record in out.bytes.split(|b| *b == 0).filter(|r| !r.is_empty()) {
+    let mut records: Vec<&[u8]> = out.bytes.split(|b| *b == 0).collect();
+    if out.truncated() {
+        // Cut at the bound: the last record may stop inside its name.
+        records.pop();
+    }
+    for record in records.into_iter().filter(|r| !r.is_empty()) {
         let mut fields = record.splitn(3, |b| *b == b'\t');
         let (Some(kind), Some(size), Some(name)) = (fields.next(), fields.next(), fields.next())
         else {
@@ -71,10 +93,12 @@ pub fn listing_result(path: &str, out: &Captured) -> Value {
             "sizeBytes".into(),
             json!(String::from_utf8_lossy(size).parse::<u64>().ok()),
         );
-        text.push_str(&format!(
-            "{kind}\t{}\n",
-            smithers_terminal::line(&String::from_utf8_lossy(name))
-        ));
+        if text.len() < TEXT_LIMIT {
+            text.push_str(&format!(
+                "{kind}\t{}\n",
+                smithers_terminal::line(&String::from_utf8_lossy(name))
+            ));
+        }
         entries.push(Value::Object(entry));
     }
     result(
@@ -87,6 +111,31 @@ pub fn listing_result(path: &str, out: &Captured) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_text_form_is_bounded_and_a_cut_listing_drops_its_cut_record() {
+        let big = Captured {
+            bytes: vec![b'x'; TEXT_LIMIT + 10],
+            total: (TEXT_LIMIT + 10) as u64,
+        };
+        let r = exec_result(json!({"exitCode": 0}), &big, &Captured::default(), 1 << 24);
+        let text = r["content"][0]["text"].as_str().unwrap();
+        assert!(text.len() < TEXT_LIMIT + 200, "{}", text.len());
+        assert!(text.contains("[10 more bytes in structuredContent]"));
+        assert_eq!(
+            r["structuredContent"]["stdout"].as_str().unwrap().len(),
+            TEXT_LIMIT + 10
+        );
+        let cut = Captured {
+            bytes: b"f\t1\ta\0f\t1\tbc".to_vec(),
+            total: 100,
+        };
+        let r = listing_result(".", &cut);
+        assert_eq!(
+            r["structuredContent"]["entries"].as_array().unwrap().len(),
+            1
+        );
+    }
 
     #[test]
     fn a_listing_names_each_entry_exactly_and_shows_it_inert() {

@@ -69,6 +69,13 @@ pub(crate) async fn fork_entry(
             "a session holding secrets is not forked on a host: their values stay with the sandbox they were given to",
         ));
     }
+    if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(ApiError::draining());
+    }
+    // The parent's operations wait until the fork is registered: its removal (a DELETE, the
+    // idle expiry) would otherwise take the shared workspace and collect the checkpoint's
+    // layers before the fork's own record names them.
+    let parent_op = parent.op.lock().await;
     let (name, snapshot, request) = checkpoint_of(state, parent, name).await?;
     let id = format!("sbx-{}", random_hex(16)?);
     let dir = state.config.data_dir.join("sandboxes").join(&id);
@@ -86,6 +93,7 @@ pub(crate) async fn fork_entry(
         secret_files: Default::default(),
     };
     let child = register(state, owner, new).await?;
+    drop(parent_op);
     let started = async {
         {
             let _op = child.op.lock().await;
@@ -101,14 +109,14 @@ pub(crate) async fn fork_entry(
 }
 
 /// The parent's checkpoint `name` (made now when `None`), and the request it was shipped
-/// with, under its operation lock: a fork never sees a half-made checkpoint.
+/// with. The caller holds the parent's operation lock: a fork never sees a half-made
+/// checkpoint.
 async fn checkpoint_of(
     state: &AppState,
     parent: &Arc<Entry>,
     name: Option<&str>,
 ) -> Result<(String, Snapshot, serde_json::Value), ApiError> {
     let engine = engine(state)?;
-    let _op = parent.op.lock().await;
     live_or_conflict(parent, "fork")?;
     let request = crate::state::lock(&parent.inner)
         .request

@@ -49,6 +49,20 @@ pub(crate) fn random_hex(bytes: usize) -> Result<String, ApiError> {
 /// token does not leak either); the token's name becomes the request's [`Owner`].
 pub(crate) async fn auth(State(state): St, mut req: Request, next: Next) -> Response {
     let owner = if state.tokens.is_empty() {
+        // Without a token the server listens on loopback only; a name that resolves there
+        // (DNS rebinding: a web page's own name pointed at 127.0.0.1) must not reach it.
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok());
+        if !host.is_some_and(is_loopback_host) {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                ErrorCode::InvalidInput,
+                "a server without a token answers only requests addressed to a loopback name (localhost, 127.0.0.1, [::1])",
+            )
+            .into_response();
+        }
         String::new()
     } else {
         let given = req
@@ -85,6 +99,19 @@ pub(crate) async fn auth(State(state): St, mut req: Request, next: Next) -> Resp
     };
     req.extensions_mut().insert(Owner(owner));
     next.run(req).await
+}
+
+/// Whether a `Host` header names this machine's loopback: `localhost`, an address of
+/// 127.0.0.0/8 or `[::1]`, with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Per-request deadline on producing a response (uploads get their own, longer one; streamed
@@ -1306,4 +1333,35 @@ pub(crate) async fn fallback() -> ApiError {
         ErrorCode::InvalidInput,
         "no such route",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback_host;
+
+    #[test]
+    fn only_loopback_names_are_loopback_hosts() {
+        for ok in [
+            "localhost",
+            "LOCALHOST:8080",
+            "127.0.0.1",
+            "127.0.0.1:9",
+            "127.8.9.1:80",
+            "[::1]",
+            "[::1]:8080",
+        ] {
+            assert!(is_loopback_host(ok), "{ok}");
+        }
+        for no in [
+            "evil.example:8080",
+            "localhost.evil.example",
+            "10.0.0.1:80",
+            "[::2]:80",
+            "0.0.0.0",
+            "",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!is_loopback_host(no), "{no}");
+        }
+    }
 }

@@ -331,11 +331,13 @@ fn execute_step(
         let ctrl_c = match interrupts {
             Interrupts::Signals => Some(tokio::spawn(async move {
                 // Ctrl-C, and a SIGTERM or SIGHUP (a CI job's timeout, a closed terminal)
-                // too: the step is cancelled and cleaned up, a terminal set back.
+                // too: the step is cancelled and cleaned up, a terminal set back. Only a
+                // second Ctrl-C gives up on the cleanup (a closing terminal's shell sends a
+                // second SIGHUP of its own).
                 if interrupted().await {
                     on_ctrl_c.cancel();
                     ctrl_display.cancelling();
-                    if interrupted().await {
+                    if tokio::signal::ctrl_c().await.is_ok() {
                         ctrl_display.finish();
                         super::run_terminal::put_terminal_back();
                         say!("interrupted again: exiting without waiting for cleanup");

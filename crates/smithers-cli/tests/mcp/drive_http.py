@@ -175,6 +175,14 @@ async def main(url, token, other):
             assert kinds == {"deep": "directory", "a.txt": "file", "d": "directory"}, kinds
             ls, err = await call(session, "session_list_dir", sessionId=sid, path="nowhere")
             assert err and ls["code"] == "NOT_FOUND", ls
+            ls, err = await call(session, "session_list_dir", sessionId=sid, path="a.txt")
+            assert err and ls["code"] == "INVALID_INPUT", ls
+            # A directory whose name ends in a newline is made and written into as named.
+            w, err = await call(session, "session_write", sessionId=sid, path="nl\n/x.txt", content="n\n")
+            assert not err, w
+            r, err = await call(session, "session_read", sessionId=sid, path="nl\n/x.txt")
+            assert not err and r["content"] == "n\n", r
+            await call(session, "session_exec", sessionId=sid, command=["rm", "-r", "nl\n"])
 
             # Checkpoint, change, restore: the change is gone, the checkpoint's state is back.
             cp, err = await call(session, "session_checkpoint", sessionId=sid)

@@ -179,7 +179,7 @@ async fn read(state: &Arc<AppState>, owner: &Owner, args: &Value) -> Outcome {
     // and one byte more came: cut, said, not an error.
     let (exit, out, err) = run(state, &e, request, limit, true).await?;
     if !out.truncated() {
-        file_outcome(&exit, path, &err)?;
+        file_outcome(&exit, path, &err, false)?;
     }
     Ok(read_result(&out))
 }
@@ -192,7 +192,7 @@ async fn write(state: &Arc<AppState>, owner: &Owner, args: &Value) -> Outcome {
     let stdin = bounded_stdin(bytes)?;
     let request = file_request(state, &scripts::write(), path, stdin, None)?;
     let (exit, _, err) = run(state, &e, request, MAX_OUTPUT, false).await?;
-    file_outcome(&exit, path, &err)?;
+    file_outcome(&exit, path, &err, false)?;
     Ok(result(
         format!("wrote {size} bytes to {}", smithers_terminal::line(path)),
         json!({ "path": path, "sizeBytes": size }),
@@ -205,24 +205,13 @@ async fn list_dir(state: &Arc<AppState>, owner: &Owner, args: &Value) -> Outcome
     let path = str_arg(args, "path")?.unwrap_or(".");
     let request = file_request(
         state,
-        scripts::LIST_DIR,
+        &scripts::list_dir(),
         path,
         StepStdin::default(),
         Some(LIST_TIMEOUT_MS),
     )?;
     let (exit, out, err) = run(state, &e, request, MAX_OUTPUT, false).await?;
-    if exit.termination != Termination::Exited || exit.exit_code != Some(0) {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            ErrorCode::NotFound,
-            format!(
-                "{}: {}",
-                smithers_terminal::line(path),
-                smithers_terminal::line(String::from_utf8_lossy(&err.bytes).trim())
-            ),
-        )
-        .into());
-    }
+    file_outcome(&exit, path, &err, true)?;
     Ok(listing_result(path, &out))
 }
 
@@ -377,31 +366,32 @@ fn bounded_stdin(bytes: Vec<u8>) -> Result<StepStdin, ApiError> {
     Ok(StepStdin::from_reader(std::io::Cursor::new(bytes)))
 }
 
-/// What a file command's end says: done, no such file, a directory, or why it failed.
-fn file_outcome(exit: &ExecExit, path: &str, err: &Captured) -> Result<(), ApiError> {
-    let shown = smithers_terminal::line(path);
-    match (exit.termination, exit.exit_code) {
-        (Termination::Exited, Some(0)) => Ok(()),
-        (Termination::Exited, Some(scripts::MISSING)) => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            ErrorCode::NotFound,
-            format!("{shown} does not exist in the session"),
-        )),
-        (Termination::Exited, Some(scripts::DIRECTORY)) => Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorCode::InvalidInput,
-            format!("{shown} is a directory"),
-        )),
-        (termination, _) => Err(ApiError::new(
+/// What a file command's end says: done, or why not (no such file, a directory where a
+/// file was meant or the reverse, or how it failed), as the HTTP API would answer it.
+fn file_outcome(
+    exit: &ExecExit,
+    path: &str,
+    err: &Captured,
+    listing: bool,
+) -> Result<(), ApiError> {
+    let exited = match exit.termination {
+        Termination::Exited => exit.exit_code.map(i64::from),
+        _ => None,
+    };
+    let Some((code, message)) =
+        scripts::failure(path, exited, exit.termination.as_str(), &err.bytes, listing)
+    else {
+        return Ok(());
+    };
+    let (status, code) = match code {
+        "NOT_FOUND" => (StatusCode::NOT_FOUND, ErrorCode::NotFound),
+        "INVALID_INPUT" => (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::InvalidInput),
+        _ => (
             StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::SandboxExecutionFailed,
-            format!(
-                "{shown}: {} ({})",
-                smithers_terminal::line(String::from_utf8_lossy(&err.bytes).trim()),
-                termination.as_str()
-            ),
-        )),
-    }
+        ),
+    };
+    Err(ApiError::new(status, code, message))
 }
 
 fn exit_json(exit: &ExecExit) -> Value {

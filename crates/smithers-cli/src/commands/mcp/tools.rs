@@ -241,7 +241,7 @@ impl Server {
         let (_, socket) = self.session(args)?;
         let path = str_arg(args, "path")?.unwrap_or(".");
         let request = wire::Request::Exec {
-            argv: smithers_mcp::scripts::argv(smithers_mcp::scripts::LIST_DIR, path),
+            argv: smithers_mcp::scripts::argv(&smithers_mcp::scripts::list_dir(), path),
             cwd: None,
             env: Vec::new(),
             timeout_ms: Some(30_000),
@@ -252,11 +252,16 @@ impl Server {
             Ok(r) => r,
             Err(e) => return Ok(e),
         };
-        if answer["exit"]["exitCode"] != json!(0) {
-            return Ok(failed(
-                "NOT_FOUND",
-                &format!("{path}: {}", String::from_utf8_lossy(&err.bytes).trim()),
-            ));
+        let exit = &answer["exit"];
+        let exited = match exit["termination"].as_str() {
+            Some("exited") => exit["exitCode"].as_i64(),
+            _ => None,
+        };
+        let ended = exit["termination"].as_str().unwrap_or("ended");
+        if let Some((code, message)) =
+            smithers_mcp::scripts::failure(path, exited, ended, &err.bytes, true)
+        {
+            return Ok(failed(code, &message));
         }
         Ok(listing_result(path, &out))
     }

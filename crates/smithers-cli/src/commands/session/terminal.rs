@@ -174,10 +174,11 @@ pub(super) fn on_our_terminal(
     restore_terminal(&filter);
     drop(raw);
     say_kept(&filter);
-    if escaped.load(Ordering::SeqCst) {
-        return Ok(None);
+    // An answer that came is the command's end, even with `~.` typed as it came.
+    match answer {
+        Err(_) if escaped.load(Ordering::SeqCst) => Ok(None),
+        answer => answer.map(Some),
     }
-    answer.map(Some)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

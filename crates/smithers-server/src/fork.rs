@@ -22,7 +22,7 @@ use smithers_wire::session::{ForkBody, Forked};
 use crate::error::ApiError;
 use crate::json::{json_response, read_json};
 use crate::routes::{random_hex, register, remove, ship_entry, NewSandbox};
-use crate::session::{engine, live_or_conflict, start_entry};
+use crate::session::{engine, live_or_conflict, make_checkpoint, named_checkpoint, start_entry};
 use crate::state::{AppState, Entry, Owner};
 
 /// `POST /v1/sandboxes/{id}/fork`.
@@ -116,38 +116,14 @@ async fn checkpoint_of(
     parent: &Arc<Entry>,
     name: Option<&str>,
 ) -> Result<(String, Snapshot, serde_json::Value), ApiError> {
-    let engine = engine(state)?;
     live_or_conflict(parent, "fork")?;
     let request = crate::state::lock(&parent.inner)
         .request
         .clone()
         .unwrap_or_default();
     let made = match name {
-        Some(name) => {
-            let snapshot = parent.checkpoints.named(name).ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    ErrorCode::NotFound,
-                    "the session has no such checkpoint",
-                )
-            })?;
-            (name.to_string(), snapshot)
-        }
-        None => {
-            parent
-                .checkpoints
-                .room()
-                .map_err(|err| ApiError::runtime(&err))?;
-            let snapshot = engine
-                .snapshot(&parent.handle)
-                .await
-                .map_err(|err| ApiError::runtime(&err))?;
-            let name = parent
-                .checkpoints
-                .add(snapshot.clone())
-                .map_err(|err| ApiError::runtime(&err))?;
-            (name, snapshot)
-        }
+        Some(name) => (name.to_string(), named_checkpoint(parent, name)?),
+        None => make_checkpoint(state, parent).await?,
     };
     parent.touch();
     Ok((made.0, made.1, request))

@@ -275,9 +275,36 @@ pub(crate) async fn checkpoint_entry(
     state: &AppState,
     e: &Arc<Entry>,
 ) -> Result<wire_session::CheckpointBody, ApiError> {
-    let engine = engine(state)?;
     let _op = e.op.lock().await;
     live_or_conflict(e, "checkpoint")?;
+    let (name, snapshot) = make_checkpoint(state, e).await?;
+    Ok(wire_session::CheckpointBody {
+        checkpoint: name,
+        held_us: Some(snapshot.held_us),
+    })
+}
+
+/// The session's checkpoint `name`, or 404.
+pub(crate) fn named_checkpoint(
+    e: &Entry,
+    name: &str,
+) -> Result<smithers_runtime::Snapshot, ApiError> {
+    e.checkpoints.named(name).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            ErrorCode::NotFound,
+            "the session has no such checkpoint",
+        )
+    })
+}
+
+/// A new checkpoint of the live session `e` (the caller holds its operation lock and checked
+/// it is live): its name and the engine's snapshot.
+pub(crate) async fn make_checkpoint(
+    state: &AppState,
+    e: &Entry,
+) -> Result<(String, smithers_runtime::Snapshot), ApiError> {
+    let engine = engine(state)?;
     e.checkpoints
         .room()
         .map_err(|err| ApiError::runtime(&err))?;
@@ -285,16 +312,12 @@ pub(crate) async fn checkpoint_entry(
         .snapshot(&e.handle)
         .await
         .map_err(|err| ApiError::runtime(&err))?;
-    let held_us = snapshot.held_us;
     let name = e
         .checkpoints
-        .add(snapshot)
+        .add(snapshot.clone())
         .map_err(|err| ApiError::runtime(&err))?;
     e.touch();
-    Ok(wire_session::CheckpointBody {
-        checkpoint: name,
-        held_us: Some(held_us),
-    })
+    Ok((name, snapshot))
 }
 
 /// `POST /v1/sandboxes/{id}/restore`: the live session's workspace put back to one of its
@@ -321,13 +344,7 @@ pub(crate) async fn restore_entry(
     let engine = engine(state)?;
     let _op = e.op.lock().await;
     live_or_conflict(e, "restore")?;
-    let snapshot = e.checkpoints.named(name).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            ErrorCode::NotFound,
-            "the session has no such checkpoint",
-        )
-    })?;
+    let snapshot = named_checkpoint(e, name)?;
     engine
         .restore(&e.handle, &snapshot)
         .await

@@ -29,6 +29,10 @@ use crate::state::{AppState, Owner};
 /// What the endpoint tells a client at the handshake.
 const INSTRUCTIONS: &str = "Sandboxed sessions on a sandbox host: start a session (over a sandbox your client shipped, or an empty workspace), run commands and edit files in it, checkpoint and restore it, and stop it: its change is then collected into a bundle that waits for your client's review. Nothing here applies a change anywhere.";
 
+/// The tools `tools/list` gives, made once.
+static TOOLS: std::sync::LazyLock<Vec<Value>> =
+    std::sync::LazyLock::new(smithers_mcp::schema::hosted);
+
 /// `POST /v1/mcp`: one JSON-RPC message, one answer.
 pub(crate) async fn post(
     State(state): State<Arc<AppState>>,
@@ -52,9 +56,8 @@ pub(crate) async fn post(
             )
         }
     };
-    let tools = smithers_mcp::schema::hosted();
     let about = About {
-        tools: &tools,
+        tools: &TOOLS,
         instructions: INSTRUCTIONS,
     };
     let reply = match protocol::read(&bytes, about) {

@@ -51,6 +51,8 @@ pub fn run(args: &McpArgs) -> anyhow::Result<ExitCode> {
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let stdout = std::io::stdout();
+    // The same for the server's life (what it offers is the operator's flags).
+    let tools = server.list();
     loop {
         let line = match read_message(&mut input) {
             Ok(Some(line)) => line,
@@ -66,7 +68,6 @@ pub fn run(args: &McpArgs) -> anyhow::Result<ExitCode> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let tools = server.list();
         let about = protocol::About {
             tools: &tools,
             instructions: INSTRUCTIONS,

@@ -20,8 +20,6 @@ use super::wire::error_json;
 pub(super) type RunCommand<'a> = dyn Fn(ExecRequest, &dyn smithers_runtime::OutputSink) -> Result<smithers_runtime::ExecExit, String>
     + 'a;
 
-use smithers_mcp::scripts::{DIRECTORY, MISSING};
-
 /// Sends the file at `path` to the client's stdout (the one descriptor sent).
 pub(super) fn read(
     run: &RunCommand<'_>,
@@ -75,35 +73,23 @@ fn shell(script: &str, path: &str, stdin: StepStdin) -> ExecRequest {
 
 fn finish(ran: Result<smithers_runtime::ExecExit, String>, path: &str, capture: &Capture) -> Value {
     let details = json!({ "path": path });
-    match ran {
-        Err(message) => error_json("SANDBOX_EXECUTION_FAILED", &message, details),
-        Ok(exit) if exit.termination == Termination::Exited && exit.exit_code == Some(0) => {
-            json!({ "ok": true, "path": path })
-        }
-        Ok(exit) => match exit.exit_code {
-            Some(MISSING) => error_json(
-                "NOT_FOUND",
-                &format!(
-                    "{} does not exist in the session",
-                    crate::output::inert(path)
-                ),
-                details,
-            ),
-            Some(DIRECTORY) => error_json(
-                "INVALID_INPUT",
-                &format!("{} is a directory", crate::output::inert(path)),
-                details,
-            ),
-            _ => error_json(
-                "SANDBOX_EXECUTION_FAILED",
-                &format!(
-                    "{}: {} ({})",
-                    crate::output::inert(path),
-                    capture.stderr_text(),
-                    exit.termination.as_str()
-                ),
-                details,
-            ),
-        },
+    let exit = match ran {
+        Err(message) => return error_json("SANDBOX_EXECUTION_FAILED", &message, details),
+        Ok(exit) => exit,
+    };
+    let exited = match exit.termination {
+        Termination::Exited => exit.exit_code.map(i64::from),
+        _ => None,
+    };
+    let stderr = capture.stderr_text();
+    match smithers_mcp::scripts::failure(
+        path,
+        exited,
+        exit.termination.as_str(),
+        stderr.as_bytes(),
+        false,
+    ) {
+        None => json!({ "ok": true, "path": path }),
+        Some((code, message)) => error_json(code, &message, details),
     }
 }

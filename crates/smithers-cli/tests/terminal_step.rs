@@ -181,6 +181,17 @@ impl Tmux {
     }
 }
 
+/// The CLI run in the pane's project and home, outside the pane.
+fn cli(t: &Tmux, args: &[&str]) -> std::process::Output {
+    Command::new(bin_path())
+        .args(args)
+        .current_dir(&t.root)
+        .env("HOME", t.dir.path())
+        .env("SMITHERS_RESIDENT", "off")
+        .output()
+        .unwrap()
+}
+
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
@@ -364,15 +375,6 @@ fn a_sessions_command_runs_on_a_terminal_of_its_own() {
     if usable().is_none() {
         return;
     }
-    let cli = |t: &Tmux, args: &[&str]| {
-        Command::new(bin_path())
-            .args(args)
-            .current_dir(&t.root)
-            .env("HOME", t.dir.path())
-            .env("SMITHERS_RESIDENT", "off")
-            .output()
-            .unwrap()
-    };
     let mut id = String::new();
     let t = Tmux::start_cli(|t| {
         let out = cli(t, &["session", "start"]);
@@ -425,8 +427,17 @@ fn tilde_dot_ends_a_step_that_took_away_its_own_signals() {
     assert_ne!(code, 0, "{}", t.screen());
     let screen = t.screen();
     assert!(screen.contains("cancel"), "{screen}");
-    // Our terminal is back in its own mode: a line typed now is echoed by the shell's pty.
-    assert_eq!(t.format("#{pane_in_mode}"), "0");
+    // Our terminal is out of raw mode again: its line discipline echoes and edits lines.
+    let tty = t.format("#{pane_tty}");
+    let modes = Command::new("stty")
+        .args(["-F", &tty, "-a"])
+        .output()
+        .unwrap();
+    let modes = String::from_utf8_lossy(&modes.stdout);
+    let set: Vec<&str> = modes.split_whitespace().collect();
+    for mode in ["icanon", "echo", "isig"] {
+        assert!(set.contains(&mode), "{mode} not set back: {modes}");
+    }
 }
 
 /// The same escape for a session's command on its terminal: the command is killed, the
@@ -436,15 +447,6 @@ fn tilde_dot_ends_a_sessions_command_and_not_the_session() {
     if usable().is_none() {
         return;
     }
-    let cli = |t: &Tmux, args: &[&str]| {
-        Command::new(bin_path())
-            .args(args)
-            .current_dir(&t.root)
-            .env("HOME", t.dir.path())
-            .env("SMITHERS_RESIDENT", "off")
-            .output()
-            .unwrap()
-    };
     let mut id = String::new();
     let script = "stty -isig; trap '' INT; echo IGNORING; sleep 600";
     let t = Tmux::start_cli(|t| {
